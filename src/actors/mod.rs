@@ -1,0 +1,137 @@
+//! Actors (ractor): the root supervisor, one `SpaceActor` per active space,
+//! and the task scheduler. Later systems (review scheduler, judge pool, ask
+//! sandboxes) are children of the same supervisor.
+//!
+//! [`SpaceDirectory`] is how the rest of the host reaches a space's actor: it
+//! starts one on demand and retries once through the supervisor when a
+//! reference has died. Must never: call an actor without a timeout.
+
+pub mod scheduler;
+pub mod space;
+pub mod supervisor;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{call_t, ActorRef};
+use serde_json::Value;
+
+pub use space::{ControlAction, SpaceMsg, SpaceWrite};
+pub use supervisor::{RootSupervisor, SupervisorMsg};
+
+use crate::storage::StoreError;
+
+/// How long an API request waits for a space actor to apply a write.
+pub const APPLY_TIMEOUT_MS: u64 = 30_000;
+/// How long a control action may take (compact calls the model).
+pub const CONTROL_TIMEOUT_MS: u64 = 310_000;
+/// How long starting a space actor may take.
+pub const SPAWN_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActorError {
+    #[error("space actor unavailable: {0}")]
+    Unavailable(String),
+    #[error("space actor did not answer within {0} ms")]
+    Timeout(u64),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Control(String),
+}
+
+/// The live space actors, by space id. Written only by the supervisor.
+pub type SpaceMap = Arc<Mutex<HashMap<String, ActorRef<SpaceMsg>>>>;
+
+#[derive(Clone)]
+pub struct SpaceDirectory {
+    supervisor: ActorRef<SupervisorMsg>,
+    actors: SpaceMap,
+}
+
+impl SpaceDirectory {
+    pub fn new(supervisor: ActorRef<SupervisorMsg>, actors: SpaceMap) -> Self {
+        Self { supervisor, actors }
+    }
+
+    pub fn active_count(&self) -> usize {
+        self.actors.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The space's actor, started if it is not running. The space must exist.
+    pub async fn actor(&self, space: &str) -> Result<ActorRef<SpaceMsg>, ActorError> {
+        if let Some(a) = self.actors.lock().ok().and_then(|m| m.get(space).cloned()) {
+            if a.get_status() == ractor::ActorStatus::Running {
+                return Ok(a);
+            }
+        }
+        let res = call_t!(
+            self.supervisor,
+            SupervisorMsg::SpawnSpace,
+            SPAWN_TIMEOUT_MS,
+            space.to_owned()
+        )
+        .map_err(|e| ActorError::Unavailable(e.to_string()))?;
+        res.map_err(ActorError::Unavailable)
+    }
+
+    /// Tells the space there is pending work. Pending work is in the database,
+    /// so a lost wake-up is recovered when the actor next starts.
+    pub async fn wake(&self, space: &str) -> Result<(), ActorError> {
+        for _ in 0..2 {
+            let actor = self.actor(space).await?;
+            if actor.cast(SpaceMsg::Wake).is_ok() {
+                return Ok(());
+            }
+        }
+        Err(ActorError::Unavailable(format!(
+            "space {space} did not accept work"
+        )))
+    }
+
+    /// Runs a write in the space's order (one writer per space).
+    pub async fn apply<F>(&self, space: &str, write: F) -> Result<Value, ActorError>
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static,
+    {
+        let actor = self.actor(space).await?;
+        let boxed: SpaceWrite = Box::new(write);
+        let res =
+            call_t!(actor, SpaceMsg::Apply, APPLY_TIMEOUT_MS, boxed).map_err(|e| match e {
+                ractor::RactorErr::Timeout => ActorError::Timeout(APPLY_TIMEOUT_MS),
+                other => ActorError::Unavailable(other.to_string()),
+            })?;
+        Ok(res?)
+    }
+
+    pub async fn control(&self, space: &str, action: ControlAction) -> Result<Value, ActorError> {
+        let actor = self.actor(space).await?;
+        let res =
+            call_t!(actor, SpaceMsg::Control, CONTROL_TIMEOUT_MS, action).map_err(|e| match e {
+                ractor::RactorErr::Timeout => ActorError::Timeout(CONTROL_TIMEOUT_MS),
+                other => ActorError::Unavailable(other.to_string()),
+            })?;
+        res.map_err(ActorError::Control)
+    }
+
+    /// Stops every space actor (shutdown); their running turns are abandoned
+    /// and stay pending in the database.
+    pub fn stop_all(&self) {
+        let all: Vec<_> = self
+            .actors
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        for a in all {
+            a.stop(Some("host shutting down".into()));
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub async fn inject_panic(&self, space: &str) -> Result<(), ActorError> {
+        let actor = self.actor(space).await?;
+        actor
+            .cast(SpaceMsg::InjectPanic)
+            .map_err(|e| ActorError::Unavailable(e.to_string()))
+    }
+}

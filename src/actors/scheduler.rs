@@ -1,0 +1,126 @@
+//! `TaskScheduler`: fires due tasks. Each firing becomes a `task_runs` row and
+//! a pending message in the task's space, in one transaction, and the space
+//! actor is woken; the turn itself runs through the space actor like any other.
+//!
+//! Must never: run a turn itself, or fire a task twice for one due time (the
+//! task is advanced in the same transaction that queues the firing). Missed
+//! fires during downtime collapse into one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use super::SpaceDirectory;
+use crate::clock::now_ms;
+use crate::runtime::Runtime;
+use crate::schedule::{next_fire, parse_cron};
+use crate::storage::messages::{self, NewMessage};
+use crate::storage::tasks::{self, Task};
+use crate::storage::StoreResult;
+
+pub enum SchedulerMsg {
+    Tick,
+}
+
+pub struct SchedulerArgs {
+    pub rt: Arc<Runtime>,
+    pub spaces: SpaceDirectory,
+}
+
+pub struct SchedulerState {
+    rt: Arc<Runtime>,
+    spaces: SpaceDirectory,
+}
+
+pub struct TaskScheduler;
+
+/// Queues one firing of `task` (scheduled or run-now): a `task_runs` row and
+/// a pending message from the task's creator. Returns the message id.
+pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<i64> {
+    let task_run = tasks::start_run(tx, task, "")?;
+    let id = messages::insert(
+        tx,
+        &NewMessage {
+            space_id: &task.space_id,
+            sender_id: Some(&task.created_by),
+            sender_name: Some("scheduled task"),
+            role: "user",
+            text: &task.prompt,
+            created_at: now_ms(),
+            status: Some("pending"),
+            task_run_id: Some(task_run),
+            ..Default::default()
+        },
+    )?
+    .unwrap_or_default();
+    tx.execute(
+        "UPDATE task_runs SET status = 'queued' WHERE id = ?1",
+        [task_run],
+    )?;
+    Ok(id)
+}
+
+impl Actor for TaskScheduler {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SchedulerMsg>,
+        args: SchedulerArgs,
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        myself.send_interval(Duration::from_secs(1), || SchedulerMsg::Tick);
+        Ok(SchedulerState {
+            rt: args.rt,
+            spaces: args.spaces,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::Tick => {
+                let fired = state.rt.store.write(fire_due).await;
+                match fired {
+                    Ok(spaces) => {
+                        for space in spaces {
+                            if let Err(e) = state.spaces.wake(&space).await {
+                                tracing::warn!(space = %space, error = %e, "could not wake a space for its task");
+                            }
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "task scheduler tick failed"),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Queues every due task and advances it; returns the spaces to wake.
+fn fire_due(tx: &rusqlite::Transaction<'_>) -> StoreResult<Vec<String>> {
+    let now = now_ms();
+    let mut woke = Vec::new();
+    for task in tasks::due(tx, now)? {
+        let next = match task.cron.as_deref().map(parse_cron) {
+            Some(Ok(c)) => next_fire(&c, now).ok(),
+            Some(Err(e)) => {
+                tracing::error!(task = task.id, error = %e, "stored cron no longer parses; pausing the task");
+                None
+            }
+            None => None,
+        };
+        tasks::advance(tx, task.id, next)?;
+        queue_firing(tx, &task)?;
+        if !woke.contains(&task.space_id) {
+            woke.push(task.space_id.clone());
+        }
+    }
+    Ok(woke)
+}

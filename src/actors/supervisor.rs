@@ -1,0 +1,231 @@
+//! `RootSupervisor`: parent of every space actor and of the task scheduler.
+//!
+//! ractor's default supervisor handler stops the parent when a child dies;
+//! this one restarts a failed child instead, within a restart budget and with
+//! a growing backoff, and keeps the space map pointing at the live reference.
+//! Pending work lives in the database, so a restarted space actor picks up
+//! exactly what its predecessor had queued.
+//!
+//! Must never: block on a child (children are spawned, never called), or
+//! restart a space without limit (a crash loop is cut off by the budget).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+
+use super::scheduler::{SchedulerArgs, SchedulerMsg, TaskScheduler};
+use super::space::{SpaceActor, SpaceArgs, SpaceMsg};
+use super::{SpaceDirectory, SpaceMap};
+use crate::ids::SpaceId;
+use crate::runtime::Runtime;
+use crate::storage::spaces;
+
+/// Restarts allowed per child within [`RESTART_WINDOW`].
+pub const RESTART_BUDGET: usize = 5;
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+pub enum SupervisorMsg {
+    /// Start the actor of an existing space (or return the running one).
+    SpawnSpace(String, RpcReplyPort<Result<ActorRef<SpaceMsg>, String>>),
+}
+
+pub struct SupervisorArgs {
+    pub rt: Arc<Runtime>,
+    pub spaces: SpaceMap,
+}
+
+pub struct SupervisorState {
+    rt: Arc<Runtime>,
+    spaces: SpaceMap,
+    by_actor: HashMap<ActorId, String>,
+    restarts: HashMap<String, Vec<Instant>>,
+    scheduler: Option<ActorRef<SchedulerMsg>>,
+    directory: Option<SpaceDirectory>,
+}
+
+pub struct RootSupervisor;
+
+impl RootSupervisor {
+    async fn spawn_space(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        space: &str,
+    ) -> Result<ActorRef<SpaceMsg>, String> {
+        if let Some(a) = state.spaces.lock().ok().and_then(|m| m.get(space).cloned()) {
+            if a.get_status() == ractor::ActorStatus::Running {
+                return Ok(a);
+            }
+        }
+        let id = SpaceId::parse(space).map_err(|e| e.to_string())?;
+        let sid = space.to_owned();
+        let exists = state
+            .rt
+            .store
+            .read(move |c| spaces::space_exists(c, &sid))
+            .await
+            .map_err(|e| e.to_string())?;
+        if !exists {
+            return Err(format!("space {space} does not exist"));
+        }
+        let (actor, _) = Actor::spawn_linked(
+            None,
+            SpaceActor,
+            SpaceArgs {
+                rt: state.rt.clone(),
+                space: id,
+            },
+            myself.get_cell(),
+        )
+        .await
+        .map_err(|e| format!("cannot start the actor of space {space}: {e}"))?;
+        state.by_actor.insert(actor.get_id(), space.to_owned());
+        if let Ok(mut m) = state.spaces.lock() {
+            m.insert(space.to_owned(), actor.clone());
+        }
+        Ok(actor)
+    }
+
+    async fn spawn_scheduler(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(directory) = state.directory.clone() else {
+            return Ok(());
+        };
+        let (sched, _) = Actor::spawn_linked(
+            None,
+            TaskScheduler,
+            SchedulerArgs {
+                rt: state.rt.clone(),
+                spaces: directory,
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        state.scheduler = Some(sched);
+        Ok(())
+    }
+
+    fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<String> {
+        let space = state.by_actor.remove(&cell.get_id())?;
+        if let Ok(mut m) = state.spaces.lock() {
+            if m.get(&space).map(|a| a.get_id()) == Some(cell.get_id()) {
+                m.remove(&space);
+            }
+        }
+        Some(space)
+    }
+
+    /// True if `key` may restart now; records the restart.
+    fn within_budget(state: &mut SupervisorState, key: &str) -> (bool, usize) {
+        let now = Instant::now();
+        let list = state.restarts.entry(key.to_owned()).or_default();
+        list.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
+        list.push(now);
+        (list.len() <= RESTART_BUDGET, list.len())
+    }
+}
+
+impl Actor for RootSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        Ok(SupervisorState {
+            rt: args.rt,
+            spaces: args.spaces,
+            by_actor: HashMap::new(),
+            restarts: HashMap::new(),
+            scheduler: None,
+            directory: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.directory = Some(SpaceDirectory::new(myself.clone(), state.spaces.clone()));
+        Self::spawn_scheduler(&myself, state).await
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::SpawnSpace(space, reply) => {
+                let res = Self::spawn_space(&myself, state, &space).await;
+                let _ = reply.send(res);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        evt: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match evt {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                if let Some(space) = Self::forget(state, &cell) {
+                    tracing::debug!(space = %space, reason = ?reason, "space actor stopped");
+                }
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let is_scheduler =
+                    state.scheduler.as_ref().map(|s| s.get_id()) == Some(cell.get_id());
+                if is_scheduler {
+                    let (ok, n) = Self::within_budget(state, "(scheduler)");
+                    tracing::error!(error = %err, restarts = n, "task scheduler failed");
+                    if ok {
+                        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
+                        Self::spawn_scheduler(&myself, state).await?;
+                    }
+                } else if let Some(space) = Self::forget(state, &cell) {
+                    let (ok, n) = Self::within_budget(state, &space);
+                    tracing::error!(space = %space, error = %err, restarts = n, "space actor failed");
+                    if ok {
+                        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
+                        if let Err(e) = Self::spawn_space(&myself, state, &space).await {
+                            tracing::error!(space = %space, error = %e, "could not restart the space actor");
+                        }
+                    } else {
+                        tracing::error!(space = %space, "restart budget exhausted; the space restarts on its next message");
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        _state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Otherwise children are killed and skip their own clean-up.
+        myself
+            .stop_children_and_wait(
+                Some("supervisor stopping".into()),
+                Some(Duration::from_secs(5)),
+            )
+            .await;
+        Ok(())
+    }
+}

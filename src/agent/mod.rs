@@ -1,0 +1,345 @@
+//! The agent turn, host side: prompt assembly, the model/tool loop, usage
+//! accounting, and the sandbox session the tools run in.
+//!
+//! Owns one turn from "a user message needs an answer" to "here is the reply
+//! (or the reason there is none)". It does not decide what happens to the
+//! reply: the caller (a space actor, an ask sandbox) commits it.
+//!
+//! Must never: start a container for a turn that calls no tool, leave a
+//! container or a live run token behind when it ends (success, failure,
+//! timeout or cancellation), or put a host credential in the sandbox env.
+
+pub mod prompt;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::ids::RunId;
+use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
+use crate::runtime::Runtime;
+use crate::sandbox::{
+    RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec, CONTAINER_API_SOCKET,
+};
+use crate::storage::{runs, tokens};
+
+/// What a turn is asked to do.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    pub space_id: String,
+    pub run_id: RunId,
+    pub kind: RunKind,
+    /// The caller whose role the run token carries (the triggering user, or
+    /// the task's creator).
+    pub caller_id: String,
+    /// The message being answered, and the history before it.
+    pub trigger_message_id: Option<i64>,
+    pub user_text: String,
+    /// Where tools run (the live workspace, or a throwaway copy).
+    pub workspace: PathBuf,
+    /// Prompt inputs are read from here (always the space's own files).
+    pub prompt: prompt::PromptInputs,
+    pub purpose: Purpose,
+    /// Model chain to try, in order.
+    pub model_chain: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnStatus {
+    Done,
+    Failed,
+    Stopped,
+}
+
+impl TurnStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnStatus::Done => "done",
+            TurnStatus::Failed => "failed",
+            TurnStatus::Stopped => "stopped",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnOutcome {
+    pub status: TurnStatus,
+    /// The text to deliver: the model's answer, or a visible failure reply.
+    pub reply: Option<String>,
+    pub error: Option<String>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum TurnError {
+    #[error("{0}")]
+    Model(String),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("storage: {0}")]
+    Store(#[from] crate::storage::StoreError),
+    #[error("the turn used all {0} steps without a final answer")]
+    StepsExhausted(u32),
+    #[error("the turn timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// The lazily started sandbox of one turn, closed by [`run_turn`] on every exit path.
+struct SessionSlot {
+    session: tokio::sync::Mutex<Option<Box<dyn SandboxSession>>>,
+}
+
+/// Runs one turn. The run row is started here and left `running`; the caller
+/// closes it together with the reply, in one transaction.
+pub async fn run_turn(
+    rt: &Arc<Runtime>,
+    req: TurnRequest,
+    cancel: CancellationToken,
+) -> TurnOutcome {
+    let slot = SessionSlot {
+        session: tokio::sync::Mutex::new(None),
+    };
+    let mut acc = Accounting::default();
+    if let Ok(mut live) = rt.live_runs.lock() {
+        live.insert(req.run_id.to_string());
+    }
+    let timeout = Duration::from_secs(rt.settings.turn.timeout_secs);
+    let result = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = tokio::time::timeout(timeout, turn_loop(rt, &req, &slot, &mut acc)) => {
+            Some(r.unwrap_or(Err(TurnError::Timeout(timeout))))
+        }
+    };
+    // Every exit path comes through here: close the sandbox, kill the token.
+    if let Some(session) = slot.session.lock().await.take() {
+        if let Err(e) = session.close().await {
+            tracing::error!(run = %req.run_id, error = %e, "could not remove the turn's sandbox");
+        }
+    }
+    let run_id = req.run_id.to_string();
+    if let Err(e) = rt
+        .store
+        .write(move |tx| tokens::revoke_run(tx, &run_id))
+        .await
+    {
+        tracing::error!(run = %req.run_id, error = %e, "could not revoke the run token");
+    }
+    if let Ok(mut live) = rt.live_runs.lock() {
+        live.remove(req.run_id.as_str());
+    }
+    let (status, reply, error) = match result {
+        None => (TurnStatus::Stopped, None, Some("stopped".to_string())),
+        Some(Ok(text)) => (TurnStatus::Done, Some(text), None),
+        Some(Err(e)) => {
+            let msg = e.to_string();
+            tracing::warn!(run = %req.run_id, space = %req.space_id, error = %msg, "turn failed");
+            (
+                TurnStatus::Failed,
+                Some(format!("Sorry, I could not finish this turn: {msg}")),
+                Some(msg),
+            )
+        }
+    };
+    TurnOutcome {
+        status,
+        reply,
+        error,
+        tokens_in: acc.tokens_in,
+        tokens_out: acc.tokens_out,
+        cost: acc.cost,
+    }
+}
+
+#[derive(Default)]
+struct Accounting {
+    tokens_in: u64,
+    tokens_out: u64,
+    cost: f64,
+}
+
+async fn turn_loop(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    acc: &mut Accounting,
+) -> Result<String, TurnError> {
+    let mut messages = prompt::build(rt, &req.prompt, &req.user_text).await?;
+    let tool_specs = tools::tool_specs();
+    let steps = rt.settings.turn.max_steps;
+    for _ in 0..steps {
+        let response = call_model(rt, req, &messages, &tool_specs, acc).await?;
+        if response.tool_calls.is_empty() {
+            return Ok(response.text);
+        }
+        messages.push(ChatMessage {
+            role: Role::Assistant,
+            content: response.text.clone(),
+            tool_calls: response.tool_calls.clone(),
+            tool_call_id: None,
+            tool_name: None,
+        });
+        for call in &response.tool_calls {
+            let output = {
+                let mut guard = slot.session.lock().await;
+                if guard.is_none() {
+                    *guard = Some(start_sandbox(rt, req).await?);
+                }
+                let session = guard.as_deref().ok_or_else(|| {
+                    TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
+                })?;
+                tools::run_tool(
+                    session,
+                    call,
+                    Duration::from_secs(rt.settings.turn.tool_timeout_secs),
+                    rt.settings.turn.output_cap_bytes,
+                )
+                .await?
+            };
+            messages.push(ChatMessage::tool_result(call, output));
+        }
+    }
+    Err(TurnError::StepsExhausted(steps))
+}
+
+/// Tries each model of the chain in order; records usage for every answer.
+async fn call_model(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    messages: &[ChatMessage],
+    tool_specs: &[crate::model::ToolSpec],
+    acc: &mut Accounting,
+) -> Result<ModelResponse, TurnError> {
+    let mut failures = Vec::new();
+    for spec in &req.model_chain {
+        let model = match rt.models.get(spec) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{spec}: {e}"));
+                continue;
+            }
+        };
+        let request = ModelRequest {
+            model: model.model.clone(),
+            purpose: req.purpose,
+            messages: messages.to_vec(),
+            tools: tool_specs.to_vec(),
+            max_tokens: rt.settings.turn.max_tokens,
+        };
+        match model.provider.complete(&request).await {
+            Ok(resp) => {
+                let price = rt.settings.prices.get(spec).copied().unwrap_or_default();
+                let cost = (resp.usage.input_tokens as f64 * price.input
+                    + resp.usage.output_tokens as f64 * price.output)
+                    / 1_000_000.0;
+                acc.tokens_in += resp.usage.input_tokens;
+                acc.tokens_out += resp.usage.output_tokens;
+                acc.cost += cost;
+                let (run_id, space, spec_owned, kind) = (
+                    req.run_id.to_string(),
+                    req.space_id.clone(),
+                    spec.clone(),
+                    req.kind.as_str(),
+                );
+                let usage = resp.usage;
+                rt.store
+                    .write(move |tx| {
+                        runs::record_usage(
+                            tx,
+                            &runs::UsageRow {
+                                run_id: Some(&run_id),
+                                space_id: &space,
+                                model: &spec_owned,
+                                kind,
+                                tokens_in: usage.input_tokens,
+                                tokens_out: usage.output_tokens,
+                                cost,
+                            },
+                        )
+                    })
+                    .await?;
+                return Ok(resp);
+            }
+            Err(e) => failures.push(format!("{spec}: {e}")),
+        }
+    }
+    Err(TurnError::Model(format!(
+        "the model did not answer ({})",
+        failures.join("; ")
+    )))
+}
+
+async fn start_sandbox(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+) -> Result<Box<dyn SandboxSession>, TurnError> {
+    let (caller, space, run_id) = (
+        req.caller_id.clone(),
+        req.space_id.clone(),
+        req.run_id.to_string(),
+    );
+    let expires = now_ms() + (rt.settings.turn.timeout_secs as i64 + 60) * 1000;
+    let (_id, secret) = rt
+        .store
+        .write(move |tx| {
+            tokens::mint(
+                tx,
+                &tokens::NewToken {
+                    caller_id: &caller,
+                    kind: tokens::TokenKind::Run,
+                    space_id: Some(&space),
+                    run_id: Some(&run_id),
+                    label: Some("agent turn"),
+                    created_by: Some(crate::ids::SYSTEM_CALLER),
+                    expires_at: Some(expires),
+                },
+            )
+        })
+        .await?;
+    let docker = rt.sandbox.name() == "docker";
+    let socket_inside = if docker {
+        CONTAINER_API_SOCKET.to_string()
+    } else {
+        rt.paths.socket.display().to_string()
+    };
+    let s = &rt.settings.sandbox;
+    let spec = SandboxSpec {
+        instance_id: rt.instance_id.clone(),
+        space_id: req.space_id.clone(),
+        run_id: req.run_id.to_string(),
+        kind: req.kind,
+        workspace: req.workspace.clone(),
+        api_socket: docker.then(|| rt.paths.socket.clone()),
+        // The whole environment of the sandbox: nothing else from the host.
+        env: vec![
+            ("MERCURY_TOKEN".into(), secret),
+            ("MERCURY_SPACE".into(), req.space_id.clone()),
+            ("MERCURY_SOCKET".into(), socket_inside),
+        ],
+        limits: SandboxLimits {
+            memory_bytes: s.memory_mb << 20,
+            nano_cpus: (s.cpus * 1e9) as i64,
+            pids: s.pids,
+            tmp_bytes: s.tmp_mb << 20,
+        },
+    };
+    let session = rt.sandbox.start(spec).await?;
+    let proof = match session.proof().await {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = session.close().await;
+            return Err(e.into());
+        }
+    };
+    let (run_id, cid) = (req.run_id.to_string(), session.id().to_string());
+    rt.store
+        .write(move |tx| runs::set_sandbox(tx, &run_id, &cid, &proof))
+        .await?;
+    Ok(session)
+}

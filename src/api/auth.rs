@@ -1,0 +1,175 @@
+//! The auth step of every `/api/*` request: the bearer token decides the
+//! caller, `x-mercury-space` (or a run token's own space) decides the space,
+//! and the caller's role and permissions there are resolved once, read-only.
+//!
+//! Must never: trust a header for identity, create a space or member row, or
+//! give any request the `system` role.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::error::{ApiError, ApiResult};
+use crate::clock::now_ms;
+use crate::host::Host;
+use crate::ids::SpaceId;
+use crate::perms::{self, PermSet};
+use crate::storage::spaces;
+use crate::storage::tokens::{self, TokenKind};
+
+pub const SPACE_HEADER: &str = "x-mercury-space";
+pub const ACT_AS_HEADER: &str = "x-mercury-act-as";
+
+/// The verified caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub caller_id: String,
+    pub kind: TokenKind,
+    pub global_admin: bool,
+    pub run_id: Option<String>,
+}
+
+/// The space a request acts in, with the caller's role there.
+#[derive(Debug, Clone)]
+pub struct SpaceCtx {
+    pub space: SpaceId,
+    pub role: String,
+    pub perms: PermSet,
+}
+
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub caller: Caller,
+    pub space: Option<SpaceCtx>,
+}
+
+impl Auth {
+    pub fn space(&self) -> ApiResult<&SpaceCtx> {
+        self.space.as_ref().ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "this route needs the {SPACE_HEADER} header naming a space"
+            ))
+        })
+    }
+
+    /// The space, if the caller holds `perm` there; the one `check_perm`.
+    pub fn require(&self, perm: &str) -> ApiResult<&SpaceCtx> {
+        let ctx = self.space()?;
+        if ctx.perms.contains(perm) {
+            Ok(ctx)
+        } else {
+            Err(ApiError::missing_perm(perm))
+        }
+    }
+
+    pub fn require_global_admin(&self) -> ApiResult<()> {
+        if self.caller.global_admin {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("only a global admin may do this"))
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> ApiResult<&str> {
+    let raw = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+    raw.to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::unauthorized("the Authorization header must be 'Bearer <token>'"))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<Option<&'a str>> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| ApiError::bad_request(format!("{name} must be plain text"))),
+    }
+}
+
+pub async fn authenticate(
+    State(host): State<Arc<Host>>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let token = bearer(req.headers())?.to_owned();
+    let requested = header_str(req.headers(), SPACE_HEADER)?.map(str::to_owned);
+    if header_str(req.headers(), ACT_AS_HEADER)?.is_some() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "act_as_unavailable",
+            "acting in another space needs space links, which this host does not offer yet",
+        ));
+    }
+    let path = req.uri().path().to_owned();
+    let settings = host.rt.settings.clone();
+    let auth = host
+        .rt
+        .store
+        .read(move |c| {
+            let Some(grant) = tokens::resolve(c, &token, now_ms())? else {
+                return Ok(Err(ApiError::unauthorized(
+                    "unknown, revoked or expired token",
+                )));
+            };
+            let global_admin =
+                grant.kind == TokenKind::User && settings.is_global_admin(&grant.caller_id);
+            let caller = Caller {
+                caller_id: grant.caller_id.clone(),
+                kind: grant.kind,
+                global_admin,
+                run_id: grant.run_id.clone(),
+            };
+            if grant.kind == TokenKind::Adapter
+                && !(path == "/api/ingress" || path == "/api/outbox")
+            {
+                return Ok(Err(ApiError::forbidden(
+                    "an adapter token may only call /api/ingress and /api/outbox",
+                )));
+            }
+            let space_id = match (&grant.space_id, requested) {
+                (Some(bound), Some(asked)) if grant.kind == TokenKind::Run && *bound != asked => {
+                    return Ok(Err(ApiError::forbidden(
+                        "a run token is bound to its own space",
+                    )));
+                }
+                (Some(bound), _) if grant.kind == TokenKind::Run => Some(bound.clone()),
+                (_, asked) => asked,
+            };
+            let space = match space_id {
+                None => None,
+                Some(raw) => {
+                    let id = match SpaceId::parse(&raw) {
+                        Ok(id) => id,
+                        Err(e) => return Ok(Err(ApiError::bad_request(e.to_string()))),
+                    };
+                    if !spaces::space_exists(c, id.as_str())? {
+                        return Ok(Err(ApiError::not_found(format!(
+                            "space {id} does not exist"
+                        ))));
+                    }
+                    let role =
+                        perms::resolve_role(c, id.as_str(), &caller.caller_id, global_admin)?;
+                    let perms = perms::role_permissions(c, id.as_str(), &role)?;
+                    Some(SpaceCtx {
+                        space: id,
+                        role,
+                        perms,
+                    })
+                }
+            };
+            Ok(Ok(Auth { caller, space }))
+        })
+        .await??;
+    req.extensions_mut().insert(auth);
+    Ok(next.run(req).await)
+}

@@ -1,0 +1,43 @@
+//! Control of a space's agent: stop the running turn and drop the queue,
+//! compact the history into a summary, clear the session.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::Json;
+use serde_json::Value;
+
+use crate::actors::ControlAction;
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::host::Host;
+
+pub async fn control(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(action): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let (action, perm) = match action.as_str() {
+        "stop" => (ControlAction::Stop, "stop"),
+        "compact" => (ControlAction::Compact, "compact"),
+        "clear" => (ControlAction::Clear, "compact"),
+        other => {
+            return Err(ApiError::not_found(format!(
+                "unknown control action {other:?}; use stop, compact or clear"
+            )))
+        }
+    };
+    let space = auth.require(perm)?.space.to_string();
+    Ok(Json(host.spaces.control(&space, action).await?))
+}
+
+/// Test hook: panics the space's actor (compiled only with `test-hooks`).
+#[cfg(feature = "test-hooks")]
+pub async fn inject_panic(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    auth.require_global_admin()?;
+    let space = auth.space()?.space.to_string();
+    host.spaces.inject_panic(&space).await?;
+    Ok(Json(serde_json::json!({"injected": true})))
+}

@@ -1,0 +1,104 @@
+//! Conversations: list the space's chats, link a chat to a space, unlink it.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, params, Body, Params};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::host::Host;
+use crate::ids::SpaceId;
+use crate::storage::{conversations, spaces};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+pub async fn list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    let q = params(q)?;
+    let scope = if q.all {
+        auth.require_global_admin()?;
+        None
+    } else {
+        Some(auth.require("spaces.list")?.space.to_string())
+    };
+    let list = host
+        .rt
+        .store
+        .read(move |c| conversations::list(c, scope.as_deref()))
+        .await?;
+    Ok(Json(json!({ "conversations": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkBody {
+    space_id: String,
+}
+
+pub async fn link(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+    b: Body<LinkBody>,
+) -> ApiResult<Json<Value>> {
+    let ctx = auth.require("spaces.rename")?;
+    let target =
+        SpaceId::parse(&body(b)?.space_id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if target != ctx.space && !auth.caller.global_admin {
+        return Err(ApiError::forbidden(
+            "only a global admin may link a conversation to another space",
+        ));
+    }
+    let t = target.to_string();
+    let out = host
+        .spaces
+        .apply(target.as_str(), move |tx| {
+            if !spaces::space_exists(tx, &t)? {
+                return Err(crate::storage::StoreError::NotFound(format!("space {t}")));
+            }
+            conversations::get(tx, id)?.ok_or_else(|| {
+                crate::storage::StoreError::NotFound(format!("conversation {id}"))
+            })?;
+            conversations::set_space(tx, id, Some(&t))?;
+            Ok(json!({"conversation_id": id, "space_id": t}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn unlink(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    let ctx = auth.require("spaces.rename")?;
+    let space = ctx.space.to_string();
+    let global = auth.caller.global_admin;
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let conv = conversations::get(tx, id)?.ok_or_else(|| {
+                crate::storage::StoreError::NotFound(format!("conversation {id}"))
+            })?;
+            if conv.space_id.as_deref() != Some(space.as_str()) && !global {
+                return Err(crate::storage::StoreError::NotFound(format!(
+                    "conversation {id} in this space"
+                )));
+            }
+            conversations::set_space(tx, id, None)?;
+            Ok(json!({"conversation_id": id, "space_id": null}))
+        })
+        .await?;
+    Ok(Json(out))
+}

@@ -1,0 +1,204 @@
+//! Messages in and out: platform ingress (adapter token), console chat,
+//! operator sends, and the outbox pull for adapters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, params, text_field, Body, Params};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::clock::now_ms;
+use crate::host::Host;
+use crate::ingress::{self, IngestStatus, IngressMessage};
+use crate::storage::messages::{self, NewMessage};
+use crate::storage::tokens::TokenKind;
+use crate::storage::{conversations, outbox, StoreError};
+
+pub async fn ingress(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<IngressMessage>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    if auth.caller.kind != TokenKind::Adapter {
+        return Err(ApiError::forbidden(
+            "only an adapter token may post platform messages",
+        ));
+    }
+    let m = body(b)?;
+    m.validate().map_err(ApiError::bad_request)?;
+    let res = host.ingest(m).await?;
+    let status = match res.status {
+        IngestStatus::Duplicate => StatusCode::OK,
+        _ => StatusCode::ACCEPTED,
+    };
+    Ok((
+        status,
+        Json(json!({
+            "status": res.status.as_str(),
+            "duplicate": res.status == IngestStatus::Duplicate,
+            "message_id": res.message_id,
+            "space_id": res.space_id,
+        })),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatBody {
+    text: String,
+    conversation: Option<String>,
+}
+
+pub async fn chat(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<ChatBody>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("prompt")?.space.to_string();
+    let b = body(b)?;
+    let text = text_field("text", &b.text, 32_000)?;
+    let conversation = b
+        .conversation
+        .unwrap_or_else(|| auth.caller.caller_id.clone());
+    if conversation.is_empty() || conversation.len() > 128 {
+        return Err(ApiError::bad_request(
+            "conversation must be 1-128 characters",
+        ));
+    }
+    if !host.limits.allow(&space, &auth.caller.caller_id, None) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "slow_down",
+            ingress::SLOW_DOWN_REPLY,
+        ));
+    }
+    let caller = auth.caller.caller_id.clone();
+    let sp = space.clone();
+    let message_id = host
+        .rt
+        .store
+        .write(move |tx| ingress::chat_tx(tx, &sp, &caller, &conversation, &text))
+        .await?;
+    let done = host.rt.waiters.register(message_id);
+    host.spaces.wake(&space).await?;
+    let wait = Duration::from_secs(host.rt.settings.turn.timeout_secs + 30);
+    let _ = tokio::time::timeout(wait, done).await;
+    let (msg, reply) = host
+        .rt
+        .store
+        .read(move |c| {
+            Ok((
+                messages::get(c, message_id)?,
+                messages::reply_for(c, message_id)?,
+            ))
+        })
+        .await?;
+    let status = msg
+        .as_ref()
+        .and_then(|m| m.status.clone())
+        .unwrap_or_default();
+    if status == "pending" {
+        return Err(ApiError::unavailable(format!(
+            "the turn has not finished yet; its reply will be stored for message {message_id}"
+        )));
+    }
+    Ok(Json(json!({
+        "message_id": message_id,
+        "status": status,
+        "run_id": msg.and_then(|m| m.run_id),
+        "reply": reply.map(|r| r.text),
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendBody {
+    text: String,
+    conversation_id: Option<i64>,
+}
+
+pub async fn send(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<SendBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let space = auth.require("send")?.space.to_string();
+    let b = body(b)?;
+    let text = text_field("text", &b.text, 32_000)?;
+    let by = auth.caller.caller_id.clone();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let convs: Vec<_> = conversations::list(tx, Some(&space))?
+                .into_iter()
+                .filter(|c| c.platform != "console")
+                .collect();
+            let conv = match b.conversation_id {
+                Some(id) => convs.into_iter().find(|c| c.id == id).ok_or_else(|| {
+                    StoreError::NotFound(format!("conversation {id} in this space"))
+                })?,
+                None => convs.into_iter().next().ok_or_else(|| {
+                    StoreError::Invalid("this space has no platform conversation to send to".into())
+                })?,
+            };
+            let mid = messages::insert(
+                tx,
+                &NewMessage {
+                    space_id: &space,
+                    conversation_id: Some(conv.id),
+                    sender_id: Some(&by),
+                    sender_name: Some("Mercury"),
+                    role: "assistant",
+                    text: &text,
+                    created_at: now_ms(),
+                    ..Default::default()
+                },
+            )?;
+            let oid = outbox::enqueue(
+                tx,
+                &space,
+                Some(conv.id),
+                &conv.platform,
+                &conv.external_id,
+                mid,
+                &text,
+            )?;
+            Ok(json!({"outbox_id": oid, "conversation_id": conv.id, "message_id": mid}))
+        })
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(out)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxQuery {
+    after: Option<i64>,
+    limit: Option<u32>,
+}
+
+pub async fn outbox(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<OutboxQuery>,
+) -> ApiResult<Json<Value>> {
+    if auth.caller.kind != TokenKind::Adapter && !auth.caller.global_admin {
+        return Err(ApiError::forbidden(
+            "the outbox is for adapter tokens and global admins",
+        ));
+    }
+    let q = params(q)?;
+    let after = q.after.unwrap_or(0);
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let items = host
+        .rt
+        .store
+        .read(move |c| outbox::after(c, after, limit))
+        .await?;
+    let next = items.last().map_or(after, |i| i.id);
+    Ok(Json(json!({"items": items, "next_after": next})))
+}

@@ -1,0 +1,111 @@
+//! Reading a space's history: search, and `recent` (a time range, oldest
+//! first, paged with a cursor), plus the runs list.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{params, Params};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::clock::{now_ms, parse_time_arg};
+use crate::host::Host;
+use crate::storage::messages::{self, Cursor};
+use crate::storage::runs;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchQuery {
+    q: String,
+    limit: Option<u32>,
+}
+
+pub async fn search(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<SearchQuery>,
+) -> ApiResult<Json<Value>> {
+    let ctx = auth.require("messages.read")?;
+    let q = params(q)?;
+    let limit = q.limit.unwrap_or(50);
+    if limit == 0 || limit > 200 {
+        return Err(ApiError::bad_request("limit must be between 1 and 200"));
+    }
+    let space = ctx.space.to_string();
+    let found = host
+        .rt
+        .store
+        .read(move |c| messages::search(c, &space, &q.q, limit))
+        .await?;
+    Ok(Json(json!({ "messages": found })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecentQuery {
+    since: Option<String>,
+    until: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+pub async fn recent(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<RecentQuery>,
+) -> ApiResult<Json<Value>> {
+    let ctx = auth.require("messages.read")?;
+    let q = params(q)?;
+    let now = now_ms();
+    let since = parse_time_arg(q.since.as_deref().unwrap_or("24h"), now)
+        .map_err(|m| ApiError::bad_request(format!("since: {m}")))?;
+    let until = match q.until.as_deref() {
+        Some(u) => {
+            parse_time_arg(u, now).map_err(|m| ApiError::bad_request(format!("until: {m}")))?
+        }
+        None => i64::MAX,
+    };
+    if until <= since {
+        return Err(ApiError::bad_request("until must be later than since"));
+    }
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > 1000 {
+        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
+    }
+    let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let space = ctx.space.to_string();
+    let (page, next) = host
+        .rt
+        .store
+        .read(move |c| messages::recent(c, &space, since, until, limit, cursor))
+        .await?;
+    Ok(Json(json!({
+        "space_id": ctx.space,
+        "messages": page,
+        "next_cursor": next.map(Cursor::encode),
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    limit: Option<u32>,
+}
+
+pub async fn runs(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<RunsQuery>,
+) -> ApiResult<Json<Value>> {
+    let ctx = auth.require("messages.read")?;
+    let limit = params(q)?.limit.unwrap_or(20).clamp(1, 500);
+    let space = ctx.space.to_string();
+    let list = host
+        .rt
+        .store
+        .read(move |c| runs::list(c, &space, limit))
+        .await?;
+    Ok(Json(json!({ "runs": list })))
+}

@@ -1,0 +1,313 @@
+//! Per-space settings: preferences (free key/value the agent reads), config
+//! (the keys the host interprets), the model chain and mutes.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, text_field, Body};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::clock::{now_ms, parse_duration_ms};
+use crate::config::{check_model_spec, split_chain};
+use crate::host::Host;
+use crate::storage::spaces::{self, KvTable};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyValue {
+    key: String,
+    value: String,
+}
+
+fn pref_key(raw: &str) -> ApiResult<String> {
+    let k = raw.trim();
+    let ok = !k.is_empty()
+        && k.len() <= 64
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(k.to_owned())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "preference key {raw:?} must be 1-64 characters of letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+pub async fn prefs_list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("prefs.get")?.space.to_string();
+    let list = host
+        .rt
+        .store
+        .read(move |c| spaces::kv_list(c, KvTable::Preferences, &space))
+        .await?;
+    Ok(Json(json!({ "preferences": list })))
+}
+
+pub async fn prefs_set(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<KeyValue>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("prefs.set")?.space.to_string();
+    let b = body(b)?;
+    let key = pref_key(&b.key)?;
+    if b.value.chars().count() > 4000 {
+        return Err(ApiError::bad_request(
+            "value is longer than 4000 characters",
+        ));
+    }
+    let by = auth.caller.caller_id.clone();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
+            Ok(json!({"key": key, "value": b.value}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn prefs_delete(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(key): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("prefs.set")?.space.to_string();
+    let key = pref_key(&key)?;
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
+            Ok(json!({"key": key, "deleted": deleted}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+/// Config keys the host interprets, with their validation.
+pub const CONFIG_KEYS: &[(&str, &str)] = &[
+    ("trigger.match", "group trigger: mention, prefix or always"),
+    (
+        "trigger.patterns",
+        "comma-separated trigger words (blank: the host default)",
+    ),
+    ("trigger.case_sensitive", "true or false"),
+    (
+        "rate_limit.per_minute",
+        "turns one caller may start per minute (1-1000)",
+    ),
+];
+
+fn validate_config(key: &str, value: &str) -> ApiResult<()> {
+    let bad = |m: &str| Err(ApiError::bad_request(format!("{key}: {m}")));
+    match key {
+        "trigger.match" if !matches!(value, "mention" | "prefix" | "always") => {
+            bad("must be mention, prefix or always")
+        }
+        "trigger.case_sensitive" if !matches!(value, "true" | "false") => {
+            bad("must be true or false")
+        }
+        "trigger.patterns" if value.len() > 500 => bad("is longer than 500 characters"),
+        "rate_limit.per_minute" => match value.parse::<u32>() {
+            Ok(1..=1000) => Ok(()),
+            _ => bad("must be a whole number from 1 to 1000"),
+        },
+        k if CONFIG_KEYS.iter().any(|(name, _)| *name == k) => Ok(()),
+        _ => Err(ApiError::bad_request(format!(
+            "unknown config key {key:?}; valid keys: {}",
+            CONFIG_KEYS
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+pub async fn config_get(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("config.get")?.space.to_string();
+    let list = host
+        .rt
+        .store
+        .read(move |c| spaces::kv_list(c, KvTable::Config, &space))
+        .await?;
+    let available: Vec<Value> = CONFIG_KEYS
+        .iter()
+        .map(|(k, d)| json!({"key": k, "description": d}))
+        .collect();
+    Ok(Json(json!({ "config": list, "available": available })))
+}
+
+pub async fn config_set(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<KeyValue>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("config.set")?.space.to_string();
+    let b = body(b)?;
+    validate_config(&b.key, &b.value)?;
+    let by = auth.caller.caller_id.clone();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
+            Ok(json!({"key": b.key, "value": b.value}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn model_get(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("model.get")?.space.to_string();
+    let stored = host
+        .rt
+        .store
+        .read(move |c| spaces::kv_get(c, KvTable::Config, &space, "model"))
+        .await?;
+    Ok(Json(
+        match stored.map(|s| split_chain(&s)).filter(|c| !c.is_empty()) {
+            Some(chain) => json!({"chain": chain, "source": "space"}),
+            None => json!({"chain": host.rt.settings.model_chain(), "source": "default"}),
+        },
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelBody {
+    chain: Vec<String>,
+}
+
+pub async fn model_set(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<ModelBody>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("model.set")?.space.to_string();
+    let chain: Vec<String> = body(b)?
+        .chain
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .collect();
+    if chain.len() > 8 {
+        return Err(ApiError::bad_request("a model chain has at most 8 entries"));
+    }
+    for spec in &chain {
+        check_model_spec(spec).map_err(ApiError::bad_request)?;
+        if spec.contains(',') {
+            return Err(ApiError::bad_request(format!(
+                "{spec:?}: a model spec cannot contain a comma"
+            )));
+        }
+    }
+    let by = auth.caller.caller_id.clone();
+    let default = host.rt.settings.model_chain();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            if chain.is_empty() {
+                spaces::kv_delete(tx, KvTable::Config, &space, "model")?;
+                Ok(json!({"chain": default, "source": "default"}))
+            } else {
+                spaces::kv_set(tx, KvTable::Config, &space, "model", &chain.join(","), &by)?;
+                Ok(json!({"chain": chain, "source": "space"}))
+            }
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn mutes_list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("mutes.list")?.space.to_string();
+    let list = host
+        .rt
+        .store
+        .read(move |c| spaces::list_mutes(c, &space))
+        .await?;
+    Ok(Json(json!({ "mutes": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MuteBody {
+    caller_id: String,
+    #[serde(rename = "for")]
+    duration: Option<String>,
+    until: Option<String>,
+    reason: Option<String>,
+}
+
+pub async fn mutes_set(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<MuteBody>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("mutes.set")?.space.to_string();
+    let b = body(b)?;
+    crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
+    let now = now_ms();
+    let until = match (&b.duration, &b.until) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("give either for or until, not both"))
+        }
+        (Some(d), None) => Some(
+            now + parse_duration_ms(d).map_err(|m| ApiError::bad_request(format!("for: {m}")))?,
+        ),
+        (None, Some(u)) => {
+            let t = chrono::DateTime::parse_from_rfc3339(u)
+                .map_err(|_| ApiError::bad_request(format!("until {u:?} is not an RFC 3339 time")))?
+                .timestamp_millis();
+            if t <= now {
+                return Err(ApiError::bad_request("until is in the past"));
+            }
+            Some(t)
+        }
+        (None, None) => None,
+    };
+    let reason = b
+        .reason
+        .as_deref()
+        .map(|r| text_field("reason", r, 500))
+        .transpose()?;
+    let by = auth.caller.caller_id.clone();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
+            Ok(json!({"mute": {"caller_id": b.caller_id, "until": until, "reason": reason}}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn mutes_delete(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(caller): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("mutes.set")?.space.to_string();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let deleted = spaces::delete_mute(tx, &space, &caller)?;
+            Ok(json!({"caller_id": caller, "deleted": deleted}))
+        })
+        .await?;
+    Ok(Json(out))
+}

@@ -1,0 +1,166 @@
+//! Scheduled tasks of a space.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, text_field, Body};
+use crate::actors::scheduler::queue_firing;
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::clock::now_ms;
+use crate::host::Host;
+use crate::schedule::{next_fire, parse_at, parse_cron};
+use crate::storage::tasks::{self, NewTask};
+use crate::storage::StoreError;
+
+pub async fn list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("tasks.list")?.space.to_string();
+    let list = host.rt.store.read(move |c| tasks::list(c, &space)).await?;
+    Ok(Json(json!({ "tasks": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    cron: Option<String>,
+    at: Option<String>,
+    prompt: String,
+    #[serde(default)]
+    silent: bool,
+}
+
+pub async fn create(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<CreateTask>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let space = auth.require("tasks.create")?.space.to_string();
+    let b = body(b)?;
+    let prompt = text_field("prompt", &b.prompt, 8000)?;
+    let now = now_ms();
+    let (cron, at, next) = match (&b.cron, &b.at) {
+        (Some(c), None) => {
+            let parsed = parse_cron(c).map_err(ApiError::bad_request)?;
+            let next = next_fire(&parsed, now).map_err(ApiError::bad_request)?;
+            (Some(c.trim().to_owned()), None, next)
+        }
+        (None, Some(a)) => {
+            let t = parse_at(a, now).map_err(ApiError::bad_request)?;
+            (None, Some(t), t)
+        }
+        _ => return Err(ApiError::bad_request("give exactly one of cron and at")),
+    };
+    let by = auth.caller.caller_id.clone();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let task = tasks::create(
+                tx,
+                &NewTask {
+                    space_id: &space,
+                    cron: cron.as_deref(),
+                    at,
+                    prompt: &prompt,
+                    silent: b.silent,
+                    next_run_at: next,
+                    created_by: &by,
+                },
+            )?;
+            Ok(json!({ "task": task }))
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+async fn set_active(
+    host: &Host,
+    auth: &Auth,
+    perm: &str,
+    id: i64,
+    active: bool,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require(perm)?.space.to_string();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let task = tasks::get(tx, &space, id)?
+                .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+            // A resumed cron task fires at its next time from now, not at once for every miss.
+            let next = match (&task.cron, active) {
+                (Some(c), true) => Some(
+                    parse_cron(c)
+                        .and_then(|c| next_fire(&c, now_ms()))
+                        .map_err(StoreError::Invalid)?,
+                ),
+                _ => None,
+            };
+            if active && task.cron.is_none() && task.next_run_at.is_none_or(|t| t <= now_ms()) {
+                return Err(StoreError::Invalid(format!(
+                    "task {id} was a one-shot task whose time has passed"
+                )));
+            }
+            tasks::set_active(tx, &space, id, active, next)?;
+            let task = tasks::get(tx, &space, id)?;
+            Ok(json!({ "task": task }))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn pause(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    set_active(&host, &auth, "tasks.pause", id, false).await
+}
+
+pub async fn resume(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    set_active(&host, &auth, "tasks.resume", id, true).await
+}
+
+pub async fn delete(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("tasks.delete")?.space.to_string();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            tasks::delete(tx, &space, id)?;
+            Ok(json!({"task_id": id, "deleted": true}))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+pub async fn run_now(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let space = auth.require("tasks.create")?.space.to_string();
+    let out = host
+        .spaces
+        .apply(&space.clone(), move |tx| {
+            let task = tasks::get(tx, &space, id)?
+                .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+            let message_id = queue_firing(tx, &task)?;
+            Ok(json!({"task_id": id, "message_id": message_id}))
+        })
+        .await?;
+    host.spaces.wake(auth.space()?.space.as_str()).await?;
+    Ok((StatusCode::ACCEPTED, Json(out)))
+}

@@ -1,0 +1,104 @@
+//! API tokens: a global admin mints `user` and `adapter` tokens (the secret is
+//! shown once), lists them without secrets, and revokes them.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, Body};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::clock::{now_ms, parse_duration_ms};
+use crate::host::Host;
+use crate::storage::tokens::{self, NewToken, TokenKind};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    caller_id: String,
+    kind: Option<String>,
+    label: Option<String>,
+    expires_in: Option<String>,
+}
+
+pub async fn create(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<CreateToken>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
+    let kind = match b.kind.as_deref().unwrap_or("user") {
+        "user" => TokenKind::User,
+        "adapter" => TokenKind::Adapter,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "token kind {other:?} must be user or adapter"
+            )))
+        }
+    };
+    let expires_at = b
+        .expires_in
+        .as_deref()
+        .map(|d| parse_duration_ms(d).map(|ms| now_ms() + ms))
+        .transpose()
+        .map_err(|m| ApiError::bad_request(format!("expires_in: {m}")))?;
+    if let Some(l) = &b.label {
+        if l.chars().count() > 200 {
+            return Err(ApiError::bad_request("label is longer than 200 characters"));
+        }
+    }
+    let by = auth.caller.caller_id.clone();
+    let caller = b.caller_id.clone();
+    let (id, secret) = host
+        .rt
+        .store
+        .write(move |tx| {
+            tokens::mint(
+                tx,
+                &NewToken {
+                    caller_id: &caller,
+                    kind,
+                    space_id: None,
+                    run_id: None,
+                    label: b.label.as_deref(),
+                    created_by: Some(&by),
+                    expires_at,
+                },
+            )
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "expires_at": expires_at}),
+        ),
+    ))
+}
+
+pub async fn list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    auth.require_global_admin()?;
+    let list = host.rt.store.read(tokens::list).await?;
+    Ok(Json(json!({ "tokens": list })))
+}
+
+pub async fn revoke(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    auth.require_global_admin()?;
+    let id2 = id.clone();
+    host.rt
+        .store
+        .write(move |tx| tokens::revoke(tx, &id2))
+        .await?;
+    Ok(Json(json!({"id": id, "revoked": true})))
+}

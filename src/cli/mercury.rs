@@ -1,0 +1,218 @@
+//! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
+//! `review redact|gate`. Data goes to stdout, diagnostics to stderr.
+//!
+//! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
+//! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mercury",
+    version,
+    about = "Self-hosted chat-bot agent orchestrator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a data dir: mercury.yaml, state.db, spaces/, global/ and the owner's token.
+    Init {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Caller id of the owner (a global admin).
+        #[arg(long, default_value = "owner")]
+        owner: String,
+    },
+    /// Run the host.
+    Serve {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// ADDR:PORT to listen on (overrides `bind` in mercury.yaml).
+        #[arg(long)]
+        bind: Option<String>,
+    },
+    /// Run a short scripted conversation against a real host on a temp data dir.
+    Demo {
+        /// Keep the temp data dir and print its path.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// The agent image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Conversation review tools.
+    Review {
+        #[command(subcommand)]
+        command: ReviewCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCommand {
+    /// Build the agent image (FROM scratch: busybox-static and mrctl) through the Docker engine.
+    Build {
+        /// The mrctl binary to put in the image (default: the one beside this binary).
+        #[arg(long)]
+        mrctl: Option<PathBuf>,
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ReviewCommand {
+    /// Redact identifiers from stdin, line by line, to stdout.
+    Redact {
+        /// A name to redact (whole and first name); repeatable.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// A file of names, one per line.
+        #[arg(long)]
+        names_file: Option<PathBuf>,
+    },
+    /// Exit 0 if stdin holds no identifier, 3 (naming the kinds) if it does.
+    Gate {
+        #[arg(long = "name")]
+        names: Vec<String>,
+        #[arg(long)]
+        names_file: Option<PathBuf>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mercury: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Init { data_dir, owner } => match crate::host::init(&data_dir, &owner).await {
+            Ok(token) => {
+                println!("initialised {}", data_dir.display());
+                println!("owner token written to {} (mode 0600)", token.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury init: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Serve { data_dir, bind } => {
+            let token = CancellationToken::new();
+            crate::host::cancel_on_signals(token.clone());
+            match crate::host::serve(&data_dir, bind, token).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mercury serve: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Demo { keep } => match crate::demo::run(keep).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mercury demo: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Image {
+            command: ImageCommand::Build { mrctl, busybox },
+        } => match crate::containers::build_image_cli(mrctl, &busybox).await {
+            Ok(tag) => {
+                println!("{tag}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury image build: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Review { command } => review(command),
+    }
+}
+
+fn names_list(
+    names: Vec<String>,
+    file: Option<PathBuf>,
+) -> Result<crate::review::redact::RedactionList, String> {
+    let mut all = names;
+    if let Some(f) = file {
+        all.extend(
+            crate::review::redact::load_names_file(&f)
+                .map_err(|e| format!("cannot read {}: {e}", f.display()))?,
+        );
+    }
+    Ok(crate::review::redact::RedactionList::new().with_names(all))
+}
+
+fn review(cmd: ReviewCommand) -> ExitCode {
+    use crate::review::redact;
+    match cmd {
+        ReviewCommand::Redact { names, names_file } => {
+            let list = match names_list(names, names_file) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("mercury review redact: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match redact::redact_lines(std::io::stdin().lock(), std::io::stdout().lock(), &list) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mercury review redact: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        ReviewCommand::Gate { names, names_file } => {
+            let list = match names_list(names, names_file) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("mercury review gate: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match redact::gate_text(std::io::stdin().lock(), &list) {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(found)) => {
+                    eprintln!("mercury review gate: {found}");
+                    ExitCode::from(3)
+                }
+                Err(e) => {
+                    eprintln!("mercury review gate: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

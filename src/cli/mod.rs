@@ -1,0 +1,4 @@
+//! Command lines: `mercury` (the host) and `mrctl` (the API client).
+
+pub mod mercury;
+pub mod mrctl;

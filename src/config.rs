@@ -1,0 +1,702 @@
+//! Settings: `mercury.yaml` overridden by `MERCURY_*` environment variables,
+//! validated once at start-up into [`Settings`].
+//!
+//! Every key has a default; the env name of a key is `MERCURY_` plus its path
+//! upper-cased with `.` → `_` (`review.enabled` ↔ `MERCURY_REVIEW_ENABLED`).
+//! Secrets (model API keys) are read from the environment only and are never
+//! written to the file or passed to a sandbox.
+//!
+//! Must never: accept a value it cannot use (an invalid value stops start-up
+//! with a message naming the key), or treat the string `false` as true.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_yaml_ng::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid YAML: {message}")]
+    Yaml { path: String, message: String },
+    #[error("config key {key}: {message}")]
+    Key { key: String, message: String },
+}
+
+fn key_err(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Key {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address the HTTP API listens on.
+    pub bind: String,
+    /// Default model chain of every space: specs tried in order.
+    pub model: String,
+    /// Caller ids that are global admins besides the owner.
+    pub admins: Vec<String>,
+    /// The owner's caller id (written by `mercury init`).
+    pub owner: String,
+    pub providers: ProviderConfig,
+    /// Price per million tokens, by model spec: `{input: 0.15, output: 0.6}`.
+    pub prices: BTreeMap<String, Price>,
+    pub sandbox: SandboxConfig,
+    pub turn: TurnConfig,
+    pub ingress: IngressConfig,
+    pub trigger: TriggerConfig,
+    pub spaces: SpacesConfig,
+    pub webhook: WebhookConfig,
+    pub review: ReviewConfig,
+    pub http: HttpConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderConfig {
+    pub openai_base_url: String,
+    pub anthropic_base_url: String,
+    pub request_timeout_secs: u64,
+    pub max_retries: u32,
+    pub retry_after_cap_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input: f64,
+    pub output: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxChoice {
+    Auto,
+    Docker,
+    Process,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// `auto` (docker when the engine answers, else process), `docker` or `process`.
+    pub backend: SandboxChoice,
+    /// Agent image; empty means the content-addressed tag `mercury image build` makes.
+    pub image: String,
+    pub memory_mb: i64,
+    pub cpus: f64,
+    pub pids: i64,
+    pub tmp_mb: i64,
+    /// Seconds between orphan sweeps.
+    pub sweep_interval_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TurnConfig {
+    pub max_steps: u32,
+    pub timeout_secs: u64,
+    pub tool_timeout_secs: u64,
+    pub output_cap_bytes: usize,
+    pub history_limit: u32,
+    pub max_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    /// A new conversation gets its own space (else it waits for `mrctl conversations link`).
+    pub auto_space: bool,
+    /// Turns a caller may start per minute in a space before "slow down".
+    pub per_caller_per_minute: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TriggerConfig {
+    /// Default group trigger: `mention`, `prefix` or `always`.
+    #[serde(rename = "match")]
+    pub mode: String,
+    /// Comma-separated trigger words.
+    pub patterns: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpacesConfig {
+    /// A space actor with nothing to do stops after this many seconds.
+    pub idle_stop_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// Outbound replies are POSTed here; empty disables the webhook adapter.
+    pub url: String,
+    pub max_attempts: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReviewConfig {
+    pub enabled: bool,
+    pub daily_at: String,
+    pub timezone: String,
+    pub window_hours: u32,
+    pub batch_size: u32,
+    pub max_concurrency: u32,
+    pub calls_per_minute: u32,
+    /// Caller id that receives the digest.
+    pub owner: String,
+    /// Names redacted besides members' display names.
+    pub owner_names: Vec<String>,
+    pub spaces_include: Vec<String>,
+    pub spaces_exclude: Vec<String>,
+    pub include_clients: bool,
+    /// Model spec of the judge; empty means the default `model`.
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    pub body_limit_bytes: usize,
+    /// Seconds in-flight requests get after SIGTERM before the host exits anyway.
+    pub drain_secs: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8787".into(),
+            model: "openai:gpt-4o-mini".into(),
+            admins: Vec::new(),
+            owner: "owner".into(),
+            providers: ProviderConfig::default(),
+            prices: BTreeMap::new(),
+            sandbox: SandboxConfig::default(),
+            turn: TurnConfig::default(),
+            ingress: IngressConfig::default(),
+            trigger: TriggerConfig::default(),
+            spaces: SpacesConfig::default(),
+            webhook: WebhookConfig::default(),
+            review: ReviewConfig::default(),
+            http: HttpConfig::default(),
+        }
+    }
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            openai_base_url: "https://api.openai.com/v1".into(),
+            anthropic_base_url: "https://api.anthropic.com".into(),
+            request_timeout_secs: 120,
+            max_retries: 3,
+            retry_after_cap_secs: 30,
+        }
+    }
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            backend: SandboxChoice::Auto,
+            image: String::new(),
+            memory_mb: 512,
+            cpus: 1.0,
+            pids: 256,
+            tmp_mb: 64,
+            sweep_interval_secs: 300,
+        }
+    }
+}
+
+impl Default for TurnConfig {
+    fn default() -> Self {
+        Self {
+            max_steps: 8,
+            timeout_secs: 300,
+            tool_timeout_secs: 60,
+            output_cap_bytes: 16 * 1024,
+            history_limit: 40,
+            max_tokens: 2048,
+        }
+    }
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        Self {
+            auto_space: true,
+            per_caller_per_minute: 20,
+        }
+    }
+}
+
+impl Default for TriggerConfig {
+    fn default() -> Self {
+        Self {
+            mode: "mention".into(),
+            patterns: "@mercury,mercury".into(),
+        }
+    }
+}
+
+impl Default for SpacesConfig {
+    fn default() -> Self {
+        Self {
+            idle_stop_secs: 300,
+        }
+    }
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            max_attempts: 5,
+        }
+    }
+}
+
+impl Default for ReviewConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            daily_at: "04:00".into(),
+            timezone: "UTC".into(),
+            window_hours: 24,
+            batch_size: 10,
+            max_concurrency: 1,
+            calls_per_minute: 30,
+            owner: String::new(),
+            owner_names: Vec::new(),
+            spaces_include: Vec::new(),
+            spaces_exclude: Vec::new(),
+            include_clients: false,
+            model: String::new(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            body_limit_bytes: 1 << 20,
+            drain_secs: 10,
+        }
+    }
+}
+
+/// The file `mercury init` writes: every key with its default and a comment.
+/// A test checks that it parses back to `Settings::default()` (with the owner).
+pub fn template(owner: &str) -> String {
+    format!(
+        r#"# Mercury configuration. Every key is shown with its default.
+# Each key can be overridden by an environment variable: MERCURY_ + the key path
+# upper-cased, dots to underscores (review.enabled -> MERCURY_REVIEW_ENABLED).
+# Model API keys are read from MERCURY_OPENAI_API_KEY / MERCURY_ANTHROPIC_API_KEY only.
+
+# Address of the HTTP API (also served on <data dir>/api.sock).
+bind: "127.0.0.1:8787"
+# Default model chain: specs tried in order, comma-separated.
+# Forms: openai:MODEL, anthropic:MODEL, scripted:PATH (replays a rules file).
+model: "openai:gpt-4o-mini"
+# The owner's caller id: a global admin.
+owner: "{owner}"
+# More global admins (caller ids).
+admins: []
+providers:
+  openai_base_url: "https://api.openai.com/v1"   # any OpenAI-compatible server (Ollama, vLLM, ...)
+  anthropic_base_url: "https://api.anthropic.com"
+  request_timeout_secs: 120
+  max_retries: 3               # retries on 429/5xx, with jitter
+  retry_after_cap_secs: 30     # longest wait a Retry-After may ask for
+# Price per million tokens by model spec, for token_usage.cost, e.g.
+#   "openai:gpt-4o-mini": {{input: 0.15, output: 0.6}}
+prices: {{}}
+sandbox:
+  backend: auto                # auto | docker | process (process is NOT isolation)
+  image: ""                    # empty: the image `mercury image build` makes
+  memory_mb: 512
+  cpus: 1.0
+  pids: 256
+  tmp_mb: 64
+  sweep_interval_secs: 300     # orphan container sweep (this instance's label only)
+turn:
+  max_steps: 8                 # model calls per turn
+  timeout_secs: 300
+  tool_timeout_secs: 60
+  output_cap_bytes: 16384      # tool output kept per stream
+  history_limit: 40            # recent messages in the prompt
+  max_tokens: 2048
+ingress:
+  auto_space: true             # a new conversation gets its own space
+  per_caller_per_minute: 20    # then the caller is told to slow down
+trigger:
+  match: mention               # groups: mention | prefix | always (DMs always trigger)
+  patterns: "@mercury,mercury"
+spaces:
+  idle_stop_secs: 300          # an idle space actor stops; it restarts on demand
+webhook:
+  url: ""                      # POST each outbound reply here; empty: pull from /api/outbox
+  max_attempts: 5
+review:
+  enabled: false
+  daily_at: "04:00"
+  timezone: "UTC"
+  window_hours: 24
+  batch_size: 10               # exchanges per judge call
+  max_concurrency: 1           # judge calls at once
+  calls_per_minute: 30
+  owner: ""                    # caller id that gets the digest DM
+  owner_names: []              # names redacted from reports besides members' names
+  spaces_include: []           # empty: every space
+  spaces_exclude: []
+  include_clients: false       # spaces tagged `client` are skipped unless true
+  model: ""                    # judge model spec; empty: the default model
+http:
+  body_limit_bytes: 1048576
+  drain_secs: 10
+"#
+    )
+}
+
+/// Reads `path` (absent file = all defaults), applies `env`, validates.
+pub fn load(path: &Path, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+    let file: Value = match std::fs::read_to_string(path) {
+        Ok(text) => serde_yaml_ng::from_str(&text).map_err(|e| ConfigError::Yaml {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    from_value(file, env)
+}
+
+pub fn from_value(file: Value, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+    let defaults = serde_yaml_ng::to_value(Settings::default())
+        .map_err(|e| key_err("(defaults)", e.to_string()))?;
+    let mut merged = defaults.clone();
+    merge(&mut merged, file, "")?;
+    apply_env(&mut merged, &defaults, "", env)?;
+    let settings: Settings = serde_yaml_ng::from_value(merged).map_err(|e| {
+        // serde_yaml_ng names the path in its message; keep it whole.
+        key_err("(file)", e.to_string())
+    })?;
+    settings.validate()?;
+    Ok(settings)
+}
+
+fn merge(base: &mut Value, over: Value, path: &str) -> Result<(), ConfigError> {
+    match (base, over) {
+        (_, Value::Null) => Ok(()),
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                let key = k
+                    .as_str()
+                    .ok_or_else(|| key_err(path, "keys must be strings"))?
+                    .to_owned();
+                let full = join(path, &key);
+                match b.get_mut(k.clone()) {
+                    Some(slot) if slot.is_mapping() && path != "prices" && key != "prices" => {
+                        merge(slot, v, &full)?
+                    }
+                    Some(slot) => *slot = v,
+                    None => return Err(key_err(&full, "unknown key")),
+                }
+            }
+            Ok(())
+        }
+        (b, o) => {
+            *b = o;
+            Ok(())
+        }
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+pub fn env_name(path: &str) -> String {
+    format!("MERCURY_{}", path.to_uppercase().replace('.', "_"))
+}
+
+fn apply_env(
+    merged: &mut Value,
+    defaults: &Value,
+    path: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    let Value::Mapping(dmap) = defaults else {
+        return Ok(());
+    };
+    for (k, dv) in dmap {
+        let Some(key) = k.as_str() else { continue };
+        let full = join(path, key);
+        if dv.is_mapping() && full != "prices" {
+            if let Some(slot) = merged.get_mut(k.clone()) {
+                apply_env(slot, dv, &full, env)?;
+            }
+            continue;
+        }
+        let Some(raw) = env.get(&env_name(&full)) else {
+            continue;
+        };
+        let value = parse_env_value(&full, dv, raw)?;
+        if let Some(slot) = merged.get_mut(k.clone()) {
+            *slot = value;
+        }
+    }
+    Ok(())
+}
+
+fn parse_env_value(key: &str, default: &Value, raw: &str) -> Result<Value, ConfigError> {
+    let raw = raw.trim();
+    Ok(match default {
+        Value::Bool(_) => Value::Bool(match raw.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" | "" => false,
+            _ => {
+                return Err(key_err(
+                    key,
+                    format!("{} must be true or false, not {raw:?}", env_name(key)),
+                ))
+            }
+        }),
+        Value::Number(n) if n.is_f64() => Value::Number(
+            raw.parse::<f64>()
+                .map_err(|_| {
+                    key_err(
+                        key,
+                        format!("{} must be a number, not {raw:?}", env_name(key)),
+                    )
+                })?
+                .into(),
+        ),
+        Value::Number(_) => Value::Number(
+            raw.parse::<u64>()
+                .map_err(|_| {
+                    key_err(
+                        key,
+                        format!("{} must be a whole number, not {raw:?}", env_name(key)),
+                    )
+                })?
+                .into(),
+        ),
+        Value::Sequence(_) => Value::Sequence(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_owned()))
+                .collect(),
+        ),
+        Value::Mapping(_) => serde_yaml_ng::from_str(raw).map_err(|e| {
+            key_err(
+                key,
+                format!("{} must be a YAML mapping: {e}", env_name(key)),
+            )
+        })?,
+        _ => Value::String(raw.to_owned()),
+    })
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.bind
+            .parse::<SocketAddr>()
+            .map_err(|_| key_err("bind", format!("{:?} is not ADDR:PORT", self.bind)))?;
+        if self.model_chain().is_empty() {
+            return Err(key_err("model", "at least one model spec is needed"));
+        }
+        for spec in self.model_chain() {
+            check_model_spec(&spec).map_err(|m| key_err("model", m))?;
+        }
+        if !self.review.model.is_empty() {
+            check_model_spec(&self.review.model).map_err(|m| key_err("review.model", m))?;
+        }
+        crate::ids::validate_caller_id(&self.owner).map_err(|m| key_err("owner", m))?;
+        for a in &self.admins {
+            crate::ids::validate_caller_id(a).map_err(|m| key_err("admins", m))?;
+        }
+        if !matches!(self.trigger.mode.as_str(), "mention" | "prefix" | "always") {
+            return Err(key_err(
+                "trigger.match",
+                "must be mention, prefix or always",
+            ));
+        }
+        let positive = [
+            ("turn.max_steps", u64::from(self.turn.max_steps)),
+            ("turn.timeout_secs", self.turn.timeout_secs),
+            ("turn.tool_timeout_secs", self.turn.tool_timeout_secs),
+            ("turn.history_limit", u64::from(self.turn.history_limit)),
+            ("turn.max_tokens", u64::from(self.turn.max_tokens)),
+            (
+                "ingress.per_caller_per_minute",
+                u64::from(self.ingress.per_caller_per_minute),
+            ),
+            ("review.batch_size", u64::from(self.review.batch_size)),
+            (
+                "review.max_concurrency",
+                u64::from(self.review.max_concurrency),
+            ),
+            (
+                "review.calls_per_minute",
+                u64::from(self.review.calls_per_minute),
+            ),
+            ("review.window_hours", u64::from(self.review.window_hours)),
+            ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
+            (
+                "sandbox.sweep_interval_secs",
+                self.sandbox.sweep_interval_secs,
+            ),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(key_err(key, "must be greater than 0"));
+            }
+        }
+        if self.turn.output_cap_bytes < 256 {
+            return Err(key_err("turn.output_cap_bytes", "must be at least 256"));
+        }
+        if self.sandbox.memory_mb < 16 || self.sandbox.pids < 8 || self.sandbox.tmp_mb < 1 {
+            return Err(key_err(
+                "sandbox",
+                "memory_mb ≥ 16, pids ≥ 8 and tmp_mb ≥ 1 are needed",
+            ));
+        }
+        if !(self.sandbox.cpus > 0.0 && self.sandbox.cpus <= 64.0) {
+            return Err(key_err("sandbox.cpus", "must be between 0 and 64"));
+        }
+        parse_daily_at(&self.review.daily_at).map_err(|m| key_err("review.daily_at", m))?;
+        self.review.timezone.parse::<chrono_tz::Tz>().map_err(|_| {
+            key_err(
+                "review.timezone",
+                format!("unknown time zone {:?}", self.review.timezone),
+            )
+        })?;
+        let url = &self.webhook.url;
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(key_err(
+                "webhook.url",
+                "must start with http:// or https://",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The default model chain, split on commas.
+    pub fn model_chain(&self) -> Vec<String> {
+        split_chain(&self.model)
+    }
+
+    pub fn is_global_admin(&self, caller: &str) -> bool {
+        caller == self.owner || self.admins.iter().any(|a| a == caller)
+    }
+}
+
+pub fn split_chain(raw: &str) -> Vec<String> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Checks the form of a model spec without touching the file or network.
+pub fn check_model_spec(spec: &str) -> Result<(), String> {
+    match spec.split_once(':') {
+        Some(("openai" | "anthropic" | "scripted", rest)) if !rest.trim().is_empty() => Ok(()),
+        _ => Err(format!(
+            "{spec:?} is not a model spec (use openai:MODEL, anthropic:MODEL or scripted:PATH)"
+        )),
+    }
+}
+
+/// `HH:MM` → (hour, minute).
+pub fn parse_daily_at(raw: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{raw:?} is not a time of day (use HH:MM, e.g. 04:00)");
+    let (h, m) = raw.split_once(':').ok_or_else(bad)?;
+    let h: u32 = h.parse().map_err(|_| bad())?;
+    let m: u32 = m.parse().map_err(|_| bad())?;
+    if h > 23 || m > 59 {
+        return Err(bad());
+    }
+    Ok((h, m))
+}
+
+/// The process environment's `MERCURY_*` variables.
+pub fn process_env() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("MERCURY_"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn template_parses_back_to_the_defaults() {
+        let v: Value = serde_yaml_ng::from_str(&template("owner")).unwrap();
+        assert_eq!(from_value(v, &env(&[])).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn env_overrides_file_and_false_means_false() {
+        let v: Value =
+            serde_yaml_ng::from_str("review:\n  enabled: true\nmodel: openai:a").unwrap();
+        let s = from_value(
+            v,
+            &env(&[
+                ("MERCURY_REVIEW_ENABLED", "false"),
+                ("MERCURY_MODEL", "scripted:/x"),
+            ]),
+        )
+        .unwrap();
+        assert!(!s.review.enabled);
+        assert_eq!(s.model, "scripted:/x");
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_ENABLED", "maybe")])).unwrap_err();
+        assert!(e.to_string().contains("review.enabled"), "{e}");
+        let e = from_value(Value::Null, &env(&[("MERCURY_MODEL", "gpt")])).unwrap_err();
+        assert!(e.to_string().contains("model"), "{e}");
+        let v: Value = serde_yaml_ng::from_str("review:\n  colour: red").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("review.colour"), "{e}");
+        let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_DAILY_AT", "25:00")])).unwrap_err();
+        assert!(e.to_string().contains("review.daily_at"), "{e}");
+    }
+}

@@ -1,0 +1,110 @@
+//! Host-side wiring of the docker sandbox: which image turns run in (built
+//! locally, content-addressed, from `deploy/agent-image/`), connecting the
+//! backend at start-up, and the periodic orphan sweep.
+//!
+//! Must never: sweep without this instance's id, or pull an image (no
+//! registry is assumed reachable; the image is built from local files).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::runtime::Runtime;
+use crate::sandbox::docker::{sweep_orphans, DockerBackend};
+use crate::sandbox::image::{agent_image_tag, build_agent_image, ensure_agent_image};
+use crate::sandbox::SandboxBackend;
+use crate::workspace::DataPaths;
+
+pub const DEFAULT_BUSYBOX: &str = "/bin/busybox";
+
+/// The `mrctl` that goes into the image: `MERCURY_MRCTL`, else the one beside
+/// the running binary (a static build is preferred; a dynamic one works, its
+/// libraries are copied in).
+pub fn mrctl_path() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MERCURY_MRCTL") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the running binary")?;
+    let dir = exe
+        .parent()
+        .context("the running binary has no directory")?;
+    // Test binaries live in target/<profile>/deps; the real ones one level up.
+    for candidate in [dir.join("mrctl"), dir.join("../mrctl")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    anyhow::bail!(
+        "no mrctl binary beside {} (set MERCURY_MRCTL)",
+        exe.display()
+    )
+}
+
+/// Connects the docker backend and makes sure its image exists.
+pub async fn docker_backend(
+    settings: &Settings,
+    _paths: &DataPaths,
+) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    let probe = DockerBackend::connect(String::new()).await?;
+    let image = if settings.sandbox.image.is_empty() {
+        let mrctl = mrctl_path()?;
+        let busybox = Path::new(DEFAULT_BUSYBOX);
+        let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl, busybox)
+            .with_context(|| format!("reading {} and {}", mrctl.display(), busybox.display()))?;
+        ensure_agent_image(probe.docker(), &tag, &mrctl, busybox).await?
+    } else {
+        settings.sandbox.image.clone()
+    };
+    Ok(Arc::new(DockerBackend::with_client(
+        probe.docker().clone(),
+        image,
+    )))
+}
+
+/// `mercury image build`: builds the image and prints its tag.
+pub async fn build_image_cli(mrctl: Option<PathBuf>, busybox: &Path) -> anyhow::Result<String> {
+    let mrctl = match mrctl {
+        Some(p) => p,
+        None => mrctl_path()?,
+    };
+    let backend = DockerBackend::connect(String::new()).await?;
+    let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl, busybox)?;
+    build_agent_image(backend.docker(), &tag, &mrctl, busybox).await?;
+    Ok(tag)
+}
+
+/// Removes this instance's leftover containers at start-up and then every
+/// `sandbox.sweep_interval_secs`, sparing the runs executing now.
+pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
+    if rt.sandbox.name() != "docker" {
+        return;
+    }
+    let backend = match DockerBackend::connect(String::new()).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "orphan sweep cannot reach the engine");
+            return;
+        }
+    };
+    let every = Duration::from_secs(rt.settings.sandbox.sweep_interval_secs);
+    loop {
+        match sweep_orphans(backend.docker(), &rt.instance_id, &rt.live_run_ids()).await {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::warn!(
+                    count = removed.len(),
+                    "removed orphan containers of this instance"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "orphan sweep failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The host process: `mercury init` (a fresh data dir with an owner token)
+//! and `mercury serve` (storage, actors, sandbox, HTTP on TCP and a Unix
+//! socket, graceful shutdown with a drain deadline).
+//!
+//! Must never: start on an invalid config, overwrite an existing data dir, or
+//! write the owner's token anywhere but `global/owner.token` (mode 0600).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ractor::Actor;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::supervisor::SupervisorArgs;
+use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
+use crate::config::{self, SandboxChoice, Settings};
+use crate::ids::SpaceId;
+use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
+use crate::model::ProviderSettings;
+use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
+use crate::sandbox::{self, SandboxBackend};
+use crate::storage::spaces::{self, Space};
+use crate::storage::{messages, runs, tokens, Store, StoreError};
+use crate::workspace::{ensure_workspace, DataPaths};
+
+/// Everything a request handler can reach.
+pub struct Host {
+    pub rt: Arc<Runtime>,
+    pub spaces: SpaceDirectory,
+    /// Per-caller turn limits (in memory; shared with the writer thread).
+    pub limits: Arc<CallerLimits>,
+    /// Cancelled on SIGTERM/SIGINT; every background loop watches it.
+    pub shutdown: CancellationToken,
+}
+
+impl Host {
+    /// Creates a space row and its workspace.
+    pub async fn create_space(
+        &self,
+        id: &SpaceId,
+        name: &str,
+        tags: &[String],
+    ) -> Result<Space, StoreError> {
+        let (sid, name, tags) = (id.to_string(), name.to_owned(), tags.to_vec());
+        let space = self
+            .rt
+            .store
+            .write(move |tx| spaces::create_space(tx, &sid, &name, &tags))
+            .await?;
+        ensure_workspace(&self.rt.paths, id)
+            .map_err(|e| StoreError::Invalid(format!("cannot create the workspace: {e}")))?;
+        Ok(space)
+    }
+
+    /// The inbound path: durable row first, then the space's actor.
+    pub async fn ingest(&self, m: IngressMessage) -> Result<IngestResult, crate::api::ApiError> {
+        let settings = self.rt.settings.clone();
+        let limits = self.limits.clone();
+        let res = self
+            .rt
+            .store
+            .write(move |tx| ingress::ingest_tx(tx, &settings, &limits, &m))
+            .await?;
+        if let Some(space) = &res.space_id {
+            if res.created_space {
+                let id = SpaceId::parse(space).map_err(crate::api::ApiError::internal)?;
+                ensure_workspace(&self.rt.paths, &id).map_err(crate::api::ApiError::internal)?;
+            }
+            if res.status == ingress::IngestStatus::Queued {
+                self.spaces.wake(space).await?;
+            }
+        }
+        Ok(res)
+    }
+}
+
+/// Writes a fresh data dir. Refuses (exit code 2 at the CLI) if it exists.
+pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
+    crate::ids::validate_caller_id(owner).map_err(|m| anyhow::anyhow!("--owner: {m}"))?;
+    let paths = DataPaths::new(data_dir);
+    if paths.config.exists() || paths.db.exists() {
+        bail!(
+            "{} already holds a Mercury data dir; nothing was changed (choose another --data-dir)",
+            data_dir.display()
+        );
+    }
+    std::fs::create_dir_all(&paths.spaces)
+        .with_context(|| format!("creating {}", paths.spaces.display()))?;
+    std::fs::create_dir_all(&paths.global)
+        .with_context(|| format!("creating {}", paths.global.display()))?;
+    std::fs::write(&paths.config, config::template(owner))
+        .with_context(|| format!("writing {}", paths.config.display()))?;
+    let store = Store::open(&paths.db)?;
+    let owner_s = owner.to_owned();
+    let (_, secret) = store
+        .write(move |tx| {
+            tokens::mint(
+                tx,
+                &tokens::NewToken {
+                    caller_id: &owner_s,
+                    kind: tokens::TokenKind::User,
+                    space_id: None,
+                    run_id: None,
+                    label: Some("owner (mercury init)"),
+                    created_by: Some(crate::ids::SYSTEM_CALLER),
+                    expires_at: None,
+                },
+            )
+        })
+        .await?;
+    let token_path = paths.owner_token();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&token_path)
+        .with_context(|| format!("writing {}", token_path.display()))?;
+    f.write_all(secret.as_bytes())?;
+    Ok(token_path)
+}
+
+pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
+    Ok(config::load(&paths.config, &config::process_env())?)
+}
+
+fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
+    ProviderSettings {
+        openai_base_url: s.providers.openai_base_url.clone(),
+        openai_api_key: env.get("MERCURY_OPENAI_API_KEY").cloned(),
+        anthropic_base_url: s.providers.anthropic_base_url.clone(),
+        anthropic_api_key: env.get("MERCURY_ANTHROPIC_API_KEY").cloned(),
+        request_timeout: Duration::from_secs(s.providers.request_timeout_secs),
+        max_retries: s.providers.max_retries,
+        retry_after_cap: Duration::from_secs(s.providers.retry_after_cap_secs),
+        ..ProviderSettings::default()
+    }
+}
+
+/// Picks the sandbox backend the config asks for.
+async fn sandbox_backend(
+    settings: &Settings,
+    paths: &DataPaths,
+) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    let mrctl_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
+    let process = || -> Arc<dyn SandboxBackend> {
+        Arc::new(sandbox::process::ProcessBackend::new(mrctl_dir.clone()))
+    };
+    match settings.sandbox.backend {
+        SandboxChoice::Process => Ok(process()),
+        SandboxChoice::Docker | SandboxChoice::Auto => {
+            match crate::containers::docker_backend(settings, paths).await {
+                Ok(b) => Ok(b),
+                Err(e) if settings.sandbox.backend == SandboxChoice::Auto => {
+                    tracing::warn!(error = %e, "no usable Docker engine: turns run as plain child processes, NOT isolated (sandbox: auto)");
+                    Ok(process())
+                }
+                Err(e) => bail!("sandbox: docker was asked for, but {e:#}"),
+            }
+        }
+    }
+}
+
+/// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
+pub async fn serve(
+    data_dir: &Path,
+    bind_override: Option<String>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
+        format!(
+            "{} is not a data dir (run `mercury init` first)",
+            data_dir.display()
+        )
+    })?;
+    let paths = DataPaths::new(&data_dir);
+    if !paths.db.exists() {
+        bail!(
+            "{} has no state.db: run `mercury init --data-dir {}` first",
+            data_dir.display(),
+            data_dir.display()
+        );
+    }
+    let mut settings = load_settings(&paths)?;
+    if let Some(b) = bind_override {
+        settings.bind = b;
+        settings.validate()?;
+    }
+    let env = config::process_env();
+    let store = Store::open(&paths.db)?;
+    let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
+    if interrupted > 0 {
+        tracing::warn!(
+            runs = interrupted,
+            "runs interrupted by the last stop were marked; their messages will be answered"
+        );
+    }
+    let sandbox = sandbox_backend(&settings, &paths).await?;
+    let instance_id =
+        sandbox::docker::instance_id_for(&data_dir).context("deriving the instance id")?;
+    let rt = Arc::new(Runtime {
+        models: ModelRegistry::new(provider_settings(&settings, &env)),
+        settings: Arc::new(settings),
+        paths: paths.clone(),
+        store,
+        instance_id,
+        sandbox,
+        waiters: TurnWaiters::default(),
+        live_runs: Mutex::new(Default::default()),
+    });
+    let map: SpaceMap = Arc::default();
+    let (supervisor, sup_handle) = Actor::spawn(
+        None,
+        RootSupervisor,
+        SupervisorArgs {
+            rt: rt.clone(),
+            spaces: map.clone(),
+        },
+    )
+    .await
+    .context("starting the root supervisor")?;
+    let host = Arc::new(Host {
+        limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
+        spaces: SpaceDirectory::new(supervisor.clone(), map),
+        rt: rt.clone(),
+        shutdown: shutdown.clone(),
+    });
+    // Durable before acknowledged: whatever was pending when the host stopped runs now.
+    let pending = rt.store.read(messages::spaces_with_pending).await?;
+    for space in pending {
+        if let Err(e) = host.spaces.wake(&space).await {
+            tracing::error!(space = %space, error = %e, "cannot resume pending messages");
+        }
+    }
+    let background = tokio_util::task::TaskTracker::new();
+    if !rt.settings.webhook.url.is_empty() {
+        background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+    }
+    background.spawn(crate::containers::sweep_loop(rt.clone(), shutdown.clone()));
+    let app = crate::api::router(host.clone());
+    let tcp = tokio::net::TcpListener::bind(&rt.settings.bind)
+        .await
+        .with_context(|| format!("binding {}", rt.settings.bind))?;
+    let _ = std::fs::remove_file(&paths.socket);
+    let unix = tokio::net::UnixListener::bind(&paths.socket)
+        .with_context(|| format!("binding {}", paths.socket.display()))?;
+    // Containers run as another uid; the token, not the socket mode, is the gate.
+    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o666))?;
+    eprintln!(
+        "mercury: serving on http://{} and {}",
+        tcp.local_addr()?,
+        paths.socket.display()
+    );
+    eprintln!("mercury: sandbox backend: {}", rt.sandbox.name());
+    let drain = Duration::from_secs(rt.settings.http.drain_secs);
+    let tcp_server =
+        axum::serve(tcp, app.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let unix_server =
+        axum::serve(unix, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let servers =
+        async { tokio::try_join!(async { tcp_server.await }, async { unix_server.await }) };
+    tokio::select! {
+        r = servers => { r.context("HTTP server")?; }
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(drain).await } => {
+            tracing::warn!("drain deadline passed; closing remaining connections");
+        }
+    }
+    // Order: HTTP is closed, then actors (their running turns stay pending in
+    // the database), then background loops; the writer thread ends last.
+    rt.waiters.notify_all();
+    supervisor.stop(Some("host shutting down".into()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), sup_handle).await;
+    background.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
+    let _ = std::fs::remove_file(&paths.socket);
+    Ok(())
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+pub fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        eprintln!("mercury: shutting down");
+        token.cancel();
+    });
+}

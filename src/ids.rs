@@ -1,0 +1,134 @@
+//! Identifier newtypes and their validation.
+//!
+//! Owns the rules for what a space id, run id and caller id look like, so a
+//! bad id is refused at the edge and never reaches storage. Must never create
+//! anything: validating an id says nothing about whether it exists.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+// Compiled from a constant pattern; failure would be a programming error
+// caught by the first test that touches a space id.
+#[allow(clippy::expect_used)]
+static SPACE_ID_RE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9][a-z0-9-]{0,62}$").expect("constant regex"));
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid space id {0:?}: use 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit")]
+pub struct InvalidSpaceId(pub String);
+
+/// A space's slug. Constructed only through [`SpaceId::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct SpaceId(String);
+
+impl SpaceId {
+    pub fn parse(raw: &str) -> Result<Self, InvalidSpaceId> {
+        if SPACE_ID_RE.is_match(raw) {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidSpaceId(raw.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for SpaceId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        SpaceId::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for SpaceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A run (one agent turn, task firing, ask or review) id: a UUIDv7, so ids sort by time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RunId(String);
+
+impl RunId {
+    pub fn new() -> Self {
+        Self(uuid::Uuid::now_v7().simple().to_string())
+    }
+
+    pub fn from_stored(raw: String) -> Self {
+        Self(raw)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The reserved caller id of the host's own calls. No token can name it.
+pub const SYSTEM_CALLER: &str = "system";
+
+/// Caller ids are free-form platform ids (`whatsapp:123@s.whatsapp.net`,
+/// `api:alice`, `owner`) but bounded, printable and never `system`.
+pub fn validate_caller_id(raw: &str) -> Result<(), String> {
+    if raw.is_empty() || raw.len() > 200 {
+        return Err("caller id must be 1-200 characters".into());
+    }
+    if raw == SYSTEM_CALLER {
+        return Err("caller id 'system' is reserved for the host".into());
+    }
+    if raw.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("caller id must not contain spaces or control characters".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn space_id_accepts_slugs_and_rejects_everything_else() {
+        for ok in ["a", "main", "client-42", "0abc", &"a".repeat(63)] {
+            assert!(SpaceId::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "A",
+            "a_b",
+            "a b",
+            "a/b",
+            "é",
+            &"a".repeat(64),
+            "slack:C123",
+        ] {
+            assert!(SpaceId::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn caller_id_system_is_reserved() {
+        assert!(validate_caller_id("system").is_err());
+        assert!(validate_caller_id("whatsapp:1@s.whatsapp.net").is_ok());
+        assert!(validate_caller_id("a b").is_err());
+    }
+}

@@ -1,0 +1,384 @@
+//! Ingress: inbound platform messages and console chat become durable rows
+//! before anything else happens, then the space's actor is told.
+//!
+//! Owns the decisions of the inbound path: which space a conversation feeds
+//! (auto-created when `ingress.auto_space`), de-duplication of replays, mutes,
+//! triggers, and the per-caller rate limit ("slow down", never silence).
+//!
+//! Must never: run a turn for a replayed platform message, drop a message
+//! without storing it (muted, untriggered and rate-limited messages are all
+//! stored), or acknowledge before the row is committed.
+
+pub mod trigger;
+pub mod webhook;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::clock::now_ms;
+use crate::config::Settings;
+use crate::ids::SpaceId;
+use crate::storage::messages::{self, NewMessage};
+use crate::storage::spaces::{self, KvTable};
+use crate::storage::{conversations, outbox, StoreError, StoreResult};
+
+pub const SLOW_DOWN_REPLY: &str =
+    "You are sending messages faster than I can answer. Please slow down and try again in a minute.";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngressMessage {
+    pub platform: String,
+    pub conversation: String,
+    pub sender_id: String,
+    pub sender_name: Option<String>,
+    pub text: String,
+    pub message_id: String,
+    pub is_group: bool,
+    #[serde(default)]
+    pub mentions_bot: bool,
+    #[serde(default)]
+    pub reply_to_bot: bool,
+    pub title: Option<String>,
+}
+
+impl IngressMessage {
+    pub fn validate(&self) -> Result<(), String> {
+        let p = &self.platform;
+        if p.is_empty()
+            || p.len() > 32
+            || !p
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            return Err("platform must be 1-32 characters of a-z, 0-9 or '-'".into());
+        }
+        if p == "console" {
+            return Err("platform 'console' is reserved for /api/chat".into());
+        }
+        if self.conversation.trim().is_empty() || self.conversation.len() > 256 {
+            return Err("conversation must be 1-256 characters".into());
+        }
+        crate::ids::validate_caller_id(&self.sender_id).map_err(|e| format!("sender_id: {e}"))?;
+        if self.message_id.trim().is_empty() || self.message_id.len() > 256 {
+            return Err("message_id must be 1-256 characters".into());
+        }
+        if self.text.chars().count() > 32_000 {
+            return Err("text is longer than 32000 characters".into());
+        }
+        Ok(())
+    }
+}
+
+/// What happened to an inbound message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngestStatus {
+    /// Stored and waiting for a turn.
+    Queued,
+    /// Already stored earlier (a replay): nothing done.
+    Duplicate,
+    /// Stored as ambient context (a group message not addressed to the bot).
+    Ambient,
+    /// Stored, not answered: the sender is muted.
+    Muted,
+    /// Stored and answered with a "slow down" reply.
+    RateLimited,
+    /// The conversation has no space yet (auto-space is off): nothing stored.
+    Unlinked,
+}
+
+impl IngestStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngestStatus::Queued => "queued",
+            IngestStatus::Duplicate => "duplicate",
+            IngestStatus::Ambient => "ambient",
+            IngestStatus::Muted => "muted",
+            IngestStatus::RateLimited => "rate_limited",
+            IngestStatus::Unlinked => "unlinked",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IngestResult {
+    pub status: IngestStatus,
+    pub message_id: Option<i64>,
+    pub space_id: Option<String>,
+    /// Set when the space was created by this message (its workspace must be made).
+    pub created_space: bool,
+}
+
+/// Per-caller turn limits, one keyed limiter per quota (spaces may override it).
+pub struct CallerLimits {
+    default_per_minute: u32,
+    limiters: Mutex<HashMap<u32, Arc<DefaultKeyedRateLimiter<String>>>>,
+}
+
+impl CallerLimits {
+    pub fn new(default_per_minute: u32) -> Self {
+        Self {
+            default_per_minute,
+            limiters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// True if the caller may start another turn in the space now.
+    pub fn allow(&self, space: &str, caller: &str, per_minute: Option<u32>) -> bool {
+        let q = per_minute.unwrap_or(self.default_per_minute).max(1);
+        let limiter = {
+            let Ok(mut map) = self.limiters.lock() else {
+                return true;
+            };
+            map.entry(q)
+                .or_insert_with(|| {
+                    let n = NonZeroU32::new(q).unwrap_or(NonZeroU32::MIN);
+                    Arc::new(RateLimiter::keyed(Quota::per_minute(n)))
+                })
+                .clone()
+        };
+        limiter.check_key(&format!("{space}\u{0}{caller}")).is_ok()
+    }
+}
+
+/// A space id for an auto-created space: readable, valid, and unique per conversation.
+pub fn auto_space_id(
+    platform: &str,
+    conversation: &str,
+) -> Result<SpaceId, crate::ids::InvalidSpaceId> {
+    let mut slug: String = format!("{platform}-{conversation}")
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    while slug.contains("--") {
+        slug = slug.replace("--", "-");
+    }
+    let slug = slug.trim_matches('-');
+    let hash = base16ct::lower::encode_string(&Sha256::digest(
+        format!("{platform}\u{0}{conversation}").as_bytes(),
+    ));
+    let head: String = slug.chars().take(40).collect();
+    let head = head.trim_end_matches('-');
+    let id = if head.is_empty() {
+        format!("s-{}", &hash[..16])
+    } else {
+        format!("{head}-{}", &hash[..8])
+    };
+    SpaceId::parse(&id)
+}
+
+fn trigger_rule(
+    tx: &rusqlite::Connection,
+    settings: &Settings,
+    space: &str,
+) -> StoreResult<trigger::TriggerRule> {
+    let get = |k: &str| spaces::kv_get(tx, KvTable::Config, space, k);
+    let mode = get("trigger.match")?.unwrap_or_else(|| settings.trigger.mode.clone());
+    let patterns = get("trigger.patterns")?
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| settings.trigger.patterns.clone());
+    let cs = get("trigger.case_sensitive")?.as_deref() == Some("true");
+    Ok(trigger::TriggerRule::new(&mode, &patterns, cs))
+}
+
+/// Stores an inbound platform message and decides what it needs, in one transaction.
+pub fn ingest_tx(
+    tx: &rusqlite::Transaction<'_>,
+    settings: &Settings,
+    limits: &CallerLimits,
+    m: &IngressMessage,
+) -> StoreResult<IngestResult> {
+    let kind = if m.is_group { "group" } else { "dm" };
+    let conv = conversations::upsert(tx, &m.platform, &m.conversation, kind, m.title.as_deref())?;
+    let mut created_space = false;
+    let space = match conv.space_id.clone() {
+        Some(s) => s,
+        None if settings.ingress.auto_space => {
+            let id = auto_space_id(&m.platform, &m.conversation)
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            if !spaces::space_exists(tx, id.as_str())? {
+                let name = m
+                    .title
+                    .clone()
+                    .unwrap_or_else(|| format!("{} {}", m.platform, m.conversation));
+                spaces::create_space(tx, id.as_str(), &name, &[])?;
+                created_space = true;
+            }
+            conversations::set_space(tx, conv.id, Some(id.as_str()))?;
+            id.to_string()
+        }
+        None => {
+            return Ok(IngestResult {
+                status: IngestStatus::Unlinked,
+                message_id: None,
+                space_id: None,
+                created_space: false,
+            })
+        }
+    };
+    let now = now_ms();
+    let base = NewMessage {
+        space_id: &space,
+        conversation_id: Some(conv.id),
+        sender_id: Some(&m.sender_id),
+        sender_name: m.sender_name.as_deref(),
+        role: "user",
+        text: &m.text,
+        platform_message_id: Some(&m.message_id),
+        created_at: now,
+        ..Default::default()
+    };
+    let done = |status, message_id| IngestResult {
+        status,
+        message_id,
+        space_id: Some(space.clone()),
+        created_space,
+    };
+    // De-duplicate first: a replay changes nothing, not even the member row.
+    if messages::insert_probe(tx, conv.id, &m.message_id)? {
+        return Ok(done(IngestStatus::Duplicate, None));
+    }
+    spaces::touch_member(tx, &space, &m.sender_id, m.sender_name.as_deref())?;
+    if spaces::is_muted(tx, &space, &m.sender_id, now)? {
+        let id = messages::insert(
+            tx,
+            &NewMessage {
+                status: Some("muted"),
+                ..base
+            },
+        )?;
+        return Ok(done(IngestStatus::Muted, id));
+    }
+    let triggered = !m.is_group
+        || trigger::group_triggers(
+            &trigger_rule(tx, settings, &space)?,
+            &m.text,
+            m.mentions_bot,
+            m.reply_to_bot,
+        );
+    if !triggered || m.text.trim().is_empty() {
+        let id = messages::insert(
+            tx,
+            &NewMessage {
+                role: "ambient",
+                ..base
+            },
+        )?;
+        return Ok(done(IngestStatus::Ambient, id));
+    }
+    let per_minute = spaces::kv_get(tx, KvTable::Config, &space, "rate_limit.per_minute")?
+        .and_then(|v| v.parse().ok());
+    if !limits.allow(&space, &m.sender_id, per_minute) {
+        let id = messages::insert(
+            tx,
+            &NewMessage {
+                status: Some("rate_limited"),
+                ..base
+            },
+        )?;
+        let reply_id = messages::insert(
+            tx,
+            &NewMessage {
+                space_id: &space,
+                conversation_id: Some(conv.id),
+                sender_id: Some("mercury"),
+                sender_name: Some("Mercury"),
+                role: "assistant",
+                text: SLOW_DOWN_REPLY,
+                created_at: now,
+                reply_to: id,
+                ..Default::default()
+            },
+        )?;
+        outbox::enqueue(
+            tx,
+            &space,
+            Some(conv.id),
+            &m.platform,
+            &m.conversation,
+            reply_id,
+            SLOW_DOWN_REPLY,
+        )?;
+        return Ok(done(IngestStatus::RateLimited, id));
+    }
+    let id = messages::insert(
+        tx,
+        &NewMessage {
+            status: Some("pending"),
+            ..base
+        },
+    )?;
+    match id {
+        Some(id) => Ok(done(IngestStatus::Queued, Some(id))),
+        None => Ok(done(IngestStatus::Duplicate, None)),
+    }
+}
+
+/// Stores a console message (`POST /api/chat`) as pending in `space`.
+pub fn chat_tx(
+    tx: &rusqlite::Transaction<'_>,
+    space: &str,
+    caller: &str,
+    conversation: &str,
+    text: &str,
+) -> StoreResult<i64> {
+    let external = format!("{space}/{conversation}");
+    let conv = conversations::upsert(tx, "console", &external, "dm", None)?;
+    match conv.space_id.as_deref() {
+        None => conversations::set_space(tx, conv.id, Some(space))?,
+        Some(s) if s != space => {
+            return Err(StoreError::Conflict(format!(
+                "console conversation {external} belongs to space {s}"
+            )))
+        }
+        Some(_) => {}
+    }
+    spaces::touch_member(tx, space, caller, None)?;
+    messages::insert(
+        tx,
+        &NewMessage {
+            space_id: space,
+            conversation_id: Some(conv.id),
+            sender_id: Some(caller),
+            role: "user",
+            text,
+            created_at: now_ms(),
+            status: Some("pending"),
+            ..Default::default()
+        },
+    )?
+    .ok_or_else(|| StoreError::Conflict("message already stored".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_space_ids_are_valid_and_distinct() {
+        let a = auto_space_id("whatsapp", "12345@g.us").unwrap();
+        let b = auto_space_id("whatsapp", "12345@G.US").unwrap();
+        assert!(a.as_str().starts_with("whatsapp-12345-g-us-"));
+        assert_ne!(a, b);
+        let long = auto_space_id("discord", &"x".repeat(500)).unwrap();
+        assert!(long.as_str().len() <= 63);
+        let weird = auto_space_id("p", "@@@").unwrap();
+        assert!(SpaceId::parse(weird.as_str()).is_ok());
+    }
+
+    #[test]
+    fn limiter_says_slow_down_per_caller() {
+        let l = CallerLimits::new(2);
+        assert!(l.allow("s", "a", None));
+        assert!(l.allow("s", "a", None));
+        assert!(!l.allow("s", "a", None));
+        assert!(l.allow("s", "b", None));
+        assert!(l.allow("t", "a", None));
+    }
+}

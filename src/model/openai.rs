@@ -1,0 +1,581 @@
+//! The OpenAI-compatible chat-completions client (OpenAI, Ollama, vLLM,
+//! llama.cpp server, OpenRouter): request encoding, answer decoding, and the
+//! call itself through the shared retry loop.
+//!
+//! Must never: log or display the API key, send it anywhere but the
+//! `Authorization` header of the configured endpoint, or retry outside
+//! [`super::retry`].
+
+use async_trait::async_trait;
+use serde_json::{json, Map, Value};
+
+use super::retry::{self, RetryPolicy};
+use super::{
+    ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role,
+    ToolCall, Usage,
+};
+
+/// Calls `POST {base_url}/chat/completions`.
+pub struct OpenAiProvider {
+    client: reqwest::Client,
+    endpoint: String,
+    api_key: Option<String>,
+    policy: RetryPolicy,
+}
+
+impl std::fmt::Debug for OpenAiProvider {
+    // Hand-written so that the key can never reach a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiProvider")
+            .field("endpoint", &self.endpoint)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl OpenAiProvider {
+    /// Builds the client from `openai_base_url`, `openai_api_key`, the
+    /// request timeout and the retry settings.
+    pub fn new(settings: &ProviderSettings) -> Result<Self, ModelError> {
+        let client = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot build the OpenAI HTTP client: {e}")))?;
+        Ok(Self {
+            client,
+            endpoint: format!(
+                "{}/chat/completions",
+                settings.openai_base_url.trim_end_matches('/')
+            ),
+            api_key: settings.openai_api_key.clone().filter(|k| !k.is_empty()),
+            policy: RetryPolicy::from_settings(settings),
+        })
+    }
+}
+
+#[async_trait]
+impl ModelProvider for OpenAiProvider {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = request_body(req)?;
+        tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "openai call");
+        let text = retry::send_with_retry(&self.policy, &self.endpoint, || {
+            let builder = self.client.post(&self.endpoint).json(&body);
+            match &self.api_key {
+                Some(key) => builder.bearer_auth(key),
+                None => builder,
+            }
+        })
+        .await?;
+        parse_response(&text)
+    }
+}
+
+/// The JSON body of a chat-completions request.
+fn request_body(req: &ModelRequest) -> Result<Value, ModelError> {
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| encode_message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    }
+                })
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    body.insert("max_tokens".into(), json!(req.max_tokens));
+    Ok(Value::Object(body))
+}
+
+fn encode_message(index: usize, m: &ChatMessage) -> Result<Value, ModelError> {
+    Ok(match m.role {
+        Role::System | Role::User => json!({ "role": m.role.as_str(), "content": m.content }),
+        Role::Assistant if m.tool_calls.is_empty() => {
+            json!({ "role": "assistant", "content": m.content })
+        }
+        Role::Assistant => {
+            let calls: Vec<Value> = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "type": "function",
+                        // The API wants the arguments as a JSON *string*.
+                        "function": { "name": c.name, "arguments": c.arguments.to_string() },
+                    })
+                })
+                .collect();
+            // A tool-calling turn with no prose is `null`, as the API itself sends it.
+            let content = if m.content.is_empty() {
+                Value::Null
+            } else {
+                json!(m.content)
+            };
+            json!({ "role": "assistant", "content": content, "tool_calls": calls })
+        }
+        Role::Tool => {
+            let id = m.tool_call_id.as_deref().ok_or_else(|| {
+                ModelError::Protocol(format!(
+                    "message {index} is a tool result without a tool_call_id; the endpoint could not match it to a call"
+                ))
+            })?;
+            json!({ "role": "tool", "tool_call_id": id, "content": m.content })
+        }
+    })
+}
+
+/// Decodes a chat-completions answer body.
+fn parse_response(body: &str) -> Result<ModelResponse, ModelError> {
+    let value: Value = serde_json::from_str(body).map_err(|e| {
+        ModelError::Protocol(format!(
+            "chat-completions answer is not JSON ({e}): {}",
+            retry::excerpt(body, 200)
+        ))
+    })?;
+    let message = value
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("message"))
+        .ok_or_else(|| {
+            ModelError::Protocol(format!(
+                "chat-completions answer has no choices[0].message: {}",
+                retry::excerpt(body, 200)
+            ))
+        })?;
+    let text = match message.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(ModelError::Protocol(format!(
+                "choices[0].message.content is neither text nor null: {other}"
+            )))
+        }
+    };
+    let tool_calls = match message.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| decode_tool_call(i, c))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(ModelError::Protocol(format!(
+                "choices[0].message.tool_calls is not a list: {other}"
+            )))
+        }
+    };
+    // Some compatible servers omit usage; cost accounting then sees zero.
+    let usage = value.get("usage");
+    let count = |field: &str| {
+        usage
+            .and_then(|u| u.get(field))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    Ok(ModelResponse {
+        text,
+        tool_calls,
+        usage: Usage {
+            input_tokens: count("prompt_tokens"),
+            output_tokens: count("completion_tokens"),
+        },
+    })
+}
+
+fn decode_tool_call(index: usize, call: &Value) -> Result<ToolCall, ModelError> {
+    let function = call.get("function").ok_or_else(|| {
+        ModelError::Protocol(format!("tool_calls[{index}] has no `function`: {call}"))
+    })?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            ModelError::Protocol(format!("tool_calls[{index}] has no function name: {call}"))
+        })?;
+    let arguments = match function.get("arguments") {
+        // Argument-less calls arrive as "" or not at all from some servers.
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+            ModelError::Protocol(format!(
+                "tool call `{name}` (tool_calls[{index}]) has arguments that are not JSON ({e}): {}",
+                retry::excerpt(s, 200)
+            ))
+        })?,
+        // Ollama sends the object itself rather than a string.
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(other) => {
+            return Err(ModelError::Protocol(format!(
+                "tool call `{name}` (tool_calls[{index}]) has arguments of the wrong type: {other}"
+            )))
+        }
+    };
+    if !arguments.is_object() {
+        return Err(ModelError::Protocol(format!(
+            "tool call `{name}` (tool_calls[{index}]) has arguments that are not a JSON object: {arguments}"
+        )));
+    }
+    // An id is needed to answer the call; synthesise one for servers that omit it.
+    let id = call
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty())
+        .map_or_else(|| format!("call_{index}"), str::to_string);
+    Ok(ToolCall {
+        id,
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use axum::{Json, Router};
+
+    use super::*;
+    use crate::model::{Purpose, ToolSpec};
+
+    const KEY: &str = "sk-test-123";
+
+    /// A local chat-completions endpoint. It answers the queued failures
+    /// first, then like the real API: a tool call for a fresh question, and
+    /// a text answer quoting the tool output once a tool result is present.
+    #[derive(Default)]
+    struct Server {
+        failures: Mutex<VecDeque<(u16, Option<&'static str>)>>,
+        requests: Mutex<Vec<Value>>,
+    }
+
+    async fn handle(
+        State(server): State<Arc<Server>>,
+        headers: HeaderMap,
+        Json(body): Json<Value>,
+    ) -> Response {
+        server.requests.lock().unwrap().push(body.clone());
+        let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+        if auth != Some(format!("Bearer {KEY}").as_str()) {
+            let err = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
+            return (StatusCode::UNAUTHORIZED, Json(err)).into_response();
+        }
+        let failure = server.failures.lock().unwrap().pop_front();
+        if let Some((status, retry_after)) = failure {
+            let status = StatusCode::from_u16(status).unwrap();
+            let err = json!({"error": {"message": format!("synthetic {status}"), "type": "server_error"}});
+            let mut response = (status, Json(err)).into_response();
+            if let Some(value) = retry_after {
+                response
+                    .headers_mut()
+                    .insert("retry-after", value.parse().unwrap());
+            }
+            return response;
+        }
+        if body["model"].as_str().is_none()
+            || !body["messages"].is_array()
+            || !body["max_tokens"].is_u64()
+        {
+            let err = json!({"error": {"message": "missing model, messages or max_tokens", "type": "invalid_request_error"}});
+            return (StatusCode::BAD_REQUEST, Json(err)).into_response();
+        }
+        let messages = body["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        let message = if last["role"] == "tool" {
+            json!({"role": "assistant", "content": format!("the file says: {}", last["content"].as_str().unwrap())})
+        } else {
+            json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": "{\"path\":\"notes.txt\"}"}
+                }]
+            })
+        };
+        Json(json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28}
+        }))
+        .into_response()
+    }
+
+    async fn start(failures: Vec<(u16, Option<&'static str>)>) -> (Arc<Server>, ProviderSettings) {
+        let server = Arc::new(Server {
+            failures: Mutex::new(failures.into()),
+            ..Server::default()
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .with_state(server.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let settings = ProviderSettings {
+            openai_base_url: format!("http://{addr}/v1/"),
+            openai_api_key: Some(KEY.into()),
+            request_timeout: Duration::from_secs(10),
+            max_retries: 3,
+            retry_base: Duration::from_millis(1),
+            retry_after_cap: Duration::from_secs(5),
+            ..ProviderSettings::default()
+        };
+        (server, settings)
+    }
+
+    fn request(messages: Vec<ChatMessage>) -> ModelRequest {
+        ModelRequest {
+            model: "gpt-test".into(),
+            purpose: Purpose::Turn,
+            messages,
+            tools: vec![ToolSpec {
+                name: "read_file".into(),
+                description: "Read a file of the workspace".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            }],
+            max_tokens: 256,
+        }
+    }
+
+    fn hits(server: &Server) -> usize {
+        server.requests.lock().unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn tool_call_round_trip() {
+        let (server, settings) = start(vec![]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let mut messages = vec![
+            ChatMessage::text(Role::System, "You are helpful."),
+            ChatMessage::text(Role::User, "What is in notes.txt?"),
+        ];
+        let first = provider.complete(&request(messages.clone())).await.unwrap();
+        assert_eq!(first.text, "");
+        assert_eq!(
+            first.tool_calls,
+            vec![ToolCall {
+                id: "call_abc".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "notes.txt"}),
+            }]
+        );
+        assert_eq!(
+            first.usage,
+            Usage {
+                input_tokens: 21,
+                output_tokens: 7
+            }
+        );
+
+        let call = first.tool_calls[0].clone();
+        messages.push(ChatMessage {
+            tool_calls: first.tool_calls.clone(),
+            ..ChatMessage::text(Role::Assistant, "")
+        });
+        messages.push(ChatMessage::tool_result(&call, "buy milk"));
+        let second = provider.complete(&request(messages)).await.unwrap();
+        assert_eq!(second.text, "the file says: buy milk");
+        assert!(second.tool_calls.is_empty());
+
+        let requests = server.requests.lock().unwrap();
+        assert_eq!(requests.len(), 2);
+        let body = &requests[1];
+        assert_eq!(body["model"], "gpt-test");
+        assert_eq!(body["max_tokens"], 256);
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {
+                "name": "read_file",
+                "description": "Read a file of the workspace",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}
+            }}])
+        );
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": "What is in notes.txt?"},
+                {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_abc", "type": "function",
+                    "function": {"name": "read_file", "arguments": "{\"path\":\"notes.txt\"}"}
+                }]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": "buy milk"}
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn tools_are_omitted_when_empty() {
+        let (server, settings) = start(vec![]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let mut req = request(vec![ChatMessage::text(Role::User, "hi")]);
+        req.tools.clear();
+        provider.complete(&req).await.unwrap();
+        let requests = server.requests.lock().unwrap();
+        assert!(requests[0].get("tools").is_none(), "{}", requests[0]);
+    }
+
+    #[tokio::test]
+    async fn wrong_key_is_an_http_error_with_the_server_message() {
+        let (server, mut settings) = start(vec![]).await;
+        settings.openai_api_key = Some("sk-wrong".into());
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let err = provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap_err();
+        match err {
+            ModelError::Http { status, message } => {
+                assert_eq!(status, 401);
+                assert!(message.contains("Incorrect API key provided"), "{message}");
+                assert!(!message.contains("sk-wrong"), "{message}");
+            }
+            other => panic!("unexpected error: {other:?}"),
+        }
+        assert_eq!(hits(&server), 1);
+        assert!(!format!("{provider:?}").contains("sk-wrong"));
+    }
+
+    #[tokio::test]
+    async fn retries_429_with_retry_after_then_succeeds() {
+        let (server, settings) = start(vec![(429, Some("1"))]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let out = provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap();
+        assert_eq!(out.tool_calls.len(), 1);
+        assert_eq!(hits(&server), 2, "the 429 must have been retried once");
+    }
+
+    #[tokio::test]
+    async fn retries_500_twice_then_succeeds() {
+        let (server, settings) = start(vec![(500, None), (500, None)]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let out = provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap();
+        assert_eq!(out.tool_calls[0].name, "read_file");
+        assert_eq!(hits(&server), 3);
+    }
+
+    #[tokio::test]
+    async fn bad_request_is_not_retried() {
+        let (server, settings) = start(vec![(400, None)]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let err = provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ModelError::Http { status: 400, .. }),
+            "{err:?}"
+        );
+        assert_eq!(hits(&server), 1);
+    }
+
+    #[tokio::test]
+    async fn exhausting_retries_reports_attempts_and_last_error() {
+        let (server, settings) = start(vec![(503, None); 10]).await;
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let err = provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap_err();
+        match err {
+            ModelError::RetriesExhausted { attempts, last } => {
+                assert_eq!(attempts, 4);
+                assert!(last.contains("503"), "{last}");
+                assert!(last.contains("synthetic"), "{last}");
+            }
+            other => panic!("unexpected error: {other:?}"),
+        }
+        assert_eq!(hits(&server), 4);
+    }
+
+    #[test]
+    fn unparsable_arguments_are_a_protocol_error() {
+        let body = json!({"choices": [{"message": {"content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{not json"}}
+        ]}}]})
+        .to_string();
+        let err = parse_response(&body).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Protocol(m) if m.contains("shell")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn lenient_argument_forms_and_missing_usage() {
+        let body = json!({"choices": [{"message": {"content": "ok", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": ""}},
+            {"type": "function", "function": {"name": "b", "arguments": {"x": 1}}}
+        ]}}]})
+        .to_string();
+        let out = parse_response(&body).unwrap();
+        assert_eq!(out.text, "ok");
+        assert_eq!(out.tool_calls[0].arguments, json!({}));
+        assert_eq!(out.tool_calls[1].arguments, json!({"x": 1}));
+        assert_eq!(out.tool_calls[1].id, "call_1");
+        assert_eq!(out.usage, Usage::default());
+        let array_args = json!({"choices": [{"message": {"tool_calls": [
+            {"id": "c1", "function": {"name": "a", "arguments": "[1,2]"}}
+        ]}}]})
+        .to_string();
+        assert!(matches!(
+            parse_response(&array_args),
+            Err(ModelError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_response("{\"choices\": []}"),
+            Err(ModelError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_response("<html>"),
+            Err(ModelError::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn tool_message_without_id_is_rejected_before_sending() {
+        let mut m = ChatMessage::text(Role::Tool, "out");
+        m.tool_name = Some("shell".into());
+        let err = request_body(&request(vec![m])).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Protocol(msg) if msg.contains("message 0")),
+            "{err:?}"
+        );
+    }
+}

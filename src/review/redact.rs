@@ -1,0 +1,1328 @@
+//! Identifier redaction for conversation review, with a fail-closed gate.
+//!
+//! Owns the rules that decide what counts as a personal identifier in review
+//! text (phone numbers, WhatsApp ids, e-mail addresses, the sender ids and the
+//! names configured for a scan), the [`Redactor`] that swaps them for stable
+//! per-scan placeholders such as `[PERSON_1]`, and [`assert_no_identifiers`],
+//! the gate a report must pass before it is written or sent anywhere.
+//!
+//! Must never: log, print, return or put in an error a matched value (errors
+//! and `Debug` output name kinds and counts only), or let the gate be narrower
+//! than the redactor. The gate runs the very same matchers as the redactor, so
+//! whatever the redactor would replace the gate flags, and redacted output
+//! always passes.
+//!
+//! This file is self-contained: it refers to nothing else in the crate.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::io::{self, BufRead, Read, Write};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::LazyLock;
+
+use regex::{Regex, RegexBuilder};
+
+/// What sort of identifier a placeholder stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IdentifierKind {
+    Phone,
+    WhatsappId,
+    Email,
+    SenderId,
+    Name,
+}
+
+impl IdentifierKind {
+    pub const ALL: [IdentifierKind; 5] = [
+        IdentifierKind::Phone,
+        IdentifierKind::WhatsappId,
+        IdentifierKind::Email,
+        IdentifierKind::SenderId,
+        IdentifierKind::Name,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdentifierKind::Phone => "phone",
+            IdentifierKind::WhatsappId => "whatsapp_id",
+            IdentifierKind::Email => "email",
+            IdentifierKind::SenderId => "sender_id",
+            IdentifierKind::Name => "name",
+        }
+    }
+
+    /// The upper-case word inside a placeholder, e.g. `PHONE` in `[PHONE_1]`.
+    pub fn placeholder_prefix(self) -> &'static str {
+        match self {
+            IdentifierKind::Phone => "PHONE",
+            IdentifierKind::WhatsappId => "WA",
+            IdentifierKind::Email => "EMAIL",
+            IdentifierKind::SenderId => "SENDER",
+            IdentifierKind::Name => "PERSON",
+        }
+    }
+}
+
+impl fmt::Display for IdentifierKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The identifiers configured for one scan: names (the owner's, members'
+/// display names) and the sender ids seen in the window being reviewed.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedactionList {
+    names: Vec<String>,
+    sender_ids: Vec<String>,
+}
+
+impl RedactionList {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A name to redact, whole and by its first word. Variants shorter than
+    /// two characters are ignored when matching.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.names.push(name.into());
+        self
+    }
+
+    pub fn with_names<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.names.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// A sender id such as `whatsapp:12345@s.whatsapp.net` or `api:alice`.
+    pub fn with_sender_id(mut self, id: impl Into<String>) -> Self {
+        self.sender_ids.push(id.into());
+        self
+    }
+
+    pub fn with_sender_ids<I, S>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sender_ids.extend(ids.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn sender_ids(&self) -> &[String] {
+        &self.sender_ids
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.sender_ids.is_empty()
+    }
+}
+
+// The list is made of identifiers; a derived Debug would print them into logs.
+impl fmt::Debug for RedactionList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedactionList")
+            .field("names", &self.names.len())
+            .field("sender_ids", &self.sender_ids.len())
+            .finish()
+    }
+}
+
+/// The configured list could not be turned into a matcher (in practice only
+/// when it is so large that the compiled pattern exceeds its size limit).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("could not build the {kind} matcher from the redaction list")]
+pub struct BuildError {
+    pub kind: IdentifierKind,
+}
+
+/// The gate found identifiers. Carries their kinds, never their values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("identifier gate failed: {} still present", kind_list(.kinds))]
+pub struct GateFailure {
+    pub kinds: BTreeSet<IdentifierKind>,
+}
+
+fn kind_list(kinds: &BTreeSet<IdentifierKind>) -> String {
+    kinds
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Replaces identifiers with placeholders that stay stable for the life of
+/// the `Redactor`: use one per scan so a whole report shares one numbering.
+pub struct Redactor {
+    list: RedactionList,
+    matchers: Matchers,
+    table: PlaceholderTable,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redactor")
+            .field("list", &self.list)
+            .field("placeholders", &self.table.counts)
+            .finish()
+    }
+}
+
+/// Redaction repeats until nothing changes so the output is a fixed point,
+/// which is exactly what makes redact → gate pass. One round is the norm; the
+/// cap only bounds the work on adversarial input, and whatever a capped run
+/// leaves behind the gate still catches.
+const MAX_ROUNDS: usize = 4;
+
+impl Redactor {
+    pub fn new(list: RedactionList) -> Result<Self, BuildError> {
+        let matchers = Matchers::build(&list)?;
+        Ok(Self {
+            list,
+            matchers,
+            table: PlaceholderTable::default(),
+        })
+    }
+
+    pub fn list(&self) -> &RedactionList {
+        &self.list
+    }
+
+    /// How many distinct values of each kind got a placeholder so far.
+    pub fn counts(&self) -> &BTreeMap<IdentifierKind, usize> {
+        &self.table.counts
+    }
+
+    pub fn redact_identifiers(&mut self, text: &str) -> String {
+        let Redactor {
+            matchers, table, ..
+        } = self;
+        let mut current = text.to_owned();
+        for _ in 0..MAX_ROUNDS {
+            let mut changed = false;
+            let next = matchers.scan(&current, &mut |kind, key| {
+                changed = true;
+                table.placeholder(kind, key)
+            });
+            if !changed {
+                break;
+            }
+            current = next;
+        }
+        current
+    }
+}
+
+#[derive(Default)]
+struct PlaceholderTable {
+    assigned: HashMap<(IdentifierKind, String), String>,
+    counts: BTreeMap<IdentifierKind, usize>,
+}
+
+impl PlaceholderTable {
+    fn placeholder(&mut self, kind: IdentifierKind, key: String) -> String {
+        let counts = &mut self.counts;
+        self.assigned
+            .entry((kind, key))
+            .or_insert_with(|| {
+                let n = counts.entry(kind).or_insert(0);
+                *n += 1;
+                format!("[{}_{}]", kind.placeholder_prefix(), n)
+            })
+            .clone()
+    }
+}
+
+/// Fail closed: `Err` when anything the redactor would replace is present,
+/// and also when the list cannot be compiled (an unchecked list is treated as
+/// a found identifier of that kind).
+pub fn assert_no_identifiers(text: &str, list: &RedactionList) -> Result<(), GateFailure> {
+    let matchers = match Matchers::build(list) {
+        Ok(m) => m,
+        Err(e) => {
+            return Err(GateFailure {
+                kinds: BTreeSet::from([e.kind]),
+            })
+        }
+    };
+    let mut kinds = BTreeSet::new();
+    // The placeholder text only has to act as a barrier for later passes,
+    // like the redactor's does; its number is irrelevant to what matches.
+    matchers.scan(text, &mut |kind, _key| {
+        kinds.insert(kind);
+        format!("[{}_1]", kind.placeholder_prefix())
+    });
+    if kinds.is_empty() {
+        Ok(())
+    } else {
+        Err(GateFailure { kinds })
+    }
+}
+
+/// Redacts line by line with one [`Redactor`] so placeholders stay stable
+/// across the whole input. Line endings are kept as they were. No matcher
+/// spans a line break, so line-wise redaction equals whole-text redaction.
+pub fn redact_lines(
+    mut input: impl BufRead,
+    mut output: impl Write,
+    list: &RedactionList,
+) -> io::Result<()> {
+    let mut redactor =
+        Redactor::new(list.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if input.read_line(&mut line)? == 0 {
+            break;
+        }
+        let body = line.trim_end_matches(['\n', '\r']);
+        let ending = &line[body.len()..];
+        output.write_all(redactor.redact_identifiers(body).as_bytes())?;
+        output.write_all(ending.as_bytes())?;
+    }
+    output.flush()
+}
+
+/// Reads all of `input` and runs the gate on it. Text that is not UTF-8 is an
+/// I/O error, never a pass.
+pub fn gate_text(
+    mut input: impl Read,
+    list: &RedactionList,
+) -> io::Result<Result<(), GateFailure>> {
+    let mut text = String::new();
+    input.read_to_string(&mut text)?;
+    Ok(assert_no_identifiers(&text, list))
+}
+
+/// One name per line; blank lines and lines starting with `#` are skipped.
+pub fn load_names_file(path: impl AsRef<Path>) -> io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text
+        .lines()
+        .map(|l| l.trim_start_matches('\u{feff}').trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect())
+}
+
+// ---------------------------------------------------------------------------
+// Matching
+// ---------------------------------------------------------------------------
+
+/// Order matters: the structured ids go first so that their digits and local
+/// parts are gone before the phone pass, and names go last so a name inside
+/// an e-mail address or sender id is replaced as part of that whole value.
+const PASS_ORDER: [IdentifierKind; 5] = [
+    IdentifierKind::SenderId,
+    IdentifierKind::WhatsappId,
+    IdentifierKind::Email,
+    IdentifierKind::Phone,
+    IdentifierKind::Name,
+];
+
+/// Fewer digits than this is a count, a year or a short code, not a phone.
+const MIN_PHONE_DIGITS: usize = 7;
+
+/// Separators allowed between the digit groups of a phone number, at most
+/// [`MAX_PHONE_SEPARATORS`] in a row. No line break: no match spans lines.
+fn is_phone_separator(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '\u{a0}' | '\u{202f}' | '.' | '-' | '/' | '(' | ')' | '\u{2010}' | '\u{2011}'
+    )
+}
+const MAX_PHONE_SEPARATORS: usize = 3;
+
+// The statics below are compiled from constant patterns. A failure is a bug
+// in this file, caught by every test on first use, so it behaves like a
+// start-up assertion rather than a runtime error path; `expect` is the
+// honest way to say so.
+
+/// Placeholders already in the text are barriers: no pass looks inside them
+/// or joins text across them. The number is capped at six digits so nothing
+/// dressed up as a placeholder can smuggle a phone number through.
+static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON)_[1-9][0-9]{0,5}\]")
+        .expect("constant placeholder pattern")
+});
+
+/// Any local part (or none) before a WhatsApp suffix: a bare `@lid` in a
+/// report is already something the owner's `grep` would flag.
+static WHATSAPP_ID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)[\w.:+\-]*@(?:s\.whatsapp\.net|g\.us|c\.us|lid)")
+        .expect("constant whatsapp pattern")
+});
+
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[\w.%+\-]+@[\w\-]+(?:\.[\w\-]+)+").expect("constant e-mail pattern")
+});
+
+// `\d` is any Unicode decimal digit: a number written in Arabic-Indic or
+// fullwidth digits is as much a phone number as an ASCII one.
+static PHONE_CANDIDATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\+?\(?\d(?:[ \x{A0}\x{202F}./()\-\x{2010}\x{2011}]{0,3}\d)*")
+        .expect("constant phone pattern")
+});
+
+static DECIMAL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[0-9]+\.[0-9]{1,2}$").expect("constant decimal pattern"));
+
+// Number shapes that are not phones, hidden from the phone pass. ASCII-only
+// patterns: masking swaps each byte for one '#', which keeps offsets valid.
+static MESSAGE_ID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\[[Mm][Ss][Gg] [1-9][0-9]{0,8}\]").expect("constant message id pattern")
+});
+
+static TIME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?(?:\.[0-9]{1,3})?")
+        .expect("constant time pattern")
+});
+
+static UUID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+        .expect("constant uuid pattern")
+});
+
+// Longer alternatives first: the engine is leftmost-first, so `0?[1-9]`
+// ahead of `[12][0-9]` would stop a day at its first digit.
+static DATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(concat!(
+        r"(?:19|20)[0-9]{2}[-/.](?:1[0-2]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])",
+        r"|(?:3[01]|[12][0-9]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])[-/.](?:19|20)[0-9]{2}",
+    ))
+    .expect("constant date pattern")
+});
+
+const MASK: char = '#';
+
+/// The patterns built from one [`RedactionList`] plus the fixed ones above.
+struct Matchers {
+    senders: Option<Regex>,
+    names: Option<Regex>,
+    /// Normalised name variant → key of the person it stands for, so that a
+    /// first name and the whole name share one placeholder when unambiguous.
+    name_keys: HashMap<String, String>,
+}
+
+impl Matchers {
+    fn build(list: &RedactionList) -> Result<Self, BuildError> {
+        let mut sender_ids: Vec<&str> = list
+            .sender_ids
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect();
+        sort_longest_first(&mut sender_ids);
+        // No word boundaries around sender ids: a configured id glued to
+        // other text is still that id, and over-redacting it is harmless.
+        let senders = compile_alternation(
+            &sender_ids
+                .iter()
+                .map(|s| regex::escape(s))
+                .collect::<Vec<_>>(),
+            "",
+            "",
+            IdentifierKind::SenderId,
+        )?;
+
+        let (variants, name_keys) = name_variants(&list.names);
+        let mut variant_refs: Vec<&str> = variants.iter().map(String::as_str).collect();
+        sort_longest_first(&mut variant_refs);
+        let name_patterns: Vec<String> = variant_refs
+            .iter()
+            .map(|v| {
+                v.split(' ')
+                    .map(regex::escape)
+                    .collect::<Vec<_>>()
+                    .join(r"[\t\p{Zs}]+")
+            })
+            .collect();
+        let names = compile_alternation(
+            &name_patterns,
+            r"\b{start-half}",
+            r"\b{end-half}",
+            IdentifierKind::Name,
+        )?;
+
+        Ok(Self {
+            senders,
+            names,
+            name_keys,
+        })
+    }
+
+    /// Runs every pass in order. `sink` gets the kind and a normalised key
+    /// (never logged) and returns the text to put in place of the match.
+    fn scan(&self, text: &str, sink: &mut dyn FnMut(IdentifierKind, String) -> String) -> String {
+        let mut current = text.to_owned();
+        for kind in PASS_ORDER {
+            current = map_outside_placeholders(&current, |segment| {
+                let spans = self.spans(kind, segment);
+                splice(segment, &spans, |raw| sink(kind, self.key(kind, raw)))
+            });
+        }
+        current
+    }
+
+    fn spans(&self, kind: IdentifierKind, segment: &str) -> Vec<Range<usize>> {
+        match kind {
+            IdentifierKind::SenderId => regex_spans(self.senders.as_ref(), segment),
+            IdentifierKind::WhatsappId => WHATSAPP_ID
+                .find_iter(segment)
+                .filter(|m| whatsapp_tail_ends(&segment[m.end()..]))
+                .map(|m| m.range())
+                .collect(),
+            IdentifierKind::Email => regex_spans(Some(&EMAIL), segment),
+            IdentifierKind::Phone => phone_spans(segment),
+            IdentifierKind::Name => regex_spans(self.names.as_ref(), segment),
+        }
+    }
+
+    /// Identity of a value for placeholder numbering: two spellings of the
+    /// same identifier must land on the same key.
+    fn key(&self, kind: IdentifierKind, raw: &str) -> String {
+        match kind {
+            IdentifierKind::Phone => raw.chars().filter(|c| is_digit(*c)).collect(),
+            IdentifierKind::WhatsappId => {
+                let lower = raw.to_lowercase();
+                match lower.split_once('@') {
+                    // The `:NN` device part names a device, not a person.
+                    Some((local, suffix)) => {
+                        let user = match local.split_once(':') {
+                            Some((user, device)) if device.chars().all(|c| c.is_ascii_digit()) => {
+                                user
+                            }
+                            _ => local,
+                        };
+                        format!("{user}@{suffix}")
+                    }
+                    None => lower,
+                }
+            }
+            IdentifierKind::Email | IdentifierKind::SenderId => raw.to_lowercase(),
+            IdentifierKind::Name => {
+                let norm = normalise_name(raw);
+                self.name_keys.get(&norm).cloned().unwrap_or(norm)
+            }
+        }
+    }
+}
+
+fn regex_spans(re: Option<&Regex>, segment: &str) -> Vec<Range<usize>> {
+    re.map(|re| re.find_iter(segment).map(|m| m.range()).collect())
+        .unwrap_or_default()
+}
+
+fn sort_longest_first(items: &mut Vec<&str>) {
+    items.sort_by(|a, b| {
+        b.chars()
+            .count()
+            .cmp(&a.chars().count())
+            .then_with(|| a.cmp(b))
+    });
+    items.dedup();
+}
+
+/// One case-insensitive alternation. Longest alternatives come first because
+/// the engine prefers earlier alternatives at the same start.
+fn compile_alternation(
+    alternatives: &[String],
+    before: &str,
+    after: &str,
+    kind: IdentifierKind,
+) -> Result<Option<Regex>, BuildError> {
+    if alternatives.is_empty() {
+        return Ok(None);
+    }
+    let pattern = format!("(?i){before}(?:{}){after}", alternatives.join("|"));
+    RegexBuilder::new(&pattern)
+        .size_limit(1 << 26)
+        .build()
+        .map(Some)
+        .map_err(|_| BuildError { kind })
+}
+
+fn normalise_name(s: &str) -> String {
+    s.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Every name variant to match (whole names and first names of at least two
+/// characters, single-spaced) and the person key each variant maps to.
+fn name_variants(names: &[String]) -> (Vec<String>, HashMap<String, String>) {
+    let mut variants = Vec::new();
+    // first-name key → keys of every configured person it could mean
+    let mut owners: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for name in names {
+        let words: Vec<&str> = name.split_whitespace().collect();
+        let Some(first) = words.first() else {
+            continue;
+        };
+        let whole = words.join(" ");
+        let whole_key = whole.to_lowercase();
+        if whole.chars().count() >= 2 {
+            variants.push(whole);
+            owners
+                .entry(whole_key.clone())
+                .or_default()
+                .insert(whole_key.clone());
+        }
+        if words.len() > 1 && first.chars().count() >= 2 {
+            variants.push((*first).to_owned());
+            owners
+                .entry(first.to_lowercase())
+                .or_default()
+                .insert(whole_key);
+        }
+    }
+    let keys = owners
+        .into_iter()
+        .filter_map(|(variant, people)| match people.len() {
+            1 => people.into_iter().next().map(|p| (variant, p)),
+            _ => None,
+        })
+        .collect();
+    (variants, keys)
+}
+
+/// Applies `f` to the text between placeholders and keeps the placeholders
+/// verbatim, so no pass can re-match one or join text across one.
+fn map_outside_placeholders(text: &str, mut f: impl FnMut(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for m in PLACEHOLDER.find_iter(text) {
+        out.push_str(&f(&text[last..m.start()]));
+        out.push_str(m.as_str());
+        last = m.end();
+    }
+    out.push_str(&f(&text[last..]));
+    out
+}
+
+fn splice(
+    segment: &str,
+    spans: &[Range<usize>],
+    mut replace: impl FnMut(&str) -> String,
+) -> String {
+    if spans.is_empty() {
+        return segment.to_owned();
+    }
+    let mut out = String::with_capacity(segment.len());
+    let mut last = 0;
+    for span in spans {
+        out.push_str(&segment[last..span.start]);
+        out.push_str(&replace(&segment[span.clone()]));
+        last = span.end;
+    }
+    out.push_str(&segment[last..]);
+    out
+}
+
+/// Wider than `\d` on purpose: only used to decide what NOT to mask or where
+/// a candidate is counted, so erring wide errs towards redaction.
+fn is_digit(c: char) -> bool {
+    c.is_numeric()
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// A WhatsApp suffix must end there: `@lidl.de` or `@g.us.example.org` is an
+/// e-mail domain, left for the e-mail pass to take whole.
+fn whatsapp_tail_ends(rest: &str) -> bool {
+    let mut chars = rest.chars();
+    match chars.next() {
+        None => true,
+        Some(c) if is_word_char(c) => false,
+        Some('.') => !chars.next().is_some_and(is_word_char),
+        Some(_) => true,
+    }
+}
+
+fn phone_spans(segment: &str) -> Vec<Range<usize>> {
+    let masked = mask_non_phone_numbers(segment);
+    PHONE_CANDIDATE
+        .find_iter(&masked)
+        .filter_map(|m| {
+            let candidate = m.as_str();
+            let digits = candidate.chars().filter(|c| is_digit(*c)).count();
+            if digits < MIN_PHONE_DIGITS || DECIMAL.is_match(candidate) {
+                return None;
+            }
+            // "(0612345678)": the opening parenthesis belongs to the prose.
+            let start = if candidate.starts_with('(') && !candidate.contains(')') {
+                m.start() + 1
+            } else {
+                m.start()
+            };
+            Some(start..m.end())
+        })
+        .collect()
+}
+
+/// Hides message ids, times, UUIDs and dates from the phone pass. Dates are
+/// hidden only when no digit could join them into a longer number: a date
+/// run into other digits is ambiguous, and ambiguity is redacted.
+fn mask_non_phone_numbers(segment: &str) -> String {
+    let mut buf = segment.to_owned();
+    mask_where(&mut buf, &MESSAGE_ID, |_, _| true);
+    mask_where(&mut buf, &TIME, |before, after| {
+        !before.ends_with(|c: char| is_digit(c) || c == ':')
+            && !after.starts_with(|c: char| is_digit(c) || c == ':')
+    });
+    mask_where(&mut buf, &UUID, |before, after| {
+        let joined = |c: char| c.is_ascii_alphanumeric() || c == '-';
+        !before.ends_with(joined) && !after.starts_with(joined)
+    });
+    // Judge each date with every other date already hidden, so a range such
+    // as "2026-11-29 - 2026-11-30" is two dates rather than one long number.
+    let mut dates_hidden = buf.clone();
+    mask_where(&mut dates_hidden, &DATE, |_, _| true);
+    let isolated: Vec<Range<usize>> = DATE
+        .find_iter(&buf)
+        .map(|m| m.range())
+        .filter(|r| {
+            !reaches_digit(dates_hidden[..r.start].chars().rev())
+                && !reaches_digit(dates_hidden[r.end..].chars())
+        })
+        .collect();
+    mask_ranges(&mut buf, &isolated);
+    buf
+}
+
+/// Would a phone candidate running through this side pick up more digits?
+fn reaches_digit(mut chars: impl Iterator<Item = char>) -> bool {
+    for _ in 0..=MAX_PHONE_SEPARATORS {
+        match chars.next() {
+            Some(c) if is_digit(c) || c == '+' => return true,
+            Some(c) if is_phone_separator(c) => continue,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn mask_where(buf: &mut String, re: &Regex, keep: impl Fn(&str, &str) -> bool) {
+    let ranges: Vec<Range<usize>> = re
+        .find_iter(buf)
+        .filter(|m| keep(&buf[..m.start()], &buf[m.end()..]))
+        .map(|m| m.range())
+        .collect();
+    mask_ranges(buf, &ranges);
+}
+
+fn mask_ranges(buf: &mut String, ranges: &[Range<usize>]) {
+    if ranges.is_empty() {
+        return;
+    }
+    let mut out = String::with_capacity(buf.len());
+    let mut last = 0;
+    for r in ranges {
+        out.push_str(&buf[last..r.start]);
+        out.extend(std::iter::repeat_n(MASK, r.len()));
+        last = r.end;
+    }
+    out.push_str(&buf[last..]);
+    *buf = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn redactor(list: RedactionList) -> Redactor {
+        Redactor::new(list).expect("test list compiles")
+    }
+
+    fn redact(text: &str) -> String {
+        redactor(RedactionList::new()).redact_identifiers(text)
+    }
+
+    fn kinds(text: &str, list: &RedactionList) -> BTreeSet<IdentifierKind> {
+        match assert_no_identifiers(text, list) {
+            Ok(()) => BTreeSet::new(),
+            Err(e) => e.kinds,
+        }
+    }
+
+    #[test]
+    fn kind_strings_and_prefixes() {
+        let got: Vec<_> = IdentifierKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), k.placeholder_prefix()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("phone", "PHONE"),
+                ("whatsapp_id", "WA"),
+                ("email", "EMAIL"),
+                ("sender_id", "SENDER"),
+                ("name", "PERSON"),
+            ]
+        );
+        assert_eq!(IdentifierKind::WhatsappId.to_string(), "whatsapp_id");
+    }
+
+    #[test]
+    fn redacts_international_phone_formats() {
+        for phone in [
+            "+33 6 12 34 56 78",
+            "+33612345678",
+            "+1 (555) 123-4567",
+            "+44.20.7946.0958",
+            "+49-30-1234567",
+            "+44 (0)20 7946 0958",
+            "0033 6 12 34 56 78",
+        ] {
+            let out = redact(&format!("call {phone} now"));
+            assert_eq!(out, "call [PHONE_1] now", "format {phone:?}");
+        }
+    }
+
+    #[test]
+    fn redacts_local_phone_formats() {
+        for phone in [
+            "06 12 34 56 78",
+            "06.12.34.56.78",
+            "(555) 123-4567",
+            "555-123-4567",
+            "0612345678",
+            "555-1234",
+            "06\u{a0}12\u{a0}34\u{a0}56\u{a0}78",
+            "٠٦١٢٣٤٥٦٧٨",
+            "０６ １２ ３４ ５６ ７８",
+        ] {
+            let out = redact(&format!("tel: {phone}."));
+            assert_eq!(out, "tel: [PHONE_1].", "format {phone:?}");
+        }
+    }
+
+    #[test]
+    fn parenthesised_phone_keeps_prose_parenthesis() {
+        assert_eq!(redact("(0612345678)"), "([PHONE_1])");
+        assert_eq!(redact("me ((555) 123-4567)"), "me ([PHONE_1])");
+    }
+
+    #[test]
+    fn same_digits_get_same_placeholder() {
+        let mut r = redactor(RedactionList::new());
+        let out = r.redact_identifiers("+33 6 12 34 56 78 or +33.6.12.34.56.78, not 0698765432");
+        assert_eq!(out, "[PHONE_1] or [PHONE_1], not [PHONE_2]");
+        // Stable across calls on the same redactor.
+        assert_eq!(
+            r.redact_identifiers("again +33612345678"),
+            "again [PHONE_1]"
+        );
+        assert_eq!(r.counts().get(&IdentifierKind::Phone), Some(&2));
+    }
+
+    #[test]
+    fn leaves_dates_times_ids_prices_and_small_numbers() {
+        for text in [
+            "2026-11-29",
+            "on 2026-11-29 04:00 the scan ran",
+            "2026-11-29T04:00:00Z",
+            "2026-11-29T04:00:00+01:00",
+            "29.11.2026 at 4:05",
+            "11/29/2026",
+            "[msg 42] said hi",
+            "[msg 123456789] quoted",
+            "it costs 12.50 or 1234567.50",
+            "42 exchanges in 3 spaces, 1999 and 2026",
+            "1, 2, 3, 4, 5, 6, 7",
+            "trace 3f2a9c1e-1234-5678-9abc-def012345678",
+            "from 2026-11-29 - 2026-11-30",
+            "12:30:45.123",
+        ] {
+            assert_eq!(redact(text), text, "text {text:?}");
+            assert_eq!(assert_no_identifiers(text, &RedactionList::new()), Ok(()));
+        }
+    }
+
+    #[test]
+    fn date_run_into_digits_is_redacted() {
+        // Ambiguous: could be a date or a phone split by spaces. Fail closed.
+        assert_eq!(redact("2026-11-29 0612345678"), "[PHONE_1]");
+        // Up to three separators join digit groups, so two spaces still join.
+        assert_eq!(redact("2026-11-29  0612345678"), "[PHONE_1]");
+        assert_eq!(redact("2026-11-29, 0612345678"), "2026-11-29, [PHONE_1]");
+    }
+
+    #[test]
+    fn leaves_placeholders_alone_and_is_idempotent() {
+        let text = "[PHONE_1] met [PERSON_2] via [WA_3] and [EMAIL_4] / [SENDER_5]";
+        let list = RedactionList::new()
+            .with_name("Phone Person")
+            .with_sender_id("SENDER_5");
+        let mut r = redactor(list.clone());
+        assert_eq!(r.redact_identifiers(text), text);
+        assert_eq!(assert_no_identifiers(text, &list), Ok(()));
+    }
+
+    #[test]
+    fn fake_placeholder_cannot_hide_a_phone() {
+        let out = redact("[PHONE_0612345678] [PHONE_1234567]");
+        assert!(
+            !out.contains("0612345678") && !out.contains("1234567"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn redacts_whatsapp_ids_of_each_suffix() {
+        let mut r = redactor(RedactionList::new());
+        let out = r.redact_identifiers(
+            "a 33612345678@s.whatsapp.net b 33612345678:12@s.whatsapp.net \
+             c 33612345678-1600000000@g.us d 120363012345678901@g.us \
+             e 123456789012345:3@lid f 98765@LID g 5511999@c.us",
+        );
+        assert_eq!(
+            out,
+            "a [WA_1] b [WA_1] c [WA_2] d [WA_3] e [WA_4] f [WA_5] g [WA_6]"
+        );
+    }
+
+    #[test]
+    fn bare_whatsapp_suffix_is_flagged() {
+        let list = RedactionList::new();
+        assert_eq!(
+            kinds("ids end in @s.whatsapp.net", &list),
+            BTreeSet::from([IdentifierKind::WhatsappId])
+        );
+        assert_eq!(redact("suffix @lid."), "suffix [WA_1].");
+    }
+
+    #[test]
+    fn email_domains_that_look_like_whatsapp_stay_emails() {
+        assert_eq!(redact("write to bob@lidl.de"), "write to [EMAIL_1]");
+        assert_eq!(redact("123@lid.example.com"), "[EMAIL_1]");
+        assert_eq!(redact("x@g.us.example.org!"), "[EMAIL_1]!");
+    }
+
+    #[test]
+    fn redacts_emails_case_insensitively_stable() {
+        let mut r = redactor(RedactionList::new());
+        let out = r.redact_identifiers(
+            "<Alice.Martin+bot@Example.co.uk>, alice.martin+bot@example.co.uk. élodie@exemple.fr",
+        );
+        assert_eq!(out, "<[EMAIL_1]>, [EMAIL_1]. [EMAIL_2]");
+    }
+
+    #[test]
+    fn redacts_configured_sender_ids_first() {
+        let list = RedactionList::new()
+            .with_sender_id("whatsapp:12345@s.whatsapp.net")
+            .with_sender_id("discord:9981")
+            .with_sender_id("discord:99")
+            .with_sender_id("api:alice");
+        let mut r = redactor(list.clone());
+        let out = r.redact_identifiers(
+            "from whatsapp:12345@s.whatsapp.net, discord:9981, discord:99, API:Alice; 12345@s.whatsapp.net",
+        );
+        assert_eq!(
+            out,
+            "from [SENDER_1], [SENDER_2], [SENDER_3], [SENDER_4]; [WA_1]"
+        );
+        assert_eq!(
+            kinds("by api:alice", &list),
+            BTreeSet::from([IdentifierKind::SenderId])
+        );
+    }
+
+    #[test]
+    fn redacts_whole_and_first_names_with_one_placeholder() {
+        let list = RedactionList::new()
+            .with_name("Alice Martin")
+            .with_name("Bob");
+        let mut r = redactor(list);
+        let out = r.redact_identifiers(
+            "Alice Martin asked Bob; later alice said ALICE  MARTIN was right.",
+        );
+        assert_eq!(
+            out,
+            "[PERSON_1] asked [PERSON_2]; later [PERSON_1] said [PERSON_1] was right."
+        );
+    }
+
+    #[test]
+    fn shared_first_name_gets_its_own_placeholder() {
+        let list = RedactionList::new()
+            .with_name("Alice Martin")
+            .with_name("Alice Dupont");
+        let mut r = redactor(list);
+        let out = r.redact_identifiers("Alice Dupont, Alice Martin and Alice");
+        assert_eq!(out, "[PERSON_1], [PERSON_2] and [PERSON_3]");
+    }
+
+    #[test]
+    fn names_are_case_insensitive_and_unicode_aware() {
+        let list = RedactionList::new().with_name("Élodie Ñúñez");
+        let mut r = redactor(list);
+        assert_eq!(
+            r.redact_identifiers("ÉLODIE, élodie et l’Élodie ñÚÑEZ"),
+            "[PERSON_1], [PERSON_1] et l’[PERSON_1]"
+        );
+        // Word boundaries count accented letters as letters.
+        assert_eq!(r.redact_identifiers("Élodiea éÉlodie"), "Élodiea éÉlodie");
+    }
+
+    #[test]
+    fn names_respect_word_boundaries() {
+        let list = RedactionList::new().with_name("Al").with_name("Bob Smith");
+        let mut r = redactor(list);
+        assert_eq!(
+            r.redact_identifiers("Also Malice, Al's car, Bob Smithers, Bob_x, al."),
+            "Also Malice, [PERSON_1]'s car, [PERSON_2] Smithers, Bob_x, [PERSON_1]."
+        );
+    }
+
+    #[test]
+    fn ignores_names_shorter_than_two_chars() {
+        let list = RedactionList::new()
+            .with_name("J")
+            .with_name("K Dick")
+            .with_name("  ");
+        let mut r = redactor(list);
+        assert_eq!(
+            r.redact_identifiers("J and K met K Dick"),
+            "J and K met [PERSON_1]"
+        );
+    }
+
+    #[test]
+    fn names_inside_emails_are_taken_with_the_email() {
+        let list = RedactionList::new().with_name("Alice Martin");
+        let mut r = redactor(list);
+        assert_eq!(
+            r.redact_identifiers("alice@martin.fr and Alice"),
+            "[EMAIL_1] and [PERSON_1]"
+        );
+    }
+
+    #[test]
+    fn placeholders_numbered_per_kind_in_order_of_first_sight() {
+        let list = RedactionList::new().with_name("Zoé").with_name("Yann");
+        let mut r = redactor(list);
+        let out = r.redact_identifiers("Yann 0611111111 Zoé 0622222222 yann a@b.io 0611111111");
+        assert_eq!(
+            out,
+            "[PERSON_1] [PHONE_1] [PERSON_2] [PHONE_2] [PERSON_1] [EMAIL_1] [PHONE_1]"
+        );
+    }
+
+    #[test]
+    fn message_line_end_to_end() {
+        let list = RedactionList::new()
+            .with_name("Alice Martin")
+            .with_sender_id("whatsapp:33612345678@s.whatsapp.net");
+        let mut r = redactor(list.clone());
+        let line = "[msg 123] 2026-11-29 04:00 Alice (whatsapp:33612345678@s.whatsapp.net): \
+                    call +33 6 12 34 56 78 or mail alice.m@example.org, 12.50 €";
+        let out = r.redact_identifiers(line);
+        assert_eq!(
+            out,
+            "[msg 123] 2026-11-29 04:00 [PERSON_1] ([SENDER_1]): \
+             call [PHONE_1] or mail [EMAIL_1], 12.50 €"
+        );
+        assert_eq!(assert_no_identifiers(&out, &list), Ok(()));
+        assert_eq!(
+            kinds(line, &list),
+            BTreeSet::from([
+                IdentifierKind::Phone,
+                IdentifierKind::Email,
+                IdentifierKind::SenderId,
+                IdentifierKind::Name,
+            ])
+        );
+    }
+
+    #[test]
+    fn gate_flags_each_kind_and_message_names_no_value() {
+        let list = RedactionList::new()
+            .with_name("Alice Martin")
+            .with_sender_id("discord:9981");
+        let text = "Alice wrote from discord:9981 to 555-123-4567, \
+                    bob@example.com and 123@lid";
+        let err = assert_no_identifiers(text, &list).expect_err("identifiers present");
+        assert_eq!(err.kinds, IdentifierKind::ALL.into_iter().collect());
+        let message = err.to_string();
+        assert_eq!(
+            message,
+            "identifier gate failed: phone, whatsapp_id, email, sender_id, name still present"
+        );
+        let debug = format!("{err:?}");
+        for value in ["Alice", "9981", "4567", "bob", "example", "123@lid"] {
+            assert!(!message.contains(value), "message leaks {value}");
+            assert!(!debug.contains(value), "debug leaks {value}");
+        }
+    }
+
+    #[test]
+    fn gate_passes_clean_text() {
+        let list = RedactionList::new()
+            .with_name("Alice")
+            .with_sender_id("api:alice");
+        assert_eq!(
+            assert_no_identifiers("The bot refused [msg 7] on 2026-11-29 at 04:00.", &list),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn debug_output_names_no_value() {
+        let list = RedactionList::new()
+            .with_name("Alice Martin")
+            .with_sender_id("api:alice");
+        let mut r = redactor(list.clone());
+        r.redact_identifiers("Alice 0612345678");
+        let shown = format!("{list:?} {r:?}");
+        assert!(!shown.to_lowercase().contains("alice"), "{shown}");
+        assert!(!shown.contains("0612345678"), "{shown}");
+    }
+
+    #[test]
+    fn redact_lines_keeps_one_table_and_line_endings() {
+        let list = RedactionList::new().with_name("Alice");
+        let input = "Alice: 0612345678\r\nok\n\nalice again 06 12 34 56 78";
+        let mut out = Vec::new();
+        redact_lines(input.as_bytes(), &mut out, &list).expect("redact");
+        let out = String::from_utf8(out).expect("utf8");
+        assert_eq!(
+            out,
+            "[PERSON_1]: [PHONE_1]\r\nok\n\n[PERSON_1] again [PHONE_1]"
+        );
+        assert_eq!(gate_text(out.as_bytes(), &list).expect("read"), Ok(()));
+    }
+
+    #[test]
+    fn gate_text_reads_everything_and_rejects_non_utf8() {
+        let list = RedactionList::new();
+        let verdict = gate_text("fine\nbut 555-123-4567\n".as_bytes(), &list).expect("read");
+        assert_eq!(
+            verdict.map_err(|e| e.kinds),
+            Err(BTreeSet::from([IdentifierKind::Phone]))
+        );
+        assert!(gate_text(&[0xff, 0xfe, b'a'][..], &list).is_err());
+    }
+
+    #[test]
+    fn load_names_file_skips_comments_and_blanks() {
+        let path = std::env::temp_dir().join(format!(
+            "mercury-redact-names-{}-{:?}.txt",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(
+            &path,
+            "\u{feff}# owner\nAlice Martin\n\n   \n  Bob  \n# members\nÉlodie\n",
+        )
+        .expect("write names");
+        let names = load_names_file(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            names.expect("read names"),
+            vec!["Alice Martin", "Bob", "Élodie"]
+        );
+        assert!(load_names_file("/nonexistent/mercury/names.txt").is_err());
+    }
+
+    // ---- property tests ---------------------------------------------------
+
+    #[derive(Debug, Clone)]
+    struct Planted {
+        kind: IdentifierKind,
+        raw: String,
+        configured: Option<String>,
+    }
+
+    fn phone() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\+[1-9][0-9]{0,2} [1-9]( [0-9]{2}){4}",
+            "0[1-9]( [0-9]{2}){4}",
+            "0[1-9](\\.[0-9]{2}){4}",
+            "0[1-9][0-9]{8}",
+            "\\+[1-9][0-9]{9,12}",
+            "\\([2-9][0-9]{2}\\) [0-9]{3}-[0-9]{4}",
+            "[2-9][0-9]{2}-[0-9]{3}-[0-9]{4}",
+            "\\+1 \\([2-9][0-9]{2}\\) [0-9]{3}-[0-9]{4}",
+            "\\+[1-9][0-9]{1,2}\\.[0-9]{2}\\.[0-9]{4}\\.[0-9]{4}",
+            "\\+[1-9][0-9]{1,2}-[0-9]{2,3}-[0-9]{3,4}-[0-9]{3,4}",
+            "00[1-9][0-9] [0-9]{3} [0-9]{3} [0-9]{3}",
+            "[0-9]{3}\\.[0-9]{3}\\.[0-9]{4}",
+        ]
+    }
+
+    fn whatsapp_id() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[1-9][0-9]{7,14}(:[0-9]{1,2})?@s\\.whatsapp\\.net",
+            "[1-9][0-9]{7,14}(-[0-9]{10})?@g\\.us",
+            "[1-9][0-9]{7,17}(:[0-9]{1,2})?@lid",
+        ]
+    }
+
+    fn email() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9._+-]{0,10}[a-z0-9]@[a-z][a-z0-9-]{1,8}\\.[a-z]{2,6}(\\.[a-z]{2,3})?"
+    }
+
+    // Names use letters q–z and surrounding words a–p, so a name can only
+    // appear in the text where it was planted.
+    fn name() -> impl Strategy<Value = Planted> {
+        ("[Q-Z][q-z]{2,7}", "[Q-Z][q-z]{2,7}", 0u8..4).prop_map(|(first, last, form)| {
+            let whole = format!("{first} {last}");
+            let raw = match form {
+                0 => whole.clone(),
+                1 => first,
+                2 => whole.to_uppercase(),
+                _ => first.to_lowercase(),
+            };
+            Planted {
+                kind: IdentifierKind::Name,
+                raw,
+                configured: Some(whole),
+            }
+        })
+    }
+
+    fn sender_id() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "discord:[1-9][0-9]{3,17}",
+            "api:[a-p]{3,10}",
+            "telegram:[1-9][0-9]{5,12}",
+            "whatsapp:[1-9][0-9]{7,14}@s\\.whatsapp\\.net",
+        ]
+    }
+
+    fn planted() -> impl Strategy<Value = Planted> {
+        let plain = |kind: IdentifierKind| {
+            move |raw: String| Planted {
+                kind,
+                raw,
+                configured: None,
+            }
+        };
+        prop_oneof![
+            phone().prop_map(plain(IdentifierKind::Phone)),
+            whatsapp_id().prop_map(plain(IdentifierKind::WhatsappId)),
+            email().prop_map(plain(IdentifierKind::Email)),
+            name(),
+            sender_id().prop_map(|raw| Planted {
+                kind: IdentifierKind::SenderId,
+                configured: Some(raw.clone()),
+                raw,
+            }),
+        ]
+    }
+
+    fn word() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => "[a-pA-P]{1,8}",
+            1 => prop::sample::select(vec![
+                "ça", "élan", "déjà", "日本語", "😀", "Ωμέγα", "привет", "café", "niño",
+                "12", "7", "2026-11-29", "04:00", "[msg 42]", "12.50", "29.11.2026",
+                "—", "...", "!", "«", "»", "(", ")", "-", "+", "@", ":",
+            ])
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    const LEFT: &[&str] = &["", "(", "«", "\"", "\n", "¿", "—", "<"];
+    const RIGHT: &[&str] = &[
+        "", ")", "»", "\"", ",", ".", "!", "?", "'s", "’s", ":", ";", "\n", "…", ">",
+    ];
+
+    fn scenario() -> impl Strategy<Value = (String, Vec<Planted>, RedactionList)> {
+        (
+            prop::collection::vec(word(), 0..12),
+            prop::collection::vec(
+                (
+                    planted(),
+                    any::<prop::sample::Index>(),
+                    prop::sample::select(LEFT),
+                    prop::sample::select(RIGHT),
+                ),
+                1..4,
+            ),
+        )
+            .prop_map(|(mut tokens, plants)| {
+                let mut list = RedactionList::new();
+                let mut planted = Vec::new();
+                for (p, at, left, right) in plants {
+                    let at = at.index(tokens.len() + 1);
+                    tokens.insert(at, format!("{left}{}{right}", p.raw));
+                    match (p.kind, &p.configured) {
+                        (IdentifierKind::Name, Some(n)) => list = list.with_name(n.clone()),
+                        (IdentifierKind::SenderId, Some(s)) => {
+                            list = list.with_sender_id(s.clone())
+                        }
+                        _ => {}
+                    }
+                    planted.push(p);
+                }
+                (tokens.join(" "), planted, list)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn planted_identifiers_never_survive_redaction((text, planted, list) in scenario()) {
+            let mut r = redactor(list.clone());
+            let out = r.redact_identifiers(&text);
+            prop_assert_eq!(assert_no_identifiers(&out, &list), Ok(()), "output {:?}", out);
+            let visible = PLACEHOLDER.replace_all(&out, " ").to_lowercase();
+            for p in &planted {
+                prop_assert!(
+                    !visible.contains(&p.raw.to_lowercase()),
+                    "{:?} survived in {:?}", p.kind, out
+                );
+            }
+            // Redacting again changes nothing: the output is a fixed point.
+            prop_assert_eq!(r.redact_identifiers(&out), out);
+        }
+
+        #[test]
+        fn raw_identifiers_always_fail_the_gate((text, planted, list) in scenario()) {
+            let err = assert_no_identifiers(&text, &list);
+            prop_assert!(err.is_err(), "gate passed {:?}", text);
+            let found = err.err().map(|e| e.kinds).unwrap_or_default();
+            for p in &planted {
+                prop_assert!(found.contains(&p.kind), "{:?} not flagged in {:?}", p.kind, text);
+            }
+        }
+
+        #[test]
+        fn safe_text_passes_the_gate(
+            pairs in prop::collection::vec(
+                ("[a-pA-P]{1,8}", prop::sample::select(vec![
+                    "12", "7", "2026-11-29", "2026-11-29 04:00", "04:00", "[msg 42]",
+                    "12.50", "29.11.2026", "1999", "ça", "😀",
+                ])),
+                0..10,
+            )
+        ) {
+            let text = pairs
+                .iter()
+                .map(|(w, s)| format!("{w} {s}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let list = RedactionList::new().with_name("Quentin Zyx").with_sender_id("api:zzz");
+            prop_assert_eq!(assert_no_identifiers(&text, &list), Ok(()), "{:?}", text);
+            prop_assert_eq!(redactor(list).redact_identifiers(&text), text);
+        }
+    }
+}

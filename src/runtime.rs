@@ -1,0 +1,104 @@
+//! The host's shared services, handed to every actor and handler: settings,
+//! storage, the model registry, the sandbox backend and the turn waiters.
+//!
+//! Must never: hold an actor reference (actors hold this, not the other way
+//! round), or expose a model credential to anything that reaches a sandbox.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::config::Settings;
+use crate::model::{resolve_model, ModelError, ProviderSettings, ResolvedModel};
+use crate::sandbox::SandboxBackend;
+use crate::storage::Store;
+use crate::workspace::DataPaths;
+
+pub struct Runtime {
+    pub settings: Arc<Settings>,
+    pub paths: DataPaths,
+    pub store: Store,
+    /// `mercury.instance` label value, derived from the canonical data dir.
+    pub instance_id: String,
+    pub models: ModelRegistry,
+    pub sandbox: Arc<dyn SandboxBackend>,
+    /// Parties waiting for a user message's turn to end (`POST /api/chat`).
+    pub waiters: TurnWaiters,
+    /// Runs that are executing now; the orphan sweep spares their containers.
+    pub live_runs: Mutex<HashSet<String>>,
+}
+
+impl Runtime {
+    pub fn live_run_ids(&self) -> HashSet<String> {
+        self.live_runs.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Resolves model specs to providers once and keeps them (a scripted file is
+/// read on first use; an HTTP provider keeps its connection pool).
+pub struct ModelRegistry {
+    settings: ProviderSettings,
+    cache: Mutex<HashMap<String, Arc<ResolvedModel>>>,
+}
+
+impl ModelRegistry {
+    pub fn new(settings: ProviderSettings) -> Self {
+        Self {
+            settings,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, spec: &str) -> Result<Arc<ResolvedModel>, ModelError> {
+        if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(spec).cloned()) {
+            return Ok(m);
+        }
+        let resolved = Arc::new(resolve_model(spec, &self.settings)?);
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(spec.to_owned(), resolved.clone());
+        }
+        Ok(resolved)
+    }
+}
+
+/// One-shot notifications for "the turn of message N has ended".
+#[derive(Default)]
+pub struct TurnWaiters {
+    waiting: Mutex<HashMap<i64, Vec<oneshot::Sender<()>>>>,
+}
+
+impl TurnWaiters {
+    /// Register before checking the message's status, so a turn that ends in
+    /// between is not missed.
+    pub fn register(&self, message_id: i64) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut w) = self.waiting.lock() {
+            w.entry(message_id).or_default().push(tx);
+        }
+        rx
+    }
+
+    pub fn notify(&self, message_id: i64) {
+        let senders = self
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&message_id));
+        for tx in senders.into_iter().flatten() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Wakes every waiter (host shutdown).
+    pub fn notify_all(&self) {
+        let all: Vec<_> = self
+            .waiting
+            .lock()
+            .map(|mut w| w.drain().flat_map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for tx in all {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Sandbox backends: where an agent's tool calls execute.
+//!
+//! Owns the [`SandboxBackend`] trait (start a session for one run) and the
+//! [`SandboxSession`] trait (exec a command, prove where it ran, close), with
+//! two implementations: `docker` (bollard, one labelled container per run) and
+//! `process` (a child process in the workspace: no isolation, and it says so).
+//!
+//! Must never: pass a host credential into a session (the caller hands over
+//! exactly the environment the session gets), sweep a container that does not
+//! carry this instance's label, or leave a container behind after `close`.
+//!
+//! This module is self-contained: it refers to nothing outside `crate::sandbox`.
+
+pub mod docker;
+pub mod image;
+pub mod process;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+/// Container label keys. Orphan sweeps filter on [`LABEL_INSTANCE`], always.
+pub const LABEL_INSTANCE: &str = "mercury.instance";
+pub const LABEL_SPACE: &str = "mercury.space";
+pub const LABEL_RUN: &str = "mercury.run";
+pub const LABEL_KIND: &str = "mercury.kind";
+
+/// Where the workspace appears inside a docker session.
+pub const CONTAINER_WORKDIR: &str = "/work";
+/// Where the host API socket appears inside a docker session.
+pub const CONTAINER_API_SOCKET: &str = "/run/mercury/api.sock";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunKind {
+    Live,
+    Task,
+    Ask,
+    Review,
+}
+
+impl RunKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Live => "live",
+            RunKind::Task => "task",
+            RunKind::Ask => "ask",
+            RunKind::Review => "review",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SandboxLimits {
+    pub memory_bytes: i64,
+    /// CPU quota in billionths of a CPU (Docker's `NanoCpus`).
+    pub nano_cpus: i64,
+    pub pids: i64,
+    pub tmp_bytes: i64,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 512 << 20,
+            nano_cpus: 1_000_000_000,
+            pids: 256,
+            tmp_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Everything a backend needs to start one run's session.
+#[derive(Clone, Debug)]
+pub struct SandboxSpec {
+    /// `mercury.instance` label value (derived from the canonical data dir).
+    pub instance_id: String,
+    pub space_id: String,
+    pub run_id: String,
+    pub kind: RunKind,
+    /// Host directory the session works in (bind-mounted at `/work` by docker):
+    /// the live workspace, or a throwaway copy the caller made.
+    pub workspace: PathBuf,
+    /// Host path of the API's Unix socket; docker mounts it at
+    /// [`CONTAINER_API_SOCKET`].
+    pub api_socket: Option<PathBuf>,
+    /// The session's whole environment (run token, space id, socket path).
+    /// Nothing from the host's own environment is added by a backend.
+    pub env: Vec<(String, String)>,
+    pub limits: SandboxLimits,
+}
+
+#[derive(Clone, Debug)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// Bytes written to the command's stdin, then stdin is closed.
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Duration,
+    /// Bytes kept of stdout and of stderr each; the rest is dropped and
+    /// `truncated` is set.
+    pub output_cap: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub exit_code: i64,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("no container engine answers: {0}")]
+    NoEngine(String),
+    #[error("container engine: {0}")]
+    Engine(String),
+    #[error("command timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("the sandbox is gone (removed or killed from outside): {0}")]
+    Gone(String),
+    #[error("agent image: {0}")]
+    Image(String),
+    #[error("sandbox i/o on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[async_trait]
+pub trait SandboxBackend: Send + Sync {
+    /// `docker` or `process`.
+    fn name(&self) -> &'static str;
+    async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError>;
+}
+
+#[async_trait]
+pub trait SandboxSession: Send + Sync {
+    /// Container id, or `process:<workspace>` for the process backend.
+    fn id(&self) -> &str;
+    /// Working directory of commands, as the session sees it (`/work` in docker).
+    fn workdir(&self) -> &str;
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError>;
+    /// A fact read from inside the session that proves where it ran
+    /// (docker: the hostname, which equals the short container id).
+    async fn proof(&self) -> Result<String, SandboxError>;
+    /// Removes the container (docker) or kills leftover children (process).
+    /// Idempotent: closing twice, or after the container vanished, is `Ok`.
+    async fn close(&self) -> Result<(), SandboxError>;
+}
+
+/// Keeps the first `cap` bytes of one output stream and remembers whether
+/// anything was dropped. Shared by both backends so `ExecRequest::output_cap`
+/// means the same thing everywhere; callers keep draining the stream after
+/// the cap so the command never blocks on a full pipe.
+#[derive(Debug)]
+pub(crate) struct CappedBuffer {
+    bytes: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl CappedBuffer {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            bytes: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.bytes
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+
+    pub(crate) fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Lossy UTF-8; a multi-byte character cut in half by the cap is dropped
+    /// rather than shown as a replacement character.
+    pub(crate) fn into_string(mut self) -> String {
+        if self.truncated {
+            if let Err(e) = std::str::from_utf8(&self.bytes) {
+                if e.error_len().is_none() {
+                    self.bytes.truncate(e.valid_up_to());
+                }
+            }
+        }
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}

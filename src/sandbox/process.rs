@@ -1,0 +1,634 @@
+//! Process backend: tool calls run as child processes of the host, in the
+//! workspace directory. For machines with no container engine.
+//!
+//! This is NOT isolation. A command runs with the host user's rights and can
+//! read and write anything that user can, reach the network, and see other
+//! processes. It is said loudly at construction, and `proof` proves nothing
+//! about isolation. What this backend does do: a clean environment (only
+//! `PATH`, `HOME` and the spec's variables), the workspace as working
+//! directory, capped output, and a timeout that kills the command's whole
+//! process group. A process that leaves that group on purpose (`setsid`)
+//! escapes the kill; only a container (or a cgroup) could prevent that.
+//!
+//! Must never: pass the host's own environment to a command, or leave a
+//! command's processes running after its exec returns or after `close`.
+
+use std::collections::HashSet;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{
+    CappedBuffer, ExecOutput, ExecRequest, SandboxBackend, SandboxError, SandboxSession,
+    SandboxSpec,
+};
+
+/// Directories searched after `extra_path`, in the usual order.
+const STANDARD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const PROOF_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs sessions as host child processes; see the module doc for what that
+/// does not protect.
+#[derive(Clone, Debug)]
+pub struct ProcessBackend {
+    extra_path: Option<PathBuf>,
+}
+
+impl ProcessBackend {
+    /// `extra_path` is searched first, so the host's own `mrctl` is found.
+    pub fn new(extra_path: Option<PathBuf>) -> Self {
+        tracing::warn!(
+            "sandbox backend `process`: agent tool calls run as host processes with this \
+             user's rights, network and files; turns are NOT isolated. Use the docker \
+             backend wherever a container engine is available."
+        );
+        Self { extra_path }
+    }
+
+    fn path_var(&self) -> String {
+        match &self.extra_path {
+            Some(dir) => format!("{}:{STANDARD_PATH}", dir.display()),
+            None => STANDARD_PATH.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for ProcessBackend {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
+        let workspace =
+            std::fs::canonicalize(&spec.workspace).map_err(|source| SandboxError::Io {
+                path: spec.workspace.display().to_string(),
+                source,
+            })?;
+        if !workspace.is_dir() {
+            return Err(SandboxError::Io {
+                path: workspace.display().to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "workspace is not a directory",
+                ),
+            });
+        }
+        let workdir = workspace.display().to_string();
+        Ok(Box::new(ProcessSession {
+            id: format!("process:{workdir}"),
+            workdir,
+            path_var: self.path_var(),
+            env: spec.env,
+            workspace,
+            groups: Mutex::new(HashSet::new()),
+            closed: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// One run's session: a working directory and an environment; each exec is
+/// a fresh child in its own process group.
+#[derive(Debug)]
+pub struct ProcessSession {
+    id: String,
+    workdir: String,
+    workspace: PathBuf,
+    path_var: String,
+    env: Vec<(String, String)>,
+    /// Process groups of execs in flight. An exec adds its group when it
+    /// spawns and removes it when it returns (or is dropped); `close` kills
+    /// whatever is still listed, i.e. execs whose caller gave up on them.
+    groups: Mutex<HashSet<u32>>,
+    closed: AtomicBool,
+}
+
+impl ProcessSession {
+    fn groups(&self) -> MutexGuard<'_, HashSet<u32>> {
+        // A poisoned set is still the right set of pids to kill.
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn command(&self, req: &ExecRequest) -> Option<tokio::process::Command> {
+        let (program, args) = req.argv.split_first()?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .current_dir(&self.workspace)
+            .env_clear()
+            .env("PATH", &self.path_var)
+            .env("HOME", &self.workspace)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(if req.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Backstop for a dropped exec future; the group kill below is
+            // what reaches grandchildren.
+            .kill_on_drop(true)
+            // Its own group, so one signal reaches everything it spawned.
+            .process_group(0);
+        Some(cmd)
+    }
+}
+
+#[async_trait]
+impl SandboxSession for ProcessSession {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn workdir(&self) -> &str {
+        &self.workdir
+    }
+
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(SandboxError::Gone(format!("session {} is closed", self.id)));
+        }
+        let Some(mut cmd) = self.command(&req) else {
+            return Err(SandboxError::Io {
+                path: self.workdir.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+            });
+        };
+        let program = &req.argv[0];
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            // Same outcome a shell (and a docker exec) gives: the agent
+            // mistyped a command, which is not an infrastructure failure.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(not_runnable(127, program, "command not found"))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Ok(not_runnable(126, program, "permission denied"))
+            }
+            Err(source) => {
+                return Err(SandboxError::Io {
+                    path: format!("{program} (in {})", self.workdir),
+                    source,
+                })
+            }
+        };
+        let guard = child.id().map(|pgid| GroupGuard::new(pgid, self));
+
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let pgid = guard.as_ref().map(|g| g.pgid);
+        let run = async {
+            let writer = async {
+                if let (Some(mut pipe), Some(bytes)) = (stdin, req.stdin.as_deref()) {
+                    // A command that exits without reading breaks the pipe;
+                    // that is its business.
+                    let _ = pipe.write_all(bytes).await;
+                }
+                // The pipe is dropped here: the command sees end of file.
+            };
+            let waiter = async {
+                let status = child.wait().await;
+                // Leftover background processes would keep the output pipes
+                // open (and outlive the exec); they go with their command.
+                if let Some(pgid) = pgid {
+                    kill_group(pgid).await;
+                }
+                status
+            };
+            let ((), out, err, status) = tokio::join!(
+                writer,
+                read_capped(stdout, req.output_cap),
+                read_capped(stderr, req.output_cap),
+                waiter
+            );
+            (out, err, status)
+        };
+
+        let (out, err, status) = match tokio::time::timeout(req.timeout, run).await {
+            Ok(done) => done,
+            Err(_) => {
+                tracing::warn!(session = %self.id, timeout = ?req.timeout, "exec timed out; killing its process group");
+                if let Some(pgid) = pgid {
+                    kill_group(pgid).await;
+                }
+                // The direct child, in case `kill` could not run.
+                let _ = child.kill().await;
+                if let Some(guard) = guard {
+                    guard.disarm();
+                }
+                return Err(SandboxError::Timeout(req.timeout));
+            }
+        };
+        if let Some(guard) = guard {
+            guard.disarm();
+        }
+        let status = status.map_err(|source| SandboxError::Io {
+            path: format!("{program} (in {})", self.workdir),
+            source,
+        })?;
+        // Shell convention for a death by signal, as docker reports it too.
+        let exit_code = status
+            .code()
+            .map(i64::from)
+            .or_else(|| status.signal().map(|s| 128 + i64::from(s)))
+            .unwrap_or(-1);
+        let truncated = out.truncated() || err.truncated();
+        Ok(ExecOutput {
+            exit_code,
+            stdout: out.into_string(),
+            stderr: err.into_string(),
+            truncated,
+        })
+    }
+
+    /// `process:<pid of a shell>`: shows a command really ran, on this host.
+    /// It proves nothing about isolation, because there is none.
+    async fn proof(&self) -> Result<String, SandboxError> {
+        let out = self
+            .exec(ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), "echo $$".into()],
+                stdin: None,
+                timeout: PROOF_TIMEOUT,
+                output_cap: 4096,
+            })
+            .await?;
+        let pid = out.stdout.trim();
+        if out.exit_code != 0 || pid.is_empty() {
+            return Err(SandboxError::Io {
+                path: self.workdir.clone(),
+                source: std::io::Error::other(format!(
+                    "proof shell exited {}: {}",
+                    out.exit_code,
+                    out.stderr.trim()
+                )),
+            });
+        }
+        Ok(format!("process:{pid}"))
+    }
+
+    async fn close(&self) -> Result<(), SandboxError> {
+        self.closed.store(true, Ordering::SeqCst);
+        let leftovers: Vec<u32> = self.groups().drain().collect();
+        for pgid in leftovers {
+            kill_group(pgid).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ProcessSession {
+    fn drop(&mut self) {
+        for pgid in self.groups().drain() {
+            kill_group_detached(pgid);
+        }
+    }
+}
+
+/// Registers an exec's process group with its session for the exec's
+/// lifetime; dropping it early (the caller cancelled the exec) kills the
+/// group so nothing outlives a cancelled command.
+struct GroupGuard<'a> {
+    pgid: u32,
+    session: &'a ProcessSession,
+    /// Cleared once the exec itself has killed the group.
+    armed: bool,
+}
+
+impl<'a> GroupGuard<'a> {
+    fn new(pgid: u32, session: &'a ProcessSession) -> Self {
+        session.groups().insert(pgid);
+        Self {
+            pgid,
+            session,
+            armed: true,
+        }
+    }
+
+    /// The exec finished and killed its group itself: just unregister.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for GroupGuard<'_> {
+    fn drop(&mut self) {
+        // Not listed any more means `close` already killed it.
+        if self.session.groups().remove(&self.pgid) && self.armed {
+            kill_group_detached(self.pgid);
+        }
+    }
+}
+
+fn not_runnable(code: i64, program: &str, why: &str) -> ExecOutput {
+    ExecOutput {
+        exit_code: code,
+        stdout: String::new(),
+        stderr: format!("{program}: {why}\n"),
+        truncated: false,
+    }
+}
+
+/// Drains a pipe to its end, keeping the first `cap` bytes: stopping early
+/// would block the command on a full pipe.
+async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> CappedBuffer {
+    let mut buffer = CappedBuffer::new(cap);
+    let Some(mut pipe) = pipe else {
+        return buffer;
+    };
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => return buffer,
+            Ok(n) => buffer.push(&chunk[..n]),
+        }
+    }
+}
+
+/// SIGKILL to a whole process group through the `kill` utility: std has no
+/// signal API and `nix`/`libc` are not dependencies. Without `kill` on the
+/// host only the direct child is killed (by `kill_on_drop` or the timeout
+/// path), and grandchildren may survive; that limit is logged.
+async fn kill_group(pgid: u32) {
+    let status = tokio::process::Command::new(kill_program())
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+    if let Err(e) = status {
+        tracing::warn!(pgid, error = %e, "cannot run `kill` to stop a process group; grandchildren may survive");
+    }
+}
+
+/// [`kill_group`] from synchronous code (drops): spawned and not awaited;
+/// tokio reaps the `kill` process. Outside a runtime it runs to completion.
+fn kill_group_detached(pgid: u32) {
+    let args = ["-KILL".to_string(), "--".to_string(), format!("-{pgid}")];
+    if tokio::runtime::Handle::try_current().is_ok() {
+        let spawned = tokio::process::Command::new(kill_program())
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if let Err(e) = spawned {
+            tracing::warn!(pgid, error = %e, "cannot run `kill` to stop a process group");
+        }
+    } else {
+        let _ = std::process::Command::new(kill_program())
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// An absolute path when a usual one exists, so a command cannot shadow
+/// `kill` through the host's `PATH`.
+fn kill_program() -> &'static Path {
+    for candidate in ["/usr/bin/kill", "/bin/kill"] {
+        let path = Path::new(candidate);
+        if path.exists() {
+            return path;
+        }
+    }
+    Path::new("kill")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::super::{RunKind, SandboxLimits};
+    use super::*;
+
+    fn spec(workspace: &Path, env: &[(&str, &str)]) -> SandboxSpec {
+        SandboxSpec {
+            instance_id: "test".into(),
+            space_id: "space".into(),
+            run_id: "run".into(),
+            kind: RunKind::Live,
+            workspace: workspace.to_path_buf(),
+            api_socket: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            limits: SandboxLimits::default(),
+        }
+    }
+
+    fn req(argv: &[&str]) -> ExecRequest {
+        ExecRequest {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            stdin: None,
+            timeout: Duration::from_secs(30),
+            output_cap: 64 * 1024,
+        }
+    }
+
+    #[tokio::test]
+    async fn echo_and_exit_codes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let backend = ProcessBackend::new(None);
+        assert_eq!(backend.name(), "process");
+        let session = backend.start(spec(dir.path(), &[])).await.expect("start");
+        let canonical = std::fs::canonicalize(dir.path()).expect("canonical");
+        assert_eq!(session.id(), format!("process:{}", canonical.display()));
+        assert_eq!(session.workdir(), canonical.display().to_string());
+
+        let out = session.exec(req(&["echo", "hello"])).await.expect("echo");
+        assert_eq!(
+            (out.exit_code, out.stdout.as_str(), out.stderr.as_str()),
+            (0, "hello\n", "")
+        );
+        let out = session
+            .exec(req(&["sh", "-c", "echo bad >&2; exit 4"]))
+            .await
+            .expect("sh");
+        assert_eq!((out.exit_code, out.stderr.as_str()), (4, "bad\n"));
+        let out = session
+            .exec(req(&["no-such-command-anywhere"]))
+            .await
+            .expect("missing command is an outcome, not an error");
+        assert_eq!(out.exit_code, 127);
+        session.close().await.expect("close");
+        session.close().await.expect("close twice");
+        assert!(matches!(
+            session.exec(req(&["true"])).await,
+            Err(SandboxError::Gone(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn cwd_is_the_workspace_and_files_land_there() {
+        let dir = tempfile::tempdir().expect("dir");
+        let session = ProcessBackend::new(None)
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let out = session
+            .exec(req(&["sh", "-c", "pwd; echo made > made.txt"]))
+            .await
+            .expect("exec");
+        assert_eq!(out.stdout.trim(), session.workdir());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("made.txt")).expect("file"),
+            "made\n"
+        );
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn env_is_only_path_home_and_the_spec() {
+        let dir = tempfile::tempdir().expect("dir");
+        let extra = tempfile::tempdir().expect("extra path dir");
+        let session = ProcessBackend::new(Some(extra.path().to_path_buf()))
+            .start(spec(
+                dir.path(),
+                &[("MERCURY_RUN_TOKEN", "t-1"), ("MERCURY_SPACE", "s")],
+            ))
+            .await
+            .expect("start");
+        // `env` itself is a host binary: it prints exactly what it received.
+        let out = session.exec(req(&["env"])).await.expect("env");
+        let mut keys: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["HOME", "MERCURY_RUN_TOKEN", "MERCURY_SPACE", "PATH"]);
+        assert!(out
+            .stdout
+            .contains(&format!("HOME={}\n", session.workdir())));
+        let path_line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("PATH="))
+            .expect("PATH");
+        assert!(
+            path_line.starts_with(&format!("PATH={}:", extra.path().display())),
+            "extra path must come first: {path_line}"
+        );
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn the_extra_path_finds_a_host_mrctl() {
+        let dir = tempfile::tempdir().expect("dir");
+        let bin = tempfile::tempdir().expect("bin");
+        let mrctl = bin.path().join("mrctl");
+        std::fs::write(&mrctl, "#!/bin/sh\necho \"mrctl $*\"\n").expect("write");
+        std::fs::set_permissions(&mrctl, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let session = ProcessBackend::new(Some(bin.path().to_path_buf()))
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let out = session
+            .exec(req(&["mrctl", "whoami"]))
+            .await
+            .expect("mrctl");
+        assert_eq!(out.stdout, "mrctl whoami\n", "{out:?}");
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn stdin_is_written_then_closed_and_output_is_capped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let session = ProcessBackend::new(None)
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let mut request = req(&["wc", "-c"]);
+        request.stdin = Some(vec![b'x'; 1 << 20]);
+        let out = session.exec(request).await.expect("wc");
+        assert_eq!(out.stdout.trim(), (1u32 << 20).to_string());
+
+        let mut request = req(&["cat"]);
+        request.stdin = Some(vec![b'y'; 100_000]);
+        request.output_cap = 10;
+        let out = session.exec(request).await.expect("cat");
+        assert_eq!(out.stdout, "yyyyyyyyyy");
+        assert!(out.truncated);
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_process_group() {
+        let dir = tempfile::tempdir().expect("dir");
+        let session = ProcessBackend::new(None)
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let marker = dir.path().join("grandchild-survived");
+        let script = format!("(sleep 3; touch {}) & sleep 30", marker.display());
+        let mut request = req(&["sh", "-c", &script]);
+        request.timeout = Duration::from_millis(500);
+        let started = Instant::now();
+        let err = session.exec(request).await.expect_err("times out");
+        assert!(matches!(err, SandboxError::Timeout(_)), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(!marker.exists(), "a grandchild outlived the timeout");
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn background_leftovers_die_with_their_exec() {
+        let dir = tempfile::tempdir().expect("dir");
+        let session = ProcessBackend::new(None)
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let marker = dir.path().join("leftover-survived");
+        // The background job holds stdout open; the exec must still return
+        // promptly, and the job must not live on.
+        let script = format!("(sleep 2; touch {}) & echo started", marker.display());
+        let started = Instant::now();
+        let out = session
+            .exec(req(&["sh", "-c", &script]))
+            .await
+            .expect("exec");
+        assert_eq!(out.stdout, "started\n");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!marker.exists(), "a background job outlived its exec");
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn proof_names_a_process() {
+        let dir = tempfile::tempdir().expect("dir");
+        let session = ProcessBackend::new(None)
+            .start(spec(dir.path(), &[]))
+            .await
+            .expect("start");
+        let proof = session.proof().await.expect("proof");
+        let pid = proof.strip_prefix("process:").expect("prefix");
+        assert!(pid.parse::<u32>().is_ok(), "{proof}");
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn a_missing_workspace_is_an_io_error_with_its_path() {
+        let err = ProcessBackend::new(None)
+            .start(spec(Path::new("/nonexistent/workspace"), &[]))
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(err, SandboxError::Io { .. }), "{err:?}");
+        assert!(err.to_string().contains("/nonexistent/workspace"), "{err}");
+    }
+}

@@ -1,0 +1,297 @@
+//! Messages: the history of each space, and the durable queue of user
+//! messages waiting for a turn (`status = 'pending'`).
+//!
+//! Must never: store the same platform message twice (a unique index on
+//! conversation + platform message id), or mark a user message answered
+//! without the reply row in the same transaction.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::{StoreError, StoreResult};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Message {
+    pub id: i64,
+    pub space_id: String,
+    pub conversation_id: Option<i64>,
+    pub sender_id: Option<String>,
+    pub sender_name: Option<String>,
+    pub role: String,
+    pub text: String,
+    pub platform_message_id: Option<String>,
+    pub created_at: i64,
+    pub run_id: Option<String>,
+    pub status: Option<String>,
+    pub reply_to: Option<i64>,
+    pub task_run_id: Option<i64>,
+}
+
+const COLS: &str = "id, space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id";
+
+fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Message> {
+    Ok(Message {
+        id: r.get(0)?,
+        space_id: r.get(1)?,
+        conversation_id: r.get(2)?,
+        sender_id: r.get(3)?,
+        sender_name: r.get(4)?,
+        role: r.get(5)?,
+        text: r.get(6)?,
+        platform_message_id: r.get(7)?,
+        created_at: r.get(8)?,
+        run_id: r.get(9)?,
+        status: r.get(10)?,
+        reply_to: r.get(11)?,
+        task_run_id: r.get(12)?,
+    })
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NewMessage<'a> {
+    pub space_id: &'a str,
+    pub conversation_id: Option<i64>,
+    pub sender_id: Option<&'a str>,
+    pub sender_name: Option<&'a str>,
+    pub role: &'a str,
+    pub text: &'a str,
+    pub platform_message_id: Option<&'a str>,
+    pub created_at: i64,
+    pub run_id: Option<&'a str>,
+    pub status: Option<&'a str>,
+    pub reply_to: Option<i64>,
+    pub task_run_id: Option<i64>,
+}
+
+/// True if this platform message id is already stored for the conversation.
+pub fn insert_probe(
+    conn: &Connection,
+    conversation_id: i64,
+    platform_message_id: &str,
+) -> StoreResult<bool> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
+            params![conversation_id, platform_message_id],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+/// Inserts a message. `Ok(None)` when the platform message id was already
+/// stored for this conversation (a replay): nothing is written.
+pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>> {
+    if let (Some(conv), Some(pid)) = (m.conversation_id, m.platform_message_id) {
+        let seen: Option<i64> = conn
+            .query_row(
+                "SELECT id FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
+                params![conv, pid],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if seen.is_some() {
+            return Ok(None);
+        }
+    }
+    conn.execute(
+        "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            m.space_id,
+            m.conversation_id,
+            m.sender_id,
+            m.sender_name,
+            m.role,
+            m.text,
+            m.platform_message_id,
+            m.created_at,
+            m.run_id,
+            m.status,
+            m.reply_to,
+            m.task_run_id
+        ],
+    )?;
+    Ok(Some(conn.last_insert_rowid()))
+}
+
+pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
+            [id],
+            from_row,
+        )
+        .optional()?)
+}
+
+/// The reply written for a user message, if its turn has finished.
+pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<Message>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {COLS} FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1"),
+            [user_message_id],
+            from_row,
+        )
+        .optional()?)
+}
+
+/// User messages still waiting for a turn, oldest first.
+pub fn pending(conn: &Connection, space: &str) -> StoreResult<Vec<Message>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND status = 'pending' ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([space], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Spaces with pending messages (start-up recovery).
+pub fn spaces_with_pending(conn: &Connection) -> StoreResult<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT space_id FROM messages WHERE status = 'pending' ORDER BY space_id",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn set_status(
+    conn: &Connection,
+    id: i64,
+    status: &str,
+    run_id: Option<&str>,
+) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE messages SET status = ?2, run_id = COALESCE(?3, run_id) WHERE id = ?1",
+        params![id, status, run_id],
+    )?;
+    Ok(())
+}
+
+/// Marks every pending message of a space `dropped` (control stop); returns their ids.
+pub fn drop_pending(conn: &Connection, space: &str) -> StoreResult<Vec<i64>> {
+    let mut stmt =
+        conn.prepare("SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending'")?;
+    let ids: Vec<i64> = stmt
+        .query_map([space], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    conn.execute(
+        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending'",
+        [space],
+    )?;
+    Ok(ids)
+}
+
+/// Moves a pending message to a final status; false if it was not pending
+/// any more (another turn answered it), so the caller must not reply twice.
+pub fn settle(conn: &Connection, id: i64, status: &str, run_id: &str) -> StoreResult<bool> {
+    Ok(conn.execute(
+        "UPDATE messages SET status = ?2, run_id = ?3 WHERE id = ?1 AND status = 'pending'",
+        params![id, status, run_id],
+    )? == 1)
+}
+
+/// Recent history above the session boundary, oldest first, at most `limit`
+/// rows, excluding `before_id` and later (the message being answered).
+pub fn history(
+    conn: &Connection,
+    space: &str,
+    boundary: i64,
+    before_id: i64,
+    limit: u32,
+) -> StoreResult<Vec<Message>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
+           AND role IN ('user','assistant','ambient')
+         ORDER BY id DESC LIMIT ?4"
+    ))?;
+    let rows = stmt.query_map(params![space, boundary, before_id, limit], from_row)?;
+    let mut out: Vec<Message> = rows.collect::<Result<_, _>>()?;
+    out.reverse();
+    Ok(out)
+}
+
+pub fn max_id(conn: &Connection, space: &str) -> StoreResult<i64> {
+    Ok(conn.query_row(
+        "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",
+        [space],
+        |r| r.get(0),
+    )?)
+}
+
+/// Newest-first substring search.
+pub fn search(
+    conn: &Connection,
+    space: &str,
+    query: &str,
+    limit: u32,
+) -> StoreResult<Vec<Message>> {
+    let pattern = format!(
+        "%{}%",
+        query
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\' ORDER BY id DESC LIMIT ?3"
+    ))?;
+    let rows = stmt.query_map(params![space, pattern, limit], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// A position in the (created_at, id) order, opaque to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at: i64,
+    pub id: i64,
+}
+
+impl Cursor {
+    pub fn encode(self) -> String {
+        format!("{}-{}", self.created_at, self.id)
+    }
+
+    pub fn decode(raw: &str) -> StoreResult<Cursor> {
+        let bad = || StoreError::Invalid(format!("cursor {raw:?} is not one this server gave out"));
+        let (a, b) = raw.split_once('-').ok_or_else(bad)?;
+        Ok(Cursor {
+            created_at: a.parse().map_err(|_| bad())?,
+            id: b.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// Messages with `since <= created_at < until`, oldest first, after `cursor`.
+/// Returns the page and the cursor of the next page (if more rows may follow).
+pub fn recent(
+    conn: &Connection,
+    space: &str,
+    since: i64,
+    until: i64,
+    limit: u32,
+    cursor: Option<Cursor>,
+) -> StoreResult<(Vec<Message>, Option<Cursor>)> {
+    let (ca, cid) = cursor.map_or((i64::MIN, i64::MIN), |c| (c.created_at, c.id));
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM messages
+         WHERE space_id = ?1 AND created_at >= ?2 AND created_at < ?3
+           AND (created_at > ?4 OR (created_at = ?4 AND id > ?5))
+         ORDER BY created_at, id LIMIT ?6"
+    ))?;
+    let rows = stmt.query_map(
+        params![space, since, until, ca, cid, i64::from(limit) + 1],
+        from_row,
+    )?;
+    let mut page: Vec<Message> = rows.collect::<Result<_, _>>()?;
+    let more = page.len() > limit as usize;
+    page.truncate(limit as usize);
+    let next = if more {
+        page.last().map(|m| Cursor {
+            created_at: m.created_at,
+            id: m.id,
+        })
+    } else {
+        None
+    };
+    Ok((page, next))
+}

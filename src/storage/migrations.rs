@@ -1,0 +1,205 @@
+//! Numbered schema migrations. Each entry runs once, in order, inside one
+//! transaction with the `user_version` bump, so a failed migration leaves the
+//! schema as it was. Never edit a released entry: add a new one.
+
+use rusqlite::Connection;
+
+use super::StoreResult;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: core host tables.
+    r#"
+CREATE TABLE spaces (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  tags TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+CREATE TABLE conversations (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  platform TEXT NOT NULL,
+  external_id TEXT NOT NULL,
+  space_id TEXT REFERENCES spaces(id) ON DELETE SET NULL,
+  kind TEXT NOT NULL CHECK (kind IN ('dm','group')),
+  title TEXT,
+  first_seen_at INTEGER NOT NULL,
+  last_seen_at INTEGER NOT NULL,
+  UNIQUE (platform, external_id)
+);
+CREATE TABLE members (
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  caller_id TEXT NOT NULL,
+  display_name TEXT,
+  first_seen_at INTEGER NOT NULL,
+  last_seen_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, caller_id)
+);
+CREATE TABLE space_roles (
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  caller_id TEXT NOT NULL,
+  role TEXT NOT NULL,
+  granted_by TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, caller_id)
+);
+CREATE TABLE messages (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  conversation_id INTEGER REFERENCES conversations(id) ON DELETE SET NULL,
+  sender_id TEXT,
+  sender_name TEXT,
+  role TEXT NOT NULL CHECK (role IN ('user','assistant','ambient','system')),
+  text TEXT NOT NULL,
+  platform_message_id TEXT,
+  created_at INTEGER NOT NULL,
+  run_id TEXT,
+  -- user rows: pending until a turn answers them (durable queue), then done/failed/skipped
+  status TEXT,
+  reply_to INTEGER,
+  -- set when a scheduled task fired this message
+  task_run_id INTEGER
+);
+CREATE UNIQUE INDEX messages_platform_id ON messages (conversation_id, platform_message_id)
+  WHERE platform_message_id IS NOT NULL;
+CREATE INDEX messages_space_created ON messages (space_id, created_at, id);
+CREATE INDEX messages_pending ON messages (space_id, id) WHERE status = 'pending';
+CREATE TABLE space_config (
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  updated_by TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, key)
+);
+CREATE TABLE space_preferences (
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  updated_by TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, key)
+);
+CREATE TABLE tasks (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  cron TEXT,
+  at INTEGER,
+  prompt TEXT NOT NULL,
+  silent INTEGER NOT NULL DEFAULT 0,
+  active INTEGER NOT NULL DEFAULT 1,
+  next_run_at INTEGER,
+  created_by TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  CHECK ((cron IS NULL) <> (at IS NULL))
+);
+CREATE INDEX tasks_due ON tasks (active, next_run_at);
+CREATE TABLE task_runs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  task_id INTEGER NOT NULL,
+  space_id TEXT NOT NULL,
+  run_id TEXT,
+  status TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  finished_at INTEGER,
+  error TEXT
+);
+CREATE TABLE mutes (
+  space_id TEXT NOT NULL REFERENCES spaces(id) ON DELETE CASCADE,
+  caller_id TEXT NOT NULL,
+  until INTEGER,
+  reason TEXT,
+  updated_by TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, caller_id)
+);
+CREATE TABLE runs (
+  id TEXT PRIMARY KEY,
+  space_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  status TEXT NOT NULL,
+  caller_id TEXT,
+  trigger_message_id INTEGER,
+  started_at INTEGER NOT NULL,
+  finished_at INTEGER,
+  container_id TEXT,
+  sandbox_proof TEXT,
+  error TEXT
+);
+CREATE INDEX runs_space ON runs (space_id, started_at);
+CREATE TABLE token_usage (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT,
+  space_id TEXT NOT NULL,
+  model TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  tokens_in INTEGER NOT NULL,
+  tokens_out INTEGER NOT NULL,
+  cost REAL NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE TABLE api_tokens (
+  id TEXT PRIMARY KEY,
+  token_hash TEXT NOT NULL UNIQUE,
+  caller_id TEXT NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN ('user','run','adapter')),
+  space_id TEXT,
+  run_id TEXT,
+  label TEXT,
+  created_by TEXT,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER,
+  revoked_at INTEGER
+);
+CREATE TABLE session_state (
+  space_id TEXT PRIMARY KEY REFERENCES spaces(id) ON DELETE CASCADE,
+  boundary_message_id INTEGER NOT NULL DEFAULT 0,
+  summary TEXT,
+  updated_at INTEGER NOT NULL
+);
+CREATE TABLE outbox (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  space_id TEXT NOT NULL,
+  conversation_id INTEGER,
+  platform TEXT NOT NULL,
+  external_id TEXT NOT NULL,
+  message_id INTEGER,
+  text TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  delivered_at INTEGER,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT
+);
+"#,
+];
+
+pub fn apply(conn: &mut Connection) -> StoreResult<()> {
+    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version <= current {
+            continue;
+        }
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn migrations_apply_once_and_are_idempotent() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::apply(&mut conn).unwrap();
+        super::apply(&mut conn).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, super::MIGRATIONS.len() as i64);
+    }
+}

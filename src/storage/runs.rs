@@ -1,0 +1,143 @@
+//! Runs (one agent turn, task firing, ask or review each) and their token
+//! usage. A run row is written when the run starts and closed when it ends,
+//! so a crash leaves a `running` row that start-up marks `interrupted`.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::StoreResult;
+use crate::clock::now_ms;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Run {
+    pub id: String,
+    pub space_id: String,
+    pub kind: String,
+    pub status: String,
+    pub caller_id: Option<String>,
+    pub trigger_message_id: Option<i64>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub container_id: Option<String>,
+    pub sandbox_proof: Option<String>,
+    pub error: Option<String>,
+}
+
+const COLS: &str = "id, space_id, kind, status, caller_id, trigger_message_id, started_at, finished_at, container_id, sandbox_proof, error";
+
+fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Run> {
+    Ok(Run {
+        id: r.get(0)?,
+        space_id: r.get(1)?,
+        kind: r.get(2)?,
+        status: r.get(3)?,
+        caller_id: r.get(4)?,
+        trigger_message_id: r.get(5)?,
+        started_at: r.get(6)?,
+        finished_at: r.get(7)?,
+        container_id: r.get(8)?,
+        sandbox_proof: r.get(9)?,
+        error: r.get(10)?,
+    })
+}
+
+pub fn start(
+    conn: &Connection,
+    id: &str,
+    space: &str,
+    kind: &str,
+    caller: Option<&str>,
+    trigger: Option<i64>,
+) -> StoreResult<()> {
+    conn.execute(
+        "INSERT INTO runs (id, space_id, kind, status, caller_id, trigger_message_id, started_at) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6)",
+        params![id, space, kind, caller, trigger, now_ms()],
+    )?;
+    Ok(())
+}
+
+pub fn set_sandbox(
+    conn: &Connection,
+    id: &str,
+    container_id: &str,
+    proof: &str,
+) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE runs SET container_id = ?2, sandbox_proof = ?3 WHERE id = ?1",
+        params![id, container_id, proof],
+    )?;
+    Ok(())
+}
+
+pub fn finish(conn: &Connection, id: &str, status: &str, error: Option<&str>) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
+        params![id, status, error, now_ms()],
+    )?;
+    Ok(())
+}
+
+pub fn get(conn: &Connection, id: &str) -> StoreResult<Option<Run>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {COLS} FROM runs WHERE id = ?1"),
+            [id],
+            from_row,
+        )
+        .optional()?)
+}
+
+pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM runs WHERE space_id = ?1 ORDER BY started_at DESC, id DESC LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![space, limit], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Runs left `running` by a crash; marked `interrupted` at start-up.
+pub fn interrupt_stale(conn: &Connection) -> StoreResult<usize> {
+    Ok(conn.execute(
+        "UPDATE runs SET status = 'interrupted', error = 'host stopped during the run', finished_at = ?1 WHERE status = 'running'",
+        [now_ms()],
+    )?)
+}
+
+pub struct UsageRow<'a> {
+    pub run_id: Option<&'a str>,
+    pub space_id: &'a str,
+    pub model: &'a str,
+    pub kind: &'a str,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost: f64,
+}
+
+pub fn record_usage(conn: &Connection, u: &UsageRow<'_>) -> StoreResult<()> {
+    conn.execute(
+        "INSERT INTO token_usage (run_id, space_id, model, kind, tokens_in, tokens_out, cost, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![u.run_id, u.space_id, u.model, u.kind, u.tokens_in as i64, u.tokens_out as i64, u.cost, now_ms()],
+    )?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct UsageTotals {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost: f64,
+}
+
+pub fn usage_for_run(conn: &Connection, run_id: &str) -> StoreResult<UsageTotals> {
+    Ok(conn.query_row(
+        "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE run_id = ?1",
+        [run_id],
+        |r| {
+            Ok(UsageTotals {
+                tokens_in: r.get::<_, i64>(0)? as u64,
+                tokens_out: r.get::<_, i64>(1)? as u64,
+                cost: r.get(2)?,
+            })
+        },
+    )?)
+}

@@ -1,0 +1,162 @@
+//! Scheduled tasks (cron or one-shot `at`) and their firings (`task_runs`).
+//! Must never: store a task whose schedule does not parse, or a `next_run_at`
+//! in the past for a new one-shot task (validated by the caller, checked here).
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::{StoreError, StoreResult};
+use crate::clock::now_ms;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Task {
+    pub id: i64,
+    pub space_id: String,
+    pub cron: Option<String>,
+    pub at: Option<i64>,
+    pub prompt: String,
+    pub silent: bool,
+    pub active: bool,
+    pub next_run_at: Option<i64>,
+    pub created_by: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const COLS: &str = "id, space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at";
+
+fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Task> {
+    Ok(Task {
+        id: r.get(0)?,
+        space_id: r.get(1)?,
+        cron: r.get(2)?,
+        at: r.get(3)?,
+        prompt: r.get(4)?,
+        silent: r.get(5)?,
+        active: r.get(6)?,
+        next_run_at: r.get(7)?,
+        created_by: r.get(8)?,
+        created_at: r.get(9)?,
+        updated_at: r.get(10)?,
+    })
+}
+
+pub struct NewTask<'a> {
+    pub space_id: &'a str,
+    pub cron: Option<&'a str>,
+    pub at: Option<i64>,
+    pub prompt: &'a str,
+    pub silent: bool,
+    pub next_run_at: i64,
+    pub created_by: &'a str,
+}
+
+pub fn create(conn: &Connection, t: &NewTask<'_>) -> StoreResult<Task> {
+    if t.cron.is_some() == t.at.is_some() {
+        return Err(StoreError::Invalid(
+            "a task needs exactly one of cron and at".into(),
+        ));
+    }
+    let now = now_ms();
+    conn.execute(
+        "INSERT INTO tasks (space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?8)",
+        params![t.space_id, t.cron, t.at, t.prompt, t.silent, t.next_run_at, t.created_by, now],
+    )?;
+    get(conn, t.space_id, conn.last_insert_rowid())?
+        .ok_or_else(|| StoreError::NotFound("task just created".into()))
+}
+
+/// A task of this space (a task of another space is "not found").
+pub fn get(conn: &Connection, space: &str, id: i64) -> StoreResult<Option<Task>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {COLS} FROM tasks WHERE id = ?1 AND space_id = ?2"),
+            params![id, space],
+            from_row,
+        )
+        .optional()?)
+}
+
+pub fn list(conn: &Connection, space: &str) -> StoreResult<Vec<Task>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM tasks WHERE space_id = ?1 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([space], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn due(conn: &Connection, now: i64) -> StoreResult<Vec<Task>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?1 ORDER BY next_run_at, id"
+    ))?;
+    let rows = stmt.query_map([now], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The earliest `next_run_at` of any active task (the scheduler sleeps until then).
+pub fn next_due_at(conn: &Connection) -> StoreResult<Option<i64>> {
+    Ok(conn.query_row(
+        "SELECT MIN(next_run_at) FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
+pub fn set_active(
+    conn: &Connection,
+    space: &str,
+    id: i64,
+    active: bool,
+    next_run_at: Option<i64>,
+) -> StoreResult<()> {
+    let n = conn.execute(
+        "UPDATE tasks SET active = ?3, next_run_at = COALESCE(?4, next_run_at), updated_at = ?5 WHERE id = ?1 AND space_id = ?2",
+        params![id, space, active, next_run_at, now_ms()],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("task {id}")));
+    }
+    Ok(())
+}
+
+/// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).
+pub fn advance(conn: &Connection, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE tasks SET next_run_at = ?2, active = CASE WHEN ?2 IS NULL THEN 0 ELSE active END, updated_at = ?3 WHERE id = ?1",
+        params![id, next_run_at, now_ms()],
+    )?;
+    Ok(())
+}
+
+pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
+    let n = conn.execute(
+        "DELETE FROM tasks WHERE id = ?1 AND space_id = ?2",
+        params![id, space],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("task {id}")));
+    }
+    Ok(())
+}
+
+pub fn start_run(conn: &Connection, task: &Task, run_id: &str) -> StoreResult<i64> {
+    conn.execute(
+        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, ?3, 'running', ?4)",
+        params![task.id, task.space_id, run_id, now_ms()],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+pub fn finish_run(
+    conn: &Connection,
+    task_run_id: i64,
+    status: &str,
+    error: Option<&str>,
+) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE task_runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
+        params![task_run_id, status, error, now_ms()],
+    )?;
+    Ok(())
+}

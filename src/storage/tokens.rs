@@ -1,0 +1,177 @@
+//! API tokens. Only a SHA-256 hash of each secret is stored; the secret is
+//! shown once, when it is minted.
+//!
+//! Must never: return a secret or a hash to an API client, or accept a
+//! revoked or expired token.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{StoreError, StoreResult};
+use crate::clock::now_ms;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenKind {
+    User,
+    Run,
+    Adapter,
+}
+
+impl TokenKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::User => "user",
+            TokenKind::Run => "run",
+            TokenKind::Adapter => "adapter",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<TokenKind> {
+        match raw {
+            "user" => Some(TokenKind::User),
+            "run" => Some(TokenKind::Run),
+            "adapter" => Some(TokenKind::Adapter),
+            _ => None,
+        }
+    }
+}
+
+/// What a presented token resolves to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenGrant {
+    pub id: String,
+    pub caller_id: String,
+    pub kind: TokenKind,
+    /// Run tokens are bound to one space and one run.
+    pub space_id: Option<String>,
+    pub run_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TokenInfo {
+    pub id: String,
+    pub caller_id: String,
+    pub kind: String,
+    pub space_id: Option<String>,
+    pub label: Option<String>,
+    pub created_by: Option<String>,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+pub fn hash_secret(secret: &str) -> String {
+    base16ct::lower::encode_string(&Sha256::digest(secret.as_bytes()))
+}
+
+/// A fresh random secret: 32 random bytes, hex, prefixed so it is recognisable in logs scrubbing.
+pub fn new_secret() -> String {
+    let a = uuid::Uuid::new_v4();
+    let b = uuid::Uuid::new_v4();
+    format!("mrc_{}{}", a.simple(), b.simple())
+}
+
+pub struct NewToken<'a> {
+    pub caller_id: &'a str,
+    pub kind: TokenKind,
+    pub space_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub label: Option<&'a str>,
+    pub created_by: Option<&'a str>,
+    pub expires_at: Option<i64>,
+}
+
+/// Stores a new token and returns `(id, secret)`; the secret is not kept.
+pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)> {
+    let secret = new_secret();
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    conn.execute(
+        "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            id,
+            hash_secret(&secret),
+            t.caller_id,
+            t.kind.as_str(),
+            t.space_id,
+            t.run_id,
+            t.label,
+            t.created_by,
+            now_ms(),
+            t.expires_at
+        ],
+    )?;
+    Ok((id, secret))
+}
+
+/// Resolves a presented secret; `None` for unknown, revoked or expired.
+pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
+    let row = conn
+        .query_row(
+            "SELECT id, caller_id, kind, space_id, run_id FROM api_tokens
+             WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
+            params![hash_secret(secret), now],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                ))
+            },
+        )
+        .optional()?;
+    Ok(row.and_then(|(id, caller_id, kind, space_id, run_id)| {
+        TokenKind::parse(&kind).map(|kind| TokenGrant {
+            id,
+            caller_id,
+            kind,
+            space_id,
+            run_id,
+        })
+    }))
+}
+
+pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
+    let mut stmt = conn.prepare(
+        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at
+         FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(TokenInfo {
+            id: r.get(0)?,
+            caller_id: r.get(1)?,
+            kind: r.get(2)?,
+            space_id: r.get(3)?,
+            label: r.get(4)?,
+            created_by: r.get(5)?,
+            created_at: r.get(6)?,
+            expires_at: r.get(7)?,
+            revoked_at: r.get(8)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
+    let n = conn.execute(
+        "UPDATE api_tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+        params![id, now_ms()],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("active token {id}")));
+    }
+    Ok(())
+}
+
+/// Revokes the token of a finished run so it dies with the run.
+pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL",
+        params![run_id, now_ms()],
+    )?;
+    Ok(())
+}

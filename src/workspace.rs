@@ -1,0 +1,84 @@
+//! Space workspaces on disk: `<data_dir>/spaces/<space id>/` with `AGENTS.md`,
+//! `MEMORY.md` and `knowledge/`, created from templates with the space.
+//!
+//! Must never: overwrite a file that exists (an operator may have edited it),
+//! or build a path from an unvalidated space id.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::ids::SpaceId;
+
+pub const AGENTS_TEMPLATE: &str = "# Instructions for this space\n\n\
+You are the assistant of this space. Be concise and helpful.\n\
+Edit this file to give the agent of this space its own instructions.\n";
+
+pub const MEMORY_TEMPLATE: &str = "# Memory\n\nFacts worth remembering in this space go here.\n";
+
+/// Paths of a data directory.
+#[derive(Debug, Clone)]
+pub struct DataPaths {
+    pub root: PathBuf,
+    pub config: PathBuf,
+    pub db: PathBuf,
+    pub spaces: PathBuf,
+    pub global: PathBuf,
+    pub socket: PathBuf,
+    pub reviews: PathBuf,
+}
+
+impl DataPaths {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_owned(),
+            config: root.join("mercury.yaml"),
+            db: root.join("state.db"),
+            spaces: root.join("spaces"),
+            global: root.join("global"),
+            socket: root.join("api.sock"),
+            reviews: root.join("reviews"),
+        }
+    }
+
+    pub fn workspace(&self, space: &SpaceId) -> PathBuf {
+        self.spaces.join(space.as_str())
+    }
+
+    pub fn owner_token(&self) -> PathBuf {
+        self.global.join("owner.token")
+    }
+}
+
+/// Creates the workspace of a space from the templates, keeping what exists.
+pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBuf> {
+    let dir = paths.workspace(space);
+    std::fs::create_dir_all(dir.join("knowledge"))?;
+    for (name, body) in [
+        ("AGENTS.md", AGENTS_TEMPLATE),
+        ("MEMORY.md", MEMORY_TEMPLATE),
+    ] {
+        let path = dir.join(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => io::Write::write_all(&mut f, body.as_bytes())?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(dir)
+}
+
+/// Reads a workspace file the prompt needs; a missing file is empty, and the
+/// size is capped so a runaway `MEMORY.md` cannot blow the prompt.
+pub fn read_capped(path: &Path, cap: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let slice = &bytes[..bytes.len().min(cap)];
+            String::from_utf8_lossy(slice).into_owned()
+        }
+        Err(_) => String::new(),
+    }
+}
