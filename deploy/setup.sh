@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Prepares a machine for Mercury's tests and its docker sandbox. Idempotent and
+# quick when everything is already there:
+#   - Debian's busybox-static (/bin/busybox goes into the agent image),
+#   - a Docker engine that answers (docker.io installed and dockerd started if needed),
+#   - cargo-nextest (the test runner).
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+missing=()
+[ -x /bin/busybox ] || missing+=(busybox-static)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd" >&2
+  nohup dockerd >/tmp/mercury-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start (see /tmp/mercury-dockerd.log)" >&2; exit 1; }
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest" >&2
+  cargo install --locked cargo-nextest
+fi

@@ -1,0 +1,286 @@
+//! The shared fixture: a real host on a temp data dir and a loopback port,
+//! with a scripted model, plus small HTTP and database helpers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+pub struct HostOptions {
+    /// The scripted model's rules (`{"rules": [...]}`).
+    pub model: Value,
+    /// `process` or `docker`.
+    pub sandbox: &'static str,
+    /// Extra config keys as dotted paths, e.g. ("ingress.auto_space", false).
+    pub config: Vec<(&'static str, Yaml)>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            model: json!({"rules": [{"reply": "ok"}]}),
+            sandbox: "process",
+            config: Vec::new(),
+        }
+    }
+}
+
+pub struct TestHost {
+    pub dir: TempDir,
+    pub data: PathBuf,
+    pub url: String,
+    pub owner_token: String,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    child: Option<Child>,
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn set_path(root: &mut Yaml, dotted: &str, value: Yaml) {
+    let mut cur = root;
+    let parts: Vec<&str> = dotted.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        let key = Yaml::String((*p).to_string());
+        if i == parts.len() - 1 {
+            cur.as_mapping_mut().expect("mapping").insert(key, value);
+            return;
+        }
+        cur = cur.as_mapping_mut().expect("mapping").entry(key).or_insert(Yaml::Mapping(Default::default()));
+    }
+}
+
+/// Creates a data dir (through `mercury init`'s library call) and writes the config.
+pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    mercury::host::init(&data, "owner").await.expect("init");
+    let model = dir.path().join("model.json");
+    std::fs::write(&model, serde_json::to_vec(&opts.model).unwrap()).unwrap();
+    let port = free_port();
+    let cfg_path = data.join("mercury.yaml");
+    let mut cfg: Yaml = serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    set_path(&mut cfg, "bind", Yaml::String(format!("127.0.0.1:{port}")));
+    set_path(&mut cfg, "model", Yaml::String(format!("scripted:{}", model.display())));
+    set_path(&mut cfg, "sandbox.backend", Yaml::String(opts.sandbox.into()));
+    for (k, v) in &opts.config {
+        set_path(&mut cfg, k, v.clone());
+    }
+    std::fs::write(&cfg_path, serde_yaml_ng::to_string(&cfg).unwrap()).unwrap();
+    (dir, data, port)
+}
+
+impl TestHost {
+    /// A host running inside this test process.
+    pub async fn start(opts: HostOptions) -> TestHost {
+        let (dir, data, port) = prepare(&opts).await;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let (data, shutdown) = (data.clone(), shutdown.clone());
+            async move { mercury::host::serve(&data, None, shutdown).await }
+        });
+        let host = Self::finish(dir, data, port, shutdown, Some(task), None);
+        host.wait_ready().await;
+        host
+    }
+
+    /// A host running as a child process (`mercury serve`), for crash tests.
+    pub async fn start_process(opts: HostOptions) -> TestHost {
+        let (dir, data, port) = prepare(&opts).await;
+        let child = spawn_serve(&data);
+        let host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+        host.wait_ready().await;
+        host
+    }
+
+    fn finish(
+        dir: TempDir,
+        data: PathBuf,
+        port: u16,
+        shutdown: CancellationToken,
+        task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+        child: Option<Child>,
+    ) -> TestHost {
+        let owner_token = std::fs::read_to_string(data.join("global/owner.token")).unwrap().trim().to_string();
+        TestHost {
+            dir,
+            data,
+            url: format!("http://127.0.0.1:{port}"),
+            owner_token,
+            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
+            shutdown,
+            task,
+            child,
+        }
+    }
+
+    pub async fn wait_ready(&self) {
+        for _ in 0..300 {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.url)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("host did not become ready at {}", self.url);
+    }
+
+    /// Kills the child-process host with SIGKILL (crash test).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("kill");
+            c.wait().expect("wait");
+        }
+    }
+
+    /// Starts the child-process host again on the same data dir.
+    pub async fn restart_process(&mut self) {
+        self.child = Some(spawn_serve(&self.data));
+        self.wait_ready().await;
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a request; returns the status and the JSON body (Null if none).
+    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{}", self.url, path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(s) = space {
+            req = req.header("x-mercury-space", s);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    pub async fn owner(&self, method: Method, path: &str, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
+        self.call(method, path, Some(&self.owner_token.clone()), space, body).await
+    }
+
+    pub async fn create_space(&self, id: &str) {
+        let (st, v) = self.owner(Method::POST, "/api/spaces", None, Some(json!({"id": id}))).await;
+        assert_eq!(st, 201, "create space {id}: {v}");
+    }
+
+    /// Mints a token for `caller` of kind user/adapter through the API.
+    pub async fn token(&self, caller: &str, kind: &str) -> String {
+        let (st, v) = self
+            .owner(Method::POST, "/api/tokens", None, Some(json!({"caller_id": caller, "kind": kind})))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// A read-only connection to the real database file.
+    pub fn db(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open_with_flags(self.data.join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.db().query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    /// Total rows of every table (to prove a request wrote nothing).
+    pub fn all_row_counts(&self) -> Vec<(String, i64)> {
+        let db = self.db();
+        let mut stmt = db.prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name").unwrap();
+        let names: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        names
+            .into_iter()
+            .map(|n| {
+                let c: i64 = db.query_row(&format!("SELECT COUNT(*) FROM \"{n}\""), [], |r| r.get(0)).unwrap();
+                (n, c)
+            })
+            .collect()
+    }
+
+    /// `mrctl` as a process, with this host's URL and the given token.
+    pub fn mrctl(&self, token: &str, space: Option<&str>) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mrctl"));
+        c.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("MERCURY_URL", &self.url)
+            .env("MERCURY_TOKEN", token)
+            .stdin(Stdio::null());
+        if let Some(s) = space {
+            c.env("MERCURY_SPACE", s);
+        }
+        c
+    }
+
+    /// Posts a platform message with an adapter token.
+    pub async fn ingest(&self, adapter: &str, conversation: &str, sender: &str, text: &str, message_id: &str, is_group: bool) -> (u16, Value) {
+        self.call(
+            Method::POST,
+            "/api/ingress",
+            Some(adapter),
+            None,
+            Some(json!({
+                "platform": "test", "conversation": conversation, "sender_id": sender,
+                "sender_name": "Tester", "text": text, "message_id": message_id, "is_group": is_group
+            })),
+        )
+        .await
+    }
+
+    /// Waits until `sql` (a COUNT) reaches `want`, up to `secs`.
+    pub async fn wait_count(&self, sql: &str, want: i64, secs: u64) -> i64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let n = self.count(sql);
+            if n >= want || std::time::Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn_serve(data: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .env("MERCURY_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn mercury serve")
+}
