@@ -109,6 +109,8 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
                     label: Some("owner (mercury init)"),
                     created_by: Some(crate::ids::SYSTEM_CALLER),
                     expires_at: None,
+                    role: None,
+                    read_only: false,
                 },
             )
         })
@@ -213,6 +215,7 @@ pub async fn serve(
         sandbox,
         waiters: TurnWaiters::default(),
         live_runs: Mutex::new(Default::default()),
+        ask_refusals: Mutex::new(Default::default()),
     });
     let map: SpaceMap = Arc::default();
     let (supervisor, sup_handle) = Actor::spawn(

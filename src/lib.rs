@@ -12,6 +12,7 @@
 //! - [`sandbox`]: where tools run: docker (bollard) or a plain process.
 //! - [`containers`]: host-side wiring of the docker backend: image, sweep.
 //! - [`ingress`]: inbound messages (durable first), triggers, rate limits, webhook adapter.
+//! - [`links`]: space links: the act-as allowlist, the grant resolver, invisible-text stripping.
 //! - [`review`]: conversation review (redaction and its fail-closed gate).
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
@@ -28,6 +29,7 @@ pub mod demo;
 pub mod host;
 pub mod ids;
 pub mod ingress;
+pub mod links;
 pub mod model;
 pub mod perms;
 pub mod review;

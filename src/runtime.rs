@@ -27,9 +27,34 @@ pub struct Runtime {
     pub waiters: TurnWaiters,
     /// Runs that are executing now; the orphan sweep spares their containers.
     pub live_runs: Mutex<HashSet<String>>,
+    /// Writes refused inside `ask` turns, by run id; drained when the ask ends.
+    pub ask_refusals: Mutex<HashMap<String, Vec<AskRefusal>>>,
+}
+
+/// One write an `ask` turn tried and was refused (D-016).
+#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+pub struct AskRefusal {
+    pub method: String,
+    pub route: String,
+    /// "would have …", for the holder to read.
+    pub summary: String,
 }
 
 impl Runtime {
+    pub fn record_refusal(&self, run_id: &str, refusal: AskRefusal) {
+        if let Ok(mut m) = self.ask_refusals.lock() {
+            m.entry(run_id.to_owned()).or_default().push(refusal);
+        }
+    }
+
+    pub fn take_refusals(&self, run_id: &str) -> Vec<AskRefusal> {
+        self.ask_refusals
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(run_id))
+            .unwrap_or_default()
+    }
+
     pub fn live_run_ids(&self) -> HashSet<String> {
         self.live_runs.lock().map(|s| s.clone()).unwrap_or_default()
     }

@@ -71,6 +71,26 @@ pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBu
     Ok(dir)
 }
 
+/// Copies a directory tree (files, directories, symlinks as symlinks; never
+/// following one) into `dst`, which must exist and be empty.
+pub fn copy_tree(src: &Path, dst: &Path) -> io::Result<u64> {
+    let mut bytes = 0;
+    for entry in walkdir::WalkDir::new(src).follow_links(false).min_depth(1) {
+        let entry = entry.map_err(io::Error::other)?;
+        let rel = entry.path().strip_prefix(src).map_err(io::Error::other)?;
+        let to = dst.join(rel);
+        let ft = entry.file_type();
+        if ft.is_dir() {
+            std::fs::create_dir(&to)?;
+        } else if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
+        } else if ft.is_file() {
+            bytes += std::fs::copy(entry.path(), &to)?;
+        }
+    }
+    Ok(bytes)
+}
+
 /// Reads a workspace file the prompt needs; a missing file is empty, and the
 /// size is capped so a runaway `MEMORY.md` cannot blow the prompt.
 pub fn read_capped(path: &Path, cap: usize) -> String {

@@ -6,6 +6,7 @@
 //! starts one on demand and retries once through the supervisor when a
 //! reference has died. Must never: call an actor without a timeout.
 
+pub mod ask;
 pub mod scheduler;
 pub mod space;
 pub mod supervisor;
@@ -52,6 +53,11 @@ pub struct SpaceDirectory {
 impl SpaceDirectory {
     pub fn new(supervisor: ActorRef<SupervisorMsg>, actors: SpaceMap) -> Self {
         Self { supervisor, actors }
+    }
+
+    /// The root supervisor (parent of short-lived actors such as `AskSandbox`).
+    pub fn supervisor(&self) -> &ActorRef<SupervisorMsg> {
+        &self.supervisor
     }
 
     pub fn active_count(&self) -> usize {

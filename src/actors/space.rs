@@ -10,6 +10,7 @@
 //! message is still pending, in the same transaction), or commit anything for
 //! a turn whose actor died (the turn is abandoned and re-run by the successor).
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,6 +50,9 @@ pub enum SpaceMsg {
     /// A write from the API, applied in this space's order.
     Apply(SpaceWrite, RpcReplyPort<Result<Value, StoreError>>),
     Control(ControlAction, RpcReplyPort<Result<Value, String>>),
+    /// Copy the workspace into `dest` between two turns (never during one) and
+    /// answer with the id below which history belongs to the copy (`ask`).
+    Snapshot(PathBuf, RpcReplyPort<Result<i64, String>>),
     /// Periodic: stop the actor when it has been idle long enough.
     IdleCheck,
     /// Test hook: make the handler panic, to exercise supervision.
@@ -76,6 +80,8 @@ pub struct SpaceState {
     space: SpaceId,
     running: Option<RunningTurn>,
     last_activity: Instant,
+    /// Snapshots asked for while a turn ran; served before the next turn starts.
+    waiting_snapshots: Vec<(PathBuf, RpcReplyPort<Result<i64, String>>)>,
 }
 
 pub struct SpaceActor;
@@ -100,6 +106,7 @@ impl Actor for SpaceActor {
             space: args.space,
             running: None,
             last_activity: Instant::now(),
+            waiting_snapshots: Vec::new(),
         })
     }
 
@@ -119,6 +126,9 @@ impl Actor for SpaceActor {
                 if state.running.as_ref().map(|r| r.message_id) == Some(message_id) {
                     state.running = None;
                 }
+                for (dest, reply) in std::mem::take(&mut state.waiting_snapshots) {
+                    let _ = reply.send(snapshot(state, dest).await);
+                }
                 start_next_turn(&myself, state).await;
             }
             SpaceMsg::Apply(write, reply) => {
@@ -130,6 +140,14 @@ impl Actor for SpaceActor {
                 state.last_activity = Instant::now();
                 let res = control(state, action).await;
                 let _ = reply.send(res);
+            }
+            SpaceMsg::Snapshot(dest, reply) => {
+                state.last_activity = Instant::now();
+                if state.running.is_some() {
+                    state.waiting_snapshots.push((dest, reply));
+                } else {
+                    let _ = reply.send(snapshot(state, dest).await);
+                }
             }
             SpaceMsg::IdleCheck => {
                 let idle = Duration::from_secs(state.rt.settings.spaces.idle_stop_secs);
@@ -152,6 +170,25 @@ impl Actor for SpaceActor {
         }
         Ok(())
     }
+}
+
+/// Copies the workspace while no turn runs; the actor does not start a turn
+/// until the copy is done, so the copy is consistent with the history id.
+async fn snapshot(state: &SpaceState, dest: PathBuf) -> Result<i64, String> {
+    let space = state.space.to_string();
+    let history_before = state
+        .rt
+        .store
+        .read(move |c| messages::max_id(c, &space))
+        .await
+        .map_err(|e| e.to_string())?
+        + 1;
+    let src = state.rt.paths.workspace(&state.space);
+    tokio::task::spawn_blocking(move || crate::workspace::copy_tree(&src, &dest))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("copying the workspace: {e}"))?;
+    Ok(history_before)
 }
 
 async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {
@@ -240,11 +277,15 @@ async fn run_and_commit(
                     Some(&caller_s),
                     Some(mid),
                 )?;
-                model_chain(tx, &rt2, &space_s)
+                let global = rt2.settings.is_global_admin(&caller_s);
+                let role = crate::perms::resolve_role(tx, &space_s, &caller_s, global)?;
+                let links_act =
+                    crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act))
             })
             .await
     };
-    let chain = match prep {
+    let (chain, links_paragraph) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -264,9 +305,11 @@ async fn run_and_commit(
             space_id: space.to_string(),
             files_dir: workspace,
             history_before: Some(message.id),
+            links_paragraph,
         },
         purpose: Purpose::Turn,
         model_chain: chain,
+        token_role: None,
     };
     let outcome = agent::run_turn(rt, req, cancel).await;
     if outcome.status == TurnStatus::Stopped && !stop_requested.load(Ordering::SeqCst) {

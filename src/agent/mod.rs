@@ -46,6 +46,8 @@ pub struct TurnRequest {
     pub purpose: Purpose,
     /// Model chain to try, in order.
     pub model_chain: Vec<String>,
+    /// A fixed role for the run token (ask turns); `None`: the caller's own role.
+    pub token_role: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,6 +286,9 @@ async fn start_sandbox(
         req.space_id.clone(),
         req.run_id.to_string(),
     );
+    // An ask turn acts with a fixed role and may not write anything (D-016).
+    let read_only = req.kind == RunKind::Ask;
+    let token_role = req.token_role.clone();
     let expires = now_ms() + (rt.settings.turn.timeout_secs as i64 + 60) * 1000;
     let (_id, secret) = rt
         .store
@@ -298,6 +303,8 @@ async fn start_sandbox(
                     label: Some("agent turn"),
                     created_by: Some(crate::ids::SYSTEM_CALLER),
                     expires_at: Some(expires),
+                    role: token_role.as_deref(),
+                    read_only,
                 },
             )
         })

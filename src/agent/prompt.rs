@@ -23,6 +23,8 @@ pub struct PromptInputs {
     pub files_dir: PathBuf,
     /// History is read from messages with an id below this one.
     pub history_before: Option<i64>,
+    /// Add the space-links paragraph (the caller holds `links.act`; D-012).
+    pub links_paragraph: bool,
 }
 
 pub fn platform_block(space_id: &str, now: &str) -> String {
@@ -55,6 +57,10 @@ pub async fn build(
         })
         .await?;
     let mut system = platform_block(&inputs.space_id, &chrono::Utc::now().to_rfc3339());
+    if inputs.links_paragraph {
+        system.push_str("\n\n");
+        system.push_str(crate::links::LINKS_PARAGRAPH);
+    }
     system.push_str("\n\n# Space instructions (AGENTS.md)\n");
     system.push_str(&agents);
     system.push_str("\n\n# Memory (MEMORY.md)\n");

@@ -16,6 +16,7 @@ use super::error::{ApiError, ApiResult};
 use crate::clock::now_ms;
 use crate::host::Host;
 use crate::ids::SpaceId;
+use crate::links::LinkLevel;
 use crate::perms::{self, PermSet};
 use crate::storage::spaces;
 use crate::storage::tokens::{self, TokenKind};
@@ -40,10 +41,21 @@ pub struct SpaceCtx {
     pub perms: PermSet,
 }
 
+/// Set when the request acts in another space through a link (D-011).
+#[derive(Debug, Clone)]
+pub struct Via {
+    pub holder: SpaceId,
+    pub level: LinkLevel,
+    pub edge_id: i64,
+    /// The edge reaches only this conversation of the target.
+    pub conversation: Option<i64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Auth {
     pub caller: Caller,
     pub space: Option<SpaceCtx>,
+    pub via: Option<Via>,
 }
 
 impl Auth {
@@ -103,13 +115,7 @@ pub async fn authenticate(
 ) -> Result<Response, ApiError> {
     let token = bearer(req.headers())?.to_owned();
     let requested = header_str(req.headers(), SPACE_HEADER)?.map(str::to_owned);
-    if header_str(req.headers(), ACT_AS_HEADER)?.is_some() {
-        return Err(ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "act_as_unavailable",
-            "acting in another space needs space links, which this host does not offer yet",
-        ));
-    }
+    let act_as = header_str(req.headers(), ACT_AS_HEADER)?.map(str::to_owned);
     let path = req.uri().path().to_owned();
     let settings = host.rt.settings.clone();
     let auth = host
@@ -167,9 +173,25 @@ pub async fn authenticate(
                     })
                 }
             };
-            Ok(Ok(Auth { caller, space }))
+            Ok(Ok((
+                Auth {
+                    caller,
+                    space,
+                    via: None,
+                },
+                grant.read_only,
+            )))
         })
         .await??;
-    req.extensions_mut().insert(auth);
-    Ok(next.run(req).await)
+    let (auth, read_only) = auth;
+    if read_only && req.method() != axum::http::Method::GET {
+        return Ok(crate::api::ask_guard::refuse(&host, &auth, req).await);
+    }
+    match act_as {
+        None => {
+            req.extensions_mut().insert(auth);
+            Ok(next.run(req).await)
+        }
+        Some(target) => crate::api::act_as::act_as(host, auth, target, req, next).await,
+    }
 }

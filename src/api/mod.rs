@@ -4,6 +4,8 @@
 //! Must never: mutate a space outside that space's actor (writes go through
 //! `SpaceDirectory::apply`), or answer a client error with a 5xx.
 
+mod act_as;
+mod ask_guard;
 pub mod auth;
 pub mod error;
 mod routes;
@@ -89,8 +91,17 @@ pub fn router(host: Arc<Host>) -> Router {
         .route("/api/runs", get(messages::runs))
         .route("/api/tokens", get(tokens::list).post(tokens::create))
         .route("/api/tokens/{id}", delete(tokens::revoke))
+        .route("/api/links", get(links::list).post(links::create))
+        .route("/api/links/audit", get(links::audit))
+        .route(
+            "/api/links/{id}",
+            get(links::inspect)
+                .patch(links::update)
+                .delete(links::revoke),
+        )
         .route("/api/ingress", post(delivery::ingress))
-        .route("/api/chat", post(delivery::chat));
+        .route("/api/chat", post(delivery::chat))
+        .route("/api/ask", post(ask::ask));
     #[cfg(feature = "test-hooks")]
     let api = api.route("/api/test/panic", post(control::inject_panic));
     let api = api.route_layer(middleware::from_fn_with_state(

@@ -136,6 +136,77 @@ pub enum Command {
     /// Agent runs of the space.
     #[command(subcommand)]
     Runs(RunsCmd),
+    /// Space links: which spaces this one may reach or is reached by.
+    #[command(subcommand)]
+    Links(LinksCmd),
+    /// Run one turn of the space's agent on a throwaway copy (use with --space X).
+    Ask {
+        /// The message the agent answers; `-` reads it from stdin.
+        message: String,
+        /// The role the turn runs as.
+        #[arg(long = "as", value_enum, default_value = "member")]
+        as_role: AskRole,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AskRole {
+    Member,
+    Admin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LinkLevelArg {
+    Read,
+    Admin,
+}
+
+impl LinkLevelArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            LinkLevelArg::Read => "read",
+            LinkLevelArg::Admin => "admin",
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LinksCmd {
+    /// Create a link HOLDER -> TARGET (TARGET may be '*'); global admins.
+    Create {
+        holder: String,
+        target: String,
+        #[arg(long, value_enum)]
+        level: LinkLevelArg,
+        /// Also create TARGET -> HOLDER with the same level, in one transaction.
+        #[arg(long)]
+        both: bool,
+        /// Reach only this conversation of the target.
+        #[arg(long, value_name = "ID")]
+        conversation: Option<i64>,
+        /// How and when the target side was told.
+        #[arg(long)]
+        disclosure: Option<String>,
+    },
+    /// Change a link's level or disclosure; global admins.
+    Update {
+        id: i64,
+        #[arg(long, value_enum)]
+        level: Option<LinkLevelArg>,
+        #[arg(long)]
+        disclosure: Option<String>,
+    },
+    /// Revoke a link; global admins.
+    Revoke { id: i64 },
+    /// Links touching this space, with its inbound and outbound reach.
+    List,
+    /// One link.
+    Inspect { id: i64 },
+    /// The audit trail of links touching this space, newest first.
+    Audit {
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: Option<u32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -736,6 +807,59 @@ fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         }
         Command::Runs(RunsCmd::List { limit }) => {
             RequestPlan::get("/api/runs").query("limit", limit.map(|l| l.to_string()))
+        }
+        Command::Links(cmd) => match cmd {
+            LinksCmd::Create {
+                holder,
+                target,
+                level,
+                both,
+                conversation,
+                disclosure,
+            } => {
+                check_space_id("holder", holder)?;
+                if target != "*" {
+                    check_space_id("target", target)?;
+                }
+                RequestPlan::post("/api/links").body(object(vec![
+                    ("holder", Some(json!(holder))),
+                    ("target", Some(json!(target))),
+                    ("level", Some(json!(level.as_str()))),
+                    ("both", both.then_some(json!(true))),
+                    ("conversation_id", conversation.map(|c| json!(c))),
+                    ("disclosure", disclosure.as_ref().map(|d| json!(d))),
+                ]))
+            }
+            LinksCmd::Update {
+                id,
+                level,
+                disclosure,
+            } => {
+                if level.is_none() && disclosure.is_none() {
+                    return Err(UsageError(
+                        "links update needs --level and/or --disclosure".into(),
+                    ));
+                }
+                RequestPlan::new(Method::PATCH, format!("/api/links/{id}")).body(object(vec![
+                    ("level", level.map(|l| json!(l.as_str()))),
+                    ("disclosure", disclosure.as_ref().map(|d| json!(d))),
+                ]))
+            }
+            LinksCmd::Revoke { id } => RequestPlan::new(Method::DELETE, format!("/api/links/{id}")),
+            LinksCmd::List => RequestPlan::get("/api/links"),
+            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
+            LinksCmd::Audit { limit } => {
+                RequestPlan::get("/api/links/audit").query("limit", limit.map(|l| l.to_string()))
+            }
+        },
+        Command::Ask { message, as_role } => {
+            // `-` is read from stdin by the caller before sending.
+            non_empty("the message", message)?;
+            let role = match as_role {
+                AskRole::Member => "member",
+                AskRole::Admin => "admin",
+            };
+            RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
         }
     };
     Ok(p)
@@ -1486,7 +1610,12 @@ fn pick(then: &Then, value: Value) -> Result<Value, Failure> {
 
 /// Replaces a `-` prompt with stdin, before planning, so `plan` stays pure.
 fn read_stdin_args(cli: &mut Cli, stdin: &mut dyn Read) -> Result<(), Failure> {
-    if let Command::Chat { text, .. } = &mut cli.command {
+    let text = match &mut cli.command {
+        Command::Chat { text, .. } => Some(text),
+        Command::Ask { message, .. } => Some(message),
+        _ => None,
+    };
+    if let Some(text) = text {
         if text == "-" {
             let mut buf = String::new();
             stdin.read_to_string(&mut buf).map_err(Failure::Stdin)?;
@@ -1958,6 +2087,48 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 String::new()
             }
         },
+        Command::Links(cmd) => match cmd {
+            LinksCmd::List => {
+                let reach = |key: &str, arrow: &str| -> String {
+                    items(v, key)
+                        .iter()
+                        .map(|r| {
+                            row(&[
+                                arrow.to_owned(),
+                                cell(field(r, "space")),
+                                cell(field(r, "level")),
+                                format!("link {}", cell(field(r, "link_id"))),
+                            ])
+                        })
+                        .collect()
+                };
+                format!(
+                    "{}{}",
+                    reach("outbound", "reaches"),
+                    reach("inbound", "reached by")
+                )
+            }
+            LinksCmd::Audit { .. } => items(v, "audit")
+                .iter()
+                .map(|a| {
+                    row(&[
+                        time_cell(field(a, "at")),
+                        cell(field(a, "caller_id")),
+                        cell(field(a, "action")),
+                        format!(
+                            "{} -> {}",
+                            cell(field(a, "holder_space_id")),
+                            cell(field(a, "target_space_id"))
+                        ),
+                        cell(field(a, "method")),
+                        cell(field(a, "route")),
+                        cell(field(a, "status")),
+                    ])
+                })
+                .collect(),
+            _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
+        },
+        Command::Ask { .. } => render_ask(v),
         Command::Runs(_) => items(v, "runs")
             .iter()
             .map(|r| {
@@ -1976,6 +2147,34 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             .collect(),
     };
     (out, note)
+}
+
+/// `ask`: the reply labelled with the space, then the refusals, then the cost.
+fn render_ask(v: &Value) -> String {
+    let mut out = format!(
+        "[{}] {}\n",
+        cell(field(v, "space_id")),
+        field(v, "reply").as_str().unwrap_or("(no reply)")
+    );
+    let refusals = items(v, "refusals");
+    if refusals.is_empty() {
+        out.push_str("\nrefused writes: none\n");
+    } else {
+        out.push_str("\nrefused writes:\n");
+        for r in refusals {
+            out.push_str(&format!(
+                "- {}\n",
+                field(r, "summary").as_str().unwrap_or_default()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\ntokens: {} in, {} out; cost: {}\n",
+        cell(field(v, "tokens_in")),
+        cell(field(v, "tokens_out")),
+        cell(field(v, "cost"))
+    ));
+    out
 }
 
 /// One table for `config get`: every available key with its value in this

@@ -222,6 +222,7 @@ pub fn max_id(conn: &Connection, space: &str) -> StoreResult<i64> {
 pub fn search(
     conn: &Connection,
     space: &str,
+    conversation: Option<i64>,
     query: &str,
     limit: u32,
 ) -> StoreResult<Vec<Message>> {
@@ -233,9 +234,10 @@ pub fn search(
             .replace('_', "\\_")
     );
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\' ORDER BY id DESC LIMIT ?3"
+        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\'
+           AND (?4 IS NULL OR conversation_id = ?4) ORDER BY id DESC LIMIT ?3"
     ))?;
-    let rows = stmt.query_map(params![space, pattern, limit], from_row)?;
+    let rows = stmt.query_map(params![space, pattern, limit, conversation], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
@@ -263,9 +265,11 @@ impl Cursor {
 
 /// Messages with `since <= created_at < until`, oldest first, after `cursor`.
 /// Returns the page and the cursor of the next page (if more rows may follow).
+#[allow(clippy::too_many_arguments)]
 pub fn recent(
     conn: &Connection,
     space: &str,
+    conversation: Option<i64>,
     since: i64,
     until: i64,
     limit: u32,
@@ -276,10 +280,19 @@ pub fn recent(
         "SELECT {COLS} FROM messages
          WHERE space_id = ?1 AND created_at >= ?2 AND created_at < ?3
            AND (created_at > ?4 OR (created_at = ?4 AND id > ?5))
+           AND (?7 IS NULL OR conversation_id = ?7)
          ORDER BY created_at, id LIMIT ?6"
     ))?;
     let rows = stmt.query_map(
-        params![space, since, until, ca, cid, i64::from(limit) + 1],
+        params![
+            space,
+            since,
+            until,
+            ca,
+            cid,
+            i64::from(limit) + 1,
+            conversation
+        ],
         from_row,
     )?;
     let mut page: Vec<Message> = rows.collect::<Result<_, _>>()?;

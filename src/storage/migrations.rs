@@ -173,6 +173,47 @@ CREATE TABLE outbox (
   last_error TEXT
 );
 "#,
+    // 2: space links (directed edges between spaces) and their audit trail.
+    // No foreign keys to `spaces`: audit rows and link history outlive a
+    // deleted space, and a level outside read/admin must be storable (it denies).
+    r#"
+CREATE TABLE space_links (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  holder_space_id TEXT NOT NULL,
+  target_space_id TEXT NOT NULL,
+  level TEXT NOT NULL,
+  target_conversation_id INTEGER,
+  disclosure TEXT,
+  created_by TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  updated_by TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  revoked_by TEXT,
+  revoked_at INTEGER
+);
+CREATE INDEX space_links_holder ON space_links (holder_space_id, target_space_id) WHERE revoked_at IS NULL;
+CREATE TABLE space_link_audit (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  at INTEGER NOT NULL,
+  caller_id TEXT NOT NULL,
+  action TEXT NOT NULL,
+  holder_space_id TEXT,
+  target_space_id TEXT,
+  link_id INTEGER,
+  level TEXT,
+  method TEXT,
+  route TEXT,
+  body_summary TEXT,
+  status INTEGER,
+  detail TEXT
+);
+CREATE INDEX space_link_audit_spaces ON space_link_audit (holder_space_id, target_space_id, id);
+"#,
+    // 3: run tokens of `ask` turns carry a fixed role and refuse every write.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN role TEXT;
+ALTER TABLE api_tokens ADD COLUMN read_only INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

@@ -10,6 +10,7 @@
 //! create a row as a side effect of a read.
 
 pub mod conversations;
+pub mod links;
 pub mod messages;
 mod migrations;
 pub mod outbox;

@@ -47,6 +47,10 @@ pub struct TokenGrant {
     /// Run tokens are bound to one space and one run.
     pub space_id: Option<String>,
     pub run_id: Option<String>,
+    /// A fixed role in the bound space (ask turns), instead of the caller's own.
+    pub role: Option<String>,
+    /// Every write is refused and recorded (ask turns).
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -81,6 +85,8 @@ pub struct NewToken<'a> {
     pub label: Option<&'a str>,
     pub created_by: Option<&'a str>,
     pub expires_at: Option<i64>,
+    pub role: Option<&'a str>,
+    pub read_only: bool,
 }
 
 /// Stores a new token and returns `(id, secret)`; the secret is not kept.
@@ -88,8 +94,8 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
     let secret = new_secret();
     let id = uuid::Uuid::now_v7().simple().to_string();
     conn.execute(
-        "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, role, read_only)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             id,
             hash_secret(&secret),
@@ -100,7 +106,9 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
             t.label,
             t.created_by,
             now_ms(),
-            t.expires_at
+            t.expires_at,
+            t.role,
+            t.read_only
         ],
     )?;
     Ok((id, secret))
@@ -110,7 +118,7 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
         .query_row(
-            "SELECT id, caller_id, kind, space_id, run_id FROM api_tokens
+            "SELECT id, caller_id, kind, space_id, run_id, role, read_only FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
             |r| {
@@ -120,19 +128,25 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                     r.get::<_, String>(2)?,
                     r.get::<_, Option<String>>(3)?,
                     r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<String>>(5)?,
+                    r.get::<_, bool>(6)?,
                 ))
             },
         )
         .optional()?;
-    Ok(row.and_then(|(id, caller_id, kind, space_id, run_id)| {
-        TokenKind::parse(&kind).map(|kind| TokenGrant {
-            id,
-            caller_id,
-            kind,
-            space_id,
-            run_id,
-        })
-    }))
+    Ok(
+        row.and_then(|(id, caller_id, kind, space_id, run_id, role, read_only)| {
+            TokenKind::parse(&kind).map(|kind| TokenGrant {
+                id,
+                caller_id,
+                kind,
+                space_id,
+                run_id,
+                role,
+                read_only,
+            })
+        }),
+    )
 }
 
 pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
@@ -164,6 +178,12 @@ pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
     if n == 0 {
         return Err(StoreError::NotFound(format!("active token {id}")));
     }
+    Ok(())
+}
+
+/// Deletes the tokens of a run (ask turns leave no row that names the target).
+pub fn delete_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
+    conn.execute("DELETE FROM api_tokens WHERE run_id = ?1", [run_id])?;
     Ok(())
 }
 

@@ -2,5 +2,7 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+mod ask;
 mod common;
+mod links;
 mod smoke;

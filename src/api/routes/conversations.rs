@@ -32,11 +32,15 @@ pub async fn list(
     } else {
         Some(auth.require("spaces.list")?.space.to_string())
     };
-    let list = host
+    let only = auth.via.as_ref().and_then(|v| v.conversation);
+    let list: Vec<_> = host
         .rt
         .store
         .read(move |c| conversations::list(c, scope.as_deref()))
-        .await?;
+        .await?
+        .into_iter()
+        .filter(|c| only.is_none_or(|id| c.id == id))
+        .collect();
     Ok(Json(json!({ "conversations": list })))
 }
 

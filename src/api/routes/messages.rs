@@ -34,10 +34,11 @@ pub async fn search(
         return Err(ApiError::bad_request("limit must be between 1 and 200"));
     }
     let space = ctx.space.to_string();
+    let conv = auth.via.as_ref().and_then(|v| v.conversation);
     let found = host
         .rt
         .store
-        .read(move |c| messages::search(c, &space, &q.q, limit))
+        .read(move |c| messages::search(c, &space, conv, &q.q, limit))
         .await?;
     Ok(Json(json!({ "messages": found })))
 }
@@ -76,10 +77,11 @@ pub async fn recent(
     }
     let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
     let space = ctx.space.to_string();
+    let conv = auth.via.as_ref().and_then(|v| v.conversation);
     let (page, next) = host
         .rt
         .store
-        .read(move |c| messages::recent(c, &space, since, until, limit, cursor))
+        .read(move |c| messages::recent(c, &space, conv, since, until, limit, cursor))
         .await?;
     Ok(Json(json!({
         "space_id": ctx.space,

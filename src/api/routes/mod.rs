@@ -2,9 +2,11 @@
 //! permission with `Auth::require`, read from storage or write through the
 //! space's actor, answer JSON.
 
+pub mod ask;
 pub mod control;
 pub mod conversations;
 pub mod delivery;
+pub mod links;
 pub mod messages;
 pub mod roles;
 pub mod settings;

@@ -68,6 +68,8 @@ pub async fn create(
                     label: b.label.as_deref(),
                     created_by: Some(&by),
                     expires_at,
+                    role: None,
+                    read_only: false,
                 },
             )
         })

@@ -1,0 +1,158 @@
+//! `AskSandbox`: one `ask` (spec D-016), a short-lived supervised actor.
+//!
+//! It asks the target's `SpaceActor` for a consistent copy of the workspace
+//! between two turns, runs one turn of the target's agent on that copy (the
+//! target's instructions, memory, preferences, history and model; a container
+//! labelled `mercury.kind=ask`), and answers with the reply, the list of
+//! refused writes and the cost. Then it stops; the copy goes with it.
+//!
+//! Must never: write in the target (no message, no run row, no token row is
+//! left; only token usage, kind `ask`, is recorded), show the turn anything
+//! of the holder's conversation but the message, or keep the copy.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ractor::{call_t, Actor, ActorProcessingErr, ActorRef};
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::{SpaceDirectory, SpaceMsg, CONTROL_TIMEOUT_MS};
+use crate::agent::{self, prompt::PromptInputs, TurnRequest};
+use crate::ids::{RunId, SpaceId};
+use crate::model::Purpose;
+use crate::runtime::{AskRefusal, Runtime};
+use crate::sandbox::RunKind;
+use crate::storage::tokens;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AskOutcome {
+    pub space_id: String,
+    pub run_id: String,
+    pub status: String,
+    pub reply: Option<String>,
+    pub error: Option<String>,
+    pub refusals: Vec<AskRefusal>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost: f64,
+}
+
+pub struct AskArgs {
+    pub rt: Arc<Runtime>,
+    pub spaces: SpaceDirectory,
+    pub target: SpaceId,
+    pub message: String,
+    /// `member` or `admin`: the role of the turn's run token.
+    pub role: String,
+    pub caller_id: String,
+    pub reply: oneshot::Sender<Result<AskOutcome, String>>,
+}
+
+pub enum AskMsg {
+    Run,
+}
+
+pub struct AskSandbox;
+
+impl Actor for AskSandbox {
+    type Msg = AskMsg;
+    type State = Option<AskArgs>;
+    type Arguments = AskArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AskMsg>,
+        args: AskArgs,
+    ) -> Result<Option<AskArgs>, ActorProcessingErr> {
+        let _ = myself.cast(AskMsg::Run);
+        Ok(Some(args))
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AskMsg>,
+        msg: AskMsg,
+        state: &mut Option<AskArgs>,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AskMsg::Run => {
+                if let Some(args) = state.take() {
+                    let result = run_ask(&args).await;
+                    let _ = args.reply.send(result);
+                }
+                myself.stop(Some("ask done".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
+    let rt = &args.rt;
+    let tmp_root = rt.paths.root.join("tmp");
+    std::fs::create_dir_all(&tmp_root)
+        .map_err(|e| format!("creating {}: {e}", tmp_root.display()))?;
+    // Dropped (and deleted) when this function returns, on every path.
+    let tmp = tempfile::Builder::new()
+        .prefix("ask-")
+        .tempdir_in(&tmp_root)
+        .map_err(|e| format!("creating the ask copy: {e}"))?;
+    let copy: PathBuf = tmp.path().join("work");
+    std::fs::create_dir(&copy).map_err(|e| format!("creating the ask copy: {e}"))?;
+    let actor = args
+        .spaces
+        .actor(args.target.as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    let history_before = call_t!(actor, SpaceMsg::Snapshot, CONTROL_TIMEOUT_MS, copy.clone())
+        .map_err(|e| format!("the space did not give a copy: {e}"))??;
+    let space = args.target.to_string();
+    let chain = {
+        let (rt2, space) = (rt.clone(), space.clone());
+        rt.store
+            .read(move |c| super::space::model_chain(c, &rt2, &space))
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let run_id = RunId::new();
+    let req = TurnRequest {
+        space_id: space.clone(),
+        run_id: run_id.clone(),
+        kind: RunKind::Ask,
+        caller_id: args.caller_id.clone(),
+        trigger_message_id: None,
+        user_text: args.message.clone(),
+        workspace: copy.clone(),
+        prompt: PromptInputs {
+            space_id: space.clone(),
+            files_dir: copy,
+            history_before: Some(history_before),
+            links_paragraph: false,
+        },
+        purpose: Purpose::Ask,
+        model_chain: chain,
+        token_role: Some(args.role.clone()),
+    };
+    let outcome = agent::run_turn(rt, req, CancellationToken::new()).await;
+    let run_s = run_id.to_string();
+    if let Err(e) = rt
+        .store
+        .write(move |tx| tokens::delete_run(tx, &run_s))
+        .await
+    {
+        tracing::error!(error = %e, "could not delete the ask run token");
+    }
+    Ok(AskOutcome {
+        space_id: space,
+        run_id: run_id.to_string(),
+        status: outcome.status.as_str().to_owned(),
+        reply: outcome.reply,
+        error: outcome.error,
+        refusals: rt.take_refusals(run_id.as_str()),
+        tokens_in: outcome.tokens_in,
+        tokens_out: outcome.tokens_out,
+        cost: outcome.cost,
+    })
+}

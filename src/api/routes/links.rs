@@ -1,0 +1,265 @@
+//! Space links administration (D-006, D-007, D-013): global admins create,
+//! update and revoke edges; `links.list` in a space shows the edges that
+//! touch it, its inbound and outbound reach, and its audit trail.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{body, params, Body, Params};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::host::Host;
+use crate::ids::SpaceId;
+use crate::links::LinkLevel;
+use crate::storage::links::{self, AuditRow, NewLink, SpaceLink};
+use crate::storage::{conversations, spaces, StoreError};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLink {
+    holder: String,
+    target: String,
+    level: String,
+    #[serde(default)]
+    both: bool,
+    conversation_id: Option<i64>,
+    disclosure: Option<String>,
+}
+
+fn level(raw: &str) -> ApiResult<LinkLevel> {
+    LinkLevel::parse(raw)
+        .ok_or_else(|| ApiError::bad_request(format!("level {raw:?} must be read or admin")))
+}
+
+fn disclosure(d: Option<String>) -> ApiResult<Option<String>> {
+    match d {
+        Some(d) if d.chars().count() > 2000 => Err(ApiError::bad_request(
+            "disclosure is longer than 2000 characters",
+        )),
+        other => Ok(other),
+    }
+}
+
+fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
+    AuditRow {
+        caller_id: caller.to_owned(),
+        action: action.to_owned(),
+        holder_space_id: Some(link.holder_space_id.clone()),
+        target_space_id: Some(link.target_space_id.clone()),
+        link_id: Some(link.id),
+        level: Some(link.level.clone()),
+        ..Default::default()
+    }
+}
+
+pub async fn create(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<CreateLink>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    let lvl = level(&b.level)?;
+    let holder =
+        SpaceId::parse(&b.holder).map_err(|e| ApiError::bad_request(format!("holder: {e}")))?;
+    let wildcard = b.target == "*";
+    if !wildcard {
+        let target =
+            SpaceId::parse(&b.target).map_err(|e| ApiError::bad_request(format!("target: {e}")))?;
+        if target == holder {
+            return Err(ApiError::bad_request("a space cannot be linked to itself"));
+        }
+    }
+    if wildcard && b.conversation_id.is_some() {
+        return Err(ApiError::bad_request(
+            "a wildcard link (*) takes no conversation filter",
+        ));
+    }
+    if wildcard && b.both {
+        return Err(ApiError::bad_request("--both needs a named target, not *"));
+    }
+    if b.both && b.conversation_id.is_some() {
+        return Err(ApiError::bad_request(
+            "--both cannot carry a conversation filter (it narrows the target end only)",
+        ));
+    }
+    let disclosure = disclosure(b.disclosure)?;
+    let by = auth.caller.caller_id.clone();
+    let (h, t) = (holder.to_string(), b.target.clone());
+    let created = host
+        .rt
+        .store
+        .write(move |tx| {
+            for (what, id) in [("holder", &h), ("target", &t)] {
+                if id != "*" && !spaces::space_exists(tx, id)? {
+                    return Err(StoreError::NotFound(format!("{what} space {id}")));
+                }
+            }
+            if let Some(conv) = b.conversation_id {
+                let c = conversations::get(tx, conv)?
+                    .ok_or_else(|| StoreError::NotFound(format!("conversation {conv}")))?;
+                if c.space_id.as_deref() != Some(t.as_str()) {
+                    return Err(StoreError::Invalid(format!(
+                        "conversation {conv} does not belong to space {t}"
+                    )));
+                }
+            }
+            let mut pairs = vec![(h.clone(), t.clone())];
+            if b.both {
+                pairs.push((t.clone(), h.clone()));
+            }
+            let mut out = Vec::new();
+            for (holder, target) in pairs {
+                let link = links::insert(
+                    tx,
+                    &NewLink {
+                        holder: &holder,
+                        target: &target,
+                        level: lvl.as_str(),
+                        conversation: if holder == h { b.conversation_id } else { None },
+                        disclosure: disclosure.as_deref(),
+                        by: &by,
+                    },
+                )?;
+                links::audit(tx, &audit_row(&by, "create", &link))?;
+                out.push(link);
+            }
+            Ok(out)
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!({ "links": created }))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateLink {
+    level: Option<String>,
+    disclosure: Option<String>,
+}
+
+pub async fn update(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+    b: Body<UpdateLink>,
+) -> ApiResult<Json<Value>> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    if b.level.is_none() && b.disclosure.is_none() {
+        return Err(ApiError::bad_request("give --level and/or --disclosure"));
+    }
+    let lvl = b.level.as_deref().map(level).transpose()?;
+    let disclosure = disclosure(b.disclosure)?;
+    let by = auth.caller.caller_id.clone();
+    let link = host
+        .rt
+        .store
+        .write(move |tx| {
+            let link = links::update(
+                tx,
+                id,
+                lvl.map(LinkLevel::as_str),
+                disclosure.as_deref(),
+                &by,
+            )?;
+            links::audit(tx, &audit_row(&by, "update", &link))?;
+            Ok(link)
+        })
+        .await?;
+    Ok(Json(json!({ "link": link })))
+}
+
+pub async fn revoke(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    auth.require_global_admin()?;
+    let by = auth.caller.caller_id.clone();
+    let link = host
+        .rt
+        .store
+        .write(move |tx| {
+            let link = links::revoke(tx, id, &by)?;
+            links::audit(tx, &audit_row(&by, "revoke", &link))?;
+            Ok(link)
+        })
+        .await?;
+    Ok(Json(json!({ "link": link })))
+}
+
+fn reach_entry(l: &SpaceLink, other: &str) -> Value {
+    json!({"space": other, "level": l.level, "link_id": l.id, "conversation_id": l.target_conversation_id, "wildcard": l.target_space_id == "*"})
+}
+
+pub async fn list(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("links.list")?.space.to_string();
+    let sp = space.clone();
+    let all = host.rt.store.read(move |c| links::touching(c, &sp)).await?;
+    let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
+    let inbound: Vec<Value> = active
+        .iter()
+        .filter(|l| l.holder_space_id != space)
+        .map(|l| reach_entry(l, &l.holder_space_id))
+        .collect();
+    let outbound: Vec<Value> = active
+        .iter()
+        .filter(|l| l.holder_space_id == space)
+        .map(|l| reach_entry(l, &l.target_space_id))
+        .collect();
+    Ok(Json(
+        json!({"space_id": space, "links": all, "inbound": inbound, "outbound": outbound}),
+    ))
+}
+
+pub async fn inspect(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("links.list")?.space.to_string();
+    let link = host
+        .rt
+        .store
+        .read(move |c| links::get(c, id))
+        .await?
+        .filter(|l| {
+            auth.caller.global_admin
+                || l.holder_space_id == space
+                || l.target_space_id == space
+                || l.target_space_id == "*"
+        })
+        .ok_or_else(|| ApiError::not_found(format!("link {id} does not touch this space")))?;
+    Ok(Json(json!({ "link": link })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    limit: Option<u32>,
+}
+
+pub async fn audit(
+    State(host): State<Arc<Host>>,
+    Extension(auth): Extension<Auth>,
+    q: Params<AuditQuery>,
+) -> ApiResult<Json<Value>> {
+    let space = auth.require("links.list")?.space.to_string();
+    let limit = params(q)?.limit.unwrap_or(50);
+    if limit == 0 || limit > 1000 {
+        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
+    }
+    let rows = host
+        .rt
+        .store
+        .read(move |c| links::audit_for(c, &space, limit))
+        .await?;
+    Ok(Json(json!({ "audit": rows })))
+}

@@ -1,0 +1,192 @@
+//! Space links (`space_links`) and their audit trail (`space_link_audit`).
+//!
+//! Must never: delete an audit row, or let a link row be read as a grant
+//! anywhere but `links::resolve_link_grant`.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::{StoreError, StoreResult};
+use crate::clock::now_ms;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SpaceLink {
+    pub id: i64,
+    pub holder_space_id: String,
+    pub target_space_id: String,
+    pub level: String,
+    pub target_conversation_id: Option<i64>,
+    pub disclosure: Option<String>,
+    pub created_by: String,
+    pub created_at: i64,
+    pub updated_by: String,
+    pub updated_at: i64,
+    pub revoked_by: Option<String>,
+    pub revoked_at: Option<i64>,
+}
+
+const COLS: &str = "id, holder_space_id, target_space_id, level, target_conversation_id, disclosure, created_by, created_at, updated_by, updated_at, revoked_by, revoked_at";
+
+fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpaceLink> {
+    Ok(SpaceLink {
+        id: r.get(0)?,
+        holder_space_id: r.get(1)?,
+        target_space_id: r.get(2)?,
+        level: r.get(3)?,
+        target_conversation_id: r.get(4)?,
+        disclosure: r.get(5)?,
+        created_by: r.get(6)?,
+        created_at: r.get(7)?,
+        updated_by: r.get(8)?,
+        updated_at: r.get(9)?,
+        revoked_by: r.get(10)?,
+        revoked_at: r.get(11)?,
+    })
+}
+
+pub struct NewLink<'a> {
+    pub holder: &'a str,
+    pub target: &'a str,
+    pub level: &'a str,
+    pub conversation: Option<i64>,
+    pub disclosure: Option<&'a str>,
+    pub by: &'a str,
+}
+
+pub fn insert(conn: &Connection, l: &NewLink<'_>) -> StoreResult<SpaceLink> {
+    let now = now_ms();
+    conn.execute(
+        "INSERT INTO space_links (holder_space_id, target_space_id, level, target_conversation_id, disclosure, created_by, created_at, updated_by, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?7)",
+        params![l.holder, l.target, l.level, l.conversation, l.disclosure, l.by, now],
+    )?;
+    get(conn, conn.last_insert_rowid())?
+        .ok_or_else(|| StoreError::NotFound("link just created".into()))
+}
+
+pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<SpaceLink>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {COLS} FROM space_links WHERE id = ?1"),
+            [id],
+            from_row,
+        )
+        .optional()?)
+}
+
+/// Active edges from `holder` to `target` or to `*` (never the holder itself).
+pub fn active_edges(conn: &Connection, holder: &str, target: &str) -> StoreResult<Vec<SpaceLink>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM space_links
+         WHERE holder_space_id = ?1 AND (target_space_id = ?2 OR target_space_id = '*')
+           AND revoked_at IS NULL AND ?1 <> ?2"
+    ))?;
+    let rows = stmt.query_map([holder, target], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Every edge (active or revoked) where `space` is the holder, the target, or
+/// reached through a wildcard.
+pub fn touching(conn: &Connection, space: &str) -> StoreResult<Vec<SpaceLink>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLS} FROM space_links
+         WHERE holder_space_id = ?1 OR target_space_id = ?1 OR (target_space_id = '*' AND holder_space_id <> ?1)
+         ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([space], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn update(
+    conn: &Connection,
+    id: i64,
+    level: Option<&str>,
+    disclosure: Option<&str>,
+    by: &str,
+) -> StoreResult<SpaceLink> {
+    let n = conn.execute(
+        "UPDATE space_links SET level = COALESCE(?2, level), disclosure = COALESCE(?3, disclosure), updated_by = ?4, updated_at = ?5
+         WHERE id = ?1 AND revoked_at IS NULL",
+        params![id, level, disclosure, by, now_ms()],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("active link {id}")));
+    }
+    get(conn, id)?.ok_or_else(|| StoreError::NotFound(format!("link {id}")))
+}
+
+pub fn revoke(conn: &Connection, id: i64, by: &str) -> StoreResult<SpaceLink> {
+    let n = conn.execute(
+        "UPDATE space_links SET revoked_by = ?2, revoked_at = ?3 WHERE id = ?1 AND revoked_at IS NULL",
+        params![id, by, now_ms()],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("active link {id}")));
+    }
+    get(conn, id)?.ok_or_else(|| StoreError::NotFound(format!("link {id}")))
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: i64,
+    pub caller_id: String,
+    pub action: String,
+    pub holder_space_id: Option<String>,
+    pub target_space_id: Option<String>,
+    pub link_id: Option<i64>,
+    pub level: Option<String>,
+    pub method: Option<String>,
+    pub route: Option<String>,
+    pub body_summary: Option<String>,
+    pub status: Option<i64>,
+    pub detail: Option<String>,
+}
+
+pub fn audit(conn: &Connection, a: &AuditRow) -> StoreResult<i64> {
+    conn.execute(
+        "INSERT INTO space_link_audit (at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            now_ms(),
+            a.caller_id,
+            a.action,
+            a.holder_space_id,
+            a.target_space_id,
+            a.link_id,
+            a.level,
+            a.method,
+            a.route,
+            a.body_summary,
+            a.status,
+            a.detail
+        ],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// Audit rows where `space` is the holder or the target, newest first.
+pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<AuditRow>> {
+    let mut stmt = conn.prepare(
+        "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail
+         FROM space_link_audit WHERE holder_space_id = ?1 OR target_space_id = ?1 ORDER BY id DESC LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![space, limit], |r| {
+        Ok(AuditRow {
+            id: r.get(0)?,
+            at: r.get(1)?,
+            caller_id: r.get(2)?,
+            action: r.get(3)?,
+            holder_space_id: r.get(4)?,
+            target_space_id: r.get(5)?,
+            link_id: r.get(6)?,
+            level: r.get(7)?,
+            method: r.get(8)?,
+            route: r.get(9)?,
+            body_summary: r.get(10)?,
+            status: r.get(11)?,
+            detail: r.get(12)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
