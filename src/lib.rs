@@ -16,6 +16,7 @@
 //! - [`review`]: conversation review (redaction and its fail-closed gate).
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
+//! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
 
 pub mod actors;
@@ -37,4 +38,5 @@ pub mod runtime;
 pub mod sandbox;
 pub mod schedule;
 pub mod storage;
+pub mod temp_host;
 pub mod workspace;

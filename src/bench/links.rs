@@ -1,0 +1,151 @@
+//! `mercury bench links`: the same read routes served directly in a space and
+//! through a space link (the act-as step: grant resolution, audit row, text
+//! stripping), side by side, as a ratio (target ≤ 1.2×).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hyper::Method;
+use serde_json::json;
+
+use super::percentile;
+use crate::temp_host::TempHost;
+
+pub struct LinksOptions {
+    /// Requests per route and per side.
+    pub requests: usize,
+    /// Messages seeded in the target (the `messages recent` page size is 50).
+    pub messages: usize,
+}
+
+impl Default for LinksOptions {
+    fn default() -> Self {
+        Self {
+            requests: 400,
+            messages: 200,
+        }
+    }
+}
+
+pub struct RouteFigures {
+    pub route: &'static str,
+    pub direct: Vec<Duration>,
+    pub act_as: Vec<Duration>,
+}
+
+impl RouteFigures {
+    pub fn ratio_p50(&self) -> f64 {
+        let d = percentile(&self.direct, 50.0).as_secs_f64();
+        let a = percentile(&self.act_as, 50.0).as_secs_f64();
+        if d > 0.0 {
+            a / d
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+pub async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
+    let host = TempHost::start(r#"{"rules":[{"reply":"ok"}]}"#, "process").await?;
+    let owner = host.connection(None);
+    for id in ["mgmt", "client"] {
+        host.ok(&owner, Method::POST, "/api/spaces", Some(json!({"id": id}))).await?;
+    }
+    let in_mgmt = host.connection(Some("mgmt"));
+    host.ok(&in_mgmt, Method::POST, "/api/roles", Some(json!({"caller_id": "alice", "role": "admin"})))
+        .await?;
+    let alice = host
+        .ok(&owner, Method::POST, "/api/tokens", Some(json!({"caller_id": "alice"})))
+        .await?["token"]
+        .as_str()
+        .context("token")?
+        .to_owned();
+    host.ok(
+        &owner,
+        Method::POST,
+        "/api/links",
+        Some(json!({"holder": "mgmt", "target": "client", "level": "read"})),
+    )
+    .await?;
+    seed(&host, opts.messages)?;
+    let client = reqwest::Client::builder().build()?;
+    let mut out = Vec::new();
+    for route in ["/api/prefs", "/api/messages/recent?since=1h&limit=50"] {
+        let mut fig = RouteFigures {
+            route,
+            direct: Vec::with_capacity(opts.requests),
+            act_as: Vec::with_capacity(opts.requests),
+        };
+        let url = format!("{}{route}", host.url);
+        // Warm both paths, then alternate so drift on a shared machine hits both sides alike.
+        for i in 0..opts.requests + 20 {
+            let direct = client
+                .get(&url)
+                .bearer_auth(&host.owner_token)
+                .header("x-mercury-space", "client");
+            let linked = client
+                .get(&url)
+                .bearer_auth(&alice)
+                .header("x-mercury-space", "mgmt")
+                .header("x-mercury-act-as", "client");
+            let (d, a) = if i % 2 == 0 {
+                (timed(direct).await?, timed(linked).await?)
+            } else {
+                let a = timed(linked).await?;
+                (timed(direct).await?, a)
+            };
+            if i >= 20 {
+                fig.direct.push(d);
+                fig.act_as.push(a);
+            }
+        }
+        fig.direct.sort();
+        fig.act_as.sort();
+        out.push(fig);
+    }
+    host.stop().await?;
+    Ok(out)
+}
+
+async fn timed(req: reqwest::RequestBuilder) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let resp = req.send().await?;
+    let status = resp.status();
+    let _ = resp.bytes().await?;
+    anyhow::ensure!(status.is_success(), "bench request answered {status}");
+    Ok(t.elapsed())
+}
+
+fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {
+    let mut db = rusqlite::Connection::open(host.data.join("state.db"))?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    let tx = db.transaction()?;
+    let now = crate::clock::now_ms();
+    for i in 0..n {
+        tx.execute(
+            "INSERT INTO messages (space_id, role, text, sender_id, created_at) VALUES ('client', 'user', ?1, 'test:c', ?2)",
+            rusqlite::params![format!("message {i} with a little text in it"), now - (n - i) as i64],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+pub fn print(figs: &[RouteFigures]) {
+    println!("bench links: the same read route, direct vs through a space link (act-as)");
+    for f in figs {
+        println!(
+            "  {:<42} direct p50 {:>8.3} ms p99 {:>8.3} ms | act-as p50 {:>8.3} ms p99 {:>8.3} ms | ratio p50 {:.2}x (target <= 1.20x)",
+            f.route,
+            ms(percentile(&f.direct, 50.0)),
+            ms(percentile(&f.direct, 99.0)),
+            ms(percentile(&f.act_as, 50.0)),
+            ms(percentile(&f.act_as, 99.0)),
+            f.ratio_p50()
+        );
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
