@@ -92,7 +92,7 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
     };
     let every = Duration::from_secs(rt.settings.sandbox.sweep_interval_secs);
     loop {
-        match sweep_orphans(backend.docker(), &rt.instance_id, &rt.live_run_ids()).await {
+        match sweep_orphans(backend.docker(), &rt.instance_id, || rt.live_run_ids()).await {
             Ok(removed) if !removed.is_empty() => {
                 tracing::warn!(
                     count = removed.len(),

@@ -561,16 +561,22 @@ impl Drop for DockerSession {
     }
 }
 
-/// Removes this instance's containers whose run is not in `live_runs`;
+/// Removes this instance's containers whose run is not among `live_runs()`;
 /// returns the removed container ids.
 ///
 /// The engine filters on `mercury.instance=<instance_id>` and every result is
 /// checked again here, so a container without our label is never touched.
 /// An empty instance id is refused: it would mean "no filter".
+///
+/// `live_runs` is asked only after the listing: a run is live before it
+/// creates its container, so every listed container of a run that is still
+/// going is in that later set. A set taken before the listing would miss a
+/// run that started in between and sweep its brand-new container (the
+/// start-up sweep runs while resumed turns start).
 pub async fn sweep_orphans(
     docker: &Docker,
     instance_id: &str,
-    live_runs: &HashSet<String>,
+    live_runs: impl Fn() -> HashSet<String>,
 ) -> Result<Vec<String>, SandboxError> {
     if instance_id.trim().is_empty() {
         return Err(SandboxError::Engine(
@@ -587,6 +593,7 @@ pub async fn sweep_orphans(
         SandboxError::Engine(format!("listing containers of instance {instance_id}: {e}"))
     })?;
 
+    let live_runs = live_runs();
     let mut removed = Vec::new();
     for container in containers {
         let Some(id) = container.id else { continue };
@@ -1490,7 +1497,7 @@ mod tests {
                 std::mem::forget(dead); // as after a crash: no close, no drop
 
                 let live_runs = HashSet::from(["r-live".to_string()]);
-                let removed = sweep_orphans(&fx.docker, &fx.instance, &live_runs)
+                let removed = sweep_orphans(&fx.docker, &fx.instance, || live_runs.clone())
                     .await
                     .expect("sweep");
                 assert_eq!(removed, vec![dead_id]);
@@ -1504,10 +1511,12 @@ mod tests {
                     assert_eq!(info.state.and_then(|s| s.running), Some(true));
                 }
                 // Nothing left to sweep the second time.
-                assert!(sweep_orphans(&fx.docker, &fx.instance, &live_runs)
-                    .await
-                    .expect("sweep again")
-                    .is_empty());
+                assert!(
+                    sweep_orphans(&fx.docker, &fx.instance, || live_runs.clone())
+                        .await
+                        .expect("sweep again")
+                        .is_empty()
+                );
                 live.close().await.expect("close");
             })
             .await;
@@ -1517,7 +1526,7 @@ mod tests {
     async fn sweep_without_an_instance_id_is_refused() {
         let docker = engine().await;
         for empty in ["", "   "] {
-            let err = sweep_orphans(&docker, empty, &HashSet::new())
+            let err = sweep_orphans(&docker, empty, HashSet::new)
                 .await
                 .expect_err("must refuse");
             assert!(err.to_string().contains("instance id"), "{err}");
