@@ -2,6 +2,7 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+mod bench_sandbox;
 mod common;
 mod docker_turns;
 mod smoke;
