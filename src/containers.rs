@@ -49,6 +49,13 @@ pub async fn docker_backend(
     settings: &Settings,
     _paths: &DataPaths,
 ) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    Ok(Arc::new(connect_docker(settings).await?))
+}
+
+/// The concrete backend behind [`docker_backend`]: the engine connection
+/// plus the image from `sandbox.image`, or the locally built agent image
+/// (built when absent). `mercury bench sandbox` uses it directly.
+pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend> {
     let probe = DockerBackend::connect(String::new()).await?;
     let image = if settings.sandbox.image.is_empty() {
         let mrctl = mrctl_path()?;
@@ -59,10 +66,7 @@ pub async fn docker_backend(
     } else {
         settings.sandbox.image.clone()
     };
-    Ok(Arc::new(DockerBackend::with_client(
-        probe.docker().clone(),
-        image,
-    )))
+    Ok(DockerBackend::with_client(probe.docker().clone(), image))
 }
 
 /// `mercury image build`: builds the image and prints its tag.
@@ -92,7 +96,7 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
     };
     let every = Duration::from_secs(rt.settings.sandbox.sweep_interval_secs);
     loop {
-        match sweep_orphans(backend.docker(), &rt.instance_id, &rt.live_run_ids()).await {
+        match sweep_orphans(backend.docker(), &rt.instance_id, || rt.live_run_ids()).await {
             Ok(removed) if !removed.is_empty() => {
                 tracing::warn!(
                     count = removed.len(),

@@ -15,13 +15,25 @@ pub async fn run(keep: bool) -> anyhow::Result<()> {
     let host = TempHost::start(DEMO_MODEL, "auto").await?;
     let conn = host.connection(None);
     let v = host
-        .ok(&conn, Method::POST, "/api/spaces", Some(json!({"id": "demo", "name": "Demo space"})))
+        .ok(
+            &conn,
+            Method::POST,
+            "/api/spaces",
+            Some(json!({"id": "demo", "name": "Demo space"})),
+        )
         .await?;
     println!("space created: {}", v["space"]);
     let conn = host.connection(Some("demo"));
     for text in ["hello", "please note that the demo works"] {
         println!("\nyou: {text}");
-        let v = host.ok(&conn, Method::POST, "/api/chat", Some(json!({"text": text}))).await?;
+        let v = host
+            .ok(
+                &conn,
+                Method::POST,
+                "/api/chat",
+                Some(json!({"text": text})),
+            )
+            .await?;
         if v["status"] != "done" {
             bail!("the turn ended with status {}: {v}", v["status"]);
         }
@@ -30,7 +42,11 @@ pub async fn run(keep: bool) -> anyhow::Result<()> {
     let note = host.data.join("spaces/demo/note.txt");
     let written = std::fs::read_to_string(&note)
         .with_context(|| format!("the tool call should have written {}", note.display()))?;
-    println!("\nthe agent's tool call wrote {}: {:?}", note.display(), written.trim());
+    println!(
+        "\nthe agent's tool call wrote {}: {:?}",
+        note.display(),
+        written.trim()
+    );
     let runs = host.ok(&conn, Method::GET, "/api/runs", None).await?;
     for r in runs["runs"].as_array().into_iter().flatten() {
         println!(

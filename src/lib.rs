@@ -17,11 +17,13 @@
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
 //! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
+//! - [`bench`]: `mercury bench …`, product paths timed beside a baseline.
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
 
 pub mod actors;
 pub mod agent;
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

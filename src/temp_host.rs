@@ -38,8 +38,14 @@ impl TempHost {
             l.local_addr()?.port()
         };
         let config = std::fs::read_to_string(data.join("mercury.yaml"))?
-            .replace("model: \"openai:gpt-4o-mini\"", &format!("model: \"scripted:{}\"", model.display()))
-            .replace("bind: \"127.0.0.1:8787\"", &format!("bind: \"127.0.0.1:{port}\""))
+            .replace(
+                "model: \"openai:gpt-4o-mini\"",
+                &format!("model: \"scripted:{}\"", model.display()),
+            )
+            .replace(
+                "bind: \"127.0.0.1:8787\"",
+                &format!("bind: \"127.0.0.1:{port}\""),
+            )
             .replace("  backend: auto ", &format!("  backend: {sandbox} "));
         std::fs::write(data.join("mercury.yaml"), config)?;
         let shutdown = CancellationToken::new();
@@ -47,7 +53,9 @@ impl TempHost {
             let (data, shutdown) = (data.clone(), shutdown.clone());
             async move { crate::host::serve(&data, None, shutdown).await }
         });
-        let owner_token = std::fs::read_to_string(data.join("global/owner.token"))?.trim().to_owned();
+        let owner_token = std::fs::read_to_string(data.join("global/owner.token"))?
+            .trim()
+            .to_owned();
         let host = TempHost {
             dir: Some(dir),
             data,
@@ -83,7 +91,13 @@ impl TempHost {
     }
 
     /// Sends a request and insists on a 2xx answer.
-    pub async fn ok(&self, conn: &Connection, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+    pub async fn ok(
+        &self,
+        conn: &Connection,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
         let (st, v) = request(conn, method.clone(), path, body)
             .await
             .with_context(|| format!("{method} {path}"))?;

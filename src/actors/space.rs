@@ -432,17 +432,16 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
     let space = state.space.to_string();
     match action {
         ControlAction::Stop => {
-            let stopped = if let Some(r) = &state.running {
+            let running = state.running.as_ref().map(|r| {
                 r.stop_requested.store(true, Ordering::SeqCst);
                 r.cancel.cancel();
-                true
-            } else {
-                false
-            };
+                r.message_id
+            });
+            let stopped = running.is_some();
             let dropped = state
                 .rt
                 .store
-                .write(move |tx| messages::drop_pending(tx, &space))
+                .write(move |tx| messages::drop_pending(tx, &space, running))
                 .await
                 .map_err(|e| e.to_string())?;
             for id in &dropped {

@@ -163,8 +163,14 @@ pub async fn authenticate(
                             "space {id} does not exist"
                         ))));
                     }
-                    let role =
-                        perms::resolve_role(c, id.as_str(), &caller.caller_id, global_admin)?;
+                    let role = {
+                        // A turn acts with its user's role: a global admin's
+                        // turn is admin in its space (but not a global admin).
+                        let admin_here = global_admin
+                            || (grant.kind == TokenKind::Run
+                                && settings.is_global_admin(&grant.caller_id));
+                        perms::resolve_role(c, id.as_str(), &caller.caller_id, admin_here)?
+                    };
                     let perms = perms::role_permissions(c, id.as_str(), &role)?;
                     Some(SpaceCtx {
                         space: id,

@@ -42,11 +42,14 @@ fn median(v: &mut [Duration]) -> Duration {
 }
 
 pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
-    let tmp = tempfile::Builder::new().prefix("mercury-bench-ask-").tempdir()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("mercury-bench-ask-")
+        .tempdir()?;
     let src = tmp.path().join("workspace");
     let bytes = generate(&src, opts.files, opts.file_bytes)?;
     let backend: Arc<dyn SandboxBackend> =
-        crate::containers::docker_backend(&Settings::default(), &DataPaths::new(tmp.path())).await?;
+        crate::containers::docker_backend(&Settings::default(), &DataPaths::new(tmp.path()))
+            .await?;
     let mut figs = AskFigures {
         cp_a: Vec::new(),
         copy: Vec::new(),
@@ -57,7 +60,12 @@ pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
     for i in 0..opts.runs {
         let dst = tmp.path().join(format!("cp-{i}"));
         let t = Instant::now();
-        let st = tokio::process::Command::new("cp").arg("-a").arg(&src).arg(&dst).status().await?;
+        let st = tokio::process::Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(&dst)
+            .status()
+            .await?;
         anyhow::ensure!(st.success(), "cp -a failed");
         figs.cp_a.push(t.elapsed());
         let dst = tmp.path().join(format!("ask-{i}"));
@@ -77,7 +85,10 @@ pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
             limits: SandboxLimits::default(),
         };
         let t2 = Instant::now();
-        let session = backend.start(spec).await.context("starting the ask container")?;
+        let session = backend
+            .start(spec)
+            .await
+            .context("starting the ask container")?;
         let out = session
             .exec(ExecRequest {
                 argv: vec!["true".into()],
@@ -118,9 +129,18 @@ pub fn print(f: &mut AskFigures) {
         f.bytes / 1_000_000,
         f.total.len()
     );
-    println!("  cp -a (baseline)            {:>9.1} ms", cp.as_secs_f64() * 1e3);
-    println!("  ask copy                    {:>9.1} ms", copy.as_secs_f64() * 1e3);
-    println!("  ask container ready (exec)  {:>9.1} ms", container.as_secs_f64() * 1e3);
+    println!(
+        "  cp -a (baseline)            {:>9.1} ms",
+        cp.as_secs_f64() * 1e3
+    );
+    println!(
+        "  ask copy                    {:>9.1} ms",
+        copy.as_secs_f64() * 1e3
+    );
+    println!(
+        "  ask container ready (exec)  {:>9.1} ms",
+        container.as_secs_f64() * 1e3
+    );
     println!(
         "  ask start total             {:>9.1} ms   ratio {:.2}x of cp -a (target <= 1.00x); copy alone {:.2}x",
         total.as_secs_f64() * 1e3,

@@ -49,13 +49,24 @@ pub async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
     let host = TempHost::start(r#"{"rules":[{"reply":"ok"}]}"#, "process").await?;
     let owner = host.connection(None);
     for id in ["mgmt", "client"] {
-        host.ok(&owner, Method::POST, "/api/spaces", Some(json!({"id": id}))).await?;
+        host.ok(&owner, Method::POST, "/api/spaces", Some(json!({"id": id})))
+            .await?;
     }
     let in_mgmt = host.connection(Some("mgmt"));
-    host.ok(&in_mgmt, Method::POST, "/api/roles", Some(json!({"caller_id": "alice", "role": "admin"})))
-        .await?;
+    host.ok(
+        &in_mgmt,
+        Method::POST,
+        "/api/roles",
+        Some(json!({"caller_id": "alice", "role": "admin"})),
+    )
+    .await?;
     let alice = host
-        .ok(&owner, Method::POST, "/api/tokens", Some(json!({"caller_id": "alice"})))
+        .ok(
+            &owner,
+            Method::POST,
+            "/api/tokens",
+            Some(json!({"caller_id": "alice"})),
+        )
         .await?["token"]
         .as_str()
         .context("token")?

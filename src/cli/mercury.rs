@@ -1,5 +1,5 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `review redact|gate`. Data goes to stdout, diagnostics to stderr.
+//! `bench sandbox`, `review redact|gate`. Data goes to stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
 //! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
@@ -50,6 +50,11 @@ enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
+    /// Benchmarks: a product path beside its baseline, medians and ratio.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Conversation review tools.
     Review {
         #[command(subcommand)]
@@ -66,6 +71,29 @@ enum ImageCommand {
         mrctl: Option<PathBuf>,
         #[arg(long, default_value = "/bin/busybox")]
         busybox: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Container create to first exec answered (bollard) beside `docker run --rm IMAGE true`.
+    Sandbox {
+        /// Measured runs of each path (after one warm-up run).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        runs: u16,
+    },
+    /// The same read routes direct and through a space link (act-as), side by side.
+    Links {
+        /// Requests per route and side.
+        #[arg(long, default_value_t = 400)]
+        requests: usize,
+    },
+    /// `ask` start (workspace copy + container ready) on a 100 MB / 10,000-file workspace beside `cp -a`.
+    Ask {
+        #[arg(long, default_value_t = 10_000)]
+        files: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
 }
 
@@ -157,6 +185,55 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Command::Bench {
+            command: BenchCommand::Sandbox { runs },
+        } => match crate::bench::sandbox::run(usize::from(runs)).await {
+            Ok(figures) => {
+                print!("{}", crate::bench::sandbox::report(&figures));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury bench sandbox: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Bench {
+            command: BenchCommand::Links { requests },
+        } => {
+            let opts = crate::bench::links::LinksOptions {
+                requests,
+                ..Default::default()
+            };
+            match crate::bench::links::run(&opts).await {
+                Ok(figs) => {
+                    crate::bench::links::print(&figs);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench links: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Bench {
+            command: BenchCommand::Ask { files, runs },
+        } => {
+            let opts = crate::bench::ask::AskOptions {
+                files,
+                runs,
+                ..Default::default()
+            };
+            match crate::bench::ask::run(&opts).await {
+                Ok(mut figs) => {
+                    crate::bench::ask::print(&mut figs);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench ask: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Review { command } => review(command),
     }
 }

@@ -52,6 +52,12 @@ const PROOF_TIMEOUT: Duration = Duration::from_secs(30);
 /// recorded the exit code (it can lag the end of the stream by a moment).
 const EXIT_POLL: Duration = Duration::from_millis(10);
 
+/// How long a command that died by a signal waits to learn whether its
+/// container died too (see `DockerSession::stops_within`). Only such commands
+/// pay it; a container that did die usually shows it within milliseconds.
+const DEATH_SETTLE: Duration = Duration::from_secs(2);
+const DEATH_POLL: Duration = Duration::from_millis(25);
+
 /// The instance id for a data dir: the first 16 hex of sha256 of its
 /// canonical path. Two hosts on one engine with different data dirs never
 /// sweep each other's containers; one data dir keeps its id across restarts.
@@ -443,7 +449,7 @@ impl DockerSession {
         };
         // No code, or death by signal, may mean the container itself died
         // under the command (killed from outside, OOM of the whole cgroup).
-        if exit_code.is_none_or(|code| code >= 128) && !self.is_running().await? {
+        if exit_code.is_none_or(|code| code >= 128) && self.stops_within(DEATH_SETTLE).await? {
             return Err(SandboxError::Gone(format!(
                 "container {id} stopped while running {:?}",
                 req.argv
@@ -495,6 +501,23 @@ impl DockerSession {
         }
     }
 
+    /// Whether the container is seen stopped within `budget`. The engine
+    /// ends an exec's stream (and records its exit code) before it updates
+    /// the state of a container that was killed under it, so one look right
+    /// after the exec would still see it running.
+    async fn stops_within(&self, budget: Duration) -> Result<bool, SandboxError> {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            if !self.is_running().await? {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(DEATH_POLL).await;
+        }
+    }
+
     async fn is_running(&self) -> Result<bool, SandboxError> {
         match self.docker.inspect_container(&self.id, None).await {
             Ok(info) => Ok(info.state.and_then(|s| s.running) == Some(true)),
@@ -538,16 +561,22 @@ impl Drop for DockerSession {
     }
 }
 
-/// Removes this instance's containers whose run is not in `live_runs`;
+/// Removes this instance's containers whose run is not among `live_runs()`;
 /// returns the removed container ids.
 ///
 /// The engine filters on `mercury.instance=<instance_id>` and every result is
 /// checked again here, so a container without our label is never touched.
 /// An empty instance id is refused: it would mean "no filter".
+///
+/// `live_runs` is asked only after the listing: a run is live before it
+/// creates its container, so every listed container of a run that is still
+/// going is in that later set. A set taken before the listing would miss a
+/// run that started in between and sweep its brand-new container (the
+/// start-up sweep runs while resumed turns start).
 pub async fn sweep_orphans(
     docker: &Docker,
     instance_id: &str,
-    live_runs: &HashSet<String>,
+    live_runs: impl Fn() -> HashSet<String>,
 ) -> Result<Vec<String>, SandboxError> {
     if instance_id.trim().is_empty() {
         return Err(SandboxError::Engine(
@@ -564,6 +593,7 @@ pub async fn sweep_orphans(
         SandboxError::Engine(format!("listing containers of instance {instance_id}: {e}"))
     })?;
 
+    let live_runs = live_runs();
     let mut removed = Vec::new();
     for container in containers {
         let Some(id) = container.id else { continue };
@@ -1091,6 +1121,79 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_command_killed_by_a_signal_in_a_live_container_is_an_exit_code() {
+        Fixture::new()
+            .await
+            .run(|fx| async move {
+                let session = fx
+                    .backend
+                    .start(fx.spec("r-self-kill"))
+                    .await
+                    .expect("start");
+                let out = session
+                    .exec(req(&["sh", "-c", "kill -9 $$"]))
+                    .await
+                    .expect("an outcome: the container is alive");
+                assert_eq!(out.exit_code, 137, "{out:?}");
+                assert_eq!(
+                    session
+                        .exec(req(&["true"]))
+                        .await
+                        .expect("still usable")
+                        .exit_code,
+                    0
+                );
+                session.close().await.expect("close");
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_container_killed_while_its_exec_runs_makes_that_exec_gone() {
+        Fixture::new()
+            .await
+            .run(|fx| async move {
+                let session = fx
+                    .backend
+                    .start(fx.spec("r-killed-mid"))
+                    .await
+                    .expect("start");
+                let session: Arc<dyn SandboxSession> = Arc::from(session);
+                let running = tokio::spawn({
+                    let session = session.clone();
+                    async move {
+                        session
+                            .exec(req(&["sh", "-c", "touch started; sleep 600"]))
+                            .await
+                    }
+                });
+                let marker = fx.workspace.path().join("started");
+                for _ in 0..600 {
+                    if marker.exists() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                assert!(marker.exists(), "the exec never started");
+                fx.docker
+                    .kill_container(
+                        session.id(),
+                        None::<bollard::query_parameters::KillContainerOptions>,
+                    )
+                    .await
+                    .expect("kill");
+                let result = tokio::time::timeout(Duration::from_secs(60), running)
+                    .await
+                    .expect("the exec ends with its container")
+                    .expect("exec task");
+                // Not "exit code 137" from a live sandbox: the sandbox died.
+                assert!(matches!(result, Err(SandboxError::Gone(_))), "{result:?}");
+                session.close().await.expect("close");
+            })
+            .await;
+    }
+
+    #[tokio::test]
     async fn inspect_shows_labels_limits_lockdown_user_and_exact_mounts() {
         Fixture::new()
             .await
@@ -1394,7 +1497,7 @@ mod tests {
                 std::mem::forget(dead); // as after a crash: no close, no drop
 
                 let live_runs = HashSet::from(["r-live".to_string()]);
-                let removed = sweep_orphans(&fx.docker, &fx.instance, &live_runs)
+                let removed = sweep_orphans(&fx.docker, &fx.instance, || live_runs.clone())
                     .await
                     .expect("sweep");
                 assert_eq!(removed, vec![dead_id]);
@@ -1408,10 +1511,12 @@ mod tests {
                     assert_eq!(info.state.and_then(|s| s.running), Some(true));
                 }
                 // Nothing left to sweep the second time.
-                assert!(sweep_orphans(&fx.docker, &fx.instance, &live_runs)
-                    .await
-                    .expect("sweep again")
-                    .is_empty());
+                assert!(
+                    sweep_orphans(&fx.docker, &fx.instance, || live_runs.clone())
+                        .await
+                        .expect("sweep again")
+                        .is_empty()
+                );
                 live.close().await.expect("close");
             })
             .await;
@@ -1421,7 +1526,7 @@ mod tests {
     async fn sweep_without_an_instance_id_is_refused() {
         let docker = engine().await;
         for empty in ["", "   "] {
-            let err = sweep_orphans(&docker, empty, &HashSet::new())
+            let err = sweep_orphans(&docker, empty, HashSet::new)
                 .await
                 .expect_err("must refuse");
             assert!(err.to_string().contains("instance id"), "{err}");

@@ -167,16 +167,19 @@ pub fn set_status(
     Ok(())
 }
 
-/// Marks every pending message of a space `dropped` (control stop); returns their ids.
-pub fn drop_pending(conn: &Connection, space: &str) -> StoreResult<Vec<i64>> {
-    let mut stmt =
-        conn.prepare("SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending'")?;
+/// Marks the pending messages of a space `dropped` (control stop) and
+/// returns their ids. `running` (the message whose turn is being stopped)
+/// stays pending: its own turn settles it as `stopped` and records the run.
+pub fn drop_pending(conn: &Connection, space: &str, running: Option<i64>) -> StoreResult<Vec<i64>> {
+    let mut stmt = conn.prepare(
+        "SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending' AND id IS NOT ?2",
+    )?;
     let ids: Vec<i64> = stmt
-        .query_map([space], |r| r.get(0))?
+        .query_map(params![space, running], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     conn.execute(
-        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending'",
-        [space],
+        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending' AND id IS NOT ?2",
+        params![space, running],
     )?;
     Ok(ids)
 }

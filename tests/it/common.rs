@@ -19,6 +19,9 @@ pub struct HostOptions {
     pub sandbox: &'static str,
     /// Extra config keys as dotted paths, e.g. ("ingress.auto_space", false).
     pub config: Vec<(&'static str, Yaml)>,
+    /// Extra environment of a child-process host (`start_process` only: an
+    /// in-process host shares the test's environment).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Default for HostOptions {
@@ -27,6 +30,7 @@ impl Default for HostOptions {
             model: json!({"rules": [{"reply": "ok"}]}),
             sandbox: "process",
             config: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -40,6 +44,8 @@ pub struct TestHost {
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     child: Option<Child>,
+    /// The child-process host's extra environment, kept for restarts.
+    env: Vec<(&'static str, String)>,
 }
 
 pub fn free_port() -> u16 {
@@ -96,6 +102,10 @@ pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
 impl TestHost {
     /// A host running inside this test process.
     pub async fn start(opts: HostOptions) -> TestHost {
+        assert!(
+            opts.env.is_empty(),
+            "HostOptions::env applies to start_process only"
+        );
         let (dir, data, port) = prepare(&opts).await;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
@@ -110,8 +120,9 @@ impl TestHost {
     /// A host running as a child process (`mercury serve`), for crash tests.
     pub async fn start_process(opts: HostOptions) -> TestHost {
         let (dir, data, port) = prepare(&opts).await;
-        let child = spawn_serve(&data);
-        let host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+        let child = spawn_serve(&data, &opts.env);
+        let mut host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+        host.env = opts.env;
         host.wait_ready().await;
         host
     }
@@ -140,6 +151,7 @@ impl TestHost {
             shutdown,
             task,
             child,
+            env: Vec::new(),
         }
     }
 
@@ -165,7 +177,7 @@ impl TestHost {
 
     /// Starts the child-process host again on the same data dir.
     pub async fn restart_process(&mut self) {
-        self.child = Some(spawn_serve(&self.data));
+        self.child = Some(spawn_serve(&self.data, &self.env));
         self.wait_ready().await;
     }
 
@@ -442,8 +454,9 @@ impl Drop for TestHost {
     }
 }
 
-fn spawn_serve(data: &Path) -> Child {
+fn spawn_serve(data: &Path, env: &[(&'static str, String)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .arg("serve")
         .arg("--data-dir")
         .arg(data)

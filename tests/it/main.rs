@@ -3,6 +3,8 @@
 //! module says so) through its public interfaces.
 
 mod ask;
+mod bench_sandbox;
 mod common;
+mod docker_turns;
 mod links;
 mod smoke;
