@@ -40,10 +40,39 @@ fn no_grant(target: &str) -> ApiError {
     ))
 }
 
+/// What the act-as step needs from the database, read in the same
+/// connection checkout as the caller's token (one read per request).
+pub struct ActAsLookup {
+    exists: bool,
+    grant: Option<links::LinkGrant>,
+    target_perms: perms::PermSet,
+}
+
+/// Reads the target's existence, the grant and the target's admin set.
+pub fn lookup(
+    c: &rusqlite::Connection,
+    holder: &str,
+    target: &str,
+) -> crate::storage::StoreResult<ActAsLookup> {
+    if !spaces::space_exists(c, target)? {
+        return Ok(ActAsLookup {
+            exists: false,
+            grant: None,
+            target_perms: Default::default(),
+        });
+    }
+    Ok(ActAsLookup {
+        exists: true,
+        grant: links::resolve_link_grant(c, holder, target)?,
+        target_perms: perms::role_permissions(c, target, ROLE_ADMIN)?,
+    })
+}
+
 pub async fn act_as(
     host: Arc<Host>,
     auth: Auth,
     target_raw: String,
+    lookup: Option<ActAsLookup>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -73,19 +102,11 @@ pub async fn act_as(
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
     let route: Option<&'static ActAsRoute> = links::find_route(&method, &path);
-    let (h, t) = (holder.space.to_string(), target.to_string());
-    let (exists, grant, target_perms) = host
-        .rt
-        .store
-        .read(move |c| {
-            if !spaces::space_exists(c, &t)? {
-                return Ok((false, None, Default::default()));
-            }
-            let grant = links::resolve_link_grant(c, &h, &t)?;
-            let perms = perms::role_permissions(c, &t, ROLE_ADMIN)?;
-            Ok((true, grant, perms))
-        })
-        .await?;
+    let ActAsLookup {
+        exists,
+        grant,
+        target_perms,
+    } = lookup.ok_or_else(|| no_grant(target.as_str()))?;
     if !exists {
         return Err(no_grant(target.as_str()));
     }

@@ -118,6 +118,7 @@ pub async fn authenticate(
     let act_as = header_str(req.headers(), ACT_AS_HEADER)?.map(str::to_owned);
     let path = req.uri().path().to_owned();
     let settings = host.rt.settings.clone();
+    let act_as_target = act_as.clone();
     let auth = host
         .rt
         .store
@@ -179,6 +180,13 @@ pub async fn authenticate(
                     })
                 }
             };
+            // The act-as step's reads share this checkout (one read per request).
+            let lookup = match (&space, act_as_target.as_deref().map(SpaceId::parse)) {
+                (Some(h), Some(Ok(t))) => {
+                    Some(crate::api::act_as::lookup(c, h.space.as_str(), t.as_str())?)
+                }
+                _ => None,
+            };
             Ok(Ok((
                 Auth {
                     caller,
@@ -186,10 +194,11 @@ pub async fn authenticate(
                     via: None,
                 },
                 grant.read_only,
+                lookup,
             )))
         })
         .await??;
-    let (auth, read_only) = auth;
+    let (auth, read_only, lookup) = auth;
     if read_only && req.method() != axum::http::Method::GET {
         return Ok(crate::api::ask_guard::refuse(&host, &auth, req).await);
     }
@@ -198,6 +207,6 @@ pub async fn authenticate(
             req.extensions_mut().insert(auth);
             Ok(next.run(req).await)
         }
-        Some(target) => crate::api::act_as::act_as(host, auth, target, req, next).await,
+        Some(target) => crate::api::act_as::act_as(host, auth, target, lookup, req, next).await,
     }
 }
