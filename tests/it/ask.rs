@@ -36,26 +36,7 @@ async fn setup(sandbox: &'static str) -> (TestHost, String) {
     host.grant("mgmt", "alice", "admin").await;
     let alice = host.token("alice", "user").await;
     // X has a platform conversation, so a `send` would have somewhere to go.
-    let adapter = host.token("adapter:test", "adapter").await;
-    host.ingest(&adapter, "xc", "test:client", "hi", "m1", false)
-        .await;
-    let conv: i64 = host
-        .db()
-        .query_row(
-            "SELECT id FROM conversations WHERE external_id = 'xc'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let (st, v) = host
-        .owner(
-            Method::POST,
-            &format!("/api/conversations/{conv}/link"),
-            Some("x"),
-            Some(json!({"space_id": "x"})),
-        )
-        .await;
-    assert_eq!(st, 200, "{v}");
+    host.platform_conversation("xc", "x").await;
     host.link("mgmt", "x", "admin").await;
     (host, alice)
 }

@@ -195,21 +195,22 @@ impl TestHost {
         }
     }
 
-    /// Sends a request; returns the status and the JSON body (Null if none).
-    pub async fn call(
+    /// Sends a request with these headers; returns the status and the JSON
+    /// body (Null if none).
+    pub async fn send(
         &self,
         method: Method,
         path: &str,
         token: Option<&str>,
-        space: Option<&str>,
+        headers: &[(&str, &str)],
         body: Option<Value>,
     ) -> (u16, Value) {
         let mut req = self.http.request(method, format!("{}{}", self.url, path));
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        if let Some(s) = space {
-            req = req.header("x-mercury-space", s);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         if let Some(b) = body {
             req = req.json(&b);
@@ -218,6 +219,20 @@ impl TestHost {
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// A request in `space` (when given).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        space: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let headers: Vec<(&str, &str)> =
+            space.map(|s| ("x-mercury-space", s)).into_iter().collect();
+        self.send(method, path, token, &headers, body).await
     }
 
     /// A request in `holder` that acts in `target` through a space link.
@@ -230,19 +245,44 @@ impl TestHost {
         target: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{}", self.url, path))
-            .bearer_auth(token)
-            .header("x-mercury-space", holder)
-            .header("x-mercury-act-as", target);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        let headers = [("x-mercury-space", holder), ("x-mercury-act-as", target)];
+        self.send(method, path, Some(token), &headers, body).await
+    }
+
+    /// Gives `space` a platform conversation `external` (a first message
+    /// through ingress with a fresh adapter token, then linked by the owner);
+    /// returns the conversation id. Later messages to it land in `space`.
+    pub async fn platform_conversation(&self, external: &str, space: &str) -> i64 {
+        let adapter = self.token(&format!("adapter:{external}"), "adapter").await;
+        let (st, v) = self
+            .ingest(
+                &adapter,
+                external,
+                "test:first",
+                "hello",
+                &format!("{external}-first"),
+                false,
+            )
+            .await;
+        assert_eq!(st, 202, "{v}");
+        let id: i64 = self
+            .db()
+            .query_row(
+                "SELECT id FROM conversations WHERE external_id = ?1",
+                [external],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let (st, v) = self
+            .owner(
+                Method::POST,
+                &format!("/api/conversations/{id}/link"),
+                Some(space),
+                Some(json!({"space_id": space})),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        id
     }
 
     /// Grants `role` to `caller` in `space` (as the owner).

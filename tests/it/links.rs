@@ -74,28 +74,7 @@ async fn world() -> World {
         .await;
     assert_eq!(st, 200, "{v}");
     // A platform conversation of the target (for `send` and the filtered edge).
-    let adapter = host.token("adapter:test", "adapter").await;
-    let (st, v) = host
-        .ingest(&adapter, "c1", "test:zed", "hello", "m1", false)
-        .await;
-    assert_eq!(st, 202, "{v}");
-    let conversation: i64 = host
-        .db()
-        .query_row(
-            "SELECT id FROM conversations WHERE external_id = 'c1'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let (st, v) = host
-        .owner(
-            Method::POST,
-            &format!("/api/conversations/{conversation}/link"),
-            Some("t"),
-            Some(json!({"space_id": "t"})),
-        )
-        .await;
-    assert_eq!(st, 200, "{v}");
+    let conversation = host.platform_conversation("c1", "t").await;
     let tokens = vec![
         (CallerKind::Admin, host.token("alice", "user").await),
         (CallerKind::Member, host.token("bob", "user").await),
