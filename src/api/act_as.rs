@@ -223,15 +223,15 @@ fn decide(
     })
 }
 
+/// Queues the audit row on the writer (in order with every other write)
+/// without holding the response for its commit.
 async fn write_audit(host: &Host, row: AuditRow) {
-    if let Err(e) = host
-        .rt
+    host.rt
         .store
-        .write(move |tx| link_store::audit(tx, &row))
-        .await
-    {
-        tracing::error!(error = %e, "cannot write the space-link audit row");
-    }
+        .write_detached("space-link audit row", move |tx| {
+            link_store::audit(tx, &row).map(|_| ())
+        })
+        .await;
 }
 
 /// A short, redacted view of a request body for the audit: top-level keys,

@@ -138,6 +138,31 @@ impl Store {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
+    /// Queues a write without waiting for its commit. The writer runs jobs in
+    /// order, so a later `write` or read after it sees this one; a failure is
+    /// logged with `what`. Used where the caller must not wait on the disk
+    /// (the link audit row after an act-as response).
+    pub async fn write_detached<F>(&self, what: &'static str, f: F)
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+    {
+        let job: WriteJob = Box::new(move |conn: &mut Connection| {
+            let result = (|| {
+                let txn =
+                    conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                f(&txn)?;
+                txn.commit()?;
+                Ok::<(), StoreError>(())
+            })();
+            if let Err(e) = result {
+                tracing::error!(error = %e, what, "queued write failed");
+            }
+        });
+        if self.inner.writer.send(job).await.is_err() {
+            tracing::error!(what, "queued write lost: the database writer has stopped");
+        }
+    }
+
     /// Runs `f` on a read-only connection off the async runtime.
     pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where

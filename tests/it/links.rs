@@ -418,7 +418,8 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
     let h = &w.host;
     let alice = &w.tokens[0].1;
     let carol = &w.tokens[2].1;
-    let audit = || h.count("SELECT COUNT(*) FROM space_link_audit");
+    const AUDIT: &str = "SELECT COUNT(*) FROM space_link_audit";
+    let audit = || h.count(AUDIT);
     let id = h.link("h", "t", "read").await;
     assert_eq!(audit(), 1, "create is audited");
     let (st, _) = h
@@ -435,7 +436,12 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
         .act_as(Method::GET, "/api/prefs", alice, "h", "t", None)
         .await;
     assert_eq!(st, 200);
-    assert_eq!(audit(), 3, "a granted read is audited");
+    // The act-as audit row is queued on the writer, not awaited by the response.
+    assert_eq!(
+        h.wait_count(AUDIT, 3, 10).await,
+        3,
+        "a granted read is audited"
+    );
     let (st, _) = h
         .act_as(
             Method::PUT,
@@ -447,7 +453,11 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
         )
         .await;
     assert_eq!(st, 403);
-    assert_eq!(audit(), 4, "a refusal after the grant check is audited");
+    assert_eq!(
+        h.wait_count(AUDIT, 4, 10).await,
+        4,
+        "a refusal after the grant check is audited"
+    );
     let row: (String, String, i64, Option<String>, i64) = h
         .db()
         .query_row(
