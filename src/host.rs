@@ -21,6 +21,7 @@ use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
+use crate::model::gate::{Admission, ModelGate};
 use crate::model::ProviderSettings;
 use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
@@ -36,6 +37,24 @@ pub struct Host {
     pub limits: Arc<CallerLimits>,
     /// Cancelled on SIGTERM/SIGINT; every background loop watches it.
     pub shutdown: CancellationToken,
+}
+
+/// How `serve` runs, beyond the data dir's config.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// ADDR:PORT to listen on instead of `bind`.
+    pub bind: Option<String>,
+    /// Admission of background model calls; `Open` only for `mercury bench review`.
+    pub review_admission: Admission,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            review_admission: Admission::Gated,
+        }
+    }
 }
 
 impl Host {
@@ -173,6 +192,20 @@ pub async fn serve(
     bind_override: Option<String>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let options = ServeOptions {
+        bind: bind_override,
+        ..ServeOptions::default()
+    };
+    serve_with(data_dir, options, shutdown).await
+}
+
+/// [`serve`] with every option.
+pub async fn serve_with(
+    data_dir: &Path,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let bind_override = options.bind;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
             "{} is not a data dir (run `mercury init` first)",
@@ -204,8 +237,14 @@ pub async fn serve(
     let sandbox = sandbox_backend(&settings, &paths).await?;
     let instance_id =
         sandbox::docker::instance_id_for(&data_dir).context("deriving the instance id")?;
+    let model_gate = Arc::new(ModelGate::with_admission(
+        options.review_admission,
+        settings.review.max_concurrency,
+        settings.review.calls_per_minute,
+    ));
     let rt = Arc::new(Runtime {
         models: ModelRegistry::new(provider_settings(&settings, &env)),
+        model_gate,
         settings: Arc::new(settings),
         paths: paths.clone(),
         store,
