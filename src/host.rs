@@ -16,6 +16,7 @@ use anyhow::{bail, Context};
 use ractor::Actor;
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
@@ -37,6 +38,8 @@ pub struct Host {
     pub limits: Arc<CallerLimits>,
     /// Cancelled on SIGTERM/SIGINT; every background loop watches it.
     pub shutdown: CancellationToken,
+    /// The review scheduler (`POST /api/review/run`).
+    pub review: ReviewHandle,
 }
 
 /// How `serve` runs, beyond the data dir's config.
@@ -254,12 +257,14 @@ pub async fn serve_with(
         live_runs: Mutex::new(Default::default()),
     });
     let map: SpaceMap = Arc::default();
+    let review = ReviewHandle::default();
     let (supervisor, sup_handle) = Actor::spawn(
         None,
         RootSupervisor,
         SupervisorArgs {
             rt: rt.clone(),
             spaces: map.clone(),
+            review: review.clone(),
         },
     )
     .await
@@ -269,6 +274,7 @@ pub async fn serve_with(
         spaces: SpaceDirectory::new(supervisor.clone(), map),
         rt: rt.clone(),
         shutdown: shutdown.clone(),
+        review,
     });
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;

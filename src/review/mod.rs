@@ -7,8 +7,10 @@
 //! - [`judge`]: the batched, tool-less judge prompt and the validation of its answer.
 //! - [`report`]: `report.md` + `report.json`, gated, written atomically.
 //! - [`digest`]: the owner's DM.
+//! - [`scan`]: one scan end to end, recorded as a `review` run.
 //!
-//! Judge calls are admitted by `crate::model::gate`.
+//! The actors that run it (`ReviewScheduler`, `JudgePool`) live in
+//! `crate::actors`; the admission of judge calls in `crate::model::gate`.
 //!
 //! Must never: let an identifier reach a report, a digest or a judge prompt,
 //! or write to the database except the run row, token usage and the digest's
@@ -19,6 +21,7 @@ pub mod judge;
 pub mod reader;
 pub mod redact;
 pub mod report;
+pub mod scan;
 
 use crate::storage::StoreError;
 

@@ -6,6 +6,7 @@ pub mod control;
 pub mod conversations;
 pub mod delivery;
 pub mod messages;
+pub mod review;
 pub mod roles;
 pub mod settings;
 pub mod spaces;
