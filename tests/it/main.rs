@@ -3,4 +3,5 @@
 //! module says so) through its public interfaces.
 
 mod common;
+mod review;
 mod smoke;
