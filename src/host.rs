@@ -16,11 +16,13 @@ use anyhow::{bail, Context};
 use ractor::Actor;
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
+use crate::model::gate::{Admission, ModelGate};
 use crate::model::ProviderSettings;
 use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
@@ -36,6 +38,26 @@ pub struct Host {
     pub limits: Arc<CallerLimits>,
     /// Cancelled on SIGTERM/SIGINT; every background loop watches it.
     pub shutdown: CancellationToken,
+    /// The review scheduler (`POST /api/review/run`).
+    pub review: ReviewHandle,
+}
+
+/// How `serve` runs, beyond the data dir's config.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// ADDR:PORT to listen on instead of `bind`.
+    pub bind: Option<String>,
+    /// Admission of background model calls; `Open` only for `mercury bench review`.
+    pub review_admission: Admission,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            review_admission: Admission::Gated,
+        }
+    }
 }
 
 impl Host {
@@ -175,6 +197,20 @@ pub async fn serve(
     bind_override: Option<String>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let options = ServeOptions {
+        bind: bind_override,
+        ..ServeOptions::default()
+    };
+    serve_with(data_dir, options, shutdown).await
+}
+
+/// [`serve`] with every option.
+pub async fn serve_with(
+    data_dir: &Path,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let bind_override = options.bind;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
             "{} is not a data dir (run `mercury init` first)",
@@ -206,8 +242,14 @@ pub async fn serve(
     let sandbox = sandbox_backend(&settings, &paths).await?;
     let instance_id =
         sandbox::docker::instance_id_for(&data_dir).context("deriving the instance id")?;
+    let model_gate = Arc::new(ModelGate::with_admission(
+        options.review_admission,
+        settings.review.max_concurrency,
+        settings.review.calls_per_minute,
+    ));
     let rt = Arc::new(Runtime {
         models: ModelRegistry::new(provider_settings(&settings, &env)),
+        model_gate,
         settings: Arc::new(settings),
         paths: paths.clone(),
         store,
@@ -218,12 +260,14 @@ pub async fn serve(
         ask_refusals: Mutex::new(Default::default()),
     });
     let map: SpaceMap = Arc::default();
+    let review = ReviewHandle::default();
     let (supervisor, sup_handle) = Actor::spawn(
         None,
         RootSupervisor,
         SupervisorArgs {
             rt: rt.clone(),
             spaces: map.clone(),
+            review: review.clone(),
         },
     )
     .await
@@ -233,6 +277,7 @@ pub async fn serve(
         spaces: SpaceDirectory::new(supervisor.clone(), map),
         rt: rt.clone(),
         shutdown: shutdown.clone(),
+        review,
     });
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use crate::config::Settings;
+use crate::model::gate::ModelGate;
 use crate::model::{resolve_model, ModelError, ProviderSettings, ResolvedModel};
 use crate::sandbox::SandboxBackend;
 use crate::storage::Store;
@@ -22,6 +23,8 @@ pub struct Runtime {
     /// `mercury.instance` label value, derived from the canonical data dir.
     pub instance_id: String,
     pub models: ModelRegistry,
+    /// Live turns before background work: every model call takes a permit here.
+    pub model_gate: Arc<ModelGate>,
     pub sandbox: Arc<dyn SandboxBackend>,
     /// Parties waiting for a user message's turn to end (`POST /api/chat`).
     pub waiters: TurnWaiters,

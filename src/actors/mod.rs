@@ -1,12 +1,14 @@
 //! Actors (ractor): the root supervisor, one `SpaceActor` per active space,
-//! and the task scheduler. Later systems (review scheduler, judge pool, ask
-//! sandboxes) are children of the same supervisor.
+//! the task scheduler, the review scheduler and the judge pool. Later systems
+//! (ask sandboxes) are children of the same supervisor.
 //!
 //! [`SpaceDirectory`] is how the rest of the host reaches a space's actor: it
 //! starts one on demand and retries once through the supervisor when a
 //! reference has died. Must never: call an actor without a timeout.
 
 pub mod ask;
+pub mod judge_pool;
+pub mod review_scheduler;
 pub mod scheduler;
 pub mod space;
 pub mod supervisor;

@@ -1,4 +1,5 @@
-//! `RootSupervisor`: parent of every space actor and of the task scheduler.
+//! `RootSupervisor`: parent of every space actor, the task scheduler, the
+//! review scheduler and the judge pool.
 //!
 //! ractor's default supervisor handler stops the parent when a child dies;
 //! this one restarts a failed child instead, within a restart budget and with
@@ -17,6 +18,10 @@ use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 
+use super::judge_pool::{JudgePool, JudgePoolArgs, JudgePoolMsg, JudgePoolSlot};
+use super::review_scheduler::{
+    ReviewHandle, ReviewScheduler, ReviewSchedulerArgs, ReviewSchedulerMsg,
+};
 use super::scheduler::{SchedulerArgs, SchedulerMsg, TaskScheduler};
 use super::space::{SpaceActor, SpaceArgs, SpaceMsg};
 use super::{SpaceDirectory, SpaceMap};
@@ -36,6 +41,8 @@ pub enum SupervisorMsg {
 pub struct SupervisorArgs {
     pub rt: Arc<Runtime>,
     pub spaces: SpaceMap,
+    /// Pointed at the review scheduler whenever it (re)starts.
+    pub review: ReviewHandle,
 }
 
 pub struct SupervisorState {
@@ -45,9 +52,32 @@ pub struct SupervisorState {
     restarts: HashMap<String, Vec<Instant>>,
     scheduler: Option<ActorRef<SchedulerMsg>>,
     directory: Option<SpaceDirectory>,
+    review_scheduler: Option<ActorRef<ReviewSchedulerMsg>>,
+    review: ReviewHandle,
+    judge_pool: Option<ActorRef<JudgePoolMsg>>,
+    /// Pointed at the judge pool whenever it (re)starts; scans read it.
+    judge_pool_slot: JudgePoolSlot,
 }
 
 pub struct RootSupervisor;
+
+/// The children there is exactly one of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Singleton {
+    TaskScheduler,
+    ReviewScheduler,
+    JudgePool,
+}
+
+impl Singleton {
+    fn name(self) -> &'static str {
+        match self {
+            Singleton::TaskScheduler => "task scheduler",
+            Singleton::ReviewScheduler => "review scheduler",
+            Singleton::JudgePool => "judge pool",
+        }
+    }
+}
 
 impl RootSupervisor {
     async fn spawn_space(
@@ -110,6 +140,91 @@ impl RootSupervisor {
         Ok(())
     }
 
+    async fn spawn_judge_pool(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (pool, _) = Actor::spawn_linked(
+            None,
+            JudgePool,
+            JudgePoolArgs {
+                rt: state.rt.clone(),
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        state.judge_pool_slot.set(Some(pool.clone()));
+        state.judge_pool = Some(pool);
+        Ok(())
+    }
+
+    async fn spawn_review_scheduler(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(directory) = state.directory.clone() else {
+            return Ok(());
+        };
+        let (sched, _) = Actor::spawn_linked(
+            None,
+            ReviewScheduler,
+            ReviewSchedulerArgs {
+                ctx: crate::review::scan::ScanContext {
+                    rt: state.rt.clone(),
+                    spaces: directory,
+                    pool: state.judge_pool_slot.clone(),
+                },
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        state.review.set(Some(sched.clone()));
+        state.review_scheduler = Some(sched);
+        Ok(())
+    }
+
+    /// Which singleton child `cell` is, if any.
+    fn singleton(state: &SupervisorState, cell: &ActorCell) -> Option<Singleton> {
+        let id = Some(cell.get_id());
+        if state.scheduler.as_ref().map(|s| s.get_id()) == id {
+            Some(Singleton::TaskScheduler)
+        } else if state.review_scheduler.as_ref().map(|s| s.get_id()) == id {
+            Some(Singleton::ReviewScheduler)
+        } else if state.judge_pool.as_ref().map(|s| s.get_id()) == id {
+            Some(Singleton::JudgePool)
+        } else {
+            None
+        }
+    }
+
+    /// Restarts a failed singleton child within its budget. A failed restart
+    /// is logged, never propagated: the supervisor must not die with its child.
+    async fn restart_singleton(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        which: Singleton,
+        err: &str,
+    ) {
+        let name = which.name();
+        let (ok, n) = Self::within_budget(state, &format!("({name})"));
+        tracing::error!(error = %err, restarts = n, "{name} failed");
+        if !ok {
+            tracing::error!(
+                "{name}: restart budget exhausted; it stays down until the host restarts"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
+        let res = match which {
+            Singleton::TaskScheduler => Self::spawn_scheduler(myself, state).await,
+            Singleton::ReviewScheduler => Self::spawn_review_scheduler(myself, state).await,
+            Singleton::JudgePool => Self::spawn_judge_pool(myself, state).await,
+        };
+        if let Err(e) = res {
+            tracing::error!(error = %e, "could not restart the {name}");
+        }
+    }
+
     fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<String> {
         let space = state.by_actor.remove(&cell.get_id())?;
         if let Ok(mut m) = state.spaces.lock() {
@@ -147,6 +262,10 @@ impl Actor for RootSupervisor {
             restarts: HashMap::new(),
             scheduler: None,
             directory: None,
+            review_scheduler: None,
+            review: args.review,
+            judge_pool: None,
+            judge_pool_slot: JudgePoolSlot::default(),
         })
     }
 
@@ -156,7 +275,9 @@ impl Actor for RootSupervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         state.directory = Some(SpaceDirectory::new(myself.clone(), state.spaces.clone()));
-        Self::spawn_scheduler(&myself, state).await
+        Self::spawn_scheduler(&myself, state).await?;
+        Self::spawn_judge_pool(&myself, state).await?;
+        Self::spawn_review_scheduler(&myself, state).await
     }
 
     async fn handle(
@@ -187,15 +308,8 @@ impl Actor for RootSupervisor {
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
-                let is_scheduler =
-                    state.scheduler.as_ref().map(|s| s.get_id()) == Some(cell.get_id());
-                if is_scheduler {
-                    let (ok, n) = Self::within_budget(state, "(scheduler)");
-                    tracing::error!(error = %err, restarts = n, "task scheduler failed");
-                    if ok {
-                        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
-                        Self::spawn_scheduler(&myself, state).await?;
-                    }
+                if let Some(which) = Self::singleton(state, &cell) {
+                    Self::restart_singleton(&myself, state, which, &err.to_string()).await;
                 } else if let Some(space) = Self::forget(state, &cell) {
                     let (ok, n) = Self::within_budget(state, &space);
                     tracing::error!(space = %space, error = %err, restarts = n, "space actor failed");

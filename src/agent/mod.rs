@@ -234,7 +234,12 @@ async fn call_model(
             tools: tool_specs.to_vec(),
             max_tokens: rt.settings.turn.max_tokens,
         };
-        match model.provider.complete(&request).await {
+        // Counted as live while the call runs, so background work (the
+        // review judge) holds back; taking the permit never waits.
+        let live = rt.model_gate.live();
+        let answer = model.provider.complete(&request).await;
+        drop(live);
+        match answer {
             Ok(resp) => {
                 let price = rt.settings.prices.get(spec).copied().unwrap_or_default();
                 let cost = (resp.usage.input_tokens as f64 * price.input

@@ -101,7 +101,8 @@ pub fn router(host: Arc<Host>) -> Router {
         )
         .route("/api/ingress", post(delivery::ingress))
         .route("/api/chat", post(delivery::chat))
-        .route("/api/ask", post(ask::ask));
+        .route("/api/ask", post(ask::ask))
+        .route("/api/review/run", post(review::run));
     #[cfg(feature = "test-hooks")]
     let api = api.route("/api/test/panic", post(control::inject_panic));
     let api = api.route_layer(middleware::from_fn_with_state(

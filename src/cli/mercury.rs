@@ -1,5 +1,6 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench sandbox`, `review redact|gate`. Data goes to stdout, diagnostics to stderr.
+//! `bench sandbox|links|ask|review`, `review redact|gate`. Data goes to stdout,
+//! diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
 //! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
@@ -94,6 +95,29 @@ enum BenchCommand {
         files: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+    },
+    /// Live reply p99 while a review scan runs, against no scan, with the
+    /// model gate's limiter and pool on and off; judge tokens per exchange,
+    /// batched against one per call.
+    Review {
+        #[arg(long, default_value_t = 10_000)]
+        exchanges: usize,
+        #[arg(long, default_value_t = 100)]
+        spaces: usize,
+        /// Live replies per measurement.
+        #[arg(long, default_value_t = 300)]
+        live_samples: usize,
+        #[arg(long, default_value_t = 20)]
+        live_latency_ms: u64,
+        #[arg(long, default_value_t = 20)]
+        judge_latency_ms: u64,
+        /// Defaults: the review.* defaults of mercury.yaml.
+        #[arg(long)]
+        batch_size: Option<u32>,
+        #[arg(long)]
+        max_concurrency: Option<u32>,
+        #[arg(long)]
+        calls_per_minute: Option<u32>,
     },
 }
 
@@ -235,6 +259,42 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Review { command } => review(command),
+        Command::Bench {
+            command:
+                BenchCommand::Review {
+                    exchanges,
+                    spaces,
+                    live_samples,
+                    live_latency_ms,
+                    judge_latency_ms,
+                    batch_size,
+                    max_concurrency,
+                    calls_per_minute,
+                },
+        } => {
+            let defaults = crate::review::bench::BenchOptions::default();
+            let opts = crate::review::bench::BenchOptions {
+                exchanges,
+                spaces,
+                live_samples,
+                live_latency_ms,
+                judge_latency_ms,
+                batch_size: batch_size.unwrap_or(defaults.batch_size).max(1),
+                max_concurrency: max_concurrency.unwrap_or(defaults.max_concurrency).max(1),
+                calls_per_minute: calls_per_minute.unwrap_or(defaults.calls_per_minute).max(1),
+                ..defaults
+            };
+            match crate::review::bench::run(opts).await {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench review: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
     }
 }
 

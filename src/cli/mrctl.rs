@@ -147,6 +147,9 @@ pub enum Command {
         #[arg(long = "as", value_enum, default_value = "member")]
         as_role: AskRole,
     },
+    /// Conversation review (global admins).
+    #[command(subcommand)]
+    Review(ReviewCmd),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -437,6 +440,12 @@ pub enum TokensCmd {
     Revoke {
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReviewCmd {
+    /// Scan the review window now and wait for the report (set MERCURY_TIMEOUT_SECS for long scans).
+    RunNow,
 }
 
 #[derive(Debug, Subcommand)]
@@ -861,6 +870,7 @@ fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             };
             RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
         }
+        Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
     };
     Ok(p)
 }
@@ -2145,6 +2155,7 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 ])
             })
             .collect(),
+        Command::Review(ReviewCmd::RunNow) => render_review_run(v),
     };
     (out, note)
 }
@@ -2175,6 +2186,45 @@ fn render_ask(v: &Value) -> String {
         cell(field(v, "cost"))
     ));
     out
+}
+
+/// `review run-now`: the outcome, the report path and the footer counts.
+fn render_review_run(v: &Value) -> String {
+    let status = cell(field(v, "status"));
+    if status == "running" {
+        return format!(
+            "review run {} is still running; the report and the digest follow when it ends\n",
+            cell(field(v, "run_id"))
+        );
+    }
+    let mut pairs = vec![("run", cell(field(v, "run_id"))), ("status", status)];
+    if !field(v, "error").is_null() {
+        pairs.push(("reason", cell(field(v, "error"))));
+    }
+    pairs.extend([
+        ("report", cell(field(v, "report_path"))),
+        ("findings", cell(field(v, "findings"))),
+        ("spaces judged", cell(field(v, "spaces_judged"))),
+        ("exchanges judged", cell(field(v, "exchanges_judged"))),
+        ("judge calls", cell(field(v, "judge_calls"))),
+    ]);
+    let skipped: Vec<String> = items(v, "skipped")
+        .iter()
+        .map(|s| format!("{} ({})", cell(field(s, "what")), cell(field(s, "reason"))))
+        .collect();
+    if !skipped.is_empty() {
+        pairs.push(("skipped", skipped.join("; ")));
+    }
+    let digest = field(v, "digest");
+    pairs.push((
+        "digest",
+        if field(digest, "sent").as_bool() == Some(true) {
+            format!("queued (outbox {})", cell(field(digest, "outbox_id")))
+        } else {
+            format!("not sent: {}", cell(field(digest, "reason")))
+        },
+    ));
+    kv_lines(&pairs)
 }
 
 /// One table for `config get`: every available key with its value in this
@@ -2437,6 +2487,7 @@ mod tests {
             ),
             (vec!["runs", "list"], Method::GET, "/api/runs", None),
             (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
+            (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);

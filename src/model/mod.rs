@@ -3,7 +3,8 @@
 //! Owns the wire types of a chat turn (messages, tool calls, usage) and the
 //! providers that turn a [`ModelRequest`] into a [`ModelResponse`]:
 //! an OpenAI-compatible chat-completions client, an Anthropic Messages client
-//! and the `scripted` provider that replays responses from a file.
+//! and the `scripted` provider that replays responses from a file. [`gate`]
+//! decides when background work (the review judge) may call a model.
 //!
 //! Must never: hold a credential anywhere but in the host process, or retry a
 //! request forever (retries are bounded and `Retry-After` is capped).
@@ -11,6 +12,7 @@
 //! This module is self-contained: it refers to nothing outside `crate::model`.
 
 pub mod anthropic;
+pub mod gate;
 pub mod openai;
 mod retry;
 pub mod scripted;

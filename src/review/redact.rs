@@ -197,6 +197,14 @@ impl Redactor {
         &self.list
     }
 
+    /// The gate for this redactor's list, sharing its compiled matchers, so
+    /// the gate is exactly as wide as the redactor.
+    pub fn identifier_gate(&self) -> IdentifierGate {
+        IdentifierGate {
+            matchers: self.matchers.clone(),
+        }
+    }
+
     /// How many distinct values of each kind got a placeholder so far.
     pub fn counts(&self) -> &BTreeMap<IdentifierKind, usize> {
         &self.table.counts
@@ -246,25 +254,49 @@ impl PlaceholderTable {
 /// and also when the list cannot be compiled (an unchecked list is treated as
 /// a found identifier of that kind).
 pub fn assert_no_identifiers(text: &str, list: &RedactionList) -> Result<(), GateFailure> {
-    let matchers = match Matchers::build(list) {
-        Ok(m) => m,
-        Err(e) => {
-            return Err(GateFailure {
-                kinds: BTreeSet::from([e.kind]),
-            })
+    match IdentifierGate::new(list) {
+        Ok(gate) => gate.check(text),
+        Err(e) => Err(GateFailure {
+            kinds: BTreeSet::from([e.kind]),
+        }),
+    }
+}
+
+/// [`assert_no_identifiers`] with the list compiled once, for callers that
+/// gate many texts against one list (a scan gates every judge answer).
+pub struct IdentifierGate {
+    matchers: Matchers,
+}
+
+// Built from identifiers; keep them out of any Debug output.
+impl fmt::Debug for IdentifierGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdentifierGate").finish_non_exhaustive()
+    }
+}
+
+impl IdentifierGate {
+    pub fn new(list: &RedactionList) -> Result<Self, BuildError> {
+        Ok(Self {
+            matchers: Matchers::build(list)?,
+        })
+    }
+
+    /// `Err` with the kinds found when anything the redactor would replace
+    /// is present.
+    pub fn check(&self, text: &str) -> Result<(), GateFailure> {
+        let mut kinds = BTreeSet::new();
+        // The placeholder text only has to act as a barrier for later passes,
+        // like the redactor's does; its number is irrelevant to what matches.
+        self.matchers.scan(text, &mut |kind, _key| {
+            kinds.insert(kind);
+            format!("[{}_1]", kind.placeholder_prefix())
+        });
+        if kinds.is_empty() {
+            Ok(())
+        } else {
+            Err(GateFailure { kinds })
         }
-    };
-    let mut kinds = BTreeSet::new();
-    // The placeholder text only has to act as a barrier for later passes,
-    // like the redactor's does; its number is irrelevant to what matches.
-    matchers.scan(text, &mut |kind, _key| {
-        kinds.insert(kind);
-        format!("[{}_1]", kind.placeholder_prefix())
-    });
-    if kinds.is_empty() {
-        Ok(())
-    } else {
-        Err(GateFailure { kinds })
     }
 }
 
@@ -405,6 +437,8 @@ static DATE: LazyLock<Regex> = LazyLock::new(|| {
 const MASK: char = '#';
 
 /// The patterns built from one [`RedactionList`] plus the fixed ones above.
+/// Cloning shares the compiled regexes.
+#[derive(Clone)]
 struct Matchers {
     senders: Option<Regex>,
     names: Option<Regex>,
@@ -1068,6 +1102,28 @@ mod tests {
         for value in ["Alice", "9981", "4567", "bob", "example", "123@lid"] {
             assert!(!message.contains(value), "message leaks {value}");
             assert!(!debug.contains(value), "debug leaks {value}");
+        }
+    }
+
+    #[test]
+    fn a_redactors_gate_flags_what_the_list_gate_flags() {
+        let list = RedactionList::new()
+            .with_name("Olivia Bakker")
+            .with_sender_id("api:alice");
+        let gate = redactor(list.clone()).identifier_gate();
+        for text in [
+            "Olivia",
+            "api:alice",
+            "+31 6 1234 5678",
+            "a@b.nl",
+            "x@lid",
+            "clean text",
+        ] {
+            assert_eq!(
+                gate.check(text),
+                assert_no_identifiers(text, &list),
+                "{text}"
+            );
         }
     }
 

@@ -7,4 +7,5 @@ mod bench_sandbox;
 mod common;
 mod docker_turns;
 mod links;
+mod review;
 mod smoke;

@@ -8,6 +8,7 @@ pub mod conversations;
 pub mod delivery;
 pub mod links;
 pub mod messages;
+pub mod review;
 pub mod roles;
 pub mod settings;
 pub mod spaces;

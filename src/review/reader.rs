@@ -1,0 +1,427 @@
+//! The exchange reader (M1.1): a window of exchanges per space, read from
+//! `state.db` over a read-only connection of its own.
+//!
+//! An exchange is a user message, the bot's reply to it (`reply_to`), the few
+//! messages just before it (ambient lines, earlier turns) as context, and
+//! their message ids. Messages are read in pages in `(created_at, id)` order,
+//! one short statement per page, so no read transaction stays open across the
+//! scan and the host's writer never waits on the review.
+//!
+//! Must never: write (the connection is opened read-only), hold a statement
+//! or transaction across pages, or return a user message as an exchange
+//! without the reply that answered it.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::Path;
+
+use rusqlite::{params, Connection};
+
+use crate::storage::messages::{self, Cursor, Message};
+use crate::storage::spaces::{self, Space};
+use crate::storage::{open_read_only, StoreResult};
+
+/// Rows per page.
+pub const PAGE_SIZE: u32 = 500;
+/// Messages before a user message given to the judge as its context.
+pub const CONTEXT_MESSAGES: usize = 4;
+/// Characters kept of a user message or a reply.
+pub const TEXT_CAP: usize = 4000;
+/// Characters kept of one context line.
+pub const CONTEXT_CAP: usize = 300;
+/// The sender id and name the host writes on the bot's own replies
+/// (`actors::space::commit`): the bot is not a person to redact.
+pub const BOT_SENDER_ID: &str = "mercury";
+pub const BOT_SENDER_NAME: &str = "Mercury";
+
+/// `since <= created_at < until`, epoch milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub since_ms: i64,
+    pub until_ms: i64,
+}
+
+impl Window {
+    /// The `hours` before `until_ms`.
+    pub fn hours_before(until_ms: i64, hours: u32) -> Self {
+        Self {
+            since_ms: until_ms - i64::from(hours) * 3_600_000,
+            until_ms,
+        }
+    }
+}
+
+/// One message before an exchange, as context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextLine {
+    pub message_id: i64,
+    /// `user`, `assistant` or `ambient`.
+    pub role: String,
+    /// The sender's display name, else the sender id (raw: redact before use).
+    pub speaker: Option<String>,
+    pub text: String,
+}
+
+/// A user message and the reply that answered it (raw: redact before use).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    pub space_id: String,
+    pub message_id: i64,
+    pub reply_id: i64,
+    pub speaker: Option<String>,
+    pub text: String,
+    pub reply: String,
+    pub created_at: i64,
+    /// Oldest first, at most [`CONTEXT_MESSAGES`].
+    pub context: Vec<ContextLine>,
+}
+
+/// The exchanges of one space in the window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpaceWindow {
+    pub space_id: String,
+    pub exchanges: Vec<Exchange>,
+    /// User messages in the window with no reply (muted, dropped, still
+    /// pending, or answered after the window closed).
+    pub unanswered: u32,
+}
+
+/// What the redaction list of a scan is built from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowIdentifiers {
+    /// Every sender id seen in the window, in any space, except the bot's.
+    pub sender_ids: BTreeSet<String>,
+    /// Sender names seen in the window and the members' display names of the
+    /// spaces asked for, except the bot's.
+    pub names: BTreeSet<String>,
+}
+
+pub struct ExchangeReader {
+    conn: Connection,
+    window: Window,
+    page_size: u32,
+}
+
+impl ExchangeReader {
+    /// Opens its own read-only connection to the database at `db`.
+    pub fn open(db: &Path, window: Window) -> StoreResult<Self> {
+        Ok(Self {
+            conn: open_read_only(db)?,
+            window,
+            page_size: PAGE_SIZE,
+        })
+    }
+
+    pub fn with_page_size(mut self, rows: u32) -> Self {
+        self.page_size = rows.max(1);
+        self
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
+    pub fn spaces(&self) -> StoreResult<Vec<Space>> {
+        spaces::list_spaces(&self.conn)
+    }
+
+    /// Spaces with at least one message in the window.
+    pub fn active_spaces(&self) -> StoreResult<BTreeSet<String>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT DISTINCT space_id FROM messages WHERE created_at >= ?1 AND created_at < ?2",
+        )?;
+        let rows = stmt.query_map(params![self.window.since_ms, self.window.until_ms], |r| {
+            r.get::<_, String>(0)
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Sender ids and names of the window, plus the display names of the
+    /// members of `member_spaces`.
+    pub fn identifiers(&self, member_spaces: &[String]) -> StoreResult<WindowIdentifiers> {
+        let mut out = WindowIdentifiers::default();
+        let mut stmt = self.conn.prepare(
+            "SELECT DISTINCT sender_id, sender_name FROM messages
+             WHERE created_at >= ?1 AND created_at < ?2",
+        )?;
+        let rows = stmt.query_map(params![self.window.since_ms, self.window.until_ms], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, name) = row?;
+            if let Some(id) = id.filter(|i| i != BOT_SENDER_ID && !i.trim().is_empty()) {
+                out.sender_ids.insert(id);
+            }
+            if let Some(name) = name.filter(|n| n != BOT_SENDER_NAME && !n.trim().is_empty()) {
+                out.names.insert(name);
+            }
+        }
+        for space in member_spaces {
+            for m in spaces::list_members(&self.conn, space)? {
+                if let Some(name) = m.display_name.filter(|n| !n.trim().is_empty()) {
+                    out.names.insert(name);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every exchange of `space` in the window, in message order.
+    pub fn read_space(&self, space: &str) -> StoreResult<SpaceWindow> {
+        let mut recent: VecDeque<ContextLine> = VecDeque::with_capacity(CONTEXT_MESSAGES + 1);
+        // User messages waiting for their reply, in order; index by id.
+        let mut open: Vec<(Message, Vec<ContextLine>, Option<Message>)> = Vec::new();
+        let mut by_id: HashMap<i64, usize> = HashMap::new();
+        let mut cursor: Option<Cursor> = None;
+        loop {
+            let (page, next) = messages::recent(
+                &self.conn,
+                space,
+                None,
+                self.window.since_ms,
+                self.window.until_ms,
+                self.page_size,
+                cursor,
+            )?;
+            for m in page {
+                match m.role.as_str() {
+                    "user" => {
+                        by_id.insert(m.id, open.len());
+                        let context = recent.iter().cloned().collect();
+                        push_context(&mut recent, &m);
+                        open.push((m, context, None));
+                    }
+                    "assistant" => {
+                        let slot = m.reply_to.and_then(|id| by_id.get(&id).copied());
+                        push_context(&mut recent, &m);
+                        if let Some(i) = slot {
+                            let entry = &mut open[i];
+                            if entry.2.is_none() {
+                                entry.2 = Some(m);
+                            }
+                        }
+                    }
+                    "ambient" => push_context(&mut recent, &m),
+                    _ => {}
+                }
+            }
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        let mut out = SpaceWindow {
+            space_id: space.to_owned(),
+            ..Default::default()
+        };
+        for (user, context, reply) in open {
+            match reply {
+                Some(reply) => out.exchanges.push(Exchange {
+                    space_id: space.to_owned(),
+                    message_id: user.id,
+                    reply_id: reply.id,
+                    speaker: speaker_of(&user),
+                    text: cap(&user.text, TEXT_CAP),
+                    reply: cap(&reply.text, TEXT_CAP),
+                    created_at: user.created_at,
+                    context,
+                }),
+                None => out.unanswered += 1,
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn speaker_of(m: &Message) -> Option<String> {
+    m.sender_name
+        .clone()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| m.sender_id.clone())
+}
+
+fn push_context(recent: &mut VecDeque<ContextLine>, m: &Message) {
+    recent.push_back(ContextLine {
+        message_id: m.id,
+        role: m.role.clone(),
+        speaker: if m.role == "assistant" {
+            None
+        } else {
+            speaker_of(m)
+        },
+        text: cap(
+            &m.text.split_whitespace().collect::<Vec<_>>().join(" "),
+            CONTEXT_CAP,
+        ),
+    });
+    while recent.len() > CONTEXT_MESSAGES {
+        recent.pop_front();
+    }
+}
+
+/// The first `max` characters, with an ellipsis when something was cut.
+pub fn cap(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::messages::NewMessage;
+    use crate::storage::Store;
+
+    async fn insert(
+        store: &Store,
+        space: &str,
+        role: &'static str,
+        sender: Option<(&'static str, &'static str)>,
+        text: &str,
+        at: i64,
+        reply_to: Option<i64>,
+    ) -> i64 {
+        let (space, text) = (space.to_owned(), text.to_owned());
+        store
+            .write(move |tx| {
+                Ok(messages::insert(
+                    tx,
+                    &NewMessage {
+                        space_id: &space,
+                        sender_id: sender.map(|s| s.0),
+                        sender_name: sender.map(|s| s.1),
+                        role,
+                        text: &text,
+                        created_at: at,
+                        reply_to,
+                        status: (role == "user").then_some("done"),
+                        ..Default::default()
+                    },
+                )?
+                .unwrap_or_default())
+            })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn review_reader_pairs_replies_with_context_across_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = Store::open(&db).unwrap();
+        store
+            .write(|tx| {
+                spaces::create_space(tx, "s1", "one", &[])?;
+                spaces::create_space(tx, "s2", "two", &[])?;
+                spaces::touch_member(tx, "s1", "wa:1", Some("Anna de Vries"))
+            })
+            .await
+            .unwrap();
+        let anna = Some(("wa:1", "Anna de Vries"));
+        let old = insert(&store, "s1", "user", anna, "before the window", 500, None).await;
+        insert(&store, "s1", "assistant", None, "old reply", 600, Some(old)).await;
+        let a1 = insert(
+            &store,
+            "s1",
+            "ambient",
+            Some(("wa:2", "Bram")),
+            "line\nbreak",
+            1_000,
+            None,
+        )
+        .await;
+        let u1 = insert(&store, "s1", "user", anna, "question one", 1_100, None).await;
+        let r1 = insert(
+            &store,
+            "s1",
+            "assistant",
+            Some(("mercury", "Mercury")),
+            "answer one",
+            1_200,
+            Some(u1),
+        )
+        .await;
+        let u2 = insert(&store, "s1", "user", anna, "unanswered", 1_300, None).await;
+        let u3 = insert(&store, "s1", "user", anna, "question three", 1_400, None).await;
+        let r3 = insert(
+            &store,
+            "s1",
+            "assistant",
+            None,
+            "answer three",
+            1_500,
+            Some(u3),
+        )
+        .await;
+        insert(
+            &store,
+            "s2",
+            "user",
+            Some(("wa:9", "Other")),
+            "elsewhere",
+            1_100,
+            None,
+        )
+        .await;
+        insert(&store, "s1", "user", anna, "after the window", 9_000, None).await;
+
+        let reader = ExchangeReader::open(
+            &db,
+            Window {
+                since_ms: 1_000,
+                until_ms: 5_000,
+            },
+        )
+        .unwrap()
+        .with_page_size(2);
+        let w = reader.read_space("s1").unwrap();
+        assert_eq!(w.unanswered, 1);
+        assert_eq!(w.exchanges.len(), 2);
+        let e1 = &w.exchanges[0];
+        assert_eq!((e1.message_id, e1.reply_id), (u1, r1));
+        assert_eq!(e1.text, "question one");
+        assert_eq!(e1.reply, "answer one");
+        assert_eq!(e1.speaker.as_deref(), Some("Anna de Vries"));
+        assert_eq!(e1.context.len(), 1);
+        assert_eq!(e1.context[0].message_id, a1);
+        assert_eq!(e1.context[0].text, "line break");
+        let e3 = &w.exchanges[1];
+        assert_eq!((e3.message_id, e3.reply_id), (u3, r3));
+        let ids: Vec<i64> = e3.context.iter().map(|c| c.message_id).collect();
+        assert_eq!(ids, vec![a1, u1, r1, u2]);
+        assert_eq!(e3.context[2].speaker, None, "the bot is not a speaker");
+
+        let ids = reader.identifiers(&["s1".to_owned()]).unwrap();
+        assert_eq!(
+            ids.sender_ids.into_iter().collect::<Vec<_>>(),
+            vec!["wa:1", "wa:2", "wa:9"]
+        );
+        assert!(ids.names.contains("Anna de Vries") && ids.names.contains("Bram"));
+        assert!(!ids.names.contains("Mercury"));
+    }
+
+    #[test]
+    fn review_reader_connection_is_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let _store = Store::open(&db).unwrap();
+        let reader = ExchangeReader::open(&db, Window::hours_before(10, 24)).unwrap();
+        let err = reader
+            .conn
+            .execute(
+                "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('x','x',0,0)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("readonly"), "{err}");
+    }
+
+    #[test]
+    fn review_cap_cuts_on_characters() {
+        assert_eq!(cap("héllo", 2), "hé…");
+        assert_eq!(cap("hé", 2), "hé");
+    }
+}
