@@ -56,7 +56,11 @@ fn set_path(root: &mut Yaml, dotted: &str, value: Yaml) {
             cur.as_mapping_mut().expect("mapping").insert(key, value);
             return;
         }
-        cur = cur.as_mapping_mut().expect("mapping").entry(key).or_insert(Yaml::Mapping(Default::default()));
+        cur = cur
+            .as_mapping_mut()
+            .expect("mapping")
+            .entry(key)
+            .or_insert(Yaml::Mapping(Default::default()));
     }
 }
 
@@ -69,10 +73,19 @@ pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
     std::fs::write(&model, serde_json::to_vec(&opts.model).unwrap()).unwrap();
     let port = free_port();
     let cfg_path = data.join("mercury.yaml");
-    let mut cfg: Yaml = serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Yaml =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     set_path(&mut cfg, "bind", Yaml::String(format!("127.0.0.1:{port}")));
-    set_path(&mut cfg, "model", Yaml::String(format!("scripted:{}", model.display())));
-    set_path(&mut cfg, "sandbox.backend", Yaml::String(opts.sandbox.into()));
+    set_path(
+        &mut cfg,
+        "model",
+        Yaml::String(format!("scripted:{}", model.display())),
+    );
+    set_path(
+        &mut cfg,
+        "sandbox.backend",
+        Yaml::String(opts.sandbox.into()),
+    );
     for (k, v) in &opts.config {
         set_path(&mut cfg, k, v.clone());
     }
@@ -111,13 +124,19 @@ impl TestHost {
         task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
         child: Option<Child>,
     ) -> TestHost {
-        let owner_token = std::fs::read_to_string(data.join("global/owner.token")).unwrap().trim().to_string();
+        let owner_token = std::fs::read_to_string(data.join("global/owner.token"))
+            .unwrap()
+            .trim()
+            .to_string();
         TestHost {
             dir,
             data,
             url: format!("http://127.0.0.1:{port}"),
             owner_token,
-            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
             shutdown,
             task,
             child,
@@ -156,13 +175,23 @@ impl TestHost {
             let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
         }
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let _ = c.wait();
         }
     }
 
     /// Sends a request; returns the status and the JSON body (Null if none).
-    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        space: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self.http.request(method, format!("{}{}", self.url, path));
         if let Some(t) = token {
             req = req.bearer_auth(t);
@@ -179,19 +208,33 @@ impl TestHost {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
-    pub async fn owner(&self, method: Method, path: &str, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
-        self.call(method, path, Some(&self.owner_token.clone()), space, body).await
+    pub async fn owner(
+        &self,
+        method: Method,
+        path: &str,
+        space: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        self.call(method, path, Some(&self.owner_token.clone()), space, body)
+            .await
     }
 
     pub async fn create_space(&self, id: &str) {
-        let (st, v) = self.owner(Method::POST, "/api/spaces", None, Some(json!({"id": id}))).await;
+        let (st, v) = self
+            .owner(Method::POST, "/api/spaces", None, Some(json!({"id": id})))
+            .await;
         assert_eq!(st, 201, "create space {id}: {v}");
     }
 
     /// Mints a token for `caller` of kind user/adapter through the API.
     pub async fn token(&self, caller: &str, kind: &str) -> String {
         let (st, v) = self
-            .owner(Method::POST, "/api/tokens", None, Some(json!({"caller_id": caller, "kind": kind})))
+            .owner(
+                Method::POST,
+                "/api/tokens",
+                None,
+                Some(json!({"caller_id": caller, "kind": kind})),
+            )
             .await;
         assert_eq!(st, 201, "{v}");
         v["token"].as_str().unwrap().to_string()
@@ -199,7 +242,11 @@ impl TestHost {
 
     /// A read-only connection to the real database file.
     pub fn db(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open_with_flags(self.data.join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+        rusqlite::Connection::open_with_flags(
+            self.data.join("state.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap()
     }
 
     pub fn count(&self, sql: &str) -> i64 {
@@ -210,11 +257,17 @@ impl TestHost {
     pub fn all_row_counts(&self) -> Vec<(String, i64)> {
         let db = self.db();
         let mut stmt = db.prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name").unwrap();
-        let names: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        let names: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
         names
             .into_iter()
             .map(|n| {
-                let c: i64 = db.query_row(&format!("SELECT COUNT(*) FROM \"{n}\""), [], |r| r.get(0)).unwrap();
+                let c: i64 = db
+                    .query_row(&format!("SELECT COUNT(*) FROM \"{n}\""), [], |r| r.get(0))
+                    .unwrap();
                 (n, c)
             })
             .collect()
@@ -235,7 +288,15 @@ impl TestHost {
     }
 
     /// Posts a platform message with an adapter token.
-    pub async fn ingest(&self, adapter: &str, conversation: &str, sender: &str, text: &str, message_id: &str, is_group: bool) -> (u16, Value) {
+    pub async fn ingest(
+        &self,
+        adapter: &str,
+        conversation: &str,
+        sender: &str,
+        text: &str,
+        message_id: &str,
+        is_group: bool,
+    ) -> (u16, Value) {
         self.call(
             Method::POST,
             "/api/ingress",

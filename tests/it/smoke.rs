@@ -14,7 +14,14 @@ async fn console_chat_gets_the_scripted_reply() {
     })
     .await;
     host.create_space("alpha").await;
-    let (st, v) = host.owner(Method::POST, "/api/chat", Some("alpha"), Some(json!({"text": "ping"}))).await;
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            "/api/chat",
+            Some("alpha"),
+            Some(json!({"text": "ping"})),
+        )
+        .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["reply"], "pong");
     assert_eq!(v["status"], "done");
