@@ -2,5 +2,6 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+mod api;
 mod common;
 mod smoke;
