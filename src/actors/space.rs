@@ -389,6 +389,7 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
     let space = state.space.to_string();
     match action {
         ControlAction::Stop => {
+            let running = state.running.as_ref().map(|r| r.message_id);
             let stopped = if let Some(r) = &state.running {
                 r.stop_requested.store(true, Ordering::SeqCst);
                 r.cancel.cancel();
@@ -399,7 +400,7 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
             let dropped = state
                 .rt
                 .store
-                .write(move |tx| messages::drop_pending(tx, &space))
+                .write(move |tx| messages::drop_pending(tx, &space, running))
                 .await
                 .map_err(|e| e.to_string())?;
             for id in &dropped {

@@ -167,16 +167,20 @@ pub fn set_status(
     Ok(())
 }
 
-/// Marks every pending message of a space `dropped` (control stop); returns their ids.
-pub fn drop_pending(conn: &Connection, space: &str) -> StoreResult<Vec<i64>> {
-    let mut stmt =
-        conn.prepare("SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending'")?;
+/// Marks every pending message of a space `dropped` (control stop) except
+/// `keep` (the message whose turn is running: it settles as `stopped` when
+/// that turn ends); returns the dropped ids.
+pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
+    let keep = keep.unwrap_or(-1);
+    let mut stmt = conn.prepare(
+        "SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+    )?;
     let ids: Vec<i64> = stmt
-        .query_map([space], |r| r.get(0))?
+        .query_map(params![space, keep], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     conn.execute(
-        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending'",
-        [space],
+        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+        params![space, keep],
     )?;
     Ok(ids)
 }
