@@ -230,6 +230,7 @@ async fn run_and_commit(
             caller.clone(),
             message.id,
         );
+        let task_run = message.task_run_id;
         rt.store
             .write(move |tx| {
                 runs::start(
@@ -240,6 +241,9 @@ async fn run_and_commit(
                     Some(&caller_s),
                     Some(mid),
                 )?;
+                if let Some(task_run) = task_run {
+                    tasks::attach_run(tx, task_run, &run_s)?;
+                }
                 model_chain(tx, &rt2, &space_s)
             })
             .await

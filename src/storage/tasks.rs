@@ -140,12 +140,23 @@ pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
     Ok(())
 }
 
-pub fn start_run(conn: &Connection, task: &Task, run_id: &str) -> StoreResult<i64> {
+/// Records a firing; its run is attached when the turn starts ([`attach_run`]).
+pub fn start_run(conn: &Connection, task: &Task) -> StoreResult<i64> {
     conn.execute(
-        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, ?3, 'running', ?4)",
-        params![task.id, task.space_id, run_id, now_ms()],
+        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, NULL, 'queued', ?3)",
+        params![task.id, task.space_id, now_ms()],
     )?;
     Ok(conn.last_insert_rowid())
+}
+
+/// Links a firing to the run serving it, in the transaction that starts the
+/// run, so even a firing whose run is interrupted says which run that was.
+pub fn attach_run(conn: &Connection, task_run_id: i64, run_id: &str) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE task_runs SET run_id = ?2, status = 'running' WHERE id = ?1",
+        params![task_run_id, run_id],
+    )?;
+    Ok(())
 }
 
 pub fn finish_run(
