@@ -1229,7 +1229,7 @@ async fn messages_recent_pages_through_1000_seeded_messages_each_once_oldest_fir
 // mrctl as a process
 // ---------------------------------------------------------------------------
 
-async fn run(mut cmd: std::process::Command) -> (i32, String, String) {
+pub(crate) async fn run(mut cmd: std::process::Command) -> (i32, String, String) {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let out = tokio::time::timeout(
         Duration::from_secs(60),
@@ -1335,7 +1335,7 @@ async fn mrctl_talks_to_the_host_and_exits_by_the_answer() {
 // The mercury binary
 // ---------------------------------------------------------------------------
 
-fn mercury() -> std::process::Command {
+pub(crate) fn mercury() -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mercury"));
     c.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
