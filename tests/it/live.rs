@@ -973,3 +973,127 @@ async fn mercury_demo_runs_a_scripted_conversation_and_exits_0() {
     assert!(out.contains("the agent's tool call wrote"), "{out}");
     assert!(out.contains("mercury: Hello!"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_adapter_posts_each_reply_and_retries_a_failed_delivery() {
+    use std::sync::{Arc, Mutex};
+    // A receiver on loopback that refuses the first POST and accepts the rest.
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post({
+            let seen = seen.clone();
+            move |axum::Json(v): axum::Json<Value>| {
+                let seen = seen.clone();
+                async move {
+                    let mut s = seen.lock().unwrap();
+                    s.push(v);
+                    if s.len() == 1 {
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        axum::http::StatusCode::OK
+                    }
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut o =
+        opts(json!({"rules": [{"purpose": "turn", "match": "^user: (.*)$", "reply": "re: $1"}]}));
+    o.config.push((
+        "webhook.url",
+        Yaml::String(format!("http://127.0.0.1:{port}/hook")),
+    ));
+    let h = TestHost::start(o).await;
+    let adapter = h.token("bridge", "adapter").await;
+    let (space, _) = send(&h, &adapter, "hooked", "hal", "ping", "w-1").await;
+    assert_eq!(
+        h.wait_count(
+            "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+            1,
+            30
+        )
+        .await,
+        1
+    );
+    let (attempts, error): (i64, Option<String>) = h
+        .db()
+        .query_row("SELECT attempts, last_error FROM outbox", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(attempts, 2, "one refused attempt, one delivery");
+    assert!(
+        error.unwrap_or_default().contains("500"),
+        "the failure is recorded"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], seen[1], "the retry sends the same item");
+    assert_eq!(
+        (seen[1]["text"].as_str(), seen[1]["conversation"].as_str()),
+        (Some("re: ping"), Some("hooked"))
+    );
+    assert_eq!(seen[1]["space_id"].as_str(), Some(space.as_str()));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_mrctl_call_acts_with_the_role_of_the_user_who_asked() {
+    // A child-process host, so the `mrctl` built beside `mercury` is on the tool's PATH.
+    let h = TestHost::start_process(opts(json!({"rules": [
+        {"purpose": "turn", "match": "^tool_result\\(mrctl\\): (?s)(.*)$", "reply": "tool said: $1"},
+        {"purpose": "turn", "match": "^user: schedule (.*)$",
+         "tool_calls": [{"name": "mrctl", "arguments": {"args": ["tasks", "create", "--cron", "0 9 * * *", "--prompt", "$1"]}}]}
+    ]})))
+    .await;
+    let adapter = h.token("bridge", "adapter").await;
+    let (space, asked) = send(&h, &adapter, "office", "mia", "schedule standup", "t-1").await;
+    h.wait_count(
+        &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {asked}"),
+        1,
+        60,
+    )
+    .await;
+    let reply = replies(&h, &space)[0].1.clone();
+    assert!(
+        reply.contains("requires the 'tasks.create' permission"),
+        "a member's agent is refused: {reply}"
+    );
+    assert_eq!(h.count("SELECT COUNT(*) FROM tasks"), 0);
+
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/roles",
+            Some(&space),
+            Some(json!({"caller_id": "mia", "role": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (_, again) = send(&h, &adapter, "office", "mia", "schedule standup", "t-2").await;
+    h.wait_count(
+        &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {again}"),
+        1,
+        60,
+    )
+    .await;
+    let (prompt, by, task_space): (String, String, String) = h
+        .db()
+        .query_row("SELECT prompt, created_by, space_id FROM tasks", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .expect("an admin's agent creates the task");
+    assert_eq!(
+        (prompt.as_str(), by.as_str(), task_space.as_str()),
+        ("standup", "mia", space.as_str())
+    );
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM api_tokens WHERE kind = 'run' AND revoked_at IS NULL"),
+        0,
+        "both turns' run tokens are revoked"
+    );
+    h.stop().await;
+}
