@@ -167,6 +167,53 @@ async fn sandbox_backend(
     }
 }
 
+/// The host's shared services over an open store: models, sandbox backend,
+/// instance id. `serve` and `mercury bench` build theirs here.
+pub async fn build_runtime(
+    paths: &DataPaths,
+    settings: Settings,
+    store: Store,
+) -> anyhow::Result<Arc<Runtime>> {
+    let env = config::process_env();
+    let sandbox = sandbox_backend(&settings, paths).await?;
+    let instance_id =
+        sandbox::docker::instance_id_for(&paths.root).context("deriving the instance id")?;
+    Ok(Arc::new(Runtime {
+        models: ModelRegistry::new(provider_settings(&settings, &env)),
+        settings: Arc::new(settings),
+        paths: paths.clone(),
+        store,
+        instance_id,
+        sandbox,
+        waiters: TurnWaiters::default(),
+        live_runs: Mutex::new(Default::default()),
+    }))
+}
+
+/// Starts the root supervisor (which starts the task scheduler); space actors
+/// start on demand through the returned directory.
+pub async fn start_actors(
+    rt: &Arc<Runtime>,
+) -> anyhow::Result<(
+    ractor::ActorRef<crate::actors::SupervisorMsg>,
+    tokio::task::JoinHandle<()>,
+    SpaceDirectory,
+)> {
+    let map: SpaceMap = Arc::default();
+    let (supervisor, handle) = Actor::spawn(
+        None,
+        RootSupervisor,
+        SupervisorArgs {
+            rt: rt.clone(),
+            spaces: map.clone(),
+        },
+    )
+    .await
+    .context("starting the root supervisor")?;
+    let spaces = SpaceDirectory::new(supervisor.clone(), map);
+    Ok((supervisor, handle, spaces))
+}
+
 /// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
 pub async fn serve(
     data_dir: &Path,
@@ -192,7 +239,6 @@ pub async fn serve(
         settings.bind = b;
         settings.validate()?;
     }
-    let env = config::process_env();
     let store = Store::open(&paths.db)?;
     let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
     if interrupted > 0 {
@@ -201,33 +247,11 @@ pub async fn serve(
             "runs interrupted by the last stop were marked; their messages will be answered"
         );
     }
-    let sandbox = sandbox_backend(&settings, &paths).await?;
-    let instance_id =
-        sandbox::docker::instance_id_for(&data_dir).context("deriving the instance id")?;
-    let rt = Arc::new(Runtime {
-        models: ModelRegistry::new(provider_settings(&settings, &env)),
-        settings: Arc::new(settings),
-        paths: paths.clone(),
-        store,
-        instance_id,
-        sandbox,
-        waiters: TurnWaiters::default(),
-        live_runs: Mutex::new(Default::default()),
-    });
-    let map: SpaceMap = Arc::default();
-    let (supervisor, sup_handle) = Actor::spawn(
-        None,
-        RootSupervisor,
-        SupervisorArgs {
-            rt: rt.clone(),
-            spaces: map.clone(),
-        },
-    )
-    .await
-    .context("starting the root supervisor")?;
+    let rt = build_runtime(&paths, settings, store).await?;
+    let (supervisor, sup_handle, spaces) = start_actors(&rt).await?;
     let host = Arc::new(Host {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
-        spaces: SpaceDirectory::new(supervisor.clone(), map),
+        spaces,
         rt: rt.clone(),
         shutdown: shutdown.clone(),
     });

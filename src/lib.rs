@@ -15,11 +15,13 @@
 //! - [`review`]: conversation review (redaction and its fail-closed gate).
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
+//! - [`bench`]: `mercury bench turns`, ingest and turn overhead beside plain SQLite.
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
 
 pub mod actors;
 pub mod agent;
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -79,15 +79,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 impl Store {
     /// Opens (creating if needed) the database, applies migrations and starts the writer thread.
     pub fn open(path: &Path) -> StoreResult<Store> {
-        let open_err = |source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        };
-        let mut conn = Connection::open(path).map_err(open_err)?;
-        let _mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(open_err)?;
-        configure(&conn).map_err(open_err)?;
+        let mut conn = open_plain(path)?;
         migrations::apply(&mut conn)?;
         let (tx, mut rx) = mpsc::channel::<WriteJob>(1024);
         std::thread::Builder::new()
@@ -181,6 +173,22 @@ impl StoreInner {
             }
         }
     }
+}
+
+/// A read-write connection with the store's file settings (WAL, busy
+/// timeout, foreign keys, `synchronous = NORMAL`) and no schema: what the
+/// writer thread runs on, and the plain-SQLite baseline of `mercury bench`.
+pub fn open_plain(path: &Path) -> StoreResult<Connection> {
+    let open_err = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(open_err)?;
+    let _mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(open_err)?;
+    configure(&conn).map_err(open_err)?;
+    Ok(conn)
 }
 
 /// A read-only connection: the review reader opens its own with this.

@@ -974,6 +974,43 @@ async fn mercury_demo_runs_a_scripted_conversation_and_exits_0() {
     assert!(out.contains("mercury: Hello!"), "{out}");
 }
 
+#[tokio::test]
+async fn mercury_bench_turns_reports_both_figures_beside_their_baselines() {
+    let mut c = mercury();
+    c.args([
+        "bench",
+        "turns",
+        "--messages",
+        "200",
+        "--turns",
+        "20",
+        "--concurrency",
+        "4",
+        "--conversations",
+        "10",
+    ]);
+    let (code, out, err) = run(c).await;
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // The figures themselves depend on the machine; their presence does not.
+    for line in [
+        "ingest  200 messages (20 replays) over 10 conversations, 4 at a time",
+        "ingress path",
+        "plain inserts",
+        "x the plain inserts' time",
+        "turns   20 no-tool turns one at a time",
+        "overhead        p50 ",
+        "plain insert    p50 ",
+        "ratio           p50 ",
+        "targets ingest >= 5000 msg/s: ",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    let mut c = mercury();
+    c.args(["bench", "turns", "--turns", "0"]);
+    let (code, _, err) = run(c).await;
+    assert_eq!(code, 2, "a bad flag is a usage error: {err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_adapter_posts_each_reply_and_retries_a_failed_delivery() {
     use std::sync::{Arc, Mutex};
