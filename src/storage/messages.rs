@@ -27,6 +27,19 @@ pub struct Message {
     pub task_run_id: Option<i64>,
 }
 
+/// The parts of the hot queries after the column list, shared with the
+/// query-plan test (`storage::migrations`), which checks each one searches
+/// an index instead of scanning or sorting the whole table.
+pub(crate) const REPLY_FOR_TAIL: &str =
+    "FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1";
+// Named explicitly: with `messages_space_id` beside it the planner, having no
+// statistics, would pick that one and filter every message of the space.
+pub(crate) const PENDING_TAIL: &str =
+    "FROM messages INDEXED BY messages_pending WHERE space_id = ?1 AND status = 'pending' ORDER BY id";
+pub(crate) const HISTORY_TAIL: &str = "FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
+           AND role IN ('user','assistant','ambient')
+         ORDER BY id DESC LIMIT ?4";
+
 const COLS: &str = "id, space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id";
 
 fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Message> {
@@ -129,7 +142,7 @@ pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
 pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
         .query_row(
-            &format!("SELECT {COLS} FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1"),
+            &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
             [user_message_id],
             from_row,
         )
@@ -138,9 +151,7 @@ pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<
 
 /// User messages still waiting for a turn, oldest first.
 pub fn pending(conn: &Connection, space: &str) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND status = 'pending' ORDER BY id"
-    ))?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLS} {PENDING_TAIL}"))?;
     let rows = stmt.query_map([space], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
@@ -173,13 +184,15 @@ pub fn set_status(
 pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
     let keep = keep.unwrap_or(-1);
     let mut stmt = conn.prepare(
-        "SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+        "SELECT id FROM messages INDEXED BY messages_pending
+         WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
     )?;
     let ids: Vec<i64> = stmt
         .query_map(params![space, keep], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     conn.execute(
-        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+        "UPDATE messages INDEXED BY messages_pending SET status = 'dropped'
+         WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
         params![space, keep],
     )?;
     Ok(ids)
@@ -203,11 +216,7 @@ pub fn history(
     before_id: i64,
     limit: u32,
 ) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
-           AND role IN ('user','assistant','ambient')
-         ORDER BY id DESC LIMIT ?4"
-    ))?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLS} {HISTORY_TAIL}"))?;
     let rows = stmt.query_map(params![space, boundary, before_id, limit], from_row)?;
     let mut out: Vec<Message> = rows.collect::<Result<_, _>>()?;
     out.reverse();

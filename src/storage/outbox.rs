@@ -22,6 +22,10 @@ pub struct OutboxItem {
     pub attempts: i64,
 }
 
+/// After the column list; shared with the query-plan test (`storage::migrations`).
+pub(crate) const UNDELIVERED_TAIL: &str =
+    "FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 ORDER BY id LIMIT ?2";
+
 const COLS: &str = "id, space_id, conversation_id, platform, external_id, message_id, text, created_at, delivered_at, attempts";
 
 fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxItem> {
@@ -68,9 +72,7 @@ pub fn undelivered(
     max_attempts: u32,
     limit: u32,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 ORDER BY id LIMIT ?2"
-    ))?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLS} {UNDELIVERED_TAIL}"))?;
     let rows = stmt.query_map(params![max_attempts, limit], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }

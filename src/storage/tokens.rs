@@ -168,10 +168,11 @@ pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
 }
 
 /// Revokes the token of a finished run so it dies with the run.
+/// Shared with the query-plan test (`storage::migrations`).
+pub(crate) const REVOKE_RUN_SQL: &str =
+    "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL";
+
 pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
-    conn.execute(
-        "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL",
-        params![run_id, now_ms()],
-    )?;
+    conn.execute(REVOKE_RUN_SQL, params![run_id, now_ms()])?;
     Ok(())
 }
