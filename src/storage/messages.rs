@@ -8,7 +8,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Message {
@@ -83,7 +83,7 @@ pub fn insert_probe(
     platform_message_id: &str,
 ) -> StoreResult<bool> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT 1 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
             params![conversation_id, platform_message_id],
             |_| Ok(()),
@@ -97,7 +97,7 @@ pub fn insert_probe(
 pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>> {
     if let (Some(conv), Some(pid)) = (m.conversation_id, m.platform_message_id) {
         let seen: Option<i64> = conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
                 params![conv, pid],
                 |r| r.get(0),
@@ -107,7 +107,7 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
             return Ok(None);
         }
     }
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
@@ -130,7 +130,7 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
 
 pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
             [id],
             from_row,
@@ -141,7 +141,7 @@ pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
 /// The reply written for a user message, if its turn has finished.
 pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
             [user_message_id],
             from_row,
@@ -151,14 +151,14 @@ pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<
 
 /// User messages still waiting for a turn, oldest first.
 pub fn pending(conn: &Connection, space: &str) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLS} {PENDING_TAIL}"))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {PENDING_TAIL}"))?;
     let rows = stmt.query_map([space], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Spaces with pending messages (start-up recovery).
 pub fn spaces_with_pending(conn: &Connection) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT DISTINCT space_id FROM messages WHERE status = 'pending' ORDER BY space_id",
     )?;
     let rows = stmt.query_map([], |r| r.get(0))?;
@@ -171,7 +171,7 @@ pub fn set_status(
     status: &str,
     run_id: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE messages SET status = ?2, run_id = COALESCE(?3, run_id) WHERE id = ?1",
         params![id, status, run_id],
     )?;
@@ -183,14 +183,14 @@ pub fn set_status(
 /// that turn ends); returns the dropped ids.
 pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
     let keep = keep.unwrap_or(-1);
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id FROM messages INDEXED BY messages_pending
          WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
     )?;
     let ids: Vec<i64> = stmt
         .query_map(params![space, keep], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    conn.execute(
+    conn.execute_cached(
         "UPDATE messages INDEXED BY messages_pending SET status = 'dropped'
          WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
         params![space, keep],
@@ -201,7 +201,7 @@ pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreR
 /// Moves a pending message to a final status; false if it was not pending
 /// any more (another turn answered it), so the caller must not reply twice.
 pub fn settle(conn: &Connection, id: i64, status: &str, run_id: &str) -> StoreResult<bool> {
-    Ok(conn.execute(
+    Ok(conn.execute_cached(
         "UPDATE messages SET status = ?2, run_id = ?3 WHERE id = ?1 AND status = 'pending'",
         params![id, status, run_id],
     )? == 1)
@@ -216,7 +216,7 @@ pub fn history(
     before_id: i64,
     limit: u32,
 ) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLS} {HISTORY_TAIL}"))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {HISTORY_TAIL}"))?;
     let rows = stmt.query_map(params![space, boundary, before_id, limit], from_row)?;
     let mut out: Vec<Message> = rows.collect::<Result<_, _>>()?;
     out.reverse();
@@ -224,7 +224,7 @@ pub fn history(
 }
 
 pub fn max_id(conn: &Connection, space: &str) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    Ok(conn.query_row_cached(
         "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",
         [space],
         |r| r.get(0),
@@ -245,7 +245,7 @@ pub fn search(
             .replace('%', "\\%")
             .replace('_', "\\_")
     );
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\' ORDER BY id DESC LIMIT ?3"
     ))?;
     let rows = stmt.query_map(params![space, pattern, limit], from_row)?;
@@ -285,7 +285,7 @@ pub fn recent(
     cursor: Option<Cursor>,
 ) -> StoreResult<(Vec<Message>, Option<Cursor>)> {
     let (ca, cid) = cursor.map_or((i64::MIN, i64::MIN), |c| (c.created_at, c.id));
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM messages
          WHERE space_id = ?1 AND created_at >= ?2 AND created_at < ?3
            AND (created_at > ?4 OR (created_at = ?4 AND id > ?5))

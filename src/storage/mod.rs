@@ -69,7 +69,37 @@ struct StoreInner {
 
 const READER_POOL: usize = 8;
 
+/// Prepared statements kept per connection: more than the ingress and turn
+/// paths use together, so neither evicts the other's.
+const STATEMENT_CACHE: usize = 128;
+
+/// `execute` and `query_row` through the connection's statement cache. The
+/// hot paths run the same few statements for every message; compiling the
+/// SQL each time was most of their cost. Same semantics as rusqlite's own.
+pub trait Cached {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(10))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -203,6 +233,7 @@ pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
         path: path.display().to_string(),
         source,
     })?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(10))?;
     Ok(conn)
 }
