@@ -191,6 +191,64 @@ async fn sandbox_backend(
     }
 }
 
+/// The host's shared services over an open store: models, sandbox backend,
+/// instance id. `serve` and `mercury bench` build theirs here.
+pub async fn build_runtime(
+    paths: &DataPaths,
+    settings: Settings,
+    store: Store,
+    review_admission: Admission,
+) -> anyhow::Result<Arc<Runtime>> {
+    let env = config::process_env();
+    let sandbox = sandbox_backend(&settings, paths).await?;
+    let instance_id =
+        sandbox::docker::instance_id_for(&paths.root).context("deriving the instance id")?;
+    let model_gate = Arc::new(ModelGate::with_admission(
+        review_admission,
+        settings.review.max_concurrency,
+        settings.review.calls_per_minute,
+    ));
+    Ok(Arc::new(Runtime {
+        models: ModelRegistry::new(provider_settings(&settings, &env)),
+        model_gate,
+        settings: Arc::new(settings),
+        paths: paths.clone(),
+        store,
+        instance_id,
+        sandbox,
+        waiters: TurnWaiters::default(),
+        live_runs: Mutex::new(Default::default()),
+        ask_refusals: Mutex::new(Default::default()),
+    }))
+}
+
+/// Starts the root supervisor (which starts the task scheduler and the review
+/// actors); space actors start on demand through the returned directory.
+pub async fn start_actors(
+    rt: &Arc<Runtime>,
+) -> anyhow::Result<(
+    ractor::ActorRef<crate::actors::SupervisorMsg>,
+    tokio::task::JoinHandle<()>,
+    SpaceDirectory,
+    ReviewHandle,
+)> {
+    let map: SpaceMap = Arc::default();
+    let review = ReviewHandle::default();
+    let (supervisor, handle) = Actor::spawn(
+        None,
+        RootSupervisor,
+        SupervisorArgs {
+            rt: rt.clone(),
+            spaces: map.clone(),
+            review: review.clone(),
+        },
+    )
+    .await
+    .context("starting the root supervisor")?;
+    let spaces = SpaceDirectory::new(supervisor.clone(), map);
+    Ok((supervisor, handle, spaces, review))
+}
+
 /// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
 pub async fn serve(
     data_dir: &Path,
@@ -230,7 +288,6 @@ pub async fn serve_with(
         settings.bind = b;
         settings.validate()?;
     }
-    let env = config::process_env();
     let store = Store::open(&paths.db)?;
     let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
     if interrupted > 0 {
@@ -239,42 +296,11 @@ pub async fn serve_with(
             "runs interrupted by the last stop were marked; their messages will be answered"
         );
     }
-    let sandbox = sandbox_backend(&settings, &paths).await?;
-    let instance_id =
-        sandbox::docker::instance_id_for(&data_dir).context("deriving the instance id")?;
-    let model_gate = Arc::new(ModelGate::with_admission(
-        options.review_admission,
-        settings.review.max_concurrency,
-        settings.review.calls_per_minute,
-    ));
-    let rt = Arc::new(Runtime {
-        models: ModelRegistry::new(provider_settings(&settings, &env)),
-        model_gate,
-        settings: Arc::new(settings),
-        paths: paths.clone(),
-        store,
-        instance_id,
-        sandbox,
-        waiters: TurnWaiters::default(),
-        live_runs: Mutex::new(Default::default()),
-        ask_refusals: Mutex::new(Default::default()),
-    });
-    let map: SpaceMap = Arc::default();
-    let review = ReviewHandle::default();
-    let (supervisor, sup_handle) = Actor::spawn(
-        None,
-        RootSupervisor,
-        SupervisorArgs {
-            rt: rt.clone(),
-            spaces: map.clone(),
-            review: review.clone(),
-        },
-    )
-    .await
-    .context("starting the root supervisor")?;
+    let rt = build_runtime(&paths, settings, store, options.review_admission).await?;
+    let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
     let host = Arc::new(Host {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
-        spaces: SpaceDirectory::new(supervisor.clone(), map),
+        spaces,
         rt: rt.clone(),
         shutdown: shutdown.clone(),
         review,

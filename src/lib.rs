@@ -20,7 +20,7 @@
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
 //! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
-//! - [`bench`]: `mercury bench …`, product paths timed beside a baseline.
+//! - [`bench`]: `mercury bench …` (turns, sandbox, links, ask, review): product paths timed beside a baseline.
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
 
 pub mod actors;

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use rusqlite::Connection;
 
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::StoreResult;
+use crate::storage::{Cached, StoreResult};
 
 /// Every permission name. The first 18 are the earlier version's built-ins.
 pub const ALL_PERMISSIONS: &[&str] = &[
@@ -125,7 +125,7 @@ pub fn resolve_role(
         return Ok(role);
     }
     let is_member = conn
-        .query_row(
+        .query_row_cached(
             "SELECT 1 FROM members WHERE space_id = ?1 AND caller_id = ?2",
             [space, caller],
             |_| Ok(()),

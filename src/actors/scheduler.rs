@@ -38,7 +38,7 @@ pub struct TaskScheduler;
 /// Queues one firing of `task` (scheduled or run-now): a `task_runs` row and
 /// a pending message from the task's creator. Returns the message id.
 pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<i64> {
-    let task_run = tasks::start_run(tx, task, "")?;
+    let task_run = tasks::start_run(tx, task)?;
     let id = messages::insert(
         tx,
         &NewMessage {
@@ -54,10 +54,6 @@ pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<
         },
     )?
     .unwrap_or_default();
-    tx.execute(
-        "UPDATE task_runs SET status = 'queued' WHERE id = ?1",
-        [task_run],
-    )?;
     Ok(id)
 }
 

@@ -267,6 +267,7 @@ async fn run_and_commit(
             caller.clone(),
             message.id,
         );
+        let task_run = message.task_run_id;
         rt.store
             .write(move |tx| {
                 runs::start(
@@ -277,6 +278,9 @@ async fn run_and_commit(
                     Some(&caller_s),
                     Some(mid),
                 )?;
+                if let Some(task_run) = task_run {
+                    tasks::attach_run(tx, task_run, &run_s)?;
+                }
                 let global = rt2.settings.is_global_admin(&caller_s);
                 let role = crate::perms::resolve_role(tx, &space_s, &caller_s, global)?;
                 let links_act =

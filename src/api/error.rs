@@ -4,7 +4,7 @@
 //! Must never: leak an internal error's details to the client (5xx bodies say
 //! "internal error" and the detail goes to the log).
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -99,6 +99,12 @@ impl From<JsonRejection> for ApiError {
 
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> Self {
+        ApiError::bad_request(r.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
         ApiError::bad_request(r.body_text())
     }
 }

@@ -113,6 +113,16 @@ pub fn router(host: Arc<Host>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .merge(api)
+        // Without these, axum answers 404/405 with an empty body, not our error shape.
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError::new(
+                    axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    format!("{method} is not allowed on {}", uri.path()),
+                )
+            },
+        )
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(host)

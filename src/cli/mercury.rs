@@ -1,6 +1,6 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench sandbox|links|ask|review`, `review redact|gate`. Data goes to stdout,
-//! diagnostics to stderr.
+//! `bench turns|sandbox|links|ask|review`, `review redact|gate`. Data goes to
+//! stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
 //! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
@@ -77,6 +77,21 @@ enum ImageCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Ingest throughput and per-turn orchestration overhead, beside plain SQLite inserts.
+    Turns {
+        /// Ingest calls to make (about one in ten is a replay).
+        #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        messages: u64,
+        /// No-tool turns to measure (after 20 warm-up turns).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        turns: u64,
+        /// Ingest calls in flight at once.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        concurrency: u64,
+        /// Conversations (each its own space) the messages are spread over.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        conversations: u64,
+    },
     /// Container create to first exec answered (bollard) beside `docker run --rm IMAGE true`.
     Sandbox {
         /// Measured runs of each path (after one warm-up run).
@@ -291,6 +306,33 @@ async fn run(cli: Cli) -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("mercury bench review: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Turns {
+                    messages,
+                    turns,
+                    concurrency,
+                    conversations,
+                },
+        } => {
+            // The ranges above keep every value within usize on any target.
+            let opts = crate::bench::turns::TurnsOptions {
+                messages: messages as usize,
+                turns: turns as usize,
+                concurrency: concurrency as usize,
+                conversations: conversations as usize,
+            };
+            match crate::bench::turns::run(&opts).await {
+                Ok(report) => {
+                    println!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench turns: {e:#}");
                     ExitCode::from(1)
                 }
             }

@@ -4,7 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -40,7 +40,7 @@ pub fn find(
     external_id: &str,
 ) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM conversations WHERE platform = ?1 AND external_id = ?2"),
             [platform, external_id],
             from_row,
@@ -50,7 +50,7 @@ pub fn find(
 
 pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM conversations WHERE id = ?1"),
             [id],
             from_row,
@@ -67,7 +67,7 @@ pub fn upsert(
     title: Option<&str>,
 ) -> StoreResult<Conversation> {
     let now = now_ms();
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO conversations (platform, external_id, kind, title, first_seen_at, last_seen_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)
          ON CONFLICT (platform, external_id) DO UPDATE SET last_seen_at = excluded.last_seen_at,
@@ -79,7 +79,7 @@ pub fn upsert(
 }
 
 pub fn list(conn: &Connection, space: Option<&str>) -> StoreResult<Vec<Conversation>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM conversations WHERE (?1 IS NULL OR space_id = ?1) ORDER BY last_seen_at DESC, id"
     ))?;
     let rows = stmt.query_map([space], from_row)?;
@@ -87,7 +87,7 @@ pub fn list(conn: &Connection, space: Option<&str>) -> StoreResult<Vec<Conversat
 }
 
 pub fn set_space(conn: &Connection, id: i64, space: Option<&str>) -> StoreResult<()> {
-    let n = conn.execute(
+    let n = conn.execute_cached(
         "UPDATE conversations SET space_id = ?2 WHERE id = ?1",
         params![id, space],
     )?;
@@ -101,7 +101,7 @@ pub fn set_space(conn: &Connection, id: i64, space: Option<&str>) -> StoreResult
 /// in which that caller has written.
 pub fn dm_of(conn: &Connection, caller: &str) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT c.id, c.platform, c.external_id, c.space_id, c.kind, c.title, c.first_seen_at, c.last_seen_at
              FROM conversations c
              WHERE c.kind = 'dm' AND EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.sender_id = ?1)

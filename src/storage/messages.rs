@@ -8,7 +8,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Message {
@@ -26,6 +26,19 @@ pub struct Message {
     pub reply_to: Option<i64>,
     pub task_run_id: Option<i64>,
 }
+
+/// The parts of the hot queries after the column list, shared with the
+/// query-plan test (`storage::migrations`), which checks each one searches
+/// an index instead of scanning or sorting the whole table.
+pub(crate) const REPLY_FOR_TAIL: &str =
+    "FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1";
+// Named explicitly: with `messages_space_id` beside it the planner, having no
+// statistics, would pick that one and filter every message of the space.
+pub(crate) const PENDING_TAIL: &str =
+    "FROM messages INDEXED BY messages_pending WHERE space_id = ?1 AND status = 'pending' ORDER BY id";
+pub(crate) const HISTORY_TAIL: &str = "FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
+           AND role IN ('user','assistant','ambient')
+         ORDER BY id DESC LIMIT ?4";
 
 const COLS: &str = "id, space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id";
 
@@ -70,7 +83,7 @@ pub fn insert_probe(
     platform_message_id: &str,
 ) -> StoreResult<bool> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT 1 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
             params![conversation_id, platform_message_id],
             |_| Ok(()),
@@ -84,7 +97,7 @@ pub fn insert_probe(
 pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>> {
     if let (Some(conv), Some(pid)) = (m.conversation_id, m.platform_message_id) {
         let seen: Option<i64> = conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
                 params![conv, pid],
                 |r| r.get(0),
@@ -94,7 +107,7 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
             return Ok(None);
         }
     }
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
@@ -117,7 +130,7 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
 
 pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
             [id],
             from_row,
@@ -128,8 +141,8 @@ pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
 /// The reply written for a user message, if its turn has finished.
 pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1"),
+        .query_row_cached(
+            &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
             [user_message_id],
             from_row,
         )
@@ -138,16 +151,14 @@ pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<
 
 /// User messages still waiting for a turn, oldest first.
 pub fn pending(conn: &Connection, space: &str) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND status = 'pending' ORDER BY id"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {PENDING_TAIL}"))?;
     let rows = stmt.query_map([space], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Spaces with pending messages (start-up recovery).
 pub fn spaces_with_pending(conn: &Connection) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT DISTINCT space_id FROM messages WHERE status = 'pending' ORDER BY space_id",
     )?;
     let rows = stmt.query_map([], |r| r.get(0))?;
@@ -160,26 +171,29 @@ pub fn set_status(
     status: &str,
     run_id: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE messages SET status = ?2, run_id = COALESCE(?3, run_id) WHERE id = ?1",
         params![id, status, run_id],
     )?;
     Ok(())
 }
 
-/// Marks the pending messages of a space `dropped` (control stop) and
-/// returns their ids. `running` (the message whose turn is being stopped)
-/// stays pending: its own turn settles it as `stopped` and records the run.
-pub fn drop_pending(conn: &Connection, space: &str, running: Option<i64>) -> StoreResult<Vec<i64>> {
-    let mut stmt = conn.prepare(
-        "SELECT id FROM messages WHERE space_id = ?1 AND status = 'pending' AND id IS NOT ?2",
+/// Marks every pending message of a space `dropped` (control stop) except
+/// `keep` (the message whose turn is running: it settles as `stopped` when
+/// that turn ends); returns the dropped ids.
+pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
+    let keep = keep.unwrap_or(-1);
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM messages INDEXED BY messages_pending
+         WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
     )?;
     let ids: Vec<i64> = stmt
-        .query_map(params![space, running], |r| r.get(0))?
+        .query_map(params![space, keep], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    conn.execute(
-        "UPDATE messages SET status = 'dropped' WHERE space_id = ?1 AND status = 'pending' AND id IS NOT ?2",
-        params![space, running],
+    conn.execute_cached(
+        "UPDATE messages INDEXED BY messages_pending SET status = 'dropped'
+         WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+        params![space, keep],
     )?;
     Ok(ids)
 }
@@ -187,7 +201,7 @@ pub fn drop_pending(conn: &Connection, space: &str, running: Option<i64>) -> Sto
 /// Moves a pending message to a final status; false if it was not pending
 /// any more (another turn answered it), so the caller must not reply twice.
 pub fn settle(conn: &Connection, id: i64, status: &str, run_id: &str) -> StoreResult<bool> {
-    Ok(conn.execute(
+    Ok(conn.execute_cached(
         "UPDATE messages SET status = ?2, run_id = ?3 WHERE id = ?1 AND status = 'pending'",
         params![id, status, run_id],
     )? == 1)
@@ -202,11 +216,7 @@ pub fn history(
     before_id: i64,
     limit: u32,
 ) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
-           AND role IN ('user','assistant','ambient')
-         ORDER BY id DESC LIMIT ?4"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {HISTORY_TAIL}"))?;
     let rows = stmt.query_map(params![space, boundary, before_id, limit], from_row)?;
     let mut out: Vec<Message> = rows.collect::<Result<_, _>>()?;
     out.reverse();
@@ -214,7 +224,7 @@ pub fn history(
 }
 
 pub fn max_id(conn: &Connection, space: &str) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    Ok(conn.query_row_cached(
         "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",
         [space],
         |r| r.get(0),
@@ -236,7 +246,7 @@ pub fn search(
             .replace('%', "\\%")
             .replace('_', "\\_")
     );
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\'
            AND (?4 IS NULL OR conversation_id = ?4) ORDER BY id DESC LIMIT ?3"
     ))?;
@@ -279,7 +289,7 @@ pub fn recent(
     cursor: Option<Cursor>,
 ) -> StoreResult<(Vec<Message>, Option<Cursor>)> {
     let (ca, cid) = cursor.map_or((i64::MIN, i64::MIN), |c| (c.created_at, c.id));
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM messages
          WHERE space_id = ?1 AND created_at >= ?2 AND created_at < ?3
            AND (created_at > ?4 OR (created_at = ?4 AND id > ?5))

@@ -214,6 +214,16 @@ CREATE INDEX space_link_audit_spaces ON space_link_audit (holder_space_id, targe
 ALTER TABLE api_tokens ADD COLUMN role TEXT;
 ALTER TABLE api_tokens ADD COLUMN read_only INTEGER NOT NULL DEFAULT 0;
 "#,
+    // 4: indexes the hot paths were missing. Without them the prompt's
+    // history sorted every message of the space on every turn, the console's
+    // reply lookup, a turn's run-token revocation and the webhook's poll
+    // scanned whole tables, so each got slower as the database grew.
+    r#"
+CREATE INDEX messages_space_id ON messages (space_id, id);
+CREATE INDEX messages_reply_to ON messages (reply_to) WHERE reply_to IS NOT NULL;
+CREATE INDEX api_tokens_run ON api_tokens (run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX outbox_undelivered ON outbox (id) WHERE delivered_at IS NULL;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {
@@ -242,5 +252,42 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, super::MIGRATIONS.len() as i64);
+    }
+
+    /// The queries run for every message or turn must search an index: a
+    /// scan or a sort of the whole table makes every turn slower than the
+    /// last as the database grows.
+    #[test]
+    fn hot_queries_search_an_index() {
+        use crate::storage::{messages, outbox, tokens};
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::apply(&mut conn).unwrap();
+        let queries = [
+            format!("SELECT * {}", messages::HISTORY_TAIL),
+            format!("SELECT * {}", messages::PENDING_TAIL),
+            format!("SELECT * {}", messages::REPLY_FOR_TAIL),
+            format!("SELECT * {}", outbox::UNDELIVERED_TAIL),
+            tokens::REVOKE_RUN_SQL.to_string(),
+        ];
+        for sql in queries {
+            let n = sql.matches('?').count();
+            let params: Vec<i64> = vec![1; n];
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(params), |r| r.get(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let text = plan.join("; ");
+            assert!(
+                text.contains("USING") && text.contains("INDEX"),
+                "{sql}: {text}"
+            );
+            assert!(!text.contains("TEMP B-TREE"), "{sql} sorts: {text}");
+            let scan_without_index = plan
+                .iter()
+                .any(|p| p.starts_with("SCAN") && !p.contains("INDEX"));
+            assert!(!scan_without_index, "{sql} scans: {text}");
+        }
     }
 }

@@ -70,7 +70,37 @@ struct StoreInner {
 
 const READER_POOL: usize = 8;
 
+/// Prepared statements kept per connection: more than the ingress and turn
+/// paths use together, so neither evicts the other's.
+const STATEMENT_CACHE: usize = 128;
+
+/// `execute` and `query_row` through the connection's statement cache. The
+/// hot paths run the same few statements for every message; compiling the
+/// SQL each time was most of their cost. Same semantics as rusqlite's own.
+pub trait Cached {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(10))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -80,15 +110,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 impl Store {
     /// Opens (creating if needed) the database, applies migrations and starts the writer thread.
     pub fn open(path: &Path) -> StoreResult<Store> {
-        let open_err = |source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-        };
-        let mut conn = Connection::open(path).map_err(open_err)?;
-        let _mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(open_err)?;
-        configure(&conn).map_err(open_err)?;
+        let mut conn = open_plain(path)?;
         migrations::apply(&mut conn)?;
         let (tx, mut rx) = mpsc::channel::<WriteJob>(1024);
         std::thread::Builder::new()
@@ -209,6 +231,22 @@ impl StoreInner {
     }
 }
 
+/// A read-write connection with the store's file settings (WAL, busy
+/// timeout, foreign keys, `synchronous = NORMAL`) and no schema: what the
+/// writer thread runs on, and the plain-SQLite baseline of `mercury bench`.
+pub fn open_plain(path: &Path) -> StoreResult<Connection> {
+    let open_err = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(open_err)?;
+    let _mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(open_err)?;
+    configure(&conn).map_err(open_err)?;
+    Ok(conn)
+}
+
 /// A read-only connection: the review reader opens its own with this.
 pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
     let conn = Connection::open_with_flags(
@@ -221,6 +259,7 @@ pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
         path: path.display().to_string(),
         source,
     })?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(10))?;
     Ok(conn)
 }

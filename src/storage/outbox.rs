@@ -5,7 +5,7 @@
 use rusqlite::{params, Connection};
 use serde::Serialize;
 
-use super::StoreResult;
+use super::{Cached, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -21,6 +21,10 @@ pub struct OutboxItem {
     pub delivered_at: Option<i64>,
     pub attempts: i64,
 }
+
+/// After the column list; shared with the query-plan test (`storage::migrations`).
+pub(crate) const UNDELIVERED_TAIL: &str =
+    "FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 ORDER BY id LIMIT ?2";
 
 const COLS: &str = "id, space_id, conversation_id, platform, external_id, message_id, text, created_at, delivered_at, attempts";
 
@@ -48,7 +52,7 @@ pub fn enqueue(
     message_id: Option<i64>,
     text: &str,
 ) -> StoreResult<i64> {
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO outbox (space_id, conversation_id, platform, external_id, message_id, text, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![space, conversation_id, platform, external_id, message_id, text, now_ms()],
     )?;
@@ -56,7 +60,7 @@ pub fn enqueue(
 }
 
 pub fn after(conn: &Connection, after_id: i64, limit: u32) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM outbox WHERE id > ?1 ORDER BY id LIMIT ?2"
     ))?;
     let rows = stmt.query_map(params![after_id, limit], from_row)?;
@@ -68,15 +72,13 @@ pub fn undelivered(
     max_attempts: u32,
     limit: u32,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {COLS} FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 ORDER BY id LIMIT ?2"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {UNDELIVERED_TAIL}"))?;
     let rows = stmt.query_map(params![max_attempts, limit], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 pub fn mark_delivered(conn: &Connection, id: i64) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE outbox SET delivered_at = ?2, attempts = attempts + 1 WHERE id = ?1",
         params![id, now_ms()],
     )?;
@@ -84,7 +86,7 @@ pub fn mark_delivered(conn: &Connection, id: i64) -> StoreResult<()> {
 }
 
 pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1",
         params![id, error],
     )?;

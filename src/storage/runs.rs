@@ -5,7 +5,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::StoreResult;
+use super::{Cached, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -49,7 +49,7 @@ pub fn start(
     caller: Option<&str>,
     trigger: Option<i64>,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO runs (id, space_id, kind, status, caller_id, trigger_message_id, started_at) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6)",
         params![id, space, kind, caller, trigger, now_ms()],
     )?;
@@ -62,7 +62,7 @@ pub fn set_sandbox(
     container_id: &str,
     proof: &str,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE runs SET container_id = ?2, sandbox_proof = ?3 WHERE id = ?1",
         params![id, container_id, proof],
     )?;
@@ -70,7 +70,7 @@ pub fn set_sandbox(
 }
 
 pub fn finish(conn: &Connection, id: &str, status: &str, error: Option<&str>) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
         params![id, status, error, now_ms()],
     )?;
@@ -79,7 +79,7 @@ pub fn finish(conn: &Connection, id: &str, status: &str, error: Option<&str>) ->
 
 pub fn get(conn: &Connection, id: &str) -> StoreResult<Option<Run>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM runs WHERE id = ?1"),
             [id],
             from_row,
@@ -88,7 +88,7 @@ pub fn get(conn: &Connection, id: &str) -> StoreResult<Option<Run>> {
 }
 
 pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM runs WHERE space_id = ?1 ORDER BY started_at DESC, id DESC LIMIT ?2"
     ))?;
     let rows = stmt.query_map(params![space, limit], from_row)?;
@@ -97,7 +97,7 @@ pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>>
 
 /// Runs left `running` by a crash; marked `interrupted` at start-up.
 pub fn interrupt_stale(conn: &Connection) -> StoreResult<usize> {
-    Ok(conn.execute(
+    Ok(conn.execute_cached(
         "UPDATE runs SET status = 'interrupted', error = 'host stopped during the run', finished_at = ?1 WHERE status = 'running'",
         [now_ms()],
     )?)
@@ -114,7 +114,7 @@ pub struct UsageRow<'a> {
 }
 
 pub fn record_usage(conn: &Connection, u: &UsageRow<'_>) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO token_usage (run_id, space_id, model, kind, tokens_in, tokens_out, cost, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![u.run_id, u.space_id, u.model, u.kind, u.tokens_in as i64, u.tokens_out as i64, u.cost, now_ms()],
     )?;
@@ -129,7 +129,7 @@ pub struct UsageTotals {
 }
 
 pub fn usage_for_run(conn: &Connection, run_id: &str) -> StoreResult<UsageTotals> {
-    Ok(conn.query_row(
+    Ok(conn.query_row_cached(
         "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE run_id = ?1",
         [run_id],
         |r| {

@@ -7,7 +7,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -37,7 +37,7 @@ fn space_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Space> {
 
 pub fn get_space(conn: &Connection, id: &str) -> StoreResult<Option<Space>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id = ?1",
             [id],
             space_from_row,
@@ -47,13 +47,13 @@ pub fn get_space(conn: &Connection, id: &str) -> StoreResult<Option<Space>> {
 
 pub fn space_exists(conn: &Connection, id: &str) -> StoreResult<bool> {
     Ok(conn
-        .query_row("SELECT 1 FROM spaces WHERE id = ?1", [id], |_| Ok(()))
+        .query_row_cached("SELECT 1 FROM spaces WHERE id = ?1", [id], |_| Ok(()))
         .optional()?
         .is_some())
 }
 
 pub fn list_spaces(conn: &Connection) -> StoreResult<Vec<Space>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, name, tags, created_at, updated_at FROM spaces ORDER BY created_at, id",
     )?;
     let rows = stmt.query_map([], space_from_row)?;
@@ -71,7 +71,7 @@ pub fn create_space(
     if space_exists(conn, id)? {
         return Err(StoreError::Conflict(format!("space {id} already exists")));
     }
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO spaces (id, name, tags, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?4)",
         params![id, name, tags.join(","), now],
     )?;
@@ -85,7 +85,7 @@ pub fn create_space(
 }
 
 pub fn rename_space(conn: &Connection, id: &str, name: &str) -> StoreResult<()> {
-    let n = conn.execute(
+    let n = conn.execute_cached(
         "UPDATE spaces SET name = ?2, updated_at = ?3 WHERE id = ?1",
         params![id, name, now_ms()],
     )?;
@@ -112,7 +112,7 @@ pub fn delete_space(conn: &Connection, id: &str) -> StoreResult<DeletedCounts> {
         return Err(StoreError::NotFound(format!("space {id}")));
     }
     let count = |sql: &str| -> StoreResult<usize> {
-        Ok(conn.query_row(sql, [id], |r| r.get::<_, i64>(0))? as usize)
+        Ok(conn.query_row_cached(sql, [id], |r| r.get::<_, i64>(0))? as usize)
     };
     let counts = DeletedCounts {
         messages: count("SELECT COUNT(*) FROM messages WHERE space_id = ?1")?,
@@ -123,7 +123,7 @@ pub fn delete_space(conn: &Connection, id: &str) -> StoreResult<DeletedCounts> {
         preferences: count("SELECT COUNT(*) FROM space_preferences WHERE space_id = ?1")?,
         conversations_unlinked: count("SELECT COUNT(*) FROM conversations WHERE space_id = ?1")?,
     };
-    conn.execute("DELETE FROM spaces WHERE id = ?1", [id])?;
+    conn.execute_cached("DELETE FROM spaces WHERE id = ?1", [id])?;
     Ok(counts)
 }
 
@@ -135,7 +135,7 @@ pub fn touch_member(
     display_name: Option<&str>,
 ) -> StoreResult<()> {
     let now = now_ms();
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO members (space_id, caller_id, display_name, first_seen_at, last_seen_at)
          VALUES (?1, ?2, ?3, ?4, ?4)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET
@@ -155,7 +155,7 @@ pub struct Member {
 }
 
 pub fn list_members(conn: &Connection, space: &str) -> StoreResult<Vec<Member>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT caller_id, display_name, first_seen_at, last_seen_at FROM members WHERE space_id = ?1 ORDER BY caller_id",
     )?;
     let rows = stmt.query_map([space], |r| {
@@ -181,7 +181,7 @@ pub struct RoleGrant {
 /// The stored role of a caller in a space, if one was granted. Read only.
 pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<Option<String>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
             [space, caller],
             |r| r.get(0),
@@ -190,7 +190,7 @@ pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<
 }
 
 pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT caller_id, role, granted_by, created_at, updated_at FROM space_roles WHERE space_id = ?1 ORDER BY caller_id",
     )?;
     let rows = stmt.query_map([space], |r| {
@@ -213,7 +213,7 @@ pub fn set_role(
     by: &str,
 ) -> StoreResult<()> {
     let now = now_ms();
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET role = excluded.role,
@@ -225,7 +225,7 @@ pub fn set_role(
 
 /// Removes a grant; the caller falls back to `member`. Returns whether a row went.
 pub fn revoke_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<bool> {
-    Ok(conn.execute(
+    Ok(conn.execute_cached(
         "DELETE FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
         [space, caller],
     )? > 0)
@@ -260,7 +260,7 @@ pub fn kv_list(conn: &Connection, table: KvTable, space: &str) -> StoreResult<Ve
         "SELECT key, value, updated_by, updated_at FROM {} WHERE space_id = ?1 ORDER BY key",
         table.name()
     );
-    let mut stmt = conn.prepare(&sql)?;
+    let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map([space], |r| {
         Ok(KvEntry {
             key: r.get(0)?,
@@ -283,7 +283,7 @@ pub fn kv_get(
         table.name()
     );
     Ok(conn
-        .query_row(&sql, [space, key], |r| r.get(0))
+        .query_row_cached(&sql, [space, key], |r| r.get(0))
         .optional()?)
 }
 
@@ -301,7 +301,7 @@ pub fn kv_set(
            updated_by = excluded.updated_by, updated_at = excluded.updated_at",
         table.name()
     );
-    conn.execute(&sql, params![space, key, value, by, now_ms()])?;
+    conn.execute_cached(&sql, params![space, key, value, by, now_ms()])?;
     Ok(())
 }
 
@@ -310,7 +310,7 @@ pub fn kv_delete(conn: &Connection, table: KvTable, space: &str, key: &str) -> S
         "DELETE FROM {} WHERE space_id = ?1 AND key = ?2",
         table.name()
     );
-    Ok(conn.execute(&sql, [space, key])? > 0)
+    Ok(conn.execute_cached(&sql, [space, key])? > 0)
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -323,7 +323,7 @@ pub struct Mute {
 }
 
 pub fn list_mutes(conn: &Connection, space: &str) -> StoreResult<Vec<Mute>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT caller_id, until, reason, updated_by, updated_at FROM mutes WHERE space_id = ?1 ORDER BY caller_id",
     )?;
     let rows = stmt.query_map([space], |r| {
@@ -346,7 +346,7 @@ pub fn set_mute(
     reason: Option<&str>,
     by: &str,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO mutes (space_id, caller_id, until, reason, updated_by, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET until = excluded.until, reason = excluded.reason,
            updated_by = excluded.updated_by, updated_at = excluded.updated_at",
@@ -356,7 +356,7 @@ pub fn set_mute(
 }
 
 pub fn delete_mute(conn: &Connection, space: &str, caller: &str) -> StoreResult<bool> {
-    Ok(conn.execute(
+    Ok(conn.execute_cached(
         "DELETE FROM mutes WHERE space_id = ?1 AND caller_id = ?2",
         [space, caller],
     )? > 0)
@@ -364,7 +364,7 @@ pub fn delete_mute(conn: &Connection, space: &str, caller: &str) -> StoreResult<
 
 pub fn is_muted(conn: &Connection, space: &str, caller: &str, now: i64) -> StoreResult<bool> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT 1 FROM mutes WHERE space_id = ?1 AND caller_id = ?2 AND (until IS NULL OR until > ?3)",
             params![space, caller, now],
             |_| Ok(()),
@@ -376,7 +376,7 @@ pub fn is_muted(conn: &Connection, space: &str, caller: &str, now: i64) -> Store
 /// The message id below which history is no longer sent to the model.
 pub fn session_boundary(conn: &Connection, space: &str) -> StoreResult<(i64, Option<String>)> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             "SELECT boundary_message_id, summary FROM session_state WHERE space_id = ?1",
             [space],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -391,7 +391,7 @@ pub fn set_session_boundary(
     boundary: i64,
     summary: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO session_state (space_id, boundary_message_id, summary, updated_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (space_id) DO UPDATE SET boundary_message_id = excluded.boundary_message_id,
            summary = excluded.summary, updated_at = excluded.updated_at",

@@ -5,7 +5,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -58,7 +58,7 @@ pub fn create(conn: &Connection, t: &NewTask<'_>) -> StoreResult<Task> {
         ));
     }
     let now = now_ms();
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO tasks (space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?8)",
         params![t.space_id, t.cron, t.at, t.prompt, t.silent, t.next_run_at, t.created_by, now],
@@ -70,7 +70,7 @@ pub fn create(conn: &Connection, t: &NewTask<'_>) -> StoreResult<Task> {
 /// A task of this space (a task of another space is "not found").
 pub fn get(conn: &Connection, space: &str, id: i64) -> StoreResult<Option<Task>> {
     Ok(conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {COLS} FROM tasks WHERE id = ?1 AND space_id = ?2"),
             params![id, space],
             from_row,
@@ -79,7 +79,7 @@ pub fn get(conn: &Connection, space: &str, id: i64) -> StoreResult<Option<Task>>
 }
 
 pub fn list(conn: &Connection, space: &str) -> StoreResult<Vec<Task>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM tasks WHERE space_id = ?1 ORDER BY id"
     ))?;
     let rows = stmt.query_map([space], from_row)?;
@@ -87,7 +87,7 @@ pub fn list(conn: &Connection, space: &str) -> StoreResult<Vec<Task>> {
 }
 
 pub fn due(conn: &Connection, now: i64) -> StoreResult<Vec<Task>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?1 ORDER BY next_run_at, id"
     ))?;
     let rows = stmt.query_map([now], from_row)?;
@@ -96,7 +96,7 @@ pub fn due(conn: &Connection, now: i64) -> StoreResult<Vec<Task>> {
 
 /// The earliest `next_run_at` of any active task (the scheduler sleeps until then).
 pub fn next_due_at(conn: &Connection) -> StoreResult<Option<i64>> {
-    Ok(conn.query_row(
+    Ok(conn.query_row_cached(
         "SELECT MIN(next_run_at) FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL",
         [],
         |r| r.get(0),
@@ -110,7 +110,7 @@ pub fn set_active(
     active: bool,
     next_run_at: Option<i64>,
 ) -> StoreResult<()> {
-    let n = conn.execute(
+    let n = conn.execute_cached(
         "UPDATE tasks SET active = ?3, next_run_at = COALESCE(?4, next_run_at), updated_at = ?5 WHERE id = ?1 AND space_id = ?2",
         params![id, space, active, next_run_at, now_ms()],
     )?;
@@ -122,7 +122,7 @@ pub fn set_active(
 
 /// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).
 pub fn advance(conn: &Connection, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE tasks SET next_run_at = ?2, active = CASE WHEN ?2 IS NULL THEN 0 ELSE active END, updated_at = ?3 WHERE id = ?1",
         params![id, next_run_at, now_ms()],
     )?;
@@ -130,7 +130,7 @@ pub fn advance(conn: &Connection, id: i64, next_run_at: Option<i64>) -> StoreRes
 }
 
 pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
-    let n = conn.execute(
+    let n = conn.execute_cached(
         "DELETE FROM tasks WHERE id = ?1 AND space_id = ?2",
         params![id, space],
     )?;
@@ -140,12 +140,23 @@ pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
     Ok(())
 }
 
-pub fn start_run(conn: &Connection, task: &Task, run_id: &str) -> StoreResult<i64> {
-    conn.execute(
-        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, ?3, 'running', ?4)",
-        params![task.id, task.space_id, run_id, now_ms()],
+/// Records a firing; its run is attached when the turn starts ([`attach_run`]).
+pub fn start_run(conn: &Connection, task: &Task) -> StoreResult<i64> {
+    conn.execute_cached(
+        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, NULL, 'queued', ?3)",
+        params![task.id, task.space_id, now_ms()],
     )?;
     Ok(conn.last_insert_rowid())
+}
+
+/// Links a firing to the run serving it, in the transaction that starts the
+/// run, so even a firing whose run is interrupted says which run that was.
+pub fn attach_run(conn: &Connection, task_run_id: i64, run_id: &str) -> StoreResult<()> {
+    conn.execute_cached(
+        "UPDATE task_runs SET run_id = ?2, status = 'running' WHERE id = ?1",
+        params![task_run_id, run_id],
+    )?;
+    Ok(())
 }
 
 pub fn finish_run(
@@ -154,7 +165,7 @@ pub fn finish_run(
     status: &str,
     error: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute(
+    conn.execute_cached(
         "UPDATE task_runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
         params![task_run_id, status, error, now_ms()],
     )?;

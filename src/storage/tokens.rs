@@ -8,7 +8,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -93,7 +93,7 @@ pub struct NewToken<'a> {
 pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)> {
     let secret = new_secret();
     let id = uuid::Uuid::now_v7().simple().to_string();
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, role, read_only)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
@@ -117,7 +117,7 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 /// Resolves a presented secret; `None` for unknown, revoked or expired.
 pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
-        .query_row(
+        .query_row_cached(
             "SELECT id, caller_id, kind, space_id, run_id, role, read_only FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
@@ -150,7 +150,7 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
 }
 
 pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at
          FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id",
     )?;
@@ -171,7 +171,7 @@ pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
 }
 
 pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
-    let n = conn.execute(
+    let n = conn.execute_cached(
         "UPDATE api_tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
         params![id, now_ms()],
     )?;
@@ -188,10 +188,11 @@ pub fn delete_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
 }
 
 /// Revokes the token of a finished run so it dies with the run.
+/// Shared with the query-plan test (`storage::migrations`).
+pub(crate) const REVOKE_RUN_SQL: &str =
+    "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL";
+
 pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
-    conn.execute(
-        "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL",
-        params![run_id, now_ms()],
-    )?;
+    conn.execute_cached(REVOKE_RUN_SQL, params![run_id, now_ms()])?;
     Ok(())
 }

@@ -484,6 +484,44 @@ impl TestHost {
     }
 }
 
+impl TestHost {
+    /// Sends a signal (`TERM`, `INT`, `KILL`) to the child-process host.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("a child-process host").id();
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill -{sig} {pid} failed");
+    }
+
+    /// Waits up to `secs` for the child-process host to exit; its exit status
+    /// (None if it is still running then).
+    pub async fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let c = self.child.as_mut().expect("a child-process host");
+            if let Some(st) = c.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(st);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A writer connection to the real database file (seeding data the way
+    /// a second process would: WAL, with a busy timeout).
+    pub fn db_writer(&self) -> rusqlite::Connection {
+        let c = rusqlite::Connection::open(self.data.join("state.db")).unwrap();
+        c.busy_timeout(Duration::from_secs(10)).unwrap();
+        c
+    }
+}
+
 impl Drop for TestHost {
     fn drop(&mut self) {
         self.shutdown.cancel();

@@ -2,10 +2,12 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+mod api;
 mod ask;
 mod bench_sandbox;
 mod common;
 mod docker_turns;
 mod links;
+mod live;
 mod review;
 mod smoke;

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::Json;
 use serde_json::Value;
 
+use super::{path_arg, PathArg};
 use crate::actors::ControlAction;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::host::Host;
@@ -14,8 +15,9 @@ use crate::host::Host;
 pub async fn control(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(action): Path<String>,
+    action: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
+    let action = path_arg(action)?;
     let (action, perm) = match action.as_str() {
         "stop" => (ControlAction::Stop, "stop"),
         "compact" => (ControlAction::Compact, "compact"),

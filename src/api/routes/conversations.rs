@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, params, Body, Params};
+use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::host::Host;
 use crate::ids::SpaceId;
@@ -53,9 +53,10 @@ pub struct LinkBody {
 pub async fn link(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
     b: Body<LinkBody>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     let ctx = auth.require("spaces.rename")?;
     let target =
         SpaceId::parse(&body(b)?.space_id).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -84,8 +85,9 @@ pub async fn link(
 pub async fn unlink(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     let ctx = auth.require("spaces.rename")?;
     let space = ctx.space.to_string();
     let global = auth.caller.global_admin;

@@ -15,14 +15,17 @@ pub mod spaces;
 pub mod tasks;
 pub mod tokens;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Json, Query};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Json, Path, Query};
 
 use super::error::ApiResult;
 
 /// A JSON body, with axum's rejection mapped to our error shape.
 pub type Body<T> = Result<Json<T>, JsonRejection>;
 pub type Params<T> = Result<Query<T>, QueryRejection>;
+/// A path segment (`/api/tasks/{id}`); a bad one is a 400 in our error shape,
+/// not axum's plain-text rejection.
+pub type PathArg<T> = Result<Path<T>, PathRejection>;
 
 pub fn body<T>(b: Body<T>) -> ApiResult<T> {
     Ok(b?.0)
@@ -30,6 +33,10 @@ pub fn body<T>(b: Body<T>) -> ApiResult<T> {
 
 pub fn params<T>(q: Params<T>) -> ApiResult<T> {
     Ok(q?.0)
+}
+
+pub fn path_arg<T>(p: PathArg<T>) -> ApiResult<T> {
+    Ok(p?.0)
 }
 
 /// Non-empty, bounded free text from a client.

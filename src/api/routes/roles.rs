@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, params, Body, Params};
+use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::host::Host;
 use crate::perms::{self, ALL_PERMISSIONS};
@@ -71,8 +71,9 @@ pub async fn grant(
 pub async fn revoke(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(caller): Path<String>,
+    caller: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
+    let caller = path_arg(caller)?;
     let space = auth.require("roles.revoke")?.space.to_string();
     let out = host
         .spaces

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, text_field, Body};
+use super::{body, path_arg, text_field, Body, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
@@ -77,8 +77,9 @@ pub async fn prefs_set(
 pub async fn prefs_delete(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(key): Path<String>,
+    key: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
+    let key = path_arg(key)?;
     let space = auth.require("prefs.set")?.space.to_string();
     let key = pref_key(&key)?;
     let out = host
@@ -299,8 +300,9 @@ pub async fn mutes_set(
 pub async fn mutes_delete(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(caller): Path<String>,
+    caller: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
+    let caller = path_arg(caller)?;
     let space = auth.require("mutes.set")?.space.to_string();
     let out = host
         .spaces

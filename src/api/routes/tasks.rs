@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, text_field, Body};
+use super::{body, path_arg, text_field, Body, PathArg};
 use crate::actors::scheduler::queue_firing;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::clock::now_ms;
@@ -117,24 +117,27 @@ async fn set_active(
 pub async fn pause(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     set_active(&host, &auth, "tasks.pause", id, false).await
 }
 
 pub async fn resume(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     set_active(&host, &auth, "tasks.resume", id, true).await
 }
 
 pub async fn delete(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     let space = auth.require("tasks.delete")?.space.to_string();
     let out = host
         .spaces
@@ -149,8 +152,9 @@ pub async fn delete(
 pub async fn run_now(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let id = path_arg(id)?;
     let space = auth.require("tasks.create")?.space.to_string();
     let out = host
         .spaces

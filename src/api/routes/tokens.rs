@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, Body};
+use super::{body, path_arg, Body, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::host::Host;
@@ -94,8 +94,9 @@ pub async fn list(
 pub async fn revoke(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<String>,
+    id: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     auth.require_global_admin()?;
     let id2 = id.clone();
     host.rt

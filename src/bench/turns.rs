@@ -1,0 +1,365 @@
+//! `mercury bench turns`: ingest throughput through the real ingress path,
+//! and the orchestration overhead of a turn that calls no tool, each beside
+//! a baseline of the same number of plain SQLite inserts.
+//!
+//! Ingest: each message goes through `ingress::ingest_tx` in one writer
+//! transaction, which is what `POST /api/ingress` runs after auth:
+//! conversation upsert, auto-created space (and its workspace), the dedupe
+//! probe, member row, mute, trigger and rate checks, the message row. One
+//! message in ten repeats an earlier platform message id, so the dedupe path
+//! is part of the mix. `concurrency` tasks submit at once, as concurrent
+//! requests would. HTTP parsing and the token check are not included.
+//!
+//! Turn overhead: a DM stored through the same path, then its space actor is
+//! woken; the time from "stored" to "turn ended" (run row opened and closed,
+//! prompt built, model called, usage row, run token revoked, reply row and
+//! outbox item committed) is one sample. Turns run one at a time, with a
+//! scripted model that answers at once, so the samples are the host's own
+//! cost. Warm-up turns (actor start, first prompt) are not counted.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::task::JoinSet;
+
+use super::{ms, percentile, plain_inserts};
+use crate::config::SandboxChoice;
+use crate::host;
+use crate::ids::SpaceId;
+use crate::ingress::{self, CallerLimits, IngestResult, IngestStatus, IngressMessage};
+use crate::storage::Store;
+use crate::workspace::{ensure_workspace, DataPaths};
+
+/// Turns run and thrown away before the measured ones.
+pub const WARMUP_TURNS: usize = 20;
+
+#[derive(Debug, Clone)]
+pub struct TurnsOptions {
+    /// Ingest calls (about one in ten is a replay).
+    pub messages: usize,
+    /// Measured turns.
+    pub turns: usize,
+    /// Ingest calls in flight at once.
+    pub concurrency: usize,
+    /// Conversations the messages are spread over (each gets a space).
+    pub conversations: usize,
+}
+
+impl Default for TurnsOptions {
+    fn default() -> Self {
+        Self {
+            messages: 5000,
+            turns: 1000,
+            concurrency: 16,
+            conversations: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IngestFigures {
+    pub messages: usize,
+    pub duplicates: usize,
+    pub conversations: usize,
+    pub concurrency: usize,
+    pub elapsed: Duration,
+    pub baseline: Duration,
+}
+
+impl IngestFigures {
+    pub fn per_second(&self) -> f64 {
+        self.messages as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    pub fn baseline_per_second(&self) -> f64 {
+        self.messages as f64 / self.baseline.as_secs_f64().max(1e-9)
+    }
+    pub fn ratio(&self) -> f64 {
+        self.elapsed.as_secs_f64() / self.baseline.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnFigures {
+    pub turns: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub mean: Duration,
+    pub baseline_p50: Duration,
+    pub baseline_p99: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnsReport {
+    pub ingest: IngestFigures,
+    pub turns: TurnFigures,
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-9)
+}
+
+impl fmt::Display for TurnsReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let build = if cfg!(debug_assertions) {
+            "debug build (unoptimised: build with --release for real figures)"
+        } else {
+            "release build"
+        };
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let (i, t) = (&self.ingest, &self.turns);
+        writeln!(f, "mercury bench turns: {build}, {cpus} CPUs")?;
+        writeln!(
+            f,
+            "ingest  {} messages ({} replays) over {} conversations, {} at a time",
+            i.messages, i.duplicates, i.conversations, i.concurrency
+        )?;
+        writeln!(
+            f,
+            "        ingress path    {:>8.3} s  {:>9.0} msg/s",
+            i.elapsed.as_secs_f64(),
+            i.per_second()
+        )?;
+        writeln!(
+            f,
+            "        plain inserts   {:>8.3} s  {:>9.0} msg/s  ({} one-row transactions, same file settings)",
+            i.baseline.as_secs_f64(),
+            i.baseline_per_second(),
+            i.messages
+        )?;
+        writeln!(
+            f,
+            "        ratio           {:.2}x the plain inserts' time",
+            i.ratio()
+        )?;
+        writeln!(
+            f,
+            "turns   {} no-tool turns one at a time (scripted model, 0 ms), after {WARMUP_TURNS} warm-up turns",
+            t.turns
+        )?;
+        writeln!(
+            f,
+            "        overhead        p50 {}  p99 {}  mean {}",
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.mean)
+        )?;
+        writeln!(
+            f,
+            "        plain insert    p50 {}  p99 {}  ({} one-row transactions)",
+            ms(t.baseline_p50),
+            ms(t.baseline_p99),
+            t.turns
+        )?;
+        writeln!(
+            f,
+            "        ratio           p50 {:.1}x  p99 {:.1}x",
+            ratio(t.p50, t.baseline_p50),
+            ratio(t.p99, t.baseline_p99)
+        )?;
+        let met = |ok: bool| if ok { "met" } else { "NOT met" };
+        write!(
+            f,
+            "targets ingest >= 5000 msg/s: {} ({:.0} msg/s); p50 overhead <= 1 ms: {} ({})",
+            met(i.per_second() >= 5000.0),
+            i.per_second(),
+            met(t.p50 <= Duration::from_millis(1)),
+            ms(t.p50)
+        )
+    }
+}
+
+/// Runs both measurements in a temp dir and returns the figures.
+pub async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsReport> {
+    if opts.messages == 0 || opts.turns == 0 || opts.concurrency == 0 || opts.conversations == 0 {
+        bail!("--messages, --turns, --concurrency and --conversations must be at least 1");
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("mercury-bench-")
+        .tempdir()
+        .context("creating a temp dir")?;
+    let ingest = ingest_phase(dir.path(), opts).await?;
+    let turns = turn_phase(dir.path(), opts).await?;
+    Ok(TurnsReport { ingest, turns })
+}
+
+/// The ingress path, as `Host::ingest` runs it before waking the space.
+async fn store_inbound(
+    store: &Store,
+    paths: &DataPaths,
+    settings: &Arc<crate::config::Settings>,
+    limits: &Arc<CallerLimits>,
+    m: IngressMessage,
+) -> anyhow::Result<IngestResult> {
+    let (s, l) = (settings.clone(), limits.clone());
+    let res = store
+        .write(move |tx| ingress::ingest_tx(tx, &s, &l, &m))
+        .await?;
+    if let (true, Some(space)) = (res.created_space, &res.space_id) {
+        ensure_workspace(paths, &SpaceId::parse(space)?)?;
+    }
+    Ok(res)
+}
+
+fn message(conversation: String, sender: String, n: usize) -> IngressMessage {
+    IngressMessage {
+        platform: "bench".into(),
+        conversation,
+        sender_id: sender,
+        sender_name: Some("Bench".into()),
+        text: format!("message {n}"),
+        message_id: format!("m-{n}"),
+        is_group: false,
+        mentions_bot: false,
+        reply_to_bot: false,
+        title: None,
+    }
+}
+
+async fn ingest_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<IngestFigures> {
+    let data = dir.join("ingest");
+    host::init(&data, "owner").await?;
+    let paths = DataPaths::new(&data);
+    let settings = Arc::new(host::load_settings(&paths)?);
+    let store = Store::open(&paths.db)?;
+    // No caller is limited here: the limiter's check is measured, its "no" is not.
+    let limits = Arc::new(CallerLimits::new(u32::MAX));
+    let mut lanes: Vec<Vec<IngressMessage>> = vec![Vec::new(); opts.concurrency];
+    for i in 0..opts.messages {
+        // Every tenth call repeats the platform id of a message five before it.
+        let n = if i % 10 == 9 { i - 5 } else { i };
+        let c = n % opts.conversations;
+        lanes[i % opts.concurrency].push(message(format!("conv-{c}"), format!("user-{c}"), n));
+    }
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for lane in lanes {
+        let (store, paths, settings, limits) = (
+            store.clone(),
+            paths.clone(),
+            settings.clone(),
+            limits.clone(),
+        );
+        tasks.spawn(async move {
+            let mut duplicates = 0;
+            for m in lane {
+                let res = store_inbound(&store, &paths, &settings, &limits, m).await?;
+                match res.status {
+                    IngestStatus::Duplicate => duplicates += 1,
+                    IngestStatus::Queued => {}
+                    other => bail!("a bench message was {}, not queued", other.as_str()),
+                }
+            }
+            Ok::<usize, anyhow::Error>(duplicates)
+        });
+    }
+    let mut duplicates = 0;
+    while let Some(r) = tasks.join_next().await {
+        duplicates += r.context("an ingest task panicked")??;
+    }
+    let elapsed = start.elapsed();
+    let n = opts.messages;
+    let base_path = dir.join("plain-ingest.db");
+    let (baseline, _) = tokio::task::spawn_blocking(move || plain_inserts(&base_path, n))
+        .await
+        .context("the baseline task panicked")??;
+    Ok(IngestFigures {
+        messages: opts.messages,
+        duplicates,
+        conversations: opts.conversations,
+        concurrency: opts.concurrency,
+        elapsed,
+        baseline,
+    })
+}
+
+async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigures> {
+    let data = dir.join("turns");
+    host::init(&data, "owner").await?;
+    let model = dir.join("model.json");
+    std::fs::write(&model, r#"{"rules": [{"purpose": "turn", "reply": "ok"}]}"#)
+        .context("writing the bench model")?;
+    let paths = DataPaths::new(&std::fs::canonicalize(&data)?);
+    let mut settings = host::load_settings(&paths)?;
+    settings.model = format!("scripted:{}", model.display());
+    // No tool is called, so no sandbox starts; `process` avoids probing Docker.
+    settings.sandbox.backend = SandboxChoice::Process;
+    settings.ingress.per_caller_per_minute = u32::MAX;
+    settings.validate()?;
+    let store = Store::open(&paths.db)?;
+    let rt = host::build_runtime(
+        &paths,
+        settings,
+        store,
+        crate::model::gate::Admission::Gated,
+    )
+    .await?;
+    let (supervisor, sup_handle, spaces, _review) = host::start_actors(&rt).await?;
+    let limits = Arc::new(CallerLimits::new(u32::MAX));
+    let total = WARMUP_TURNS + opts.turns;
+    let mut samples = Vec::with_capacity(opts.turns);
+    for n in 0..total {
+        let m = message("bench-dm".into(), "bench-user".into(), n);
+        let (s, l, rt2) = (rt.settings.clone(), limits.clone(), rt.clone());
+        // The waiter is registered inside the storing transaction, so a turn
+        // that starts before `wake` (the actor looks for pending work after
+        // each turn) cannot end unseen.
+        let (res, done) = rt
+            .store
+            .write(move |tx| {
+                let res = ingress::ingest_tx(tx, &s, &l, &m)?;
+                let done = res.message_id.map(|id| rt2.waiters.register(id));
+                Ok((res, done))
+            })
+            .await?;
+        let stored = Instant::now();
+        let (Some(space), Some(done), IngestStatus::Queued) = (&res.space_id, done, res.status)
+        else {
+            bail!("bench turn {n} was not queued ({})", res.status.as_str());
+        };
+        if res.created_space {
+            ensure_workspace(&paths, &SpaceId::parse(space)?)?;
+        }
+        spaces.wake(space).await?;
+        tokio::time::timeout(Duration::from_secs(60), done)
+            .await
+            .with_context(|| format!("bench turn {n} did not end within 60 s"))?
+            .with_context(|| format!("bench turn {n}: the host dropped its waiter"))?;
+        if n >= WARMUP_TURNS {
+            samples.push(stored.elapsed());
+        }
+    }
+    let done: i64 = rt
+        .store
+        .read(|c| {
+            Ok(
+                c.query_row("SELECT COUNT(*) FROM runs WHERE status = 'done'", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await?;
+    supervisor.stop(Some("bench finished".into()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), sup_handle).await;
+    if done != total as i64 {
+        bail!("only {done} of {total} bench turns ended done; the figures would measure failures");
+    }
+    samples.sort();
+    let mean = samples.iter().sum::<Duration>() / samples.len().max(1) as u32;
+    let base_path = dir.join("plain-turns.db");
+    let turns = opts.turns;
+    let (_, mut base) = tokio::task::spawn_blocking(move || plain_inserts(&base_path, turns))
+        .await
+        .context("the baseline task panicked")??;
+    base.sort();
+    Ok(TurnFigures {
+        turns: opts.turns,
+        p50: percentile(&samples, 50.0),
+        p99: percentile(&samples, 99.0),
+        mean,
+        baseline_p50: percentile(&base, 50.0),
+        baseline_p99: percentile(&base, 99.0),
+    })
+}
