@@ -13,6 +13,7 @@ pub mod prompt;
 pub mod tools;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +96,9 @@ enum TurnError {
 /// The lazily started sandbox of one turn, closed by [`run_turn`] on every exit path.
 struct SessionSlot {
     session: tokio::sync::Mutex<Option<Box<dyn SandboxSession>>>,
+    /// Set before the turn's run token is minted (with its sandbox); a turn
+    /// that called no tool has no token and skips the revoking write.
+    token_minted: AtomicBool,
 }
 
 /// Runs one turn. The run row is started here and left `running`; the caller
@@ -106,6 +110,7 @@ pub async fn run_turn(
 ) -> TurnOutcome {
     let slot = SessionSlot {
         session: tokio::sync::Mutex::new(None),
+        token_minted: AtomicBool::new(false),
     };
     let mut acc = Accounting::default();
     if let Ok(mut live) = rt.live_runs.lock() {
@@ -126,12 +131,14 @@ pub async fn run_turn(
         }
     }
     let run_id = req.run_id.to_string();
-    if let Err(e) = rt
-        .store
-        .write(move |tx| tokens::revoke_run(tx, &run_id))
-        .await
-    {
-        tracing::error!(run = %req.run_id, error = %e, "could not revoke the run token");
+    if slot.token_minted.load(Ordering::SeqCst) {
+        if let Err(e) = rt
+            .store
+            .write(move |tx| tokens::revoke_run(tx, &run_id))
+            .await
+        {
+            tracing::error!(run = %req.run_id, error = %e, "could not revoke the run token");
+        }
     }
     if let Ok(mut live) = rt.live_runs.lock() {
         live.remove(req.run_id.as_str());
@@ -191,6 +198,7 @@ async fn turn_loop(
             let output = {
                 let mut guard = slot.session.lock().await;
                 if guard.is_none() {
+                    slot.token_minted.store(true, Ordering::SeqCst);
                     *guard = Some(start_sandbox(rt, req).await?);
                 }
                 let session = guard.as_deref().ok_or_else(|| {

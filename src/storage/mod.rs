@@ -6,6 +6,13 @@
 //! the writer thread, reads run on `spawn_blocking` with a pooled read-only
 //! connection.
 //!
+//! Group commit: the writer takes every write already queued (up to
+//! [`MAX_BATCH`]) and runs them in one transaction, each inside its own
+//! savepoint, so one write's error undoes only that write. Nobody is answered
+//! before the shared commit; if it fails, every write of the batch fails.
+//! Concurrent writers (many messages arriving at once) then share the cost
+//! of a commit instead of paying it each.
+//!
 //! Must never: open a second writer, hold a transaction across an await, or
 //! create a row as a side effect of a read.
 
@@ -46,11 +53,81 @@ pub enum StoreError {
     Conflict(String),
     #[error("{0}")]
     Invalid(String),
+    /// The write ran but the transaction it shared could not commit.
+    #[error("the write was not committed: {0}")]
+    NotCommitted(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-type WriteJob = Box<dyn FnOnce(&mut Connection) + Send>;
+type WriteJob = Box<dyn PendingWrite>;
+
+/// Writes run together in one transaction, at most this many.
+pub const MAX_BATCH: usize = 64;
+
+/// One queued write: run inside the batch's transaction, then answered once
+/// the batch has committed (or failed).
+trait PendingWrite: Send {
+    /// Runs the write; true if it succeeded (its savepoint is kept).
+    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool;
+    /// Answers the caller; `failure` is set when the batch did not commit.
+    fn finish(self: Box<Self>, failure: Option<&str>);
+}
+
+struct Write<T, F> {
+    f: Option<F>,
+    result: Option<StoreResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T, F> PendingWrite for Write<T, F>
+where
+    T: Send,
+    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send,
+{
+    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool {
+        let result = self.f.take().map(|f| f(tx));
+        let ok = matches!(result, Some(Ok(_)));
+        self.result = result;
+        ok
+    }
+
+    fn finish(self: Box<Self>, failure: Option<&str>) {
+        let out = match (failure, self.result) {
+            (None, Some(r)) => r,
+            // Its own error says more than the batch's.
+            (Some(_), Some(Err(e))) => Err(e),
+            (Some(f), _) => Err(StoreError::NotCommitted(f.to_owned())),
+            (None, None) => Err(StoreError::NotCommitted("the write never ran".into())),
+        };
+        let _ = self.reply.send(out);
+    }
+}
+
+/// Runs `jobs` in one IMMEDIATE transaction, each in a savepoint, then
+/// answers them all. If SQLite abandons the transaction under a failing
+/// write, the savepoint commands fail and so does the whole batch.
+fn run_batch(conn: &mut Connection, mut jobs: Vec<WriteJob>) {
+    let failure = (|| -> rusqlite::Result<()> {
+        let txn = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for job in jobs.iter_mut() {
+            txn.execute_cached("SAVEPOINT write", [])?;
+            if !job.run(&txn) {
+                txn.execute_cached("ROLLBACK TO write", [])?;
+            }
+            txn.execute_cached("RELEASE write", [])?;
+        }
+        txn.commit()
+    })()
+    .err()
+    .map(|e| e.to_string());
+    if let Some(f) = &failure {
+        tracing::error!(writes = jobs.len(), error = %f, "a write batch did not commit");
+    }
+    for job in jobs {
+        job.finish(failure.as_deref());
+    }
+}
 
 /// Handle to the database. Cheap to clone.
 #[derive(Clone)]
@@ -116,8 +193,15 @@ impl Store {
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    job(&mut conn);
+                while let Some(first) = rx.blocking_recv() {
+                    let mut jobs = vec![first];
+                    while jobs.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    run_batch(&mut conn, jobs);
                 }
             })
             .map_err(|e| StoreError::Join(format!("cannot start the writer thread: {e}")))?;
@@ -134,23 +218,20 @@ impl Store {
         &self.inner.path
     }
 
-    /// Runs `f` inside one IMMEDIATE transaction on the writer thread; commits
-    /// if it returns `Ok`, rolls back otherwise (no partial write).
+    /// Runs `f` on the writer thread inside an IMMEDIATE transaction (shared
+    /// with the other writes queued at that moment, see the module doc) and
+    /// answers once it is committed. If `f` returns `Err`, everything it wrote
+    /// is rolled back (no partial write) and the other writes are unaffected.
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: WriteJob = Box::new(move |conn: &mut Connection| {
-            let result = (|| {
-                let txn =
-                    conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let out = f(&txn)?;
-                txn.commit()?;
-                Ok(out)
-            })();
-            let _ = tx.send(result);
+        let job: WriteJob = Box::new(Write {
+            f: Some(f),
+            result: None,
+            reply: tx,
         });
         self.inner
             .writer
@@ -262,4 +343,132 @@ pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(10))?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Reply<T> = oneshot::Receiver<StoreResult<T>>;
+
+    fn job<F>(f: F) -> (WriteJob, Reply<()>)
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job: WriteJob = Box::new(Write {
+            f: Some(f),
+            result: None,
+            reply,
+        });
+        (job, rx)
+    }
+
+    fn insert(name: &'static str) -> impl FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> {
+        move |tx| {
+            tx.execute("INSERT INTO t (name) VALUES (?1)", [name])?;
+            Ok(())
+        }
+    }
+
+    fn setup() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_plain(&dir.path().join("t.db")).unwrap();
+        conn.execute_batch("CREATE TABLE t (name TEXT NOT NULL)")
+            .unwrap();
+        (dir, conn)
+    }
+
+    fn names(conn: &Connection) -> Vec<String> {
+        let mut stmt = conn.prepare("SELECT name FROM t ORDER BY rowid").unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn a_failing_write_in_a_batch_undoes_only_itself() {
+        let (_dir, mut conn) = setup();
+        let (a, mut ra) = job(insert("a"));
+        let (b, mut rb) = job(|tx| {
+            tx.execute("INSERT INTO t (name) VALUES ('b')", [])?;
+            Err(StoreError::Invalid("b changed its mind".into()))
+        });
+        let (c, mut rc) = job(insert("c"));
+        run_batch(&mut conn, vec![a, b, c]);
+        assert_eq!(names(&conn), ["a", "c"]);
+        assert!(ra.try_recv().unwrap().is_ok());
+        assert!(matches!(
+            rb.try_recv().unwrap(),
+            Err(StoreError::Invalid(_))
+        ));
+        assert!(rc.try_recv().unwrap().is_ok());
+    }
+
+    #[test]
+    fn when_the_shared_transaction_is_lost_every_write_of_the_batch_fails() {
+        let (_dir, mut conn) = setup();
+        let (a, mut ra) = job(insert("a"));
+        // Ends the shared transaction under everyone (as SQLite does itself
+        // after some errors): nothing of the batch may be reported written.
+        let (b, mut rb) = job(|tx| {
+            tx.execute_batch("ROLLBACK")?;
+            Ok(())
+        });
+        let (c, mut rc) = job(insert("c"));
+        run_batch(&mut conn, vec![a, b, c]);
+        assert!(names(&conn).is_empty());
+        for r in [&mut ra, &mut rb, &mut rc] {
+            assert!(matches!(
+                r.try_recv().unwrap(),
+                Err(StoreError::NotCommitted(_))
+            ));
+        }
+        // The connection is usable for the next batch.
+        let (d, mut rd) = job(insert("d"));
+        run_batch(&mut conn, vec![d]);
+        assert!(rd.try_recv().unwrap().is_ok());
+        assert_eq!(names(&conn), ["d"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_all_land_with_their_own_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let writes = (0..200).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(move |tx| {
+                        tx.execute(
+                            "INSERT INTO spaces (id, name, created_at, updated_at) VALUES (?1, ?1, 0, 0)",
+                            [format!("s{i}")],
+                        )?;
+                        if i % 7 == 0 {
+                            return Err(StoreError::Invalid(format!("no {i}")));
+                        }
+                        Ok(i)
+                    })
+                    .await
+            })
+        });
+        let results = futures_util::future::join_all(writes).await;
+        for (i, r) in results.into_iter().enumerate() {
+            match r.unwrap() {
+                Ok(v) => assert_eq!(v, i),
+                Err(StoreError::Invalid(m)) => assert_eq!((i % 7, m), (0, format!("no {i}"))),
+                Err(e) => panic!("write {i}: {e}"),
+            }
+        }
+        let n: i64 = store
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM spaces", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(
+            n,
+            200 - 29,
+            "every write but the 29 failing ones (multiples of 7)"
+        );
+    }
 }
