@@ -104,6 +104,35 @@ where
     }
 }
 
+/// A queued write nobody waits for: its failure is logged.
+struct Detached<F> {
+    f: Option<F>,
+    what: &'static str,
+    error: Option<String>,
+}
+
+impl<F> PendingWrite for Detached<F>
+where
+    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send,
+{
+    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool {
+        match self.f.take().map(|f| f(tx)) {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                self.error = Some(e.to_string());
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn finish(self: Box<Self>, failure: Option<&str>) {
+        if let Some(e) = self.error.as_deref().or(failure) {
+            tracing::error!(error = %e, what = self.what, "queued write failed");
+        }
+    }
+}
+
 /// Runs `jobs` in one IMMEDIATE transaction, each in a savepoint, then
 /// answers them all. If SQLite abandons the transaction under a failing
 /// write, the savepoint commands fail and so does the whole batch.
@@ -249,17 +278,10 @@ impl Store {
     where
         F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
     {
-        let job: WriteJob = Box::new(move |conn: &mut Connection| {
-            let result = (|| {
-                let txn =
-                    conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                f(&txn)?;
-                txn.commit()?;
-                Ok::<(), StoreError>(())
-            })();
-            if let Err(e) = result {
-                tracing::error!(error = %e, what, "queued write failed");
-            }
+        let job: WriteJob = Box::new(Detached {
+            f: Some(f),
+            what,
+            error: None,
         });
         if self.inner.writer.send(job).await.is_err() {
             tracing::error!(what, "queued write lost: the database writer has stopped");
