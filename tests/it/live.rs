@@ -323,14 +323,17 @@ async fn three_spaces_answer_twenty_messages_each_in_order_and_in_parallel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_mid_turn_answers_every_message_exactly_once_after_restart() {
+    // m5's turn is slow, so the kill lands inside it, not between two turns.
     let mut h = TestHost::start_process(opts(json!({"rules": [
-        {"purpose": "turn", "match": "^user: (.*)$", "reply": "re: $1", "latency_ms": 300}
+        {"purpose": "turn", "match": "^user: m5$", "reply": "re: m5", "latency_ms": 2000},
+        {"purpose": "turn", "match": "^user: (.*)$", "reply": "re: $1", "latency_ms": 100}
     ]})))
     .await;
     let adapter = h.token("bridge", "adapter").await;
     let mut space = String::new();
+    let mut ids = Vec::new();
     for i in 0..20 {
-        space = send(
+        let (s, id) = send(
             &h,
             &adapter,
             "crashy",
@@ -338,27 +341,22 @@ async fn a_host_killed_mid_turn_answers_every_message_exactly_once_after_restart
             &format!("m{i}"),
             &format!("id-{i}"),
         )
-        .await
-        .0;
+        .await;
+        space = s;
+        ids.push(id);
     }
-    h.wait_count(
-        "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
-        3,
-        60,
-    )
-    .await;
+    let in_flight = format!(
+        "SELECT COUNT(*) FROM runs WHERE status = 'running' AND trigger_message_id = {}",
+        ids[5]
+    );
     assert_eq!(
-        h.wait_count("SELECT COUNT(*) FROM runs WHERE status = 'running'", 1, 30)
-            .await,
+        h.wait_count(&in_flight, 1, 60).await,
         1,
-        "a turn is in flight"
+        "m5's turn is running"
     );
     h.kill();
     let answered = h.count("SELECT COUNT(*) FROM messages WHERE role = 'assistant'");
-    assert!(
-        (3..20).contains(&answered),
-        "killed part way: {answered} of 20 answered"
-    );
+    assert_eq!(answered, 5, "killed during m5's turn: m0..m4 answered");
 
     h.restart_process().await;
     assert_eq!(
@@ -371,8 +369,12 @@ async fn a_host_killed_mid_turn_answers_every_message_exactly_once_after_restart
         20
     );
     assert_each_answered_once(&h, &space, 20);
-    assert!(
-        h.count("SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") >= 1,
+    assert_eq!(
+        h.count(&format!(
+            "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND trigger_message_id = {}",
+            ids[5]
+        )),
+        1,
         "the turn in flight at the kill is marked interrupted at start-up"
     );
     assert_eq!(
@@ -393,14 +395,17 @@ async fn a_host_killed_mid_turn_answers_every_message_exactly_once_after_restart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_space_actor_is_restarted_and_its_queued_messages_are_answered() {
+    // m0's turn is slow, so the panic lands inside it with m1..m4 queued.
     let h = TestHost::start(opts(json!({"rules": [
-        {"purpose": "turn", "match": "^user: (.*)$", "reply": "re: $1", "latency_ms": 400}
+        {"purpose": "turn", "match": "^user: m0$", "reply": "re: m0", "latency_ms": 3000},
+        {"purpose": "turn", "match": "^user: (.*)$", "reply": "re: $1", "latency_ms": 100}
     ]})))
     .await;
     let adapter = h.token("bridge", "adapter").await;
     let mut space = String::new();
+    let mut ids = Vec::new();
     for i in 0..5 {
-        space = send(
+        let (s, id) = send(
             &h,
             &adapter,
             "wobbly",
@@ -408,14 +413,15 @@ async fn a_panicking_space_actor_is_restarted_and_its_queued_messages_are_answer
             &format!("m{i}"),
             &format!("id-{i}"),
         )
-        .await
-        .0;
+        .await;
+        space = s;
+        ids.push(id);
     }
-    assert_eq!(
-        h.wait_count("SELECT COUNT(*) FROM runs WHERE status = 'running'", 1, 30)
-            .await,
-        1
+    let in_flight = format!(
+        "SELECT COUNT(*) FROM runs WHERE status = 'running' AND trigger_message_id = {}",
+        ids[0]
     );
+    assert_eq!(h.wait_count(&in_flight, 1, 30).await, 1);
     let (st, v) = h
         .owner(Method::POST, "/api/test/panic", Some(&space), None)
         .await;
@@ -430,7 +436,10 @@ async fn a_panicking_space_actor_is_restarted_and_its_queued_messages_are_answer
         5
     );
     assert_each_answered_once(&h, &space, 5);
-    let abandoned = h.count("SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = 'space actor stopped during the turn'");
+    let abandoned = h.count(&format!(
+        "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = 'space actor stopped during the turn' AND trigger_message_id = {}",
+        ids[0]
+    ));
     assert_eq!(
         abandoned, 1,
         "the turn in flight died with its actor and was run again"
