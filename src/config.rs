@@ -612,6 +612,13 @@ impl Settings {
         split_chain(&self.model)
     }
 
+    /// The cost of one model call under `prices` (per million tokens; an
+    /// unpriced spec costs 0).
+    pub fn cost(&self, spec: &str, tokens_in: u64, tokens_out: u64) -> f64 {
+        let price = self.prices.get(spec).copied().unwrap_or_default();
+        (tokens_in as f64 * price.input + tokens_out as f64 * price.output) / 1_000_000.0
+    }
+
     pub fn is_global_admin(&self, caller: &str) -> bool {
         caller == self.owner || self.admins.iter().any(|a| a == caller)
     }

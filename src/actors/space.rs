@@ -23,7 +23,7 @@ use crate::agent::{self, prompt::PromptInputs, TurnOutcome, TurnRequest, TurnSta
 use crate::clock::now_ms;
 use crate::config::split_chain;
 use crate::ids::{RunId, SpaceId};
-use crate::model::{ChatMessage, ModelRequest, Purpose, Role};
+use crate::model::{ChatMessage, Purpose, Role};
 use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
@@ -508,51 +508,33 @@ async fn compact(state: &mut SpaceState) -> Result<Value, String> {
         ),
         ChatMessage::text(Role::User, transcript),
     ];
-    let mut last_err = String::from("no model configured");
-    for spec in &chain {
-        let model = match rt.models.get(spec) {
-            Ok(m) => m,
-            Err(e) => {
-                last_err = e.to_string();
-                continue;
-            }
-        };
-        let req = ModelRequest {
-            model: model.model.clone(),
-            purpose: Purpose::Compact,
-            messages: messages.clone(),
-            tools: Vec::new(),
-            max_tokens: rt.settings.turn.max_tokens,
-        };
-        match model.provider.complete(&req).await {
-            Ok(resp) => {
-                let (space2, spec2, summary) = (space.clone(), spec.clone(), resp.text.clone());
-                let price = rt.settings.prices.get(spec).copied().unwrap_or_default();
-                let cost = (resp.usage.input_tokens as f64 * price.input
-                    + resp.usage.output_tokens as f64 * price.output)
-                    / 1_000_000.0;
-                rt.store
-                    .write(move |tx| {
-                        spaces::set_session_boundary(tx, &space2, boundary, Some(&summary))?;
-                        runs::record_usage(
-                            tx,
-                            &runs::UsageRow {
-                                run_id: None,
-                                space_id: &space2,
-                                model: &spec2,
-                                kind: "compact",
-                                tokens_in: resp.usage.input_tokens,
-                                tokens_out: resp.usage.output_tokens,
-                                cost,
-                            },
-                        )
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
-                return Ok(json!({"compacted": true, "boundary": boundary, "summary": resp.text}));
-            }
-            Err(e) => last_err = format!("{spec}: {e}"),
-        }
-    }
-    Err(format!("compaction failed: {last_err}"))
+    let answer = agent::complete_with_chain(&rt, &chain, Purpose::Compact, &messages, &[])
+        .await
+        .map_err(|e| format!("compaction failed: {e}"))?;
+    let (space2, spec, summary, usage, cost) = (
+        space.clone(),
+        answer.spec,
+        answer.response.text.clone(),
+        answer.response.usage,
+        answer.cost,
+    );
+    rt.store
+        .write(move |tx| {
+            spaces::set_session_boundary(tx, &space2, boundary, Some(&summary))?;
+            runs::record_usage(
+                tx,
+                &runs::UsageRow {
+                    run_id: None,
+                    space_id: &space2,
+                    model: &spec,
+                    kind: "compact",
+                    tokens_in: usage.input_tokens,
+                    tokens_out: usage.output_tokens,
+                    cost,
+                },
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(json!({"compacted": true, "boundary": boundary, "summary": answer.response.text}))
 }

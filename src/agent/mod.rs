@@ -226,8 +226,58 @@ async fn call_model(
     tool_specs: &[crate::model::ToolSpec],
     acc: &mut Accounting,
 ) -> Result<ModelResponse, TurnError> {
+    let answer = complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs)
+        .await
+        .map_err(TurnError::Model)?;
+    acc.tokens_in += answer.response.usage.input_tokens;
+    acc.tokens_out += answer.response.usage.output_tokens;
+    acc.cost += answer.cost;
+    let (run_id, space, spec, kind, cost) = (
+        req.run_id.to_string(),
+        req.space_id.clone(),
+        answer.spec,
+        req.kind.as_str(),
+        answer.cost,
+    );
+    let usage = answer.response.usage;
+    rt.store
+        .write(move |tx| {
+            runs::record_usage(
+                tx,
+                &runs::UsageRow {
+                    run_id: Some(&run_id),
+                    space_id: &space,
+                    model: &spec,
+                    kind,
+                    tokens_in: usage.input_tokens,
+                    tokens_out: usage.output_tokens,
+                    cost,
+                },
+            )
+        })
+        .await?;
+    Ok(answer.response)
+}
+
+/// An answer from a model chain: which spec gave it and what it cost.
+pub struct ChainAnswer {
+    pub response: ModelResponse,
+    pub spec: String,
+    pub cost: f64,
+}
+
+/// Tries each spec of `chain` in order until one answers (live work: it
+/// counts against the model gate so background review calls hold back).
+/// Recording the usage is the caller's, so it can share its transaction.
+pub async fn complete_with_chain(
+    rt: &Arc<Runtime>,
+    chain: &[String],
+    purpose: Purpose,
+    messages: &[ChatMessage],
+    tools: &[crate::model::ToolSpec],
+) -> Result<ChainAnswer, String> {
     let mut failures = Vec::new();
-    for spec in &req.model_chain {
+    for spec in chain {
         let model = match rt.models.get(spec) {
             Ok(m) => m,
             Err(e) => {
@@ -237,57 +287,38 @@ async fn call_model(
         };
         let request = ModelRequest {
             model: model.model.clone(),
-            purpose: req.purpose,
+            purpose,
             messages: messages.to_vec(),
-            tools: tool_specs.to_vec(),
+            tools: tools.to_vec(),
             max_tokens: rt.settings.turn.max_tokens,
         };
-        // Counted as live while the call runs, so background work (the
-        // review judge) holds back; taking the permit never waits.
+        // Counted as live while the call runs; taking the permit never waits.
         let live = rt.model_gate.live();
         let answer = model.provider.complete(&request).await;
         drop(live);
         match answer {
-            Ok(resp) => {
-                let price = rt.settings.prices.get(spec).copied().unwrap_or_default();
-                let cost = (resp.usage.input_tokens as f64 * price.input
-                    + resp.usage.output_tokens as f64 * price.output)
-                    / 1_000_000.0;
-                acc.tokens_in += resp.usage.input_tokens;
-                acc.tokens_out += resp.usage.output_tokens;
-                acc.cost += cost;
-                let (run_id, space, spec_owned, kind) = (
-                    req.run_id.to_string(),
-                    req.space_id.clone(),
-                    spec.clone(),
-                    req.kind.as_str(),
+            Ok(response) => {
+                let cost = rt.settings.cost(
+                    spec,
+                    response.usage.input_tokens,
+                    response.usage.output_tokens,
                 );
-                let usage = resp.usage;
-                rt.store
-                    .write(move |tx| {
-                        runs::record_usage(
-                            tx,
-                            &runs::UsageRow {
-                                run_id: Some(&run_id),
-                                space_id: &space,
-                                model: &spec_owned,
-                                kind,
-                                tokens_in: usage.input_tokens,
-                                tokens_out: usage.output_tokens,
-                                cost,
-                            },
-                        )
-                    })
-                    .await?;
-                return Ok(resp);
+                return Ok(ChainAnswer {
+                    response,
+                    spec: spec.clone(),
+                    cost,
+                });
             }
             Err(e) => failures.push(format!("{spec}: {e}")),
         }
     }
-    Err(TurnError::Model(format!(
+    if failures.is_empty() {
+        failures.push("no model configured".into());
+    }
+    Err(format!(
         "the model did not answer ({})",
         failures.join("; ")
-    )))
+    ))
 }
 
 async fn start_sandbox(

@@ -440,10 +440,9 @@ async fn record_usage(
     usage: &crate::model::Usage,
     verdict: &mut BatchVerdict,
 ) {
-    let price = rt.settings.prices.get(spec).copied().unwrap_or_default();
-    let cost = (usage.input_tokens as f64 * price.input
-        + usage.output_tokens as f64 * price.output)
-        / 1_000_000.0;
+    let cost = rt
+        .settings
+        .cost(spec, usage.input_tokens, usage.output_tokens);
     verdict.tokens_in += usage.input_tokens;
     verdict.tokens_out += usage.output_tokens;
     verdict.cost += cost;
