@@ -89,8 +89,17 @@ pub enum SandboxChoice {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SandboxConfig {
-    /// `auto` (docker when the engine answers, else process), `docker` or `process`.
+    /// `auto` (docker when the engine answers, else bubblewrap, else no tools),
+    /// `docker` or `process` (bubblewrap; unisolated only with `allow_unisolated`).
     pub backend: SandboxChoice,
+    /// `process` without bubblewrap runs tools as plain host processes only
+    /// when this is set too; `auto` never does.
+    pub allow_unisolated: bool,
+    /// The `bwrap` binary; empty: the usual places (`/usr/bin/bwrap`, …).
+    pub bwrap: String,
+    /// Size limit of a workspace, enforced by each turn's overlay (a tmpfs
+    /// holding what the turn writes).
+    pub workspace_mb: u64,
     /// Agent image; empty means the content-addressed tag `mercury image build` makes.
     pub image: String,
     pub memory_mb: i64,
@@ -212,6 +221,9 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             backend: SandboxChoice::Auto,
+            allow_unisolated: false,
+            bwrap: String::new(),
+            workspace_mb: 1024,
             image: String::new(),
             memory_mb: 512,
             cpus: 1.0,
@@ -327,7 +339,10 @@ providers:
 #   "openai:gpt-4o-mini": {{input: 0.15, output: 0.6}}
 prices: {{}}
 sandbox:
-  backend: auto                # auto | docker | process (process is NOT isolation)
+  backend: auto                # auto (docker, else bubblewrap, else no tools) | docker | process (bubblewrap)
+  allow_unisolated: false      # process without bubblewrap: plain host processes (NOT isolation)
+  bwrap: ""                    # path of bwrap; empty: /usr/bin/bwrap and the usual places
+  workspace_mb: 1024           # workspace size limit, enforced by each turn's overlay
   image: ""                    # empty: the image `mercury image build` makes
   memory_mb: 512
   cpus: 1.0
@@ -585,6 +600,12 @@ impl Settings {
             return Err(key_err(
                 "sandbox",
                 "memory_mb ≥ 16, pids ≥ 8 and tmp_mb ≥ 1 are needed",
+            ));
+        }
+        if self.sandbox.workspace_mb < 1 || self.sandbox.workspace_mb > 1 << 20 {
+            return Err(key_err(
+                "sandbox.workspace_mb",
+                "must be between 1 and 1048576 (MB)",
             ));
         }
         if !(self.sandbox.cpus > 0.0 && self.sandbox.cpus <= 64.0) {

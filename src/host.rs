@@ -165,27 +165,62 @@ fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSe
     }
 }
 
-/// Picks the sandbox backend the config asks for.
+/// Picks the sandbox backend the config asks for. Never falls back to an
+/// unisolated one: `auto` is docker, else bubblewrap, else no tools at all.
 async fn sandbox_backend(
     settings: &Settings,
     paths: &DataPaths,
 ) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    use sandbox::process::ProcessBackend;
     let mrctl_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf));
-    let process = || -> Arc<dyn SandboxBackend> {
-        Arc::new(sandbox::process::ProcessBackend::new(mrctl_dir.clone()))
+    let bubblewrap = || async {
+        let bwrap = match settings.sandbox.bwrap.as_str() {
+            "" => ProcessBackend::find_bwrap(),
+            path => Some(PathBuf::from(path)).filter(|p| p.is_file()),
+        }
+        .ok_or_else(|| "bubblewrap (`bwrap`) is not installed".to_string())?;
+        let backend = ProcessBackend::bubblewrap(bwrap, mrctl_dir.clone());
+        backend
+            .probe()
+            .await
+            .map_err(|e| format!("bubblewrap does not work here: {e}"))?;
+        Ok::<_, String>(backend)
     };
-    match settings.sandbox.backend {
-        SandboxChoice::Process => Ok(process()),
-        SandboxChoice::Docker | SandboxChoice::Auto => {
-            match crate::containers::docker_backend(settings, paths).await {
-                Ok(b) => Ok(b),
-                Err(e) if settings.sandbox.backend == SandboxChoice::Auto => {
-                    tracing::warn!(error = %e, "no usable Docker engine: turns run as plain child processes, NOT isolated (sandbox: auto)");
-                    Ok(process())
+    let s = &settings.sandbox;
+    match s.backend {
+        SandboxChoice::Process => match bubblewrap().await {
+            Ok(b) => Ok(Arc::new(b)),
+            Err(e) if s.allow_unisolated => {
+                tracing::warn!(reason = %e, "sandbox: process without bubblewrap, as sandbox.allow_unisolated asks: tools run as plain host processes, NOT isolated");
+                eprintln!("mercury: WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)");
+                Ok(Arc::new(ProcessBackend::unisolated(mrctl_dir.clone())))
+            }
+            Err(e) => bail!(
+                "sandbox: process was asked for, but {e}; install Debian's `bubblewrap`, or set \
+                 sandbox.allow_unisolated: true to run tools as plain host processes (NOT isolated)"
+            ),
+        },
+        SandboxChoice::Docker => crate::containers::docker_backend(settings, paths)
+            .await
+            .map_err(|e| anyhow::anyhow!("sandbox: docker was asked for, but {e:#}")),
+        SandboxChoice::Auto => {
+            let docker_err = match crate::containers::docker_backend(settings, paths).await {
+                Ok(b) => return Ok(b),
+                Err(e) => format!("{e:#}"),
+            };
+            match bubblewrap().await {
+                Ok(b) => {
+                    tracing::warn!(docker = %docker_err, "sandbox: auto: no usable Docker engine; tools run under bubblewrap");
+                    Ok(Arc::new(b))
                 }
-                Err(e) => bail!("sandbox: docker was asked for, but {e:#}"),
+                Err(bwrap_err) => {
+                    let reason = format!("no Docker engine ({docker_err}) and {bwrap_err}");
+                    tracing::error!(%reason, "sandbox: auto found no isolating backend: every tool call is refused");
+                    eprintln!("mercury: no sandbox is available, tool calls are refused: {reason}");
+                    Ok(Arc::new(sandbox::Unavailable { reason }))
+                }
             }
         }
     }
@@ -289,6 +324,12 @@ pub async fn serve_with(
         settings.validate()?;
     }
     let store = Store::open(&paths.db)?;
+    // What a killed host left: layers still mounted, ask copies.
+    match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(entries = n, "removed the scratch left by the last stop"),
+        Err(e) => tracing::error!(error = %e, "cannot clean the scratch directory"),
+    }
     let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
     if interrupted > 0 {
         tracing::warn!(
@@ -331,7 +372,16 @@ pub async fn serve_with(
         tcp.local_addr()?,
         paths.socket.display()
     );
-    eprintln!("mercury: sandbox backend: {}", rt.sandbox.name());
+    eprintln!(
+        "mercury: sandbox backend: {} ({}), workspace quota {} MB",
+        rt.sandbox.name(),
+        match rt.sandbox.isolation() {
+            sandbox::Isolation::Container => "containers",
+            sandbox::Isolation::Namespaces => "bubblewrap namespaces",
+            sandbox::Isolation::None => "NOT isolated",
+        },
+        rt.settings.sandbox.workspace_mb
+    );
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     let tcp_server =
         axum::serve(tcp, app.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());

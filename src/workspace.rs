@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use crate::ids::SpaceId;
 
+pub mod layer;
+pub mod safe;
+
 pub const AGENTS_TEMPLATE: &str = "# Instructions for this space\n\n\
 You are the assistant of this space. Be concise and helpful.\n\
 Edit this file to give the agent of this space its own instructions.\n";
@@ -44,6 +47,11 @@ impl DataPaths {
         self.spaces.join(space.as_str())
     }
 
+    /// Turn layers and ask copies (`tmp/`); emptied at every start.
+    pub fn scratch(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
     pub fn owner_token(&self) -> PathBuf {
         self.global.join("owner.token")
     }
@@ -71,34 +79,18 @@ pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBu
     Ok(dir)
 }
 
-/// Copies a directory tree (files, directories, symlinks as symlinks; never
-/// following one) into `dst`, which must exist and be empty.
-pub fn copy_tree(src: &Path, dst: &Path) -> io::Result<u64> {
-    let mut bytes = 0;
-    for entry in walkdir::WalkDir::new(src).follow_links(false).min_depth(1) {
-        let entry = entry.map_err(io::Error::other)?;
-        let rel = entry.path().strip_prefix(src).map_err(io::Error::other)?;
-        let to = dst.join(rel);
-        let ft = entry.file_type();
-        if ft.is_dir() {
-            std::fs::create_dir(&to)?;
-        } else if ft.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
-        } else if ft.is_file() {
-            bytes += std::fs::copy(entry.path(), &to)?;
+/// Reads a workspace file the prompt needs through the safe-path function:
+/// a missing file is empty; a symlink, FIFO or other non-regular file is
+/// never followed or opened (the prompt says it was ignored); the size is
+/// capped so a runaway `MEMORY.md` cannot blow the prompt.
+pub fn read_capped(workspace: &std::path::Path, name: &str, cap: usize) -> String {
+    let read = safe::WorkspaceRoot::open(workspace).and_then(|root| root.read_capped(name, cap));
+    match read {
+        Ok(Some((bytes, _))) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(None) => String::new(),
+        Err(e) => {
+            tracing::warn!(workspace = %workspace.display(), error = %e, "a prompt file was not read");
+            format!("({name} was not read: it is not a regular file of the workspace)")
         }
-    }
-    Ok(bytes)
-}
-
-/// Reads a workspace file the prompt needs; a missing file is empty, and the
-/// size is capped so a runaway `MEMORY.md` cannot blow the prompt.
-pub fn read_capped(path: &Path, cap: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let slice = &bytes[..bytes.len().min(cap)];
-            String::from_utf8_lossy(slice).into_owned()
-        }
-        Err(_) => String::new(),
     }
 }

@@ -91,23 +91,29 @@ impl Actor for AskSandbox {
 
 async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
     let rt = &args.rt;
-    let tmp_root = rt.paths.root.join("tmp");
-    std::fs::create_dir_all(&tmp_root)
-        .map_err(|e| format!("creating {}: {e}", tmp_root.display()))?;
-    // Dropped (and deleted) when this function returns, on every path.
-    let tmp = tempfile::Builder::new()
-        .prefix("ask-")
-        .tempdir_in(&tmp_root)
-        .map_err(|e| format!("creating the ask copy: {e}"))?;
-    let copy: PathBuf = tmp.path().join("work");
-    std::fs::create_dir(&copy).map_err(|e| format!("creating the ask copy: {e}"))?;
+    if !rt.sandbox.isolation().isolates() {
+        return Err(format!(
+            "ask needs an isolating sandbox (docker or bubblewrap); this host's backend is `{}`",
+            rt.sandbox.name()
+        ));
+    }
+    let run_id = RunId::new();
     let actor = args
         .spaces
         .actor(args.target.as_str())
         .await
         .map_err(|e| e.to_string())?;
-    let history_before = call_t!(actor, SpaceMsg::Snapshot, CONTROL_TIMEOUT_MS, copy.clone())
-        .map_err(|e| format!("the space did not give a copy: {e}"))??;
+    // The view is a layer over the live workspace whose upper is never
+    // merged: dropped (unmounted, removed) on every path out of here.
+    let view = call_t!(
+        actor,
+        SpaceMsg::Snapshot,
+        CONTROL_TIMEOUT_MS,
+        format!("ask-{run_id}")
+    )
+    .map_err(|e| format!("the space did not give a copy: {e}"))??;
+    let copy: PathBuf = view.layer.merged().to_path_buf();
+    let history_before = view.history_before;
     let space = args.target.to_string();
     let chain = {
         let (rt2, space) = (rt.clone(), space.clone());
@@ -116,7 +122,6 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
             .await
             .map_err(|e| e.to_string())?
     };
-    let run_id = RunId::new();
     let req = TurnRequest {
         space_id: space.clone(),
         run_id: run_id.clone(),
@@ -134,6 +139,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
         purpose: Purpose::Ask,
         model_chain: chain,
         token_role: Some(args.role.clone()),
+        layer: agent::LayerPlan::Throwaway(view.layer),
     };
     let outcome = agent::run_turn(rt, req, CancellationToken::new()).await;
     let run_s = run_id.to_string();

@@ -10,7 +10,6 @@
 //! message is still pending, in the same transaction), or commit anything for
 //! a turn whose actor died (the turn is abandoned and re-run by the successor).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +28,7 @@ use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::{conversations, outbox, runs, tasks, StoreError, StoreResult};
+use crate::workspace::layer::{LayerBudget, TurnLayer};
 
 pub type SpaceWrite =
     Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send>;
@@ -52,7 +52,9 @@ pub enum SpaceMsg {
     Control(ControlAction, RpcReplyPort<Result<Value, String>>),
     /// Copy the workspace into `dest` between two turns (never during one) and
     /// answer with the id below which history belongs to the copy (`ask`).
-    Snapshot(PathBuf, RpcReplyPort<Result<i64, String>>),
+    /// An ask's view of the workspace (a throwaway layer named by the
+    /// string), laid between two turns.
+    Snapshot(String, RpcReplyPort<Result<AskView, String>>),
     /// Periodic: stop the actor when it has been idle long enough.
     IdleCheck,
     /// Test hook: make the handler panic, to exercise supervision.
@@ -81,7 +83,7 @@ pub struct SpaceState {
     running: Option<RunningTurn>,
     last_activity: Instant,
     /// Snapshots asked for while a turn ran; served before the next turn starts.
-    waiting_snapshots: Vec<(PathBuf, RpcReplyPort<Result<i64, String>>)>,
+    waiting_snapshots: Vec<(String, RpcReplyPort<Result<AskView, String>>)>,
 }
 
 pub struct SpaceActor;
@@ -172,23 +174,43 @@ impl Actor for SpaceActor {
     }
 }
 
-/// Copies the workspace while no turn runs; the actor does not start a turn
-/// until the copy is done, so the copy is consistent with the history id.
-async fn snapshot(state: &SpaceState, dest: PathBuf) -> Result<i64, String> {
+/// What an ask works on: a layer over the workspace laid while no turn
+/// runs, and the history id it is consistent with.
+#[derive(Debug)]
+pub struct AskView {
+    pub history_before: i64,
+    pub layer: TurnLayer,
+}
+
+/// Lays a throwaway layer over the workspace while no turn runs; the actor
+/// starts no turn until it is mounted, so the view matches the history id.
+async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, String> {
+    let rt = &state.rt;
     let space = state.space.to_string();
-    let history_before = state
-        .rt
+    let history_before = rt
         .store
         .read(move |c| messages::max_id(c, &space))
         .await
         .map_err(|e| e.to_string())?
         + 1;
-    let src = state.rt.paths.workspace(&state.space);
-    tokio::task::spawn_blocking(move || crate::workspace::copy_tree(&src, &dest))
+    let live = rt.paths.workspace(&state.space);
+    rt.sandbox
+        .prepare_workspace(&live)
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("copying the workspace: {e}"))?;
-    Ok(history_before)
+        .map_err(|e| e.to_string())?;
+    let scratch = rt.paths.scratch();
+    let budget = LayerBudget::Throwaway {
+        quota_mb: rt.settings.sandbox.workspace_mb,
+    };
+    let layer =
+        tokio::task::spawn_blocking(move || TurnLayer::mount(&live, &scratch, &name, budget))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    Ok(AskView {
+        history_before,
+        layer,
+    })
 }
 
 async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {
@@ -314,6 +336,7 @@ async fn run_and_commit(
         purpose: Purpose::Turn,
         model_chain: chain,
         token_role: None,
+        layer: agent::LayerPlan::MergeOnSuccess,
     };
     let outcome = agent::run_turn(rt, req, cancel).await;
     if outcome.status == TurnStatus::Stopped && !stop_requested.load(Ordering::SeqCst) {

@@ -5,9 +5,16 @@
 //! (or the reason there is none)". It does not decide what happens to the
 //! reply: the caller (a space actor, an ask sandbox) commits it.
 //!
+//! A turn's tools work on a layer over the workspace (see
+//! [`crate::workspace::layer`]): laid at the first tool call, merged into the
+//! workspace only when the turn succeeds within the quota, thrown away
+//! otherwise. File tools run on the host through the safe-path function;
+//! `shell` and `mrctl` run in the sandbox.
+//!
 //! Must never: start a container for a turn that calls no tool, leave a
-//! container or a live run token behind when it ends (success, failure,
-//! timeout or cancellation), or put a host credential in the sandbox env.
+//! container, a layer or a live run token behind when it ends (success,
+//! failure, timeout or cancellation), merge a layer while its sandbox still
+//! runs, or put a host credential in the sandbox env.
 
 pub mod prompt;
 pub mod tools;
@@ -23,13 +30,23 @@ use crate::clock::now_ms;
 use crate::ids::RunId;
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
-use crate::sandbox::{
-    RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec, CONTAINER_API_SOCKET,
-};
+use crate::sandbox::{RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec};
 use crate::storage::{runs, tokens};
+use crate::workspace::layer::{LayerBudget, LayerError, TurnLayer};
 
 /// What a turn is asked to do.
-#[derive(Debug, Clone)]
+/// What happens to the layer a turn's tools write in.
+#[derive(Debug)]
+pub enum LayerPlan {
+    /// A live or task turn: a layer is laid over `workspace` at the first
+    /// tool call and merged into it if the turn succeeds.
+    MergeOnSuccess,
+    /// An ask: the view (`workspace` is its merged directory) is already
+    /// laid; it is thrown away when the turn ends.
+    Throwaway(TurnLayer),
+}
+
+#[derive(Debug)]
 pub struct TurnRequest {
     pub space_id: String,
     pub run_id: RunId,
@@ -49,6 +66,7 @@ pub struct TurnRequest {
     pub model_chain: Vec<String>,
     /// A fixed role for the run token (ask turns); `None`: the caller's own role.
     pub token_role: Option<String>,
+    pub layer: LayerPlan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,11 +109,17 @@ enum TurnError {
     StepsExhausted(u32),
     #[error("the turn timed out after {0:?}")]
     Timeout(Duration),
+    #[error("{0}")]
+    Layer(#[from] LayerError),
 }
 
-/// The lazily started sandbox of one turn, closed by [`run_turn`] on every exit path.
+/// The lazily started sandbox and layer of one turn, closed by [`run_turn`]
+/// on every exit path.
 struct SessionSlot {
     session: tokio::sync::Mutex<Option<Box<dyn SandboxSession>>>,
+    /// The layer tools write in (`None` until the first tool call of a
+    /// merging turn).
+    layer: std::sync::Mutex<Option<TurnLayer>>,
     /// Set before the turn's run token is minted (with its sandbox); a turn
     /// that called no tool has no token and skips the revoking write.
     token_minted: AtomicBool,
@@ -105,11 +129,16 @@ struct SessionSlot {
 /// closes it together with the reply, in one transaction.
 pub async fn run_turn(
     rt: &Arc<Runtime>,
-    req: TurnRequest,
+    mut req: TurnRequest,
     cancel: CancellationToken,
 ) -> TurnOutcome {
+    let (layer, merge) = match std::mem::replace(&mut req.layer, LayerPlan::MergeOnSuccess) {
+        LayerPlan::MergeOnSuccess => (None, true),
+        LayerPlan::Throwaway(layer) => (Some(layer), false),
+    };
     let slot = SessionSlot {
         session: tokio::sync::Mutex::new(None),
+        layer: std::sync::Mutex::new(layer),
         token_minted: AtomicBool::new(false),
     };
     let mut acc = Accounting::default();
@@ -124,12 +153,28 @@ pub async fn run_turn(
             Some(r.unwrap_or(Err(TurnError::Timeout(timeout))))
         }
     };
-    // Every exit path comes through here: close the sandbox, kill the token.
+    // Every exit path comes through here: close the sandbox, then settle
+    // the layer (nothing can write it any more), then kill the token.
     if let Some(session) = slot.session.lock().await.take() {
         if let Err(e) = session.close().await {
             tracing::error!(run = %req.run_id, error = %e, "could not remove the turn's sandbox");
         }
     }
+    let layer = slot.layer.lock().ok().and_then(|mut l| l.take());
+    let result = match (layer, result) {
+        (Some(layer), Some(Ok(text))) if merge => {
+            match tokio::task::spawn_blocking(move || layer.commit()).await {
+                Ok(Ok(())) => Some(Ok(text)),
+                Ok(Err(e)) => Some(Err(TurnError::Layer(e))),
+                Err(e) => Some(Err(TurnError::Layer(LayerError::Commit(e.to_string())))),
+            }
+        }
+        (Some(layer), result) => {
+            let _ = tokio::task::spawn_blocking(move || layer.discard()).await;
+            result
+        }
+        (None, result) => result,
+    };
     let run_id = req.run_id.to_string();
     if slot.token_minted.load(Ordering::SeqCst) {
         if let Err(e) = rt
@@ -195,27 +240,108 @@ async fn turn_loop(
             tool_name: None,
         });
         for call in &response.tool_calls {
-            let output = {
-                let mut guard = slot.session.lock().await;
-                if guard.is_none() {
-                    slot.token_minted.store(true, Ordering::SeqCst);
-                    *guard = Some(start_sandbox(rt, req).await?);
-                }
-                let session = guard.as_deref().ok_or_else(|| {
-                    TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
-                })?;
-                tools::run_tool(
-                    session,
-                    call,
-                    Duration::from_secs(rt.settings.turn.tool_timeout_secs),
-                    rt.settings.turn.output_cap_bytes,
-                )
-                .await?
-            };
+            let output = run_one_tool(rt, req, slot, call).await?;
+            check_quota(slot)?;
             messages.push(ChatMessage::tool_result(call, output));
         }
     }
     Err(TurnError::StepsExhausted(steps))
+}
+
+/// Runs one tool call: file tools on the host through the safe-path
+/// function, the others in the sandbox; both on the turn's layer.
+async fn run_one_tool(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    call: &crate::model::ToolCall,
+) -> Result<String, TurnError> {
+    let cap = rt.settings.turn.output_cap_bytes;
+    let plan = match tools::plan(
+        call,
+        Duration::from_secs(rt.settings.turn.tool_timeout_secs),
+        cap,
+    ) {
+        Ok(plan) => plan,
+        Err(tools::BadToolCall(m)) => return Ok(format!("error: {m}")),
+    };
+    if let Some(reason) = rt.sandbox.unavailable_reason() {
+        return Ok(format!(
+            "error: no sandbox is available on this host ({reason}); tool calls are refused. \
+             Answer without tools."
+        ));
+    }
+    let workdir = ensure_layer(rt, req, slot).await?;
+    match plan {
+        tools::ToolPlan::File(op) => {
+            tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
+                .await
+                .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))
+        }
+        tools::ToolPlan::Exec(exec) => {
+            let mut guard = slot.session.lock().await;
+            if guard.is_none() {
+                slot.token_minted.store(true, Ordering::SeqCst);
+                *guard = Some(start_sandbox(rt, req, &workdir).await?);
+            }
+            let session = guard.as_deref().ok_or_else(|| {
+                TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
+            })?;
+            Ok(tools::render_output(&session.exec(exec).await?))
+        }
+    }
+}
+
+/// The directory tools work in: the layer's merged view, laid now if this
+/// is the first tool call of a merging turn.
+async fn ensure_layer(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+) -> Result<PathBuf, TurnError> {
+    if let Some(l) = slot
+        .layer
+        .lock()
+        .ok()
+        .and_then(|l| l.as_ref().map(|l| l.merged().to_path_buf()))
+    {
+        return Ok(l);
+    }
+    rt.sandbox.prepare_workspace(&req.workspace).await?;
+    let (live, scratch, name) = (
+        req.workspace.clone(),
+        rt.paths.scratch(),
+        format!("turn-{}", req.run_id),
+    );
+    let budget = LayerBudget::RemainingOf {
+        quota_mb: rt.settings.sandbox.workspace_mb,
+    };
+    let layer =
+        tokio::task::spawn_blocking(move || TurnLayer::mount(&live, &scratch, &name, budget))
+            .await
+            .map_err(|e| TurnError::Layer(LayerError::Setup(e.to_string())))??;
+    let merged = layer.merged().to_path_buf();
+    match slot.layer.lock() {
+        Ok(mut l) => *l = Some(layer),
+        Err(_) => {
+            return Err(TurnError::Layer(LayerError::Setup(
+                "layer slot poisoned".into(),
+            )))
+        }
+    }
+    Ok(merged)
+}
+
+fn check_quota(slot: &SessionSlot) -> Result<(), TurnError> {
+    match slot.layer.lock() {
+        Ok(l) => match l.as_ref() {
+            Some(layer) => Ok(layer.check_quota()?),
+            None => Ok(()),
+        },
+        Err(_) => Err(TurnError::Layer(LayerError::Setup(
+            "layer slot poisoned".into(),
+        ))),
+    }
 }
 
 /// Tries each model of the chain in order; records usage for every answer.
@@ -324,6 +450,7 @@ pub async fn complete_with_chain(
 async fn start_sandbox(
     rt: &Arc<Runtime>,
     req: &TurnRequest,
+    workdir: &std::path::Path,
 ) -> Result<Box<dyn SandboxSession>, TurnError> {
     let (caller, space, run_id) = (
         req.caller_id.clone(),
@@ -353,20 +480,15 @@ async fn start_sandbox(
             )
         })
         .await?;
-    let docker = rt.sandbox.name() == "docker";
-    let socket_inside = if docker {
-        CONTAINER_API_SOCKET.to_string()
-    } else {
-        rt.paths.socket.display().to_string()
-    };
+    let socket_inside = rt.sandbox.socket_inside(&rt.paths.socket);
     let s = &rt.settings.sandbox;
     let spec = SandboxSpec {
         instance_id: rt.instance_id.clone(),
         space_id: req.space_id.clone(),
         run_id: req.run_id.to_string(),
         kind: req.kind,
-        workspace: req.workspace.clone(),
-        api_socket: docker.then(|| rt.paths.socket.clone()),
+        workspace: workdir.to_path_buf(),
+        api_socket: Some(rt.paths.socket.clone()),
         // The whole environment of the sandbox: nothing else from the host.
         env: vec![
             ("MERCURY_TOKEN".into(), secret),

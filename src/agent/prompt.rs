@@ -42,8 +42,8 @@ pub async fn build(
     inputs: &PromptInputs,
     user_text: &str,
 ) -> Result<Vec<ChatMessage>, StoreError> {
-    let agents = read_capped(&inputs.files_dir.join("AGENTS.md"), FILE_CAP);
-    let memory = read_capped(&inputs.files_dir.join("MEMORY.md"), FILE_CAP);
+    let agents = read_capped(&inputs.files_dir, "AGENTS.md", FILE_CAP);
+    let memory = read_capped(&inputs.files_dir, "MEMORY.md", FILE_CAP);
     let space = inputs.space_id.clone();
     let before = inputs.history_before.unwrap_or(i64::MAX);
     let limit = rt.settings.turn.history_limit;

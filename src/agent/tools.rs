@@ -1,16 +1,22 @@
-//! The agent's tools and how each becomes a command in the sandbox.
+//! The agent's tools: `shell` and `mrctl` become a command in the sandbox;
+//! `read_file`, `write_file` and `list_files` run on the host, on the turn's
+//! layer, through the safe-path function ([`WorkspaceRoot`]), so they behave
+//! the same in every backend: relative paths only, no `..`, no symlink
+//! followed, regular files only, writes atomic and inside the quota.
 //!
-//! Every tool runs through [`SandboxSession::exec`], so a docker session keeps
-//! file access inside the container (a symlink planted by `shell` cannot make
-//! the host read outside the workspace). Must never: run a tool on the host
-//! directly, or give a tool more output than the cap.
+//! Must never: run `shell` or `mrctl` on the host directly, open a file tool's
+//! path any other way than through [`WorkspaceRoot`], or give a tool more
+//! output than the cap.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use std::path::Path;
+
 use crate::model::{ToolCall, ToolSpec};
-use crate::sandbox::{ExecOutput, ExecRequest, SandboxError, SandboxSession};
+use crate::sandbox::{ExecOutput, ExecRequest};
+use crate::workspace::safe::{EntryKind, SafePathError, WorkspaceRoot};
 
 pub fn tool_specs() -> Vec<ToolSpec> {
     let obj = |props: Value, required: &[&str]| json!({"type": "object", "properties": props, "required": required});
@@ -63,47 +69,53 @@ fn str_arg<'a>(call: &'a ToolCall, key: &str) -> Result<&'a str, BadToolCall> {
         })
 }
 
-/// Turns a tool call into the command to execute.
-pub fn plan_exec(
-    call: &ToolCall,
-    timeout: Duration,
-    cap: usize,
-) -> Result<ExecRequest, BadToolCall> {
-    let (argv, stdin): (Vec<String>, Option<Vec<u8>>) = match call.name.as_str() {
-        "shell" => (
-            vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                str_arg(call, "command")?.into(),
-            ],
-            None,
-        ),
-        "read_file" => (
-            vec!["cat".into(), "--".into(), str_arg(call, "path")?.into()],
-            None,
-        ),
-        "write_file" => (
-            vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                // mkdir the parent so `notes/today.md` works on a fresh workspace.
-                r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#.into(),
-                "write_file".into(),
-                str_arg(call, "path")?.into(),
-            ],
-            Some(str_arg(call, "content")?.as_bytes().to_vec()),
-        ),
-        "list_files" => {
-            let path = call
+/// How a tool call is carried out.
+#[derive(Debug)]
+pub enum ToolPlan {
+    /// A command in the sandbox.
+    Exec(ExecRequest),
+    /// A file operation on the host, through the safe-path function.
+    File(FileOp),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOp {
+    Read { path: String },
+    Write { path: String, content: String },
+    List { path: String },
+}
+
+/// Turns a tool call into what to run.
+pub fn plan(call: &ToolCall, timeout: Duration, cap: usize) -> Result<ToolPlan, BadToolCall> {
+    let exec = |argv: Vec<String>| {
+        Ok(ToolPlan::Exec(ExecRequest {
+            argv,
+            stdin: None,
+            timeout,
+            output_cap: cap,
+        }))
+    };
+    match call.name.as_str() {
+        "shell" => exec(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            str_arg(call, "command")?.into(),
+        ]),
+        "read_file" => Ok(ToolPlan::File(FileOp::Read {
+            path: str_arg(call, "path")?.into(),
+        })),
+        "write_file" => Ok(ToolPlan::File(FileOp::Write {
+            path: str_arg(call, "path")?.into(),
+            content: str_arg(call, "content")?.into(),
+        })),
+        "list_files" => Ok(ToolPlan::File(FileOp::List {
+            path: call
                 .arguments
                 .get("path")
                 .and_then(Value::as_str)
-                .unwrap_or(".");
-            (
-                vec!["find".into(), path.into(), "-maxdepth".into(), "3".into()],
-                None,
-            )
-        }
+                .unwrap_or(".")
+                .into(),
+        })),
         "mrctl" => {
             let args = call
                 .arguments
@@ -122,16 +134,102 @@ pub fn plan_exec(
                         .to_owned(),
                 );
             }
-            (argv, None)
+            exec(argv)
         }
-        other => return Err(BadToolCall(format!("there is no tool named {other:?}"))),
+        other => Err(BadToolCall(format!("there is no tool named {other:?}"))),
+    }
+}
+
+/// How deep `list_files` goes.
+const LIST_DEPTH: usize = 3;
+
+/// Runs a file tool on `root` (the turn's layer) and says what happened, as
+/// the model reads it. Blocking: call it off the async runtime.
+pub fn run_file_op(root: &Path, op: FileOp, cap: usize) -> String {
+    let ws = match WorkspaceRoot::open(root) {
+        Ok(ws) => ws,
+        Err(e) => return format!("error: the workspace cannot be opened: {e}"),
     };
-    Ok(ExecRequest {
-        argv,
-        stdin,
-        timeout,
-        output_cap: cap,
-    })
+    let explain = |e: SafePathError| {
+        match e {
+        SafePathError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            "error: the workspace quota is used up (sandbox.workspace_mb); nothing more can be written".to_string()
+        }
+        e => format!("error: {e}"),
+    }
+    };
+    match op {
+        FileOp::Read { path } => match ws.read_capped(&path, cap) {
+            Ok(Some((bytes, longer))) => {
+                let mut s = String::from_utf8_lossy(&bytes).into_owned();
+                if longer {
+                    s.push_str("\n[output truncated]");
+                }
+                if s.is_empty() {
+                    s.push_str("(empty file)");
+                }
+                s
+            }
+            Ok(None) => format!("error: {path:?} does not exist"),
+            Err(e) => explain(e),
+        },
+        FileOp::Write { path, content } => match ws.write_atomic(&path, content.as_bytes()) {
+            Ok(()) => format!("wrote {} bytes to {path}", content.len()),
+            Err(e) => explain(e),
+        },
+        FileOp::List { path } => {
+            let dir = match ws.open_dir(if path == "." { "" } else { &path }) {
+                Ok(d) => d,
+                Err(e) => return explain(e),
+            };
+            let mut lines = Vec::new();
+            let mut size = 0;
+            let base = if path == "." || path.is_empty() {
+                String::new()
+            } else {
+                format!("{}/", path.trim_end_matches('/'))
+            };
+            list_into(&dir, &base, 1, &mut lines, &mut size, cap);
+            if size > cap {
+                lines.push("[output truncated]".into());
+            }
+            if lines.is_empty() {
+                "(empty directory)".into()
+            } else {
+                lines.join("\n")
+            }
+        }
+    }
+}
+
+fn list_into(
+    dir: &WorkspaceRoot,
+    prefix: &str,
+    depth: usize,
+    out: &mut Vec<String>,
+    size: &mut usize,
+    cap: usize,
+) {
+    let Ok(entries) = dir.list("") else { return };
+    for e in entries {
+        if *size > cap {
+            return;
+        }
+        let name = format!("{prefix}{}", e.name.to_string_lossy());
+        let line = match e.kind {
+            EntryKind::Dir => format!("{name}/"),
+            EntryKind::File => format!("{name} ({} bytes)", e.size),
+            EntryKind::Symlink => format!("{name} (symbolic link, not followed)"),
+            EntryKind::Other => format!("{name} (not a regular file)"),
+        };
+        *size += line.len() + 1;
+        out.push(line);
+        if e.kind == EntryKind::Dir && depth < LIST_DEPTH {
+            if let Ok(sub) = dir.open_dir(&e.name.to_string_lossy()) {
+                list_into(&sub, &format!("{name}/"), depth + 1, out, size, cap);
+            }
+        }
+    }
 }
 
 /// What the model reads back from a tool.
@@ -157,18 +255,6 @@ pub fn render_output(out: &ExecOutput) -> String {
     s
 }
 
-pub async fn run_tool(
-    session: &dyn SandboxSession,
-    call: &ToolCall,
-    timeout: Duration,
-    cap: usize,
-) -> Result<String, SandboxError> {
-    match plan_exec(call, timeout, cap) {
-        Ok(req) => session.exec(req).await.map(|o| render_output(&o)),
-        Err(BadToolCall(m)) => Ok(format!("error: {m}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,31 +268,85 @@ mod tests {
     }
 
     #[test]
-    fn write_file_passes_content_on_stdin_not_argv() {
-        let req = plan_exec(
+    fn file_tools_are_host_side_and_shell_goes_to_the_sandbox() {
+        let d = Duration::from_secs(1);
+        let p = plan(
             &call(
                 "write_file",
-                json!({"path": "a/b.txt", "content": "secret $(rm -rf /)"}),
+                json!({"path": "a/b.txt", "content": "x $(rm -rf /)"}),
             ),
-            Duration::from_secs(1),
+            d,
             100,
         )
         .unwrap();
-        assert_eq!(req.stdin.as_deref(), Some("secret $(rm -rf /)".as_bytes()));
-        assert!(req.argv.iter().all(|a| !a.contains("rm -rf")));
-        assert_eq!(req.argv.last().map(String::as_str), Some("a/b.txt"));
+        assert!(
+            matches!(p, ToolPlan::File(FileOp::Write { ref path, ref content })
+            if path == "a/b.txt" && content == "x $(rm -rf /)")
+        );
+        assert!(matches!(
+            plan(&call("shell", json!({"command": "ls"})), d, 1).unwrap(),
+            ToolPlan::Exec(_)
+        ));
+        assert!(
+            matches!(plan(&call("list_files", json!({})), d, 1).unwrap(),
+            ToolPlan::File(FileOp::List { ref path }) if path == ".")
+        );
     }
 
     #[test]
     fn bad_calls_are_explained_not_run() {
-        assert!(plan_exec(&call("shell", json!({})), Duration::from_secs(1), 1).is_err());
-        assert!(plan_exec(&call("nope", json!({})), Duration::from_secs(1), 1).is_err());
-        assert!(plan_exec(
-            &call("mrctl", json!({"args": [1]})),
-            Duration::from_secs(1),
-            1
-        )
-        .is_err());
+        let d = Duration::from_secs(1);
+        assert!(plan(&call("shell", json!({})), d, 1).is_err());
+        assert!(plan(&call("nope", json!({})), d, 1).is_err());
+        assert!(plan(&call("mrctl", json!({"args": [1]})), d, 1).is_err());
+    }
+
+    #[test]
+    fn file_tools_refuse_dotdot_absolute_paths_and_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = t.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::write(t.path().join("secret"), "CANARY").unwrap();
+        std::os::unix::fs::symlink(t.path().join("secret"), ws.join("link")).unwrap();
+        std::os::unix::fs::symlink(t.path(), ws.join("dirlink")).unwrap();
+        for path in ["../secret", "/etc/passwd", "link", "dirlink/secret"] {
+            let out = run_file_op(&ws, FileOp::Read { path: path.into() }, 100);
+            assert!(
+                out.starts_with("error:") && !out.contains("CANARY"),
+                "{path}: {out}"
+            );
+            let out = run_file_op(
+                &ws,
+                FileOp::Write {
+                    path: format!("{path}/x"),
+                    content: "y".into(),
+                },
+                100,
+            );
+            assert!(out.starts_with("error:"), "{path}: {out}");
+        }
+        for path in ["..", "/", "dirlink", "-exec"] {
+            let out = run_file_op(&ws, FileOp::List { path: path.into() }, 1000);
+            assert!(
+                out.starts_with("error:") && !out.contains("secret"),
+                "{path}: {out}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(t.path().join("secret")).unwrap(),
+            "CANARY"
+        );
+        let out = run_file_op(
+            &ws,
+            FileOp::Write {
+                path: "n/m.txt".into(),
+                content: "hi".into(),
+            },
+            100,
+        );
+        assert_eq!(out, "wrote 2 bytes to n/m.txt");
+        let out = run_file_op(&ws, FileOp::List { path: ".".into() }, 1000);
+        assert_eq!(out, "dirlink (symbolic link, not followed)\nlink (symbolic link, not followed)\nn/\nn/m.txt (2 bytes)");
     }
 
     #[test]

@@ -245,6 +245,14 @@ impl SandboxBackend for DockerBackend {
         "docker"
     }
 
+    fn isolation(&self) -> super::Isolation {
+        super::Isolation::Container
+    }
+
+    async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
+        container_user(live).await.map(|_| ())
+    }
+
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
         // A container without an instance id could never be swept.
         if spec.instance_id.trim().is_empty() {

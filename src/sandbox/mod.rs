@@ -2,8 +2,10 @@
 //!
 //! Owns the [`SandboxBackend`] trait (start a session for one run) and the
 //! [`SandboxSession`] trait (exec a command, prove where it ran, close), with
-//! two implementations: `docker` (bollard, one labelled container per run) and
-//! `process` (a child process in the workspace: no isolation, and it says so).
+//! three implementations: `docker` (bollard, one labelled container per run),
+//! `process` (a child process under bubblewrap namespaces, or, only when
+//! configured explicitly, an unisolated child that says so at every start),
+//! and [`Unavailable`], which refuses every tool call with a sentence.
 //!
 //! Must never: pass a host credential into a session (the caller hands over
 //! exactly the environment the session gets), sweep a container that does not
@@ -28,8 +30,26 @@ pub const LABEL_KIND: &str = "mercury.kind";
 
 /// Where the workspace appears inside a docker session.
 pub const CONTAINER_WORKDIR: &str = "/work";
-/// Where the host API socket appears inside a docker session.
+/// Where the host API socket appears inside a docker or bubblewrap session.
 pub const CONTAINER_API_SOCKET: &str = "/run/mercury/api.sock";
+
+/// What keeps a session's commands from the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    /// A container: own filesystem, no network, cgroup limits.
+    Container,
+    /// Bubblewrap: user, mount, pid, network, ipc and uts namespaces; only
+    /// the workspace writable.
+    Namespaces,
+    /// Plain host processes (explicit opt-in), or no sandbox at all.
+    None,
+}
+
+impl Isolation {
+    pub fn isolates(self) -> bool {
+        self != Isolation::None
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunKind {
@@ -121,6 +141,8 @@ pub enum SandboxError {
     Gone(String),
     #[error("agent image: {0}")]
     Image(String),
+    #[error("no sandbox is available ({0}); tool calls are refused")]
+    Unavailable(String),
     #[error("sandbox i/o on {path}: {source}")]
     Io {
         path: String,
@@ -131,9 +153,49 @@ pub enum SandboxError {
 
 #[async_trait]
 pub trait SandboxBackend: Send + Sync {
-    /// `docker` or `process`.
+    /// `docker`, `bwrap`, `process` (unisolated) or `none`.
     fn name(&self) -> &'static str;
+    fn isolation(&self) -> Isolation;
+    /// Where the API socket at `host` appears to a session's commands.
+    fn socket_inside(&self, host: &std::path::Path) -> String {
+        let _ = host;
+        CONTAINER_API_SOCKET.to_string()
+    }
+    /// Readies a live workspace (ownership) before a turn's layer is laid
+    /// over it, so nothing has to change through the layer itself.
+    async fn prepare_workspace(&self, live: &std::path::Path) -> Result<(), SandboxError> {
+        let _ = live;
+        Ok(())
+    }
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError>;
+    /// Why no tool can run at all (the [`Unavailable`] backend).
+    fn unavailable_reason(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The backend of a host with no usable sandbox: `auto` found neither a
+/// container engine nor bubblewrap. Every tool call is refused with the
+/// reason; turns that call no tool still answer.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    pub reason: String,
+}
+
+#[async_trait]
+impl SandboxBackend for Unavailable {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+    fn isolation(&self) -> Isolation {
+        Isolation::None
+    }
+    async fn start(&self, _spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
+        Err(SandboxError::Unavailable(self.reason.clone()))
+    }
+    fn unavailable_reason(&self) -> Option<String> {
+        Some(self.reason.clone())
+    }
 }
 
 #[async_trait]

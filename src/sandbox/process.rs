@@ -1,19 +1,28 @@
-//! Process backend: tool calls run as child processes of the host, in the
-//! workspace directory. For machines with no container engine.
+//! Process backend: tool calls run as child processes of the host, for
+//! machines with no container engine. Two modes:
 //!
-//! This is NOT isolation. A command runs with the host user's rights and can
-//! read and write anything that user can, reach the network, and see other
-//! processes. It is said loudly at construction, and `proof` proves nothing
-//! about isolation. What this backend does do: a clean environment (only
-//! `PATH`, `HOME` and the spec's variables), the workspace as working
-//! directory, capped output, and a timeout that kills the command's whole
-//! process group. A process that leaves that group on purpose (`setsid`)
-//! escapes the kill; only a container (or a cgroup) could prevent that.
+//! - **bubblewrap** (the default wherever `bwrap` works): each exec runs
+//!   under `bwrap` with new user, mount, pid, network, ipc and uts
+//!   namespaces, all capabilities dropped, as uid/gid 65534 inside; it sees
+//!   `/usr` read-only, a sized `/tmp`, its own `/proc` and `/dev`, the
+//!   workspace at `/work` (the only writable host directory), and, when
+//!   given, `mrctl` and the API socket under `/run/mercury/`. No network.
+//!   No cgroup: CPU and pids are not bounded here, memory only as an
+//!   address-space rlimit.
+//! - **unisolated**: plain child processes with the host user's rights,
+//!   network and files. Only built when `sandbox.backend: process` and
+//!   `sandbox.allow_unisolated: true` are both set, and said at every start.
 //!
-//! Must never: pass the host's own environment to a command, or leave a
-//! command's processes running after its exec returns or after `close`.
+//! Both: a clean environment (only `PATH`, `HOME` and the spec's variables),
+//! capped output, and a timeout that kills the command's whole process group
+//! (under bubblewrap, the pid namespace dies with it).
+//!
+//! Must never: pass the host's own environment to a command, leave a
+//! command's processes running after its exec returns or after `close`, or
+//! fall back to unisolated on its own.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -25,45 +34,212 @@ use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    CappedBuffer, ExecOutput, ExecRequest, SandboxBackend, SandboxError, SandboxSession,
-    SandboxSpec,
+    CappedBuffer, ExecOutput, ExecRequest, Isolation, SandboxBackend, SandboxError, SandboxSession,
+    SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR,
 };
 
 /// Directories searched after `extra_path`, in the usual order.
 const STANDARD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// Where `mrctl` appears inside a bubblewrap session.
+const SANDBOX_BIN: &str = "/run/mercury/bin";
+
+/// The uid and gid a bubblewrap session's commands see themselves as.
+const SANDBOX_UID: &str = "65534";
+
 const PROOF_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Runs sessions as host child processes; see the module doc for what that
-/// does not protect.
+/// How a process backend confines its commands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessMode {
+    /// Under the `bwrap` binary at this path.
+    Bubblewrap(PathBuf),
+    /// Not at all (explicit opt-in only).
+    Unisolated,
+}
+
+/// Runs sessions as host child processes; see the module doc for what each
+/// mode protects.
 #[derive(Clone, Debug)]
 pub struct ProcessBackend {
     extra_path: Option<PathBuf>,
+    mode: ProcessMode,
 }
 
 impl ProcessBackend {
-    /// `extra_path` is searched first, so the host's own `mrctl` is found.
-    pub fn new(extra_path: Option<PathBuf>) -> Self {
+    /// Commands under bubblewrap. `extra_path` holds the host's `mrctl`.
+    pub fn bubblewrap(bwrap: PathBuf, extra_path: Option<PathBuf>) -> Self {
+        Self {
+            extra_path,
+            mode: ProcessMode::Bubblewrap(bwrap),
+        }
+    }
+
+    /// Plain host processes; `extra_path` is searched first, so the host's
+    /// own `mrctl` is found.
+    pub fn unisolated(extra_path: Option<PathBuf>) -> Self {
         tracing::warn!(
-            "sandbox backend `process`: agent tool calls run as host processes with this \
-             user's rights, network and files; turns are NOT isolated. Use the docker \
-             backend wherever a container engine is available."
+            "sandbox backend `process` without bubblewrap (sandbox.allow_unisolated: true): \
+             agent tool calls run as host processes with this user's rights, network and \
+             files; turns are NOT isolated"
         );
-        Self { extra_path }
+        Self {
+            extra_path,
+            mode: ProcessMode::Unisolated,
+        }
+    }
+
+    pub fn mode(&self) -> &ProcessMode {
+        &self.mode
+    }
+
+    /// The `bwrap` binary, if one is installed in a usual place.
+    pub fn find_bwrap() -> Option<PathBuf> {
+        ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+    }
+
+    /// Runs `true` in a throwaway bubblewrap session: a kernel without user
+    /// namespaces for this user fails here, at start-up, not in a turn.
+    pub async fn probe(&self) -> Result<(), SandboxError> {
+        let dir = tempfile::tempdir().map_err(|source| SandboxError::Io {
+            path: "a temporary directory for the bubblewrap probe".into(),
+            source,
+        })?;
+        let session = self
+            .start(SandboxSpec {
+                instance_id: "probe".into(),
+                space_id: "probe".into(),
+                run_id: "probe".into(),
+                kind: super::RunKind::Live,
+                workspace: dir.path().to_path_buf(),
+                api_socket: None,
+                env: Vec::new(),
+                limits: super::SandboxLimits::default(),
+            })
+            .await?;
+        let out = session.proof().await;
+        session.close().await?;
+        out.map(|_| ())
     }
 
     fn path_var(&self) -> String {
-        match &self.extra_path {
-            Some(dir) => format!("{}:{STANDARD_PATH}", dir.display()),
-            None => STANDARD_PATH.to_string(),
+        match (&self.mode, &self.extra_path) {
+            (ProcessMode::Bubblewrap(_), _) => format!("{SANDBOX_BIN}:{STANDARD_PATH}"),
+            (ProcessMode::Unisolated, Some(dir)) => format!("{}:{STANDARD_PATH}", dir.display()),
+            (ProcessMode::Unisolated, None) => STANDARD_PATH.to_string(),
         }
     }
+
+    /// The `bwrap` arguments that come before a command.
+    fn bwrap_prefix(&self, spec: &SandboxSpec, workspace: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push =
+            |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+        let os = |s: &'static str| std::ffi::OsStr::new(s);
+        let hostname = format!("mercury-{}", short(&spec.run_id));
+        let tmp_size = spec.limits.tmp_bytes.max(1 << 20).to_string();
+        push(&[
+            os("--unshare-all"),
+            os("--die-with-parent"),
+            os("--new-session"),
+            os("--cap-drop"),
+            os("ALL"),
+            os("--uid"),
+            os(SANDBOX_UID),
+            os("--gid"),
+            os(SANDBOX_UID),
+            os("--hostname"),
+            hostname.as_ref(),
+            os("--ro-bind"),
+            os("/usr"),
+            os("/usr"),
+        ]);
+        // Merged-/usr systems have /bin → usr/bin: recreate the links;
+        // others get the directories read-only.
+        for dir in ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+            match std::fs::symlink_metadata(dir) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(dir) {
+                        push(&[os("--symlink"), target.as_os_str(), os(dir)]);
+                    }
+                }
+                Ok(m) if m.is_dir() => push(&[os("--ro-bind"), os(dir), os(dir)]),
+                _ => {}
+            }
+        }
+        push(&[
+            os("--proc"),
+            os("/proc"),
+            os("--dev"),
+            os("/dev"),
+            os("--size"),
+            tmp_size.as_ref(),
+            os("--tmpfs"),
+            os("/tmp"),
+            os("--bind"),
+            workspace.as_os_str(),
+            os(CONTAINER_WORKDIR),
+        ]);
+        if let Some(mrctl) = self.extra_path.as_ref().map(|d| d.join("mrctl")) {
+            if mrctl.is_file() {
+                let inside = format!("{SANDBOX_BIN}/mrctl");
+                push(&[os("--ro-bind"), mrctl.as_os_str(), inside.as_ref()]);
+            }
+        }
+        if let Some(socket) = &spec.api_socket {
+            push(&[os("--bind"), socket.as_os_str(), os(CONTAINER_API_SOCKET)]);
+        }
+        push(&[os("--chdir"), os(CONTAINER_WORKDIR), os("--")]);
+        a
+    }
+}
+
+fn short(run_id: &str) -> String {
+    run_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .rev()
+        .take(12)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect()
 }
 
 #[async_trait]
 impl SandboxBackend for ProcessBackend {
     fn name(&self) -> &'static str {
-        "process"
+        match self.mode {
+            ProcessMode::Bubblewrap(_) => "bwrap",
+            ProcessMode::Unisolated => "process",
+        }
+    }
+
+    fn isolation(&self) -> Isolation {
+        match self.mode {
+            ProcessMode::Bubblewrap(_) => Isolation::Namespaces,
+            ProcessMode::Unisolated => Isolation::None,
+        }
+    }
+
+    fn socket_inside(&self, host: &Path) -> String {
+        match self.mode {
+            ProcessMode::Bubblewrap(_) => CONTAINER_API_SOCKET.to_string(),
+            ProcessMode::Unisolated => host.display().to_string(),
+        }
+    }
+
+    async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
+        // Commands act as the host user (mapped to 65534 inside, without
+        // capabilities): a workspace a docker run handed to nobody must come
+        // back to the host user, links changed themselves, never followed.
+        let root = live.to_path_buf();
+        tokio::task::spawn_blocking(move || reclaim(&root))
+            .await
+            .map_err(|e| SandboxError::Engine(format!("workspace ownership task: {e}")))?
     }
 
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
@@ -81,17 +257,59 @@ impl SandboxBackend for ProcessBackend {
                 ),
             });
         }
-        let workdir = workspace.display().to_string();
+        let (workdir, prefix, id) = match &self.mode {
+            ProcessMode::Bubblewrap(bwrap) => {
+                let mut prefix = vec![bwrap.clone().into_os_string()];
+                prefix.extend(self.bwrap_prefix(&spec, &workspace));
+                (
+                    CONTAINER_WORKDIR.to_string(),
+                    prefix,
+                    format!("bwrap:mercury-{}", short(&spec.run_id)),
+                )
+            }
+            ProcessMode::Unisolated => {
+                tracing::warn!(run = %spec.run_id, "this run's tools are NOT isolated (sandbox.allow_unisolated)");
+                let w = workspace.display().to_string();
+                (w.clone(), Vec::new(), format!("process:{w}"))
+            }
+        };
         Ok(Box::new(ProcessSession {
-            id: format!("process:{workdir}"),
-            workdir,
+            id,
+            workdir: workdir.clone(),
+            home: workdir,
             path_var: self.path_var(),
             env: spec.env,
             workspace,
+            prefix,
+            memory_bytes: match self.mode {
+                ProcessMode::Bubblewrap(_) => Some(spec.limits.memory_bytes),
+                ProcessMode::Unisolated => None,
+            },
             groups: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
         }))
     }
+}
+
+/// lchown-s a tree to this process's uid and gid unless its root already
+/// has them.
+fn reclaim(root: &Path) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let io_err = |path: &Path, source: std::io::Error| SandboxError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let me = std::fs::metadata("/proc/self").map_err(|e| io_err(Path::new("/proc/self"), e))?;
+    let meta = std::fs::symlink_metadata(root).map_err(|e| io_err(root, e))?;
+    if meta.uid() == me.uid() && meta.gid() == me.gid() {
+        return Ok(());
+    }
+    for entry in walkdir::WalkDir::new(root).follow_links(false) {
+        let entry = entry.map_err(|e| io_err(root, std::io::Error::from(e)))?;
+        std::os::unix::fs::lchown(entry.path(), Some(me.uid()), Some(me.gid()))
+            .map_err(|e| io_err(entry.path(), e))?;
+    }
+    Ok(())
 }
 
 /// One run's session: a working directory and an environment; each exec is
@@ -99,8 +317,14 @@ impl SandboxBackend for ProcessBackend {
 #[derive(Debug)]
 pub struct ProcessSession {
     id: String,
+    /// Where commands run, as they see it (`/work` under bubblewrap).
     workdir: String,
+    home: String,
     workspace: PathBuf,
+    /// `bwrap` and its arguments, put before every command (empty: unisolated).
+    prefix: Vec<OsString>,
+    /// Address-space limit of a bubblewrap session's commands.
+    memory_bytes: Option<i64>,
     path_var: String,
     env: Vec<(String, String)>,
     /// Process groups of execs in flight. An exec adds its group when it
@@ -118,12 +342,33 @@ impl ProcessSession {
 
     fn command(&self, req: &ExecRequest) -> Option<tokio::process::Command> {
         let (program, args) = req.argv.split_first()?;
-        let mut cmd = tokio::process::Command::new(program);
+        let mut cmd = match self.prefix.split_first() {
+            Some((bwrap, bwrap_args)) => {
+                let mut c = tokio::process::Command::new(bwrap);
+                c.args(bwrap_args).arg(program);
+                c
+            }
+            None => tokio::process::Command::new(program),
+        };
+        if let Some(limit) = self.memory_bytes.filter(|m| *m > 0) {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs
+            // between fork and exec here.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit as libc::rlim_t,
+                        rlim_max: limit as libc::rlim_t,
+                    };
+                    libc::setrlimit(libc::RLIMIT_AS, &lim);
+                    Ok(())
+                });
+            }
+        }
         cmd.args(args)
             .current_dir(&self.workspace)
             .env_clear()
             .env("PATH", &self.path_var)
-            .env("HOME", &self.workspace)
+            .env("HOME", &self.home)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(if req.stdin.is_some() {
                 Stdio::piped()
@@ -251,7 +496,32 @@ impl SandboxSession for ProcessSession {
 
     /// `process:<pid of a shell>`: shows a command really ran, on this host.
     /// It proves nothing about isolation, because there is none.
+    /// Under bubblewrap: `bwrap:<hostname>`, read inside the session's own
+    /// uts namespace (the host's name would mean no namespace).
     async fn proof(&self) -> Result<String, SandboxError> {
+        if !self.prefix.is_empty() {
+            let out = self
+                .exec(ExecRequest {
+                    argv: vec!["cat".into(), "/proc/sys/kernel/hostname".into()],
+                    stdin: None,
+                    timeout: PROOF_TIMEOUT,
+                    output_cap: 4096,
+                })
+                .await?;
+            let name = out.stdout.trim();
+            let want = self.id.trim_start_matches("bwrap:");
+            if out.exit_code != 0 || name != want {
+                return Err(SandboxError::Io {
+                    path: self.workdir.clone(),
+                    source: std::io::Error::other(format!(
+                        "bubblewrap did not start a namespaced command (exit {}, hostname {name:?}): {}",
+                        out.exit_code,
+                        out.stderr.trim()
+                    )),
+                });
+            }
+            return Ok(format!("bwrap:{name}"));
+        }
         let out = self
             .exec(ExecRequest {
                 argv: vec!["sh".into(), "-c".into(), "echo $$".into()],
@@ -440,7 +710,7 @@ mod tests {
     #[tokio::test]
     async fn echo_and_exit_codes() {
         let dir = tempfile::tempdir().expect("dir");
-        let backend = ProcessBackend::new(None);
+        let backend = ProcessBackend::unisolated(None);
         assert_eq!(backend.name(), "process");
         let session = backend.start(spec(dir.path(), &[])).await.expect("start");
         let canonical = std::fs::canonicalize(dir.path()).expect("canonical");
@@ -473,7 +743,7 @@ mod tests {
     #[tokio::test]
     async fn cwd_is_the_workspace_and_files_land_there() {
         let dir = tempfile::tempdir().expect("dir");
-        let session = ProcessBackend::new(None)
+        let session = ProcessBackend::unisolated(None)
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -493,7 +763,7 @@ mod tests {
     async fn env_is_only_path_home_and_the_spec() {
         let dir = tempfile::tempdir().expect("dir");
         let extra = tempfile::tempdir().expect("extra path dir");
-        let session = ProcessBackend::new(Some(extra.path().to_path_buf()))
+        let session = ProcessBackend::unisolated(Some(extra.path().to_path_buf()))
             .start(spec(
                 dir.path(),
                 &[("MERCURY_RUN_TOKEN", "t-1"), ("MERCURY_SPACE", "s")],
@@ -532,7 +802,7 @@ mod tests {
         std::fs::write(&mrctl, "#!/bin/sh\necho \"mrctl $*\"\n").expect("write");
         std::fs::set_permissions(&mrctl, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("chmod");
-        let session = ProcessBackend::new(Some(bin.path().to_path_buf()))
+        let session = ProcessBackend::unisolated(Some(bin.path().to_path_buf()))
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -547,7 +817,7 @@ mod tests {
     #[tokio::test]
     async fn stdin_is_written_then_closed_and_output_is_capped() {
         let dir = tempfile::tempdir().expect("dir");
-        let session = ProcessBackend::new(None)
+        let session = ProcessBackend::unisolated(None)
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -568,7 +838,7 @@ mod tests {
     #[tokio::test]
     async fn a_timeout_kills_the_whole_process_group() {
         let dir = tempfile::tempdir().expect("dir");
-        let session = ProcessBackend::new(None)
+        let session = ProcessBackend::unisolated(None)
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -588,7 +858,7 @@ mod tests {
     #[tokio::test]
     async fn background_leftovers_die_with_their_exec() {
         let dir = tempfile::tempdir().expect("dir");
-        let session = ProcessBackend::new(None)
+        let session = ProcessBackend::unisolated(None)
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -611,7 +881,7 @@ mod tests {
     #[tokio::test]
     async fn proof_names_a_process() {
         let dir = tempfile::tempdir().expect("dir");
-        let session = ProcessBackend::new(None)
+        let session = ProcessBackend::unisolated(None)
             .start(spec(dir.path(), &[]))
             .await
             .expect("start");
@@ -623,12 +893,95 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_workspace_is_an_io_error_with_its_path() {
-        let err = ProcessBackend::new(None)
+        let err = ProcessBackend::unisolated(None)
             .start(spec(Path::new("/nonexistent/workspace"), &[]))
             .await
             .err()
             .expect("must fail");
         assert!(matches!(err, SandboxError::Io { .. }), "{err:?}");
         assert!(err.to_string().contains("/nonexistent/workspace"), "{err}");
+    }
+
+    fn bwrap() -> ProcessBackend {
+        let path = ProcessBackend::find_bwrap()
+            .expect("bubblewrap must be installed (deploy/setup.sh installs it)");
+        ProcessBackend::bubblewrap(path, None)
+    }
+
+    #[tokio::test]
+    async fn bubblewrap_confines_files_network_and_processes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).expect("ws");
+        let canary = dir.path().join("canary.txt");
+        std::fs::write(&canary, "CANARY").expect("canary");
+        std::os::unix::fs::symlink(&canary, ws.join("link")).expect("link");
+        let backend = bwrap();
+        assert_eq!(backend.isolation(), Isolation::Namespaces);
+        let session = backend
+            .start(spec(&ws, &[("A", "1")]))
+            .await
+            .expect("start");
+        assert!(session
+            .proof()
+            .await
+            .expect("proof")
+            .starts_with("bwrap:mercury-"));
+        assert_eq!(session.workdir(), "/work");
+        let script = format!(
+            "cat link; cat {c}; cat ../canary.txt; ls /etc /root /var 2>&1; echo w > made; \
+             cat /proc/net/dev | wc -l; ps 2>/dev/null | wc -l; id -u; env | sort",
+            c = canary.display()
+        );
+        let out = session
+            .exec(req(&["sh", "-c", &script]))
+            .await
+            .expect("exec");
+        assert!(!out.stdout.contains("CANARY"), "{out:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("made")).expect("made"),
+            "w\n"
+        );
+        // Only the loopback device exists in the network namespace.
+        assert!(out.stdout.contains("\n3\n"), "{out:?}");
+        assert!(out.stdout.contains("65534\n"), "{out:?}");
+        let env: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.contains('='))
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .collect();
+        assert_eq!(env, ["A", "HOME", "PATH", "PWD"], "{out:?}");
+        session.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn bubblewrap_tmp_is_sized_and_a_timeout_kills_the_namespace() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut sp = spec(dir.path(), &[]);
+        sp.limits.tmp_bytes = 1 << 20;
+        let session = bwrap().start(sp).await.expect("start");
+        let out = session
+            .exec(req(&[
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/tmp/big bs=1M count=4 2>&1; ls -l /tmp/big",
+            ]))
+            .await
+            .expect("dd");
+        assert!(out.stdout.contains("No space left"), "{out:?}");
+        let marker = dir.path().join("survived");
+        let mut r = req(&["sh", "-c", "(sleep 3; touch /work/survived) & sleep 30"]);
+        r.timeout = Duration::from_millis(500);
+        assert!(matches!(
+            session.exec(r).await,
+            Err(SandboxError::Timeout(_))
+        ));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(
+            !marker.exists(),
+            "a process outlived its bubblewrap namespace"
+        );
+        session.close().await.expect("close");
     }
 }

@@ -350,6 +350,28 @@ impl TestHost {
     }
 
     /// (relative path, sha256) of every file under the space's workspace.
+    /// A file a running turn wrote: turns write in their layer
+    /// (`tmp/turn-<run>/merged/`) until they commit.
+    pub fn in_turn_layer(&self, name: &str) -> Option<PathBuf> {
+        std::fs::read_dir(self.data.join("tmp"))
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("turn-"))
+            .map(|e| e.path().join("merged").join(name))
+            .find(|p| p.exists())
+    }
+
+    /// Mount points below the data dir (turn layers left mounted).
+    pub fn mounts_below_data(&self) -> Vec<String> {
+        let data = std::fs::canonicalize(&self.data).unwrap_or(self.data.clone());
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter(|p| p.starts_with(&*data.to_string_lossy()))
+            .collect()
+    }
+
     pub fn workspace_hashes(&self, space: &str) -> Vec<(String, String)> {
         use sha2::{Digest, Sha256};
         let root = self.data.join("spaces").join(space);

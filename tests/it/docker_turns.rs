@@ -278,9 +278,9 @@ async fn a_tool_turn_writes_the_workspace_and_a_plain_turn_starts_no_container()
     let mut leftovers = Leftovers::default();
     let host = TestHost::start(docker_host(
         json!({"rules": [
-            {"match": "^tool_result\\(write_file\\): ", "reply": "noted"},
+            {"match": "^tool_result\\(shell\\): ", "reply": "noted"},
             {"match": "^user: note (.*)$", "tool_calls": [
-                {"name": "write_file", "arguments": {"path": "note.txt", "content": "$1\n"}}
+                {"name": "shell", "arguments": {"command": "echo '$1' > note.txt"}}
             ]},
             {"match": "^user: hello$", "reply": "hello there"}
         ]}),
@@ -429,6 +429,9 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
         })
         .collect();
     mounts.sort();
+    // The workspace reaches the container only as this run's layer (an
+    // overlay over `spaces/<id>`), never as the workspace itself.
+    let layer = host.data.join("tmp").join(format!("turn-{run_id}"));
     let canonical = |p: &Path| {
         std::fs::canonicalize(p)
             .expect("canonical")
@@ -444,7 +447,7 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
             ),
             (
                 "/work".to_string(),
-                canonical(&host.data.join("spaces").join(&space))
+                format!("{}/merged", canonical(&layer))
             ),
         ]
     );
@@ -636,11 +639,7 @@ async fn a_container_killed_from_outside_fails_the_run_and_leaves_no_container()
     host.create_space("alpha").await;
 
     let turn = chat_in_background(&host, "alpha", "long");
-    let marker = host.data.join("spaces/alpha/started");
-    until("the tool to start", 120, async || {
-        marker.exists().then_some(())
-    })
-    .await;
+    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
     let id = running_container(&docker, &instance).await.id.expect("id");
     docker
         .kill_container(
@@ -688,11 +687,7 @@ async fn a_turn_stopped_with_mrctl_control_stop_records_it_and_leaves_no_contain
     host.create_space("alpha").await;
 
     let turn = chat_in_background(&host, "alpha", "long");
-    let marker = host.data.join("spaces/alpha/started");
-    until("the tool to start", 120, async || {
-        marker.exists().then_some(())
-    })
-    .await;
+    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
     let id = running_container(&docker, &instance).await.id.expect("id");
 
     let mut stop = host.mrctl(&host.owner_token, Some("alpha"));
@@ -758,12 +753,12 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
     let docker = engine().await;
     let mut leftovers = Leftovers::default();
     // The first attempt sleeps; the resumed one after the restart finds the
-    // marker and ends at once.
+    // marker the test puts in the workspace and ends at once.
     let mut host = TestHost::start_process(docker_host(
         json!({"rules": [
             {"match": "^tool_result\\(shell\\): ", "reply": "done"},
             {"match": "^user: long$", "tool_calls": [
-                {"name": "shell", "arguments": {"command": "test -f started || { touch started && sleep 600; }"}}
+                {"name": "shell", "arguments": {"command": "test -f resume-ok || { touch started && sleep 600; }"}}
             ]}
         ]}),
         vec![],
@@ -775,11 +770,7 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
 
     // A real leftover: the host dies (SIGKILL) while its turn's container runs.
     let turn = chat_in_background(&host, "alpha", "long");
-    let marker = host.data.join("spaces/alpha/started");
-    until("the tool to start", 120, async || {
-        marker.exists().then_some(())
-    })
-    .await;
+    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
     let crashed = running_container(&docker, &instance).await;
     let crashed_id = crashed.id.expect("id");
     let crashed_run = crashed.labels.expect("labels")["mercury.run"].clone();
@@ -789,6 +780,9 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
         exists(&docker, &crashed_id).await,
         "the crash should have left the container"
     );
+    // The killed turn's layer is still mounted; the restart must clear it.
+    assert!(!host.mounts_below_data().is_empty());
+    std::fs::write(host.data.join("spaces/alpha/resume-ok"), "").expect("marker");
 
     // And three made by hand: ours with a dead run id, another instance's,
     // and one without labels.
@@ -836,6 +830,12 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
         .wait_count("SELECT COUNT(*) FROM runs WHERE status = 'done'", 1, 120)
         .await;
     assert_eq!(answered, 1);
+    // No layer of the killed turn or of the resumed one is left.
+    assert_eq!(host.mounts_below_data(), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read_dir(host.data.join("tmp")).map(|d| d.count()).unwrap_or(0),
+        0
+    );
     until("the resumed run's container to go", 60, async || {
         containers(&docker, &instance)
             .await
@@ -914,7 +914,7 @@ async fn sandbox_docker_without_an_engine_stops_start_up_with_a_clear_message() 
 }
 
 #[tokio::test]
-async fn sandbox_auto_without_an_engine_falls_back_to_process_with_a_loud_warning() {
+async fn sandbox_auto_without_an_engine_uses_bubblewrap_never_an_unisolated_process() {
     let opts = HostOptions {
         sandbox: "auto",
         ..Default::default()
@@ -934,10 +934,66 @@ async fn sandbox_auto_without_an_engine_falls_back_to_process_with_a_loud_warnin
     let _ = child.kill();
     let _ = child.wait();
     let err = stderr.lock().unwrap().clone();
-    assert_eq!(health["sandbox"], "process", "{health}");
+    assert_eq!(health["sandbox"], "bwrap", "{health}");
     assert!(
-        err.contains("no usable Docker engine") && err.contains("NOT isolated"),
-        "no loud warning: {err}"
+        err.contains("no usable Docker engine") && err.contains("bubblewrap"),
+        "no warning: {err}"
     );
-    assert!(err.contains("sandbox backend: process"), "{err}");
+    assert!(err.contains("sandbox backend: bwrap (bubblewrap namespaces)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_auto_without_engine_or_bubblewrap_refuses_tools_and_says_so() {
+    let opts = HostOptions {
+        sandbox: "auto",
+        model: json!({"rules": [
+            {"match": "^tool_result\\(shell\\): (.*)$", "reply": "tool said: $1"},
+            {"match": "^user: run$", "tool_calls": [{"name": "shell", "arguments": {"command": "echo ran > ran.txt"}}]}
+        ]}),
+        config: vec![("sandbox.bwrap", Yaml::from("/nonexistent/bwrap"))],
+        ..Default::default()
+    };
+    let (dir, data, port) = prepare(&opts).await;
+    let (mut child, stderr) = serve_without_engine(&data, dir.path());
+    let http = reqwest::Client::new();
+    let health = until("the host to answer", 60, async || {
+        let resp = http
+            .get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .ok()?;
+        resp.json::<Value>().await.ok()
+    })
+    .await;
+    assert_eq!(health["sandbox"], "none", "{health}");
+    let token = std::fs::read_to_string(data.join("global/owner.token")).expect("token");
+    let auth = format!("Bearer {}", token.trim());
+    let created = http
+        .post(format!("http://127.0.0.1:{port}/api/spaces"))
+        .header("authorization", &auth)
+        .json(&json!({"id": "alpha"}))
+        .send()
+        .await
+        .expect("create space");
+    assert!(created.status().is_success(), "{created:?}");
+    let reply: Value = http
+        .post(format!("http://127.0.0.1:{port}/api/chat"))
+        .header("authorization", &auth)
+        .header("x-mercury-space", "alpha")
+        .json(&json!({"text": "run"}))
+        .send()
+        .await
+        .expect("chat")
+        .json()
+        .await
+        .expect("json");
+    let _ = child.kill();
+    let _ = child.wait();
+    let err = stderr.lock().unwrap().clone();
+    assert!(
+        reply["reply"].as_str().unwrap_or("").contains("no sandbox is available"),
+        "{reply}"
+    );
+    assert!(!data.join("spaces/alpha/ran.txt").exists());
+    assert!(err.contains("no sandbox is available, tool calls are refused"), "{err}");
 }
