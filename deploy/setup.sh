@@ -2,6 +2,7 @@
 # Prepares a machine for Mercury's tests and its docker sandbox. Idempotent and
 # quick when everything is already there:
 #   - Debian's busybox-static (/bin/busybox goes into the agent image),
+#   - Debian's bubblewrap (the process sandbox backend; its tests run in CI),
 #   - a Docker engine that answers (docker.io installed and dockerd started if needed),
 #   - cargo-nextest (the test runner).
 set -euo pipefail
@@ -9,6 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2

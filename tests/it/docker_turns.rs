@@ -445,10 +445,7 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
                 "/run/mercury/api.sock".to_string(),
                 canonical(&host.data.join("api.sock"))
             ),
-            (
-                "/work".to_string(),
-                format!("{}/merged", canonical(&layer))
-            ),
+            ("/work".to_string(), format!("{}/merged", canonical(&layer))),
         ]
     );
 
@@ -639,7 +636,10 @@ async fn a_container_killed_from_outside_fails_the_run_and_leaves_no_container()
     host.create_space("alpha").await;
 
     let turn = chat_in_background(&host, "alpha", "long");
-    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
+    until("the tool to start", 120, async || {
+        host.in_turn_layer("started")
+    })
+    .await;
     let id = running_container(&docker, &instance).await.id.expect("id");
     docker
         .kill_container(
@@ -687,7 +687,10 @@ async fn a_turn_stopped_with_mrctl_control_stop_records_it_and_leaves_no_contain
     host.create_space("alpha").await;
 
     let turn = chat_in_background(&host, "alpha", "long");
-    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
+    until("the tool to start", 120, async || {
+        host.in_turn_layer("started")
+    })
+    .await;
     let id = running_container(&docker, &instance).await.id.expect("id");
 
     let mut stop = host.mrctl(&host.owner_token, Some("alpha"));
@@ -770,7 +773,10 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
 
     // A real leftover: the host dies (SIGKILL) while its turn's container runs.
     let turn = chat_in_background(&host, "alpha", "long");
-    until("the tool to start", 120, async || host.in_turn_layer("started")).await;
+    until("the tool to start", 120, async || {
+        host.in_turn_layer("started")
+    })
+    .await;
     let crashed = running_container(&docker, &instance).await;
     let crashed_id = crashed.id.expect("id");
     let crashed_run = crashed.labels.expect("labels")["mercury.run"].clone();
@@ -833,7 +839,9 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
     // No layer of the killed turn or of the resumed one is left.
     assert_eq!(host.mounts_below_data(), Vec::<String>::new());
     assert_eq!(
-        std::fs::read_dir(host.data.join("tmp")).map(|d| d.count()).unwrap_or(0),
+        std::fs::read_dir(host.data.join("tmp"))
+            .map(|d| d.count())
+            .unwrap_or(0),
         0
     );
     until("the resumed run's container to go", 60, async || {
@@ -939,7 +947,10 @@ async fn sandbox_auto_without_an_engine_uses_bubblewrap_never_an_unisolated_proc
         err.contains("no usable Docker engine") && err.contains("bubblewrap"),
         "no warning: {err}"
     );
-    assert!(err.contains("sandbox backend: bwrap (bubblewrap namespaces)"), "{err}");
+    assert!(
+        err.contains("sandbox backend: bwrap (bubblewrap namespaces)"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -991,9 +1002,15 @@ async fn sandbox_auto_without_engine_or_bubblewrap_refuses_tools_and_says_so() {
     let _ = child.wait();
     let err = stderr.lock().unwrap().clone();
     assert!(
-        reply["reply"].as_str().unwrap_or("").contains("no sandbox is available"),
+        reply["reply"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no sandbox is available"),
         "{reply}"
     );
     assert!(!data.join("spaces/alpha/ran.txt").exists());
-    assert!(err.contains("no sandbox is available, tool calls are refused"), "{err}");
+    assert!(
+        err.contains("no sandbox is available, tool calls are refused"),
+        "{err}"
+    );
 }
