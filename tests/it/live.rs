@@ -980,6 +980,10 @@ async fn mercury_demo_runs_a_scripted_conversation_and_exits_0() {
     let (code, out, err) = run(c).await;
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("the agent's tool call wrote"), "{out}");
+    assert!(
+        out.contains("read it back in the sandbox: the demo works"),
+        "{out}"
+    );
     assert!(out.contains("mercury: Hello!"), "{out}");
 }
 
