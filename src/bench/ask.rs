@@ -52,6 +52,9 @@ pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
     let backend: Arc<dyn SandboxBackend> =
         crate::containers::docker_backend(&Settings::default(), &DataPaths::new(tmp.path()))
             .await?;
+    // What the space actor does before laying a view: a no-op once the
+    // workspace belongs to the sandbox user, as it does after its first run.
+    backend.prepare_workspace(&src).await?;
     let mut figs = AskFigures {
         cp_a: Vec::new(),
         copy: Vec::new(),

@@ -175,8 +175,8 @@ impl TurnLayer {
         let merge = || -> io::Result<()> {
             let upper = WorkspaceRoot::open(&self.layer.join("upper")).map_err(io::Error::other)?;
             let live = WorkspaceRoot::open(&self.live).map_err(io::Error::other)?;
-            // The overlay must be gone first: the kernel forbids changing a
-            // lower layer under a mounted overlay.
+            // Unmount first: a lower changed under its own mounted overlay
+            // gives that overlay an undefined view.
             unmount(&self.merged)?;
             merge_dir(&upper, &live)
         };
