@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
+use crate::data_dir;
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
 use crate::model::gate::{Admission, ModelGate};
@@ -111,12 +112,27 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
             data_dir.display()
         );
     }
-    std::fs::create_dir_all(&paths.spaces)
-        .with_context(|| format!("creating {}", paths.spaces.display()))?;
-    std::fs::create_dir_all(&paths.global)
-        .with_context(|| format!("creating {}", paths.global.display()))?;
-    std::fs::write(&paths.config, config::template(owner))
+    // Every directory 0700 and every file 0600, whatever the umask: the
+    // data dir holds all chat history and the owner's token.
+    for dir in [
+        &paths.root,
+        &paths.spaces,
+        &paths.global,
+        &data_dir::models_dir(&paths),
+    ] {
+        data_dir::private_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::set_permissions(
+        &paths.root,
+        std::fs::Permissions::from_mode(data_dir::DIR_MODE),
+    )
+    .with_context(|| format!("setting the mode of {}", paths.root.display()))?;
+    data_dir::private_file(&paths.config)
+        .and_then(|mut f| f.write_all(config::template(owner).as_bytes()))
         .with_context(|| format!("writing {}", paths.config.display()))?;
+    // SQLite gives the WAL and SHM files the mode of the database file.
+    data_dir::private_file(&paths.db)
+        .with_context(|| format!("creating {}", paths.db.display()))?;
     let store = Store::open(&paths.db)?;
     let owner_s = owner.to_owned();
     let (_, secret) = store
@@ -138,11 +154,7 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
         })
         .await?;
     let token_path = paths.owner_token();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&token_path)
+    let mut f = data_dir::private_file(&token_path)
         .with_context(|| format!("writing {}", token_path.display()))?;
     f.write_all(secret.as_bytes())?;
     Ok(token_path)
@@ -283,6 +295,12 @@ pub async fn serve_with(
             data_dir.display()
         );
     }
+    // Before anything is read or swept: a second host on this data dir stops
+    // here (exit 2). Held until this function returns.
+    let _lock = data_dir::lock(&paths)?;
+    for loose in data_dir::loose_modes(&paths) {
+        eprintln!("mercury: warning: {loose}");
+    }
     let mut settings = load_settings(&paths)?;
     if let Some(b) = bind_override {
         settings.bind = b;
@@ -294,6 +312,16 @@ pub async fn serve_with(
         tracing::warn!(
             runs = interrupted,
             "runs interrupted by the last stop were marked; their messages will be answered"
+        );
+    }
+    // No run is live yet, so every run token left is a dead run's (a hard
+    // kill skips the revocation a finished run does).
+    let (revoked, deleted) = store.write(|tx| tokens::retire_run_tokens(tx)).await?;
+    if revoked + deleted > 0 {
+        tracing::warn!(
+            revoked,
+            deleted_ask = deleted,
+            "run tokens of interrupted runs were retired"
         );
     }
     let rt = build_runtime(&paths, settings, store, options.review_admission).await?;

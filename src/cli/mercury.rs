@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, default_value = "owner")]
         owner: String,
     },
-    /// Run the host.
+    /// Run the host (exit 2 if another host holds the data dir's lock).
     Serve {
         #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
         data_dir: PathBuf,
@@ -201,7 +201,12 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mercury serve: {e:#}");
-                    ExitCode::from(1)
+                    // Another host holds the data dir: a usage error, not a crash.
+                    let locked = matches!(
+                        e.downcast_ref::<crate::data_dir::DataDirError>(),
+                        Some(crate::data_dir::DataDirError::Locked { .. })
+                    );
+                    ExitCode::from(if locked { 2 } else { 1 })
                 }
             }
         }
