@@ -24,6 +24,7 @@ use crate::data_dir;
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
 use crate::model::gate::{Admission, ModelGate};
+use crate::model::scripted::ScriptedPolicy;
 use crate::model::ProviderSettings;
 use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
@@ -177,6 +178,19 @@ fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSe
     }
 }
 
+/// `<data_dir>/models/` and `models.scripted_roots`; the scripted specs
+/// `mercury.yaml` names itself are the operator's own choice and stay allowed.
+fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
+    let mut roots = vec![crate::data_dir::models_dir(paths)];
+    roots.extend(s.models.scripted_roots.iter().map(PathBuf::from));
+    let configured = s
+        .model_chain()
+        .into_iter()
+        .chain(std::iter::once(s.review.model.clone()))
+        .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
+    ScriptedPolicy::new(roots, configured)
+}
+
 /// Picks the sandbox backend the config asks for.
 async fn sandbox_backend(
     settings: &Settings,
@@ -221,7 +235,10 @@ pub async fn build_runtime(
         settings.review.calls_per_minute,
     ));
     Ok(Arc::new(Runtime {
-        models: ModelRegistry::new(provider_settings(&settings, &env)),
+        models: ModelRegistry::new(
+            provider_settings(&settings, &env),
+            scripted_policy(&settings, paths),
+        ),
         model_gate,
         settings: Arc::new(settings),
         paths: paths.clone(),
