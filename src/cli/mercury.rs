@@ -65,13 +65,12 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum ImageCommand {
-    /// Build the agent image (FROM scratch: busybox-static and mrctl) through the Docker engine.
+    /// Build the agent image (FROM scratch: the host's dash, coreutils, grep, sed, find,
+    /// hostname and mrctl; see docs/sandbox.md) through the Docker engine.
     Build {
         /// The mrctl binary to put in the image (default: the one beside this binary).
         #[arg(long)]
         mrctl: Option<PathBuf>,
-        #[arg(long, default_value = "/bin/busybox")]
-        busybox: PathBuf,
     },
 }
 
@@ -218,8 +217,8 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         Command::Image {
-            command: ImageCommand::Build { mrctl, busybox },
-        } => match crate::containers::build_image_cli(mrctl, &busybox).await {
+            command: ImageCommand::Build { mrctl },
+        } => match crate::containers::build_image_cli(mrctl).await {
             Ok(tag) => {
                 println!("{tag}");
                 ExitCode::SUCCESS
