@@ -119,6 +119,7 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
         &paths.root,
         &paths.spaces,
         &paths.global,
+        &paths.reviews,
         &data_dir::models_dir(&paths),
     ] {
         data_dir::private_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -315,6 +316,10 @@ pub async fn serve_with(
     // Before anything is read or swept: a second host on this data dir stops
     // here (exit 2). Held until this function returns.
     let _lock = data_dir::lock(&paths)?;
+    // Data dirs made before these existed get them now, private.
+    for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
+        data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: warning: {loose}");
     }

@@ -341,6 +341,7 @@ async fn the_data_dir_state_db_wal_and_workspaces_are_private_whatever_the_umask
         (d.join("global/owner.token"), 0o600),
         (d.join("spaces"), 0o700),
         (d.join("models"), 0o700),
+        (d.join("reviews"), 0o700),
         (d.join("lock"), 0o600),
         (ws.clone(), 0o700),
         (ws.join("knowledge"), 0o700),
