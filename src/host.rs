@@ -114,9 +114,26 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
         );
     }
     // Every directory 0700 and every file 0600, whatever the umask: the
-    // data dir holds all chat history and the owner's token.
+    // data dir holds all chat history and the owner's token. An existing
+    // dir (the operator's, maybe a symlink to one) is made 0700 only when
+    // empty; a non-empty one keeps its mode and `serve` warns about it.
+    let existing = paths.root.is_dir();
+    let empty = existing
+        && std::fs::read_dir(&paths.root)
+            .with_context(|| format!("reading {}", paths.root.display()))?
+            .next()
+            .is_none();
+    if !existing {
+        data_dir::private_dir(&paths.root)
+            .with_context(|| format!("creating {}", paths.root.display()))?;
+    } else if empty {
+        std::fs::set_permissions(
+            &paths.root,
+            std::fs::Permissions::from_mode(data_dir::DIR_MODE),
+        )
+        .with_context(|| format!("setting the mode of {}", paths.root.display()))?;
+    }
     for dir in [
-        &paths.root,
         &paths.spaces,
         &paths.global,
         &paths.reviews,
@@ -124,11 +141,6 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
     ] {
         data_dir::private_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::set_permissions(
-        &paths.root,
-        std::fs::Permissions::from_mode(data_dir::DIR_MODE),
-    )
-    .with_context(|| format!("setting the mode of {}", paths.root.display()))?;
     data_dir::private_file(&paths.config)
         .and_then(|mut f| f.write_all(config::template(owner).as_bytes()))
         .with_context(|| format!("writing {}", paths.config.display()))?;

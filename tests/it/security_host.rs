@@ -353,6 +353,27 @@ async fn the_data_dir_state_db_wal_and_workspaces_are_private_whatever_the_umask
     h.stop().await;
 }
 
+#[tokio::test]
+async fn init_makes_an_empty_existing_dir_private_and_leaves_a_used_one_as_it_was() {
+    let base = tempfile::tempdir().unwrap();
+    let empty = base.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    mercury::host::init(&empty, "owner").await.unwrap();
+    assert_eq!(mode(&empty), 0o700);
+
+    // Someone's directory with other files: init adds its own, private,
+    // and does not change the mode of what it did not create.
+    let used = base.path().join("used");
+    std::fs::create_dir(&used).unwrap();
+    std::fs::write(used.join("notes.txt"), "mine").unwrap();
+    std::fs::set_permissions(&used, std::fs::Permissions::from_mode(0o750)).unwrap();
+    mercury::host::init(&used, "owner").await.unwrap();
+    assert_eq!(mode(&used), 0o750);
+    assert_eq!(mode(&used.join("state.db")), 0o600);
+    assert_eq!(mode(&used.join("global")), 0o700);
+}
+
 /// Starts `mercury serve` on `data` with stderr piped; the child and its
 /// stderr lines (read on a thread).
 fn spawn_serve_piped(
