@@ -316,6 +316,57 @@ async fn a_run_token_of_a_turn_interrupted_by_sigkill_is_dead_after_restart() {
     h.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_interrupted_by_sigkill_leaves_no_token_row_after_restart() {
+    // Docker: an ask runs only on an isolating backend. The ask's tool call
+    // mints its read-only run token, then sleeps.
+    let mut h = TestHost::start_process(HostOptions {
+        model: json!({"rules": [
+            {"purpose": "ask", "match": "^user: linger$", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 600"}}]},
+            {"reply": "ok"}
+        ]}),
+        sandbox: "docker",
+        ..Default::default()
+    })
+    .await;
+    for s in ["mgmt", "x"] {
+        h.create_space(s).await;
+    }
+    h.grant("mgmt", "alice", "admin").await;
+    let alice = h.token("alice", "user").await;
+    h.link("mgmt", "x", "admin").await;
+    let ask = {
+        let url = h.url.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/api/ask"))
+                .bearer_auth(alice)
+                .header("x-mercury-space", "mgmt")
+                .header("x-mercury-act-as", "x")
+                .json(&json!({"message": "linger", "as": "admin"}))
+                .timeout(Duration::from_secs(120))
+                .send()
+                .await
+        })
+    };
+    let live_ask_tokens =
+        "SELECT COUNT(*) FROM api_tokens WHERE kind = 'run' AND read_only = 1 AND revoked_at IS NULL";
+    assert_eq!(
+        h.wait_count(live_ask_tokens, 1, 120).await,
+        1,
+        "the ask's tool is running"
+    );
+    h.kill();
+    ask.abort();
+    h.restart_process().await;
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM api_tokens WHERE kind = 'run' AND (read_only = 1 OR space_id = 'x')"),
+        0,
+        "no token row of the interrupted ask is left"
+    );
+    h.stop().await;
+}
+
 // ---------------------------------------------------------------------------
 // Item 6: modes
 // ---------------------------------------------------------------------------
