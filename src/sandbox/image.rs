@@ -366,15 +366,17 @@ fn new_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 fn assemble_rootfs(mrctl: &Path) -> Result<RootFs, SandboxError> {
     let mut rootfs = RootFs::default();
     let mut binaries = Vec::new();
-    for (name, program) in TOOLS {
-        let host = host_tool(program).map_err(|source| SandboxError::Io {
+    for (_, program) in TOOLS {
+        binaries.push(host_tool(program).map_err(|source| SandboxError::Io {
             path: format!("{program} for the agent image"),
             source,
-        })?;
+        })?);
+    }
+    refuse_multi_call(&binaries)?;
+    for ((name, _), host) in TOOLS.iter().zip(&binaries) {
         // Real files, never links: a link named after a tool is how a
         // multi-call binary would be reached.
-        rootfs.file(&format!("bin/{name}"), read_file(&host)?, 0o755);
-        binaries.push(host);
+        rootfs.file(&format!("bin/{name}"), read_file(host)?, 0o755);
     }
 
     let mrctl_in_image = MRCTL_PATH_IN_IMAGE.trim_start_matches('/');
@@ -415,6 +417,40 @@ fn assemble_rootfs(mrctl: &Path) -> Result<RootFs, SandboxError> {
     rootfs.dir("tmp", 0o1777);
     rootfs.dir("run/mercury", 0o755);
     Ok(rootfs)
+}
+
+/// On a host whose `/bin` is busybox or toybox (Alpine, some minimal
+/// images), every tool would be the same multi-call binary under another
+/// name, the very thing the image must not hold: refuse to build instead.
+fn refuse_multi_call(binaries: &[PathBuf]) -> Result<(), SandboxError> {
+    let mut seen: HashMap<PathBuf, &Path> = HashMap::new();
+    for binary in binaries {
+        let real = std::fs::canonicalize(binary).map_err(|source| SandboxError::Io {
+            path: binary.display().to_string(),
+            source,
+        })?;
+        let name = real
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        let multi = name.contains("busybox") || name.contains("toybox");
+        if let Some(first) = seen.insert(real.clone(), binary) {
+            return Err(SandboxError::Image(format!(
+                "{} and {} are the same file ({}): the agent image needs single-purpose tools, not a multi-call binary",
+                first.display(),
+                binary.display(),
+                real.display()
+            )));
+        }
+        if multi {
+            return Err(SandboxError::Image(format!(
+                "{} is {}, a multi-call binary: the agent image needs the single-purpose tools (Debian: coreutils, dash, grep, sed, findutils, hostname)",
+                binary.display(),
+                real.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `nobody`'s home is `/tmp` (a tmpfs at run time) so tools that write under
@@ -553,6 +589,33 @@ mod tests {
         assert!(libs
             .iter()
             .any(|p| p.to_string_lossy().contains("ld-linux")));
+    }
+
+    #[test]
+    fn a_multi_call_binary_under_tool_names_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let multi = dir.path().join("busybox");
+        std::fs::write(&multi, b"multi").expect("write");
+        let cat = dir.path().join("cat");
+        std::os::unix::fs::symlink(&multi, &cat).expect("link");
+        let err = refuse_multi_call(&[cat]).expect_err("busybox as cat");
+        assert!(err.to_string().contains("multi-call"), "{err}");
+
+        let one = dir.path().join("one");
+        std::fs::write(&one, b"x").expect("write");
+        let two = dir.path().join("two");
+        std::os::unix::fs::symlink(&one, &two).expect("link");
+        let err = refuse_multi_call(&[one.clone(), two]).expect_err("one file, two names");
+        assert!(err.to_string().contains("same file"), "{err}");
+
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"y").expect("write");
+        refuse_multi_call(&[one, other]).expect("two distinct files");
+        let tools: Vec<PathBuf> = TOOLS
+            .iter()
+            .map(|(_, p)| host_tool(p).expect("tool"))
+            .collect();
+        refuse_multi_call(&tools).expect("this host's tools are single-purpose");
     }
 
     #[test]
