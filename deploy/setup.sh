@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine for Mercury's tests and its docker sandbox. Idempotent and
 # quick when everything is already there:
-#   - Debian's busybox-static (/bin/busybox goes into the agent image),
+#   - the host tools the agent image is made of (dash, coreutils, grep, sed,
+#     findutils, hostname: part of any Debian install, checked anyway),
 #   - Debian's bubblewrap (the process sandbox backend; its tests run in CI),
 #   - a Docker engine that answers (docker.io installed and dockerd started if needed),
 #   - cargo-nextest (the test runner).
@@ -9,7 +10,9 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 missing=()
-[ -x /bin/busybox ] || missing+=(busybox-static)
+for t in dash:dash ls:coreutils grep:grep sed:sed find:findutils hostname:hostname; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t##*:}")
+done
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 if [ ${#missing[@]} -gt 0 ]; then

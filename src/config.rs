@@ -59,6 +59,15 @@ pub struct Settings {
     pub webhook: WebhookConfig,
     pub review: ReviewConfig,
     pub http: HttpConfig,
+    pub models: ModelsConfig,
+}
+
+/// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// Absolute directories; a space's chain may name scripted files under them.
+    pub scripted_roots: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -201,6 +210,7 @@ impl Default for Settings {
             webhook: WebhookConfig::default(),
             review: ReviewConfig::default(),
             http: HttpConfig::default(),
+            models: ModelsConfig::default(),
         }
     }
 }
@@ -384,6 +394,10 @@ review:
 http:
   body_limit_bytes: 1048576
   drain_secs: 10
+models:
+  # A space's chain may name scripted:PATH only for files under <data dir>/models/
+  # or these absolute directories (and only a global admin may set one).
+  scripted_roots: []
 "#
     )
 }
@@ -618,6 +632,17 @@ impl Settings {
                 format!("unknown time zone {:?}", self.review.timezone),
             )
         })?;
+        if let Some(r) = self
+            .models
+            .scripted_roots
+            .iter()
+            .find(|r| !r.starts_with('/'))
+        {
+            return Err(key_err(
+                "models.scripted_roots",
+                format!("{r:?} is not an absolute path"),
+            ));
+        }
         let url = &self.webhook.url;
         if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             return Err(key_err(

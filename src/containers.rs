@@ -5,7 +5,7 @@
 //! Must never: sweep without this instance's id, or pull an image (no
 //! registry is assumed reachable; the image is built from local files).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,6 @@ use crate::sandbox::docker::{sweep_orphans, DockerBackend};
 use crate::sandbox::image::{agent_image_tag, build_agent_image, ensure_agent_image};
 use crate::sandbox::SandboxBackend;
 use crate::workspace::DataPaths;
-
-pub const DEFAULT_BUSYBOX: &str = "/bin/busybox";
 
 /// The `mrctl` that goes into the image: `MERCURY_MRCTL`, else the one beside
 /// the running binary (a static build is preferred; a dynamic one works, its
@@ -59,10 +57,9 @@ pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend
     let probe = DockerBackend::connect(String::new()).await?;
     let image = if settings.sandbox.image.is_empty() {
         let mrctl = mrctl_path()?;
-        let busybox = Path::new(DEFAULT_BUSYBOX);
-        let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl, busybox)
-            .with_context(|| format!("reading {} and {}", mrctl.display(), busybox.display()))?;
-        ensure_agent_image(probe.docker(), &tag, &mrctl, busybox).await?
+        let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)
+            .with_context(|| format!("reading {} and the image's tools", mrctl.display()))?;
+        ensure_agent_image(probe.docker(), &tag, &mrctl).await?
     } else {
         settings.sandbox.image.clone()
     };
@@ -70,14 +67,14 @@ pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend
 }
 
 /// `mercury image build`: builds the image and prints its tag.
-pub async fn build_image_cli(mrctl: Option<PathBuf>, busybox: &Path) -> anyhow::Result<String> {
+pub async fn build_image_cli(mrctl: Option<PathBuf>) -> anyhow::Result<String> {
     let mrctl = match mrctl {
         Some(p) => p,
         None => mrctl_path()?,
     };
     let backend = DockerBackend::connect(String::new()).await?;
-    let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl, busybox)?;
-    build_agent_image(backend.docker(), &tag, &mrctl, busybox).await?;
+    let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)?;
+    build_agent_image(backend.docker(), &tag, &mrctl).await?;
     Ok(tag)
 }
 

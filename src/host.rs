@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,9 +20,11 @@ use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
+use crate::data_dir;
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
 use crate::model::gate::{Admission, ModelGate};
+use crate::model::scripted::ScriptedPolicy;
 use crate::model::ProviderSettings;
 use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
@@ -111,12 +113,40 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
             data_dir.display()
         );
     }
-    std::fs::create_dir_all(&paths.spaces)
-        .with_context(|| format!("creating {}", paths.spaces.display()))?;
-    std::fs::create_dir_all(&paths.global)
-        .with_context(|| format!("creating {}", paths.global.display()))?;
-    std::fs::write(&paths.config, config::template(owner))
+    // Every directory 0700 and every file 0600, whatever the umask: the
+    // data dir holds all chat history and the owner's token. An existing
+    // dir (the operator's, maybe a symlink to one) is made 0700 only when
+    // empty; a non-empty one keeps its mode and `serve` warns about it.
+    let existing = paths.root.is_dir();
+    let empty = existing
+        && std::fs::read_dir(&paths.root)
+            .with_context(|| format!("reading {}", paths.root.display()))?
+            .next()
+            .is_none();
+    if !existing {
+        data_dir::private_dir(&paths.root)
+            .with_context(|| format!("creating {}", paths.root.display()))?;
+    } else if empty {
+        std::fs::set_permissions(
+            &paths.root,
+            std::fs::Permissions::from_mode(data_dir::DIR_MODE),
+        )
+        .with_context(|| format!("setting the mode of {}", paths.root.display()))?;
+    }
+    for dir in [
+        &paths.spaces,
+        &paths.global,
+        &paths.reviews,
+        &data_dir::models_dir(&paths),
+    ] {
+        data_dir::private_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    data_dir::private_file(&paths.config)
+        .and_then(|mut f| f.write_all(config::template(owner).as_bytes()))
         .with_context(|| format!("writing {}", paths.config.display()))?;
+    // SQLite gives the WAL and SHM files the mode of the database file.
+    data_dir::private_file(&paths.db)
+        .with_context(|| format!("creating {}", paths.db.display()))?;
     let store = Store::open(&paths.db)?;
     let owner_s = owner.to_owned();
     let (_, secret) = store
@@ -138,11 +168,7 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
         })
         .await?;
     let token_path = paths.owner_token();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&token_path)
+    let mut f = data_dir::private_file(&token_path)
         .with_context(|| format!("writing {}", token_path.display()))?;
     f.write_all(secret.as_bytes())?;
     Ok(token_path)
@@ -163,6 +189,19 @@ fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSe
         retry_after_cap: Duration::from_secs(s.providers.retry_after_cap_secs),
         ..ProviderSettings::default()
     }
+}
+
+/// `<data_dir>/models/` and `models.scripted_roots`; the scripted specs
+/// `mercury.yaml` names itself are the operator's own choice and stay allowed.
+fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
+    let mut roots = vec![crate::data_dir::models_dir(paths)];
+    roots.extend(s.models.scripted_roots.iter().map(PathBuf::from));
+    let configured = s
+        .model_chain()
+        .into_iter()
+        .chain(std::iter::once(s.review.model.clone()))
+        .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
+    ScriptedPolicy::new(roots, configured)
 }
 
 /// Picks the sandbox backend the config asks for. Never falls back to an
@@ -244,7 +283,10 @@ pub async fn build_runtime(
         settings.review.calls_per_minute,
     ));
     Ok(Arc::new(Runtime {
-        models: ModelRegistry::new(provider_settings(&settings, &env)),
+        models: ModelRegistry::new(
+            provider_settings(&settings, &env),
+            scripted_policy(&settings, paths),
+        ),
         model_gate,
         settings: Arc::new(settings),
         paths: paths.clone(),
@@ -318,6 +360,16 @@ pub async fn serve_with(
             data_dir.display()
         );
     }
+    // Before anything is read or swept: a second host on this data dir stops
+    // here (exit 2). Held until this function returns.
+    let _lock = data_dir::lock(&paths)?;
+    // Data dirs made before these existed get them now, private.
+    for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
+        data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    for loose in data_dir::loose_modes(&paths) {
+        eprintln!("mercury: warning: {loose}");
+    }
     let mut settings = load_settings(&paths)?;
     if let Some(b) = bind_override {
         settings.bind = b;
@@ -335,6 +387,16 @@ pub async fn serve_with(
         tracing::warn!(
             runs = interrupted,
             "runs interrupted by the last stop were marked; their messages will be answered"
+        );
+    }
+    // No run is live yet, so every run token left is a dead run's (a hard
+    // kill skips the revocation a finished run does).
+    let (revoked, deleted) = store.write(|tx| tokens::retire_run_tokens(tx)).await?;
+    if revoked + deleted > 0 {
+        tracing::warn!(
+            revoked,
+            deleted_ask = deleted,
+            "run tokens of interrupted runs were retired"
         );
     }
     let rt = build_runtime(&paths, settings, store, options.review_admission).await?;

@@ -17,6 +17,7 @@
 //! - [`links`]: space links: the act-as allowlist, the grant resolver, invisible-text stripping.
 //! - [`review`]: conversation review: window reader, redaction and its fail-closed gate,
 //!   judge, report, owner digest, and `mercury bench review`.
+//! - [`data_dir`]: the data dir's one-host lock and its file modes (0700/0600).
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
 //! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
@@ -31,6 +32,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod containers;
+pub mod data_dir;
 pub mod demo;
 pub mod host;
 pub mod ids;

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::config::Settings;
 use crate::model::gate::ModelGate;
+use crate::model::scripted::ScriptedPolicy;
 use crate::model::{resolve_model, ModelError, ProviderSettings, ResolvedModel};
 use crate::sandbox::SandboxBackend;
 use crate::storage::Store;
@@ -65,22 +66,42 @@ impl Runtime {
 
 /// Resolves model specs to providers once and keeps them (a scripted file is
 /// read on first use; an HTTP provider keeps its connection pool).
+///
+/// A `scripted:PATH` spec resolves only when [`ScriptedPolicy`] allows its
+/// path, so a chain stored in a space can never make the host read an
+/// arbitrary host file.
 pub struct ModelRegistry {
     settings: ProviderSettings,
+    scripted: ScriptedPolicy,
     cache: Mutex<HashMap<String, Arc<ResolvedModel>>>,
 }
 
 impl ModelRegistry {
-    pub fn new(settings: ProviderSettings) -> Self {
+    pub fn new(settings: ProviderSettings, scripted: ScriptedPolicy) -> Self {
         Self {
             settings,
+            scripted,
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The rule `PUT /api/model` applies to a scripted spec, the same one
+    /// [`Self::get`] applies at use.
+    pub fn scripted_policy(&self) -> &ScriptedPolicy {
+        &self.scripted
     }
 
     pub fn get(&self, spec: &str) -> Result<Arc<ResolvedModel>, ModelError> {
         if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(spec).cloned()) {
             return Ok(m);
+        }
+        if let Some(path) = spec.strip_prefix("scripted:") {
+            self.scripted
+                .check(path)
+                .map_err(|message| ModelError::Script {
+                    path: path.to_owned(),
+                    message,
+                })?;
         }
         let resolved = Arc::new(resolve_model(spec, &self.settings)?);
         if let Ok(mut c) = self.cache.lock() {

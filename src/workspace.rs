@@ -60,17 +60,15 @@ impl DataPaths {
 /// Creates the workspace of a space from the templates, keeping what exists.
 pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBuf> {
     let dir = paths.workspace(space);
-    std::fs::create_dir_all(dir.join("knowledge"))?;
+    // Readable by the host user only (the docker backend may hand it to the
+    // sandbox uid later); exact modes, whatever the umask.
+    crate::data_dir::private_dir(&dir)?;
+    crate::data_dir::private_dir(&dir.join("knowledge"))?;
     for (name, body) in [
         ("AGENTS.md", AGENTS_TEMPLATE),
         ("MEMORY.md", MEMORY_TEMPLATE),
     ] {
-        let path = dir.join(name);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
+        match crate::data_dir::private_file(&dir.join(name)) {
             Ok(mut f) => io::Write::write_all(&mut f, body.as_bytes())?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),

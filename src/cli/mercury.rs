@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, default_value = "owner")]
         owner: String,
     },
-    /// Run the host.
+    /// Run the host (exit 2 if another host holds the data dir's lock).
     Serve {
         #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
         data_dir: PathBuf,
@@ -65,13 +65,12 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum ImageCommand {
-    /// Build the agent image (FROM scratch: busybox-static and mrctl) through the Docker engine.
+    /// Build the agent image (FROM scratch: the host's dash, coreutils, grep, sed, find,
+    /// hostname and mrctl; see docs/sandbox.md) through the Docker engine.
     Build {
         /// The mrctl binary to put in the image (default: the one beside this binary).
         #[arg(long)]
         mrctl: Option<PathBuf>,
-        #[arg(long, default_value = "/bin/busybox")]
-        busybox: PathBuf,
     },
 }
 
@@ -201,7 +200,12 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mercury serve: {e:#}");
-                    ExitCode::from(1)
+                    // Another host holds the data dir: a usage error, not a crash.
+                    let locked = matches!(
+                        e.downcast_ref::<crate::data_dir::DataDirError>(),
+                        Some(crate::data_dir::DataDirError::Locked { .. })
+                    );
+                    ExitCode::from(if locked { 2 } else { 1 })
                 }
             }
         }
@@ -213,8 +217,8 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         Command::Image {
-            command: ImageCommand::Build { mrctl, busybox },
-        } => match crate::containers::build_image_cli(mrctl, &busybox).await {
+            command: ImageCommand::Build { mrctl },
+        } => match crate::containers::build_image_cli(mrctl).await {
             Ok(tag) => {
                 println!("{tag}");
                 ExitCode::SUCCESS

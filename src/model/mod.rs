@@ -220,7 +220,8 @@ pub fn resolve_model(spec: &str, settings: &ProviderSettings) -> Result<Resolved
         return Err(bad_spec());
     }
     let provider: Arc<dyn ModelProvider> = match kind {
-        "scripted" => Arc::new(scripted::ScriptedProvider::load(rest)?),
+        // Read on first use, off the runtime: resolving never touches the file.
+        "scripted" => Arc::new(scripted::ScriptedProvider::lazy(rest)),
         "openai" => Arc::new(openai::OpenAiProvider::new(settings)?),
         "anthropic" => Arc::new(anthropic::AnthropicProvider::new(settings)?),
         _ => return Err(bad_spec()),
@@ -259,8 +260,8 @@ mod tests {
         assert_eq!(tagged.model, "llama3.1:8b");
     }
 
-    #[test]
-    fn resolves_scripted_from_a_file() {
+    #[tokio::test]
+    async fn resolves_scripted_from_a_file() {
         let path =
             std::env::temp_dir().join(format!("mercury-resolve-{}.json", std::process::id()));
         std::fs::write(&path, r#"{"rules": [{"reply": "hi"}]}"#).unwrap();
@@ -271,10 +272,19 @@ mod tests {
         assert_eq!(resolved.spec, spec);
         std::fs::remove_file(&path).unwrap();
 
-        match resolve_model(&spec, &ProviderSettings::default()) {
+        // Resolving reads nothing; the first request finds the file missing.
+        let missing = resolve_model(&spec, &ProviderSettings::default()).unwrap();
+        let req = ModelRequest {
+            model: missing.model.clone(),
+            purpose: Purpose::Turn,
+            messages: vec![ChatMessage::text(Role::User, "hi")],
+            tools: Vec::new(),
+            max_tokens: 10,
+        };
+        match missing.provider.complete(&req).await {
             Err(ModelError::Script { path: p, .. }) => assert_eq!(p, path.display().to_string()),
             Err(other) => panic!("unexpected error: {other:?}"),
-            Ok(_) => panic!("a missing script resolved"),
+            Ok(_) => panic!("a missing script answered"),
         }
     }
 

@@ -17,6 +17,13 @@
 //! ]}
 //! ```
 //!
+//! The file is read once, on first use, off the async runtime; only a
+//! regular file (never through a symlink, never a FIFO or device) of at most
+//! [`MAX_SCRIPT_BYTES`] is read. Load errors name the file and a position or
+//! one of this format's field names, never a key or value from the file
+//! (which may be any host file a spec named). Which paths a space's chain may
+//! name at all is decided by the caller (`ModelRegistry`, `PUT /api/model`).
+//!
 //! Every rule field is optional, but a rule must have a `reply` or a
 //! non-empty `tool_calls` (or both). `arguments` must be a JSON object and
 //! defaults to `{}`. Unknown fields, at the top level, in a rule or in a tool
@@ -66,7 +73,8 @@
 //! request / 4), output tokens = ceil((characters of the reply + characters
 //! of each call's arguments JSON) / 4).
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -88,12 +96,22 @@ const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Longest part of the last message quoted in a "no rule matches" error.
 const NO_MATCH_QUOTE: usize = 200;
 
+/// Largest rules file the provider reads; a bigger one is refused unread.
+pub const MAX_SCRIPT_BYTES: u64 = 4 << 20;
+
+/// Fields a rule may have, named in errors (which never quote the file).
+const RULE_FIELDS: &str = "match, match_any, purpose, reply, tool_calls, latency_ms";
+
 /// Replays answers from a rules file; see the module documentation for the
 /// format and the matching contract.
+///
+/// The file is read once, on first use, on a blocking thread (never on an
+/// async worker), through [`read_script`]: regular files only, at most
+/// [`MAX_SCRIPT_BYTES`]. A failed read is retried on the next request.
 #[derive(Debug)]
 pub struct ScriptedProvider {
     path: String,
-    rules: Vec<Rule>,
+    rules: tokio::sync::OnceCell<Vec<Rule>>,
     next_call_id: AtomicU64,
 }
 
@@ -113,74 +131,37 @@ struct ScriptedCall {
     arguments: Value,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    #[serde(rename = "match")]
-    matcher: Option<String>,
-    match_any: Option<String>,
-    purpose: Option<Purpose>,
-    reply: Option<String>,
-    tool_calls: Option<Vec<RawCall>>,
-    latency_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCall {
-    name: String,
-    #[serde(default)]
-    arguments: Option<Value>,
-}
-
 impl ScriptedProvider {
-    /// Reads and compiles the rules file at `path`. Every error is a
-    /// [`ModelError::Script`] naming the file.
+    /// A provider for the file at `path`, which is not touched until the
+    /// first request.
+    pub fn lazy(path: impl AsRef<Path>) -> Self {
+        Self {
+            path: path.as_ref().display().to_string(),
+            rules: tokio::sync::OnceCell::new(),
+            next_call_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads and compiles the rules file at `path` now (blocking: call it off
+    /// the async runtime). Every error is a [`ModelError::Script`] naming the
+    /// file and never quoting it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Script {
-            path: label.clone(),
-            message: format!("cannot read the script file: {e}"),
-        })?;
-        Self::parse(&label, &text)
+        let rules = load_rules(path, &label)?;
+        Ok(Self {
+            path: label,
+            rules: tokio::sync::OnceCell::new_with(Some(rules)),
+            next_call_id: AtomicU64::new(0),
+        })
     }
 
     /// Compiles rules from `text`; `path` only names the source in errors.
     pub fn parse(path: &str, text: &str) -> Result<Self, ModelError> {
-        let fail = |message: String| ModelError::Script {
-            path: path.to_string(),
-            message,
-        };
-        let top: Value =
-            serde_json::from_str(text).map_err(|e| fail(format!("not valid JSON: {e}")))?;
-        let Value::Object(mut top) = top else {
-            return Err(fail(
-                "the file must be a JSON object with a `rules` list".into(),
-            ));
-        };
-        if let Some(unknown) = top.keys().find(|k| k.as_str() != "rules") {
-            return Err(fail(format!(
-                "unknown top-level field `{unknown}` (only `rules` is allowed)"
-            )));
-        }
-        let Some(Value::Array(raw_rules)) = top.remove("rules") else {
-            return Err(fail("the file must have a `rules` list".into()));
-        };
-        if raw_rules.is_empty() {
-            return Err(fail(
-                "`rules` is empty: no request could ever be answered".into(),
-            ));
-        }
-        // Rules are decoded one by one so that an error can say which one.
-        let rules = raw_rules
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| compile_rule(raw).map_err(|m| fail(format!("rule {index}: {m}"))))
-            .collect::<Result<Vec<_>, _>>()?;
+        let rules = parse_rules(path, text)?;
         Ok(Self {
             path: path.to_string(),
-            rules,
+            rules: tokio::sync::OnceCell::new_with(Some(rules)),
             next_call_id: AtomicU64::new(0),
         })
     }
@@ -189,57 +170,264 @@ impl ScriptedProvider {
     pub fn path(&self) -> &str {
         &self.path
     }
+
+    async fn rules(&self) -> Result<&[Rule], ModelError> {
+        let rules = self
+            .rules
+            .get_or_try_init(|| async {
+                let path = self.path.clone();
+                tokio::task::spawn_blocking(move || load_rules(Path::new(&path), &path))
+                    .await
+                    .map_err(|e| ModelError::Script {
+                        path: self.path.clone(),
+                        message: format!("the reading task failed: {e}"),
+                    })?
+            })
+            .await?;
+        Ok(rules)
+    }
+}
+
+/// Which rules files a model spec may name outside `mercury.yaml`: files
+/// beneath one of the roots (`<data_dir>/models/` plus `models.scripted_roots`).
+/// The specs the operator wrote in `mercury.yaml` itself are allowed as they
+/// are. Anything else (a space's chain stored before this rule, a path a
+/// space admin typed) is refused before the file is opened.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptedPolicy {
+    roots: Vec<PathBuf>,
+    configured: HashSet<String>,
+}
+
+impl ScriptedPolicy {
+    /// `roots` are canonicalised when they exist (a missing root holds
+    /// nothing that could be opened anyway).
+    pub fn new(roots: Vec<PathBuf>, configured: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            roots: roots
+                .into_iter()
+                .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
+                .collect(),
+            configured: configured.into_iter().collect(),
+        }
+    }
+
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    /// `Ok` when `path` was named in `mercury.yaml` or lies beneath a root:
+    /// absolute, no `.` or `..`, and its directory, resolved, under a root
+    /// (so a symlinked directory cannot lead out; the file itself is opened
+    /// `O_NOFOLLOW`). The error names the rule, not the roots.
+    pub fn check(&self, path: &str) -> Result<(), String> {
+        if self.configured.contains(path) {
+            return Ok(());
+        }
+        let refused = || {
+            format!(
+                "a space's chain may name scripted:PATH only for a file under <data dir>/models/ \
+                 or a directory of models.scripted_roots, and {path:?} is not one"
+            )
+        };
+        let p = Path::new(path);
+        let plain = p.is_absolute()
+            && p.components()
+                .skip(1)
+                .all(|c| matches!(c, Component::Normal(_)));
+        let (Some(dir), Some(name), true) = (p.parent(), p.file_name(), plain) else {
+            return Err(refused());
+        };
+        let dir = std::fs::canonicalize(dir).map_err(|_| refused())?;
+        let full = dir.join(name);
+        if self.roots.iter().any(|r| full.starts_with(r) && full != *r) {
+            Ok(())
+        } else {
+            Err(refused())
+        }
+    }
+}
+
+fn load_rules(path: &Path, label: &str) -> Result<Vec<Rule>, ModelError> {
+    let text = read_script(path).map_err(|message| ModelError::Script {
+        path: label.to_string(),
+        message,
+    })?;
+    parse_rules(label, &text)
+}
+
+/// Reads a rules file without ever blocking on it or following a link: the
+/// last component is opened `O_NOFOLLOW | O_NONBLOCK` (so a FIFO returns at
+/// once), and only a regular file of at most [`MAX_SCRIPT_BYTES`] (checked on
+/// the open descriptor) is read. The error is a sentence about the file,
+/// never its content.
+pub fn read_script(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "is a symbolic link, which is never followed".to_string(),
+            _ => format!("cannot open the script file: {e}"),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat the script file: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err(
+            "is not a regular file (FIFOs, devices, sockets and directories are refused)".into(),
+        );
+    }
+    if meta.len() > MAX_SCRIPT_BYTES {
+        return Err(format!("is larger than {MAX_SCRIPT_BYTES} bytes"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_SCRIPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the script file: {e}"))?;
+    if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(format!("is larger than {MAX_SCRIPT_BYTES} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())
+}
+
+/// Compiles rules from `text`. Errors name positions and this format's own
+/// field names, never a value or key taken from the text: the file may not
+/// be a rules file at all.
+fn parse_rules(path: &str, text: &str) -> Result<Vec<Rule>, ModelError> {
+    let fail = |message: String| ModelError::Script {
+        path: path.to_string(),
+        message,
+    };
+    let top: Value = serde_json::from_str(text).map_err(|e| {
+        fail(format!(
+            "not valid JSON (line {}, column {})",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let Value::Object(mut top) = top else {
+        return Err(fail(
+            "the file must be a JSON object with a `rules` list".into(),
+        ));
+    };
+    if top.keys().any(|k| k.as_str() != "rules") {
+        return Err(fail(
+            "the file has an unknown top-level field (only `rules` is allowed)".into(),
+        ));
+    }
+    let Some(Value::Array(raw_rules)) = top.remove("rules") else {
+        return Err(fail("the file must have a `rules` list".into()));
+    };
+    if raw_rules.is_empty() {
+        return Err(fail(
+            "`rules` is empty: no request could ever be answered".into(),
+        ));
+    }
+    // Rules are decoded one by one so that an error can say which one.
+    raw_rules
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| compile_rule(raw).map_err(|m| fail(format!("rule {index}: {m}"))))
+        .collect()
+}
+
+fn string_field(rule: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+    match rule.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("`{field}` must be a string")),
+    }
 }
 
 fn compile_rule(raw: Value) -> Result<Rule, String> {
-    let raw: RawRule = serde_json::from_value(raw).map_err(|e| e.to_string())?;
-    let compile = |field: &str, pattern: Option<String>| {
-        pattern
+    let Value::Object(raw) = raw else {
+        return Err("is not a JSON object".into());
+    };
+    if raw.keys().any(|k| !RULE_FIELDS.split(", ").any(|f| f == k)) {
+        return Err(format!(
+            "has a field that is not a rule field (allowed: {RULE_FIELDS})"
+        ));
+    }
+    let compile = |field: &str| -> Result<Option<Regex>, String> {
+        string_field(&raw, field)?
             .map(|p| {
                 RegexBuilder::new(&p)
                     .size_limit(REGEX_SIZE_LIMIT)
                     .build()
-                    .map_err(|e| format!("bad `{field}` regex: {e}"))
+                    .map_err(|e| match e {
+                        regex::Error::CompiledTooBig(_) => {
+                            format!("bad `{field}` regex: it is too big once compiled")
+                        }
+                        _ => format!("bad `{field}` regex: it does not compile"),
+                    })
             })
             .transpose()
     };
-    let matcher = compile("match", raw.matcher)?;
-    let match_any = compile("match_any", raw.match_any)?;
-    let tool_calls = raw
-        .tool_calls
-        .unwrap_or_default()
+    let matcher = compile("match")?;
+    let match_any = compile("match_any")?;
+    let purpose = match raw.get("purpose") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            Purpose::deserialize(v)
+                .map_err(|_| "`purpose` must be turn, judge, compact or ask".to_string())?,
+        ),
+    };
+    let latency = match raw.get("latency_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Duration::from_millis(v.as_u64().ok_or_else(|| {
+            "`latency_ms` must be a whole number of milliseconds".to_string()
+        })?)),
+    };
+    let calls = match raw.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls.clone(),
+        Some(_) => return Err("`tool_calls` must be a list".into()),
+    };
+    let tool_calls = calls
         .into_iter()
         .enumerate()
         .map(|(i, call)| {
-            if call.name.trim().is_empty() {
-                return Err(format!("tool_calls[{i}] has an empty `name`"));
+            let Value::Object(mut call) = call else {
+                return Err(format!("tool_calls[{i}] is not a JSON object"));
+            };
+            if call.keys().any(|k| k != "name" && k != "arguments") {
+                return Err(format!(
+                    "tool_calls[{i}] has a field other than `name` and `arguments`"
+                ));
             }
-            let arguments = match call.arguments {
+            let name = match call.remove("name") {
+                Some(Value::String(n)) if !n.trim().is_empty() => n,
+                Some(Value::String(_)) => {
+                    return Err(format!("tool_calls[{i}] has an empty `name`"))
+                }
+                _ => return Err(format!("tool_calls[{i}] needs a string `name`")),
+            };
+            let arguments = match call.remove("arguments") {
                 None | Some(Value::Null) => Value::Object(Map::new()),
                 Some(v @ Value::Object(_)) => v,
-                Some(other) => {
+                Some(_) => {
                     return Err(format!(
-                        "tool_calls[{i}] (`{}`): `arguments` must be a JSON object, not {other}",
-                        call.name
+                        "tool_calls[{i}]: `arguments` must be a JSON object"
                     ))
                 }
             };
-            Ok(ScriptedCall {
-                name: call.name,
-                arguments,
-            })
+            Ok(ScriptedCall { name, arguments })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if raw.reply.is_none() && tool_calls.is_empty() {
+    let reply = string_field(&raw, "reply")?;
+    if reply.is_none() && tool_calls.is_empty() {
         return Err("has neither `reply` nor `tool_calls`, so it could answer nothing".into());
     }
     Ok(Rule {
         matcher,
         match_any,
-        purpose: raw.purpose,
-        reply: raw.reply.unwrap_or_default(),
+        purpose,
+        reply: reply.unwrap_or_default(),
         tool_calls,
-        latency: raw.latency_ms.map(Duration::from_millis),
+        latency,
     })
 }
 
@@ -389,7 +577,7 @@ impl ModelProvider for ScriptedProvider {
         let whole = rendered.join("\n");
         let last = rendered.last().map_or("", String::as_str);
 
-        for (index, rule) in self.rules.iter().enumerate() {
+        for (index, rule) in self.rules().await?.iter().enumerate() {
             if rule.purpose.is_some_and(|p| p != req.purpose) {
                 continue;
             }
@@ -507,19 +695,19 @@ mod tests {
         match ScriptedProvider::load(&missing) {
             Err(ModelError::Script { path, message }) => {
                 assert!(path.contains("mercury-no-such-script.json"));
-                assert!(message.contains("cannot read"), "{message}");
+                assert!(message.contains("cannot open"), "{message}");
             }
             other => panic!("unexpected: {other:?}"),
         }
         let cases: &[(&str, &str)] = &[
-            ("{not json", "not valid JSON"),
+            ("{not json", "not valid JSON (line 1, column 2)"),
             ("[]", "must be a JSON object"),
             (r#"{"rules": []}"#, "`rules` is empty"),
-            (r#"{"rulez": []}"#, "unknown top-level field `rulez`"),
+            (r#"{"rulez": []}"#, "unknown top-level field (only `rules`"),
             (r#"{}"#, "must have a `rules` list"),
             (
                 r#"{"rules": [{"reply": "a"}, {"replly": "b"}]}"#,
-                "rule 1: unknown field `replly`",
+                "rule 1: has a field that is not a rule field",
             ),
             (
                 r#"{"rules": [{"reply": "a"}, {"reply": "b"}, {"match": "(", "reply": "c"}]}"#,
@@ -536,7 +724,7 @@ mod tests {
             (r#"{"rules": [{"tool_calls": []}]}"#, "rule 0: has neither"),
             (
                 r#"{"rules": [{"purpose": "chat", "reply": "x"}]}"#,
-                "rule 0: unknown variant `chat`",
+                "rule 0: `purpose` must be turn, judge, compact or ask",
             ),
             (
                 r#"{"rules": [{"tool_calls": [{"name": "shell", "arguments": [1]}]}]}"#,
@@ -544,7 +732,7 @@ mod tests {
             ),
             (
                 r#"{"rules": [{"tool_calls": [{"name": "shell", "args": {}}]}]}"#,
-                "unknown field `args`",
+                "a field other than `name` and `arguments`",
             ),
             (
                 r#"{"rules": [{"tool_calls": [{"name": " "}]}]}"#,
@@ -552,13 +740,80 @@ mod tests {
             ),
             (
                 r#"{"rules": [{"reply": "x", "latency_ms": -1}]}"#,
-                "rule 0:",
+                "rule 0: `latency_ms` must be a whole number",
+            ),
+            (
+                r#"{"rules": [{"reply": 7}]}"#,
+                "rule 0: `reply` must be a string",
             ),
         ];
         for (text, expected) in cases {
             let (_, message) = load_err(text);
             assert!(message.contains(expected), "{text}: {message}");
         }
+    }
+
+    /// The file named may not be a rules file at all (a space admin once
+    /// pointed one at a host file): no error may quote a key or value of it.
+    #[test]
+    fn load_errors_never_quote_the_file() {
+        let canary = "CANARY-7f3a";
+        for text in [
+            format!(r#"{{"{canary}": 1}}"#),
+            format!(r#"{{"rules": [{{"{canary}": "x"}}]}}"#),
+            format!(r#"{{"rules": [{{"purpose": "{canary}", "reply": "x"}}]}}"#),
+            format!(r#"{{"rules": [{{"match": "({canary}", "reply": "x"}}]}}"#),
+            format!(r#"{{"rules": [{{"reply": ["{canary}"]}}]}}"#),
+            format!(r#"{{"rules": [{{"tool_calls": [{{"name": "{canary}", "arguments": 1}}]}}]}}"#),
+            format!(r#"{{"rules": [{{"tool_calls": [{{"name": "x", "{canary}": 1}}]}}]}}"#),
+            format!(r#"{{"rules": [{{"latency_ms": "{canary}", "reply": "x"}}]}}"#),
+            format!("{canary} = 1\nsecret = {canary}"),
+            format!(r#"{{"rules": "{canary}"}}"#),
+        ] {
+            let (_, message) = load_err(&text);
+            assert!(!message.contains(canary), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Without O_NONBLOCK this open would wait for a writer forever.
+        let err = read_script(&fifo).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+        let err = read_script(dir.path()).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+
+        let real = dir.path().join("real.json");
+        std::fs::write(&real, r#"{"rules": [{"reply": "x"}]}"#).unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = read_script(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(read_script(&real).is_ok());
+
+        let big = dir.path().join("big.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_SCRIPT_BYTES + 1).unwrap();
+        let err = read_script(&big).unwrap_err();
+        assert!(err.contains("larger than"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_lazy_provider_reads_its_file_on_first_use_only() {
+        let path = script_file(r#"{"rules": [{"reply": "first"}]}"#);
+        let provider = ScriptedProvider::lazy(&path);
+        std::fs::write(&path, r#"{"rules": [{"reply": "second"}]}"#).unwrap();
+        assert_eq!(provider.complete(&user("x")).await.unwrap().text, "second");
+        std::fs::write(&path, r#"{"rules": [{"reply": "third"}]}"#).unwrap();
+        assert_eq!(provider.complete(&user("x")).await.unwrap().text, "second");
+
+        let missing = ScriptedProvider::lazy(std::env::temp_dir().join("mercury-no-such.json"));
+        let err = missing.complete(&user("x")).await.unwrap_err();
+        assert!(err.to_string().contains("cannot open"), "{err}");
     }
 
     #[tokio::test]

@@ -790,9 +790,8 @@ mod tests {
     impl Fixture {
         async fn new() -> Self {
             let docker = engine().await;
-            let busybox = Path::new("/bin/busybox");
-            let tag = agent_image_tag("test", &stand_in_mrctl(), busybox).expect("tag");
-            let image = ensure_agent_image(&docker, &tag, &stand_in_mrctl(), busybox)
+            let tag = agent_image_tag("test", &stand_in_mrctl()).expect("tag");
+            let image = ensure_agent_image(&docker, &tag, &stand_in_mrctl())
                 .await
                 .expect("agent image");
             Self {
@@ -1048,11 +1047,8 @@ mod tests {
             .await
             .run(|fx| async move {
                 let session = fx.backend.start(fx.spec("r-cap")).await.expect("start");
-                let mut request = req(&[
-                    "sh",
-                    "-c",
-                    "head -c 200000 /bin/busybox | base64; echo done >&2",
-                ]);
+                let mut request =
+                    req(&["sh", "-c", "head -c 200000 /bin/sh | base64; echo done >&2"]);
                 request.output_cap = 1000;
                 let out = session.exec(request).await.expect("exec");
                 assert_eq!(out.exit_code, 0);

@@ -1,15 +1,19 @@
 //! The agent image: `mercury-agent:<version>-<content hash>`, built `FROM scratch`
 //! through the engine API from a build context assembled in memory.
 //!
-//! Owns: what goes into the image (busybox and its applet links, `mrctl` and,
-//! when it is dynamically linked, the shared libraries and loader it needs,
-//! `/etc/passwd` and `/etc/group` with `nobody`, empty `/work`, `/tmp` and
-//! `/run/mercury`), the content-addressed tag, and "build only when absent".
+//! Owns: what goes into the image (the programs of [`TOOLS`], each Debian's
+//! own single-purpose binary copied from the host, `mrctl`, the shared
+//! libraries and loader they need, `/etc/passwd` and `/etc/group` with
+//! `nobody`, empty `/work`, `/tmp` and `/run/mercury`), the content-addressed
+//! tag, and "build only when absent".
 //! The Dockerfile itself lives in `deploy/agent-image/` so operators can read it.
 //!
 //! Must never: pull from a registry (none is reachable, and the image must hold
 //! exactly what this file puts in it), copy anything else from the host into
-//! the image, or run a build step inside the image.
+//! the image, run a build step inside the image, or hold a multi-call binary
+//! (busybox): one answers to any applet name it is started under (a copy, a
+//! link, its own shell's built-in lookup, `ld.so --argv0`), so the list of
+//! what a container can run would not hold.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{self, Read};
@@ -33,13 +37,56 @@ pub const IMAGE_REPOSITORY: &str = "mercury-agent";
 /// Where `mrctl` sits inside the image (on the engine's default `PATH`).
 pub const MRCTL_PATH_IN_IMAGE: &str = "/usr/local/bin/mrctl";
 
-/// Busybox applets linked into `/bin`: the commands an agent's shell tools use.
-/// Anything not listed is deliberately absent (no networking applets, no `su`).
-pub const APPLETS: &[&str] = &[
-    "sh", "cat", "ls", "find", "mkdir", "rm", "cp", "mv", "echo", "printf", "base64", "hostname",
-    "sleep", "head", "tail", "wc", "grep", "sed", "dirname", "basename", "env", "id", "touch",
-    "test", "true", "false", "stat", "sort", "tee",
+/// The programs in the image's `/bin`, as (name in the image, program on the
+/// host): the commands an agent's shell tools use, and nothing else (no
+/// networking tool, no `su`, no `chmod`, no `ln`). Each is a single-purpose
+/// Debian binary (dash, coreutils, grep, sed, findutils, hostname) found in
+/// `/usr/bin` or `/bin` on the host; `sh` is dash.
+pub const TOOLS: &[(&str, &str)] = &[
+    ("sh", "dash"),
+    ("cat", "cat"),
+    ("ls", "ls"),
+    ("find", "find"),
+    ("mkdir", "mkdir"),
+    ("rm", "rm"),
+    ("cp", "cp"),
+    ("mv", "mv"),
+    ("echo", "echo"),
+    ("printf", "printf"),
+    ("base64", "base64"),
+    ("hostname", "hostname"),
+    ("sleep", "sleep"),
+    ("head", "head"),
+    ("tail", "tail"),
+    ("wc", "wc"),
+    ("grep", "grep"),
+    ("sed", "sed"),
+    ("dirname", "dirname"),
+    ("basename", "basename"),
+    ("env", "env"),
+    ("id", "id"),
+    ("touch", "touch"),
+    ("test", "test"),
+    ("true", "true"),
+    ("false", "false"),
+    ("stat", "stat"),
+    ("sort", "sort"),
+    ("tee", "tee"),
 ];
+
+/// Where the host program `program` of [`TOOLS`] lives (`/usr/bin`, else `/bin`).
+pub fn host_tool(program: &str) -> io::Result<PathBuf> {
+    ["/usr/bin", "/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("the agent image needs {program} (in /usr/bin or /bin) on this host"),
+            )
+        })
+}
 
 /// Label set on the image so an operator can tell where it came from.
 const IMAGE_LABEL: (&str, &str) = ("mercury.image", "agent");
@@ -52,17 +99,20 @@ const LOG_TAIL_LINES: usize = 30;
 /// multi-megabyte context and build it again.
 static BUILD_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// `mercury-agent:<version>-<first 12 hex of sha256(Dockerfile + mrctl + busybox)>`.
+/// `mercury-agent:<version>-<first 12 hex of sha256(Dockerfile + mrctl + tools)>`.
 ///
 /// The hash makes the tag change whenever what would go into the image
 /// changes, so separate processes (test binaries, a restarted host) share one
 /// image per content and never run a stale one. Characters a Docker tag does
 /// not allow in `version` become `_`.
-pub fn agent_image_tag(version: &str, mrctl: &Path, busybox: &Path) -> io::Result<String> {
+pub fn agent_image_tag(version: &str, mrctl: &Path) -> io::Result<String> {
     let mut hasher = Sha256::new();
     hasher.update(DOCKERFILE.as_bytes());
     hash_file(&mut hasher, mrctl)?;
-    hash_file(&mut hasher, busybox)?;
+    for (name, program) in TOOLS {
+        hasher.update(name.as_bytes());
+        hash_file(&mut hasher, &host_tool(program)?)?;
+    }
     let digest = base16ct::lower::encode_string(&hasher.finalize());
     let hash = digest.get(..12).unwrap_or(&digest);
     Ok(format!(
@@ -77,14 +127,13 @@ pub async fn ensure_agent_image(
     docker: &Docker,
     tag: &str,
     mrctl: &Path,
-    busybox: &Path,
 ) -> Result<String, SandboxError> {
     let _guard = BUILD_LOCK.lock().await;
     if image_exists(docker, tag).await? {
         return Ok(tag.to_string());
     }
     tracing::info!(tag, mrctl = %mrctl.display(), "building the agent image");
-    build_agent_image_locked(docker, tag, mrctl, busybox).await?;
+    build_agent_image_locked(docker, tag, mrctl).await?;
     Ok(tag.to_string())
 }
 
@@ -94,21 +143,19 @@ pub async fn build_agent_image(
     docker: &Docker,
     tag: &str,
     mrctl: &Path,
-    busybox: &Path,
 ) -> Result<(), SandboxError> {
     let _guard = BUILD_LOCK.lock().await;
-    build_agent_image_locked(docker, tag, mrctl, busybox).await
+    build_agent_image_locked(docker, tag, mrctl).await
 }
 
 async fn build_agent_image_locked(
     docker: &Docker,
     tag: &str,
     mrctl: &Path,
-    busybox: &Path,
 ) -> Result<(), SandboxError> {
-    let (mrctl, busybox) = (mrctl.to_path_buf(), busybox.to_path_buf());
+    let mrctl = mrctl.to_path_buf();
     // Reading a static release mrctl (tens of MB) and running ldd block.
-    let context = tokio::task::spawn_blocking(move || build_context(&mrctl, &busybox))
+    let context = tokio::task::spawn_blocking(move || build_context(&mrctl))
         .await
         .map_err(|e| SandboxError::Image(format!("building the image context panicked: {e}")))??;
     build_from_context(docker, tag, context).await
@@ -227,7 +274,6 @@ fn sanitize_tag_part(version: &str) -> String {
 enum RootEntry {
     Dir { mode: u32 },
     File { data: Vec<u8>, mode: u32 },
-    Symlink { target: String },
 }
 
 /// The whole root filesystem, ordered so every parent precedes its children
@@ -250,16 +296,6 @@ impl RootFs {
             .insert(path.to_string(), RootEntry::File { data, mode });
     }
 
-    fn symlink(&mut self, path: &str, target: &str) {
-        self.parents(path);
-        self.entries.insert(
-            path.to_string(),
-            RootEntry::Symlink {
-                target: target.to_string(),
-            },
-        );
-    }
-
     /// Parent directories get explicit 0755 entries so their mode does not
     /// depend on the engine's defaults.
     fn parents(&mut self, path: &str) {
@@ -279,8 +315,8 @@ impl RootFs {
 
 /// Reads every input and returns the build context as tar bytes: the
 /// Dockerfile at the top, the root filesystem under `rootfs/`.
-fn build_context(mrctl: &Path, busybox: &Path) -> Result<Vec<u8>, SandboxError> {
-    let rootfs = assemble_rootfs(mrctl, busybox)?;
+fn build_context(mrctl: &Path) -> Result<Vec<u8>, SandboxError> {
+    let rootfs = assemble_rootfs(mrctl)?;
     let io_err = |source: io::Error| SandboxError::Io {
         path: "agent image build context (in memory)".into(),
         source,
@@ -310,12 +346,6 @@ fn build_context(mrctl: &Path, busybox: &Path) -> Result<Vec<u8>, SandboxError> 
                     .append_data(&mut header, &name, data.as_slice())
                     .map_err(io_err)?;
             }
-            RootEntry::Symlink { target } => {
-                let mut header = new_header(tar::EntryType::Symlink, 0o777, 0);
-                builder
-                    .append_link(&mut header, &name, target)
-                    .map_err(io_err)?;
-            }
         }
     }
     builder.into_inner().map_err(io_err)
@@ -333,28 +363,37 @@ fn new_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
     header
 }
 
-fn assemble_rootfs(mrctl: &Path, busybox: &Path) -> Result<RootFs, SandboxError> {
+fn assemble_rootfs(mrctl: &Path) -> Result<RootFs, SandboxError> {
     let mut rootfs = RootFs::default();
-
-    // busybox-static has no libraries; refusing a dynamic one here gives a
-    // clear message instead of "no such file" from every exec later.
-    if !shared_libraries(busybox)?.is_empty() {
-        return Err(SandboxError::Image(format!(
-            "{} is dynamically linked; the agent image needs a static busybox (Debian: busybox-static)",
-            busybox.display()
-        )));
+    let mut binaries = Vec::new();
+    for (_, program) in TOOLS {
+        binaries.push(host_tool(program).map_err(|source| SandboxError::Io {
+            path: format!("{program} for the agent image"),
+            source,
+        })?);
     }
-    rootfs.file("bin/busybox", read_file(busybox)?, 0o755);
-    for applet in APPLETS {
-        rootfs.symlink(&format!("bin/{applet}"), "busybox");
+    refuse_multi_call(&binaries)?;
+    for ((name, _), host) in TOOLS.iter().zip(&binaries) {
+        // Real files, never links: a link named after a tool is how a
+        // multi-call binary would be reached.
+        rootfs.file(&format!("bin/{name}"), read_file(host)?, 0o755);
     }
 
     let mrctl_in_image = MRCTL_PATH_IN_IMAGE.trim_start_matches('/');
     rootfs.file(mrctl_in_image, read_file(mrctl)?, 0o755);
-    // A dynamic mrctl (a debug build) needs its libraries and the loader at
-    // the very absolute paths ldd printed: the loader path is baked into the
-    // binary and the libraries are found through the loader's default dirs.
-    for library in shared_libraries(mrctl)? {
+    binaries.push(mrctl.to_path_buf());
+    // Dynamic binaries need their libraries and the loader at the very
+    // absolute paths ldd printed: the loader path is baked into each binary
+    // and the libraries are found through the loader's default dirs.
+    let mut libraries = Vec::new();
+    for binary in &binaries {
+        for library in shared_libraries(binary)? {
+            if !libraries.contains(&library) {
+                libraries.push(library);
+            }
+        }
+    }
+    for library in libraries {
         let in_image = image_path(&library).ok_or_else(|| {
             SandboxError::Image(format!(
                 "ldd listed a library path that cannot be placed in the image: {}",
@@ -378,6 +417,40 @@ fn assemble_rootfs(mrctl: &Path, busybox: &Path) -> Result<RootFs, SandboxError>
     rootfs.dir("tmp", 0o1777);
     rootfs.dir("run/mercury", 0o755);
     Ok(rootfs)
+}
+
+/// On a host whose `/bin` is busybox or toybox (Alpine, some minimal
+/// images), every tool would be the same multi-call binary under another
+/// name, the very thing the image must not hold: refuse to build instead.
+fn refuse_multi_call(binaries: &[PathBuf]) -> Result<(), SandboxError> {
+    let mut seen: HashMap<PathBuf, &Path> = HashMap::new();
+    for binary in binaries {
+        let real = std::fs::canonicalize(binary).map_err(|source| SandboxError::Io {
+            path: binary.display().to_string(),
+            source,
+        })?;
+        let name = real
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        let multi = name.contains("busybox") || name.contains("toybox");
+        if let Some(first) = seen.insert(real.clone(), binary) {
+            return Err(SandboxError::Image(format!(
+                "{} and {} are the same file ({}): the agent image needs single-purpose tools, not a multi-call binary",
+                first.display(),
+                binary.display(),
+                real.display()
+            )));
+        }
+        if multi {
+            return Err(SandboxError::Image(format!(
+                "{} is {}, a multi-call binary: the agent image needs the single-purpose tools (Debian: coreutils, dash, grep, sed, findutils, hostname)",
+                binary.display(),
+                real.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `nobody`'s home is `/tmp` (a tmpfs at run time) so tools that write under
@@ -488,10 +561,6 @@ mod tests {
         std::fs::canonicalize("/usr/bin/true").expect("coreutils true exists on the test host")
     }
 
-    pub(crate) fn busybox() -> PathBuf {
-        PathBuf::from("/bin/busybox")
-    }
-
     #[test]
     fn parse_ldd_lists_libraries_and_loader_but_not_vdso() {
         let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\
@@ -514,15 +583,39 @@ mod tests {
     }
 
     #[test]
-    fn static_busybox_has_no_libraries_and_dynamic_true_has_libc_and_loader() {
-        assert!(shared_libraries(&busybox())
-            .expect("ldd busybox")
-            .is_empty());
+    fn dynamic_true_has_libc_and_loader() {
         let libs = shared_libraries(&stand_in_mrctl()).expect("ldd true");
         assert!(libs.iter().any(|p| p.to_string_lossy().contains("libc.so")));
         assert!(libs
             .iter()
             .any(|p| p.to_string_lossy().contains("ld-linux")));
+    }
+
+    #[test]
+    fn a_multi_call_binary_under_tool_names_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let multi = dir.path().join("busybox");
+        std::fs::write(&multi, b"multi").expect("write");
+        let cat = dir.path().join("cat");
+        std::os::unix::fs::symlink(&multi, &cat).expect("link");
+        let err = refuse_multi_call(&[cat]).expect_err("busybox as cat");
+        assert!(err.to_string().contains("multi-call"), "{err}");
+
+        let one = dir.path().join("one");
+        std::fs::write(&one, b"x").expect("write");
+        let two = dir.path().join("two");
+        std::os::unix::fs::symlink(&one, &two).expect("link");
+        let err = refuse_multi_call(&[one.clone(), two]).expect_err("one file, two names");
+        assert!(err.to_string().contains("same file"), "{err}");
+
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"y").expect("write");
+        refuse_multi_call(&[one, other]).expect("two distinct files");
+        let tools: Vec<PathBuf> = TOOLS
+            .iter()
+            .map(|(_, p)| host_tool(p).expect("tool"))
+            .collect();
+        refuse_multi_call(&tools).expect("this host's tools are single-purpose");
     }
 
     #[test]
@@ -543,8 +636,9 @@ mod tests {
         let b = dir.path().join("b");
         std::fs::write(&a, b"one").expect("write a");
         std::fs::write(&b, b"two").expect("write b");
-        let first = agent_image_tag("0.1.0", &a, &b).expect("tag");
-        assert_eq!(first, agent_image_tag("0.1.0", &a, &b).expect("tag again"));
+        let first = agent_image_tag("0.1.0", &a).expect("tag");
+        assert_eq!(first, agent_image_tag("0.1.0", &a).expect("tag again"));
+        assert_ne!(first, agent_image_tag("0.1.0", &b).expect("tag of b"));
         let (repo, tag) = first.split_once(':').expect("has a tag");
         assert_eq!(repo, IMAGE_REPOSITORY);
         let hash = tag.strip_prefix("0.1.0-").expect("version prefix");
@@ -554,20 +648,20 @@ mod tests {
         std::fs::write(&a, b"one!").expect("rewrite a");
         assert_ne!(
             first,
-            agent_image_tag("0.1.0", &a, &b).expect("tag after change")
+            agent_image_tag("0.1.0", &a).expect("tag after change")
         );
-        assert!(agent_image_tag("0.1.0", &dir.path().join("missing"), &b).is_err());
-        assert!(agent_image_tag("+weird/ver", &a, &b)
+        assert!(agent_image_tag("0.1.0", &dir.path().join("missing")).is_err());
+        assert!(agent_image_tag("+weird/ver", &a)
             .expect("tag")
             .starts_with("mercury-agent:_weird_ver-"));
-        assert!(agent_image_tag("-dash", &a, &b)
+        assert!(agent_image_tag("-dash", &a)
             .expect("tag")
             .starts_with("mercury-agent:v-dash-"));
     }
 
     #[test]
-    fn context_holds_dockerfile_busybox_links_mrctl_libraries_and_users() {
-        let bytes = build_context(&stand_in_mrctl(), &busybox()).expect("context");
+    fn context_holds_dockerfile_tools_mrctl_libraries_and_users_and_no_link() {
+        let bytes = build_context(&stand_in_mrctl()).expect("context");
         let mut archive = tar::Archive::new(bytes.as_slice());
         let mut seen: HashMap<String, (tar::EntryType, Option<String>)> = HashMap::new();
         for entry in archive.entries().expect("entries") {
@@ -583,12 +677,21 @@ mod tests {
             );
         }
         assert!(seen.contains_key("Dockerfile"));
-        assert_eq!(seen["rootfs/bin/busybox"].0, tar::EntryType::Regular);
-        for applet in APPLETS {
-            let (kind, link) = &seen[&format!("rootfs/bin/{applet}")];
-            assert_eq!(*kind, tar::EntryType::Symlink);
-            assert_eq!(link.as_deref(), Some("busybox"));
+        for (name, _) in TOOLS {
+            let (kind, link) = &seen[&format!("rootfs/bin/{name}")];
+            assert_eq!(*kind, tar::EntryType::Regular, "{name}");
+            assert_eq!(link, &None, "{name}");
         }
+        let bin: Vec<&String> = seen
+            .keys()
+            .filter(|k| k.starts_with("rootfs/bin/"))
+            .collect();
+        assert_eq!(bin.len(), TOOLS.len(), "{bin:?}");
+        assert!(
+            seen.values()
+                .all(|(kind, _)| *kind != tar::EntryType::Symlink),
+            "the image holds no link"
+        );
         assert_eq!(
             seen["rootfs/usr/local/bin/mrctl"].0,
             tar::EntryType::Regular
@@ -610,8 +713,8 @@ mod tests {
             .negotiate_version()
             .await
             .expect("a Docker engine must answer for these tests");
-        let tag = agent_image_tag("test", &stand_in_mrctl(), &busybox()).expect("tag");
-        let image = ensure_agent_image(&docker, &tag, &stand_in_mrctl(), &busybox())
+        let tag = agent_image_tag("test", &stand_in_mrctl()).expect("tag");
+        let image = ensure_agent_image(&docker, &tag, &stand_in_mrctl())
             .await
             .expect("image");
         assert_eq!(image, tag);
@@ -621,7 +724,7 @@ mod tests {
         assert_eq!(config.working_dir.as_deref(), Some("/work"));
         let created = inspect.created.clone();
         // Asking again must not rebuild: same image, same creation time.
-        ensure_agent_image(&docker, &tag, &stand_in_mrctl(), &busybox())
+        ensure_agent_image(&docker, &tag, &stand_in_mrctl())
             .await
             .expect("image again");
         let again = docker.inspect_image(&image).await.expect("inspect again");
@@ -640,7 +743,6 @@ mod tests {
             &docker,
             "mercury-agent:never-built",
             Path::new("/nonexistent/mrctl"),
-            &busybox(),
         )
         .await
         .expect_err("missing mrctl must fail");

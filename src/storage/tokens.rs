@@ -187,6 +187,22 @@ pub fn delete_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
     Ok(())
 }
 
+/// At start-up, when no run is live: every run token still standing belongs
+/// to a run a hard kill interrupted. Ask tokens (read-only) are deleted, as
+/// a finished ask deletes its own (no row may name the ask's target); the
+/// others are revoked. Returns (revoked, deleted).
+pub fn retire_run_tokens(conn: &Connection) -> StoreResult<(usize, usize)> {
+    let deleted = conn.execute(
+        "DELETE FROM api_tokens WHERE kind = 'run' AND read_only = 1",
+        [],
+    )?;
+    let revoked = conn.execute(
+        "UPDATE api_tokens SET revoked_at = ?1 WHERE kind = 'run' AND revoked_at IS NULL",
+        [now_ms()],
+    )?;
+    Ok((revoked, deleted))
+}
+
 /// Revokes the token of a finished run so it dies with the run.
 /// Shared with the query-plan test (`storage::migrations`).
 pub(crate) const REVOKE_RUN_SQL: &str =
@@ -195,4 +211,53 @@ pub(crate) const REVOKE_RUN_SQL: &str =
 pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
     conn.execute_cached(REVOKE_RUN_SQL, params![run_id, now_ms()])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(conn: &Connection, kind: TokenKind, run: Option<&str>, read_only: bool) -> String {
+        mint(
+            conn,
+            &NewToken {
+                caller_id: "carol",
+                kind,
+                space_id: run.map(|_| "target"),
+                run_id: run,
+                label: None,
+                created_by: None,
+                expires_at: None,
+                role: None,
+                read_only,
+            },
+        )
+        .unwrap()
+        .1
+    }
+
+    #[test]
+    fn retiring_run_tokens_revokes_turns_deletes_asks_and_spares_the_rest() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        super::super::migrations::apply(&mut conn).unwrap();
+        let user = token(&conn, TokenKind::User, None, false);
+        let adapter = token(&conn, TokenKind::Adapter, None, false);
+        let turn = token(&conn, TokenKind::Run, Some("run-1"), false);
+        let ask = token(&conn, TokenKind::Run, Some("ask-1"), true);
+        assert_eq!(retire_run_tokens(&conn).unwrap(), (1, 1));
+        let now = now_ms();
+        assert!(resolve(&conn, &user, now).unwrap().is_some());
+        assert!(resolve(&conn, &adapter, now).unwrap().is_some());
+        assert!(resolve(&conn, &turn, now).unwrap().is_none());
+        assert!(resolve(&conn, &ask, now).unwrap().is_none());
+        let ask_rows: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM api_tokens WHERE run_id = 'ask-1'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(ask_rows, 0, "no row is left that names the ask's target");
+        assert_eq!(retire_run_tokens(&conn).unwrap(), (0, 0));
+    }
 }

@@ -10,5 +10,6 @@ mod docker_turns;
 mod links;
 mod live;
 mod review;
+mod security_host;
 mod security_sandbox;
 mod smoke;

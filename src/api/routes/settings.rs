@@ -213,6 +213,21 @@ pub async fn model_set(
                 "{spec:?}: a model spec cannot contain a comma"
             )));
         }
+        // A scripted spec makes the host read a file: only a global admin
+        // may choose one, and only beneath the scripted roots.
+        if let Some(path) = spec.strip_prefix("scripted:") {
+            if !auth.caller.global_admin {
+                return Err(ApiError::forbidden(format!(
+                    "{spec:?}: only a global admin may put a scripted: model in a space's chain, \
+                     and only for a file under <data dir>/models/"
+                )));
+            }
+            host.rt
+                .models
+                .scripted_policy()
+                .check(path)
+                .map_err(ApiError::forbidden)?;
+        }
     }
     let by = auth.caller.caller_id.clone();
     let default = host.rt.settings.model_chain();
