@@ -173,7 +173,7 @@ impl DockerBackend {
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".to_string(),
-                    format!("rw,nosuid,nodev,size={},mode=1777", limits.tmp_bytes),
+                    format!("rw,nosuid,nodev,noexec,size={},mode=1777", limits.tmp_bytes),
                 )])),
                 cap_drop: Some(vec!["ALL".into()]),
                 security_opt: Some(vec!["no-new-privileges".into()]),

@@ -72,6 +72,9 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("stat", "stat"),
     ("sort", "sort"),
     ("tee", "tee"),
+    ("ln", "ln"),
+    ("chmod", "chmod"),
+    ("dd", "dd"),
 ];
 
 /// Where the host program `program` of [`TOOLS`] lives (`/usr/bin`, else `/bin`).

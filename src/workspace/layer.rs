@@ -129,11 +129,13 @@ impl TurnLayer {
             std::fs::Permissions::from_mode(meta.mode() & 0o7777),
         )
         .map_err(|e| setup("giving the upper directory the workspace's mode", &e))?;
+        // noexec: a turn may write files, not programs of its own to run
+        // (a bind of this mount into a container or bubblewrap keeps it).
         mount(
             "overlay",
             &me.merged,
             "overlay",
-            libc::MS_NOSUID | libc::MS_NODEV,
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             &format!(
                 "lowerdir={},upperdir={},workdir={}",
                 live.display(),

@@ -265,13 +265,14 @@ async fn a_stored_chain_naming_a_file_outside_the_roots_is_refused_at_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_token_of_a_turn_interrupted_by_sigkill_is_dead_after_restart() {
-    // The first attempt keeps its token and sleeps; the retried one after
-    // the restart finds `started` and finishes at once.
+    // The first attempt keeps its token and sleeps in its layer; the retried
+    // one after the restart finds the `resume-ok` the test puts in the
+    // workspace and finishes at once.
     let mut h = TestHost::start_process(HostOptions {
         model: json!({"rules": [
             {"match": "^tool_result\\(shell\\): ", "reply": "done"},
             {"match": "^user: go$", "tool_calls": [{"name": "shell", "arguments": {"command":
-                "test -f started || { echo $$$$ > shell.pid; printf %s \"$MERCURY_TOKEN\" > run.token; touch started; sleep 600; }"}}]}
+                "test -f resume-ok || { printf %s \"$MERCURY_TOKEN\" > run.token; touch started; sleep 600; }"}}]}
         ]}),
         ..Default::default()
     })
@@ -282,27 +283,23 @@ async fn a_run_token_of_a_turn_interrupted_by_sigkill_is_dead_after_restart() {
         .await;
     assert_eq!(st, 202, "{v}");
     let space = v["space_id"].as_str().unwrap().to_owned();
-    let ws = h.data.join("spaces").join(&space);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !ws.join("started").exists() {
+    let started = loop {
+        if let Some(p) = h.in_turn_layer("started") {
+            break p;
+        }
         assert!(Instant::now() < deadline, "the tool never started");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let token = std::fs::read_to_string(ws.join("run.token")).unwrap();
-    let pgid: i32 = std::fs::read_to_string(ws.join("shell.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    };
+    let token = std::fs::read_to_string(started.with_file_name("run.token")).unwrap();
     let (st, v) = h
         .call(Method::GET, "/api/whoami", Some(&token), None, None)
         .await;
     assert_eq!(st, 200, "the run token works while its run is live: {v}");
 
+    // The sandboxed tool dies with the host (bubblewrap's --die-with-parent).
     h.kill();
-    // The orphaned tool is this test's own doing: end it by its group id.
-    // SAFETY: kill(2) on the process group the tool's shell leads.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    std::fs::write(h.data.join("spaces").join(&space).join("resume-ok"), "").unwrap();
     h.restart_process().await;
 
     let (st, v) = h
@@ -571,7 +568,7 @@ async fn the_agent_image_runs_its_listed_tools_and_nothing_else() {
     let probe = format!(
         "for t in {list}; do command -v $t >/dev/null 2>&1 || echo missing:$t; done; \
          for t in nc wget busybox telnet ping ip ifconfig udhcpc httpd ftpget tftp ssl_client \
-                  ln chmod awk vi su; do command -v $t >/dev/null 2>&1 && echo present:$t; done; \
+                  awk vi su; do command -v $t >/dev/null 2>&1 && echo present:$t; done; \
          nc 2>/dev/null; echo nc-rc:$?; wget 2>/dev/null; echo wget-rc:$?; \
          echo bin:$(ls /bin); \
          echo usrlocal:$(ls /usr/local/bin); \

@@ -413,3 +413,36 @@ async fn a_host_killed_mid_ask_leaves_no_scratch_and_no_live_token_after_restart
     );
     host.kill();
 }
+
+async fn a_file_a_turn_writes_cannot_be_run_as_a_program(sandbox: &'static str) {
+    let host = TestHost::start(HostOptions {
+        model: json!({"rules": [
+            {"match": "^user: run$", "tool_calls": [{"name": "shell", "arguments": {"command":
+                "cp /bin/true ./t && chmod +x ./t && { ./t; echo work=$?; }; \
+                 cp ./t /tmp/t && chmod +x /tmp/t && { /tmp/t; echo tmp=$?; }"}}]},
+            {"match": "(?s)^tool_result\\(shell\\): (.*)$", "reply": "$1"}
+        ]}),
+        sandbox,
+        ..Default::default()
+    })
+    .await;
+    host.create_space("alpha").await;
+    let v = chat(&host, "alpha", "run").await;
+    let out = reply(&v);
+    // 126: found but not executable (the mount is noexec).
+    assert!(out.contains("work=126"), "{v}");
+    if sandbox == "docker" {
+        assert!(out.contains("tmp=126"), "{v}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bubblewrap_a_file_a_turn_writes_cannot_be_run_as_a_program() {
+    a_file_a_turn_writes_cannot_be_run_as_a_program("process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_a_file_a_turn_writes_cannot_be_run_as_a_program() {
+    a_file_a_turn_writes_cannot_be_run_as_a_program("docker").await;
+}
