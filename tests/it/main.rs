@@ -10,4 +10,5 @@ mod docker_turns;
 mod links;
 mod live;
 mod review;
+mod security_links;
 mod smoke;
