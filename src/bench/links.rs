@@ -162,7 +162,7 @@ fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {
 }
 
 pub fn print(figs: &[RouteFigures]) {
-    println!("bench links: the same read route, direct vs through a space link (act-as)");
+    println!("bench links: the same route, direct vs through a space link (act-as)");
     for f in figs {
         println!(
             "  {:<42} direct p50 {:>8.3} ms p99 {:>8.3} ms | act-as p50 {:>8.3} ms p99 {:>8.3} ms | ratio p50 {:.2}x (target <= 1.20x)",
