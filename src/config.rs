@@ -566,9 +566,9 @@ impl Settings {
         if !self.review.model.is_empty() {
             check_model_spec(&self.review.model).map_err(|m| key_err("review.model", m))?;
         }
-        crate::ids::validate_caller_id(&self.owner).map_err(|m| key_err("owner", m))?;
+        crate::ids::validate_operator_id(&self.owner).map_err(|m| key_err("owner", m))?;
         for a in &self.admins {
-            crate::ids::validate_caller_id(a).map_err(|m| key_err("admins", m))?;
+            crate::ids::validate_operator_id(a).map_err(|m| key_err("admins", m))?;
         }
         if !matches!(self.trigger.mode.as_str(), "mention" | "prefix" | "always") {
             return Err(key_err(

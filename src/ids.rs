@@ -101,9 +101,80 @@ pub fn validate_caller_id(raw: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Platforms an adapter may not claim: `console` is the API chat and `api`
+/// is the one prefix operator ids may use (`api:alice`).
+pub const RESERVED_PLATFORMS: &[&str] = &["console", "api"];
+
+/// A platform name: 1-32 of a-z, 0-9, '-', not reserved.
+pub fn validate_platform(p: &str) -> Result<(), String> {
+    if p.is_empty()
+        || p.len() > 32
+        || !p
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err("platform must be 1-32 characters of a-z, 0-9 or '-'".into());
+    }
+    if RESERVED_PLATFORMS.contains(&p) {
+        return Err(format!("platform {p:?} is reserved"));
+    }
+    Ok(())
+}
+
+/// The platform of a caller id in a platform's namespace (`telegram:123` →
+/// `telegram`), or `None` for an operator id.
+pub fn platform_of(caller: &str) -> Option<&str> {
+    let (head, rest) = caller.split_once(':')?;
+    (!rest.is_empty() && validate_platform(head).is_ok()).then_some(head)
+}
+
+/// The caller id of a platform sender: always in its platform's namespace,
+/// so no adapter can name an operator (`owner` from telegram is
+/// `telegram:owner`). A sender id that already carries the prefix keeps it.
+pub fn platform_caller_id(platform: &str, sender: &str) -> String {
+    match sender
+        .strip_prefix(platform)
+        .and_then(|r| r.strip_prefix(':'))
+    {
+        Some(rest) if !rest.is_empty() => sender.to_owned(),
+        _ => format!("{platform}:{sender}"),
+    }
+}
+
+/// An operator's caller id (user tokens, `owner`, `admins`): a caller id that
+/// can never equal a platform sender's, i.e. not `<platform>:…`.
+pub fn validate_operator_id(raw: &str) -> Result<(), String> {
+    validate_caller_id(raw)?;
+    if let Some(p) = platform_of(raw) {
+        return Err(format!(
+            "{raw:?} is in platform {p:?}'s namespace; an operator id may not look like a platform sender (map one with `mrctl identities link`)"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platform_ids_never_equal_operator_ids() {
+        assert_eq!(platform_caller_id("telegram", "owner"), "telegram:owner");
+        assert_eq!(platform_caller_id("telegram", "telegram:12"), "telegram:12");
+        assert_eq!(platform_caller_id("test", "discord:9"), "test:discord:9");
+        assert_eq!(
+            platform_caller_id("telegram", "telegram:"),
+            "telegram:telegram:"
+        );
+        for op in ["owner", "alice", "api:alice"] {
+            assert!(validate_operator_id(op).is_ok(), "{op}");
+        }
+        for bad in ["telegram:1", "test:zed", "whatsapp:1@s.whatsapp.net"] {
+            assert!(validate_operator_id(bad).is_err(), "{bad}");
+        }
+        assert!(validate_platform("api").is_err());
+        assert!(validate_platform("console").is_err());
+    }
 
     #[test]
     fn space_id_accepts_slugs_and_rejects_everything_else() {

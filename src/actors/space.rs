@@ -303,8 +303,14 @@ async fn run_and_commit(
                 if let Some(task_run) = task_run {
                     tasks::attach_run(tx, task_run, &run_s)?;
                 }
-                let global = rt2.settings.is_global_admin(&caller_s);
-                let role = crate::perms::resolve_role(tx, &space_s, &caller_s, global)?;
+                // A mapped platform sender acts as its operator (issue 11).
+                let acting = match crate::ids::platform_of(&caller_s) {
+                    Some(_) => crate::storage::identities::operator_for(tx, &caller_s)?
+                        .unwrap_or_else(|| caller_s.clone()),
+                    None => caller_s.clone(),
+                };
+                let global = rt2.settings.is_global_admin(&acting);
+                let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
                 let links_act =
                     crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
                 Ok((model_chain(tx, &rt2, &space_s)?, links_act))

@@ -3,13 +3,17 @@
 //! then served in the target, unchanged, by the ordinary route.
 //!
 //! 1. `links.act` in the holder, or 403;
-//! 2. the target exists (a lookup, never a create), else the same 403;
-//! 3. method + route on `ACT_AS_ROUTES`, else 400;
-//! 4. a grant from `resolve_link_grant`, capped at `read` for a caller who is
-//!    not admin in the holder; none, or `read` on an `admin` entry, is 403;
+//! 2. method + route on `ACT_AS_ROUTES`, else 400 (before the target is
+//!    looked at, so the answer is the same for an unknown target);
+//! 3. the target exists (a lookup, never a create), else the same 403 as 4;
+//! 4. a grant from the edges that apply to this request
+//!    (`links::grant_for_request`), capped at `read` for a caller who is not
+//!    admin in the holder; none, or too low a level, is 403;
 //! 5. the context becomes the target with the target's `admin` permission
 //!    set and `via` = holder, level, edge;
-//! 6. one audit row after the handler returns (or after a refusal at 4).
+//! 6. one audit row: for an `admin` route it is committed before the handler
+//!    runs (and completed afterwards); for a read it is written by a guard
+//!    that runs however the request ends, a client that went away included.
 //!
 //! Must never: write anything in the target (no member row, no message; the
 //! target's role resolution is not even called), or let a response carry
@@ -28,11 +32,11 @@ use super::auth::{Auth, SpaceCtx, Via};
 use super::error::ApiError;
 use crate::host::Host;
 use crate::ids::SpaceId;
-use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel};
+use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
 use crate::perms::{self, ROLE_ADMIN};
 use crate::review::redact::{RedactionList, Redactor};
 use crate::storage::links::{self as link_store, AuditRow};
-use crate::storage::spaces;
+use crate::storage::{spaces, Store};
 
 fn no_grant(target: &str) -> ApiError {
     ApiError::forbidden(format!(
@@ -40,15 +44,23 @@ fn no_grant(target: &str) -> ApiError {
     ))
 }
 
+/// What a route tells the audit about an update it made (D-008: before/after
+/// where the route knows them). A handler puts it in its response's extensions.
+#[derive(Debug, Clone, Default)]
+pub struct AuditChange {
+    pub before: Option<Value>,
+    pub after: Option<Value>,
+}
+
 /// What the act-as step needs from the database, read in the same
 /// connection checkout as the caller's token (one read per request).
 pub struct ActAsLookup {
     exists: bool,
-    grant: Option<links::LinkGrant>,
+    edges: Vec<links::LinkGrant>,
     target_perms: perms::PermSet,
 }
 
-/// Reads the target's existence, the grant and the target's admin set.
+/// Reads the target's existence, the edges and the target's admin set.
 pub fn lookup(
     c: &rusqlite::Connection,
     holder: &str,
@@ -57,15 +69,99 @@ pub fn lookup(
     if !spaces::space_exists(c, target)? {
         return Ok(ActAsLookup {
             exists: false,
-            grant: None,
+            edges: Vec::new(),
             target_perms: Default::default(),
         });
     }
     Ok(ActAsLookup {
         exists: true,
-        grant: links::resolve_link_grant(c, holder, target)?,
+        edges: links::active_grants(c, holder, target)?,
         target_perms: perms::role_permissions(c, target, ROLE_ADMIN)?,
     })
+}
+
+/// Writes (or completes) the act-as audit row however the request ends: if
+/// the request future is dropped before [`AuditGuard::finish`] (the client
+/// went away), `Drop` records status 499.
+struct AuditGuard {
+    store: Store,
+    /// The row already committed before the handler ran (admin routes).
+    committed: Option<i64>,
+    /// The row still to write (read routes).
+    pending: Option<AuditRow>,
+}
+
+/// The status recorded when the client closed the connection first.
+const CLIENT_GONE: i64 = 499;
+
+impl AuditGuard {
+    fn finish(mut self, status: i64, change: Option<AuditChange>) {
+        let (committed, pending) = (self.committed.take(), self.pending.take());
+        queue(&self.store, committed, pending, status, None, change);
+    }
+}
+
+impl Drop for AuditGuard {
+    fn drop(&mut self) {
+        let (committed, pending) = (self.committed.take(), self.pending.take());
+        if committed.is_none() && pending.is_none() {
+            return;
+        }
+        queue(
+            &self.store,
+            committed,
+            pending,
+            CLIENT_GONE,
+            Some("the client closed the request before the answer"),
+            None,
+        );
+    }
+}
+
+fn queue(
+    store: &Store,
+    committed: Option<i64>,
+    pending: Option<AuditRow>,
+    status: i64,
+    detail: Option<&'static str>,
+    change: Option<AuditChange>,
+) {
+    let text = |v: Option<Value>| v.map(|v| v.to_string());
+    let (before, after) = change
+        .map(|c| (text(c.before), text(c.after)))
+        .unwrap_or_default();
+    let store = store.clone();
+    let job = async move {
+        store
+            .write_detached("space-link audit row", move |tx| {
+                match (committed, pending) {
+                    (Some(id), _) => link_store::audit_finish(
+                        tx,
+                        id,
+                        status,
+                        detail,
+                        before.as_deref(),
+                        after.as_deref(),
+                    ),
+                    (None, Some(mut row)) => {
+                        row.status = Some(status);
+                        row.detail = detail.map(str::to_owned).or(row.detail);
+                        row.before_value = before;
+                        row.after_value = after;
+                        link_store::audit(tx, &row).map(|_| ())
+                    }
+                    (None, None) => Ok(()),
+                }
+            })
+            .await;
+    };
+    // Drop cannot await: the queueing runs as its own task.
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn(job);
+        }
+        Err(_) => tracing::error!("an act-as audit row was lost: no runtime to queue it on"),
+    }
 }
 
 pub async fn act_as(
@@ -85,36 +181,38 @@ pub async fn act_as(
     if !holder.perms.contains("links.act") {
         return Err(ApiError::missing_perm("links.act"));
     }
-    // Step 2: an invalid or unknown target gets the same answer as "no link".
-    let Ok(target) = SpaceId::parse(&target_raw) else {
-        return Err(no_grant(&target_raw));
-    };
-    if target == holder.space {
+    let target_ok = SpaceId::parse(&target_raw).ok();
+    if target_ok.as_ref() == Some(&holder.space) {
         return Err(ApiError::bad_request(
             "x-mercury-act-as names the holder space itself; drop the header",
         ));
     }
-    // Step 3.
+    // Step 2, before anything about the target is known: an off-allowlist
+    // route answers the same for an unknown, an unlinked and a linked target.
     let method = req.method().as_str().to_owned();
-    let path = req
+    let pattern = req
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
-    let route: Option<&'static ActAsRoute> = links::find_route(&method, &path);
+    let concrete = req.uri().path().to_owned();
+    let Some(route) = links::find_route(&method, &pattern) else {
+        return Err(ApiError::bad_request(format!(
+            "{method} {pattern} cannot be used across a space link (see ACT_AS_ROUTES in docs/links.md)"
+        )));
+    };
+    // Step 3: an invalid or unknown target gets the same answer as "no link".
+    let Some(target) = target_ok else {
+        return Err(no_grant(&target_raw));
+    };
     let ActAsLookup {
         exists,
-        grant,
+        edges,
         target_perms,
     } = lookup.ok_or_else(|| no_grant(target.as_str()))?;
     if !exists {
         return Err(no_grant(target.as_str()));
     }
-    let Some(route) = route else {
-        return Err(ApiError::bad_request(format!(
-            "{method} {path} cannot be used across a space link (see ACT_AS_ROUTES in docs/links.md)"
-        )));
-    };
     // Step 4, audited from here on.
     let (parts, body) = req.into_parts();
     let bytes = to_bytes(body, host.rt.settings.http.body_limit_bytes)
@@ -132,24 +230,57 @@ pub async fn act_as(
         holder_space_id: Some(holder.space.to_string()),
         target_space_id: Some(target.to_string()),
         method: Some(method.clone()),
-        route: Some(path.clone()),
+        route: Some(pattern.clone()),
+        path: Some(concrete),
+        run_id: auth.caller.run_id.clone(),
         body_summary: summarize_body(&bytes),
+        detail: auth
+            .caller
+            .identity
+            .as_ref()
+            .map(|p| format!("platform identity {p}")),
         ..Default::default()
     };
-    let decision = decide(&holder, grant.as_ref(), route, target.as_str());
-    let grant = match decision {
+    let grant = match decide(&holder, &edges, route, target.as_str()) {
         Ok(g) => g,
-        Err((e, level)) => {
-            audit.link_id = grant.as_ref().map(|g| g.edge_id);
-            audit.level = level.map(|l| l.as_str().to_owned());
+        Err((e, best)) => {
+            audit.link_id = best.as_ref().map(|g| g.edge_id);
+            audit.level = best.map(|g| g.level.as_str().to_owned());
             audit.status = Some(i64::from(e.status.as_u16()));
             audit.detail = Some(e.message.clone());
-            write_audit(&host, audit).await;
+            let row = audit;
+            host.rt
+                .store
+                .write_detached("space-link audit row", move |tx| {
+                    link_store::audit(tx, &row).map(|_| ())
+                })
+                .await;
             return Err(e);
         }
     };
     audit.link_id = Some(grant.edge_id);
     audit.level = Some(grant.level.as_str().to_owned());
+    // Step 6 (first half): an admin route's row is committed before its
+    // effect can happen; a read's row is owed by the guard.
+    let guard = if route.level == LinkLevel::Admin {
+        let row = audit;
+        let id = host
+            .rt
+            .store
+            .write(move |tx| link_store::audit(tx, &row))
+            .await?;
+        AuditGuard {
+            store: host.rt.store.clone(),
+            committed: Some(id),
+            pending: None,
+        }
+    } else {
+        AuditGuard {
+            store: host.rt.store.clone(),
+            committed: None,
+            pending: Some(audit),
+        }
+    };
     // Step 5.
     let mut req = Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut().insert(Auth {
@@ -167,71 +298,48 @@ pub async fn act_as(
         }),
     });
     let response = next.run(req).await;
-    audit.status = Some(i64::from(response.status().as_u16()));
-    write_audit(&host, audit).await;
-    // D-014: third-party text is stripped and tagged with its source space.
-    if route.carries_text && response.status().is_success() {
+    let change = response.extensions().get::<AuditChange>().cloned();
+    guard.finish(i64::from(response.status().as_u16()), change);
+    // D-014: every answer can carry the target's text: stripped and tagged.
+    if response.status().is_success() {
         return Ok(tag_text(response, target.as_str()).await);
     }
     Ok(response)
 }
 
-struct Granted {
-    edge_id: i64,
-    level: LinkLevel,
-    conversation: Option<i64>,
-}
-
-type Refusal = (ApiError, Option<LinkLevel>);
+type Refusal = (ApiError, Option<links::LinkGrant>);
 
 fn decide(
     holder: &SpaceCtx,
-    grant: Option<&links::LinkGrant>,
+    edges: &[links::LinkGrant],
     route: &ActAsRoute,
     target: &str,
-) -> Result<Granted, Refusal> {
-    let grant = grant.ok_or((no_grant(target), None))?;
+) -> Result<links::LinkGrant, Refusal> {
     // D-004: a link never turns a non-admin of the holder into an admin of the target.
-    let level = if holder.role == ROLE_ADMIN {
-        grant.level
+    let cap = if holder.role == ROLE_ADMIN {
+        LinkLevel::Admin
     } else {
-        grant.level.min(LinkLevel::Read)
+        LinkLevel::Read
     };
-    if route.level == LinkLevel::Admin && level != LinkLevel::Admin {
-        return Err((
-            ApiError::forbidden(format!(
-                "this needs an admin link into {target:?}; yours gives {}",
-                level.as_str()
-            )),
-            Some(level),
-        ));
-    }
-    if let Some(conv) = grant.conversation {
-        if !route.conversation_scoped {
-            return Err((
+    links::grant_for_request(edges, route.level, route.conversation_scoped, cap).map_err(|why| {
+        match why {
+            NoGrant::NoEdge => (no_grant(target), None),
+            NoGrant::TooLow(best) => (
                 ApiError::forbidden(format!(
-                    "your link into {target:?} reaches only its conversation {conv}"
+                    "this needs an admin link into {target:?}; yours gives {}",
+                    best.level.as_str()
                 )),
-                Some(level),
-            ));
+                Some(best),
+            ),
+            NoGrant::OnlyConversation(best) => (
+                ApiError::forbidden(format!(
+                    "your link into {target:?} reaches only its conversation {}",
+                    best.conversation.unwrap_or_default()
+                )),
+                Some(best),
+            ),
         }
-    }
-    Ok(Granted {
-        edge_id: grant.edge_id,
-        level,
-        conversation: grant.conversation,
     })
-}
-
-/// Queues the audit row on the writer (in order with every other write)
-/// without holding the response for its commit.
-async fn write_audit(host: &Host, row: AuditRow) {
-    host.rt
-        .store
-        .write_detached("space-link audit row", move |tx| {
-            link_store::audit(tx, &row).map(|_| ())
-        })
-        .await;
 }
 
 /// A short, redacted view of a request body for the audit: top-level keys,

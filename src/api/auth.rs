@@ -18,8 +18,8 @@ use crate::host::Host;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
 use crate::perms::{self, PermSet};
-use crate::storage::spaces;
 use crate::storage::tokens::{self, TokenKind};
+use crate::storage::{identities, spaces};
 
 pub const SPACE_HEADER: &str = "x-mercury-space";
 pub const ACT_AS_HEADER: &str = "x-mercury-act-as";
@@ -31,6 +31,11 @@ pub struct Caller {
     pub kind: TokenKind,
     pub global_admin: bool,
     pub run_id: Option<String>,
+    /// An adapter token's platform (the only one it may post and pull for).
+    pub platform: Option<String>,
+    /// The platform id this caller was mapped from (`identities`), when a
+    /// turn of a mapped platform sender acts with its operator's rights.
+    pub identity: Option<String>,
 }
 
 /// The space a request acts in, with the caller's role there.
@@ -130,11 +135,24 @@ pub async fn authenticate(
             };
             let global_admin =
                 grant.kind == TokenKind::User && settings.is_global_admin(&grant.caller_id);
+            // A turn of a platform sender acts as that sender, unless a global
+            // admin mapped the sender to an operator (`mrctl identities link`).
+            let (caller_id, identity) = match grant.kind {
+                TokenKind::Run if crate::ids::platform_of(&grant.caller_id).is_some() => {
+                    match identities::operator_for(c, &grant.caller_id)? {
+                        Some(op) => (op, Some(grant.caller_id.clone())),
+                        None => (grant.caller_id.clone(), None),
+                    }
+                }
+                _ => (grant.caller_id.clone(), None),
+            };
             let caller = Caller {
-                caller_id: grant.caller_id.clone(),
+                caller_id,
                 kind: grant.kind,
                 global_admin,
                 run_id: grant.run_id.clone(),
+                platform: grant.platform.clone(),
+                identity,
             };
             if grant.kind == TokenKind::Adapter
                 && !(path == "/api/ingress" || path == "/api/outbox")
@@ -164,15 +182,27 @@ pub async fn authenticate(
                             "space {id} does not exist"
                         ))));
                     }
-                    let role = {
-                        // A turn acts with its user's role: a global admin's
-                        // turn is admin in its space (but not a global admin).
-                        let admin_here = global_admin
-                            || (grant.kind == TokenKind::Run
-                                && settings.is_global_admin(&grant.caller_id));
-                        perms::resolve_role(c, id.as_str(), &caller.caller_id, admin_here)?
+                    let (role, perms) = match (&grant.kind, &grant.role) {
+                        // An ask turn carries exactly the role it was started
+                        // with (`--as member|admin`) in its target, and never
+                        // `links.act`: an ask does not reach the target's links.
+                        (TokenKind::Run, Some(fixed)) => {
+                            let mut p = perms::role_permissions(c, id.as_str(), fixed)?;
+                            p.remove("links.act");
+                            (fixed.clone(), p)
+                        }
+                        _ => {
+                            // A turn acts with its user's role: a global admin's
+                            // turn is admin in its space (but not a global admin).
+                            let admin_here = global_admin
+                                || (grant.kind == TokenKind::Run
+                                    && settings.is_global_admin(&caller.caller_id));
+                            let role =
+                                perms::resolve_role(c, id.as_str(), &caller.caller_id, admin_here)?;
+                            let p = perms::role_permissions(c, id.as_str(), &role)?;
+                            (role, p)
+                        }
                     };
-                    let perms = perms::role_permissions(c, id.as_str(), &role)?;
                     Some(SpaceCtx {
                         space: id,
                         role,

@@ -17,6 +17,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{middleware, Json, Router};
 use serde_json::json;
 
+pub use act_as::AuditChange;
 pub use auth::{Auth, SpaceCtx};
 pub use error::{ApiError, ApiResult};
 
@@ -91,6 +92,12 @@ pub fn router(host: Arc<Host>) -> Router {
         .route("/api/runs", get(messages::runs))
         .route("/api/tokens", get(tokens::list).post(tokens::create))
         .route("/api/tokens/{id}", delete(tokens::revoke))
+        .route(
+            "/api/identities",
+            get(identities::list).post(identities::link),
+        )
+        .route("/api/identities/audit", get(identities::audit))
+        .route("/api/identities/{platform_id}", delete(identities::unlink))
         .route("/api/links", get(links::list).post(links::create))
         .route("/api/links/audit", get(links::audit))
         .route(
@@ -125,7 +132,30 @@ pub fn router(host: Arc<Host>) -> Router {
         )
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(uri_limit))
         .with_state(host)
+}
+
+/// Longest request target (path and query) the API reads. Longer ones get a
+/// 414 in the JSON error shape here; beyond hyper's own limit (64 KiB) hyper
+/// answers 414 itself, before any of this code runs.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+async fn uri_limit(
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > MAX_URI_BYTES {
+        return ApiError::new(
+            axum::http::StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request path and query are longer than {MAX_URI_BYTES} bytes"),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn healthz(

@@ -1,6 +1,7 @@
-//! `mercury bench links`: the same read routes served directly in a space and
+//! `mercury bench links`: the same routes served directly in a space and
 //! through a space link (the act-as step: grant resolution, audit row, text
-//! stripping), side by side, as a ratio (target ≤ 1.2×).
+//! stripping), side by side, as a ratio (target ≤ 1.2×). Two reads, and one
+//! write whose audit row is committed before the handler runs (issue 11).
 
 use std::time::{Duration, Instant};
 
@@ -75,27 +76,45 @@ pub async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
         &owner,
         Method::POST,
         "/api/links",
-        Some(json!({"holder": "mgmt", "target": "client", "level": "read"})),
+        Some(json!({"holder": "mgmt", "target": "client", "level": "admin"})),
     )
     .await?;
     seed(&host, opts.messages)?;
     let client = reqwest::Client::builder().build()?;
     let mut out = Vec::new();
-    for route in ["/api/prefs", "/api/messages/recent?since=1h&limit=50"] {
+    let routes = [
+        ("GET /api/prefs", Method::GET, "/api/prefs", None),
+        (
+            "GET /api/messages/recent?limit=50",
+            Method::GET,
+            "/api/messages/recent?since=1h&limit=50",
+            None,
+        ),
+        (
+            "PUT /api/prefs",
+            Method::PUT,
+            "/api/prefs",
+            Some(json!({"key": "tone", "value": "warm"})),
+        ),
+    ];
+    for (route, method, path, body) in routes {
         let mut fig = RouteFigures {
             route,
             direct: Vec::with_capacity(opts.requests),
             act_as: Vec::with_capacity(opts.requests),
         };
-        let url = format!("{}{route}", host.url);
+        let url = format!("{}{path}", host.url);
+        let method = reqwest::Method::from_bytes(method.as_str().as_bytes())?;
+        let with_body = |r: reqwest::RequestBuilder| match &body {
+            Some(b) => r.json(b),
+            None => r,
+        };
         // Warm both paths, then alternate so drift on a shared machine hits both sides alike.
         for i in 0..opts.requests + 20 {
-            let direct = client
-                .get(&url)
+            let direct = with_body(client.request(method.clone(), &url))
                 .bearer_auth(&host.owner_token)
                 .header("x-mercury-space", "client");
-            let linked = client
-                .get(&url)
+            let linked = with_body(client.request(method.clone(), &url))
                 .bearer_auth(&alice)
                 .header("x-mercury-space", "mgmt")
                 .header("x-mercury-act-as", "client");
@@ -143,7 +162,7 @@ fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {
 }
 
 pub fn print(figs: &[RouteFigures]) {
-    println!("bench links: the same read route, direct vs through a space link (act-as)");
+    println!("bench links: the same route, direct vs through a space link (act-as)");
     for f in figs {
         println!(
             "  {:<42} direct p50 {:>8.3} ms p99 {:>8.3} ms | act-as p50 {:>8.3} ms p99 {:>8.3} ms | ratio p50 {:.2}x (target <= 1.20x)",

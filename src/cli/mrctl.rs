@@ -125,6 +125,9 @@ pub enum Command {
     /// Mint, list and revoke API tokens (global admins).
     #[command(subcommand)]
     Tokens(TokensCmd),
+    /// Map platform senders to operators (global admins).
+    #[command(subcommand)]
+    Identities(IdentitiesCmd),
     /// Run an agent turn with this prompt and print the reply.
     Chat {
         /// The prompt; `-` reads it from stdin.
@@ -430,6 +433,9 @@ pub enum TokensCmd {
         caller: String,
         #[arg(long, value_enum, default_value_t = TokenKind::User)]
         kind: TokenKind,
+        /// The one platform an adapter token may post and pull for (required with --kind adapter).
+        #[arg(long)]
+        platform: Option<String>,
         #[arg(long)]
         label: Option<String>,
         /// A duration such as 30d.
@@ -439,6 +445,21 @@ pub enum TokensCmd {
     List,
     Revoke {
         id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IdentitiesCmd {
+    /// Let a platform sender (telegram:123456) act with an operator's rights (owner).
+    Link { platform_id: String, caller: String },
+    /// Remove a mapping.
+    Unlink { platform_id: String },
+    /// Every mapping.
+    List,
+    /// The audit trail of mappings, newest first.
+    Audit {
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: Option<u32>,
     },
 }
 
@@ -785,6 +806,7 @@ fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             TokensCmd::Create {
                 caller,
                 kind,
+                platform,
                 label,
                 expires_in,
             } => {
@@ -792,9 +814,23 @@ fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 if let Some(d) = expires_in {
                     check_positive_duration("--expires-in", d)?;
                 }
+                match (kind, platform) {
+                    (TokenKind::Adapter, None) => {
+                        return Err(UsageError(
+                            "an adapter token is bound to one platform: add --platform NAME".into(),
+                        ))
+                    }
+                    (TokenKind::User, Some(_)) => {
+                        return Err(UsageError(
+                            "--platform applies to --kind adapter only".into(),
+                        ))
+                    }
+                    _ => {}
+                }
                 let body = object(vec![
                     ("caller_id", Some(json!(caller))),
                     ("kind", Some(json!(kind.as_str()))),
+                    ("platform", platform.as_ref().map(|p| json!(p))),
                     ("label", label.as_ref().map(|l| json!(l))),
                     ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
                 ]);
@@ -805,6 +841,24 @@ fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 non_empty("the token id", id)?;
                 RequestPlan::delete(format!("/api/tokens/{}", encode(id)))
             }
+        },
+        Command::Identities(cmd) => match cmd {
+            IdentitiesCmd::Link {
+                platform_id,
+                caller,
+            } => {
+                non_empty("the platform id", platform_id)?;
+                non_empty("the caller id", caller)?;
+                RequestPlan::post("/api/identities")
+                    .body(json!({"platform_id": platform_id, "caller_id": caller}))
+            }
+            IdentitiesCmd::Unlink { platform_id } => {
+                non_empty("the platform id", platform_id)?;
+                RequestPlan::delete(format!("/api/identities/{}", encode(platform_id)))
+            }
+            IdentitiesCmd::List => RequestPlan::get("/api/identities"),
+            IdentitiesCmd::Audit { limit } => RequestPlan::get("/api/identities/audit")
+                .query("limit", limit.map(|l| l.to_string())),
         },
         Command::Chat { text, conversation } => {
             non_empty("the prompt", text)?;
@@ -1660,7 +1714,8 @@ async fn execute(
         let pretty = serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string());
         (format!("{pretty}\n"), None)
     } else {
-        render(&cli.command, &value)
+        let (text, note) = render(&cli.command, &value);
+        (tag_source(&cli.command, &value, text), note)
     };
     write_all(out, &text)?;
     if let Some(note) = note {
@@ -1668,6 +1723,24 @@ async fn execute(
         let _ = writeln!(err, "{note}");
     }
     Ok(())
+}
+
+/// Text that came from another space through a link (`source_space` in the
+/// answer, D-014) says so on every line of the human output; `ask` already
+/// opens with its `[space]` label.
+fn tag_source(cmd: &Command, v: &Value, text: String) -> String {
+    let Some(source) = field(v, "source_space").as_str() else {
+        return text;
+    };
+    if matches!(cmd, Command::Ask { .. }) {
+        return text;
+    }
+    if text.is_empty() {
+        return format!("[from {source}] (nothing)\n");
+    }
+    text.lines()
+        .map(|l| format!("[from {source}] {l}\n"))
+        .collect()
 }
 
 fn write_all(out: &mut dyn Write, text: &str) -> Result<(), Failure> {
@@ -1837,20 +1910,42 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 ""
             };
             let perms = items(v, "permissions");
-            kv_lines(&[
-                ("caller", cell(field(v, "caller_id"))),
-                ("token", format!("{kind}{admin}")),
-                ("space", cell(field(v, "space_id"))),
-                ("role", cell(field(v, "role"))),
-                (
-                    "permissions",
-                    if perms.is_empty() {
-                        "(none)".to_owned()
-                    } else {
-                        perms.iter().map(cell).collect::<Vec<_>>().join(", ")
-                    },
-                ),
-            ])
+            let via = field(v, "via");
+            if via.is_object() {
+                kv_lines(&[
+                    ("caller", cell(field(v, "caller_id"))),
+                    ("token", format!("{kind}{admin}")),
+                    ("space", cell(field(v, "space_id"))),
+                    (
+                        "via",
+                        format!(
+                            "link {} from {} ({})",
+                            cell(field(via, "link_id")),
+                            cell(field(via, "holder")),
+                            cell(field(via, "level"))
+                        ),
+                    ),
+                ])
+            } else {
+                let mut pairs = vec![("caller", cell(field(v, "caller_id")))];
+                if let Some(p) = field(v, "identity").as_str() {
+                    pairs.push(("identity", p.to_owned()));
+                }
+                pairs.extend([
+                    ("token", format!("{kind}{admin}")),
+                    ("space", cell(field(v, "space_id"))),
+                    ("role", cell(field(v, "role"))),
+                    (
+                        "permissions",
+                        if perms.is_empty() {
+                            "(none)".to_owned()
+                        } else {
+                            perms.iter().map(cell).collect::<Vec<_>>().join(", ")
+                        },
+                    ),
+                ]);
+                kv_lines(&pairs)
+            }
         }
         Command::Spaces(cmd) => match cmd {
             SpacesCmd::List => items(v, "spaces")
@@ -2086,6 +2181,44 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 .collect(),
             TokensCmd::Revoke { .. } => format!("revoked token {}\n", cell(field(v, "id"))),
         },
+        Command::Identities(cmd) => match cmd {
+            IdentitiesCmd::Link { .. } => {
+                let i = field(v, "identity");
+                format!(
+                    "{} now acts as {}\n",
+                    cell(field(i, "platform_id")),
+                    cell(field(i, "caller_id"))
+                )
+            }
+            IdentitiesCmd::Unlink { .. } => format!(
+                "{} no longer acts as {}\n",
+                cell(field(v, "platform_id")),
+                cell(field(v, "caller_id"))
+            ),
+            IdentitiesCmd::List => items(v, "identities")
+                .iter()
+                .map(|i| {
+                    row(&[
+                        cell(field(i, "platform_id")),
+                        cell(field(i, "caller_id")),
+                        cell(field(i, "created_by")),
+                        time_cell(field(i, "created_at")),
+                    ])
+                })
+                .collect(),
+            IdentitiesCmd::Audit { .. } => items(v, "audit")
+                .iter()
+                .map(|a| {
+                    row(&[
+                        time_cell(field(a, "at")),
+                        cell(field(a, "by")),
+                        cell(field(a, "action")),
+                        cell(field(a, "platform_id")),
+                        cell(field(a, "caller_id")),
+                    ])
+                })
+                .collect(),
+        },
         Command::Chat { .. } => match field(v, "reply").as_str() {
             Some(reply) => format!("{reply}\n"),
             None => {
@@ -2136,6 +2269,30 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                     ])
                 })
                 .collect(),
+            LinksCmd::Revoke { .. } | LinksCmd::Update { .. } => {
+                let l = field(v, "link");
+                let mut out = format!(
+                    "link {} {} -> {} ({}){}\n",
+                    cell(field(l, "id")),
+                    cell(field(l, "holder_space_id")),
+                    cell(field(l, "target_space_id")),
+                    cell(field(l, "level")),
+                    if field(l, "revoked_at").is_null() {
+                        ""
+                    } else {
+                        ", revoked"
+                    }
+                );
+                for r in items(v, "removed_roles") {
+                    out.push_str(&format!(
+                        "removed role {} of {} in {}\n",
+                        cell(field(r, "role")),
+                        cell(field(r, "caller_id")),
+                        cell(field(r, "space_id"))
+                    ));
+                }
+                out
+            }
             _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
         },
         Command::Ask { .. } => render_ask(v),
@@ -2162,9 +2319,13 @@ fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
 
 /// `ask`: the reply labelled with the space, then the refusals, then the cost.
 fn render_ask(v: &Value) -> String {
+    let source = match field(v, "source_space") {
+        Value::Null => field(v, "space_id"),
+        s => s,
+    };
     let mut out = format!(
         "[{}] {}\n",
-        cell(field(v, "space_id")),
+        cell(source),
         field(v, "reply").as_str().unwrap_or("(no reply)")
     );
     let refusals = items(v, "refusals");
@@ -2465,11 +2626,24 @@ mod tests {
                 Some(json!({"text": "hello", "conversation_id": 7})),
             ),
             (
-                vec!["tokens", "create", "bridge", "--kind", "adapter", "--label", "wa", "--expires-in", "30d"],
+                vec!["tokens", "create", "bridge", "--kind", "adapter", "--platform", "whatsapp", "--label", "wa", "--expires-in", "30d"],
                 Method::POST,
                 "/api/tokens",
-                Some(json!({"caller_id": "bridge", "kind": "adapter", "label": "wa", "expires_in": "30d"})),
+                Some(json!({"caller_id": "bridge", "kind": "adapter", "platform": "whatsapp", "label": "wa", "expires_in": "30d"})),
             ),
+            (
+                vec!["identities", "link", "telegram:123456", "owner"],
+                Method::POST,
+                "/api/identities",
+                Some(json!({"platform_id": "telegram:123456", "caller_id": "owner"})),
+            ),
+            (
+                vec!["identities", "unlink", "telegram:123456"],
+                Method::DELETE,
+                "/api/identities/telegram%3A123456",
+                None,
+            ),
+            (vec!["identities", "list"], Method::GET, "/api/identities", None),
             (
                 vec!["tokens", "create", "alice"],
                 Method::POST,
@@ -2895,6 +3069,27 @@ mod tests {
             &json!({"caller_id": "tg:1", "token_kind": "user", "global_admin": true, "space_id": "family", "role": "admin", "permissions": ["prompt", "send"]}),
         );
         assert_eq!(out, "caller: tg:1\ntoken: user (global admin)\nspace: family\nrole: admin\npermissions: prompt, send\n");
+
+        let (out, _) = render(
+            &Command::Whoami,
+            &json!({"caller_id": "alice", "token_kind": "user", "global_admin": false, "space_id": "t", "role": null, "permissions": [],
+                    "via": {"holder": "h", "level": "read", "link_id": 4, "conversation_id": null}, "source_space": "t"}),
+        );
+        assert_eq!(
+            out,
+            "caller: alice\ntoken: user\nspace: t\nvia: link 4 from h (read)\n"
+        );
+        let cmd = parse(&["messages", "recent"]).command;
+        let v = json!({"messages": [{"created_at": 0, "sender_name": "Ann", "text": "hi"}], "source_space": "t"});
+        let (out, _) = render(&cmd, &v);
+        assert_eq!(
+            tag_source(&cmd, &v, out),
+            "[from t] [1970-01-01T00:00:00Z] Ann: hi\n"
+        );
+        let ask = parse(&["ask", "hi"]).command;
+        let v = json!({"space_id": "x", "source_space": "x", "reply": "yo", "refusals": [], "tokens_in": 1, "tokens_out": 1, "cost": 0});
+        let (out, _) = render(&ask, &v);
+        assert!(tag_source(&ask, &v, out).starts_with("[x] yo\n"));
 
         let (out, _) = render(
             &parse(&["messages", "recent"]).command,

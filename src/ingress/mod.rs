@@ -49,18 +49,7 @@ pub struct IngressMessage {
 
 impl IngressMessage {
     pub fn validate(&self) -> Result<(), String> {
-        let p = &self.platform;
-        if p.is_empty()
-            || p.len() > 32
-            || !p
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        {
-            return Err("platform must be 1-32 characters of a-z, 0-9 or '-'".into());
-        }
-        if p == "console" {
-            return Err("platform 'console' is reserved for /api/chat".into());
-        }
+        crate::ids::validate_platform(&self.platform)?;
         if self.conversation.trim().is_empty() || self.conversation.len() > 256 {
             return Err("conversation must be 1-256 characters".into());
         }
@@ -70,6 +59,19 @@ impl IngressMessage {
         }
         if self.text.chars().count() > 32_000 {
             return Err("text is longer than 32000 characters".into());
+        }
+        for (what, value) in [("sender_name", &self.sender_name), ("title", &self.title)] {
+            if let Some(v) = value {
+                if v.chars().count() > 200 {
+                    return Err(format!("{what} is longer than 200 characters"));
+                }
+                if v.chars().any(char::is_control) {
+                    return Err(format!("{what} must not contain control characters"));
+                }
+            }
+        }
+        if self.conversation.chars().any(char::is_control) {
+            return Err("conversation must not contain control characters".into());
         }
         Ok(())
     }
@@ -146,29 +148,27 @@ impl CallerLimits {
     }
 }
 
-/// A space id for an auto-created space: readable, valid, and unique per conversation.
+/// A space id for an auto-created space: the platform and a hash of the
+/// conversation, never the platform's own id (a DM's id is often a phone
+/// number). Unique per conversation.
 pub fn auto_space_id(
     platform: &str,
     conversation: &str,
 ) -> Result<SpaceId, crate::ids::InvalidSpaceId> {
-    let mut slug: String = format!("{platform}-{conversation}")
-        .to_lowercase()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    while slug.contains("--") {
-        slug = slug.replace("--", "-");
-    }
-    let slug = slug.trim_matches('-');
     let hash = base16ct::lower::encode_string(&Sha256::digest(
         format!("{platform}\u{0}{conversation}").as_bytes(),
     ));
-    let head: String = slug.chars().take(40).collect();
-    let head = head.trim_end_matches('-');
+    let head: String = platform
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(32)
+        .collect::<String>()
+        .trim_matches('-')
+        .to_owned();
     let id = if head.is_empty() {
         format!("s-{}", &hash[..16])
     } else {
-        format!("{head}-{}", &hash[..8])
+        format!("{head}-{}", &hash[..16])
     };
     SpaceId::parse(&id)
 }
@@ -203,10 +203,9 @@ pub fn ingest_tx(
             let id = auto_space_id(&m.platform, &m.conversation)
                 .map_err(|e| StoreError::Invalid(e.to_string()))?;
             if !spaces::space_exists(tx, id.as_str())? {
-                let name = m
-                    .title
-                    .clone()
-                    .unwrap_or_else(|| format!("{} {}", m.platform, m.conversation));
+                // Neither the title (a DM's is the sender's name) nor the id.
+                let tail = id.as_str().rsplit('-').next().unwrap_or_default();
+                let name = format!("{} {kind} {}", m.platform, &tail[..tail.len().min(8)]);
                 spaces::create_space(tx, id.as_str(), &name, &[])?;
                 created_space = true;
             }
@@ -223,10 +222,13 @@ pub fn ingest_tx(
         }
     };
     let now = now_ms();
+    // The sender lives in its platform's namespace: no body field can name
+    // an operator (`owner` from telegram is `telegram:owner`).
+    let sender = crate::ids::platform_caller_id(&m.platform, &m.sender_id);
     let base = NewMessage {
         space_id: &space,
         conversation_id: Some(conv.id),
-        sender_id: Some(&m.sender_id),
+        sender_id: Some(&sender),
         sender_name: m.sender_name.as_deref(),
         role: "user",
         text: &m.text,
@@ -244,8 +246,8 @@ pub fn ingest_tx(
     if messages::insert_probe(tx, conv.id, &m.message_id)? {
         return Ok(done(IngestStatus::Duplicate, None));
     }
-    spaces::touch_member(tx, &space, &m.sender_id, m.sender_name.as_deref())?;
-    if spaces::is_muted(tx, &space, &m.sender_id, now)? {
+    spaces::touch_member(tx, &space, &sender, m.sender_name.as_deref())?;
+    if spaces::is_muted(tx, &space, &sender, now)? {
         let id = messages::insert(
             tx,
             &NewMessage {
@@ -274,7 +276,7 @@ pub fn ingest_tx(
     }
     let per_minute = spaces::kv_get(tx, KvTable::Config, &space, "rate_limit.per_minute")?
         .and_then(|v| v.parse().ok());
-    if !limits.allow(&space, &m.sender_id, per_minute) {
+    if !limits.allow(&space, &sender, per_minute) {
         let id = messages::insert(
             tx,
             &NewMessage {
@@ -362,9 +364,13 @@ mod tests {
 
     #[test]
     fn auto_space_ids_are_valid_and_distinct() {
-        let a = auto_space_id("whatsapp", "12345@g.us").unwrap();
-        let b = auto_space_id("whatsapp", "12345@G.US").unwrap();
-        assert!(a.as_str().starts_with("whatsapp-12345-g-us-"));
+        let a = auto_space_id("whatsapp", "31612345678@s.whatsapp.net").unwrap();
+        let b = auto_space_id("whatsapp", "31612345678@S.WHATSAPP.NET").unwrap();
+        assert!(a.as_str().starts_with("whatsapp-"), "{a}");
+        assert!(
+            !a.as_str().contains("3161234"),
+            "no phone number in an id: {a}"
+        );
         assert_ne!(a, b);
         let long = auto_space_id("discord", &"x".repeat(500)).unwrap();
         assert!(long.as_str().len() <= 63);

@@ -49,14 +49,10 @@ pub struct LinkGrant {
     pub conversation: Option<i64>,
 }
 
-/// One query, direct edges and `*` only; the strongest level wins, and among
-/// edges of that level an unfiltered one beats a conversation-filtered one.
-pub fn resolve_link_grant(
-    conn: &Connection,
-    holder: &str,
-    target: &str,
-) -> StoreResult<Option<LinkGrant>> {
-    let best = links::active_edges(conn, holder, target)?
+/// Every active direct or `*` edge from `holder` to `target` whose level
+/// this code knows (an unknown level denies, so it is dropped). One query.
+pub fn active_grants(conn: &Connection, holder: &str, target: &str) -> StoreResult<Vec<LinkGrant>> {
+    Ok(links::active_edges(conn, holder, target)?
         .into_iter()
         .filter_map(|e| {
             LinkLevel::parse(&e.level).map(|level| LinkGrant {
@@ -65,14 +61,75 @@ pub fn resolve_link_grant(
                 conversation: e.target_conversation_id,
             })
         })
+        .collect())
+}
+
+/// The strongest edge overall (for listings); a request is decided by
+/// [`grant_for_request`], which only counts the edges that apply to it.
+pub fn resolve_link_grant(
+    conn: &Connection,
+    holder: &str,
+    target: &str,
+) -> StoreResult<Option<LinkGrant>> {
+    Ok(active_grants(conn, holder, target)?
+        .into_iter()
         .max_by_key(|g| {
             (
                 g.level,
                 g.conversation.is_none(),
                 std::cmp::Reverse(g.edge_id),
             )
-        });
-    Ok(best)
+        }))
+}
+
+/// Why no edge lets a request through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoGrant {
+    /// No active edge at all.
+    NoEdge,
+    /// The edges that apply give too low a level (the best one shown).
+    TooLow(LinkGrant),
+    /// Only conversation-filtered edges exist, and the route is not one of
+    /// the conversation-scoped ones.
+    OnlyConversation(LinkGrant),
+}
+
+/// Decides one request (D-003, issue 11 item 7): of the edges that apply to
+/// it (unfiltered edges always; a conversation-filtered edge only on a
+/// conversation-scoped route, restricted to its conversation), one whose
+/// level (capped at `cap`) is enough wins; an unfiltered one is preferred so
+/// a filtered edge never narrows what a broader edge already gives; then the
+/// higher level, then the older edge.
+pub fn grant_for_request(
+    edges: &[LinkGrant],
+    need: LinkLevel,
+    conversation_scoped: bool,
+    cap: LinkLevel,
+) -> Result<LinkGrant, NoGrant> {
+    let capped = edges.iter().map(|g| LinkGrant {
+        level: g.level.min(cap),
+        ..g.clone()
+    });
+    let applicable: Vec<LinkGrant> = capped
+        .clone()
+        .filter(|g| g.conversation.is_none() || conversation_scoped)
+        .collect();
+    let key = |g: &LinkGrant| {
+        (
+            g.level >= need,
+            g.conversation.is_none(),
+            g.level,
+            std::cmp::Reverse(g.edge_id),
+        )
+    };
+    match applicable.iter().max_by_key(|g| key(g)) {
+        Some(g) if g.level >= need => Ok(g.clone()),
+        Some(g) => Err(NoGrant::TooLow(g.clone())),
+        None => match capped.max_by_key(|g| (g.level, std::cmp::Reverse(g.edge_id))) {
+            Some(g) => Err(NoGrant::OnlyConversation(g)),
+            None => Err(NoGrant::NoEdge),
+        },
+    }
 }
 
 /// An allowlisted route for acting in another space.
@@ -84,8 +141,6 @@ pub struct ActAsRoute {
     pub level: LinkLevel,
     /// Serves a conversation-filtered edge (restricted to that conversation).
     pub conversation_scoped: bool,
-    /// Returns third-party text (stripped of invisible characters and tagged).
-    pub carries_text: bool,
 }
 
 const fn r(method: &'static str, path: &'static str, level: LinkLevel) -> ActAsRoute {
@@ -94,23 +149,25 @@ const fn r(method: &'static str, path: &'static str, level: LinkLevel) -> ActAsR
         path,
         level,
         conversation_scoped: false,
-        carries_text: false,
     }
 }
 
-const fn text(method: &'static str, path: &'static str) -> ActAsRoute {
+/// A read route that serves a conversation-filtered edge.
+const fn scoped(method: &'static str, path: &'static str) -> ActAsRoute {
     ActAsRoute {
         method,
         path,
         level: LinkLevel::Read,
         conversation_scoped: true,
-        carries_text: true,
     }
 }
 
 use LinkLevel::{Admin, Read};
 
-/// Every route that may be called across a link (D-011). Anything else is 400.
+/// Every route that may be called across a link (D-011). Anything else is
+/// 400, whatever the target (so the answer says nothing about whether it
+/// exists). Every successful answer is stripped of invisible characters and
+/// tagged with `source_space` (D-014): all of them can carry the target's text.
 /// Instance-wide and global-admin routes (spaces list/create, tokens,
 /// ingress, outbox, links admin, conversation relinking, review) are absent
 /// on purpose, and so is `DELETE /api/spaces/current` (D-005 lists rename,
@@ -119,15 +176,9 @@ use LinkLevel::{Admin, Read};
 pub const ACT_AS_ROUTES: &[ActAsRoute] = &[
     r("GET", "/api/whoami", Read),
     r("GET", "/api/spaces/current", Read),
-    ActAsRoute {
-        method: "GET",
-        path: "/api/conversations",
-        level: Read,
-        conversation_scoped: true,
-        carries_text: false,
-    },
-    text("GET", "/api/messages"),
-    text("GET", "/api/messages/recent"),
+    scoped("GET", "/api/conversations"),
+    scoped("GET", "/api/messages"),
+    scoped("GET", "/api/messages/recent"),
     r("GET", "/api/prefs", Read),
     r("GET", "/api/config", Read),
     r("GET", "/api/model", Read),
@@ -220,5 +271,56 @@ mod tests {
             Some(LinkLevel::Admin)
         );
         assert!(find_route("GET", "/api/spaces").is_none());
+    }
+
+    fn g(edge_id: i64, level: LinkLevel, conversation: Option<i64>) -> LinkGrant {
+        LinkGrant {
+            edge_id,
+            level,
+            conversation,
+        }
+    }
+
+    #[test]
+    fn a_filtered_edge_counts_only_inside_its_conversation() {
+        let edges = [g(1, Read, None), g(2, Admin, Some(7))];
+        // A read of the whole space: the unfiltered read edge, unrestricted.
+        assert_eq!(
+            grant_for_request(&edges, Read, true, Admin),
+            Ok(g(1, Read, None))
+        );
+        assert_eq!(
+            grant_for_request(&edges, Read, false, Admin),
+            Ok(g(1, Read, None))
+        );
+        // An admin route that is not conversation-scoped: the filtered edge does not apply.
+        assert_eq!(
+            grant_for_request(&edges, Admin, false, Admin),
+            Err(NoGrant::TooLow(g(1, Read, None)))
+        );
+        // Only a filtered edge: it serves the conversation-scoped routes alone.
+        let only = [g(3, Admin, Some(7))];
+        assert_eq!(
+            grant_for_request(&only, Read, true, Admin),
+            Ok(g(3, Admin, Some(7)))
+        );
+        assert_eq!(
+            grant_for_request(&only, Read, false, Admin),
+            Err(NoGrant::OnlyConversation(g(3, Admin, Some(7))))
+        );
+        // The strongest applicable edge wins; the cap applies to every edge.
+        let two = [g(4, Read, None), g(5, Admin, None)];
+        assert_eq!(
+            grant_for_request(&two, Admin, false, Admin),
+            Ok(g(5, Admin, None))
+        );
+        assert_eq!(
+            grant_for_request(&two, Admin, false, Read),
+            Err(NoGrant::TooLow(g(4, Read, None)))
+        );
+        assert_eq!(
+            grant_for_request(&[], Read, true, Admin),
+            Err(NoGrant::NoEdge)
+        );
     }
 }

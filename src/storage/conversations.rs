@@ -98,13 +98,16 @@ pub fn set_space(conn: &Connection, id: i64, space: Option<&str>) -> StoreResult
 }
 
 /// The DM conversation of a caller: the most recently seen `dm` conversation
-/// in which that caller has written.
+/// in which that caller has written. Platform senders are stored in their
+/// platform's namespace (`whatsapp:316…@s.whatsapp.net`); a caller given
+/// without the prefix matches the sender of that conversation's platform.
 pub fn dm_of(conn: &Connection, caller: &str) -> StoreResult<Option<Conversation>> {
     Ok(conn
         .query_row_cached(
             "SELECT c.id, c.platform, c.external_id, c.space_id, c.kind, c.title, c.first_seen_at, c.last_seen_at
              FROM conversations c
-             WHERE c.kind = 'dm' AND EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.sender_id = ?1)
+             WHERE c.kind = 'dm' AND EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id
+               AND (m.sender_id = ?1 OR m.sender_id = c.platform || ':' || ?1))
              ORDER BY c.last_seen_at DESC LIMIT 1",
             [caller],
             from_row,

@@ -141,12 +141,19 @@ pub struct AuditRow {
     pub body_summary: Option<String>,
     pub status: Option<i64>,
     pub detail: Option<String>,
+    /// The concrete request path (`/api/prefs/tone`); `route` is its pattern.
+    pub path: Option<String>,
+    /// The run whose token made the request (an agent turn), if any.
+    pub run_id: Option<String>,
+    /// What an update changed, where the route knows it (JSON text).
+    pub before_value: Option<String>,
+    pub after_value: Option<String>,
 }
 
 pub fn audit(conn: &Connection, a: &AuditRow) -> StoreResult<i64> {
     conn.execute(
-        "INSERT INTO space_link_audit (at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "INSERT INTO space_link_audit (at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         params![
             now_ms(),
             a.caller_id,
@@ -159,16 +166,53 @@ pub fn audit(conn: &Connection, a: &AuditRow) -> StoreResult<i64> {
             a.route,
             a.body_summary,
             a.status,
-            a.detail
+            a.detail,
+            a.path,
+            a.run_id,
+            a.before_value,
+            a.after_value
         ],
     )?;
     Ok(conn.last_insert_rowid())
 }
 
+/// Completes an act-as row written before its handler ran: the status, and
+/// what the update changed where the route said so.
+pub fn audit_finish(
+    conn: &Connection,
+    id: i64,
+    status: i64,
+    detail: Option<&str>,
+    before: Option<&str>,
+    after: Option<&str>,
+) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE space_link_audit SET status = ?2, detail = COALESCE(?3, detail),
+           before_value = COALESCE(?4, before_value), after_value = COALESCE(?5, after_value)
+         WHERE id = ?1",
+        params![id, status, detail, before, after],
+    )?;
+    Ok(())
+}
+
+/// Revokes every active edge where `space` is the holder or the target
+/// (not the wildcard edges of other holders: they reach "every other space",
+/// present and future, by design). Returns the revoked edges.
+pub fn revoke_touching(conn: &Connection, space: &str, by: &str) -> StoreResult<Vec<SpaceLink>> {
+    let ids: Vec<i64> = {
+        let mut stmt = conn.prepare(
+            "SELECT id FROM space_links WHERE (holder_space_id = ?1 OR target_space_id = ?1) AND revoked_at IS NULL ORDER BY id",
+        )?;
+        let rows = stmt.query_map([space], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    ids.into_iter().map(|id| revoke(conn, id, by)).collect()
+}
+
 /// Audit rows where `space` is the holder or the target, newest first.
 pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<AuditRow>> {
     let mut stmt = conn.prepare(
-        "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail
+        "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value
          FROM space_link_audit WHERE holder_space_id = ?1 OR target_space_id = ?1 ORDER BY id DESC LIMIT ?2",
     )?;
     let rows = stmt.query_map(params![space, limit], |r| {
@@ -186,6 +230,10 @@ pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<
             body_summary: r.get(10)?,
             status: r.get(11)?,
             detail: r.get(12)?,
+            path: r.get(13)?,
+            run_id: r.get(14)?,
+            before_value: r.get(15)?,
+            after_value: r.get(16)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)

@@ -224,6 +224,35 @@ CREATE INDEX messages_reply_to ON messages (reply_to) WHERE reply_to IS NOT NULL
 CREATE INDEX api_tokens_run ON api_tokens (run_id) WHERE run_id IS NOT NULL;
 CREATE INDEX outbox_undelivered ON outbox (id) WHERE delivered_at IS NULL;
 "#,
+    // 5: identities and link bookkeeping (issue 11). Adapter tokens are bound
+    // to one platform; a platform sender gains an operator's rights only
+    // through an `identities` row a global admin wrote (audited); a role
+    // granted through a link remembers the link, so revoking it removes the
+    // role; act-as audit rows carry the concrete path, the run and the
+    // before/after of an update.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN platform TEXT;
+CREATE TABLE identities (
+  platform_id TEXT PRIMARY KEY,
+  caller_id TEXT NOT NULL,
+  created_by TEXT NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE TABLE identity_audit (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  at INTEGER NOT NULL,
+  by_caller TEXT NOT NULL,
+  action TEXT NOT NULL,
+  platform_id TEXT NOT NULL,
+  caller_id TEXT
+);
+ALTER TABLE space_roles ADD COLUMN link_id INTEGER;
+CREATE INDEX space_roles_link ON space_roles (link_id) WHERE link_id IS NOT NULL;
+ALTER TABLE space_link_audit ADD COLUMN path TEXT;
+ALTER TABLE space_link_audit ADD COLUMN run_id TEXT;
+ALTER TABLE space_link_audit ADD COLUMN before_value TEXT;
+ALTER TABLE space_link_audit ADD COLUMN after_value TEXT;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

@@ -59,11 +59,18 @@ pub fn enqueue(
     Ok(conn.last_insert_rowid())
 }
 
-pub fn after(conn: &Connection, after_id: i64, limit: u32) -> StoreResult<Vec<OutboxItem>> {
+/// Items after `after_id`; only `platform`'s when given (an adapter token
+/// sees its own platform's replies, never another's).
+pub fn after(
+    conn: &Connection,
+    after_id: i64,
+    limit: u32,
+    platform: Option<&str>,
+) -> StoreResult<Vec<OutboxItem>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM outbox WHERE id > ?1 ORDER BY id LIMIT ?2"
+        "SELECT {COLS} FROM outbox WHERE id > ?1 AND (?3 IS NULL OR platform = ?3) ORDER BY id LIMIT ?2"
     ))?;
-    let rows = stmt.query_map(params![after_id, limit], from_row)?;
+    let rows = stmt.query_map(params![after_id, limit, platform], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

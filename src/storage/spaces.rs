@@ -176,6 +176,9 @@ pub struct RoleGrant {
     pub granted_by: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Set when the role was granted through a space link: revoking or
+    /// downgrading that link removes the role.
+    pub link_id: Option<i64>,
 }
 
 /// The stored role of a caller in a space, if one was granted. Read only.
@@ -191,7 +194,7 @@ pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<
 
 pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT caller_id, role, granted_by, created_at, updated_at FROM space_roles WHERE space_id = ?1 ORDER BY caller_id",
+        "SELECT caller_id, role, granted_by, created_at, updated_at, link_id FROM space_roles WHERE space_id = ?1 ORDER BY caller_id",
     )?;
     let rows = stmt.query_map([space], |r| {
         Ok(RoleGrant {
@@ -200,27 +203,83 @@ pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>>
             granted_by: r.get(2)?,
             created_at: r.get(3)?,
             updated_at: r.get(4)?,
+            link_id: r.get(5)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// Grants a role; `link` is the space link it was granted through (a direct
+/// grant clears an earlier link's claim on the row).
 pub fn set_role(
     conn: &Connection,
     space: &str,
     caller: &str,
     role: &str,
     by: &str,
+    link: Option<i64>,
 ) -> StoreResult<()> {
     let now = now_ms();
     conn.execute_cached(
-        "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+        "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at, link_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET role = excluded.role,
-           granted_by = excluded.granted_by, updated_at = excluded.updated_at",
-        params![space, caller, role, by, now],
+           granted_by = excluded.granted_by, updated_at = excluded.updated_at, link_id = excluded.link_id",
+        params![space, caller, role, by, now, link],
     )?;
     Ok(())
+}
+
+/// A role granted through a space link.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LinkRole {
+    pub space_id: String,
+    pub caller_id: String,
+    pub role: String,
+}
+
+/// The roles granted through `link` (in any space it reached).
+pub fn roles_of_link(conn: &Connection, link: i64) -> StoreResult<Vec<LinkRole>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT space_id, caller_id, role FROM space_roles WHERE link_id = ?1 ORDER BY space_id, caller_id",
+    )?;
+    let rows = stmt.query_map([link], |r| {
+        Ok(LinkRole {
+            space_id: r.get(0)?,
+            caller_id: r.get(1)?,
+            role: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Removes every role granted through `link`; returns what went.
+pub fn remove_link_roles(conn: &Connection, link: i64) -> StoreResult<Vec<LinkRole>> {
+    let gone = roles_of_link(conn, link)?;
+    conn.execute_cached("DELETE FROM space_roles WHERE link_id = ?1", [link])?;
+    Ok(gone)
+}
+
+/// Everyone who is a caller of `space`: a granted role or a member row.
+pub fn callers_of(conn: &Connection, space: &str) -> StoreResult<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT caller_id FROM space_roles WHERE space_id = ?1
+         UNION SELECT caller_id FROM members WHERE space_id = ?1",
+    )?;
+    let rows = stmt.query_map([space], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The spaces where `caller` holds a role (granted, or member by having spoken).
+pub fn spaces_of_caller(conn: &Connection, caller: &str) -> StoreResult<Vec<Space>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id IN (
+           SELECT space_id FROM space_roles WHERE caller_id = ?1
+           UNION SELECT space_id FROM members WHERE caller_id = ?1)
+         ORDER BY created_at, id",
+    )?;
+    let rows = stmt.query_map([caller], space_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Removes a grant; the caller falls back to `member`. Returns whether a row went.

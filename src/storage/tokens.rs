@@ -51,6 +51,8 @@ pub struct TokenGrant {
     pub role: Option<String>,
     /// Every write is refused and recorded (ask turns).
     pub read_only: bool,
+    /// The one platform an adapter token may post and pull for.
+    pub platform: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -59,6 +61,7 @@ pub struct TokenInfo {
     pub caller_id: String,
     pub kind: String,
     pub space_id: Option<String>,
+    pub platform: Option<String>,
     pub label: Option<String>,
     pub created_by: Option<String>,
     pub created_at: i64,
@@ -118,7 +121,7 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
         .query_row_cached(
-            "SELECT id, caller_id, kind, space_id, run_id, role, read_only FROM api_tokens
+            "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
             |r| {
@@ -130,12 +133,13 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                     r.get::<_, Option<String>>(4)?,
                     r.get::<_, Option<String>>(5)?,
                     r.get::<_, bool>(6)?,
+                    r.get::<_, Option<String>>(7)?,
                 ))
             },
         )
         .optional()?;
-    Ok(
-        row.and_then(|(id, caller_id, kind, space_id, run_id, role, read_only)| {
+    Ok(row.and_then(
+        |(id, caller_id, kind, space_id, run_id, role, read_only, platform)| {
             TokenKind::parse(&kind).map(|kind| TokenGrant {
                 id,
                 caller_id,
@@ -144,14 +148,28 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                 run_id,
                 role,
                 read_only,
+                platform,
             })
-        }),
-    )
+        },
+    ))
+}
+
+/// Binds a freshly minted adapter token to its platform (same transaction as
+/// the mint; `NewToken` stays as the turn code builds it).
+pub fn bind_platform(conn: &Connection, id: &str, platform: &str) -> StoreResult<()> {
+    let n = conn.execute_cached(
+        "UPDATE api_tokens SET platform = ?2 WHERE id = ?1 AND kind = 'adapter'",
+        params![id, platform],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("adapter token {id}")));
+    }
+    Ok(())
 }
 
 pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at
+        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at, platform
          FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -160,6 +178,7 @@ pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
             caller_id: r.get(1)?,
             kind: r.get(2)?,
             space_id: r.get(3)?,
+            platform: r.get(9)?,
             label: r.get(4)?,
             created_by: r.get(5)?,
             created_at: r.get(6)?,

@@ -39,7 +39,8 @@ enum Who {
     Owner,
     /// Granted `admin` in the space with `roles grant` (not a global admin).
     SpaceAdmin,
-    /// Has a member row because they spoke once through `/api/ingress`.
+    /// Granted `member` (a platform sender who spoke through `/api/ingress`
+    /// is `test:bob`, a different caller: no user token can claim that id).
     Member,
     Adapter,
     NoToken,
@@ -84,7 +85,8 @@ fn routes() -> Vec<Route> {
     vec![
         route(get.clone(), "/healthz", None, Public, 200),
         route(get.clone(), "/api/whoami", None, Token, 200),
-        route(get.clone(), "/api/spaces", None, Perm("spaces.list"), 200),
+        // Lists only the caller's own spaces (all of them for a global admin).
+        route(get.clone(), "/api/spaces", None, Token, 200),
         route(
             post.clone(),
             "/api/spaces",
@@ -376,6 +378,15 @@ async fn setup_cell(h: &TestHost, adapter: &str, n: usize) -> Cell {
     assert_eq!(st, 200, "{v}");
     let (st, v) = h.ingest(adapter, &chat, "bob", "hello", "m2", false).await;
     assert_eq!((st, v["status"].as_str()), (202, Some("queued")), "{v}");
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/roles",
+            Some(&space),
+            Some(json!({"caller_id": "bob", "role": "member"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
     let (st, v) = h
         .owner(
             Method::POST,

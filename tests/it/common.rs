@@ -409,14 +409,32 @@ impl TestHost {
         assert_eq!(st, 201, "create space {id}: {v}");
     }
 
-    /// Mints a token for `caller` of kind user/adapter through the API.
+    /// Mints a token for `caller` of kind user/adapter through the API (an
+    /// adapter is bound to the platform `test`, which `ingest` posts for).
     pub async fn token(&self, caller: &str, kind: &str) -> String {
+        if kind == "adapter" {
+            return self.adapter_token(caller, "test").await;
+        }
         let (st, v) = self
             .owner(
                 Method::POST,
                 "/api/tokens",
                 None,
                 Some(json!({"caller_id": caller, "kind": kind})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// Mints an adapter token bound to `platform`.
+    pub async fn adapter_token(&self, caller: &str, platform: &str) -> String {
+        let (st, v) = self
+            .owner(
+                Method::POST,
+                "/api/tokens",
+                None,
+                Some(json!({"caller_id": caller, "kind": "adapter", "platform": platform})),
             )
             .await;
         assert_eq!(st, 201, "{v}");

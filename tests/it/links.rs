@@ -16,17 +16,21 @@ enum LinkState {
     StarRead,
     StarAdmin,
     ConversationFiltered,
+    /// `h → t` read plus a conversation-filtered `h → t` admin edge: the
+    /// filtered edge counts only inside its conversation (issue 11, item 7).
+    ReadPlusFilteredAdmin,
     Revoked,
     UnknownLevel,
 }
 
-const STATES: [LinkState; 8] = [
+const STATES: [LinkState; 9] = [
     LinkState::None,
     LinkState::Read,
     LinkState::Admin,
     LinkState::StarRead,
     LinkState::StarAdmin,
     LinkState::ConversationFiltered,
+    LinkState::ReadPlusFilteredAdmin,
     LinkState::Revoked,
     LinkState::UnknownLevel,
 ];
@@ -39,6 +43,45 @@ enum CallerKind {
     Member,
     /// A role without `links.act`.
     NoLinksAct,
+    /// Admin in the holder through a role another space's link granted.
+    LinkGrantedAdmin,
+    /// Was granted admin in the holder through a link that is now revoked.
+    LinkGrantedRevoked,
+    /// The run token of an `ask` turn in the holder, `--as admin`.
+    AskAdmin,
+    /// The run token of an `ask` turn in the holder, `--as member`.
+    AskMember,
+}
+
+/// Mints a run token as `ask` turns have them (bound to `space`, a fixed
+/// role, read-only), straight into the file: the secret is ours to know.
+fn ask_token(host: &TestHost, space: &str, role: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let secret = format!("mrc_ask_{role}_{}", uuid::Uuid::new_v4().simple());
+    let hash = base16ct::lower::encode_string(&Sha256::digest(secret.as_bytes()));
+    host.db_writer()
+        .execute(
+            "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, role, read_only)
+             VALUES (?1, ?2, 'alice', 'run', ?3, ?1, 'ask', 'system', 0, ?4, 1)",
+            rusqlite::params![format!("ask-{role}"), hash, space, role],
+        )
+        .unwrap();
+    secret
+}
+
+/// Grants `caller` admin in `h` through the link `m → h` (as the owner).
+async fn grant_through(host: &TestHost, caller: &str) {
+    let (st, v) = host
+        .act_as(
+            Method::POST,
+            "/api/roles",
+            &host.owner_token,
+            "m",
+            "h",
+            Some(json!({"caller_id": caller, "role": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
 }
 
 struct World {
@@ -49,7 +92,7 @@ struct World {
 
 async fn world() -> World {
     let host = TestHost::start(HostOptions::default()).await;
-    for s in ["h", "t", "other"] {
+    for s in ["h", "t", "other", "m"] {
         host.create_space(s).await;
     }
     host.grant("h", "alice", "admin").await;
@@ -107,6 +150,19 @@ async fn set_state(w: &World, state: LinkState) -> Vec<i64> {
                 .await;
             assert_eq!(st, 201, "{v}");
             vec![v["links"][0]["id"].as_i64().unwrap()]
+        }
+        LinkState::ReadPlusFilteredAdmin => {
+            let read = h.link("h", "t", "read").await;
+            let (st, v) = h
+                .owner(
+                    Method::POST,
+                    "/api/links",
+                    None,
+                    Some(json!({"holder": "h", "target": "t", "level": "admin", "conversation_id": w.conversation})),
+                )
+                .await;
+            assert_eq!(st, 201, "{v}");
+            vec![read, v["links"][0]["id"].as_i64().unwrap()]
         }
         LinkState::Revoked => {
             let id = h.link("h", "t", "admin").await;
@@ -216,17 +272,34 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
 }
 
 fn expected(state: LinkState, caller: CallerKind, route: &ActAsRoute, ok: u16) -> u16 {
-    if caller == CallerKind::NoLinksAct {
+    use CallerKind as C;
+    // No `links.act`: a role without it, a role a revoked link had given,
+    // and every ask token (whatever role it runs as).
+    if matches!(
+        caller,
+        C::NoLinksAct | C::LinkGrantedRevoked | C::AskAdmin | C::AskMember
+    ) {
         return 403;
+    }
+    if state == LinkState::ReadPlusFilteredAdmin {
+        // Reads use the unfiltered read edge; no admin route is conversation-scoped.
+        return if route.level == LinkLevel::Read {
+            ok
+        } else {
+            403
+        };
     }
     let level = match state {
         LinkState::Read | LinkState::StarRead => LinkLevel::Read,
         LinkState::Admin | LinkState::StarAdmin | LinkState::ConversationFiltered => {
             LinkLevel::Admin
         }
-        LinkState::None | LinkState::Revoked | LinkState::UnknownLevel => return 403,
+        LinkState::ReadPlusFilteredAdmin
+        | LinkState::None
+        | LinkState::Revoked
+        | LinkState::UnknownLevel => return 403,
     };
-    let effective = if caller == CallerKind::Admin {
+    let effective = if matches!(caller, C::Admin | C::LinkGrantedAdmin) {
         level
     } else {
         LinkLevel::Read
@@ -240,13 +313,44 @@ fn expected(state: LinkState, caller: CallerKind, route: &ActAsRoute, ok: u16) -
     ok
 }
 
+/// The matrix's further callers: link-granted roles (live and revoked) and
+/// ask tokens. Kept out of `world()` so the other tests' counts stay theirs.
+async fn add_matrix_callers(w: &mut World) {
+    let host = &w.host;
+    // frank's role came through a link that was then revoked; erin's
+    // through one that is still there.
+    let gone = host.link("m", "h", "admin").await;
+    grant_through(host, "frank").await;
+    let (st, v) = host
+        .owner(Method::DELETE, &format!("/api/links/{gone}"), None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["removed_roles"][0]["caller_id"], "frank", "{v}");
+    host.link("m", "h", "admin").await;
+    grant_through(host, "erin").await;
+    let more = [
+        (
+            CallerKind::LinkGrantedAdmin,
+            host.token("erin", "user").await,
+        ),
+        (
+            CallerKind::LinkGrantedRevoked,
+            host.token("frank", "user").await,
+        ),
+        (CallerKind::AskAdmin, ask_token(host, "h", "admin")),
+        (CallerKind::AskMember, ask_token(host, "h", "member")),
+    ];
+    w.tokens.extend(more);
+}
+
 fn method(m: &str) -> Method {
     Method::from_bytes(m.as_bytes()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn act_as_authorization_matrix_from_the_allowlist() {
-    let w = world().await;
+    let mut w = world().await;
+    add_matrix_callers(&mut w).await;
     let mut cells = 0;
     let mut failures = Vec::new();
     for state in STATES {
@@ -271,7 +375,8 @@ async fn act_as_authorization_matrix_from_the_allowlist() {
         clear_state(&w, ids).await;
     }
     println!("act-as authorization matrix: {cells} cells checked");
-    assert_eq!(cells, STATES.len() * ACT_AS_ROUTES.len() * 3);
+    assert_eq!(cells, STATES.len() * ACT_AS_ROUTES.len() * w.tokens.len());
+    assert_eq!(w.tokens.len(), 7);
     assert!(
         failures.is_empty(),
         "{} cells wrong:\n{}",

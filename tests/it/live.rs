@@ -581,7 +581,8 @@ async fn a_muted_caller_is_stored_not_answered() {
             Method::POST,
             "/api/mutes",
             Some(&space),
-            Some(json!({"caller_id": "mo", "reason": "spam"})),
+            // Platform senders live in their platform's namespace.
+            Some(json!({"caller_id": "test:mo", "reason": "spam"})),
         )
         .await;
     assert_eq!(st, 200, "{v}");
@@ -626,7 +627,7 @@ async fn a_muted_caller_is_stored_not_answered() {
     );
     // Unmuted, the same caller is answered.
     let (st, _) = h
-        .owner(Method::DELETE, "/api/mutes/mo", Some(&space), None)
+        .owner(Method::DELETE, "/api/mutes/test:mo", Some(&space), None)
         .await;
     assert_eq!(st, 200);
     let (_, back) = send(&h, &adapter, "family", "mo", "sorry", "p-4").await;
@@ -1119,7 +1120,8 @@ async fn an_agents_mrctl_call_acts_with_the_role_of_the_user_who_asked() {
             Method::POST,
             "/api/roles",
             Some(&space),
-            Some(json!({"caller_id": "mia", "role": "admin"})),
+            // Platform senders live in their platform's namespace.
+            Some(json!({"caller_id": "test:mia", "role": "admin"})),
         )
         .await;
     assert_eq!(st, 200, "{v}");
@@ -1138,7 +1140,7 @@ async fn an_agents_mrctl_call_acts_with_the_role_of_the_user_who_asked() {
         .expect("an admin's agent creates the task");
     assert_eq!(
         (prompt.as_str(), by.as_str(), task_space.as_str()),
-        ("standup", "mia", space.as_str())
+        ("standup", "test:mia", space.as_str())
     );
     assert_eq!(
         h.count("SELECT COUNT(*) FROM api_tokens WHERE kind = 'run' AND revoked_at IS NULL"),

@@ -11,5 +11,6 @@ mod links;
 mod live;
 mod review;
 mod security_host;
+mod security_links;
 mod security_sandbox;
 mod smoke;

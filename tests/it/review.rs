@@ -164,7 +164,7 @@ async fn link(host: &TestHost, external_id: &str, space: &str) -> i64 {
 /// answer among normal exchanges and identifiers of every kind, the owner's
 /// DM in `owner-dm`, and a `client`-tagged space the scan must skip.
 async fn seed(host: &TestHost) -> Seeded {
-    let adapter = host.token("adapter:whatsapp", "adapter").await;
+    let adapter = host.adapter_token("adapter:whatsapp", "whatsapp").await;
     for space in ["review-test", "owner-dm"] {
         host.create_space(space).await;
     }

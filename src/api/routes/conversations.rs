@@ -26,6 +26,12 @@ pub async fn list(
     q: Params<ListQuery>,
 ) -> ApiResult<Json<Value>> {
     let q = params(q)?;
+    if q.all && auth.via.is_some() {
+        // D-005: the instance-wide views are out of a link's reach.
+        return Err(ApiError::forbidden(
+            "?all=true lists every space's conversations and cannot be used across a space link",
+        ));
+    }
     let scope = if q.all {
         auth.require_global_admin()?;
         None

@@ -31,6 +31,21 @@ pub async fn ingress(
     }
     let m = body(b)?;
     m.validate().map_err(ApiError::bad_request)?;
+    // An adapter speaks for the one platform it was minted for.
+    match auth.caller.platform.as_deref() {
+        Some(p) if p == m.platform => {}
+        Some(p) => {
+            return Err(ApiError::forbidden(format!(
+                "this adapter token is bound to platform {p:?}, not {:?}",
+                m.platform
+            )))
+        }
+        None => {
+            return Err(ApiError::forbidden(
+                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
+            ))
+        }
+    }
     let res = host.ingest(m).await?;
     let status = match res.status {
         IngestStatus::Duplicate => StatusCode::OK,
@@ -194,10 +209,20 @@ pub async fn outbox(
     let q = params(q)?;
     let after = q.after.unwrap_or(0);
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    // An adapter sees only its platform's replies; a global admin sees all.
+    let platform = if auth.caller.kind == TokenKind::Adapter {
+        Some(auth.caller.platform.clone().ok_or_else(|| {
+            ApiError::forbidden(
+                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
+            )
+        })?)
+    } else {
+        None
+    };
     let items = host
         .rt
         .store
-        .read(move |c| outbox::after(c, after, limit))
+        .read(move |c| outbox::after(c, after, limit, platform.as_deref()))
         .await?;
     let next = items.last().map_or(after, |i| i.id);
     Ok(Json(json!({"items": items, "next_after": next})))

@@ -4,18 +4,19 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, params, Body, Params};
+use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::host::Host;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
 use crate::storage::links::{self, AuditRow, NewLink, SpaceLink};
+use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
 
 #[derive(Deserialize)]
@@ -144,9 +145,10 @@ pub struct UpdateLink {
 pub async fn update(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
     b: Body<UpdateLink>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     auth.require_global_admin()?;
     let b = body(b)?;
     if b.level.is_none() && b.disclosure.is_none() {
@@ -166,30 +168,54 @@ pub async fn update(
                 disclosure.as_deref(),
                 &by,
             )?;
-            links::audit(tx, &audit_row(&by, "update", &link))?;
-            Ok(link)
+            // A read link cannot grant roles: a downgrade takes back those it gave.
+            let removed = if lvl == Some(LinkLevel::Read) {
+                spaces::remove_link_roles(tx, id)?
+            } else {
+                Vec::new()
+            };
+            let mut row = audit_row(&by, "update", &link);
+            row.detail = removed_detail(&removed);
+            links::audit(tx, &row)?;
+            Ok((link, removed))
         })
         .await?;
-    Ok(Json(json!({ "link": link })))
+    let (link, removed) = link;
+    Ok(Json(json!({ "link": link, "removed_roles": removed })))
+}
+
+fn removed_detail(removed: &[LinkRole]) -> Option<String> {
+    (!removed.is_empty()).then(|| {
+        let list: Vec<String> = removed
+            .iter()
+            .map(|r| format!("{} in {}", r.caller_id, r.space_id))
+            .collect();
+        format!("removed the roles it granted: {}", list.join(", "))
+    })
 }
 
 pub async fn revoke(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     auth.require_global_admin()?;
     let by = auth.caller.caller_id.clone();
-    let link = host
+    let (link, removed) = host
         .rt
         .store
         .write(move |tx| {
             let link = links::revoke(tx, id, &by)?;
-            links::audit(tx, &audit_row(&by, "revoke", &link))?;
-            Ok(link)
+            // Revoking a link removes everything it gave (D-003), roles included.
+            let removed = spaces::remove_link_roles(tx, id)?;
+            let mut row = audit_row(&by, "revoke", &link);
+            row.detail = removed_detail(&removed);
+            links::audit(tx, &row)?;
+            Ok((link, removed))
         })
         .await?;
-    Ok(Json(json!({ "link": link })))
+    Ok(Json(json!({ "link": link, "removed_roles": removed })))
 }
 
 fn reach_entry(l: &SpaceLink, other: &str) -> Value {
@@ -222,14 +248,16 @@ pub async fn list(
 pub async fn inspect(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
-    Path(id): Path<i64>,
+    id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
+    let id = path_arg(id)?;
     let space = auth.require("links.list")?.space.to_string();
-    let link = host
+    let (link, roles) = host
         .rt
         .store
-        .read(move |c| links::get(c, id))
-        .await?
+        .read(move |c| Ok((links::get(c, id)?, spaces::roles_of_link(c, id)?)))
+        .await?;
+    let link = link
         .filter(|l| {
             auth.caller.global_admin
                 || l.holder_space_id == space
@@ -237,7 +265,7 @@ pub async fn inspect(
                 || l.target_space_id == "*"
         })
         .ok_or_else(|| ApiError::not_found(format!("link {id} does not touch this space")))?;
-    Ok(Json(json!({ "link": link })))
+    Ok(Json(json!({ "link": link, "granted_roles": roles })))
 }
 
 #[derive(Deserialize)]

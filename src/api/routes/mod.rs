@@ -6,6 +6,7 @@ pub mod ask;
 pub mod control;
 pub mod conversations;
 pub mod delivery;
+pub mod identities;
 pub mod links;
 pub mod messages;
 pub mod review;
@@ -16,9 +17,11 @@ pub mod tasks;
 pub mod tokens;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Json, Path, Query};
+use axum::extract::{Extension, Json, Path, Query};
+use serde_json::Value;
 
 use super::error::ApiResult;
+use super::AuditChange;
 
 /// A JSON body, with axum's rejection mapped to our error shape.
 pub type Body<T> = Result<Json<T>, JsonRejection>;
@@ -53,4 +56,28 @@ pub fn text_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
         )));
     }
     Ok(v.to_owned())
+}
+
+/// Splits a write's answer into the client's JSON and the audit's
+/// before/after (D-008): `out["before"]` is taken out for the audit, and the
+/// rest of the answer is the after.
+pub fn audited(mut out: Value) -> (Extension<AuditChange>, Json<Value>) {
+    let before = out.as_object_mut().and_then(|m| m.remove("before"));
+    let change = AuditChange {
+        before,
+        after: Some(out.clone()),
+    };
+    (Extension(change), Json(out))
+}
+
+/// A one-line name from a client (space names, sender names, titles, labels):
+/// non-empty, at most `max` characters, no control character (NUL, newline, …).
+pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
+    let v = text_field(name, value, max)?;
+    if v.chars().any(char::is_control) {
+        return Err(super::ApiError::bad_request(format!(
+            "{name} must not contain control characters"
+        )));
+    }
+    Ok(v)
 }

@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
-use crate::api::{ApiError, ApiResult, Auth};
+use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::host::Host;
 use crate::perms::{self, ALL_PERMISSIONS};
 use crate::storage::spaces::{self, KvTable};
@@ -34,11 +35,59 @@ pub struct GrantBody {
     role: Option<String>,
 }
 
+/// The rule of issue 11 (D-003: every access is one visible row): a role or
+/// permission change made through a link never gives the acting caller, or
+/// any caller of the holder, a role in the target. `callers` are the acting
+/// caller and the holder's callers (with the operators their platform ids are
+/// mapped to); `Some(message)` when the change would reach one of them.
+fn link_self_grant(
+    c: &Connection,
+    auth: &Auth,
+    target: &str,
+    grantee: Option<&str>,
+    role: Option<&str>,
+) -> Result<Option<String>, StoreError> {
+    let Some(via) = &auth.via else {
+        return Ok(None);
+    };
+    let mut callers = spaces::callers_of(c, via.holder.as_str())?;
+    callers.push(auth.caller.caller_id.clone());
+    if let Some(p) = &auth.caller.identity {
+        callers.push(p.clone());
+    }
+    let mapped: Vec<String> = callers
+        .iter()
+        .filter_map(|id| crate::storage::identities::operator_for(c, id).transpose())
+        .collect::<Result<_, _>>()?;
+    callers.extend(mapped);
+    let rule = "a role or permission change through a space link never gives the acting caller or a caller of the holder space a role in the target";
+    if let Some(g) = grantee {
+        let g_op = crate::storage::identities::operator_for(c, g)?;
+        if callers.iter().any(|x| x == g || Some(x) == g_op.as_ref()) {
+            return Ok(Some(format!(
+                "{rule}: {g:?} is a caller of {} (or the caller itself)",
+                via.holder
+            )));
+        }
+    }
+    if let Some(role) = role {
+        for x in &callers {
+            if perms::resolve_role(c, target, x, false)? == role {
+                return Ok(Some(format!(
+                    "{rule}: {x:?} of {} holds the role {role:?} in {target}",
+                    via.holder
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
 pub async fn grant(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let ctx = auth.require("roles.grant")?.clone();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
@@ -47,9 +96,13 @@ pub async fn grant(
     let space = ctx.space.to_string();
     let by = auth.caller.caller_id.clone();
     let granter_perms = ctx.perms.clone();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
+                return Err(StoreError::Invalid(why));
+            }
             // A grant never hands out more than the granter holds.
             let wanted = perms::role_permissions(tx, &space, &role)?;
             if let Some(extra) = wanted.iter().find(|p| !granter_perms.contains(*p)) {
@@ -57,32 +110,48 @@ pub async fn grant(
                     "you cannot grant the role {role:?}: it holds '{extra}', which you do not"
                 )));
             }
-            spaces::set_role(tx, &space, &b.caller_id, &role, &by)?;
-            Ok(json!({"caller_id": b.caller_id, "role": role}))
+            let before = spaces::stored_role(tx, &space, &b.caller_id)?;
+            spaces::set_role(tx, &space, &b.caller_id, &role, &by, link)?;
+            Ok(json!({"caller_id": b.caller_id, "role": role, "before": before, "link_id": link}))
         })
         .await
         .map_err(|e| match ApiError::from(e) {
             e if e.code == "bad_request" => ApiError::forbidden(e.message),
             e => e,
         })?;
-    Ok(Json(out))
+    let change = AuditChange {
+        before: Some(json!({"role": out["before"]})),
+        after: Some(json!({"role": out["role"], "caller_id": out["caller_id"]})),
+    };
+    Ok((
+        Extension(change),
+        Json(json!({"caller_id": out["caller_id"], "role": out["role"]})),
+    ))
 }
 
 pub async fn revoke(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let caller = path_arg(caller)?;
     let space = auth.require("roles.revoke")?.space.to_string();
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            let before = spaces::stored_role(tx, &space, &caller)?;
             let revoked = spaces::revoke_role(tx, &space, &caller)?;
-            Ok(json!({"caller_id": caller, "revoked": revoked}))
+            Ok(json!({"caller_id": caller, "revoked": revoked, "before": before}))
         })
         .await?;
-    Ok(Json(out))
+    let change = AuditChange {
+        before: Some(json!({"role": out["before"]})),
+        after: Some(json!({"role": null})),
+    };
+    Ok((
+        Extension(change),
+        Json(json!({"caller_id": out["caller_id"], "revoked": out["revoked"]})),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -128,7 +197,7 @@ pub async fn permissions_set(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let ctx = auth.require("permissions.set")?.clone();
     let b = body(b)?;
     perms::validate_role_name(&b.role).map_err(ApiError::bad_request)?;
@@ -163,6 +232,10 @@ pub async fn permissions_set(
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
+                return Err(StoreError::Invalid(why));
+            }
+            let before = perms::role_permissions(tx, &space, &role)?;
             spaces::kv_set(
                 tx,
                 KvTable::Config,
@@ -171,8 +244,19 @@ pub async fn permissions_set(
                 &list.join(","),
                 &by,
             )?;
-            Ok(json!({"role": role, "permissions": list}))
+            Ok(json!({"role": role, "permissions": list, "before": before}))
         })
-        .await?;
-    Ok(Json(out))
+        .await
+        .map_err(|e| match ApiError::from(e) {
+            e if e.code == "bad_request" => ApiError::forbidden(e.message),
+            e => e,
+        })?;
+    let change = AuditChange {
+        before: Some(json!({"role": out["role"], "permissions": out["before"]})),
+        after: Some(json!({"role": out["role"], "permissions": out["permissions"]})),
+    };
+    Ok((
+        Extension(change),
+        Json(json!({"role": out["role"], "permissions": out["permissions"]})),
+    ))
 }

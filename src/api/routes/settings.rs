@@ -8,8 +8,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{body, path_arg, text_field, Body, PathArg};
-use crate::api::{ApiError, ApiResult, Auth};
+use super::{audited, body, path_arg, text_field, Body, PathArg};
+use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
 use crate::host::Host;
@@ -54,7 +54,7 @@ pub async fn prefs_set(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let space = auth.require("prefs.set")?.space.to_string();
     let b = body(b)?;
     let key = pref_key(&b.key)?;
@@ -67,29 +67,31 @@ pub async fn prefs_set(
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
             spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
-            Ok(json!({"key": key, "value": b.value}))
+            Ok(json!({"key": key, "value": b.value, "before": {"value": before}}))
         })
         .await?;
-    Ok(Json(out))
+    Ok(audited(out))
 }
 
 pub async fn prefs_delete(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     key: PathArg<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let key = path_arg(key)?;
     let space = auth.require("prefs.set")?.space.to_string();
     let key = pref_key(&key)?;
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
             let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
-            Ok(json!({"key": key, "deleted": deleted}))
+            Ok(json!({"key": key, "deleted": deleted, "before": {"value": before}}))
         })
         .await?;
-    Ok(Json(out))
+    Ok(audited(out))
 }
 
 /// Config keys the host interprets, with their validation.
@@ -153,7 +155,7 @@ pub async fn config_set(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let space = auth.require("config.set")?.space.to_string();
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
@@ -161,11 +163,12 @@ pub async fn config_set(
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
             spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
-            Ok(json!({"key": b.key, "value": b.value}))
+            Ok(json!({"key": b.key, "value": b.value, "before": {"value": before}}))
         })
         .await?;
-    Ok(Json(out))
+    Ok(audited(out))
 }
 
 pub async fn model_get(
@@ -196,7 +199,7 @@ pub async fn model_set(
     State(host): State<Arc<Host>>,
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let space = auth.require("model.set")?.space.to_string();
     let chain: Vec<String> = body(b)?
         .chain
@@ -234,16 +237,18 @@ pub async fn model_set(
     let out = host
         .spaces
         .apply(&space.clone(), move |tx| {
+            let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
+            let before = json!({"chain": before.map(|c| split_chain(&c))});
             if chain.is_empty() {
                 spaces::kv_delete(tx, KvTable::Config, &space, "model")?;
-                Ok(json!({"chain": default, "source": "default"}))
+                Ok(json!({"chain": default, "source": "default", "before": before}))
             } else {
                 spaces::kv_set(tx, KvTable::Config, &space, "model", &chain.join(","), &by)?;
-                Ok(json!({"chain": chain, "source": "space"}))
+                Ok(json!({"chain": chain, "source": "space", "before": before}))
             }
         })
         .await?;
-    Ok(Json(out))
+    Ok(audited(out))
 }
 
 pub async fn mutes_list(

@@ -20,6 +20,8 @@ use crate::storage::tokens::{self, NewToken, TokenKind};
 pub struct CreateToken {
     caller_id: String,
     kind: Option<String>,
+    /// The platform an adapter token is bound to (required for adapters).
+    platform: Option<String>,
     label: Option<String>,
     expires_in: Option<String>,
 }
@@ -41,6 +43,27 @@ pub async fn create(
             )))
         }
     };
+    let platform =
+        match (kind, b.platform.as_deref()) {
+            (TokenKind::Adapter, Some(p)) => {
+                crate::ids::validate_platform(p)
+                    .map_err(|m| ApiError::bad_request(format!("platform: {m}")))?;
+                Some(p.to_owned())
+            }
+            (TokenKind::Adapter, None) => return Err(ApiError::bad_request(
+                "an adapter token is bound to one platform: give platform (--platform telegram)",
+            )),
+            (_, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "platform applies to adapter tokens only",
+                ))
+            }
+            (_, None) => {
+                // A person's id can never look like a platform sender's.
+                crate::ids::validate_operator_id(&b.caller_id).map_err(ApiError::bad_request)?;
+                None
+            }
+        };
     let expires_at = b
         .expires_in
         .as_deref()
@@ -48,17 +71,16 @@ pub async fn create(
         .transpose()
         .map_err(|m| ApiError::bad_request(format!("expires_in: {m}")))?;
     if let Some(l) = &b.label {
-        if l.chars().count() > 200 {
-            return Err(ApiError::bad_request("label is longer than 200 characters"));
-        }
+        super::name_field("label", l, 200)?;
     }
     let by = auth.caller.caller_id.clone();
     let caller = b.caller_id.clone();
+    let bound = platform.clone();
     let (id, secret) = host
         .rt
         .store
         .write(move |tx| {
-            tokens::mint(
+            let minted = tokens::mint(
                 tx,
                 &NewToken {
                     caller_id: &caller,
@@ -71,13 +93,17 @@ pub async fn create(
                     role: None,
                     read_only: false,
                 },
-            )
+            )?;
+            if let Some(p) = &bound {
+                tokens::bind_platform(tx, &minted.0, p)?;
+            }
+            Ok(minted)
         })
         .await?;
     Ok((
         StatusCode::CREATED,
         Json(
-            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "expires_at": expires_at}),
+            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "platform": platform, "expires_at": expires_at}),
         ),
     ))
 }
