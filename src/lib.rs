@@ -17,7 +17,6 @@
 //! - [`links`]: space links: the act-as allowlist, the grant resolver, invisible-text stripping.
 //! - [`review`]: conversation review: window reader, redaction and its fail-closed gate,
 //!   judge, report, owner digest, and `mercury bench review`.
-//! - [`data_dir`]: the data dir's one-host lock and its file modes (0700/0600).
 //! - [`host`]: `mercury init` and `mercury serve`.
 //! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
 //! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
@@ -31,9 +30,6 @@ pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod containers;
-pub mod data_dir;
-pub mod demo;
 pub mod host;
 pub mod ids;
 pub mod ingress;
@@ -45,5 +41,4 @@ pub mod runtime;
 pub mod sandbox;
 pub mod schedule;
 pub mod storage;
-pub mod temp_host;
 pub mod workspace;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::ids::SpaceId;
 
+pub mod data_dir;
 pub mod layer;
 pub mod safe;
 
@@ -62,13 +63,13 @@ pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBu
     let dir = paths.workspace(space);
     // Readable by the host user only (the docker backend may hand it to the
     // sandbox uid later); exact modes, whatever the umask.
-    crate::data_dir::private_dir(&dir)?;
-    crate::data_dir::private_dir(&dir.join("knowledge"))?;
+    crate::workspace::data_dir::private_dir(&dir)?;
+    crate::workspace::data_dir::private_dir(&dir.join("knowledge"))?;
     for (name, body) in [
         ("AGENTS.md", AGENTS_TEMPLATE),
         ("MEMORY.md", MEMORY_TEMPLATE),
     ] {
-        match crate::data_dir::private_file(&dir.join(name)) {
+        match crate::workspace::data_dir::private_file(&dir.join(name)) {
             Ok(mut f) => io::Write::write_all(&mut f, body.as_bytes())?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),

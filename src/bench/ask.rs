@@ -50,7 +50,7 @@ pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
     let src = tmp.path().join("workspace");
     let bytes = generate(&src, opts.files, opts.file_bytes)?;
     let backend: Arc<dyn SandboxBackend> =
-        crate::containers::docker_backend(&Settings::default(), &DataPaths::new(tmp.path()))
+        crate::host::containers::docker_backend(&Settings::default(), &DataPaths::new(tmp.path()))
             .await?;
     // What the space actor does before laying a view: a no-op once the
     // workspace belongs to the sandbox user, as it does after its first run.

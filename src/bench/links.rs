@@ -10,7 +10,7 @@ use hyper::Method;
 use serde_json::json;
 
 use super::percentile;
-use crate::temp_host::TempHost;
+use crate::host::temp_host::TempHost;
 
 pub struct LinksOptions {
     /// Requests per route and per side.

@@ -43,7 +43,7 @@ pub async fn run(runs: usize) -> anyhow::Result<SandboxFigures> {
     let workspace = tmp.path().join("work");
     std::fs::create_dir(&workspace).with_context(|| format!("creating {}", workspace.display()))?;
     let instance = instance_id_for(tmp.path())?;
-    let backend = crate::containers::connect_docker(&Settings::default())
+    let backend = crate::host::containers::connect_docker(&Settings::default())
         .await
         .context("mercury bench sandbox needs a Docker engine")?;
     let mut figures = SandboxFigures {

@@ -202,14 +202,14 @@ async fn run(cli: Cli) -> ExitCode {
                     eprintln!("mercury serve: {e:#}");
                     // Another host holds the data dir: a usage error, not a crash.
                     let locked = matches!(
-                        e.downcast_ref::<crate::data_dir::DataDirError>(),
-                        Some(crate::data_dir::DataDirError::Locked { .. })
+                        e.downcast_ref::<crate::workspace::data_dir::DataDirError>(),
+                        Some(crate::workspace::data_dir::DataDirError::Locked { .. })
                     );
                     ExitCode::from(if locked { 2 } else { 1 })
                 }
             }
         }
-        Command::Demo { keep } => match crate::demo::run(keep).await {
+        Command::Demo { keep } => match crate::host::demo::run(keep).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("mercury demo: {e:#}");
@@ -218,7 +218,7 @@ async fn run(cli: Cli) -> ExitCode {
         },
         Command::Image {
             command: ImageCommand::Build { mrctl },
-        } => match crate::containers::build_image_cli(mrctl).await {
+        } => match crate::host::containers::build_image_cli(mrctl).await {
             Ok(tag) => {
                 println!("{tag}");
                 ExitCode::SUCCESS

@@ -7,9 +7,9 @@ use anyhow::{bail, Context};
 use hyper::Method;
 use serde_json::json;
 
-use crate::temp_host::TempHost;
+use crate::host::temp_host::TempHost;
 
-const DEMO_MODEL: &str = include_str!("../deploy/demo/model.json");
+const DEMO_MODEL: &str = include_str!("../../deploy/demo/model.json");
 
 pub async fn run(keep: bool) -> anyhow::Result<()> {
     let host = TempHost::start(DEMO_MODEL, "auto").await?;

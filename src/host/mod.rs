@@ -5,6 +5,10 @@
 //! Must never: start on an invalid config, overwrite an existing data dir, or
 //! write the owner's token anywhere but `global/owner.token` (mode 0600).
 
+pub mod containers;
+pub mod demo;
+pub mod temp_host;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -20,7 +24,6 @@ use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::config::{self, SandboxChoice, Settings};
-use crate::data_dir;
 use crate::ids::SpaceId;
 use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
 use crate::model::gate::{Admission, ModelGate};
@@ -30,6 +33,7 @@ use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
 use crate::storage::spaces::{self, Space};
 use crate::storage::{messages, runs, tokens, Store, StoreError};
+use crate::workspace::data_dir;
 use crate::workspace::{ensure_workspace, DataPaths};
 
 /// Everything a request handler can reach.
@@ -194,7 +198,7 @@ fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSe
 /// `<data_dir>/models/` and `models.scripted_roots`; the scripted specs
 /// `mercury.yaml` names itself are the operator's own choice and stay allowed.
 fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
-    let mut roots = vec![crate::data_dir::models_dir(paths)];
+    let mut roots = vec![crate::workspace::data_dir::models_dir(paths)];
     roots.extend(s.models.scripted_roots.iter().map(PathBuf::from));
     let configured = s
         .model_chain()
@@ -241,11 +245,11 @@ async fn sandbox_backend(
                  sandbox.allow_unisolated: true to run tools as plain host processes (NOT isolated)"
             ),
         },
-        SandboxChoice::Docker => crate::containers::docker_backend(settings, paths)
+        SandboxChoice::Docker => crate::host::containers::docker_backend(settings, paths)
             .await
             .map_err(|e| anyhow::anyhow!("sandbox: docker was asked for, but {e:#}")),
         SandboxChoice::Auto => {
-            let docker_err = match crate::containers::docker_backend(settings, paths).await {
+            let docker_err = match crate::host::containers::docker_backend(settings, paths).await {
                 Ok(b) => return Ok(b),
                 Err(e) => format!("{e:#}"),
             };
@@ -419,7 +423,10 @@ pub async fn serve_with(
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
     }
-    background.spawn(crate::containers::sweep_loop(rt.clone(), shutdown.clone()));
+    background.spawn(crate::host::containers::sweep_loop(
+        rt.clone(),
+        shutdown.clone(),
+    ));
     let app = crate::api::router(host.clone());
     let tcp = tokio::net::TcpListener::bind(&rt.settings.bind)
         .await

@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::workspace::DataPaths;
+use super::DataPaths;
 
 /// Mode of every directory the host creates in the data dir.
 pub const DIR_MODE: u32 = 0o700;
