@@ -26,6 +26,7 @@
 pub mod actors;
 pub mod agent;
 pub mod api;
+pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod clock;

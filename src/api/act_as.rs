@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use super::auth::{Auth, SpaceCtx, Via};
 use super::error::ApiError;
-use crate::host::Host;
+use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
 use crate::perms::{self, ROLE_ADMIN};
@@ -165,7 +165,7 @@ fn queue(
 }
 
 pub async fn act_as(
-    host: Arc<Host>,
+    app: Arc<App>,
     auth: Auth,
     target_raw: String,
     lookup: Option<ActAsLookup>,
@@ -215,7 +215,7 @@ pub async fn act_as(
     }
     // Step 4, audited from here on.
     let (parts, body) = req.into_parts();
-    let bytes = to_bytes(body, host.rt.settings.http.body_limit_bytes)
+    let bytes = to_bytes(body, app.rt.settings.http.body_limit_bytes)
         .await
         .map_err(|_| {
             ApiError::new(
@@ -249,7 +249,7 @@ pub async fn act_as(
             audit.status = Some(i64::from(e.status.as_u16()));
             audit.detail = Some(e.message.clone());
             let row = audit;
-            host.rt
+            app.rt
                 .store
                 .write_detached("space-link audit row", move |tx| {
                     link_store::audit(tx, &row).map(|_| ())
@@ -264,19 +264,19 @@ pub async fn act_as(
     // effect can happen; a read's row is owed by the guard.
     let guard = if route.level == LinkLevel::Admin {
         let row = audit;
-        let id = host
+        let id = app
             .rt
             .store
             .write(move |tx| link_store::audit(tx, &row))
             .await?;
         AuditGuard {
-            store: host.rt.store.clone(),
+            store: app.rt.store.clone(),
             committed: Some(id),
             pending: None,
         }
     } else {
         AuditGuard {
-            store: host.rt.store.clone(),
+            store: app.rt.store.clone(),
             committed: None,
             pending: Some(audit),
         }

@@ -9,23 +9,23 @@ use serde_json::Value;
 
 use super::auth::Auth;
 use super::error::ApiError;
-use crate::host::Host;
+use crate::app::App;
 use crate::runtime::AskRefusal;
 
-pub async fn refuse(host: &Host, auth: &Auth, req: Request) -> Response {
+pub async fn refuse(app: &App, auth: &Auth, req: Request) -> Response {
     let method = req.method().as_str().to_owned();
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
-    let bytes = to_bytes(req.into_body(), host.rt.settings.http.body_limit_bytes)
+    let bytes = to_bytes(req.into_body(), app.rt.settings.http.body_limit_bytes)
         .await
         .unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let summary = would_have(&method, &route, &body);
     if let Some(run) = &auth.caller.run_id {
-        host.rt.record_refusal(
+        app.rt.record_refusal(
             run,
             AskRefusal {
                 method: method.clone(),

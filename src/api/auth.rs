@@ -13,8 +13,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::{ApiError, ApiResult};
+use crate::app::App;
 use crate::clock::now_ms;
-use crate::host::Host;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
 use crate::perms::{self, PermSet};
@@ -114,7 +114,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<Option<&'a st
 }
 
 pub async fn authenticate(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -122,9 +122,9 @@ pub async fn authenticate(
     let requested = header_str(req.headers(), SPACE_HEADER)?.map(str::to_owned);
     let act_as = header_str(req.headers(), ACT_AS_HEADER)?.map(str::to_owned);
     let path = req.uri().path().to_owned();
-    let settings = host.rt.settings.clone();
+    let settings = app.rt.settings.clone();
     let act_as_target = act_as.clone();
-    let auth = host
+    let auth = app
         .rt
         .store
         .read(move |c| {
@@ -230,13 +230,13 @@ pub async fn authenticate(
         .await??;
     let (auth, read_only, lookup) = auth;
     if read_only && req.method() != axum::http::Method::GET {
-        return Ok(crate::api::ask_guard::refuse(&host, &auth, req).await);
+        return Ok(crate::api::ask_guard::refuse(&app, &auth, req).await);
     }
     match act_as {
         None => {
             req.extensions_mut().insert(auth);
             Ok(next.run(req).await)
         }
-        Some(target) => crate::api::act_as::act_as(host, auth, target, lookup, req, next).await,
+        Some(target) => crate::api::act_as::act_as(app, auth, target, lookup, req, next).await,
     }
 }

@@ -22,7 +22,18 @@ pub use auth::{Auth, SpaceCtx};
 pub use error::{ApiError, ApiResult};
 
 use crate::actors::ActorError;
-use crate::host::Host;
+use crate::app::App;
+
+impl From<crate::ingress::IngressError> for ApiError {
+    fn from(e: crate::ingress::IngressError) -> Self {
+        use crate::ingress::IngressError;
+        match e {
+            IngressError::Store(e) => e.into(),
+            IngressError::Wake(e) => e.into(),
+            other => ApiError::internal(other),
+        }
+    }
+}
 
 impl From<ActorError> for ApiError {
     fn from(e: ActorError) -> Self {
@@ -39,7 +50,7 @@ impl From<ActorError> for ApiError {
     }
 }
 
-pub fn router(host: Arc<Host>) -> Router {
+pub fn router(app: Arc<App>) -> Router {
     use routes::*;
     let api = Router::new()
         .route("/api/whoami", get(spaces::whoami))
@@ -113,10 +124,10 @@ pub fn router(host: Arc<Host>) -> Router {
     #[cfg(feature = "test-hooks")]
     let api = api.route("/api/test/panic", post(control::inject_panic));
     let api = api.route_layer(middleware::from_fn_with_state(
-        host.clone(),
+        app.clone(),
         auth::authenticate,
     ));
-    let limit = host.rt.settings.http.body_limit_bytes;
+    let limit = app.rt.settings.http.body_limit_bytes;
     Router::new()
         .route("/healthz", get(healthz))
         .merge(api)
@@ -133,7 +144,7 @@ pub fn router(host: Arc<Host>) -> Router {
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn(uri_limit))
-        .with_state(host)
+        .with_state(app)
 }
 
 /// Longest request target (path and query) the API reads. Longer ones get a
@@ -159,12 +170,12 @@ async fn uri_limit(
 }
 
 async fn healthz(
-    axum::extract::State(host): axum::extract::State<Arc<Host>>,
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
 ) -> Json<serde_json::Value> {
     Json(json!({
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
-        "spaces_active": host.spaces.active_count(),
-        "sandbox": host.rt.sandbox.name(),
+        "spaces_active": app.spaces.active_count(),
+        "sandbox": app.rt.sandbox.name(),
     }))
 }

@@ -26,10 +26,11 @@ use anyhow::{bail, Context};
 use tokio::task::JoinSet;
 
 use super::{ms, percentile, plain_inserts};
+use crate::app::CallerLimits;
 use crate::config::SandboxChoice;
 use crate::host;
 use crate::ids::SpaceId;
-use crate::ingress::{self, CallerLimits, IngestResult, IngestStatus, IngressMessage};
+use crate::ingress::{self, IngestResult, IngestStatus, IngressMessage};
 use crate::storage::Store;
 use crate::workspace::{ensure_workspace, DataPaths};
 

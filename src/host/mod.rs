@@ -23,30 +23,17 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
+use crate::app::{App, CallerLimits};
 use crate::config::{self, SandboxChoice, Settings};
-use crate::ids::SpaceId;
-use crate::ingress::{self, CallerLimits, IngestResult, IngressMessage};
+use crate::ingress;
 use crate::model::gate::{Admission, ModelGate};
 use crate::model::scripted::ScriptedPolicy;
 use crate::model::ProviderSettings;
 use crate::runtime::{ModelRegistry, Runtime, TurnWaiters};
 use crate::sandbox::{self, SandboxBackend};
-use crate::storage::spaces::{self, Space};
-use crate::storage::{messages, runs, tokens, Store, StoreError};
+use crate::storage::{messages, runs, tokens, Store};
 use crate::workspace::data_dir;
-use crate::workspace::{ensure_workspace, DataPaths};
-
-/// Everything a request handler can reach.
-pub struct Host {
-    pub rt: Arc<Runtime>,
-    pub spaces: SpaceDirectory,
-    /// Per-caller turn limits (in memory; shared with the writer thread).
-    pub limits: Arc<CallerLimits>,
-    /// Cancelled on SIGTERM/SIGINT; every background loop watches it.
-    pub shutdown: CancellationToken,
-    /// The review scheduler (`POST /api/review/run`).
-    pub review: ReviewHandle,
-}
+use crate::workspace::DataPaths;
 
 /// How `serve` runs, beyond the data dir's config.
 #[derive(Debug, Clone)]
@@ -63,47 +50,6 @@ impl Default for ServeOptions {
             bind: None,
             review_admission: Admission::Gated,
         }
-    }
-}
-
-impl Host {
-    /// Creates a space row and its workspace.
-    pub async fn create_space(
-        &self,
-        id: &SpaceId,
-        name: &str,
-        tags: &[String],
-    ) -> Result<Space, StoreError> {
-        let (sid, name, tags) = (id.to_string(), name.to_owned(), tags.to_vec());
-        let space = self
-            .rt
-            .store
-            .write(move |tx| spaces::create_space(tx, &sid, &name, &tags))
-            .await?;
-        ensure_workspace(&self.rt.paths, id)
-            .map_err(|e| StoreError::Invalid(format!("cannot create the workspace: {e}")))?;
-        Ok(space)
-    }
-
-    /// The inbound path: durable row first, then the space's actor.
-    pub async fn ingest(&self, m: IngressMessage) -> Result<IngestResult, crate::api::ApiError> {
-        let settings = self.rt.settings.clone();
-        let limits = self.limits.clone();
-        let res = self
-            .rt
-            .store
-            .write(move |tx| ingress::ingest_tx(tx, &settings, &limits, &m))
-            .await?;
-        if let Some(space) = &res.space_id {
-            if res.created_space {
-                let id = SpaceId::parse(space).map_err(crate::api::ApiError::internal)?;
-                ensure_workspace(&self.rt.paths, &id).map_err(crate::api::ApiError::internal)?;
-            }
-            if res.status == ingress::IngestStatus::Queued {
-                self.spaces.wake(space).await?;
-            }
-        }
-        Ok(res)
     }
 }
 
@@ -405,7 +351,7 @@ pub async fn serve_with(
     }
     let rt = build_runtime(&paths, settings, store, options.review_admission).await?;
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
-    let host = Arc::new(Host {
+    let host = Arc::new(App {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
         spaces,
         rt: rt.clone(),

@@ -12,14 +12,11 @@
 pub mod trigger;
 pub mod webhook;
 
-use std::collections::HashMap;
-use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
-
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::actors::ActorError;
+use crate::app::{App, CallerLimits};
 use crate::clock::now_ms;
 use crate::config::Settings;
 use crate::ids::SpaceId;
@@ -116,36 +113,47 @@ pub struct IngestResult {
     pub created_space: bool,
 }
 
-/// Per-caller turn limits, one keyed limiter per quota (spaces may override it).
-pub struct CallerLimits {
-    default_per_minute: u32,
-    limiters: Mutex<HashMap<u32, Arc<DefaultKeyedRateLimiter<String>>>>,
+/// Why an inbound message could not be taken in.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the new space {space} has no workspace: {source}")]
+    Workspace {
+        space: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the space {0} is not a valid space id")]
+    SpaceId(String),
+    #[error("the message was stored but its space did not take it: {0}")]
+    Wake(#[from] ActorError),
 }
 
-impl CallerLimits {
-    pub fn new(default_per_minute: u32) -> Self {
-        Self {
-            default_per_minute,
-            limiters: Mutex::new(HashMap::new()),
+/// The inbound path: durable row first, then the space's actor.
+pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, IngressError> {
+    let settings = app.rt.settings.clone();
+    let limits = app.limits.clone();
+    let res = app
+        .rt
+        .store
+        .write(move |tx| ingest_tx(tx, &settings, &limits, &m))
+        .await?;
+    if let Some(space) = &res.space_id {
+        if res.created_space {
+            let id = SpaceId::parse(space).map_err(|_| IngressError::SpaceId(space.clone()))?;
+            crate::workspace::ensure_workspace(&app.rt.paths, &id).map_err(|source| {
+                IngressError::Workspace {
+                    space: space.clone(),
+                    source,
+                }
+            })?;
+        }
+        if res.status == IngestStatus::Queued {
+            app.spaces.wake(space).await?;
         }
     }
-
-    /// True if the caller may start another turn in the space now.
-    pub fn allow(&self, space: &str, caller: &str, per_minute: Option<u32>) -> bool {
-        let q = per_minute.unwrap_or(self.default_per_minute).max(1);
-        let limiter = {
-            let Ok(mut map) = self.limiters.lock() else {
-                return true;
-            };
-            map.entry(q)
-                .or_insert_with(|| {
-                    let n = NonZeroU32::new(q).unwrap_or(NonZeroU32::MIN);
-                    Arc::new(RateLimiter::keyed(Quota::per_minute(n)))
-                })
-                .clone()
-        };
-        limiter.check_key(&format!("{space}\u{0}{caller}")).is_ok()
-    }
+    Ok(res)
 }
 
 /// A space id for an auto-created space: the platform and a hash of the

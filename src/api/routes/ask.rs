@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::{body, text_field, Body};
 use crate::actors::ask::{AskArgs, AskSandbox};
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +25,7 @@ pub struct AskBody {
 }
 
 pub async fn ask(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<AskBody>,
 ) -> ApiResult<Json<Value>> {
@@ -47,18 +47,18 @@ pub async fn ask(
     };
     let (tx, rx) = oneshot::channel();
     let args = AskArgs {
-        rt: host.rt.clone(),
-        spaces: host.spaces.clone(),
+        rt: app.rt.clone(),
+        spaces: app.spaces.clone(),
         target,
         message,
         role,
         caller_id: auth.caller.caller_id.clone(),
         reply: tx,
     };
-    Actor::spawn_linked(None, AskSandbox, args, host.spaces.supervisor().get_cell())
+    Actor::spawn_linked(None, AskSandbox, args, app.spaces.supervisor().get_cell())
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot start the ask sandbox: {e}")))?;
-    let wait = Duration::from_secs(host.rt.settings.turn.timeout_secs * 2 + 60);
+    let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs * 2 + 60);
     let outcome = tokio::time::timeout(wait, rx)
         .await
         .map_err(|_| ApiError::unavailable("the ask did not finish in time"))?

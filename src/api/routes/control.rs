@@ -10,10 +10,10 @@ use serde_json::Value;
 use super::{path_arg, PathArg};
 use crate::actors::ControlAction;
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 
 pub async fn control(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     action: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
@@ -29,17 +29,17 @@ pub async fn control(
         }
     };
     let space = auth.require(perm)?.space.to_string();
-    Ok(Json(host.spaces.control(&space, action).await?))
+    Ok(Json(app.spaces.control(&space, action).await?))
 }
 
 /// Test hook: panics the space's actor (compiled only with `test-hooks`).
 #[cfg(feature = "test-hooks")]
 pub async fn inject_panic(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     auth.require_global_admin()?;
     let space = auth.space()?.space.to_string();
-    host.spaces.inject_panic(&space).await?;
+    app.spaces.inject_panic(&space).await?;
     Ok(Json(serde_json::json!({"injected": true})))
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 use crate::ids::SpaceId;
 use crate::storage::{conversations, spaces};
 
@@ -21,7 +21,7 @@ pub struct ListQuery {
 }
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -39,7 +39,7 @@ pub async fn list(
         Some(auth.require("spaces.list")?.space.to_string())
     };
     let only = auth.via.as_ref().and_then(|v| v.conversation);
-    let list: Vec<_> = host
+    let list: Vec<_> = app
         .rt
         .store
         .read(move |c| conversations::list(c, scope.as_deref()))
@@ -57,7 +57,7 @@ pub struct LinkBody {
 }
 
 pub async fn link(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
     b: Body<LinkBody>,
@@ -72,7 +72,7 @@ pub async fn link(
         ));
     }
     let t = target.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(target.as_str(), move |tx| {
             if !spaces::space_exists(tx, &t)? {
@@ -89,7 +89,7 @@ pub async fn link(
 }
 
 pub async fn unlink(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
@@ -97,7 +97,7 @@ pub async fn unlink(
     let ctx = auth.require("spaces.rename")?;
     let space = ctx.space.to_string();
     let global = auth.caller.global_admin;
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let conv = conversations::get(tx, id)?.ok_or_else(|| {

@@ -12,15 +12,15 @@ use serde_json::{json, Value};
 
 use super::{body, params, text_field, Body, Params};
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::app::App;
 use crate::clock::now_ms;
-use crate::host::Host;
 use crate::ingress::{self, IngestStatus, IngressMessage};
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::tokens::TokenKind;
 use crate::storage::{conversations, outbox, StoreError};
 
 pub async fn ingress(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<IngressMessage>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -46,7 +46,7 @@ pub async fn ingress(
             ))
         }
     }
-    let res = host.ingest(m).await?;
+    let res = crate::ingress::ingest(&app, m).await?;
     let status = match res.status {
         IngestStatus::Duplicate => StatusCode::OK,
         _ => StatusCode::ACCEPTED,
@@ -70,7 +70,7 @@ pub struct ChatBody {
 }
 
 pub async fn chat(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
 ) -> ApiResult<Json<Value>> {
@@ -85,7 +85,7 @@ pub async fn chat(
             "conversation must be 1-128 characters",
         ));
     }
-    if !host.limits.allow(&space, &auth.caller.caller_id, None) {
+    if !app.limits.allow(&space, &auth.caller.caller_id, None) {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "slow_down",
@@ -94,16 +94,16 @@ pub async fn chat(
     }
     let caller = auth.caller.caller_id.clone();
     let sp = space.clone();
-    let message_id = host
+    let message_id = app
         .rt
         .store
         .write(move |tx| ingress::chat_tx(tx, &sp, &caller, &conversation, &text))
         .await?;
-    let done = host.rt.waiters.register(message_id);
-    host.spaces.wake(&space).await?;
-    let wait = Duration::from_secs(host.rt.settings.turn.timeout_secs + 30);
+    let done = app.rt.waiters.register(message_id);
+    app.spaces.wake(&space).await?;
+    let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs + 30);
     let _ = tokio::time::timeout(wait, done).await;
-    let (msg, reply) = host
+    let (msg, reply) = app
         .rt
         .store
         .read(move |c| {
@@ -138,7 +138,7 @@ pub struct SendBody {
 }
 
 pub async fn send(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -146,7 +146,7 @@ pub async fn send(
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let by = auth.caller.caller_id.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let convs: Vec<_> = conversations::list(tx, Some(&space))?
@@ -197,7 +197,7 @@ pub struct OutboxQuery {
 }
 
 pub async fn outbox(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<OutboxQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -219,7 +219,7 @@ pub async fn outbox(
     } else {
         None
     };
-    let items = host
+    let items = app
         .rt
         .store
         .read(move |c| outbox::after(c, after, limit, platform.as_deref()))

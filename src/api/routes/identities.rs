@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 use crate::ids;
 use crate::storage::identities;
 
@@ -37,7 +37,7 @@ fn platform_id(raw: &str) -> ApiResult<()> {
 }
 
 pub async fn link(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<LinkIdentity>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -46,7 +46,7 @@ pub async fn link(
     platform_id(&b.platform_id)?;
     ids::validate_operator_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let by = auth.caller.caller_id.clone();
-    let identity = host
+    let identity = app
         .rt
         .store
         .write(move |tx| identities::link(tx, &b.platform_id, &b.caller_id, &by))
@@ -55,7 +55,7 @@ pub async fn link(
 }
 
 pub async fn unlink(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
@@ -64,7 +64,7 @@ pub async fn unlink(
     platform_id(&id)?;
     let by = auth.caller.caller_id.clone();
     let p = id.clone();
-    let was = host
+    let was = app
         .rt
         .store
         .write(move |tx| identities::unlink(tx, &p, &by))
@@ -75,11 +75,11 @@ pub async fn unlink(
 }
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     auth.require_global_admin()?;
-    let list = host.rt.store.read(identities::list).await?;
+    let list = app.rt.store.read(identities::list).await?;
     Ok(Json(json!({ "identities": list })))
 }
 
@@ -90,7 +90,7 @@ pub struct AuditQuery {
 }
 
 pub async fn audit(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<AuditQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -99,7 +99,7 @@ pub async fn audit(
     if limit == 0 || limit > 1000 {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
     }
-    let rows = host
+    let rows = app
         .rt
         .store
         .read(move |c| identities::audit_log(c, limit))

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
 use crate::storage::links::{self, AuditRow, NewLink, SpaceLink};
@@ -58,7 +58,7 @@ fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
 }
 
 pub async fn create(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateLink>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -91,7 +91,7 @@ pub async fn create(
     let disclosure = disclosure(b.disclosure)?;
     let by = auth.caller.caller_id.clone();
     let (h, t) = (holder.to_string(), b.target.clone());
-    let created = host
+    let created = app
         .rt
         .store
         .write(move |tx| {
@@ -143,7 +143,7 @@ pub struct UpdateLink {
 }
 
 pub async fn update(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
     b: Body<UpdateLink>,
@@ -157,7 +157,7 @@ pub async fn update(
     let lvl = b.level.as_deref().map(level).transpose()?;
     let disclosure = disclosure(b.disclosure)?;
     let by = auth.caller.caller_id.clone();
-    let link = host
+    let link = app
         .rt
         .store
         .write(move |tx| {
@@ -195,14 +195,14 @@ fn removed_detail(removed: &[LinkRole]) -> Option<String> {
 }
 
 pub async fn revoke(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let by = auth.caller.caller_id.clone();
-    let (link, removed) = host
+    let (link, removed) = app
         .rt
         .store
         .write(move |tx| {
@@ -223,12 +223,12 @@ fn reach_entry(l: &SpaceLink, other: &str) -> Value {
 }
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("links.list")?.space.to_string();
     let sp = space.clone();
-    let all = host.rt.store.read(move |c| links::touching(c, &sp)).await?;
+    let all = app.rt.store.read(move |c| links::touching(c, &sp)).await?;
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
     let inbound: Vec<Value> = active
         .iter()
@@ -246,13 +246,13 @@ pub async fn list(
 }
 
 pub async fn inspect(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
     let space = auth.require("links.list")?.space.to_string();
-    let (link, roles) = host
+    let (link, roles) = app
         .rt
         .store
         .read(move |c| Ok((links::get(c, id)?, spaces::roles_of_link(c, id)?)))
@@ -275,7 +275,7 @@ pub struct AuditQuery {
 }
 
 pub async fn audit(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<AuditQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -284,7 +284,7 @@ pub async fn audit(
     if limit == 0 || limit > 1000 {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
     }
-    let rows = host
+    let rows = app
         .rt
         .store
         .read(move |c| links::audit_for(c, &space, limit))

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::{params, Params};
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::app::App;
 use crate::clock::{now_ms, parse_time_arg};
-use crate::host::Host;
 use crate::storage::messages::{self, Cursor};
 use crate::storage::runs;
 
@@ -23,7 +23,7 @@ pub struct SearchQuery {
 }
 
 pub async fn search(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<SearchQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -35,7 +35,7 @@ pub async fn search(
     }
     let space = ctx.space.to_string();
     let conv = auth.via.as_ref().and_then(|v| v.conversation);
-    let found = host
+    let found = app
         .rt
         .store
         .read(move |c| messages::search(c, &space, conv, &q.q, limit))
@@ -53,7 +53,7 @@ pub struct RecentQuery {
 }
 
 pub async fn recent(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RecentQuery>,
 ) -> ApiResult<Json<Value>> {
@@ -78,7 +78,7 @@ pub async fn recent(
     let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
     let space = ctx.space.to_string();
     let conv = auth.via.as_ref().and_then(|v| v.conversation);
-    let (page, next) = host
+    let (page, next) = app
         .rt
         .store
         .read(move |c| messages::recent(c, &space, conv, since, until, limit, cursor))
@@ -97,14 +97,14 @@ pub struct RunsQuery {
 }
 
 pub async fn runs(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RunsQuery>,
 ) -> ApiResult<Json<Value>> {
     let ctx = auth.require("messages.read")?;
     let limit = params(q)?.limit.unwrap_or(20).clamp(1, 500);
     let space = ctx.space.to_string();
-    let list = host
+    let list = app
         .rt
         .store
         .read(move |c| runs::list(c, &space, limit))

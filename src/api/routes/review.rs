@@ -14,25 +14,25 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::api::{ApiError, ApiResult, Auth};
-use crate::host::Host;
+use crate::app::App;
 
 /// How long the request waits for the scan; after that it answers 202 with
 /// the run id, and the report and digest still arrive when the scan ends.
 pub const WAIT: Duration = Duration::from_secs(3600);
 
 pub async fn run(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     auth.require_global_admin()?;
-    let ticket = host
+    let ticket = app
         .review
         .run_now(&auth.caller.caller_id)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     let run_id = ticket.run_id.clone();
     tokio::select! {
-        _ = host.shutdown.cancelled() => Err(ApiError::unavailable(
+        _ = app.shutdown.cancelled() => Err(ApiError::unavailable(
             "the host is shutting down; the scan was stopped",
         )),
         done = tokio::time::timeout(WAIT, ticket.finished()) => match done {

@@ -10,17 +10,17 @@ use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
-use crate::host::Host;
+use crate::app::App;
 use crate::perms::{self, ALL_PERMISSIONS};
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::StoreError;
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("roles.list")?.space.to_string();
-    let roles = host
+    let roles = app
         .rt
         .store
         .read(move |c| spaces::list_roles(c, &space))
@@ -84,7 +84,7 @@ fn link_self_grant(
 }
 
 pub async fn grant(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
@@ -97,7 +97,7 @@ pub async fn grant(
     let by = auth.caller.caller_id.clone();
     let granter_perms = ctx.perms.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
@@ -130,13 +130,13 @@ pub async fn grant(
 }
 
 pub async fn revoke(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let caller = path_arg(caller)?;
     let space = auth.require("roles.revoke")?.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let before = spaces::stored_role(tx, &space, &caller)?;
@@ -161,13 +161,13 @@ pub struct PermQuery {
 }
 
 pub async fn permissions_get(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<PermQuery>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("permissions.get")?.space.to_string();
     let q = params(q)?;
-    let out = host
+    let out = app
         .rt
         .store
         .read(move |c| {
@@ -194,7 +194,7 @@ pub struct PermBody {
 }
 
 pub async fn permissions_set(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
@@ -229,7 +229,7 @@ pub async fn permissions_set(
     let space = ctx.space.to_string();
     let by = auth.caller.caller_id.clone();
     let role = b.role.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {

@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 
 use super::{audited, body, path_arg, text_field, Body, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
+use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
-use crate::host::Host;
 use crate::storage::spaces::{self, KvTable};
 
 #[derive(Deserialize)]
@@ -38,11 +38,11 @@ fn pref_key(raw: &str) -> ApiResult<String> {
 }
 
 pub async fn prefs_list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("prefs.get")?.space.to_string();
-    let list = host
+    let list = app
         .rt
         .store
         .read(move |c| spaces::kv_list(c, KvTable::Preferences, &space))
@@ -51,7 +51,7 @@ pub async fn prefs_list(
 }
 
 pub async fn prefs_set(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
@@ -64,7 +64,7 @@ pub async fn prefs_set(
         ));
     }
     let by = auth.caller.caller_id.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
@@ -76,14 +76,14 @@ pub async fn prefs_set(
 }
 
 pub async fn prefs_delete(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     key: PathArg<String>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let key = path_arg(key)?;
     let space = auth.require("prefs.set")?.space.to_string();
     let key = pref_key(&key)?;
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
@@ -135,11 +135,11 @@ fn validate_config(key: &str, value: &str) -> ApiResult<()> {
 }
 
 pub async fn config_get(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("config.get")?.space.to_string();
-    let list = host
+    let list = app
         .rt
         .store
         .read(move |c| spaces::kv_list(c, KvTable::Config, &space))
@@ -152,7 +152,7 @@ pub async fn config_get(
 }
 
 pub async fn config_set(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
@@ -160,7 +160,7 @@ pub async fn config_set(
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
@@ -172,11 +172,11 @@ pub async fn config_set(
 }
 
 pub async fn model_get(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("model.get")?.space.to_string();
-    let stored = host
+    let stored = app
         .rt
         .store
         .read(move |c| spaces::kv_get(c, KvTable::Config, &space, "model"))
@@ -184,7 +184,7 @@ pub async fn model_get(
     Ok(Json(
         match stored.map(|s| split_chain(&s)).filter(|c| !c.is_empty()) {
             Some(chain) => json!({"chain": chain, "source": "space"}),
-            None => json!({"chain": host.rt.settings.model_chain(), "source": "default"}),
+            None => json!({"chain": app.rt.settings.model_chain(), "source": "default"}),
         },
     ))
 }
@@ -196,7 +196,7 @@ pub struct ModelBody {
 }
 
 pub async fn model_set(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
@@ -225,7 +225,7 @@ pub async fn model_set(
                      and only for a file under <data dir>/models/"
                 )));
             }
-            host.rt
+            app.rt
                 .models
                 .scripted_policy()
                 .check(path)
@@ -233,8 +233,8 @@ pub async fn model_set(
         }
     }
     let by = auth.caller.caller_id.clone();
-    let default = host.rt.settings.model_chain();
-    let out = host
+    let default = app.rt.settings.model_chain();
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
@@ -252,11 +252,11 @@ pub async fn model_set(
 }
 
 pub async fn mutes_list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("mutes.list")?.space.to_string();
-    let list = host
+    let list = app
         .rt
         .store
         .read(move |c| spaces::list_mutes(c, &space))
@@ -275,7 +275,7 @@ pub struct MuteBody {
 }
 
 pub async fn mutes_set(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
 ) -> ApiResult<Json<Value>> {
@@ -307,7 +307,7 @@ pub async fn mutes_set(
         .map(|r| text_field("reason", r, 500))
         .transpose()?;
     let by = auth.caller.caller_id.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
@@ -318,13 +318,13 @@ pub async fn mutes_set(
 }
 
 pub async fn mutes_delete(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
     let caller = path_arg(caller)?;
     let space = auth.require("mutes.set")?.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let deleted = spaces::delete_mute(tx, &space, &caller)?;

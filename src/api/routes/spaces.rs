@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{audited, body, name_field, Body};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
-use crate::host::Host;
+use crate::app::App;
 use crate::ids::SpaceId;
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::spaces;
@@ -55,16 +55,16 @@ pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<Value> {
 }
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     // Every space for a global admin; for anyone else only the spaces where
     // they hold a role (the list itself must not reveal other spaces).
     let list = if auth.caller.global_admin {
-        host.rt.store.read(spaces::list_spaces).await?
+        app.rt.store.read(spaces::list_spaces).await?
     } else {
         let caller = auth.caller.caller_id.clone();
-        host.rt
+        app.rt
             .store
             .read(move |c| spaces::spaces_of_caller(c, &caller))
             .await?
@@ -82,7 +82,7 @@ pub struct CreateSpace {
 }
 
 pub async fn create(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateSpace>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -100,17 +100,17 @@ pub async fn create(
             )));
         }
     }
-    let space = host.create_space(&id, &name, &b.tags).await?;
+    let space = app.create_space(&id, &name, &b.tags).await?;
     Ok((StatusCode::CREATED, Json(json!({ "space": space }))))
 }
 
 pub async fn current(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let ctx = auth.space()?;
     let id = ctx.space.to_string();
-    let space = host
+    let space = app
         .rt
         .store
         .read(move |c| spaces::get_space(c, &id))
@@ -126,14 +126,14 @@ pub struct Rename {
 }
 
 pub async fn rename(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<Rename>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let ctx = auth.require("spaces.rename")?;
     let name = name_field("name", &body(b)?.name, 200)?;
     let id = ctx.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&id.clone(), move |tx| {
             let before = spaces::get_space(tx, &id)?.map(|s| s.name);
@@ -149,14 +149,14 @@ pub async fn rename(
 /// workspace, so a space re-created with the same id starts from the
 /// templates with no link and no file of the old one.
 pub async fn delete_current(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let ctx = auth.require("spaces.delete")?;
     let space = ctx.space.clone();
     let id = space.to_string();
     let by = auth.caller.caller_id.clone();
-    let mut out = host
+    let mut out = app
         .spaces
         .apply(&id.clone(), move |tx| {
             let removed = spaces::delete_space(tx, &id)?;
@@ -183,7 +183,7 @@ pub async fn delete_current(
                       "links_revoked": revoked, "roles_removed": roles}))
         })
         .await?;
-    let buried = bury_workspace(&host.rt.paths, &space).map_err(|e| {
+    let buried = bury_workspace(&app.rt.paths, &space).map_err(|e| {
         ApiError::internal(format!(
             "space {space} was deleted but its workspace could not be removed: {e}"
         ))

@@ -11,18 +11,18 @@ use serde_json::{json, Value};
 use super::{body, path_arg, text_field, Body, PathArg};
 use crate::actors::scheduler::queue_firing;
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::app::App;
 use crate::clock::now_ms;
-use crate::host::Host;
 use crate::schedule::{next_fire, parse_at, parse_cron};
 use crate::storage::tasks::{self, NewTask};
 use crate::storage::StoreError;
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("tasks.list")?.space.to_string();
-    let list = host.rt.store.read(move |c| tasks::list(c, &space)).await?;
+    let list = app.rt.store.read(move |c| tasks::list(c, &space)).await?;
     Ok(Json(json!({ "tasks": list })))
 }
 
@@ -37,7 +37,7 @@ pub struct CreateTask {
 }
 
 pub async fn create(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -58,7 +58,7 @@ pub async fn create(
         _ => return Err(ApiError::bad_request("give exactly one of cron and at")),
     };
     let by = auth.caller.caller_id.clone();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let task = tasks::create(
@@ -80,14 +80,14 @@ pub async fn create(
 }
 
 async fn set_active(
-    host: &Host,
+    app: &App,
     auth: &Auth,
     perm: &str,
     id: i64,
     active: bool,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require(perm)?.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let task = tasks::get(tx, &space, id)?
@@ -115,31 +115,31 @@ async fn set_active(
 }
 
 pub async fn pause(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    set_active(&host, &auth, "tasks.pause", id, false).await
+    set_active(&app, &auth, "tasks.pause", id, false).await
 }
 
 pub async fn resume(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    set_active(&host, &auth, "tasks.resume", id, true).await
+    set_active(&app, &auth, "tasks.resume", id, true).await
 }
 
 pub async fn delete(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
     let space = auth.require("tasks.delete")?.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             tasks::delete(tx, &space, id)?;
@@ -150,13 +150,13 @@ pub async fn delete(
 }
 
 pub async fn run_now(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let id = path_arg(id)?;
     let space = auth.require("tasks.create")?.space.to_string();
-    let out = host
+    let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
             let task = tasks::get(tx, &space, id)?
@@ -165,6 +165,6 @@ pub async fn run_now(
             Ok(json!({"task_id": id, "message_id": message_id}))
         })
         .await?;
-    host.spaces.wake(auth.space()?.space.as_str()).await?;
+    app.spaces.wake(auth.space()?.space.as_str()).await?;
     Ok((StatusCode::ACCEPTED, Json(out)))
 }

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::{body, path_arg, Body, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
-use crate::host::Host;
 use crate::storage::tokens::{self, NewToken, TokenKind};
 
 #[derive(Deserialize)]
@@ -27,7 +27,7 @@ pub struct CreateToken {
 }
 
 pub async fn create(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -76,7 +76,7 @@ pub async fn create(
     let by = auth.caller.caller_id.clone();
     let caller = b.caller_id.clone();
     let bound = platform.clone();
-    let (id, secret) = host
+    let (id, secret) = app
         .rt
         .store
         .write(move |tx| {
@@ -109,23 +109,23 @@ pub async fn create(
 }
 
 pub async fn list(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     auth.require_global_admin()?;
-    let list = host.rt.store.read(tokens::list).await?;
+    let list = app.rt.store.read(tokens::list).await?;
     Ok(Json(json!({ "tokens": list })))
 }
 
 pub async fn revoke(
-    State(host): State<Arc<Host>>,
+    State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let id2 = id.clone();
-    host.rt
+    app.rt
         .store
         .write(move |tx| tokens::revoke(tx, &id2))
         .await?;
