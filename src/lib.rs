@@ -29,6 +29,7 @@ pub mod api;
 pub mod app;
 pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod host;

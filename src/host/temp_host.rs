@@ -12,7 +12,7 @@ use hyper::Method;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::mrctl::{request, Connection, Endpoint};
+use crate::client::{request, Connection, Endpoint};
 
 pub struct TempHost {
     /// `None` once `stop_and_keep` handed the directory over.

@@ -25,7 +25,7 @@ use serde_json::json;
 use serde_yaml_ng::Value as Yaml;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::mrctl::{request, Connection, Endpoint};
+use crate::client::{request, Connection, Endpoint};
 use crate::clock::now_ms;
 use crate::model::gate::Admission;
 use crate::model::scripted::ScriptedProvider;

@@ -1,0 +1,434 @@
+//! The typed HTTP client of the Mercury API: one request over TCP or the
+//! host's Unix socket, with the token, space and act-as headers. Used by
+//! `mrctl`, the temp host (demo, benches) and the tests.
+//!
+//! Why hyper and not reqwest: this client also runs inside the agent image
+//! (as `mrctl`), which reaches the API only through the mounted socket and
+//! has no TLS roots; plain HTTP/1 over a Unix socket or loopback TCP is all it
+//! needs, and hyper speaks both without a TLS stack.
+//!
+//! Must never: print or log the API token (not in errors, not in `Debug`),
+//! follow redirects, or talk to anything but the one configured address.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8787";
+/// Chat turns run a whole agent turn before answering, so the default wait is long.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
+/// No route answers anything near this; a bigger body means something is wrong,
+/// and refusing it keeps a confused peer from filling memory.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+pub const SPACE_HEADER: &str = "x-mercury-space";
+pub const ACT_AS_HEADER: &str = "x-mercury-act-as";
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// The host's `api.sock` (what a sandboxed turn uses).
+    Unix(PathBuf),
+    /// Plain HTTP; `base_path` is a prefix (no trailing slash) for servers behind a proxy.
+    Http {
+        host: String,
+        port: u16,
+        base_path: String,
+    },
+}
+
+impl Endpoint {
+    /// Parses `http://host[:port][/prefix]`. Only plain http: TLS belongs to a
+    /// proxy in front of the host, and the socket needs none.
+    pub fn parse_url(raw: &str) -> Result<Self, ClientError> {
+        let bad = |why: &str| ClientError::Config(format!("MERCURY_URL {raw:?} {why}"));
+        let trimmed = raw.trim();
+        let lower = trimmed.to_ascii_lowercase();
+        if lower.starts_with("https://") {
+            return Err(bad("uses https, which mrctl does not speak: use http:// to a local address, or MERCURY_SOCKET"));
+        }
+        if !lower.starts_with("http://") {
+            return Err(bad("must start with http://"));
+        }
+        let rest = &trimmed["http://".len()..];
+        if rest.contains(['?', '#']) {
+            return Err(bad("must not have a query or fragment"));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if authority.contains('@') {
+            return Err(bad("must not carry credentials; use the token settings"));
+        }
+        let (host, port) = if let Some(after) = authority.strip_prefix('[') {
+            let (h, tail) = after
+                .split_once(']')
+                .ok_or_else(|| bad("has an unclosed '[' in the host"))?;
+            match tail {
+                "" => (h, None),
+                t => (
+                    h,
+                    Some(
+                        t.strip_prefix(':')
+                            .ok_or_else(|| bad("has junk after the IPv6 host"))?,
+                    ),
+                ),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("has no host"));
+        }
+        let port = match port {
+            None => 80,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("has a bad port"))?,
+        };
+        Ok(Endpoint::Http {
+            host: host.to_owned(),
+            port,
+            base_path: path.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The Host header: the authority for TCP; any name for the socket, since
+    /// HTTP/1.1 requires one and the server does not route on it.
+    fn authority(&self) -> String {
+        match self {
+            Endpoint::Unix(_) => "localhost".to_owned(),
+            Endpoint::Http { host, port, .. } if host.contains(':') => format!("[{host}]:{port}"),
+            Endpoint::Http { host, port, .. } => format!("{host}:{port}"),
+        }
+    }
+
+    fn base_path(&self) -> &str {
+        match self {
+            Endpoint::Unix(_) => "",
+            Endpoint::Http { base_path, .. } => base_path,
+        }
+    }
+
+    /// How the endpoint is named in error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Endpoint::Unix(p) => format!("unix socket {}", p.display()),
+            Endpoint::Http { base_path, .. } => format!("http://{}{base_path}", self.authority()),
+        }
+    }
+
+    fn hint(&self) -> &'static str {
+        match self {
+            Endpoint::Unix(_) => "check MERCURY_SOCKET and that `mercury serve` is running",
+            Endpoint::Http { .. } => "check MERCURY_URL and that `mercury serve` is running",
+        }
+    }
+}
+
+/// Everything a request needs besides its method, path and body.
+#[derive(Clone)]
+pub struct Connection {
+    pub endpoint: Endpoint,
+    /// Sent as `Authorization: Bearer`; never printed.
+    pub token: Option<String>,
+    /// `x-mercury-space`.
+    pub space: Option<String>,
+    /// `x-mercury-act-as`: act in another space through a space link.
+    pub act_as: Option<String>,
+    /// Covers connecting, sending and reading the whole answer.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("space", &self.space)
+            .field("act_as", &self.act_as)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Connection {
+    pub fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            token: None,
+            space: None,
+            act_as: None,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+        }
+    }
+
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn with_space(mut self, space: impl Into<String>) -> Self {
+        self.space = Some(space.into());
+        self
+    }
+
+    /// Reads the connection settings the way `mrctl` does. `env` looks up an
+    /// environment variable (a parameter so tests need not touch the real
+    /// environment); `token_file` is `--token-file`; `act_as` is `--space`.
+    pub fn from_env(
+        env: &dyn Fn(&str) -> Option<String>,
+        token_file: Option<&Path>,
+        act_as: Option<String>,
+    ) -> Result<Self, ClientError> {
+        // An empty variable counts as unset, as shells make "unsetting" by `X=` common.
+        let var = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let endpoint = match var("MERCURY_SOCKET") {
+            Some(sock) => Endpoint::Unix(PathBuf::from(sock)),
+            None => {
+                Endpoint::parse_url(&var("MERCURY_URL").unwrap_or_else(|| DEFAULT_URL.to_owned()))?
+            }
+        };
+        let timeout = match var("MERCURY_TIMEOUT_SECS") {
+            None => DEFAULT_TIMEOUT_SECS,
+            Some(raw) => raw.parse::<u64>().ok().filter(|s| *s > 0).ok_or_else(|| {
+                ClientError::Config(format!(
+                    "MERCURY_TIMEOUT_SECS {raw:?} is not a positive number of seconds"
+                ))
+            })?,
+        };
+        let token = resolve_token(&var, token_file)?;
+        Ok(Self {
+            endpoint,
+            token: Some(token),
+            space: var("MERCURY_SPACE"),
+            act_as,
+            timeout: Duration::from_secs(timeout),
+        })
+    }
+}
+
+fn read_token_file(path: &Path, what: &str) -> Result<String, ClientError> {
+    let raw = std::fs::read_to_string(path).map_err(|e| {
+        ClientError::Config(format!(
+            "cannot read the token file {} ({what}): {e}",
+            path.display()
+        ))
+    })?;
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(ClientError::Config(format!(
+            "the token file {} ({what}) is empty",
+            path.display()
+        )));
+    }
+    Ok(token.to_owned())
+}
+
+/// `--token-file`, else `MERCURY_TOKEN`, else the owner token in the data dir.
+fn resolve_token(
+    var: &dyn Fn(&str) -> Option<String>,
+    token_file: Option<&Path>,
+) -> Result<String, ClientError> {
+    if let Some(path) = token_file {
+        return read_token_file(path, "--token-file");
+    }
+    if let Some(token) = var("MERCURY_TOKEN") {
+        return Ok(token);
+    }
+    match var("MERCURY_DATA_DIR") {
+        Some(dir) => {
+            let path = Path::new(&dir).join("global").join("owner.token");
+            if path.exists() {
+                read_token_file(&path, "$MERCURY_DATA_DIR/global/owner.token")
+            } else {
+                Err(ClientError::Config(format!(
+                    "no API token: --token-file was not given, MERCURY_TOKEN is not set, and {} does not exist",
+                    path.display()
+                )))
+            }
+        }
+        None => Err(ClientError::Config(
+            "no API token: --token-file was not given, MERCURY_TOKEN is not set, and MERCURY_DATA_DIR is not set \
+             (mrctl would read $MERCURY_DATA_DIR/global/owner.token)"
+                .into(),
+        )),
+    }
+}
+
+/// Everything that can go wrong before the server's answer is in hand.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Bad settings: URL, timeout, token location, header values.
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot reach the Mercury server at {addr} ({source}); {hint}")]
+    Connect {
+        addr: String,
+        hint: &'static str,
+        source: std::io::Error,
+    },
+    #[error(
+        "no complete answer from {addr} within {secs} s (set MERCURY_TIMEOUT_SECS to wait longer)"
+    )]
+    Timeout { addr: String, secs: u64 },
+    #[error("the connection to {addr} failed: {detail}")]
+    Protocol { addr: String, detail: String },
+}
+
+/// Sends one request and returns the status and the JSON answer. A body that
+/// is empty comes back as `Value::Null`, one that is not JSON as a
+/// `Value::String` of its text, so non-JSON error pages can still be shown.
+/// Statuses are not judged here: a 4xx is `Ok`, the caller decides.
+pub async fn request(
+    conn: &Connection,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(u16, Value), ClientError> {
+    let req = build_request(conn, method, path, body)?;
+    let addr = conn.endpoint.describe();
+    let exchange_fut = async {
+        match &conn.endpoint {
+            #[cfg(unix)]
+            Endpoint::Unix(p) => {
+                let stream = tokio::net::UnixStream::connect(p)
+                    .await
+                    .map_err(|e| connect_error(conn, e))?;
+                exchange(stream, req, &addr).await
+            }
+            #[cfg(not(unix))]
+            Endpoint::Unix(_) => Err(ClientError::Config(
+                "Unix sockets are not available on this platform".into(),
+            )),
+            Endpoint::Http { host, port, .. } => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(|e| connect_error(conn, e))?;
+                // Requests are one small write; don't let Nagle hold it back.
+                let _ = stream.set_nodelay(true);
+                exchange(stream, req, &addr).await
+            }
+        }
+    };
+    match tokio::time::timeout(conn.timeout, exchange_fut).await {
+        Ok(result) => result,
+        Err(_) => Err(ClientError::Timeout {
+            addr,
+            secs: conn.timeout.as_secs(),
+        }),
+    }
+}
+
+fn connect_error(conn: &Connection, source: std::io::Error) -> ClientError {
+    ClientError::Connect {
+        addr: conn.endpoint.describe(),
+        hint: conn.endpoint.hint(),
+        source,
+    }
+}
+
+fn header_value(name: &str, value: &str, sensitive: bool) -> Result<HeaderValue, ClientError> {
+    let mut v = HeaderValue::from_str(value).map_err(|_| {
+        // The value itself is deliberately not echoed: for the token it is a secret.
+        ClientError::Config(format!(
+            "the {name} contains characters that cannot go in an HTTP header"
+        ))
+    })?;
+    v.set_sensitive(sensitive);
+    Ok(v)
+}
+
+pub(crate) fn build_request(
+    conn: &Connection,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Request<Full<Bytes>>, ClientError> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", conn.endpoint.base_path()))
+        .header(
+            HOST,
+            header_value("host", &conn.endpoint.authority(), false)?,
+        )
+        .header(ACCEPT, "application/json")
+        .header(USER_AGENT, concat!("mrctl/", env!("CARGO_PKG_VERSION")));
+    if let Some(token) = &conn.token {
+        builder = builder.header(
+            AUTHORIZATION,
+            header_value("API token", &format!("Bearer {token}"), true)?,
+        );
+    }
+    if let Some(space) = &conn.space {
+        builder = builder.header(
+            SPACE_HEADER,
+            header_value("space id (MERCURY_SPACE)", space, false)?,
+        );
+    }
+    if let Some(other) = &conn.act_as {
+        builder = builder.header(ACT_AS_HEADER, header_value("--space value", other, false)?);
+    }
+    let bytes = match body {
+        Some(v) => {
+            builder = builder.header(CONTENT_TYPE, "application/json");
+            Bytes::from(v.to_string())
+        }
+        None => Bytes::new(),
+    };
+    builder
+        .body(Full::new(bytes))
+        .map_err(|e| ClientError::Config(format!("cannot build the request for {path}: {e}")))
+}
+
+async fn exchange<S>(
+    stream: S,
+    req: Request<Full<Bytes>>,
+    addr: &str,
+) -> Result<(u16, Value), ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let protocol = |e: &dyn std::fmt::Display| ClientError::Protocol {
+        addr: addr.to_owned(),
+        detail: e.to_string(),
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| protocol(&e))?;
+    // The connection future does the socket I/O; it has to run while we wait
+    // for the answer. It ends by itself once `sender` is dropped.
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let response = sender.send_request(req).await.map_err(|e| protocol(&e))?;
+    let status = response.status().as_u16();
+    let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| protocol(&e))?
+        .to_bytes();
+    let value = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_owned()))
+    };
+    Ok((status, value))
+}
