@@ -291,8 +291,8 @@ async fn run(cli: Cli) -> ExitCode {
                     calls_per_minute,
                 },
         } => {
-            let defaults = crate::review::bench::BenchOptions::default();
-            let opts = crate::review::bench::BenchOptions {
+            let defaults = crate::bench::review::BenchOptions::default();
+            let opts = crate::bench::review::BenchOptions {
                 exchanges,
                 spaces,
                 live_samples,
@@ -303,7 +303,7 @@ async fn run(cli: Cli) -> ExitCode {
                 calls_per_minute: calls_per_minute.unwrap_or(defaults.calls_per_minute).max(1),
                 ..defaults
             };
-            match crate::review::bench::run(opts).await {
+            match crate::bench::review::run(opts).await {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS

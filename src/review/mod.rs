@@ -8,7 +8,6 @@
 //! - [`report`]: `report.md` + `report.json`, gated, written atomically.
 //! - [`digest`]: the owner's DM.
 //! - [`scan`]: one scan end to end, recorded as a `review` run.
-//! - [`bench`]: `mercury bench review`.
 //!
 //! The actors that run it (`ReviewScheduler`, `JudgePool`) live in
 //! `crate::actors`; the admission of judge calls in `crate::model::gate`.
@@ -17,7 +16,6 @@
 //! or write to the database except the run row, token usage and the digest's
 //! outbox item.
 
-pub mod bench;
 pub mod digest;
 pub mod judge;
 pub mod reader;
