@@ -112,6 +112,13 @@ impl JudgePoolSlot {
     }
 }
 
+#[async_trait::async_trait]
+impl crate::review::BatchJudge for JudgePoolSlot {
+    async fn judge(&self, job: JudgeJob, timeout: Duration) -> BatchVerdict {
+        judge(self, job, timeout).await
+    }
+}
+
 /// Hands one batch to the pool and waits for its verdict. Every failure to
 /// get one (no pool, timeout, pool restarted) is a skipped batch with a
 /// reason, never an error.

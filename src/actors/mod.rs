@@ -143,3 +143,16 @@ impl SpaceDirectory {
             .map_err(|e| ActorError::Unavailable(e.to_string()))
     }
 }
+
+#[async_trait::async_trait]
+impl crate::review::SpaceWriter for SpaceDirectory {
+    async fn write_in_space(
+        &self,
+        space: &str,
+        write: crate::review::SpaceWrite,
+    ) -> Result<Value, crate::review::SpaceWriteError> {
+        self.apply(space, write)
+            .await
+            .map_err(|e| crate::review::SpaceWriteError(e.to_string()))
+    }
+}

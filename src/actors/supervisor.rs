@@ -171,8 +171,8 @@ impl RootSupervisor {
             ReviewSchedulerArgs {
                 ctx: crate::review::scan::ScanContext {
                     rt: state.rt.clone(),
-                    spaces: directory,
-                    pool: state.judge_pool_slot.clone(),
+                    spaces: Arc::new(directory),
+                    pool: Arc::new(state.judge_pool_slot.clone()),
                 },
             },
             myself.get_cell(),

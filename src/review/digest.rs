@@ -18,7 +18,6 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::actors::SpaceDirectory;
 use crate::review::redact::{IdentifierGate, IdentifierKind};
 use crate::review::report::{count, Report};
 use crate::runtime::Runtime;
@@ -102,7 +101,7 @@ pub fn blocked_digest(date: &str, kinds: &BTreeSet<IdentifierKind>, run_id: &str
 /// Queues `text` for the DM conversation of `owner`.
 pub async fn deliver(
     rt: &Runtime,
-    spaces: &SpaceDirectory,
+    spaces: &dyn super::SpaceWriter,
     owner: &str,
     text: String,
     blocked: bool,
@@ -138,7 +137,7 @@ pub async fn deliver(
     let queued = match space {
         // One writer per space: the outbox item of a space goes through its actor.
         Some(space) => spaces
-            .apply(&space, enqueue)
+            .write_in_space(&space, Box::new(enqueue))
             .await
             .map_err(|e| e.to_string()),
         None => rt.store.write(enqueue).await.map_err(|e| e.to_string()),

@@ -10,7 +10,10 @@
 //! - [`scan`]: one scan end to end, recorded as a `review` run.
 //!
 //! The actors that run it (`ReviewScheduler`, `JudgePool`) live in
-//! `crate::actors`; the admission of judge calls in `crate::model::gate`.
+//! `crate::actors`, above this module: review reaches them only through the
+//! two traits it owns here, [`SpaceWriter`] (the digest's outbox row goes
+//! through its space's one writer) and [`BatchJudge`] (a batch to the judge
+//! pool). The admission of judge calls is in `crate::model::gate`.
 //!
 //! Must never: let an identifier reach a report, a digest or a judge prompt,
 //! or write to the database except the run row, token usage and the digest's
@@ -23,7 +26,39 @@ pub mod redact;
 pub mod report;
 pub mod scan;
 
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
 use crate::storage::StoreError;
+
+/// A write a space's one writer runs in its mailbox order.
+pub type SpaceWrite =
+    Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static>;
+
+/// Why a write through a space's writer did not happen.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SpaceWriteError(pub String);
+
+/// The one writer of each space (implemented by the space actors'
+/// directory): review writes in a space only through it.
+#[async_trait]
+pub trait SpaceWriter: Send + Sync {
+    async fn write_in_space(
+        &self,
+        space: &str,
+        write: SpaceWrite,
+    ) -> Result<Value, SpaceWriteError>;
+}
+
+/// Judges one batch of redacted exchanges (implemented by the judge pool).
+/// Every failure to get a verdict is a skipped batch with a reason.
+#[async_trait]
+pub trait BatchJudge: Send + Sync {
+    async fn judge(&self, job: judge::JudgeJob, timeout: Duration) -> judge::BatchVerdict;
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {

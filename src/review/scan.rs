@@ -22,8 +22,6 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::judge_pool::{self, JudgePoolSlot};
-use crate::actors::SpaceDirectory;
 use crate::clock::ms_to_rfc3339;
 use crate::config::{ReviewConfig, Settings};
 use crate::model::gate::{Admission, ModelGate};
@@ -51,8 +49,10 @@ const MIN_SENDER_ID_CHARS: usize = 3;
 #[derive(Clone)]
 pub struct ScanContext {
     pub rt: Arc<Runtime>,
-    pub spaces: SpaceDirectory,
-    pub pool: JudgePoolSlot,
+    /// The spaces' writers (the digest's outbox row).
+    pub spaces: Arc<dyn super::SpaceWriter>,
+    /// The judge pool.
+    pub pool: Arc<dyn super::BatchJudge>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -363,7 +363,7 @@ fn fill_counts(summary: &mut ScanSummary, report: &Report) {
 
 async fn send_digest(ctx: &ScanContext, text: String, blocked: bool) -> DigestOutcome {
     let owner = ctx.rt.settings.review.owner.clone();
-    digest::deliver(&ctx.rt, &ctx.spaces, &owner, text, blocked).await
+    digest::deliver(&ctx.rt, ctx.spaces.as_ref(), &owner, text, blocked).await
 }
 
 async fn finish_run(rt: &Runtime, summary: &ScanSummary) {
@@ -674,7 +674,7 @@ async fn judge_window(
             };
             let (pool, label) = (ctx.pool.clone(), label.clone());
             in_flight.push(Box::pin(async move {
-                let v = judge_pool::judge(&pool, job, timeout).await;
+                let v = pool.judge(job, timeout).await;
                 (label, ids, v)
             }));
         }

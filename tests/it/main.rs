@@ -7,6 +7,7 @@ mod ask;
 mod bench_sandbox;
 mod common;
 mod docker_turns;
+mod layers;
 mod links;
 mod live;
 mod review;
