@@ -9,5 +9,6 @@ mod common;
 mod docker_turns;
 mod links;
 mod live;
+mod redaction;
 mod review;
 mod smoke;

@@ -131,7 +131,8 @@ static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
 static BRACKET_AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?i)[\w.%+\-]+ *[(\[{<] *at *[)\]}>] *[\w\-]+",
-        r"(?: *(?:[(\[{<] *(?:dot|punt|punkt|point) *[)\]}>]| +dot +|\.) *[\w\-]+)*",
+        // A plain `.` only when a label follows at once: `x [at] y.com. Next`.
+        r"(?: *(?:[(\[{<] *(?:dot|punt|punkt|point) *[)\]}>]| +dot +) *[\w\-]+|\.[\w\-]+)*",
     ))
     .expect("constant obfuscated e-mail pattern")
 });
@@ -411,7 +412,7 @@ fn local_part_start(plain: &str, at: usize) -> usize {
             .unwrap_or(start);
         let begins_with_digit = plain[run_start..at]
             .chars()
-            .find(|c| *c != '+' && *c != '(')
+            .find(|c| c.is_alphanumeric())
             .is_some_and(is_digit);
         start = run_start;
         if !begins_with_digit {
@@ -514,6 +515,16 @@ mod tests {
         assert_eq!(phones("06 -- 12 -- 34 -- 56"), vec!["06 -- 12 -- 34 -- 56"]);
         assert_eq!(phones("[msg 612345678]"), vec!["612345678"]);
         assert_eq!(phones("555.123.4567"), vec!["555.123.4567"]);
+    }
+
+    #[test]
+    fn spelled_out_emails_end_at_the_sentence() {
+        let text = "mail kw [at] host.com. Next, a (at) b (dot) nl or c at d dot org!";
+        let got: Vec<&str> = email_spans(text).into_iter().map(|r| &text[r]).collect();
+        assert_eq!(
+            got,
+            vec!["kw [at] host.com", "a (at) b (dot) nl", "c at d dot org"]
+        );
     }
 
     #[test]
