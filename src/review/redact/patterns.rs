@@ -123,7 +123,7 @@ static WHATSAPP_SUFFIX: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?:"[^"\n]{1,64}"|[\w.%+\-]+)@(?:\[[^\]\n]{1,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#)
+    Regex::new(r#"(?:"[^"\n]{1,64}"|[\w.%+\-]+)@(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#)
         .expect("constant e-mail pattern")
 });
 
@@ -150,7 +150,10 @@ static WORD_AT: LazyLock<Regex> = LazyLock::new(|| {
 static GATE_AT_HOST: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?i)(?:@|[(\[{<] *at *[)\]}>]) *",
-        r"(?:\[[^\]\n]{1,64}\]|[\w\-]+(?: *(?:\.|[(\[{<] *dot *[)\]}>]) *[\w\-]+)+)",
+        // A host: an IP literal, four numbers (IPv4), or labels whose last
+        // one holds a letter (`@ 12.50` is a price).
+        r"(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[0-9]{1,3}(?: *\. *[0-9]{1,3}){3}",
+        r"|(?:[\w\-]+ *(?:\.|[(\[{<] *dot *[)\]}>]) *)+[\w\-]*\p{L}[\w\-]*)",
         r"|\w@\w|[(\[{<] *at *[)\]}>] *\w",
     ))
     .expect("constant gate host pattern")
