@@ -104,8 +104,9 @@ impl RedactionList {
         Self::default()
     }
 
-    /// A name to redact, whole and by its first word. Variants shorter than
-    /// two characters are ignored when matching.
+    /// A name to redact: whole, by its first name and by each other part of
+    /// three letters or more, in any case, accents, look-alike letters or
+    /// glued form (see `names.rs`). A first name under two letters is ignored.
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.names.push(name.into());
         self
