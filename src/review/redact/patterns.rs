@@ -122,8 +122,11 @@ static WHATSAPP_SUFFIX: LazyLock<Regex> = LazyLock::new(|| {
         .expect("constant whatsapp pattern")
 });
 
+/// A quoted local part neither starts nor ends with a space, so the closing
+/// quote of one phrase and the opening quote of the next (`"a" and "@b`) are
+/// not taken for one.
 static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?:"[^"\n]{1,64}"|[\w.%+\-]+)@(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#)
+    Regex::new(r#"(?:"[^"\s](?:[^"\n]{0,62}[^"\s])?"|[\w.%+\-]+)@(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#)
         .expect("constant e-mail pattern")
 });
 
@@ -137,11 +140,13 @@ static BRACKET_AT: LazyLock<Regex> = LazyLock::new(|| {
     .expect("constant obfuscated e-mail pattern")
 });
 
-/// `name at example dot com`: bare words, so a spelled-out dot is required.
+/// `name at example dot com`: bare words, so a spelled-out dot is required,
+/// and the last label must look like a top-level domain (two to six letters).
 static WORD_AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?i)[\w.%+\-]+ +at +[\w\-]+",
-        r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[\w\-]+)+",
+        r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[\w\-]+)*",
+        r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *\p{L}{2,6})\b",
     ))
     .expect("constant obfuscated e-mail pattern")
 });
@@ -521,6 +526,13 @@ mod tests {
     }
 
     #[test]
+    fn quoted_local_parts_do_not_join_two_quotations() {
+        let text = r#"<Søren" and "@lukasz or "john doe"@example.com"#;
+        let got: Vec<&str> = email_spans(text).into_iter().map(|r| &text[r]).collect();
+        assert_eq!(got, vec![r#""john doe"@example.com"#]);
+    }
+
+    #[test]
     fn spelled_out_emails_end_at_the_sentence() {
         let text = "mail kw [at] host.com. Next, a (at) b (dot) nl or c at d dot org!";
         let got: Vec<&str> = email_spans(text).into_iter().map(|r| &text[r]).collect();
@@ -528,17 +540,22 @@ mod tests {
             got,
             vec!["kw [at] host.com", "a (at) b (dot) nl", "c at d dot org"]
         );
+        // Prose: no top-level domain after the last "dot".
+        assert!(email_spans("meet at home dot afterwards").is_empty());
     }
 
     #[test]
     fn whatsapp_local_parts_keep_every_digit() {
-        let text = "call 31 6 1234 5678@lid or whatsapp:316.1234.5678@s.whatsapp.net.";
+        let text = "call 31 6 1234 5678@lid or whatsapp:316.1234.5678@s.whatsapp.net. \
+                    \"whatsapp:5  7417 86- -95 03@s.whatsapp.net";
         let got: Vec<&str> = whatsapp_spans(text).into_iter().map(|r| &text[r]).collect();
         assert_eq!(
             got,
             vec![
                 "31 6 1234 5678@lid",
-                "whatsapp:316.1234.5678@s.whatsapp.net"
+                "whatsapp:316.1234.5678@s.whatsapp.net",
+                // A group that starts with a separator does not end the run.
+                "whatsapp:5  7417 86- -95 03@s.whatsapp.net",
             ]
         );
     }
