@@ -141,12 +141,13 @@ static BRACKET_AT: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// `name at example dot com`: bare words, so a spelled-out dot is required,
-/// and the last label must look like a top-level domain (two to six letters).
+/// and the last label must look like a top-level domain (two to six ASCII
+/// letters).
 static WORD_AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?i)[\w.%+\-]+ +at +[\w\-]+",
         r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[\w\-]+)*",
-        r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *\p{L}{2,6})\b",
+        r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[a-z]{2,6})\b",
     ))
     .expect("constant obfuscated e-mail pattern")
 });
@@ -542,6 +543,7 @@ mod tests {
         );
         // Prose: no top-level domain after the last "dot".
         assert!(email_spans("meet at home dot afterwards").is_empty());
+        assert!(email_spans("seen at tomorrow dot 日本語").is_empty());
     }
 
     #[test]
