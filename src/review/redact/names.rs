@@ -45,20 +45,24 @@ pub(super) struct NameMatcher {
     keys: HashMap<String, String>,
 }
 
-/// Letters only: the identity of a matched name whatever joined its parts.
+/// Letters and digits only: the identity of a matched name whatever joined
+/// its parts.
 fn compact(s: &str) -> String {
-    s.chars().filter(|c| c.is_alphabetic()).collect()
+    s.chars().filter(|c| c.is_alphanumeric()).collect()
 }
 
 /// A configured name, split into words (on spaces) and each word into folded
-/// parts (on anything not a letter), with each part's length in letters as
-/// written.
+/// parts (on anything not a letter or digit), with each part's length in
+/// characters as written.
 fn words(name: &str) -> Vec<Vec<(String, usize)>> {
     normalise::plain(name)
         .split_whitespace()
         .map(|w| {
-            w.split(|c: char| !c.is_alphabetic())
-                .filter(|p| !p.is_empty())
+            // Digits stay in their part: a display name `Bob42` is not `Bob`.
+            w.split(|c: char| !c.is_alphanumeric())
+                // A part of digits only names no one (a display name that is
+                // a phone number is the phone matcher's).
+                .filter(|p| p.chars().any(char::is_alphabetic))
                 .map(|p| (normalise::fold(p), p.chars().count()))
                 .filter(|(f, _)| !f.is_empty())
                 .collect::<Vec<_>>()
@@ -245,6 +249,9 @@ mod tests {
     fn name_variants_cover_parts_handles_and_glued_forms() {
         let names = ["Anna de Vries"];
         assert_eq!(found(&names, "Mr. Vries wrote"), vec!["Vries"]);
+        assert_eq!(found(&["Bob42"], "Bob and bob42"), vec!["bob42"]);
+        // A display name that is a number adds no name variant.
+        assert!(found(&["+31 6 1234 5678"], "31 December, room 1234").is_empty());
         assert_eq!(
             found(&names, "@anna_devries and AnnaDeVries"),
             vec!["anna_devries", "AnnaDeVries"]
