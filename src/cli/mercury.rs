@@ -139,7 +139,7 @@ enum BenchCommand {
 enum ReviewCommand {
     /// Redact identifiers from stdin, line by line, to stdout.
     Redact {
-        /// A name to redact (whole and first name); repeatable.
+        /// A name to redact (whole, first name, surname parts); repeatable.
         #[arg(long = "name")]
         names: Vec<String>,
         /// A file of names, one per line.

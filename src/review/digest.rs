@@ -83,7 +83,12 @@ pub fn report_digest(
             ));
         }
     }
-    gate.check(&text).map_err(|g| g.kinds)?;
+    let ids = report
+        .findings
+        .iter()
+        .flat_map(|f| [f.message_id, f.reply_id])
+        .collect();
+    gate.check_with_ids(&text, &ids).map_err(|g| g.kinds)?;
     text.push_str(&format!("\nReport: {}", report_path.display()));
     Ok(text)
 }

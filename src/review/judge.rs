@@ -351,8 +351,10 @@ pub async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
         };
         verdict.calls += 1;
         record_usage(rt, job, &spec, &resp.usage, &mut verdict).await;
-        let (gate, text) = (job.gate.clone(), resp.text.clone());
-        match tokio::task::spawn_blocking(move || gate.check(&text)).await {
+        let (gate, text, known) = (job.gate.clone(), resp.text.clone(), ids.clone());
+        // The batch's own ids are the only numbers the answer may carry as
+        // `"message_id": N`; any other long number fails the gate.
+        match tokio::task::spawn_blocking(move || gate.check_with_ids(&text, &known)).await {
             Ok(Ok(())) => {}
             Ok(Err(found)) => {
                 tracing::error!(run = %job.run_id, kinds = %found, "the judge's answer holds identifiers; the report will be blocked");

@@ -6,14 +6,15 @@
 //! The gate covers the whole of `report.md` and every string of
 //! `report.json`. JSON numbers are counts and message ids the host made; they
 //! are not gated, so a message id past a million is not taken for a phone
-//! number. In `report.md` message ids are written `[msg N]` and counts with
-//! thousands separators, the shapes the redactor knows are not phones.
+//! number. In `report.md` message ids are written `[msg N]` (the gate lets
+//! through exactly the findings' ids in that shape) and counts with thousands
+//! separators (a comma is no phone separator).
 //!
 //! Must never: write a file before the gate passed, leave a half-written
 //! report behind, or name anything in it that did not come out of the
 //! scan's redactor (space ids included).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -181,11 +182,24 @@ impl Report {
 
 /// The gate over what would be written: all of the markdown and every
 /// string in the JSON.
+/// The findings' message and reply ids (numbers the host validated against
+/// the batch) are the only `[msg N]` the gate lets through.
 pub fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Result<(), GateFailure> {
-    gate.check(markdown)?;
+    let ids = finding_ids(json);
+    gate.check_with_ids(markdown, &ids)?;
     let mut strings = String::new();
     collect_strings(json, &mut strings);
-    gate.check(&strings)
+    gate.check_with_ids(&strings, &ids)
+}
+
+fn finding_ids(json: &Value) -> BTreeSet<i64> {
+    json["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| [&f["message_id"], &f["reply_id"]])
+        .filter_map(Value::as_i64)
+        .collect()
 }
 
 fn collect_strings(v: &Value, out: &mut String) {

@@ -10,6 +10,7 @@ mod docker_turns;
 mod layers;
 mod links;
 mod live;
+mod redaction;
 mod review;
 mod security_host;
 mod security_links;

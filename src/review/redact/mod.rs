@@ -3,25 +3,46 @@
 //! Owns the rules that decide what counts as a personal identifier in review
 //! text (phone numbers, WhatsApp ids, e-mail addresses, the sender ids and the
 //! names configured for a scan), the [`Redactor`] that swaps them for stable
-//! per-scan placeholders such as `[PERSON_1]`, and [`assert_no_identifiers`],
-//! the gate a report must pass before it is written or sent anywhere.
+//! per-scan placeholders such as `[PERSON_1]`, and [`assert_no_identifiers`] /
+//! [`IdentifierGate`], the gate a report must pass before it is written or
+//! sent anywhere.
+//!
+//! Both match on one normalisation of the text ([`normalise`]: NFKC,
+//! invisible characters dropped, Unicode spaces and dashes made ASCII, and for
+//! names case, diacritics and confusables folded), and the redactor replaces
+//! what it found in the original text through the normalisation's span map.
+//! The gate is wider than the redactor: it runs every matcher of the redactor
+//! and also flags any run of seven digits or more outside the shapes the
+//! report renders, any `@` or `(at)` before a host-like token, and long name
+//! parts glued inside other words ([`gate`]).
+//!
+//! - [`normalise`]: the plain and folded views and their span maps.
+//! - [`names`]: the name variants of the list and where they match.
+//! - [`patterns`]: phones, WhatsApp ids, e-mails, and ordinary numbers.
+//! - [`gate`]: the fail-closed gate.
 //!
 //! Must never: log, print, return or put in an error a matched value (errors
 //! and `Debug` output name kinds and counts only), or let the gate be narrower
-//! than the redactor. The gate runs the very same matchers as the redactor, so
-//! whatever the redactor would replace the gate flags, and redacted output
-//! always passes.
-//!
-//! This file is self-contained: it refers to nothing else in the crate.
+//! than the redactor.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod gate;
+mod names;
+mod normalise;
+mod patterns;
+
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{self, BufRead, Read, Write};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use regex::{Regex, RegexBuilder};
+
+pub use gate::{assert_no_identifiers, GateFailure, IdentifierGate};
+
+use names::NameMatcher;
+use normalise::Views;
 
 /// What sort of identifier a placeholder stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -83,8 +104,9 @@ impl RedactionList {
         Self::default()
     }
 
-    /// A name to redact, whole and by its first word. Variants shorter than
-    /// two characters are ignored when matching.
+    /// A name to redact: whole, by its first name and by each other part of
+    /// three letters or more, in any case, accents, look-alike letters or
+    /// glued form (see `names.rs`). A first name under two letters is ignored.
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.names.push(name.into());
         self
@@ -145,21 +167,6 @@ pub struct BuildError {
     pub kind: IdentifierKind,
 }
 
-/// The gate found identifiers. Carries their kinds, never their values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("identifier gate failed: {} still present", kind_list(.kinds))]
-pub struct GateFailure {
-    pub kinds: BTreeSet<IdentifierKind>,
-}
-
-fn kind_list(kinds: &BTreeSet<IdentifierKind>) -> String {
-    kinds
-        .iter()
-        .map(|k| k.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Replaces identifiers with placeholders that stay stable for the life of
 /// the `Redactor`: use one per scan so a whole report shares one numbering.
 pub struct Redactor {
@@ -177,10 +184,9 @@ impl fmt::Debug for Redactor {
     }
 }
 
-/// Redaction repeats until nothing changes so the output is a fixed point,
-/// which is exactly what makes redact → gate pass. One round is the norm; the
-/// cap only bounds the work on adversarial input, and whatever a capped run
-/// leaves behind the gate still catches.
+/// Redaction repeats until nothing changes so the output is a fixed point.
+/// One round is the norm; the cap only bounds the work on adversarial input,
+/// and whatever a capped run leaves behind the gate still catches.
 const MAX_ROUNDS: usize = 4;
 
 impl Redactor {
@@ -197,12 +203,10 @@ impl Redactor {
         &self.list
     }
 
-    /// The gate for this redactor's list, sharing its compiled matchers, so
-    /// the gate is exactly as wide as the redactor.
+    /// The gate for this redactor's list, sharing its compiled matchers (so
+    /// it flags all the redactor replaces, and more).
     pub fn identifier_gate(&self) -> IdentifierGate {
-        IdentifierGate {
-            matchers: self.matchers.clone(),
-        }
+        IdentifierGate::from_matchers(self.matchers.clone())
     }
 
     /// How many distinct values of each kind got a placeholder so far.
@@ -217,9 +221,22 @@ impl Redactor {
         let mut current = text.to_owned();
         for _ in 0..MAX_ROUNDS {
             let mut changed = false;
-            let next = matchers.scan(&current, &mut |kind, key| {
+            let next = map_outside_placeholders(&current, |segment| {
+                let views = normalise::normalise(segment);
+                let hits = matchers.hits(&views);
+                if hits.is_empty() {
+                    return segment.to_owned();
+                }
                 changed = true;
-                table.placeholder(kind, key)
+                let mut out = String::with_capacity(segment.len());
+                let mut last = 0;
+                for hit in hits {
+                    out.push_str(&segment[last..hit.range.start]);
+                    out.push_str(&table.placeholder(hit.kind, hit.key));
+                    last = hit.range.end;
+                }
+                out.push_str(&segment[last..]);
+                out
             });
             if !changed {
                 break;
@@ -250,56 +267,6 @@ impl PlaceholderTable {
     }
 }
 
-/// Fail closed: `Err` when anything the redactor would replace is present,
-/// and also when the list cannot be compiled (an unchecked list is treated as
-/// a found identifier of that kind).
-pub fn assert_no_identifiers(text: &str, list: &RedactionList) -> Result<(), GateFailure> {
-    match IdentifierGate::new(list) {
-        Ok(gate) => gate.check(text),
-        Err(e) => Err(GateFailure {
-            kinds: BTreeSet::from([e.kind]),
-        }),
-    }
-}
-
-/// [`assert_no_identifiers`] with the list compiled once, for callers that
-/// gate many texts against one list (a scan gates every judge answer).
-pub struct IdentifierGate {
-    matchers: Matchers,
-}
-
-// Built from identifiers; keep them out of any Debug output.
-impl fmt::Debug for IdentifierGate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdentifierGate").finish_non_exhaustive()
-    }
-}
-
-impl IdentifierGate {
-    pub fn new(list: &RedactionList) -> Result<Self, BuildError> {
-        Ok(Self {
-            matchers: Matchers::build(list)?,
-        })
-    }
-
-    /// `Err` with the kinds found when anything the redactor would replace
-    /// is present.
-    pub fn check(&self, text: &str) -> Result<(), GateFailure> {
-        let mut kinds = BTreeSet::new();
-        // The placeholder text only has to act as a barrier for later passes,
-        // like the redactor's does; its number is irrelevant to what matches.
-        self.matchers.scan(text, &mut |kind, _key| {
-            kinds.insert(kind);
-            format!("[{}_1]", kind.placeholder_prefix())
-        });
-        if kinds.is_empty() {
-            Ok(())
-        } else {
-            Err(GateFailure { kinds })
-        }
-    }
-}
-
 /// Redacts line by line with one [`Redactor`] so placeholders stay stable
 /// across the whole input. Line endings are kept as they were. No matcher
 /// spans a line break, so line-wise redaction equals whole-text redaction.
@@ -325,15 +292,38 @@ pub fn redact_lines(
 }
 
 /// Reads all of `input` and runs the gate on it. Text that is not UTF-8 is an
-/// I/O error, never a pass.
+/// I/O error, never a pass. The ids of a `report.md`'s own finding lines
+/// (`- message: [msg N] (reply [msg M])`, a whole line only the report
+/// writes) are vouched for; every other long number counts.
 pub fn gate_text(
     mut input: impl Read,
     list: &RedactionList,
 ) -> io::Result<Result<(), GateFailure>> {
     let mut text = String::new();
     input.read_to_string(&mut text)?;
-    Ok(assert_no_identifiers(&text, list))
+    let gate = match IdentifierGate::new(list) {
+        Ok(g) => g,
+        Err(e) => {
+            return Ok(Err(GateFailure {
+                kinds: std::collections::BTreeSet::from([e.kind]),
+            }))
+        }
+    };
+    let ids = text
+        .lines()
+        .filter_map(|l| REPORT_MESSAGE_LINE.captures(l))
+        .flat_map(|c| [c.get(1), c.get(2)])
+        .flatten()
+        .filter_map(|m| m.as_str().parse::<i64>().ok())
+        .collect();
+    Ok(gate.check_with_ids(&text, &ids))
 }
+
+/// The line `report.md` writes for a finding's ids (see `report.rs`).
+static REPORT_MESSAGE_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^- message: \[msg ([1-9][0-9]{0,17})\] \(reply \[msg ([1-9][0-9]{0,17})\]\)$")
+        .expect("constant report line pattern")
+});
 
 /// One name per line; blank lines and lines starting with `#` are skipped.
 pub fn load_names_file(path: impl AsRef<Path>) -> io::Result<Vec<String>> {
@@ -350,10 +340,10 @@ pub fn load_names_file(path: impl AsRef<Path>) -> io::Result<Vec<String>> {
 // Matching
 // ---------------------------------------------------------------------------
 
-/// Order matters: the structured ids go first so that their digits and local
-/// parts are gone before the phone pass, and names go last so a name inside
-/// an e-mail address or sender id is replaced as part of that whole value.
-const PASS_ORDER: [IdentifierKind; 5] = [
+/// When matches overlap, the earlier kind names the whole: a name inside an
+/// e-mail address or a sender id goes with that value, and a phone run that
+/// reaches into a WhatsApp id is one identifier, not two halves.
+const PRIORITY: [IdentifierKind; 5] = [
     IdentifierKind::SenderId,
     IdentifierKind::WhatsappId,
     IdentifierKind::Email,
@@ -361,23 +351,12 @@ const PASS_ORDER: [IdentifierKind; 5] = [
     IdentifierKind::Name,
 ];
 
-/// Fewer digits than this is a count, a year or a short code, not a phone.
-const MIN_PHONE_DIGITS: usize = 7;
-
-/// Separators allowed between the digit groups of a phone number, at most
-/// [`MAX_PHONE_SEPARATORS`] in a row. No line break: no match spans lines.
-fn is_phone_separator(c: char) -> bool {
-    matches!(
-        c,
-        ' ' | '\u{a0}' | '\u{202f}' | '.' | '-' | '/' | '(' | ')' | '\u{2010}' | '\u{2011}'
-    )
+fn priority(kind: IdentifierKind) -> usize {
+    PRIORITY
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(PRIORITY.len())
 }
-const MAX_PHONE_SEPARATORS: usize = 3;
-
-// The statics below are compiled from constant patterns. A failure is a bug
-// in this file, caught by every test on first use, so it behaves like a
-// start-up assertion rather than a runtime error path; `expect` is the
-// honest way to say so.
 
 /// Placeholders already in the text are barriers: no pass looks inside them
 /// or joins text across them. The number is capped at six digits so nothing
@@ -386,249 +365,6 @@ static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON)_[1-9][0-9]{0,5}\]")
         .expect("constant placeholder pattern")
 });
-
-/// Any local part (or none) before a WhatsApp suffix: a bare `@lid` in a
-/// report is already something the owner's `grep` would flag.
-static WHATSAPP_ID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)[\w.:+\-]*@(?:s\.whatsapp\.net|g\.us|c\.us|lid)")
-        .expect("constant whatsapp pattern")
-});
-
-static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"[\w.%+\-]+@[\w\-]+(?:\.[\w\-]+)+").expect("constant e-mail pattern")
-});
-
-// `\d` is any Unicode decimal digit: a number written in Arabic-Indic or
-// fullwidth digits is as much a phone number as an ASCII one.
-static PHONE_CANDIDATE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\+?\(?\d(?:[ \x{A0}\x{202F}./()\-\x{2010}\x{2011}]{0,3}\d)*")
-        .expect("constant phone pattern")
-});
-
-static DECIMAL: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[0-9]+\.[0-9]{1,2}$").expect("constant decimal pattern"));
-
-// Number shapes that are not phones, hidden from the phone pass. ASCII-only
-// patterns: masking swaps each byte for one '#', which keeps offsets valid.
-static MESSAGE_ID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\[[Mm][Ss][Gg] [1-9][0-9]{0,8}\]").expect("constant message id pattern")
-});
-
-static TIME: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"[0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?(?:\.[0-9]{1,3})?")
-        .expect("constant time pattern")
-});
-
-static UUID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-        .expect("constant uuid pattern")
-});
-
-// Longer alternatives first: the engine is leftmost-first, so `0?[1-9]`
-// ahead of `[12][0-9]` would stop a day at its first digit.
-static DATE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
-        r"(?:19|20)[0-9]{2}[-/.](?:1[0-2]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])",
-        r"|(?:3[01]|[12][0-9]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])[-/.](?:19|20)[0-9]{2}",
-    ))
-    .expect("constant date pattern")
-});
-
-const MASK: char = '#';
-
-/// The patterns built from one [`RedactionList`] plus the fixed ones above.
-/// Cloning shares the compiled regexes.
-#[derive(Clone)]
-struct Matchers {
-    senders: Option<Regex>,
-    names: Option<Regex>,
-    /// Normalised name variant → key of the person it stands for, so that a
-    /// first name and the whole name share one placeholder when unambiguous.
-    name_keys: HashMap<String, String>,
-}
-
-impl Matchers {
-    fn build(list: &RedactionList) -> Result<Self, BuildError> {
-        let mut sender_ids: Vec<&str> = list
-            .sender_ids
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
-            .collect();
-        sort_longest_first(&mut sender_ids);
-        // No word boundaries around sender ids: a configured id glued to
-        // other text is still that id, and over-redacting it is harmless.
-        let senders = compile_alternation(
-            &sender_ids
-                .iter()
-                .map(|s| regex::escape(s))
-                .collect::<Vec<_>>(),
-            "",
-            "",
-            IdentifierKind::SenderId,
-        )?;
-
-        let (variants, name_keys) = name_variants(&list.names);
-        let mut variant_refs: Vec<&str> = variants.iter().map(String::as_str).collect();
-        sort_longest_first(&mut variant_refs);
-        let name_patterns: Vec<String> = variant_refs
-            .iter()
-            .map(|v| {
-                v.split(' ')
-                    .map(regex::escape)
-                    .collect::<Vec<_>>()
-                    .join(r"[\t\p{Zs}]+")
-            })
-            .collect();
-        let names = compile_alternation(
-            &name_patterns,
-            r"\b{start-half}",
-            r"\b{end-half}",
-            IdentifierKind::Name,
-        )?;
-
-        Ok(Self {
-            senders,
-            names,
-            name_keys,
-        })
-    }
-
-    /// Runs every pass in order. `sink` gets the kind and a normalised key
-    /// (never logged) and returns the text to put in place of the match.
-    fn scan(&self, text: &str, sink: &mut dyn FnMut(IdentifierKind, String) -> String) -> String {
-        let mut current = text.to_owned();
-        for kind in PASS_ORDER {
-            current = map_outside_placeholders(&current, |segment| {
-                let spans = self.spans(kind, segment);
-                splice(segment, &spans, |raw| sink(kind, self.key(kind, raw)))
-            });
-        }
-        current
-    }
-
-    fn spans(&self, kind: IdentifierKind, segment: &str) -> Vec<Range<usize>> {
-        match kind {
-            IdentifierKind::SenderId => regex_spans(self.senders.as_ref(), segment),
-            IdentifierKind::WhatsappId => WHATSAPP_ID
-                .find_iter(segment)
-                .filter(|m| whatsapp_tail_ends(&segment[m.end()..]))
-                .map(|m| m.range())
-                .collect(),
-            IdentifierKind::Email => regex_spans(Some(&EMAIL), segment),
-            IdentifierKind::Phone => phone_spans(segment),
-            IdentifierKind::Name => regex_spans(self.names.as_ref(), segment),
-        }
-    }
-
-    /// Identity of a value for placeholder numbering: two spellings of the
-    /// same identifier must land on the same key.
-    fn key(&self, kind: IdentifierKind, raw: &str) -> String {
-        match kind {
-            IdentifierKind::Phone => raw.chars().filter(|c| is_digit(*c)).collect(),
-            IdentifierKind::WhatsappId => {
-                let lower = raw.to_lowercase();
-                match lower.split_once('@') {
-                    // The `:NN` device part names a device, not a person.
-                    Some((local, suffix)) => {
-                        let user = match local.split_once(':') {
-                            Some((user, device)) if device.chars().all(|c| c.is_ascii_digit()) => {
-                                user
-                            }
-                            _ => local,
-                        };
-                        format!("{user}@{suffix}")
-                    }
-                    None => lower,
-                }
-            }
-            IdentifierKind::Email | IdentifierKind::SenderId => raw.to_lowercase(),
-            IdentifierKind::Name => {
-                let norm = normalise_name(raw);
-                self.name_keys.get(&norm).cloned().unwrap_or(norm)
-            }
-        }
-    }
-}
-
-fn regex_spans(re: Option<&Regex>, segment: &str) -> Vec<Range<usize>> {
-    re.map(|re| re.find_iter(segment).map(|m| m.range()).collect())
-        .unwrap_or_default()
-}
-
-fn sort_longest_first(items: &mut Vec<&str>) {
-    items.sort_by(|a, b| {
-        b.chars()
-            .count()
-            .cmp(&a.chars().count())
-            .then_with(|| a.cmp(b))
-    });
-    items.dedup();
-}
-
-/// One case-insensitive alternation. Longest alternatives come first because
-/// the engine prefers earlier alternatives at the same start.
-fn compile_alternation(
-    alternatives: &[String],
-    before: &str,
-    after: &str,
-    kind: IdentifierKind,
-) -> Result<Option<Regex>, BuildError> {
-    if alternatives.is_empty() {
-        return Ok(None);
-    }
-    let pattern = format!("(?i){before}(?:{}){after}", alternatives.join("|"));
-    RegexBuilder::new(&pattern)
-        .size_limit(1 << 26)
-        .build()
-        .map(Some)
-        .map_err(|_| BuildError { kind })
-}
-
-fn normalise_name(s: &str) -> String {
-    s.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .to_lowercase()
-}
-
-/// Every name variant to match (whole names and first names of at least two
-/// characters, single-spaced) and the person key each variant maps to.
-fn name_variants(names: &[String]) -> (Vec<String>, HashMap<String, String>) {
-    let mut variants = Vec::new();
-    // first-name key → keys of every configured person it could mean
-    let mut owners: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for name in names {
-        let words: Vec<&str> = name.split_whitespace().collect();
-        let Some(first) = words.first() else {
-            continue;
-        };
-        let whole = words.join(" ");
-        let whole_key = whole.to_lowercase();
-        if whole.chars().count() >= 2 {
-            variants.push(whole);
-            owners
-                .entry(whole_key.clone())
-                .or_default()
-                .insert(whole_key.clone());
-        }
-        if words.len() > 1 && first.chars().count() >= 2 {
-            variants.push((*first).to_owned());
-            owners
-                .entry(first.to_lowercase())
-                .or_default()
-                .insert(whole_key);
-        }
-    }
-    let keys = owners
-        .into_iter()
-        .filter_map(|(variant, people)| match people.len() {
-            1 => people.into_iter().next().map(|p| (variant, p)),
-            _ => None,
-        })
-        .collect();
-    (variants, keys)
-}
 
 /// Applies `f` to the text between placeholders and keeps the placeholders
 /// verbatim, so no pass can re-match one or join text across one.
@@ -644,138 +380,163 @@ fn map_outside_placeholders(text: &str, mut f: impl FnMut(&str) -> String) -> St
     out
 }
 
-fn splice(
-    segment: &str,
-    spans: &[Range<usize>],
-    mut replace: impl FnMut(&str) -> String,
-) -> String {
-    if spans.is_empty() {
-        return segment.to_owned();
+/// One identifier found: where in the original segment, what, and the key
+/// that decides its placeholder (never logged).
+struct Hit {
+    range: Range<usize>,
+    kind: IdentifierKind,
+    key: String,
+}
+
+/// The matchers built from one [`RedactionList`] plus the fixed patterns.
+/// Cloning shares the compiled regexes.
+#[derive(Clone)]
+struct Matchers(Arc<Compiled>);
+
+struct Compiled {
+    senders: Option<Regex>,
+    names: NameMatcher,
+}
+
+impl Matchers {
+    fn build(list: &RedactionList) -> Result<Self, BuildError> {
+        let mut ids: Vec<String> = list
+            .sender_ids
+            .iter()
+            .map(|s| normalise::plain(s.trim()))
+            .filter(|s| !s.is_empty())
+            .collect();
+        ids.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        ids.dedup();
+        // No word boundaries around sender ids: a configured id glued to
+        // other text is still that id, and over-redacting it is harmless.
+        let senders = if ids.is_empty() {
+            None
+        } else {
+            let alts: Vec<String> = ids.iter().map(|s| regex::escape(s)).collect();
+            Some(
+                RegexBuilder::new(&format!("(?i)(?:{})", alts.join("|")))
+                    .size_limit(1 << 26)
+                    .build()
+                    .map_err(|_| BuildError {
+                        kind: IdentifierKind::SenderId,
+                    })?,
+            )
+        };
+        let names = NameMatcher::build(&list.names).map_err(|_| BuildError {
+            kind: IdentifierKind::Name,
+        })?;
+        Ok(Self(Arc::new(Compiled { senders, names })))
     }
-    let mut out = String::with_capacity(segment.len());
-    let mut last = 0;
-    for span in spans {
-        out.push_str(&segment[last..span.start]);
-        out.push_str(&replace(&segment[span.clone()]));
-        last = span.end;
+
+    /// Every identifier the redactor replaces in one segment (no placeholder
+    /// inside), in the original's coordinates, overlaps merged, in order.
+    fn hits(&self, views: &Views) -> Vec<Hit> {
+        let plain = &views.plain;
+        let mut found: Vec<(Range<usize>, IdentifierKind, String)> = Vec::new();
+        let mut from_plain = |kind: IdentifierKind, spans: Vec<Range<usize>>| {
+            for r in spans.into_iter().filter(|r| !r.is_empty()) {
+                let key = plain_key(kind, &plain.text[r.clone()]);
+                found.push((plain.original(r), kind, key));
+            }
+        };
+        if let Some(re) = &self.0.senders {
+            from_plain(
+                IdentifierKind::SenderId,
+                re.find_iter(&plain.text).map(|m| m.range()).collect(),
+            );
+        }
+        from_plain(
+            IdentifierKind::WhatsappId,
+            patterns::whatsapp_spans(&plain.text),
+        );
+        from_plain(IdentifierKind::Email, patterns::email_spans(&plain.text));
+        from_plain(IdentifierKind::Phone, patterns::phone_spans(&plain.text));
+        for r in self.0.names.spans(views) {
+            let key = self.0.names.key(&views.folded.text[r.clone()]);
+            found.push((views.folded.original(r), IdentifierKind::Name, key));
+        }
+        merge(found)
     }
-    out.push_str(&segment[last..]);
+
+    fn names(&self) -> &NameMatcher {
+        &self.0.names
+    }
+}
+
+/// Overlapping hits become one, named by the kind that comes first in
+/// [`PRIORITY`] (its key decides the placeholder).
+fn merge(mut found: Vec<(Range<usize>, IdentifierKind, String)>) -> Vec<Hit> {
+    found.sort_by(|a, b| {
+        a.0.start
+            .cmp(&b.0.start)
+            .then_with(|| priority(a.1).cmp(&priority(b.1)))
+    });
+    let mut out: Vec<Hit> = Vec::new();
+    for (range, kind, key) in found {
+        if let Some(last) = out.last_mut() {
+            if range.start < last.range.end {
+                last.range.end = last.range.end.max(range.end);
+                if priority(kind) < priority(last.kind) {
+                    last.kind = kind;
+                    last.key = key;
+                }
+                continue;
+            }
+        }
+        out.push(Hit { range, kind, key });
+    }
     out
 }
 
-/// Wider than `\d` on purpose: only used to decide what NOT to mask or where
-/// a candidate is counted, so erring wide errs towards redaction.
-fn is_digit(c: char) -> bool {
-    c.is_numeric()
-}
-
-fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
-}
-
-/// A WhatsApp suffix must end there: `@lidl.de` or `@g.us.example.org` is an
-/// e-mail domain, left for the e-mail pass to take whole.
-fn whatsapp_tail_ends(rest: &str) -> bool {
-    let mut chars = rest.chars();
-    match chars.next() {
-        None => true,
-        Some(c) if is_word_char(c) => false,
-        Some('.') => !chars.next().is_some_and(is_word_char),
-        Some(_) => true,
-    }
-}
-
-fn phone_spans(segment: &str) -> Vec<Range<usize>> {
-    let masked = mask_non_phone_numbers(segment);
-    PHONE_CANDIDATE
-        .find_iter(&masked)
-        .filter_map(|m| {
-            let candidate = m.as_str();
-            let digits = candidate.chars().filter(|c| is_digit(*c)).count();
-            if digits < MIN_PHONE_DIGITS || DECIMAL.is_match(candidate) {
-                return None;
+/// Identity of a value for placeholder numbering: two spellings of the same
+/// identifier land on the same key.
+fn plain_key(kind: IdentifierKind, raw: &str) -> String {
+    match kind {
+        IdentifierKind::Phone => raw.chars().filter(|c| patterns::is_digit(*c)).collect(),
+        IdentifierKind::WhatsappId => {
+            let lower = raw.to_lowercase();
+            match lower.split_once('@') {
+                // The `:NN` device part names a device, not a person.
+                Some((local, suffix)) => {
+                    // `whatsapp:` names the platform, not the person.
+                    let local = match local.split_once(':') {
+                        Some((platform, rest))
+                            if !platform.is_empty()
+                                && platform.chars().all(|c| c.is_alphabetic()) =>
+                        {
+                            rest
+                        }
+                        _ => local,
+                    };
+                    let local: String = local
+                        .chars()
+                        .filter(|c| !matches!(c, ' ' | '-' | '.' | '/' | '(' | ')' | '_'))
+                        .collect();
+                    let user = match local.rsplit_once(':') {
+                        Some((user, device))
+                            if !device.is_empty() && device.chars().all(|c| c.is_ascii_digit()) =>
+                        {
+                            user.to_owned()
+                        }
+                        _ => local,
+                    };
+                    format!("{user}@{suffix}")
+                }
+                None => lower,
             }
-            // "(0612345678)": the opening parenthesis belongs to the prose.
-            let start = if candidate.starts_with('(') && !candidate.contains(')') {
-                m.start() + 1
-            } else {
-                m.start()
-            };
-            Some(start..m.end())
-        })
-        .collect()
-}
-
-/// Hides message ids, times, UUIDs and dates from the phone pass. Dates are
-/// hidden only when no digit could join them into a longer number: a date
-/// run into other digits is ambiguous, and ambiguity is redacted.
-fn mask_non_phone_numbers(segment: &str) -> String {
-    let mut buf = segment.to_owned();
-    mask_where(&mut buf, &MESSAGE_ID, |_, _| true);
-    mask_where(&mut buf, &TIME, |before, after| {
-        !before.ends_with(|c: char| is_digit(c) || c == ':')
-            && !after.starts_with(|c: char| is_digit(c) || c == ':')
-    });
-    mask_where(&mut buf, &UUID, |before, after| {
-        let joined = |c: char| c.is_ascii_alphanumeric() || c == '-';
-        !before.ends_with(joined) && !after.starts_with(joined)
-    });
-    // Judge each date with every other date already hidden, so a range such
-    // as "2026-11-29 - 2026-11-30" is two dates rather than one long number.
-    let mut dates_hidden = buf.clone();
-    mask_where(&mut dates_hidden, &DATE, |_, _| true);
-    let isolated: Vec<Range<usize>> = DATE
-        .find_iter(&buf)
-        .map(|m| m.range())
-        .filter(|r| {
-            !reaches_digit(dates_hidden[..r.start].chars().rev())
-                && !reaches_digit(dates_hidden[r.end..].chars())
-        })
-        .collect();
-    mask_ranges(&mut buf, &isolated);
-    buf
-}
-
-/// Would a phone candidate running through this side pick up more digits?
-fn reaches_digit(mut chars: impl Iterator<Item = char>) -> bool {
-    for _ in 0..=MAX_PHONE_SEPARATORS {
-        match chars.next() {
-            Some(c) if is_digit(c) || c == '+' => return true,
-            Some(c) if is_phone_separator(c) => continue,
-            _ => return false,
+        }
+        IdentifierKind::Email | IdentifierKind::SenderId | IdentifierKind::Name => {
+            raw.to_lowercase()
         }
     }
-    false
-}
-
-fn mask_where(buf: &mut String, re: &Regex, keep: impl Fn(&str, &str) -> bool) {
-    let ranges: Vec<Range<usize>> = re
-        .find_iter(buf)
-        .filter(|m| keep(&buf[..m.start()], &buf[m.end()..]))
-        .map(|m| m.range())
-        .collect();
-    mask_ranges(buf, &ranges);
-}
-
-fn mask_ranges(buf: &mut String, ranges: &[Range<usize>]) {
-    if ranges.is_empty() {
-        return;
-    }
-    let mut out = String::with_capacity(buf.len());
-    let mut last = 0;
-    for r in ranges {
-        out.push_str(&buf[last..r.start]);
-        out.extend(std::iter::repeat_n(MASK, r.len()));
-        last = r.end;
-    }
-    out.push_str(&buf[last..]);
-    *buf = out;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn redactor(list: RedactionList) -> Redactor {
         Redactor::new(list).expect("test list compiles")
@@ -874,17 +635,56 @@ mod tests {
             "29.11.2026 at 4:05",
             "11/29/2026",
             "[msg 42] said hi",
-            "[msg 123456789] quoted",
-            "it costs 12.50 or 1234567.50",
+            "it costs 12.50",
             "42 exchanges in 3 spaces, 1999 and 2026",
             "1, 2, 3, 4, 5, 6, 7",
-            "trace 3f2a9c1e-1234-5678-9abc-def012345678",
             "from 2026-11-29 - 2026-11-30",
             "12:30:45.123",
+            "1,234,567 tokens",
         ] {
             assert_eq!(redact(text), text, "text {text:?}");
             assert_eq!(assert_no_identifiers(text, &RedactionList::new()), Ok(()));
         }
+    }
+
+    #[test]
+    fn ordinary_numbers_kept_by_the_redactor_are_still_flagged_by_the_gate() {
+        // Defence in depth: the redactor keeps these as ordinary text, the
+        // gate knows none of these shapes, so a report quoting one is blocked.
+        for text in [
+            "trace 3f2a9c1e-1234-5678-9abc-def012345678",
+            "it costs 1234567.50",
+            "ISBN 978-3-16-148410-0",
+            "ticket 2026-00421234",
+            "€ 1 234 567",
+            "v10.0.19045.2965",
+        ] {
+            assert_eq!(redact(text), text, "text {text:?}");
+            assert_eq!(
+                kinds(text, &RedactionList::new()),
+                BTreeSet::from([IdentifierKind::Phone]),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn message_ids_pass_the_gate_only_when_vouched_for() {
+        let gate = IdentifierGate::new(&RedactionList::new()).unwrap();
+        let text = "- message: [msg 12345678] (reply [msg 12345679])";
+        assert!(gate.check(text).is_err());
+        let ids = BTreeSet::from([12_345_678, 12_345_679]);
+        assert_eq!(gate.check_with_ids(text, &ids), Ok(()));
+        let answer = r#"{"findings": [{"message_id": 12345678, "summary": "x"}]}"#;
+        assert_eq!(gate.check_with_ids(answer, &ids), Ok(()));
+        // A number dressed as a message id is not one of them.
+        assert!(gate.check_with_ids("[msg 612345678]", &ids).is_err());
+        assert!(gate
+            .check_with_ids(r#"{"message_id": 612345678}"#, &ids)
+            .is_err());
+        // The redactor never takes `[msg N]` for the host's: in chat text it
+        // is a disguise like any other.
+        assert_eq!(redact("see [msg 612345678]"), "see [msg [PHONE_1]]");
     }
 
     #[test]
@@ -933,9 +733,9 @@ mod tests {
     #[test]
     fn bare_whatsapp_suffix_is_flagged() {
         let list = RedactionList::new();
-        assert_eq!(
-            kinds("ids end in @s.whatsapp.net", &list),
-            BTreeSet::from([IdentifierKind::WhatsappId])
+        assert!(kinds("ids end in @s.whatsapp.net", &list).contains(&IdentifierKind::WhatsappId));
+        assert!(
+            kinds("ids end in @ s . whatsapp . net", &list).contains(&IdentifierKind::WhatsappId)
         );
         assert_eq!(redact("suffix @lid."), "suffix [WA_1].");
     }
@@ -1011,7 +811,9 @@ mod tests {
             "[PERSON_1], [PERSON_1] et l’[PERSON_1]"
         );
         // Word boundaries count accented letters as letters.
-        assert_eq!(r.redact_identifiers("Élodiea éÉlodie"), "Élodiea éÉlodie");
+        assert_eq!(r.redact_identifiers("Élodiea xélodie"), "Élodiea xélodie");
+        // A change of case is a boundary: glued forms are found.
+        assert_eq!(r.redact_identifiers("éÉlodie"), "é[PERSON_1]");
     }
 
     #[test]
@@ -1019,8 +821,9 @@ mod tests {
         let list = RedactionList::new().with_name("Al").with_name("Bob Smith");
         let mut r = redactor(list);
         assert_eq!(
+            // `_` is no letter: `Bob_x` is a handle holding the name.
             r.redact_identifiers("Also Malice, Al's car, Bob Smithers, Bob_x, al."),
-            "Also Malice, [PERSON_1]'s car, [PERSON_2] Smithers, Bob_x, [PERSON_1]."
+            "Also Malice, [PERSON_1]'s car, [PERSON_2] Smithers, [PERSON_2]_x, [PERSON_1]."
         );
     }
 
@@ -1077,6 +880,7 @@ mod tests {
             kinds(line, &list),
             BTreeSet::from([
                 IdentifierKind::Phone,
+                IdentifierKind::WhatsappId,
                 IdentifierKind::Email,
                 IdentifierKind::SenderId,
                 IdentifierKind::Name,
@@ -1173,6 +977,22 @@ mod tests {
             Err(BTreeSet::from([IdentifierKind::Phone]))
         );
         assert!(gate_text(&[0xff, 0xfe, b'a'][..], &list).is_err());
+        // A report's own finding line vouches for its ids; the same number
+        // anywhere else, or in any other shape, is still a long number.
+        let report = "- message: [msg 12345678] (reply [msg 12345679])\n";
+        assert_eq!(gate_text(report.as_bytes(), &list).expect("read"), Ok(()));
+        for text in [
+            "- summary: see [msg 12345678]\n",
+            "- message: [msg 12345678] (reply [msg 12345679]) 0612345678\n",
+            "x - message: [msg 12345678] (reply [msg 12345679])\n",
+        ] {
+            assert!(
+                gate_text(text.as_bytes(), &list).expect("read").is_err(),
+                "{text}"
+            );
+        }
+        let both = "- message: [msg 12345678] (reply [msg 12345679])\n- evidence: 0612345678\n";
+        assert!(gate_text(both.as_bytes(), &list).expect("read").is_err());
     }
 
     #[test]

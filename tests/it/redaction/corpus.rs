@@ -1,0 +1,890 @@
+//! A generated redaction corpus: identifiers of every class the redactor and
+//! the gate must handle, with random values in random shapes, inside random
+//! ordinary text (words in several scripts, dates, times, amounts, versions,
+//! percentages, checksum-valid ISBNs, ticket/order/invoice numbers, room and
+//! flight codes), and the scoring of a redactor and a gate against it.
+//!
+//! It depends on nothing of the crate (only `unicode-normalization`), so the
+//! same corpus can score any redactor: the figures in docs/review.md for the
+//! redactor before issue 12 came from this file too.
+
+use std::collections::BTreeMap;
+
+use unicode_normalization::char::is_combining_mark;
+use unicode_normalization::UnicodeNormalization;
+
+/// splitmix64: small, seedable, good enough to draw test values.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below(hi - lo + 1)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn digits(&mut self, n: usize) -> String {
+        (0..n)
+            .map(|_| char::from(b'0' + self.below(10) as u8))
+            .collect()
+    }
+
+    fn digits_in(&mut self, lo: usize, hi: usize) -> String {
+        let n = self.range(lo, hi);
+        self.digits(n)
+    }
+
+    fn letters(&mut self, pool: &str, lo: usize, hi: usize) -> String {
+        let pool: Vec<char> = pool.chars().collect();
+        (0..self.range(lo, hi)).map(|_| *self.pick(&pool)).collect()
+    }
+}
+
+/// The people of the redaction list: realistic names (diacritics, particles,
+/// hyphens, non-decomposing letters) and random ones.
+pub const PEOPLE: &[&str] = &[
+    "Olivia Bakker",
+    "Anna de Vries",
+    "Łukasz Wróbel",
+    "Jean-Pierre Dupont",
+    "Søren Kierkegaard",
+    "Élodie Ñúñez",
+    "Bram Jansen",
+    "Noah van der Berg",
+    "María José García",
+    "Dmitri Ivanov",
+    "Zoë Hartmann",
+    "Siobhán Murphy",
+];
+
+pub fn people(rng: &mut Rng, random: usize) -> Vec<String> {
+    let mut all: Vec<String> = PEOPLE.iter().map(|s| s.to_string()).collect();
+    while all.len() < PEOPLE.len() + random {
+        let name = format!("{} {}", syllable_name(rng), syllable_name(rng));
+        if !VOCABULARY
+            .iter()
+            .any(|w| name.to_lowercase().contains(&w.to_lowercase()))
+        {
+            all.push(name);
+        }
+    }
+    all
+}
+
+fn syllable_name(rng: &mut Rng) -> String {
+    const ON: &[&str] = &[
+        "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
+    ];
+    const NU: &[&str] = &["a", "e", "i", "o", "u", "é", "ö", "ai", "ou"];
+    let mut s = String::new();
+    for _ in 0..rng.range(2, 3) {
+        s.push_str(rng.pick::<&str>(ON));
+        s.push_str(rng.pick::<&str>(NU));
+    }
+    s.push_str(rng.pick::<&str>(&["n", "r", "s", "k", "l"]));
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => s,
+    }
+}
+
+/// Ordinary words: none of them is, or holds, a name part of [`PEOPLE`].
+pub const VOCABULARY: &[&str] = &[
+    "the",
+    "bot",
+    "answered",
+    "wrongly",
+    "please",
+    "remind",
+    "tomorrow",
+    "meeting",
+    "later",
+    "thanks",
+    "weather",
+    "train",
+    "ok",
+    "yes",
+    "no",
+    "maybe",
+    "kitchen",
+    "garden",
+    "ça",
+    "déjà",
+    "élan",
+    "café",
+    "naïve",
+    "straße",
+    "smörgåsbord",
+    "niño",
+    "日本語",
+    "😀",
+    "привет",
+    "Ωμέγα",
+    "mañana",
+    "über",
+    "façade",
+    "—",
+    "...",
+    "!",
+    "?",
+    "(sic)",
+    "«quoted»",
+    "at",
+    "dot",
+    "net",
+];
+
+/// One ordinary token: a word, or a word followed by an ordinary number
+/// (numbers never touch each other, as in prose).
+fn ordinary(rng: &mut Rng) -> String {
+    let word = rng.pick(VOCABULARY).to_string();
+    if rng.chance(55) {
+        return word;
+    }
+    let n = match rng.below(16) {
+        0 => format!(
+            "{}-{:02}-{:02}",
+            rng.range(1990, 2030),
+            rng.range(1, 12),
+            rng.range(1, 28)
+        ),
+        1 => format!(
+            "{:02}.{:02}.{}",
+            rng.range(1, 28),
+            rng.range(1, 12),
+            rng.range(1990, 2030)
+        ),
+        2 => format!("{:02}:{:02}", rng.range(0, 23), rng.range(0, 59)),
+        3 => format!("{}€{}.{:02}", "", rng.range(1, 9999), rng.range(0, 99)),
+        4 => format!(
+            "€ {} {:03} {:03},{:02}",
+            rng.range(1, 99),
+            rng.below(1000),
+            rng.below(1000),
+            rng.below(100)
+        ),
+        5 => format!("{} EUR", rng.range(1_000_000, 99_999_999)),
+        6 => format!("{}.{}%", rng.range(0, 100), rng.below(10)),
+        7 => format!(
+            "v{}.{}.{}",
+            rng.range(0, 20),
+            rng.range(0, 40),
+            rng.range(0, 200)
+        ),
+        8 => format!(
+            "{}.0.{}.{}",
+            rng.range(10, 130),
+            rng.range(1000, 99999),
+            rng.range(10, 9999)
+        ),
+        9 => format!("ISBN {}", isbn13(rng, true)),
+        10 => isbn13(rng, false),
+        11 => format!("ticket {}-{}", rng.range(2000, 2030), rng.digits_in(4, 8)),
+        12 => format!("order #{}", rng.digits_in(7, 10)),
+        13 => format!("invoice INV-{}-{}", rng.range(2000, 2030), rng.digits(6)),
+        14 => format!("room {}", rng.pick(&["4.12", "B-1204", "12", "A3.07"])),
+        _ => format!(
+            "flight {}{}",
+            rng.pick(&["KL", "AF", "BA", "LH", "U2"]),
+            rng.range(10, 9999)
+        ),
+    };
+    format!("{word} {n}")
+}
+
+/// A checksum-valid ISBN-13, hyphenated or not.
+fn isbn13(rng: &mut Rng, hyphens: bool) -> String {
+    let mut d: Vec<u32> = vec![9, 7, if rng.chance(50) { 8 } else { 9 }];
+    d.extend((0..9).map(|_| rng.below(10) as u32));
+    let sum: u32 = d
+        .iter()
+        .enumerate()
+        .map(|(i, x)| if i % 2 == 0 { *x } else { 3 * x })
+        .sum();
+    d.push((10 - sum % 10) % 10);
+    let s: String = d
+        .iter()
+        .map(|x| char::from_digit(*x, 10).unwrap_or('0'))
+        .collect();
+    if hyphens {
+        format!(
+            "{}-{}-{}-{}-{}",
+            &s[..3],
+            &s[3..4],
+            &s[4..6],
+            &s[6..12],
+            &s[12..]
+        )
+    } else {
+        s
+    }
+}
+
+/// Separators that leaked in the incident, and the plain ones.
+const SEPARATORS: &[&str] = &[
+    "\u{2013}", "\u{2014}", "\u{2012}", "\u{2212}", "\u{2010}", "\u{2011}", "\u{FE63}", "\u{FF0D}",
+    "\u{2009}", "\u{2002}", "\u{2007}", "\u{3000}", "\u{202F}", "\u{A0}", "\u{200B}", "\u{200D}",
+    "\u{2060}", "\u{FEFF}", "\u{AD}", "\t", "_", "\u{B7}", "\u{30FB}", " ", "-", ".",
+];
+
+fn separator_run(rng: &mut Rng) -> String {
+    let n = if rng.chance(70) { 1 } else { rng.range(2, 3) };
+    (0..n).map(|_| *rng.pick(SEPARATORS)).collect()
+}
+
+/// Digit groups of a phone number (national, international, US).
+fn phone_groups(rng: &mut Rng) -> (String, Vec<String>) {
+    let mut rest: String = match rng.below(4) {
+        0 => format!("0{}{}", rng.range(1, 9), rng.digits(8)),
+        1 => format!("{}{}", rng.range(2, 9), rng.digits(9)),
+        2 => format!("00{}{}", rng.range(1, 99), rng.digits(9)),
+        _ => format!("{}{}", rng.range(1, 9), rng.digits_in(8, 10)),
+    };
+    let prefix = if rest.starts_with('0') || !rng.chance(60) {
+        String::new()
+    } else {
+        "+".to_owned()
+    };
+    let mut groups = Vec::new();
+    while !rest.is_empty() {
+        let n = rng.range(1, 4).min(rest.len());
+        groups.push(rest[..n].to_owned());
+        rest = rest[n..].to_owned();
+    }
+    (prefix, groups)
+}
+
+fn join_groups(rng: &mut Rng, groups: &[String]) -> String {
+    let mut s = String::new();
+    for (i, g) in groups.iter().enumerate() {
+        if i > 0 {
+            s.push_str(&separator_run(rng));
+        }
+        s.push_str(g);
+    }
+    s
+}
+
+fn map_digits(s: &str, base: u32) -> String {
+    s.chars()
+        .map(|c| match c.to_digit(10) {
+            Some(d) => char::from_u32(base + d).unwrap_or(c),
+            None => c,
+        })
+        .collect()
+}
+
+fn lower_word(rng: &mut Rng, lo: usize, hi: usize) -> String {
+    rng.letters("abcdefghijklnoprstuvwyz", lo, hi)
+}
+
+fn insert_soft_hyphens(rng: &mut Rng, s: &str) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    let mut out = String::new();
+    for (i, c) in chars.iter().enumerate() {
+        out.push(*c);
+        if i + 1 < chars.len() && c.is_alphanumeric() && rng.chance(30) {
+            out.push(*rng.pick(&['\u{AD}', '\u{200B}', '\u{200C}', '\u{2060}']));
+        }
+    }
+    out
+}
+
+const CYRILLIC: &[(char, char)] = &[
+    ('a', 'а'),
+    ('e', 'е'),
+    ('o', 'о'),
+    ('p', 'р'),
+    ('c', 'с'),
+    ('x', 'х'),
+    ('y', 'у'),
+    ('A', 'А'),
+    ('B', 'В'),
+    ('E', 'Е'),
+    ('H', 'Н'),
+    ('K', 'К'),
+    ('M', 'М'),
+    ('O', 'О'),
+    ('P', 'Р'),
+    ('C', 'С'),
+    ('T', 'Т'),
+    ('X', 'Х'),
+    ('i', 'і'),
+    ('I', 'І'),
+    ('j', 'ј'),
+    ('s', 'ѕ'),
+];
+const GREEK: &[(char, char)] = &[
+    ('A', 'Α'),
+    ('B', 'Β'),
+    ('E', 'Ε'),
+    ('H', 'Η'),
+    ('I', 'Ι'),
+    ('K', 'Κ'),
+    ('M', 'Μ'),
+    ('N', 'Ν'),
+    ('O', 'Ο'),
+    ('P', 'Ρ'),
+    ('T', 'Τ'),
+    ('X', 'Χ'),
+    ('Y', 'Υ'),
+    ('Z', 'Ζ'),
+    ('o', 'ο'),
+    ('v', 'ν'),
+    ('i', 'ι'),
+];
+
+/// Swaps letters for look-alikes; at least one when the name has any.
+fn look_alike(rng: &mut Rng, s: &str, table: &[(char, char)]) -> String {
+    let mut out = String::new();
+    let mut swapped = false;
+    for c in s.chars() {
+        match table.iter().find(|(l, _)| *l == c) {
+            Some((_, t)) if !swapped || rng.chance(50) => {
+                out.push(*t);
+                swapped = true;
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn fullwidth(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '!'..='~' => char::from_u32(c as u32 - 0x21 + 0xFF01).unwrap_or(c),
+            ' ' => '\u{3000}',
+            c => c,
+        })
+        .collect()
+}
+
+fn strip_marks(s: &str) -> String {
+    s.nfd().filter(|c| !is_combining_mark(*c)).nfc().collect()
+}
+
+fn add_marks(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        out.push(c);
+        if "aeiouAEIOU".contains(c) {
+            out.push('\u{301}');
+        }
+    }
+    out.nfc().collect()
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+const PARTICLES: &[&str] = &["de", "van", "der"];
+
+/// Every class of identifier the corpus plants.
+pub const CLASSES: &[&str] = &[
+    "phone: unicode separators",
+    "phone: fullwidth or other digits",
+    "phone: [msg N] disguise",
+    "whatsapp: separators in local part",
+    "email: plain",
+    "email: no-dot domain",
+    "email: fullwidth @ or ideographic full stop",
+    "email: soft hyphen or zero-width inside",
+    "email: (at) (dot) spelled out",
+    "email: IP-literal domain",
+    "name: whole",
+    "name: first name",
+    "name: surname part alone",
+    "name: handle",
+    "name: glued",
+    "name: all caps",
+    "name: NFD",
+    "name: diacritics dropped",
+    "name: diacritics added",
+    "name: zero-width or soft hyphen inside",
+    "name: Cyrillic look-alikes",
+    "name: Greek look-alikes",
+    "name: fullwidth",
+];
+
+/// One planted identifier: its class, the raw text, and what of it may stay
+/// (the `@` of a handle, the `Mr.` of `Mr. X`: context, not identifier).
+#[derive(Debug, Clone)]
+pub struct Planted {
+    pub class: &'static str,
+    pub raw: String,
+    pub context_before: String,
+    pub context_after: String,
+}
+
+fn planted(class: &'static str, raw: String) -> Planted {
+    Planted {
+        class,
+        raw,
+        context_before: String::new(),
+        context_after: String::new(),
+    }
+}
+
+/// A value of `class`, with a person drawn from `people` for names.
+pub fn identifier(rng: &mut Rng, class: &'static str, people: &[String]) -> Planted {
+    let person = rng.pick(people).clone();
+    let parts: Vec<&str> = person.split(' ').collect();
+    let first = parts[0].to_owned();
+    let surnames: Vec<&str> = parts[1..]
+        .iter()
+        .copied()
+        .filter(|p| !PARTICLES.contains(p) && p.chars().count() >= 3)
+        .collect();
+    let last = surnames
+        .last()
+        .copied()
+        .unwrap_or(parts[parts.len() - 1])
+        .to_owned();
+    match class {
+        "phone: unicode separators" => {
+            let (prefix, groups) = phone_groups(rng);
+            planted(class, format!("{prefix}{}", join_groups(rng, &groups)))
+        }
+        "phone: fullwidth or other digits" => {
+            let (prefix, groups) = phone_groups(rng);
+            let base = *rng.pick(&[0xFF10, 0x660, 0x6F0, 0x966, 0x1D7CE]);
+            planted(
+                class,
+                format!("{prefix}{}", map_digits(&join_groups(rng, &groups), base)),
+            )
+        }
+        "phone: [msg N] disguise" => {
+            let digits = format!("{}{}", rng.range(0, 9), rng.digits_in(8, 11));
+            let shown = if rng.chance(40) {
+                let groups: Vec<String> = digits
+                    .as_bytes()
+                    .chunks(3)
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect();
+                join_groups(rng, &groups)
+            } else {
+                digits
+            };
+            let mut p = planted(class, shown);
+            p.context_before = "[msg ".to_owned();
+            p.context_after = "]".to_owned();
+            p
+        }
+        "whatsapp: separators in local part" => {
+            let (_, groups) = phone_groups(rng);
+            let local = join_groups(rng, &groups).replace('+', "");
+            let device = if rng.chance(30) {
+                format!(":{}", rng.range(1, 40))
+            } else {
+                String::new()
+            };
+            let suffix = *rng.pick(&[
+                "@s.whatsapp.net",
+                "@lid",
+                "@g.us",
+                "@S.WHATSAPP.NET",
+                "＠lid",
+            ]);
+            let platform = if rng.chance(30) { "whatsapp:" } else { "" };
+            planted(class, format!("{platform}{local}{device}{suffix}"))
+        }
+        "email: plain" => planted(
+            class,
+            format!(
+                "{}.{}@{}.{}",
+                lower_word(rng, 2, 8),
+                lower_word(rng, 2, 8),
+                lower_word(rng, 3, 9),
+                rng.pick(&["com", "org", "nl", "co.uk", "fr"])
+            ),
+        ),
+        "email: no-dot domain" => planted(
+            class,
+            format!("{}@{}", lower_word(rng, 2, 9), lower_word(rng, 3, 9)),
+        ),
+        "email: fullwidth @ or ideographic full stop" => {
+            let at = *rng.pick(&["＠", "@", "﹫"]);
+            let dot = *rng.pick(&["。", "．", "｡", "."]);
+            let (at, dot) = if at == "@" && dot == "." {
+                ("＠", "。")
+            } else {
+                (at, dot)
+            };
+            planted(
+                class,
+                format!(
+                    "{}{at}{}{dot}{}",
+                    lower_word(rng, 2, 9),
+                    lower_word(rng, 3, 9),
+                    rng.pick(&["com", "nl", "de"])
+                ),
+            )
+        }
+        "email: soft hyphen or zero-width inside" => {
+            let e = format!(
+                "{}@{}.{}",
+                lower_word(rng, 3, 9),
+                lower_word(rng, 3, 9),
+                rng.pick(&["com", "org", "eu"])
+            );
+            planted(class, insert_soft_hyphens(rng, &e))
+        }
+        "email: (at) (dot) spelled out" => {
+            let at = *rng.pick(&[" (at) ", " [at] ", "(at)", " {at} ", " AT ", " at "]);
+            let dot = if at.trim() == "at" || at.trim() == "AT" {
+                *rng.pick(&[" dot ", " (dot) ", " DOT "])
+            } else {
+                *rng.pick(&[" (dot) ", " [dot] ", ".", " dot "])
+            };
+            planted(
+                class,
+                format!(
+                    "{}{at}{}{dot}{}",
+                    lower_word(rng, 3, 9),
+                    lower_word(rng, 3, 9),
+                    rng.pick(&["com", "org", "nl"])
+                ),
+            )
+        }
+        "email: IP-literal domain" => {
+            let ip = format!(
+                "{}.{}.{}.{}",
+                rng.range(1, 254),
+                rng.below(255),
+                rng.below(255),
+                rng.range(1, 254)
+            );
+            let domain = match rng.below(3) {
+                0 => format!("[{ip}]"),
+                1 => ip,
+                _ => format!("[IPv6:2001:db8::{}]", rng.range(1, 9999)),
+            };
+            planted(class, format!("{}@{domain}", lower_word(rng, 2, 9)))
+        }
+        "name: whole" => planted(class, person.clone()),
+        "name: first name" => planted(class, first),
+        "name: surname part alone" => {
+            let mut p = planted(class, last);
+            if rng.chance(50) {
+                p.context_before = rng.pick(&["Mr. ", "Ms. ", "Dr. ", "mevrouw "]).to_string();
+            } else {
+                p.context_after = rng.pick(&[" wrote", " said", " asked"]).to_string();
+            }
+            p
+        }
+        "name: handle" => {
+            let sep = *rng.pick(&["_", ".", "-", ""]);
+            let mut p = planted(
+                class,
+                format!("{}{sep}{}", first.to_lowercase(), last.to_lowercase()),
+            );
+            p.context_before = "@".to_owned();
+            p
+        }
+        "name: glued" => planted(
+            class,
+            format!("{}{}", capitalise(&first), capitalise(&last)),
+        ),
+        "name: all caps" => planted(class, person.to_uppercase()),
+        "name: NFD" => planted(class, person.nfd().collect()),
+        "name: diacritics dropped" => planted(class, strip_marks(&person)),
+        "name: diacritics added" => planted(class, add_marks(&strip_marks(&person))),
+        "name: zero-width or soft hyphen inside" => {
+            planted(class, insert_soft_hyphens(rng, &person))
+        }
+        "name: Cyrillic look-alikes" => planted(class, look_alike(rng, &person, CYRILLIC)),
+        "name: Greek look-alikes" => {
+            let upper = if rng.chance(50) {
+                person.to_uppercase()
+            } else {
+                person.clone()
+            };
+            planted(class, look_alike(rng, &upper, GREEK))
+        }
+        "name: fullwidth" => planted(class, fullwidth(&person)),
+        other => panic!("unknown class {other}"),
+    }
+}
+
+const LEFT: &[&str] = &["", "", "(", "«", "\"", "¿", "<", "— "];
+const RIGHT: &[&str] = &[
+    "", "", ")", "»", "\"", ",", ".", "!", "?", "'s", "’s", ":", ";", "…", ">",
+];
+
+/// A marker word: consonants only, so it is no name, word or identifier.
+fn marker(rng: &mut Rng) -> String {
+    format!("q{}", rng.letters("bcdfghjkpqrstvwxz", 7, 7))
+}
+
+/// One line of the corpus and what was planted where.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub text: String,
+    /// Each planted identifier with its decorations and the markers around it.
+    pub planted: Vec<Slot>,
+    /// The ordinary tokens, in order.
+    pub ordinary: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub id: Planted,
+    pub left: String,
+    pub right: String,
+    pub before: String,
+    pub after: String,
+}
+
+/// A line of `words` ordinary tokens with the given identifiers planted at
+/// random places, each between two marker words.
+pub fn line(rng: &mut Rng, ids: Vec<Planted>, words: usize) -> Line {
+    let mut pieces: Vec<(bool, String)> = (0..words).map(|_| (true, ordinary(rng))).collect();
+    let mut slots = Vec::new();
+    for id in ids {
+        let slot = Slot {
+            left: rng.pick(LEFT).to_string(),
+            right: rng.pick(RIGHT).to_string(),
+            before: marker(rng),
+            after: marker(rng),
+            id,
+        };
+        let at = rng.below(pieces.len() + 1);
+        let text = format!(
+            "{} {}{}{}{}{} {}",
+            slot.before,
+            slot.left,
+            slot.id.context_before,
+            slot.id.raw,
+            slot.id.context_after,
+            slot.right,
+            slot.after
+        );
+        pieces.insert(at, (false, text));
+        slots.push(slot);
+    }
+    let ordinary = pieces
+        .iter()
+        .filter(|(o, _)| *o)
+        .map(|(_, t)| t.clone())
+        .collect();
+    let text = pieces
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>()
+        .join(" ");
+    Line {
+        text,
+        planted: slots,
+        ordinary,
+    }
+}
+
+/// The corpus: `per_class` lines for each class, each planting one value.
+pub fn corpus(rng: &mut Rng, people: &[String], per_class: usize) -> Vec<Line> {
+    let mut out = Vec::new();
+    for class in CLASSES {
+        for _ in 0..per_class {
+            let id = identifier(rng, class, people);
+            let words = rng.range(3, 12);
+            out.push(line(rng, vec![id], words));
+        }
+    }
+    out
+}
+
+fn is_placeholder_at(s: &str) -> Option<usize> {
+    let rest = s.strip_prefix('[')?;
+    let close = rest.find(']')?;
+    let inner = &rest[..close];
+    let (kind, n) = inner.split_once('_')?;
+    let known = ["PHONE", "WA", "EMAIL", "SENDER", "PERSON"].contains(&kind);
+    (known && !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())).then_some(close + 2)
+}
+
+/// `text` with every placeholder replaced by `with`.
+pub fn without_placeholders(text: &str, with: &str) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        if let Some(n) = is_placeholder_at(&text[i..]) {
+            out.push_str(with);
+            i += n;
+            continue;
+        }
+        let c = text[i..].chars().next().unwrap_or(' ');
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
+fn squeeze(s: &str) -> String {
+    s.chars()
+        .filter(|c| {
+            !c.is_whitespace() && !"\u{200B}\u{200C}\u{200D}\u{2060}\u{FEFF}\u{AD}".contains(*c)
+        })
+        .collect()
+}
+
+/// Is every planted identifier of `line` gone from `out`? Per slot: the text
+/// between its two markers, placeholders removed, must be exactly its
+/// decorations and context.
+pub fn slot_redacted(slot: &Slot, out: &str) -> bool {
+    let clean = without_placeholders(out, "");
+    let Some(a) = clean.find(&slot.before) else {
+        return false;
+    };
+    let from = a + slot.before.len();
+    let Some(b) = clean[from..].find(&slot.after) else {
+        return false;
+    };
+    let residue = &clean[from..from + b];
+    squeeze(residue)
+        == squeeze(&format!(
+            "{}{}{}{}",
+            slot.left, slot.id.context_before, slot.id.context_after, slot.right
+        ))
+}
+
+/// How many ordinary tokens of `line` are in `out`, verbatim and in order.
+pub fn kept_tokens(line: &Line, out: &str) -> usize {
+    let clean = without_placeholders(out, "\u{1}");
+    let mut at = 0;
+    let mut kept = 0;
+    for token in &line.ordinary {
+        if let Some(i) = clean[at..].find(token.as_str()) {
+            kept += 1;
+            at += i + token.len();
+        }
+    }
+    kept
+}
+
+/// Figures of one run over a corpus.
+#[derive(Debug, Default, Clone)]
+pub struct Figures {
+    /// class → (planted, redacted by the redactor, flagged by the gate raw)
+    pub per_class: BTreeMap<&'static str, (usize, usize, usize)>,
+    pub ordinary: usize,
+    pub kept: usize,
+    pub lines: usize,
+    /// Redacted lines the gate still blocks (kept ordinary numbers, mostly).
+    pub redacted_lines_blocked: usize,
+}
+
+impl Figures {
+    pub fn planted(&self) -> usize {
+        self.per_class.values().map(|v| v.0).sum()
+    }
+    pub fn redacted(&self) -> usize {
+        self.per_class.values().map(|v| v.1).sum()
+    }
+    pub fn gated(&self) -> usize {
+        self.per_class.values().map(|v| v.2).sum()
+    }
+    pub fn recall(&self) -> f64 {
+        self.redacted() as f64 / self.planted().max(1) as f64
+    }
+    pub fn gate_recall(&self) -> f64 {
+        self.gated() as f64 / self.planted().max(1) as f64
+    }
+    pub fn kept_ratio(&self) -> f64 {
+        self.kept as f64 / self.ordinary.max(1) as f64
+    }
+
+    pub fn report(&self, title: &str) -> String {
+        let mut s = format!(
+            "{title}: {} lines, {} identifiers; redactor recall {:.1}% ({}/{}), gate on raw lines {:.1}% ({}/{}), ordinary tokens kept {:.1}% ({}/{}), redacted lines the gate blocks {}\n",
+            self.lines,
+            self.planted(),
+            100.0 * self.recall(),
+            self.redacted(),
+            self.planted(),
+            100.0 * self.gate_recall(),
+            self.gated(),
+            self.planted(),
+            100.0 * self.kept_ratio(),
+            self.kept,
+            self.ordinary,
+            self.redacted_lines_blocked,
+        );
+        for (class, (n, r, g)) in &self.per_class {
+            s.push_str(&format!(
+                "  {class:<45} redacted {r:>3}/{n:<3} gated {g:>3}/{n}\n"
+            ));
+        }
+        s
+    }
+}
+
+/// Scores a redactor (`redact`: line → output) and a gate (`blocks`: text →
+/// flagged) on `lines`; `blocks_redacted` gates the redactor's output (only
+/// for the figure of redacted lines still blocked).
+pub fn evaluate(
+    lines: &[Line],
+    mut redact: impl FnMut(&str) -> String,
+    mut blocks: impl FnMut(&str) -> bool,
+    mut blocks_redacted: impl FnMut(&str) -> bool,
+) -> (Figures, Vec<String>) {
+    let mut f = Figures {
+        lines: lines.len(),
+        ..Default::default()
+    };
+    let mut misses = Vec::new();
+    for line in lines {
+        let out = redact(&line.text);
+        let raw_blocked = blocks(&line.text);
+        for slot in &line.planted {
+            let e = f.per_class.entry(slot.id.class).or_default();
+            e.0 += 1;
+            if slot_redacted(slot, &out) {
+                e.1 += 1;
+            } else {
+                misses.push(format!(
+                    "redactor missed {}: {:?} → {:?}",
+                    slot.id.class, line.text, out
+                ));
+            }
+            if raw_blocked {
+                e.2 += 1;
+            } else {
+                misses.push(format!("gate passed {}: {:?}", slot.id.class, line.text));
+            }
+        }
+        f.ordinary += line.ordinary.len();
+        f.kept += kept_tokens(line, &out);
+        if blocks_redacted(&out) {
+            f.redacted_lines_blocked += 1;
+        }
+    }
+    (f, misses)
+}
