@@ -38,6 +38,7 @@ pub mod ingress;
 pub mod links;
 pub mod model;
 pub mod perms;
+pub mod redaction;
 pub mod review;
 pub mod runtime;
 pub mod sandbox;

@@ -34,7 +34,7 @@ use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
 use crate::perms::{self, ROLE_ADMIN};
-use crate::review::redact::{RedactionList, Redactor};
+use crate::redaction::{RedactionList, Redactor};
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::{spaces, Store};
 

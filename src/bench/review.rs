@@ -30,9 +30,9 @@ use crate::clock::now_ms;
 use crate::model::gate::Admission;
 use crate::model::scripted::ScriptedProvider;
 use crate::model::ModelProvider;
+use crate::redaction::{RedactionList, Redactor};
 use crate::review::judge;
 use crate::review::reader::{ExchangeReader, Window};
-use crate::review::redact::{RedactionList, Redactor};
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::{spaces, Store};
 

@@ -347,19 +347,19 @@ async fn run(cli: Cli) -> ExitCode {
 fn names_list(
     names: Vec<String>,
     file: Option<PathBuf>,
-) -> Result<crate::review::redact::RedactionList, String> {
+) -> Result<crate::redaction::RedactionList, String> {
     let mut all = names;
     if let Some(f) = file {
         all.extend(
-            crate::review::redact::load_names_file(&f)
+            crate::redaction::load_names_file(&f)
                 .map_err(|e| format!("cannot read {}: {e}", f.display()))?,
         );
     }
-    Ok(crate::review::redact::RedactionList::new().with_names(all))
+    Ok(crate::redaction::RedactionList::new().with_names(all))
 }
 
 fn review(cmd: ReviewCommand) -> ExitCode {
-    use crate::review::redact;
+    use crate::redaction as redact;
     match cmd {
         ReviewCommand::Redact { names, names_file } => {
             let list = match names_list(names, names_file) {

@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::review::redact::{IdentifierGate, IdentifierKind};
+use crate::redaction::{IdentifierGate, IdentifierKind};
 use crate::review::report::{count, Report};
 use crate::runtime::Runtime;
 use crate::storage::{conversations, outbox};
@@ -173,8 +173,8 @@ fn plural(n: u64) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redaction::RedactionList;
     use crate::review::judge::{FindingKind, Scope, TargetLayer};
-    use crate::review::redact::RedactionList;
     use crate::review::report::{Footer, ReportFinding};
 
     fn report(n: usize) -> Report {

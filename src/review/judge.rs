@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model::{ChatMessage, ModelError, ModelRequest, Purpose, Role};
-use crate::review::redact::{IdentifierGate, IdentifierKind};
+use crate::redaction::{IdentifierGate, IdentifierKind};
 use crate::runtime::Runtime;
 use crate::storage::runs;
 

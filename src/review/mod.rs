@@ -3,7 +3,7 @@
 //! the owner gets a DM digest.
 //!
 //! - [`reader`]: the window of exchanges per space, over a read-only connection.
-//! - [`redact`]: identifier redaction and the fail-closed gate.
+//! - redaction and its fail-closed gate are [`crate::redaction`] (the API uses them too).
 //! - [`judge`]: the batched, tool-less judge prompt and the validation of its answer.
 //! - [`report`]: `report.md` + `report.json`, gated, written atomically.
 //! - [`digest`]: the owner's DM.
@@ -22,7 +22,6 @@
 pub mod digest;
 pub mod judge;
 pub mod reader;
-pub mod redact;
 pub mod report;
 pub mod scan;
 
@@ -65,7 +64,7 @@ pub enum ReviewError {
     #[error("reading the conversations: {0}")]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Redaction(#[from] redact::BuildError),
+    Redaction(#[from] crate::redaction::BuildError),
     #[error("writing the report in {path}: {source}")]
     Write {
         path: String,

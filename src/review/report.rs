@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::redaction::{GateFailure, IdentifierGate};
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
-use crate::review::redact::{GateFailure, IdentifierGate};
 
 /// One finding as reported: the judge's validated fields plus where it is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -278,7 +278,7 @@ pub fn dollars(cost: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::review::redact::RedactionList;
+    use crate::redaction::RedactionList;
 
     fn sample() -> Report {
         let mut r = Report {

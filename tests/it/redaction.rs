@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use mercury::review::redact::{assert_no_identifiers, RedactionList, Redactor};
+use mercury::redaction::{assert_no_identifiers, RedactionList, Redactor};
 use proptest::test_runner::{Config, TestRunner};
 use reqwest::Method;
 use serde_json::{json, Value};
