@@ -1,27 +1,32 @@
 //! Mercury: a self-hosted chat-bot agent orchestrator.
 //!
 //! # Layout
-//! - [`config`]: `mercury.yaml` + `MERCURY_*` environment → validated [`config::Settings`].
-//! - [`ids`], [`clock`]: identifier newtypes and time parsing.
-//! - [`storage`]: SQLite (WAL) behind one writer thread; migrations; one module per table group.
-//! - [`perms`]: permission names, role defaults and per-space overrides.
-//! - [`api`]: the axum router, the auth step and one error type; `routes/` per resource.
-//! - [`actors`]: ractor actors: root supervisor, `SpaceActor` per space, task scheduler,
-//!   review scheduler, judge pool.
-//! - [`agent`]: one agent turn on the host: prompt, model/tool loop, usage.
-//! - [`model`]: model providers (OpenAI-compatible, Anthropic, scripted) and the model gate
-//!   (live turns before review work).
-//! - [`sandbox`]: where tools run: docker (bollard) or a plain process.
-//! - [`containers`]: host-side wiring of the docker backend: image, sweep.
-//! - [`ingress`]: inbound messages (durable first), triggers, rate limits, webhook adapter.
-//! - [`links`]: space links: the act-as allowlist, the grant resolver, invisible-text stripping.
-//! - [`review`]: conversation review: window reader, redaction and its fail-closed gate,
-//!   judge, report, owner digest, and `mercury bench review`.
-//! - [`host`]: `mercury init` and `mercury serve`.
-//! - [`demo`]: `mercury demo`, a scripted conversation against a real host.
-//! - [`temp_host`]: a throwaway host on a temp data dir (demo, benches).
-//! - [`bench`]: `mercury bench …` (turns, sandbox, links, ask, review): product paths timed beside a baseline.
+//!
+//! Imports run one way, top to bottom (`tests/it/layers.rs` holds it):
+//! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`ingress`] → [`app`] →
+//! [`actors`] → [`agent`], [`review`] → [`links`], [`perms`], [`redaction`],
+//! [`runtime`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
+//! → [`config`] → [`ids`], [`clock`], [`schedule`].
+//!
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
+//! - [`bench`]: `mercury bench …`: product paths timed beside a baseline.
+//! - [`host`]: the composition root: `init`, `serve`, the demo, the temp host, container wiring.
+//! - [`api`]: the axum router, the auth and act-as steps, one error type; `routes/` per resource.
+//! - [`ingress`]: inbound messages (durable first), triggers, rate limits, webhook adapter.
+//! - [`app`]: `App`, the state request handlers and ingress reach.
+//! - [`actors`]: the root supervisor, `SpaceActor`, task and review schedulers, judge pool, asks.
+//! - [`agent`]: one agent turn on the host: prompt, model/tool loop, layer, sandbox, usage.
+//! - [`review`]: conversation review: reader, judge, report, digest, scan.
+//! - [`links`], [`perms`]: space links (allowlist, grant resolver, stripping); permissions and roles.
+//! - [`redaction`]: identifier redaction and its fail-closed gate.
+//! - [`runtime`]: the shared services (store, models, sandbox, settings, paths).
+//! - [`model`]: providers (OpenAI-compatible, Anthropic, scripted) and the model gate.
+//! - [`sandbox`]: where `shell` and `mrctl` run: docker (bollard) or bubblewrap.
+//! - [`storage`]: SQLite (WAL) behind one writer thread; migrations; one module per table group.
+//! - [`client`]: the typed HTTP client of the API (mrctl, temp host, tests).
+//! - [`workspace`]: data-dir paths, modes and lock; the safe-path function; the turn layer.
+//! - [`config`]: `mercury.yaml` + `MERCURY_*` environment → validated [`config::Settings`].
+//! - [`ids`], [`clock`], [`schedule`]: identifier newtypes, time, cron.
 
 pub mod actors;
 pub mod agent;

@@ -354,7 +354,7 @@ async fn link(host: &TestHost, external_id: &str, space: &str) {
 /// Seeds one DM space per sender and every exchange of [`EXCHANGES`],
 /// alternating senders; returns how many exchanges were answered.
 async fn seed(host: &TestHost) -> i64 {
-    let adapter = host.token("adapter:whatsapp", "adapter").await;
+    let adapter = host.adapter_token("adapter:whatsapp", "whatsapp").await;
     for (sender, space) in [(LUKASZ, "dm-lukasz"), (ANNA, "dm-anna")] {
         host.create_space(space).await;
         let v = say(host, &adapter, sender, "hello", &format!("{space}-0")).await;
