@@ -39,8 +39,20 @@ pub enum ActorError {
     Timeout(u64),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("{0}")]
-    Control(String),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
+
+/// Why a control action (stop, clear, compact) failed inside the space actor.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The database refused a write or read: an internal failure, logged,
+    /// never shown to the client.
+    #[error("control action: {0}")]
+    Store(#[from] StoreError),
+    /// Compaction's model call failed (the model chain's own sentence).
+    #[error("compaction failed: {0}")]
+    Model(String),
 }
 
 /// The live space actors, by space id. Written only by the supervisor.
@@ -119,7 +131,7 @@ impl SpaceDirectory {
                 ractor::RactorErr::Timeout => ActorError::Timeout(CONTROL_TIMEOUT_MS),
                 other => ActorError::Unavailable(other.to_string()),
             })?;
-        res.map_err(ActorError::Control)
+        Ok(res?)
     }
 
     /// Stops every space actor (shutdown); their running turns are abandoned

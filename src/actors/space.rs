@@ -44,12 +44,13 @@ pub enum SpaceMsg {
     /// There may be pending messages: start the next turn if idle.
     Wake,
     /// The turn for this message has ended (committed or abandoned).
-    TurnEnded {
-        message_id: i64,
-    },
+    TurnEnded { message_id: i64 },
     /// A write from the API, applied in this space's order.
     Apply(SpaceWrite, RpcReplyPort<Result<Value, StoreError>>),
-    Control(ControlAction, RpcReplyPort<Result<Value, String>>),
+    Control(
+        ControlAction,
+        RpcReplyPort<Result<Value, super::ControlError>>,
+    ),
     /// Copy the workspace into `dest` between two turns (never during one) and
     /// answer with the id below which history belongs to the copy (`ask`).
     /// An ask's view of the workspace (a throwaway layer named by the
@@ -461,7 +462,10 @@ fn deliver(
     Ok(())
 }
 
-async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value, String> {
+async fn control(
+    state: &mut SpaceState,
+    action: ControlAction,
+) -> Result<Value, super::ControlError> {
     let space = state.space.to_string();
     match action {
         ControlAction::Stop => {
@@ -475,8 +479,7 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
                 .rt
                 .store
                 .write(move |tx| messages::drop_pending(tx, &space, running))
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             for id in &dropped {
                 state.rt.waiters.notify(*id);
             }
@@ -491,8 +494,7 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
                     spaces::set_session_boundary(tx, &space, b, None)?;
                     Ok(b)
                 })
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             Ok(json!({"cleared": true, "boundary": boundary}))
         }
         ControlAction::Compact => compact(state).await,
@@ -501,7 +503,7 @@ async fn control(state: &mut SpaceState, action: ControlAction) -> Result<Value,
 
 /// Summarises the history above the boundary through the model, then moves
 /// the boundary so later turns see the summary instead of the old messages.
-async fn compact(state: &mut SpaceState) -> Result<Value, String> {
+async fn compact(state: &mut SpaceState) -> Result<Value, super::ControlError> {
     let rt = state.rt.clone();
     let space = state.space.to_string();
     let limit = rt.settings.turn.history_limit.max(100);
@@ -515,8 +517,7 @@ async fn compact(state: &mut SpaceState) -> Result<Value, String> {
                 let max = messages::max_id(c, &space)?;
                 Ok((h, summary, chain, max))
             })
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
     };
     if history.is_empty() {
         return Ok(
@@ -539,7 +540,7 @@ async fn compact(state: &mut SpaceState) -> Result<Value, String> {
     ];
     let answer = agent::complete_with_chain(&rt, &chain, Purpose::Compact, &messages, &[])
         .await
-        .map_err(|e| format!("compaction failed: {e}"))?;
+        .map_err(super::ControlError::Model)?;
     let (space2, spec, summary, usage, cost) = (
         space.clone(),
         answer.spec,
@@ -563,7 +564,6 @@ async fn compact(state: &mut SpaceState) -> Result<Value, String> {
                 },
             )
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(json!({"compacted": true, "boundary": boundary, "summary": answer.response.text}))
 }

@@ -43,9 +43,12 @@ impl From<ActorError> for ApiError {
             ActorError::Timeout(ms) => {
                 ApiError::unavailable(format!("the space did not answer within {ms} ms"))
             }
-            ActorError::Control(m) => {
-                ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "control_failed", m)
-            }
+            ActorError::Control(crate::actors::ControlError::Store(e)) => e.into(),
+            ActorError::Control(crate::actors::ControlError::Model(m)) => ApiError::new(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "model_failed",
+                format!("compaction failed: {m}"),
+            ),
         }
     }
 }

@@ -1486,3 +1486,28 @@ async fn sigterm_lets_the_turn_in_flight_finish_then_exits_0() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_action_whose_store_write_fails_answers_500_internal_with_no_database_text() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("alpha").await;
+    // The database refuses the write `control clear` makes, with a message
+    // that must stay in the host's log.
+    h.db_writer()
+        .execute_batch(
+            "CREATE TRIGGER refuse_clear BEFORE INSERT ON session_state \
+             BEGIN SELECT RAISE(ABORT, 'SECRET-DB-TEXT session_state'); END;",
+        )
+        .unwrap();
+    let (st, v) = h
+        .owner(Method::POST, "/api/control/clear", Some("alpha"), None)
+        .await;
+    assert_eq!(st, 500, "{v}");
+    assert_eq!(v["error"]["code"], "internal", "{v}");
+    let body = v.to_string();
+    assert!(
+        !body.contains("SECRET-DB-TEXT") && !body.contains("session_state"),
+        "{body}"
+    );
+    h.stop().await;
+}
