@@ -285,6 +285,20 @@ impl TestHost {
         id
     }
 
+    /// Chats in `space` as the owner (`POST /api/chat`) and expects 200.
+    pub async fn chat(&self, space: &str, text: &str) -> Value {
+        let (st, v) = self
+            .owner(
+                Method::POST,
+                "/api/chat",
+                Some(space),
+                Some(json!({"text": text})),
+            )
+            .await;
+        assert_eq!(st, 200, "chat {text:?} in {space}: {v}");
+        v
+    }
+
     /// Grants `role` to `caller` in `space` (as the owner).
     pub async fn grant(&self, space: &str, caller: &str, role: &str) {
         let (st, v) = self

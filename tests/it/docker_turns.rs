@@ -224,16 +224,7 @@ fn chat_in_background(
 }
 
 async fn chat(host: &TestHost, space: &str, text: &str) -> Value {
-    let (st, v) = host
-        .owner(
-            Method::POST,
-            "/api/chat",
-            Some(space),
-            Some(json!({"text": text})),
-        )
-        .await;
-    assert_eq!(st, 200, "{v}");
-    v
+    host.chat(space, text).await
 }
 
 #[derive(Debug)]
@@ -856,6 +847,19 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
 
 /// `mercury serve` as a child process whose Docker engine is a socket that
 /// does not exist; stderr is collected as it comes.
+/// `/healthz` of a host on `port`, once it answers.
+async fn health_of(http: &reqwest::Client, port: u16) -> Value {
+    until("the host to answer", 60, async || {
+        let resp = http
+            .get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .ok()?;
+        resp.json::<Value>().await.ok()
+    })
+    .await
+}
+
 fn serve_without_engine(data: &Path, dir: &Path) -> (std::process::Child, Arc<Mutex<String>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mercury"))
         .args(["serve", "--data-dir"])
@@ -930,15 +934,7 @@ async fn sandbox_auto_without_an_engine_uses_bubblewrap_never_an_unisolated_proc
     let (dir, data, port) = prepare(&opts).await;
     let (mut child, stderr) = serve_without_engine(&data, dir.path());
     let http = reqwest::Client::new();
-    let health = until("the host to answer", 60, async || {
-        let resp = http
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            .ok()?;
-        resp.json::<Value>().await.ok()
-    })
-    .await;
+    let health = health_of(&http, port).await;
     let _ = child.kill();
     let _ = child.wait();
     let err = stderr.lock().unwrap().clone();
@@ -967,15 +963,7 @@ async fn sandbox_auto_without_engine_or_bubblewrap_refuses_tools_and_says_so() {
     let (dir, data, port) = prepare(&opts).await;
     let (mut child, stderr) = serve_without_engine(&data, dir.path());
     let http = reqwest::Client::new();
-    let health = until("the host to answer", 60, async || {
-        let resp = http
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            .ok()?;
-        resp.json::<Value>().await.ok()
-    })
-    .await;
+    let health = health_of(&http, port).await;
     assert_eq!(health["sandbox"], "none", "{health}");
     let token = std::fs::read_to_string(data.join("global/owner.token")).expect("token");
     let auth = format!("Bearer {}", token.trim());

@@ -31,15 +31,7 @@ fn mkfifo(path: &Path) {
 
 /// Chats in `space` as the owner; (status, reply text, run error).
 async fn owner_chat(h: &TestHost, space: &str, text: &str) -> (String, String, String) {
-    let (st, v) = h
-        .owner(
-            Method::POST,
-            "/api/chat",
-            Some(space),
-            Some(json!({"text": text})),
-        )
-        .await;
-    assert_eq!(st, 200, "{v}");
+    let v = h.chat(space, text).await;
     let run = v["run_id"].as_str().unwrap_or_default().to_owned();
     let error: Option<String> = h
         .db()

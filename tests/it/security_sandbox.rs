@@ -13,16 +13,7 @@ use serde_yaml_ng::Value as Yaml;
 use crate::common::{HostOptions, TestHost};
 
 async fn chat(host: &TestHost, space: &str, text: &str) -> Value {
-    let (st, v) = host
-        .owner(
-            Method::POST,
-            "/api/chat",
-            Some(space),
-            Some(json!({"text": text})),
-        )
-        .await;
-    assert_eq!(st, 200, "chat {text:?}: {v}");
-    v
+    host.chat(space, text).await
 }
 
 fn reply(v: &Value) -> String {
@@ -235,6 +226,21 @@ fn ask_writer_rules() -> Value {
     ]})
 }
 
+/// Spaces `mgmt` and `x`, an admin link between them, and one ask of `x`
+/// as the owner; returns x's workspace before, and the answer.
+async fn ask_x(host: &TestHost, body: Value) -> (Vec<(String, String)>, u16, Value) {
+    for s in ["mgmt", "x"] {
+        host.create_space(s).await;
+    }
+    host.link("mgmt", "x", "admin").await;
+    let before = host.workspace_hashes("x");
+    let owner = host.owner_token.clone();
+    let (st, v) = host
+        .act_as(Method::POST, "/api/ask", &owner, "mgmt", "x", Some(body))
+        .await;
+    (before, st, v)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bubblewrap_an_ask_leaves_the_target_byte_identical() {
     let host = TestHost::start(HostOptions {
@@ -243,22 +249,7 @@ async fn bubblewrap_an_ask_leaves_the_target_byte_identical() {
         ..Default::default()
     })
     .await;
-    for s in ["mgmt", "x"] {
-        host.create_space(s).await;
-    }
-    host.link("mgmt", "x", "admin").await;
-    let before = host.workspace_hashes("x");
-    let owner = host.owner_token.clone();
-    let (st, v) = host
-        .act_as(
-            Method::POST,
-            "/api/ask",
-            &owner,
-            "mgmt",
-            "x",
-            Some(json!({"message": "wreck", "as": "admin"})),
-        )
-        .await;
+    let (before, st, v) = ask_x(&host, json!({"message": "wreck", "as": "admin"})).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["reply"], "all done", "{v}");
     assert_eq!(host.workspace_hashes("x"), before);
@@ -286,22 +277,7 @@ async fn an_ask_on_an_unisolated_backend_is_refused_with_503() {
         ..Default::default()
     })
     .await;
-    for s in ["mgmt", "x"] {
-        host.create_space(s).await;
-    }
-    host.link("mgmt", "x", "admin").await;
-    let before = host.workspace_hashes("x");
-    let owner = host.owner_token.clone();
-    let (st, v) = host
-        .act_as(
-            Method::POST,
-            "/api/ask",
-            &owner,
-            "mgmt",
-            "x",
-            Some(json!({"message": "wreck"})),
-        )
-        .await;
+    let (before, st, v) = ask_x(&host, json!({"message": "wreck"})).await;
     assert_eq!(st, 503, "{v}");
     assert!(
         v["error"]["message"]
