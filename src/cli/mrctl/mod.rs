@@ -1,0 +1,1368 @@
+//! `mrctl`: the command-line client of the Mercury HTTP API (docs/api.md).
+//!
+//! Owns: the `mrctl` argument grammar (one subcommand per API route), the
+//! mapping of those arguments to a request (`plan`, a pure function), and the
+//! human-readable rendering of the answers. The HTTP/1 transport is
+//! [`crate::client`].
+//!
+//! Used by operators on the host and by agents inside a sandboxed turn, where
+//! `MERCURY_SOCKET` points at the mounted `api.sock` and `MERCURY_TOKEN` holds
+//! the run token, so the container needs no network.
+//!
+//! Must never: print or log the API token (not in errors, not in `Debug`);
+//! decide anything the server decides (permissions, defaults, existence):
+//! local checks only catch malformed input early; follow redirects or talk to
+//! anything but the one configured address; read the token from a flag value
+//! (it would show in `ps`), only from a file or the environment.
+//!
+//! Exit codes: 0 success, 1 the server said no, 2 usage, setup or connection
+//! problem.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde_json::{json, Value};
+
+use crate::client::{request, ClientError, Connection};
+
+mod args;
+mod plan;
+mod render;
+
+pub use args::*;
+use plan::*;
+use render::*;
+
+/// `messages recent --all` stops after this many pages even if the server keeps
+/// handing out cursors, so a server bug cannot make the client loop forever.
+const MAX_PAGES: usize = 10_000;
+
+/// Why an invocation failed; decides the exit code.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Usage(#[from] UsageError),
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    /// The server answered with a 4xx/5xx.
+    #[error("{message} (HTTP {status}{})", code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
+    Api {
+        status: u16,
+        code: Option<String>,
+        message: String,
+    },
+    /// The answer was fine but did not contain what was asked for (prefs/config get KEY).
+    #[error("{0}")]
+    Missing(String),
+    #[error("cannot read stdin: {0}")]
+    Stdin(std::io::Error),
+    #[error("cannot write the output: {0}")]
+    Output(std::io::Error),
+}
+
+fn exit_code(failure: &Failure) -> u8 {
+    match failure {
+        Failure::Api { .. } | Failure::Missing(_) => 1,
+        Failure::Usage(_) | Failure::Client(_) | Failure::Stdin(_) | Failure::Output(_) => 2,
+    }
+}
+
+/// Turns a non-2xx answer into a [`Failure::Api`] with the server's sentence.
+fn api_failure(status: u16, body: &Value) -> Failure {
+    let err = body.get("error");
+    let code = err
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut message = match err.and_then(|e| e.get("message")).and_then(Value::as_str) {
+        Some(m) => m.to_owned(),
+        None => match body {
+            Value::String(s) if !s.is_empty() => s.chars().take(500).collect(),
+            _ => format!("the server answered with status {status}"),
+        },
+    };
+    if status == 401 {
+        message.push_str("; check the token (--token-file, MERCURY_TOKEN or $MERCURY_DATA_DIR/global/owner.token)");
+    }
+    Failure::Api {
+        status,
+        code,
+        message,
+    }
+}
+
+async fn call(conn: &Connection, plan: &RequestPlan) -> Result<Value, Failure> {
+    let (status, value) =
+        request(conn, plan.method.clone(), &plan.target(), plan.body.clone()).await?;
+    if (200..300).contains(&status) {
+        Ok(value)
+    } else {
+        Err(api_failure(status, &value))
+    }
+}
+
+/// Fetches every page of `messages recent`, returning one answer of the same shape.
+async fn call_all_pages(conn: &Connection, plan: &RequestPlan) -> Result<Value, Failure> {
+    let mut plan = plan.clone();
+    let mut messages = Vec::new();
+    let mut last_cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let page = call(conn, &plan).await?;
+        let batch = page
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let empty = batch.is_empty();
+        messages.extend(batch);
+        let next = page
+            .get("next_cursor")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty());
+        match next {
+            // A repeated cursor would fetch the same page forever.
+            Some(c) if !empty && last_cursor.as_deref() != Some(c) => {
+                last_cursor = Some(c.to_owned());
+                plan.set_query("cursor", c.to_owned());
+            }
+            _ => break,
+        }
+    }
+    Ok(json!({ "messages": messages, "next_cursor": null }))
+}
+
+/// Narrows a list answer to one entry for `prefs get KEY` / `config get KEY`.
+fn pick(then: &Then, value: Value) -> Result<Value, Failure> {
+    let find = |list: &str, key: &str| {
+        value
+            .get(list)
+            .and_then(Value::as_array)
+            .and_then(|items| {
+                items
+                    .iter()
+                    .find(|i| i.get("key").and_then(Value::as_str) == Some(key))
+            })
+            .cloned()
+    };
+    match then {
+        Then::Show | Then::FollowCursor => Ok(value),
+        Then::PickPref(key) => find("preferences", key)
+            .ok_or_else(|| Failure::Missing(format!("no preference {key:?} in this space"))),
+        Then::PickConfig(key) => {
+            if let Some(entry) = find("config", key) {
+                return Ok(entry);
+            }
+            let known: Vec<&str> = value
+                .get("available")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|i| i.get("key").and_then(Value::as_str))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if known.is_empty() || known.contains(&key.as_str()) {
+                Err(Failure::Missing(format!(
+                    "config key {key:?} is not set in this space (the default applies)"
+                )))
+            } else {
+                Err(Failure::Missing(format!(
+                    "unknown config key {key:?}; the keys are: {}",
+                    known.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+/// Replaces a `-` prompt with stdin, before planning, so `plan` stays pure.
+fn read_stdin_args(cli: &mut Cli, stdin: &mut dyn Read) -> Result<(), Failure> {
+    let text = match &mut cli.command {
+        Command::Chat { text, .. } => Some(text),
+        Command::Ask { message, .. } => Some(message),
+        _ => None,
+    };
+    if let Some(text) = text {
+        if text == "-" {
+            let mut buf = String::new();
+            stdin.read_to_string(&mut buf).map_err(Failure::Stdin)?;
+            let trimmed = buf.trim_end_matches(['\n', '\r']);
+            if trimmed.trim().is_empty() {
+                return Err(UsageError("the prompt read from stdin is empty".into()).into());
+            }
+            *text = trimmed.to_owned();
+        }
+    }
+    Ok(())
+}
+
+async fn execute(
+    mut cli: Cli,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), Failure> {
+    read_stdin_args(&mut cli, stdin)?;
+    // Planned before the connection is set up: a usage error needs no token.
+    let plan = plan(&cli)?;
+    let conn = Connection::from_env(env, cli.token_file.as_deref(), cli.space.clone())?;
+    let value = if plan.then == Then::FollowCursor {
+        call_all_pages(&conn, &plan).await?
+    } else {
+        call(&conn, &plan).await?
+    };
+    let value = pick(&plan.then, value)?;
+    let (text, note) = if cli.json {
+        let pretty = serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string());
+        (format!("{pretty}\n"), None)
+    } else {
+        let (text, note) = render(&cli.command, &value);
+        (tag_source(&cli.command, &value, text), note)
+    };
+    write_all(out, &text)?;
+    if let Some(note) = note {
+        // A note is for the person, not for a pipe; losing it is not worth failing over.
+        let _ = writeln!(err, "{note}");
+    }
+    Ok(())
+}
+
+/// Text that came from another space through a link (`source_space` in the
+/// answer, D-014) says so on every line of the human output; `ask` already
+/// opens with its `[space]` label.
+fn tag_source(cmd: &Command, v: &Value, text: String) -> String {
+    let Some(source) = field(v, "source_space").as_str() else {
+        return text;
+    };
+    if matches!(cmd, Command::Ask { .. }) {
+        return text;
+    }
+    if text.is_empty() {
+        return format!("[from {source}] (nothing)\n");
+    }
+    text.lines()
+        .map(|l| format!("[from {source}] {l}\n"))
+        .collect()
+}
+
+fn write_all(out: &mut dyn Write, text: &str) -> Result<(), Failure> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        // `mrctl ... | head` closing the pipe early is not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::Output(e)),
+    }
+}
+
+/// Runs one parsed invocation; returns the exit code. Output goes to `out`,
+/// error sentences to `err` as `mrctl: <sentence>`.
+async fn run(
+    cli: Cli,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    match execute(cli, env, stdin, out, err).await {
+        Ok(()) => 0,
+        Err(failure) => {
+            let _ = writeln!(err, "mrctl: {failure}");
+            exit_code(&failure)
+        }
+    }
+}
+
+/// The `mrctl` binary: `fn main() -> ExitCode { mercury::cli::mrctl::main() }`.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mrctl: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let env = |k: &str| std::env::var(k).ok();
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    let code = runtime.block_on(run(cli, &env, &mut stdin, &mut stdout, &mut stderr));
+    ExitCode::from(code)
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use hyper::Method;
+
+    use crate::client::{build_request, Endpoint, DEFAULT_URL};
+
+    use axum::body::Bytes as AxumBytes;
+    use axum::http::{HeaderMap, Method as AxumMethod, StatusCode, Uri};
+    use axum::Json;
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut full = vec!["mrctl"];
+        full.extend_from_slice(args);
+        match Cli::try_parse_from(full) {
+            Ok(cli) => cli,
+            Err(e) => panic!("{args:?} did not parse: {e}"),
+        }
+    }
+
+    fn planned(args: &[&str]) -> RequestPlan {
+        match plan(&parse(args)) {
+            Ok(p) => p,
+            Err(e) => panic!("{args:?} did not plan: {e}"),
+        }
+    }
+
+    fn usage_err(args: &[&str]) -> String {
+        match plan(&parse(args)) {
+            Ok(p) => panic!("{args:?} planned {p:?}"),
+            Err(e) => e.0,
+        }
+    }
+
+    fn clap_rejects(args: &[&str]) {
+        let mut full = vec!["mrctl"];
+        full.extend_from_slice(args);
+        match Cli::try_parse_from(full) {
+            Ok(cli) => panic!("{args:?} parsed: {cli:?}"),
+            Err(e) => assert_eq!(e.exit_code(), 2, "{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn every_subcommand_maps_to_its_route() {
+        let cases: Vec<(Vec<&str>, Method, &str, Option<Value>)> = vec![
+            (vec!["whoami"], Method::GET, "/api/whoami", None),
+            (vec!["spaces", "list"], Method::GET, "/api/spaces", None),
+            (
+                vec!["spaces", "create", "family", "--name", "Family", "--tags", "home, kids,"],
+                Method::POST,
+                "/api/spaces",
+                Some(json!({"id": "family", "name": "Family", "tags": ["home", "kids"]})),
+            ),
+            (vec!["spaces", "create", "w1"], Method::POST, "/api/spaces", Some(json!({"id": "w1"}))),
+            (vec!["spaces", "current"], Method::GET, "/api/spaces/current", None),
+            (vec!["spaces", "rename", "Work"], Method::PUT, "/api/spaces/current/name", Some(json!({"name": "Work"}))),
+            (vec!["spaces", "delete"], Method::DELETE, "/api/spaces/current", None),
+            (vec!["conversations", "list"], Method::GET, "/api/conversations", None),
+            (vec!["conversations", "list", "--all"], Method::GET, "/api/conversations?all=true", None),
+            (
+                vec!["conversations", "link", "12", "family"],
+                Method::POST,
+                "/api/conversations/12/link",
+                Some(json!({"space_id": "family"})),
+            ),
+            (vec!["conversations", "unlink", "12"], Method::POST, "/api/conversations/12/unlink", None),
+            (
+                vec!["messages", "search", "dinner plans", "--limit", "5"],
+                Method::GET,
+                "/api/messages?q=dinner%20plans&limit=5",
+                None,
+            ),
+            (vec!["messages", "recent"], Method::GET, "/api/messages/recent", None),
+            (
+                vec!["messages", "recent", "--since", "24h", "--until", "2026-11-29T10:00:00+01:00", "--limit", "50", "--cursor", "17-3"],
+                Method::GET,
+                "/api/messages/recent?since=24h&until=2026-11-29T10%3A00%3A00%2B01%3A00&limit=50&cursor=17-3",
+                None,
+            ),
+            (vec!["prefs", "list"], Method::GET, "/api/prefs", None),
+            (vec!["prefs", "get", "lang"], Method::GET, "/api/prefs", None),
+            (vec!["prefs", "set", "lang", "42"], Method::PUT, "/api/prefs", Some(json!({"key": "lang", "value": "42"}))),
+            (vec!["prefs", "delete", "a/b"], Method::DELETE, "/api/prefs/a%2Fb", None),
+            (vec!["config", "get"], Method::GET, "/api/config", None),
+            (vec!["config", "get", "trigger.match"], Method::GET, "/api/config", None),
+            (
+                vec!["config", "set", "rate_limit.per_minute", "10"],
+                Method::PUT,
+                "/api/config",
+                Some(json!({"key": "rate_limit.per_minute", "value": "10"})),
+            ),
+            (vec!["tasks", "list"], Method::GET, "/api/tasks", None),
+            (
+                vec!["tasks", "create", "--cron", "0 9 * * 1-5", "--prompt", "standup"],
+                Method::POST,
+                "/api/tasks",
+                Some(json!({"cron": "0 9 * * 1-5", "prompt": "standup"})),
+            ),
+            (
+                vec!["tasks", "create", "--at", "2030-01-01T08:00:00Z", "--prompt", "wake", "--silent"],
+                Method::POST,
+                "/api/tasks",
+                Some(json!({"at": "2030-01-01T08:00:00Z", "prompt": "wake", "silent": true})),
+            ),
+            (vec!["tasks", "pause", "3"], Method::POST, "/api/tasks/3/pause", None),
+            (vec!["tasks", "resume", "3"], Method::POST, "/api/tasks/3/resume", None),
+            (vec!["tasks", "run", "3"], Method::POST, "/api/tasks/3/run", None),
+            (vec!["tasks", "delete", "3"], Method::DELETE, "/api/tasks/3", None),
+            (vec!["roles", "list"], Method::GET, "/api/roles", None),
+            (
+                vec!["roles", "grant", "whatsapp:1@s.whatsapp.net"],
+                Method::POST,
+                "/api/roles",
+                Some(json!({"caller_id": "whatsapp:1@s.whatsapp.net"})),
+            ),
+            (
+                vec!["roles", "grant", "tg:5", "--role", "member"],
+                Method::POST,
+                "/api/roles",
+                Some(json!({"caller_id": "tg:5", "role": "member"})),
+            ),
+            (
+                vec!["roles", "revoke", "whatsapp:1@s.whatsapp.net"],
+                Method::DELETE,
+                "/api/roles/whatsapp%3A1%40s.whatsapp.net",
+                None,
+            ),
+            (vec!["permissions", "show"], Method::GET, "/api/permissions", None),
+            (vec!["permissions", "show", "--role", "member"], Method::GET, "/api/permissions?role=member", None),
+            (
+                vec!["permissions", "set", "member", "prompt, messages.read,,"],
+                Method::PUT,
+                "/api/permissions",
+                Some(json!({"role": "member", "permissions": ["prompt", "messages.read"]})),
+            ),
+            (vec!["mutes", "list"], Method::GET, "/api/mutes", None),
+            (vec!["mutes", "set", "tg:5"], Method::POST, "/api/mutes", Some(json!({"caller_id": "tg:5"}))),
+            (
+                vec!["mutes", "set", "tg:5", "--for", "2h", "--reason", "spam"],
+                Method::POST,
+                "/api/mutes",
+                Some(json!({"caller_id": "tg:5", "for": "2h", "reason": "spam"})),
+            ),
+            (
+                vec!["mutes", "set", "tg:5", "--until", "2030-01-01T00:00:00Z"],
+                Method::POST,
+                "/api/mutes",
+                Some(json!({"caller_id": "tg:5", "until": "2030-01-01T00:00:00Z"})),
+            ),
+            (vec!["mutes", "delete", "tg:5"], Method::DELETE, "/api/mutes/tg%3A5", None),
+            (vec!["model", "get"], Method::GET, "/api/model", None),
+            (
+                vec!["model", "set", "openai:gpt-4o", "anthropic:claude-x"],
+                Method::PUT,
+                "/api/model",
+                Some(json!({"chain": ["openai:gpt-4o", "anthropic:claude-x"]})),
+            ),
+            (vec!["model", "set", "--default"], Method::PUT, "/api/model", Some(json!({"chain": []}))),
+            (vec!["control", "stop"], Method::POST, "/api/control/stop", None),
+            (vec!["control", "compact"], Method::POST, "/api/control/compact", None),
+            (vec!["control", "clear"], Method::POST, "/api/control/clear", None),
+            (vec!["send", "hello"], Method::POST, "/api/send", Some(json!({"text": "hello"}))),
+            (
+                vec!["send", "hello", "--conversation", "7"],
+                Method::POST,
+                "/api/send",
+                Some(json!({"text": "hello", "conversation_id": 7})),
+            ),
+            (
+                vec!["tokens", "create", "bridge", "--kind", "adapter", "--platform", "whatsapp", "--label", "wa", "--expires-in", "30d"],
+                Method::POST,
+                "/api/tokens",
+                Some(json!({"caller_id": "bridge", "kind": "adapter", "platform": "whatsapp", "label": "wa", "expires_in": "30d"})),
+            ),
+            (
+                vec!["identities", "link", "telegram:123456", "owner"],
+                Method::POST,
+                "/api/identities",
+                Some(json!({"platform_id": "telegram:123456", "caller_id": "owner"})),
+            ),
+            (
+                vec!["identities", "unlink", "telegram:123456"],
+                Method::DELETE,
+                "/api/identities/telegram%3A123456",
+                None,
+            ),
+            (vec!["identities", "list"], Method::GET, "/api/identities", None),
+            (
+                vec!["tokens", "create", "alice"],
+                Method::POST,
+                "/api/tokens",
+                Some(json!({"caller_id": "alice", "kind": "user"})),
+            ),
+            (vec!["tokens", "list"], Method::GET, "/api/tokens", None),
+            (vec!["tokens", "revoke", "tok_1"], Method::DELETE, "/api/tokens/tok_1", None),
+            (vec!["chat", "hi there"], Method::POST, "/api/chat", Some(json!({"text": "hi there"}))),
+            (
+                vec!["chat", "hi", "--conversation", "ops"],
+                Method::POST,
+                "/api/chat",
+                Some(json!({"text": "hi", "conversation": "ops"})),
+            ),
+            (vec!["runs", "list"], Method::GET, "/api/runs", None),
+            (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
+            (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
+        ];
+        for (args, method, target, body) in cases {
+            let p = planned(&args);
+            assert_eq!(p.method, method, "{args:?}");
+            assert_eq!(p.target(), target, "{args:?}");
+            assert_eq!(p.body, body, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn follow_ups_are_planned() {
+        assert_eq!(
+            planned(&["messages", "recent", "--all"]).then,
+            Then::FollowCursor
+        );
+        assert_eq!(planned(&["messages", "recent"]).then, Then::Show);
+        assert_eq!(
+            planned(&["prefs", "get", "lang"]).then,
+            Then::PickPref("lang".into())
+        );
+        assert_eq!(
+            planned(&["config", "get", "trigger.match"]).then,
+            Then::PickConfig("trigger.match".into())
+        );
+        let mut p = planned(&["messages", "recent", "--cursor", "a", "--limit", "2"]);
+        p.set_query("cursor", "b".into());
+        assert_eq!(p.target(), "/api/messages/recent?limit=2&cursor=b");
+    }
+
+    #[test]
+    fn global_flags_parse_anywhere() {
+        let cli = parse(&[
+            "spaces",
+            "list",
+            "--json",
+            "--space",
+            "family",
+            "--token-file",
+            "/t",
+        ]);
+        assert!(cli.json);
+        assert_eq!(cli.space.as_deref(), Some("family"));
+        assert_eq!(cli.token_file.as_deref(), Some(Path::new("/t")));
+        let cli = parse(&["--json", "whoami"]);
+        assert!(cli.json);
+    }
+
+    #[test]
+    fn percent_encoding_keeps_ids_one_segment() {
+        assert_eq!(
+            encode("whatsapp:1@s.whatsapp.net"),
+            "whatsapp%3A1%40s.whatsapp.net"
+        );
+        assert_eq!(encode("a b/c?d#e&f=g%"), "a%20b%2Fc%3Fd%23e%26f%3Dg%25");
+        assert_eq!(encode("Az09-._~"), "Az09-._~");
+        assert_eq!(encode("é"), "%C3%A9");
+        assert_eq!(encode(".."), "%2E%2E");
+        assert_eq!(encode("."), "%2E");
+        assert_eq!(encode("a.b"), "a.b");
+        assert_eq!(
+            planned(&["tasks", "run", ".."]).target(),
+            "/api/tasks/%2E%2E/run"
+        );
+    }
+
+    #[test]
+    fn durations_follow_the_server_grammar() {
+        assert_eq!(duration_secs("2h"), Some(7_200));
+        assert_eq!(duration_secs("1h30m"), Some(5_400));
+        assert_eq!(duration_secs("7d"), Some(604_800));
+        assert_eq!(duration_secs("2w"), Some(1_209_600));
+        assert_eq!(duration_secs(" 90s "), Some(90));
+        for bad in [
+            "",
+            "24",
+            "h",
+            "3x",
+            "1hm",
+            "-2h",
+            "1.5h",
+            "99999999999999999999s",
+        ] {
+            assert_eq!(duration_secs(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_shape_check() {
+        for good in [
+            "2026-11-29T10:00:00Z",
+            "2026-11-29t10:00:00z",
+            "2026-11-29T10:00:00.123+01:00",
+            "2026-11-29 10:00:00-05:30",
+        ] {
+            assert!(is_rfc3339(good), "{good}");
+        }
+        for bad in [
+            "tomorrow",
+            "2026-11-29",
+            "2026-11-29T10:00:00",
+            "2026-13-29T10:00:00Z",
+            "2026-11-29T24:00:00Z",
+            "2026-11-29T10:00:00.Z",
+            "2026-11-29T10:00:00+0100",
+            "2026-11-29T10:00:00Zjunk",
+        ] {
+            assert!(!is_rfc3339(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        assert!(usage_err(&["mutes", "set", "tg:5", "--for", "2"]).contains("not a duration"));
+        assert!(usage_err(&["mutes", "set", "tg:5", "--for", "0h"]).contains("longer than zero"));
+        assert!(usage_err(&["mutes", "set", "tg:5", "--until", "tomorrow"]).contains("RFC 3339"));
+        assert!(
+            usage_err(&["tokens", "create", "a", "--expires-in", "forever"])
+                .contains("--expires-in")
+        );
+        assert!(usage_err(&["messages", "recent", "--since", "yesterday"]).contains("--since"));
+        assert!(
+            usage_err(&["tasks", "create", "--cron", "0 9 * *", "--prompt", "x"])
+                .contains("4 fields")
+        );
+        assert!(usage_err(&["tasks", "create", "--at", "soon", "--prompt", "x"]).contains("--at"));
+        assert!(
+            usage_err(&["tasks", "create", "--cron", "0 9 * * *", "--prompt", " "])
+                .contains("--prompt")
+        );
+        assert!(usage_err(&["spaces", "create", "Bad_Id"]).contains("not a space id"));
+        assert!(usage_err(&["spaces", "create", "--", "-x"]).contains("not a space id"));
+        assert!(usage_err(&["conversations", "link", "1", "NOPE"]).contains("not a space id"));
+        assert!(usage_err(&["whoami", "--space", "Other Space"]).contains("--space"));
+        assert!(usage_err(&["model", "set", "gpt-4o"]).contains("PROVIDER:MODEL"));
+        assert!(usage_err(&["send", ""]).contains("must not be empty"));
+    }
+
+    #[test]
+    fn clap_enforces_exclusive_and_required_flags() {
+        clap_rejects(&["tasks", "create", "--prompt", "x"]);
+        clap_rejects(&[
+            "tasks",
+            "create",
+            "--cron",
+            "* * * * *",
+            "--at",
+            "2030-01-01T00:00:00Z",
+            "--prompt",
+            "x",
+        ]);
+        clap_rejects(&["tasks", "create", "--cron", "* * * * *"]);
+        clap_rejects(&[
+            "mutes",
+            "set",
+            "x",
+            "--for",
+            "2h",
+            "--until",
+            "2030-01-01T00:00:00Z",
+        ]);
+        clap_rejects(&["model", "set"]);
+        clap_rejects(&["model", "set", "openai:x", "--default"]);
+        clap_rejects(&["messages", "search", "x", "--limit", "0"]);
+        clap_rejects(&["messages", "search", "x", "--limit", "201"]);
+        clap_rejects(&["messages", "recent", "--limit", "1001"]);
+        clap_rejects(&["tokens", "create", "x", "--kind", "run"]);
+        clap_rejects(&["send", "x", "--conversation", "abc"]);
+        clap_rejects(&["ingress"]);
+        clap_rejects(&[]);
+    }
+
+    #[test]
+    fn exit_codes_by_failure_kind() {
+        let api = Failure::Api {
+            status: 403,
+            code: Some("forbidden".into()),
+            message: "requires the 'prompt' permission in this space".into(),
+        };
+        assert_eq!(exit_code(&api), 1);
+        assert_eq!(
+            api.to_string(),
+            "requires the 'prompt' permission in this space (HTTP 403, forbidden)"
+        );
+        assert_eq!(exit_code(&Failure::Missing("x".into())), 1);
+        assert_eq!(exit_code(&Failure::Usage(UsageError("x".into()))), 2);
+        assert_eq!(
+            exit_code(&Failure::Client(ClientError::Config("x".into()))),
+            2
+        );
+        let refused = ClientError::Connect {
+            addr: "http://127.0.0.1:1".into(),
+            hint: "check MERCURY_URL",
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert_eq!(exit_code(&Failure::Client(refused)), 2);
+        let timeout = ClientError::Timeout {
+            addr: "x".into(),
+            secs: 1,
+        };
+        assert_eq!(exit_code(&Failure::Client(timeout)), 2);
+    }
+
+    #[test]
+    fn api_failures_carry_the_server_sentence() {
+        let f = api_failure(
+            404,
+            &json!({"error": {"code": "not_found", "message": "space nope not found"}}),
+        );
+        assert_eq!(f.to_string(), "space nope not found (HTTP 404, not_found)");
+        let f = api_failure(502, &Value::String("Bad Gateway".into()));
+        assert_eq!(f.to_string(), "Bad Gateway (HTTP 502)");
+        let f = api_failure(500, &Value::Null);
+        assert_eq!(
+            f.to_string(),
+            "the server answered with status 500 (HTTP 500)"
+        );
+        assert!(api_failure(
+            401,
+            &json!({"error": {"code": "unauthorized", "message": "bad token"}})
+        )
+        .to_string()
+        .contains("MERCURY_TOKEN"));
+    }
+
+    #[test]
+    fn urls_parse_to_endpoints() {
+        let ep = |raw: &str| match Endpoint::parse_url(raw) {
+            Ok(e) => e,
+            Err(e) => panic!("{raw}: {e}"),
+        };
+        let http = |host: &str, port, base: &str| Endpoint::Http {
+            host: host.into(),
+            port,
+            base_path: base.into(),
+        };
+        assert_eq!(ep("http://127.0.0.1:8787"), http("127.0.0.1", 8787, ""));
+        assert_eq!(ep("http://localhost/"), http("localhost", 80, ""));
+        assert_eq!(ep("HTTP://host:1/mercury/"), http("host", 1, "/mercury"));
+        assert_eq!(ep("http://[::1]:9000"), http("::1", 9000, ""));
+        assert_eq!(ep("http://[::1]:9000").describe(), "http://[::1]:9000");
+        for bad in [
+            "https://x",
+            "ftp://x",
+            "x:80",
+            "http://:80",
+            "http://h:0",
+            "http://h:99999",
+            "http://u:p@h",
+            "http://h/?q",
+            "http://[::1",
+        ] {
+            assert!(Endpoint::parse_url(bad).is_err(), "{bad}");
+        }
+        match Endpoint::parse_url("https://x") {
+            Err(e) => assert!(e.to_string().contains("MERCURY_SOCKET"), "{e}"),
+            Ok(e) => panic!("{e:?}"),
+        }
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    }
+
+    fn conn_from(
+        pairs: &[(&str, &str)],
+        token_file: Option<&Path>,
+    ) -> Result<Connection, ClientError> {
+        Connection::from_env(&env_of(pairs), token_file, None)
+    }
+
+    #[test]
+    fn connection_settings_come_from_the_environment() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("global"))?;
+        std::fs::write(dir.path().join("global/owner.token"), "  owner-secret\n")?;
+        let file = dir.path().join("my.token");
+        std::fs::write(&file, "file-secret\n")?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+
+        // Defaults: the owner token from the data dir, the default URL, no space.
+        let c = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)?;
+        assert_eq!(c.token.as_deref(), Some("owner-secret"));
+        assert_eq!(c.endpoint, Endpoint::parse_url(DEFAULT_URL)?);
+        assert_eq!(c.space, None);
+        assert_eq!(c.timeout, Duration::from_secs(600));
+
+        // MERCURY_TOKEN beats the data dir; --token-file beats both.
+        let env = [
+            ("MERCURY_DATA_DIR", data_dir),
+            ("MERCURY_TOKEN", " env-secret "),
+            ("MERCURY_SPACE", "family"),
+        ];
+        let c = conn_from(&env, None)?;
+        assert_eq!(c.token.as_deref(), Some("env-secret"));
+        assert_eq!(c.space.as_deref(), Some("family"));
+        assert_eq!(
+            conn_from(&env, Some(&file))?.token.as_deref(),
+            Some("file-secret")
+        );
+
+        // The socket beats the URL.
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", "/x/api.sock"),
+                ("MERCURY_URL", "http://h:1"),
+            ],
+            None,
+        )?;
+        assert_eq!(c.endpoint, Endpoint::Unix(PathBuf::from("/x/api.sock")));
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", ""),
+                ("MERCURY_TIMEOUT_SECS", "5"),
+            ],
+            None,
+        )?;
+        assert!(matches!(c.endpoint, Endpoint::Http { .. }));
+        assert_eq!(c.timeout, Duration::from_secs(5));
+        assert!(conn_from(
+            &[("MERCURY_TOKEN", "t"), ("MERCURY_TIMEOUT_SECS", "0")],
+            None
+        )
+        .is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn missing_token_says_where_it_looked() -> Result<(), Box<dyn std::error::Error>> {
+        let err = conn_from(&[], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("--token-file")
+                && err.contains("MERCURY_TOKEN")
+                && err.contains("MERCURY_DATA_DIR"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir()?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+        let err = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("owner.token") && err.contains("does not exist"),
+            "{err}"
+        );
+        let missing = dir.path().join("nope");
+        let err = conn_from(&[("MERCURY_TOKEN", "t")], Some(&missing))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("nope"), "{err}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n")?;
+        let err = conn_from(&[], Some(&empty))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_token_never_shows() {
+        let conn = Connection::new(Endpoint::Unix("/s".into())).with_token("sekret-123");
+        assert!(!format!("{conn:?}").contains("sekret"));
+        let conn = conn.with_token("bad\ntoken-sekret");
+        match build_request(&conn, Method::GET, "/api/whoami", None) {
+            Err(e) => assert!(!e.to_string().contains("sekret"), "{e}"),
+            Ok(_) => panic!("a newline in the token must be refused"),
+        }
+    }
+
+    #[test]
+    fn times_render_as_rfc3339() {
+        assert_eq!(format_ms(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_ms(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(format_ms(1_000_000_000_999), "2001-09-09T01:46:40Z");
+        assert_eq!(format_ms(-86_400_000), "1969-12-31T00:00:00Z");
+        assert_eq!(
+            time_cell(&json!("2026-01-01T00:00:00Z")),
+            "2026-01-01T00:00:00Z"
+        );
+        assert_eq!(time_cell(&Value::Null), "-");
+    }
+
+    #[test]
+    fn human_output_shapes() {
+        let (out, _) = render(
+            &parse(&["spaces", "list"]).command,
+            &json!({"spaces": [{"id": "family", "name": "Family", "tags": ["home", "kids"]}, {"id": "w", "name": "W", "tags": []}]}),
+        );
+        assert_eq!(out, "family\tFamily\thome,kids\nw\tW\t-\n");
+
+        let (out, _) = render(
+            &Command::Whoami,
+            &json!({"caller_id": "tg:1", "token_kind": "user", "global_admin": true, "space_id": "family", "role": "admin", "permissions": ["prompt", "send"]}),
+        );
+        assert_eq!(out, "caller: tg:1\ntoken: user (global admin)\nspace: family\nrole: admin\npermissions: prompt, send\n");
+
+        let (out, _) = render(
+            &Command::Whoami,
+            &json!({"caller_id": "alice", "token_kind": "user", "global_admin": false, "space_id": "t", "role": null, "permissions": [],
+                    "via": {"holder": "h", "level": "read", "link_id": 4, "conversation_id": null}, "source_space": "t"}),
+        );
+        assert_eq!(
+            out,
+            "caller: alice\ntoken: user\nspace: t\nvia: link 4 from h (read)\n"
+        );
+        let cmd = parse(&["messages", "recent"]).command;
+        let v = json!({"messages": [{"created_at": 0, "sender_name": "Ann", "text": "hi"}], "source_space": "t"});
+        let (out, _) = render(&cmd, &v);
+        assert_eq!(
+            tag_source(&cmd, &v, out),
+            "[from t] [1970-01-01T00:00:00Z] Ann: hi\n"
+        );
+        let ask = parse(&["ask", "hi"]).command;
+        let v = json!({"space_id": "x", "source_space": "x", "reply": "yo", "refusals": [], "tokens_in": 1, "tokens_out": 1, "cost": 0});
+        let (out, _) = render(&ask, &v);
+        assert!(tag_source(&ask, &v, out).starts_with("[x] yo\n"));
+
+        let (out, _) = render(
+            &parse(&["messages", "recent"]).command,
+            &json!({"messages": [
+                {"created_at": 0, "sender_name": "Ann", "sender_id": "tg:1", "role": "user", "text": "hi\nthere"},
+                {"created_at": "2026-01-01T00:00:00Z", "sender_name": null, "sender_id": null, "role": "assistant", "text": "hello"}
+            ], "next_cursor": null}),
+        );
+        assert_eq!(
+            out,
+            "[1970-01-01T00:00:00Z] Ann: hi\n    there\n[2026-01-01T00:00:00Z] assistant: hello\n"
+        );
+
+        let (out, note) = render(
+            &parse(&["chat", "x"]).command,
+            &json!({"reply": "Hi!", "run_id": "r", "status": "ok"}),
+        );
+        assert_eq!((out.as_str(), note), ("Hi!\n", None));
+        let (out, note) = render(
+            &parse(&["chat", "x"]).command,
+            &json!({"reply": null, "run_id": "r", "status": "failed"}),
+        );
+        assert!(out.is_empty() && note.is_some_and(|n| n.contains("failed")));
+
+        let (out, note) = render(
+            &parse(&["tokens", "create", "a"]).command,
+            &json!({"id": "t1", "token": "mrc_abc", "caller_id": "a", "kind": "user"}),
+        );
+        assert_eq!(out, "mrc_abc\n");
+        assert!(note.is_some_and(|n| n.contains("t1") && !n.contains("mrc_abc")));
+
+        let (out, _) = render(
+            &parse(&["config", "get"]).command,
+            &json!({"config": [{"key": "trigger.match", "value": "always"}, {"key": "x.y", "value": "1"}],
+                    "available": [{"key": "trigger.match", "description": "when"}, {"key": "rate_limit.per_minute", "description": "rate"}]}),
+        );
+        assert_eq!(
+            out,
+            "trigger.match\talways\twhen\nrate_limit.per_minute\t(default)\trate\nx.y\t1\n"
+        );
+
+        let (out, _) = render(
+            &parse(&["permissions", "show"]).command,
+            &json!({"roles": {"admin": ["a", "b"], "member": ["prompt"]}, "available": []}),
+        );
+        assert_eq!(out, "admin\ta,b\nmember\tprompt\n");
+
+        let (out, _) = render(
+            &parse(&["tasks", "list"]).command,
+            &json!({"tasks": [{"id": 3, "cron": "0 9 * * *", "at": null, "active": false, "silent": true, "next_run_at": null, "prompt": "standup"}]}),
+        );
+        assert_eq!(out, "3\tcron 0 9 * * *\tpaused,silent\tnext -\tstandup\n");
+    }
+
+    #[test]
+    fn picks_one_pref_or_config_key() {
+        let prefs = json!({"preferences": [{"key": "lang", "value": "de"}]});
+        assert!(
+            matches!(pick(&Then::PickPref("lang".into()), prefs.clone()), Ok(v) if v["value"] == "de")
+        );
+        assert!(matches!(
+            pick(&Then::PickPref("nope".into()), prefs),
+            Err(Failure::Missing(_))
+        ));
+        let config = json!({"config": [], "available": [{"key": "trigger.match"}]});
+        match pick(&Then::PickConfig("trigger.match".into()), config.clone()) {
+            Err(Failure::Missing(m)) => assert!(m.contains("default"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match pick(&Then::PickConfig("bogus".into()), config) {
+            Err(Failure::Missing(m)) => assert!(m.contains("trigger.match"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // ---- round trips against a real server ----
+
+    /// What the test server saw of the last plain request.
+    type Seen = Arc<Mutex<Vec<Value>>>;
+
+    fn header(headers: &HeaderMap, name: &str) -> Value {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map_or(Value::Null, |s| json!(s))
+    }
+
+    fn test_app(seen: Seen) -> axum::Router {
+        let handler = move |method: AxumMethod, uri: Uri, headers: HeaderMap, body: AxumBytes| {
+            let seen = seen.clone();
+            async move {
+                let query = uri.query().unwrap_or_default().to_owned();
+                let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let echo = json!({
+                    "method": method.as_str(),
+                    "path": uri.path(),
+                    "query": query,
+                    "authorization": header(&headers, "authorization"),
+                    "space": header(&headers, "x-mercury-space"),
+                    "act_as": header(&headers, "x-mercury-act-as"),
+                    "content_type": header(&headers, "content-type"),
+                    "host": header(&headers, "host"),
+                    "body": parsed,
+                });
+                if let Ok(mut s) = seen.lock() {
+                    s.push(echo.clone());
+                }
+                let (status, answer) = match (method.as_str(), uri.path()) {
+                    ("GET", "/api/spaces") => (
+                        StatusCode::FORBIDDEN,
+                        json!({"error": {"code": "forbidden", "message": "requires the 'spaces.list' permission in this space"}}),
+                    ),
+                    ("GET", "/api/messages/recent") if query.contains("cursor=c1") => (
+                        StatusCode::OK,
+                        json!({"messages": [{"created_at": 2000, "sender_name": "Bo", "text": "two"}], "next_cursor": null}),
+                    ),
+                    ("GET", "/api/messages/recent") => (
+                        StatusCode::OK,
+                        json!({"messages": [{"created_at": 1000, "sender_name": "Al", "text": "one"}], "next_cursor": "c1"}),
+                    ),
+                    ("POST", "/api/chat") => (
+                        StatusCode::OK,
+                        json!({"reply": format!("you said: {}", parsed["text"].as_str().unwrap_or_default()), "run_id": "r1", "message_id": 9, "status": "ok"}),
+                    ),
+                    _ => (StatusCode::OK, echo),
+                };
+                (status, Json(answer))
+            }
+        };
+        axum::Router::new().fallback(handler)
+    }
+
+    struct Outcome {
+        code: u8,
+        out: String,
+        err: String,
+    }
+
+    async fn invoke(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Outcome {
+        let cli = parse(args);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut input = stdin.as_bytes();
+        let code = run(cli, &env_of(env), &mut input, &mut out, &mut err).await;
+        Outcome {
+            code,
+            out: String::from_utf8_lossy(&out).into_owned(),
+            err: String::from_utf8_lossy(&err).into_owned(),
+        }
+    }
+
+    fn json_out(o: &Outcome) -> Value {
+        assert_eq!(o.code, 0, "stderr: {}", o.err);
+        match serde_json::from_str(&o.out) {
+            Ok(v) => v,
+            Err(e) => panic!("not JSON ({e}): {}", o.out),
+        }
+    }
+
+    async fn tcp_server() -> Result<(String, Seen), std::io::Error> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let seen: Seen = Arc::default();
+        let app = test_app(seen.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok((url, seen))
+    }
+
+    #[tokio::test]
+    async fn round_trip_over_tcp_sends_token_space_act_as_and_json(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (url, _seen) = tcp_server().await?;
+        let env = [
+            ("MERCURY_URL", url.as_str()),
+            ("MERCURY_TOKEN", "tok-1"),
+            ("MERCURY_SPACE", "family"),
+        ];
+
+        let o = invoke(
+            &[
+                "--json",
+                "roles",
+                "grant",
+                "whatsapp:1@s.whatsapp.net",
+                "--role",
+                "member",
+            ],
+            &env,
+            "",
+        )
+        .await;
+        let echo = json_out(&o);
+        assert_eq!(echo["method"], "POST");
+        assert_eq!(echo["path"], "/api/roles");
+        assert_eq!(echo["authorization"], "Bearer tok-1");
+        assert_eq!(echo["space"], "family");
+        assert_eq!(echo["act_as"], Value::Null);
+        assert_eq!(echo["content_type"], "application/json");
+        assert_eq!(echo["host"], url.trim_start_matches("http://"));
+        assert_eq!(
+            echo["body"],
+            json!({"caller_id": "whatsapp:1@s.whatsapp.net", "role": "member"})
+        );
+
+        let o = invoke(
+            &[
+                "--json",
+                "--space",
+                "work",
+                "mutes",
+                "delete",
+                "whatsapp:1@s.whatsapp.net",
+            ],
+            &env,
+            "",
+        )
+        .await;
+        let echo = json_out(&o);
+        assert_eq!(echo["method"], "DELETE");
+        assert_eq!(echo["path"], "/api/mutes/whatsapp%3A1%40s.whatsapp.net");
+        assert_eq!(echo["act_as"], "work");
+        assert_eq!(echo["space"], "family");
+        assert_eq!(echo["content_type"], Value::Null);
+
+        let o = invoke(
+            &["--json", "messages", "search", "a&b c", "--limit", "3"],
+            &env,
+            "",
+        )
+        .await;
+        assert_eq!(json_out(&o)["query"], "q=a%26b%20c&limit=3");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn round_trip_over_a_unix_socket() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let sock = dir.path().join("api.sock");
+        let listener = tokio::net::UnixListener::bind(&sock)?;
+        let seen: Seen = Arc::default();
+        let app = test_app(seen.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let sock_str = sock.to_str().ok_or("utf8")?;
+        // The URL is deliberately unreachable: the socket must win.
+        let env = [
+            ("MERCURY_SOCKET", sock_str),
+            ("MERCURY_URL", "http://127.0.0.1:1"),
+            ("MERCURY_TOKEN", "run-tok"),
+            ("MERCURY_SPACE", "family"),
+        ];
+        let o = invoke(&["--json", "prefs", "set", "lang", "de"], &env, "").await;
+        let echo = json_out(&o);
+        assert_eq!(echo["method"], "PUT");
+        assert_eq!(echo["path"], "/api/prefs");
+        assert_eq!(echo["authorization"], "Bearer run-tok");
+        assert_eq!(echo["space"], "family");
+        assert_eq!(echo["body"], json!({"key": "lang", "value": "de"}));
+
+        // Human chat output with the prompt from stdin.
+        let o = invoke(&["chat", "-"], &env, "what's up?\n").await;
+        assert_eq!(
+            (o.code, o.out.as_str(), o.err.as_str()),
+            (0, "you said: what's up?\n", "")
+        );
+        let bodies: Vec<Value> = seen
+            .lock()
+            .map_err(|_| "poisoned")?
+            .iter()
+            .map(|e| e["body"].clone())
+            .collect();
+        assert_eq!(bodies.last(), Some(&json!({"text": "what's up?"})));
+
+        // The `request` API on its own, as the host's tests would use it.
+        let conn = Connection::new(Endpoint::Unix(sock.clone()))
+            .with_token("t2")
+            .with_space("s2");
+        let (status, echo) = request(&conn, Method::GET, "/api/whoami", None).await?;
+        assert_eq!(status, 200);
+        assert_eq!(echo["authorization"], "Bearer t2");
+        assert_eq!(echo["space"], "s2");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn recent_all_follows_the_cursor() -> Result<(), Box<dyn std::error::Error>> {
+        let (url, seen) = tcp_server().await?;
+        let env = [("MERCURY_URL", url.as_str()), ("MERCURY_TOKEN", "t")];
+        let o = invoke(&["messages", "recent", "--all", "--since", "2h"], &env, "").await;
+        assert_eq!(o.code, 0, "{}", o.err);
+        assert_eq!(
+            o.out,
+            "[1970-01-01T00:00:01Z] Al: one\n[1970-01-01T00:00:02Z] Bo: two\n"
+        );
+        let queries: Vec<Value> = seen
+            .lock()
+            .map_err(|_| "poisoned")?
+            .iter()
+            .map(|e| e["query"].clone())
+            .collect();
+        assert_eq!(
+            queries,
+            vec![json!("since=2h"), json!("since=2h&cursor=c1")]
+        );
+
+        let o = invoke(&["--json", "messages", "recent", "--all"], &env, "").await;
+        let v = json_out(&o);
+        assert_eq!(v["messages"].as_array().map(Vec::len), Some(2));
+        assert_eq!(v["next_cursor"], Value::Null);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_refusal_exits_1_with_the_server_message() -> Result<(), Box<dyn std::error::Error>> {
+        let (url, _seen) = tcp_server().await?;
+        let o = invoke(
+            &["spaces", "list"],
+            &[("MERCURY_URL", url.as_str()), ("MERCURY_TOKEN", "t")],
+            "",
+        )
+        .await;
+        assert_eq!(o.code, 1);
+        assert_eq!(o.out, "");
+        assert_eq!(
+            o.err,
+            "mrctl: requires the 'spaces.list' permission in this space (HTTP 403, forbidden)\n"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn connection_refused_exits_2_naming_the_address(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // Bind then drop, so the port is (almost certainly) closed.
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let o = invoke(
+            &["whoami"],
+            &[("MERCURY_URL", url.as_str()), ("MERCURY_TOKEN", "t")],
+            "",
+        )
+        .await;
+        assert_eq!(o.code, 2);
+        assert!(
+            o.err
+                .starts_with("mrctl: cannot reach the Mercury server at "),
+            "{}",
+            o.err
+        );
+        assert!(
+            o.err.contains(&url)
+                && o.err.contains("MERCURY_URL")
+                && o.err.contains("mercury serve"),
+            "{}",
+            o.err
+        );
+
+        let dir = tempfile::tempdir()?;
+        let sock = dir.path().join("absent.sock");
+        let o = invoke(
+            &["whoami"],
+            &[
+                ("MERCURY_SOCKET", sock.to_str().ok_or("utf8")?),
+                ("MERCURY_TOKEN", "t"),
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(o.code, 2);
+        assert!(
+            o.err.contains("absent.sock") && o.err.contains("MERCURY_SOCKET"),
+            "{}",
+            o.err
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn usage_and_token_problems_exit_2_before_any_request() {
+        // No server at this address: reaching it would be a different error.
+        let env = [("MERCURY_URL", "http://127.0.0.1:1")];
+        let o = invoke(&["mutes", "set", "x", "--for", "soon"], &env, "").await;
+        assert_eq!(o.code, 2);
+        assert!(
+            o.err.starts_with("mrctl: --for \"soon\" is not a duration"),
+            "{}",
+            o.err
+        );
+        let o = invoke(&["whoami"], &env, "").await;
+        assert_eq!(o.code, 2);
+        assert!(o.err.starts_with("mrctl: no API token"), "{}", o.err);
+        let o = invoke(&["chat", "-"], &[("MERCURY_TOKEN", "t")], "\n").await;
+        assert_eq!(o.code, 2);
+        assert!(o.err.contains("stdin is empty"), "{}", o.err);
+    }
+
+    #[tokio::test]
+    async fn a_slow_server_times_out() -> Result<(), Box<dyn std::error::Error>> {
+        // Accepts but never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let mut conn =
+            Connection::new(Endpoint::parse_url(&format!("http://{addr}"))?).with_token("t");
+        conn.timeout = Duration::from_millis(200);
+        match request(&conn, Method::GET, "/api/whoami", None).await {
+            Err(ClientError::Timeout { .. }) => Ok(()),
+            other => Err(format!("expected a timeout, got {other:?}").into()),
+        }
+    }
+}

@@ -1,0 +1,649 @@
+//! Arguments to a request, as a pure function ([`plan`]), with the local
+//! checks that catch malformed input before anything is sent.
+
+use hyper::Method;
+use serde_json::{json, Map, Value};
+
+use super::*;
+
+/// Input the server would refuse anyway, caught before anything is sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// What to do with the answer beyond showing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Then {
+    Show,
+    /// Fetch pages while the server hands out a new `next_cursor`.
+    FollowCursor,
+    /// The API has no single-preference route: pick the key from the list.
+    PickPref(String),
+    /// Same for config keys.
+    PickConfig(String),
+}
+
+/// One request, as the arguments ask for it. `path` is already
+/// percent-encoded; `query` values are encoded by [`RequestPlan::target`].
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct RequestPlan {
+    pub(super) method: Method,
+    pub(super) path: String,
+    pub(super) query: Vec<(&'static str, String)>,
+    pub(super) body: Option<Value>,
+    pub(super) then: Then,
+}
+
+impl RequestPlan {
+    pub(super) fn new(method: Method, path: impl Into<String>) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            query: Vec::new(),
+            body: None,
+            then: Then::Show,
+        }
+    }
+    pub(super) fn get(path: impl Into<String>) -> Self {
+        Self::new(Method::GET, path)
+    }
+    pub(super) fn post(path: impl Into<String>) -> Self {
+        Self::new(Method::POST, path)
+    }
+    pub(super) fn put(path: impl Into<String>) -> Self {
+        Self::new(Method::PUT, path)
+    }
+    pub(super) fn delete(path: impl Into<String>) -> Self {
+        Self::new(Method::DELETE, path)
+    }
+    pub(super) fn body(mut self, body: Value) -> Self {
+        self.body = Some(body);
+        self
+    }
+    pub(super) fn query(mut self, key: &'static str, value: Option<String>) -> Self {
+        if let Some(v) = value {
+            self.query.push((key, v));
+        }
+        self
+    }
+    pub(super) fn then(mut self, then: Then) -> Self {
+        self.then = then;
+        self
+    }
+    pub(super) fn set_query(&mut self, key: &'static str, value: String) {
+        self.query.retain(|(k, _)| *k != key);
+        self.query.push((key, value));
+    }
+
+    /// Path and query string as sent on the request line.
+    pub(super) fn target(&self) -> String {
+        let mut t = self.path.clone();
+        for (i, (k, v)) in self.query.iter().enumerate() {
+            t.push(if i == 0 { '?' } else { '&' });
+            t.push_str(&encode(k));
+            t.push('=');
+            t.push_str(&encode(v));
+        }
+        t
+    }
+}
+
+/// Builds a JSON object from the fields that are present, so optional flags
+/// the user did not give are left out and the server's defaults apply.
+pub(super) fn object(fields: Vec<(&str, Option<Value>)>) -> Value {
+    let mut map = Map::new();
+    for (k, v) in fields {
+        if let Some(v) = v {
+            map.insert(k.to_owned(), v);
+        }
+    }
+    Value::Object(map)
+}
+
+pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
+    if let Some(space) = &cli.space {
+        check_space_id("--space", space)?;
+    }
+    let p = match &cli.command {
+        Command::Whoami => RequestPlan::get("/api/whoami"),
+        Command::Spaces(cmd) => match cmd {
+            SpacesCmd::List => RequestPlan::get("/api/spaces"),
+            SpacesCmd::Create { id, name, tags } => {
+                check_space_id("space id", id)?;
+                let tags: Vec<&str> = tags
+                    .iter()
+                    .map(|t| t.trim())
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                let body = object(vec![
+                    ("id", Some(json!(id))),
+                    ("name", name.as_ref().map(|n| json!(n))),
+                    ("tags", (!tags.is_empty()).then(|| json!(tags))),
+                ]);
+                RequestPlan::post("/api/spaces").body(body)
+            }
+            SpacesCmd::Current => RequestPlan::get("/api/spaces/current"),
+            SpacesCmd::Rename { name } => {
+                non_empty("the new name", name)?;
+                RequestPlan::put("/api/spaces/current/name").body(json!({ "name": name }))
+            }
+            SpacesCmd::Delete => RequestPlan::delete("/api/spaces/current"),
+        },
+        Command::Conversations(cmd) => match cmd {
+            ConversationsCmd::List { all } => {
+                RequestPlan::get("/api/conversations").query("all", all.then(|| "true".to_owned()))
+            }
+            ConversationsCmd::Link { id, space_id } => {
+                non_empty("the conversation id", id)?;
+                check_space_id("space id", space_id)?;
+                RequestPlan::post(format!("/api/conversations/{}/link", encode(id)))
+                    .body(json!({ "space_id": space_id }))
+            }
+            ConversationsCmd::Unlink { id } => {
+                non_empty("the conversation id", id)?;
+                RequestPlan::post(format!("/api/conversations/{}/unlink", encode(id)))
+            }
+        },
+        Command::Messages(cmd) => match cmd {
+            MessagesCmd::Search { query, limit } => {
+                non_empty("the search query", query)?;
+                RequestPlan::get("/api/messages")
+                    .query("q", Some(query.clone()))
+                    .query("limit", limit.map(|l| l.to_string()))
+            }
+            MessagesCmd::Recent {
+                since,
+                until,
+                limit,
+                cursor,
+                all,
+            } => {
+                for (flag, value) in [("--since", since), ("--until", until)] {
+                    if let Some(v) = value {
+                        check_time_or_duration(flag, v)?;
+                    }
+                }
+                RequestPlan::get("/api/messages/recent")
+                    .query("since", since.clone())
+                    .query("until", until.clone())
+                    .query("limit", limit.map(|l| l.to_string()))
+                    .query("cursor", cursor.clone())
+                    .then(if *all { Then::FollowCursor } else { Then::Show })
+            }
+        },
+        Command::Prefs(cmd) => match cmd {
+            PrefsCmd::List => RequestPlan::get("/api/prefs"),
+            PrefsCmd::Get { key } => {
+                non_empty("the key", key)?;
+                RequestPlan::get("/api/prefs").then(Then::PickPref(key.clone()))
+            }
+            PrefsCmd::Set { key, value } => {
+                non_empty("the key", key)?;
+                // Values are stored as text, so they are sent as text even when they look like numbers.
+                RequestPlan::put("/api/prefs").body(json!({ "key": key, "value": value }))
+            }
+            PrefsCmd::Delete { key } => {
+                non_empty("the key", key)?;
+                RequestPlan::delete(format!("/api/prefs/{}", encode(key)))
+            }
+        },
+        Command::Config(cmd) => match cmd {
+            ConfigCmd::Get { key: None } => RequestPlan::get("/api/config"),
+            ConfigCmd::Get { key: Some(key) } => {
+                non_empty("the key", key)?;
+                RequestPlan::get("/api/config").then(Then::PickConfig(key.clone()))
+            }
+            ConfigCmd::Set { key, value } => {
+                non_empty("the key", key)?;
+                RequestPlan::put("/api/config").body(json!({ "key": key, "value": value }))
+            }
+        },
+        Command::Tasks(cmd) => match cmd {
+            TasksCmd::List => RequestPlan::get("/api/tasks"),
+            TasksCmd::Create {
+                cron,
+                at,
+                prompt,
+                silent,
+            } => {
+                non_empty("--prompt", prompt)?;
+                match (cron, at) {
+                    (Some(c), None) => check_cron(c)?,
+                    (None, Some(t)) => check_time("--at", t)?,
+                    // clap enforces exactly one; this keeps plan() total for hand-built Cli values.
+                    _ => {
+                        return Err(UsageError(
+                            "give exactly one of --cron EXPR and --at TIME".into(),
+                        ))
+                    }
+                }
+                let body = object(vec![
+                    ("cron", cron.as_ref().map(|c| json!(c.trim()))),
+                    ("at", at.as_ref().map(|t| json!(t.trim()))),
+                    ("prompt", Some(json!(prompt))),
+                    ("silent", silent.then_some(json!(true))),
+                ]);
+                RequestPlan::post("/api/tasks").body(body)
+            }
+            TasksCmd::Pause { id } => task_action(id, "pause")?,
+            TasksCmd::Resume { id } => task_action(id, "resume")?,
+            TasksCmd::Run { id } => task_action(id, "run")?,
+            TasksCmd::Delete { id } => {
+                non_empty("the task id", id)?;
+                RequestPlan::delete(format!("/api/tasks/{}", encode(id)))
+            }
+        },
+        Command::Roles(cmd) => match cmd {
+            RolesCmd::List => RequestPlan::get("/api/roles"),
+            RolesCmd::Grant { caller, role } => {
+                non_empty("the caller id", caller)?;
+                if let Some(r) = role {
+                    non_empty("--role", r)?;
+                }
+                let body = object(vec![
+                    ("caller_id", Some(json!(caller))),
+                    ("role", role.as_ref().map(|r| json!(r))),
+                ]);
+                RequestPlan::post("/api/roles").body(body)
+            }
+            RolesCmd::Revoke { caller } => {
+                non_empty("the caller id", caller)?;
+                RequestPlan::delete(format!("/api/roles/{}", encode(caller)))
+            }
+        },
+        Command::Permissions(cmd) => match cmd {
+            PermissionsCmd::Show { role } => {
+                RequestPlan::get("/api/permissions").query("role", role.clone())
+            }
+            PermissionsCmd::Set { role, permissions } => {
+                non_empty("the role", role)?;
+                // An empty list is allowed: it takes every permission away from the role.
+                let perms: Vec<&str> = permissions
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                RequestPlan::put("/api/permissions")
+                    .body(json!({ "role": role, "permissions": perms }))
+            }
+        },
+        Command::Mutes(cmd) => match cmd {
+            MutesCmd::List => RequestPlan::get("/api/mutes"),
+            MutesCmd::Set {
+                caller,
+                for_,
+                until,
+                reason,
+            } => {
+                non_empty("the caller id", caller)?;
+                if let Some(d) = for_ {
+                    check_positive_duration("--for", d)?;
+                }
+                if let Some(t) = until {
+                    check_time("--until", t)?;
+                }
+                let body = object(vec![
+                    ("caller_id", Some(json!(caller))),
+                    ("for", for_.as_ref().map(|d| json!(d.trim()))),
+                    ("until", until.as_ref().map(|t| json!(t.trim()))),
+                    ("reason", reason.as_ref().map(|r| json!(r))),
+                ]);
+                RequestPlan::post("/api/mutes").body(body)
+            }
+            MutesCmd::Delete { caller } => {
+                non_empty("the caller id", caller)?;
+                RequestPlan::delete(format!("/api/mutes/{}", encode(caller)))
+            }
+        },
+        Command::Model(cmd) => match cmd {
+            ModelCmd::Get => RequestPlan::get("/api/model"),
+            ModelCmd::Set { specs, use_default } => {
+                if *use_default {
+                    // The API's way of saying "back to the default" is an empty chain.
+                    RequestPlan::put("/api/model").body(json!({ "chain": [] }))
+                } else {
+                    if specs.is_empty() {
+                        return Err(UsageError(
+                            "give at least one model SPEC, or --default".into(),
+                        ));
+                    }
+                    for s in specs {
+                        check_model_spec(s)?;
+                    }
+                    RequestPlan::put("/api/model").body(json!({ "chain": specs }))
+                }
+            }
+        },
+        Command::Control(cmd) => RequestPlan::post(match cmd {
+            ControlCmd::Stop => "/api/control/stop",
+            ControlCmd::Compact => "/api/control/compact",
+            ControlCmd::Clear => "/api/control/clear",
+        }),
+        Command::Send { text, conversation } => {
+            non_empty("the message text", text)?;
+            let body = object(vec![
+                ("text", Some(json!(text))),
+                ("conversation_id", conversation.map(|c| json!(c))),
+            ]);
+            RequestPlan::post("/api/send").body(body)
+        }
+        Command::Tokens(cmd) => match cmd {
+            TokensCmd::Create {
+                caller,
+                kind,
+                platform,
+                label,
+                expires_in,
+            } => {
+                non_empty("the caller id", caller)?;
+                if let Some(d) = expires_in {
+                    check_positive_duration("--expires-in", d)?;
+                }
+                match (kind, platform) {
+                    (TokenKind::Adapter, None) => {
+                        return Err(UsageError(
+                            "an adapter token is bound to one platform: add --platform NAME".into(),
+                        ))
+                    }
+                    (TokenKind::User, Some(_)) => {
+                        return Err(UsageError(
+                            "--platform applies to --kind adapter only".into(),
+                        ))
+                    }
+                    _ => {}
+                }
+                let body = object(vec![
+                    ("caller_id", Some(json!(caller))),
+                    ("kind", Some(json!(kind.as_str()))),
+                    ("platform", platform.as_ref().map(|p| json!(p))),
+                    ("label", label.as_ref().map(|l| json!(l))),
+                    ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
+                ]);
+                RequestPlan::post("/api/tokens").body(body)
+            }
+            TokensCmd::List => RequestPlan::get("/api/tokens"),
+            TokensCmd::Revoke { id } => {
+                non_empty("the token id", id)?;
+                RequestPlan::delete(format!("/api/tokens/{}", encode(id)))
+            }
+        },
+        Command::Identities(cmd) => match cmd {
+            IdentitiesCmd::Link {
+                platform_id,
+                caller,
+            } => {
+                non_empty("the platform id", platform_id)?;
+                non_empty("the caller id", caller)?;
+                RequestPlan::post("/api/identities")
+                    .body(json!({"platform_id": platform_id, "caller_id": caller}))
+            }
+            IdentitiesCmd::Unlink { platform_id } => {
+                non_empty("the platform id", platform_id)?;
+                RequestPlan::delete(format!("/api/identities/{}", encode(platform_id)))
+            }
+            IdentitiesCmd::List => RequestPlan::get("/api/identities"),
+            IdentitiesCmd::Audit { limit } => RequestPlan::get("/api/identities/audit")
+                .query("limit", limit.map(|l| l.to_string())),
+        },
+        Command::Chat { text, conversation } => {
+            non_empty("the prompt", text)?;
+            let body = object(vec![
+                ("text", Some(json!(text))),
+                ("conversation", conversation.as_ref().map(|c| json!(c))),
+            ]);
+            RequestPlan::post("/api/chat").body(body)
+        }
+        Command::Runs(RunsCmd::List { limit }) => {
+            RequestPlan::get("/api/runs").query("limit", limit.map(|l| l.to_string()))
+        }
+        Command::Links(cmd) => match cmd {
+            LinksCmd::Create {
+                holder,
+                target,
+                level,
+                both,
+                conversation,
+                disclosure,
+            } => {
+                check_space_id("holder", holder)?;
+                if target != "*" {
+                    check_space_id("target", target)?;
+                }
+                RequestPlan::post("/api/links").body(object(vec![
+                    ("holder", Some(json!(holder))),
+                    ("target", Some(json!(target))),
+                    ("level", Some(json!(level.as_str()))),
+                    ("both", both.then_some(json!(true))),
+                    ("conversation_id", conversation.map(|c| json!(c))),
+                    ("disclosure", disclosure.as_ref().map(|d| json!(d))),
+                ]))
+            }
+            LinksCmd::Update {
+                id,
+                level,
+                disclosure,
+            } => {
+                if level.is_none() && disclosure.is_none() {
+                    return Err(UsageError(
+                        "links update needs --level and/or --disclosure".into(),
+                    ));
+                }
+                RequestPlan::new(Method::PATCH, format!("/api/links/{id}")).body(object(vec![
+                    ("level", level.map(|l| json!(l.as_str()))),
+                    ("disclosure", disclosure.as_ref().map(|d| json!(d))),
+                ]))
+            }
+            LinksCmd::Revoke { id } => RequestPlan::new(Method::DELETE, format!("/api/links/{id}")),
+            LinksCmd::List => RequestPlan::get("/api/links"),
+            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
+            LinksCmd::Audit { limit } => {
+                RequestPlan::get("/api/links/audit").query("limit", limit.map(|l| l.to_string()))
+            }
+        },
+        Command::Ask { message, as_role } => {
+            // `-` is read from stdin by the caller before sending.
+            non_empty("the message", message)?;
+            let role = match as_role {
+                AskRole::Member => "member",
+                AskRole::Admin => "admin",
+            };
+            RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
+        }
+        Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
+    };
+    Ok(p)
+}
+
+pub(super) fn task_action(id: &str, action: &str) -> Result<RequestPlan, UsageError> {
+    non_empty("the task id", id)?;
+    Ok(RequestPlan::post(format!(
+        "/api/tasks/{}/{action}",
+        encode(id)
+    )))
+}
+
+pub(super) fn non_empty(what: &str, value: &str) -> Result<(), UsageError> {
+    if value.trim().is_empty() {
+        Err(UsageError(format!("{what} must not be empty")))
+    } else {
+        Ok(())
+    }
+}
+
+/// Same rule as the server's space ids, so a typo fails here with a clear
+/// sentence instead of a round trip.
+pub(super) fn check_space_id(what: &str, id: &str) -> Result<(), UsageError> {
+    let b = id.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b[0] != b'-'
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(UsageError(format!(
+            "{what} {id:?} is not a space id: use 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit"
+        )))
+    }
+}
+
+pub(super) fn check_cron(expr: &str) -> Result<(), UsageError> {
+    let n = expr.split_whitespace().count();
+    if n == 5 {
+        Ok(())
+    } else {
+        Err(UsageError(format!(
+            "--cron {expr:?} has {n} fields; it needs 5 (minute hour day-of-month month day-of-week), e.g. \"0 9 * * 1-5\""
+        )))
+    }
+}
+
+pub(super) fn check_model_spec(spec: &str) -> Result<(), UsageError> {
+    match spec.split_once(':') {
+        Some((kind, rest)) if !kind.trim().is_empty() && !rest.trim().is_empty() => Ok(()),
+        _ => Err(UsageError(format!(
+            "model spec {spec:?} is not PROVIDER:MODEL (e.g. openai:gpt-4o, anthropic:MODEL, scripted:PATH)"
+        ))),
+    }
+}
+
+pub(super) fn check_time(flag: &str, raw: &str) -> Result<(), UsageError> {
+    if is_rfc3339(raw) {
+        Ok(())
+    } else {
+        Err(UsageError(format!(
+            "{flag} {raw:?} is not an RFC 3339 time (e.g. 2026-11-29T10:00:00Z)"
+        )))
+    }
+}
+
+pub(super) fn check_time_or_duration(flag: &str, raw: &str) -> Result<(), UsageError> {
+    if is_rfc3339(raw) || duration_secs(raw).is_some() {
+        Ok(())
+    } else {
+        Err(UsageError(format!(
+            "{flag} {raw:?} is neither an RFC 3339 time (2026-11-29T10:00:00Z) nor a duration (24h)"
+        )))
+    }
+}
+
+pub(super) fn check_positive_duration(flag: &str, raw: &str) -> Result<(), UsageError> {
+    match duration_secs(raw) {
+        Some(s) if s > 0 => Ok(()),
+        Some(_) => Err(UsageError(format!(
+            "{flag} {raw:?} must be longer than zero"
+        ))),
+        None => Err(UsageError(format!(
+            "{flag} {raw:?} is not a duration (use e.g. 90s, 15m, 2h, 7d, 2w or 1h30m)"
+        ))),
+    }
+}
+
+/// The server's duration grammar: one or more `<digits><unit>` with unit
+/// s, m, h, d or w (`1h30m`). Returns seconds; `None` if malformed or too long.
+pub(super) fn duration_secs(raw: &str) -> Option<u64> {
+    let s = raw.trim();
+    if s.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    let mut number: Option<u64> = None;
+    for c in s.chars() {
+        if let Some(d) = c.to_digit(10) {
+            number = Some(
+                number
+                    .unwrap_or(0)
+                    .checked_mul(10)?
+                    .checked_add(u64::from(d))?,
+            );
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3_600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return None,
+        };
+        // A unit with no number before it ("h", "1hm") is malformed.
+        total = total.checked_add(number.take()?.checked_mul(unit)?)?;
+    }
+    // Trailing digits without a unit ("24") are malformed too.
+    if number.is_some() {
+        return None;
+    }
+    Some(total)
+}
+
+/// Shape check for `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`. The server does
+/// the real parsing; this only catches "tomorrow" or a missing offset early.
+pub(super) fn is_rfc3339(raw: &str) -> bool {
+    let b = raw.trim().as_bytes();
+    let num = |from: usize, len: usize| -> Option<u32> {
+        let part = b.get(from..from + len)?;
+        if !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(part).ok()?.parse().ok()
+    };
+    let at = |i: usize, allowed: &[u8]| b.get(i).is_some_and(|c| allowed.contains(c));
+    let fields = (
+        num(0, 4),
+        num(5, 2),
+        num(8, 2),
+        num(11, 2),
+        num(14, 2),
+        num(17, 2),
+    );
+    let (Some(_), Some(mo), Some(d), Some(h), Some(mi), Some(s)) = fields else {
+        return false;
+    };
+    if !(at(4, b"-") && at(7, b"-") && at(10, b"Tt ") && at(13, b":") && at(16, b":")) {
+        return false;
+    }
+    if !((1..=12).contains(&mo) && (1..=31).contains(&d) && h <= 23 && mi <= 59 && s <= 60) {
+        return false;
+    }
+    let mut i = 19;
+    if at(i, b".") {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    match b.get(i) {
+        Some(b'Z' | b'z') => i + 1 == b.len(),
+        Some(b'+' | b'-') => {
+            i + 6 == b.len()
+                && num(i + 1, 2).is_some_and(|oh| oh <= 23)
+                && at(i + 3, b":")
+                && num(i + 4, 2).is_some_and(|om| om <= 59)
+        }
+        _ => false,
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, so caller
+/// ids such as `whatsapp:1@s.whatsapp.net` stay one path segment and query
+/// values cannot smuggle `&` or `#`.
+pub fn encode(raw: &str) -> String {
+    // "." and ".." are path navigation to some proxies; encoded they stay data.
+    if !raw.is_empty() && raw.bytes().all(|b| b == b'.') {
+        return "%2E".repeat(raw.len());
+    }
+    let mut out = String::with_capacity(raw.len());
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,656 @@
+//! The human-readable rendering of the API's answers.
+
+use serde_json::Value;
+
+use super::*;
+
+pub(super) static NULL: Value = Value::Null;
+
+pub(super) fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v.get(key).unwrap_or(&NULL)
+}
+
+/// A value as one table cell: strings bare, lists comma-joined, absent as `-`.
+/// Tabs and newlines become spaces so a cell cannot break the table.
+pub(super) fn cell(v: &Value) -> String {
+    let s = match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) if s.is_empty() => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.is_empty() => "-".to_owned(),
+        Value::Array(items) => items.iter().map(cell).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    };
+    s.replace(['\t', '\n', '\r'], " ")
+}
+
+/// Timestamps arrive as epoch milliseconds (storage's unit) or as text; both print as RFC 3339.
+pub(super) fn time_cell(v: &Value) -> String {
+    match v.as_i64() {
+        Some(ms) => format_ms(ms),
+        None => cell(v),
+    }
+}
+
+pub(super) fn format_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date, computed on 400-year
+/// eras (each exactly 146097 days) with years starting in March so the leap
+/// day falls at the end.
+pub(super) fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468; // days from 0000-03-01 to 1970-01-01
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153; // 0 = March
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+pub(super) fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+pub(super) fn row(cells: &[String]) -> String {
+    let mut line = cells.join("\t");
+    line.push('\n');
+    line
+}
+
+pub(super) fn message_line(m: &Value) -> String {
+    let sender = [
+        field(m, "sender_name"),
+        field(m, "sender_id"),
+        field(m, "role"),
+    ]
+    .into_iter()
+    .find_map(|v| v.as_str().filter(|s| !s.is_empty()))
+    .unwrap_or("?");
+    let text = field(m, "text").as_str().unwrap_or_default();
+    // Continuation lines are indented so each message still starts with `[`.
+    format!(
+        "[{}] {sender}: {}\n",
+        time_cell(field(m, "created_at")),
+        text.replace('\n', "\n    ")
+    )
+}
+
+pub(super) fn kv_lines(pairs: &[(&str, String)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+}
+
+/// The human form of an answer: text for stdout and an optional note for stderr.
+pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
+    let mut note = None;
+    let out = match cmd {
+        Command::Whoami => {
+            let kind = cell(field(v, "token_kind"));
+            let admin = if field(v, "global_admin").as_bool() == Some(true) {
+                " (global admin)"
+            } else {
+                ""
+            };
+            let perms = items(v, "permissions");
+            let via = field(v, "via");
+            if via.is_object() {
+                kv_lines(&[
+                    ("caller", cell(field(v, "caller_id"))),
+                    ("token", format!("{kind}{admin}")),
+                    ("space", cell(field(v, "space_id"))),
+                    (
+                        "via",
+                        format!(
+                            "link {} from {} ({})",
+                            cell(field(via, "link_id")),
+                            cell(field(via, "holder")),
+                            cell(field(via, "level"))
+                        ),
+                    ),
+                ])
+            } else {
+                let mut pairs = vec![("caller", cell(field(v, "caller_id")))];
+                if let Some(p) = field(v, "identity").as_str() {
+                    pairs.push(("identity", p.to_owned()));
+                }
+                pairs.extend([
+                    ("token", format!("{kind}{admin}")),
+                    ("space", cell(field(v, "space_id"))),
+                    ("role", cell(field(v, "role"))),
+                    (
+                        "permissions",
+                        if perms.is_empty() {
+                            "(none)".to_owned()
+                        } else {
+                            perms.iter().map(cell).collect::<Vec<_>>().join(", ")
+                        },
+                    ),
+                ]);
+                kv_lines(&pairs)
+            }
+        }
+        Command::Spaces(cmd) => match cmd {
+            SpacesCmd::List => items(v, "spaces")
+                .iter()
+                .map(|s| {
+                    row(&[
+                        cell(field(s, "id")),
+                        cell(field(s, "name")),
+                        cell(field(s, "tags")),
+                    ])
+                })
+                .collect(),
+            SpacesCmd::Create { .. } => {
+                let s = field(v, "space");
+                format!(
+                    "created space {} ({})\n",
+                    cell(field(s, "id")),
+                    cell(field(s, "name"))
+                )
+            }
+            SpacesCmd::Current => {
+                let s = field(v, "space");
+                kv_lines(&[
+                    ("id", cell(field(s, "id"))),
+                    ("name", cell(field(s, "name"))),
+                    ("tags", cell(field(s, "tags"))),
+                    ("created", time_cell(field(s, "created_at"))),
+                    ("updated", time_cell(field(s, "updated_at"))),
+                ])
+            }
+            SpacesCmd::Rename { .. } => {
+                format!(
+                    "space {} is now named {}\n",
+                    cell(field(v, "space_id")),
+                    cell(field(v, "name"))
+                )
+            }
+            SpacesCmd::Delete => {
+                let removed: Vec<String> = field(v, "removed")
+                    .as_object()
+                    .map(|m| m.iter().map(|(k, n)| format!("{k} {}", cell(n))).collect())
+                    .unwrap_or_default();
+                let detail = if removed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; removed {}", removed.join(", "))
+                };
+                format!("deleted space {}{detail}\n", cell(field(v, "space_id")))
+            }
+        },
+        Command::Conversations(cmd) => match cmd {
+            ConversationsCmd::List { .. } => items(v, "conversations")
+                .iter()
+                .map(|c| {
+                    row(&[
+                        cell(field(c, "id")),
+                        cell(field(c, "platform")),
+                        cell(field(c, "external_id")),
+                        cell(field(c, "space_id")),
+                        cell(field(c, "kind")),
+                        cell(field(c, "title")),
+                    ])
+                })
+                .collect(),
+            ConversationsCmd::Link { .. } => format!(
+                "conversation {} is linked to space {}\n",
+                cell(field(v, "conversation_id")),
+                cell(field(v, "space_id"))
+            ),
+            ConversationsCmd::Unlink { .. } => {
+                format!(
+                    "conversation {} is not linked to any space\n",
+                    cell(field(v, "conversation_id"))
+                )
+            }
+        },
+        Command::Messages(_) => items(v, "messages").iter().map(message_line).collect(),
+        Command::Prefs(cmd) => match cmd {
+            PrefsCmd::List => items(v, "preferences")
+                .iter()
+                .map(|p| row(&[cell(field(p, "key")), cell(field(p, "value"))]))
+                .collect(),
+            // The bare value, so `$(mrctl prefs get k)` works.
+            PrefsCmd::Get { .. } => format!(
+                "{}\n",
+                field(v, "value")
+                    .as_str()
+                    .map_or_else(|| cell(field(v, "value")), str::to_owned)
+            ),
+            PrefsCmd::Set { .. } => {
+                format!("{} = {}\n", cell(field(v, "key")), cell(field(v, "value")))
+            }
+            PrefsCmd::Delete { .. } => format!("deleted preference {}\n", cell(field(v, "key"))),
+        },
+        Command::Config(cmd) => match cmd {
+            ConfigCmd::Get { key: Some(_) } => {
+                format!(
+                    "{}\n",
+                    field(v, "value")
+                        .as_str()
+                        .map_or_else(|| cell(field(v, "value")), str::to_owned)
+                )
+            }
+            ConfigCmd::Get { key: None } => render_config(v),
+            ConfigCmd::Set { .. } => {
+                format!("{} = {}\n", cell(field(v, "key")), cell(field(v, "value")))
+            }
+        },
+        Command::Tasks(cmd) => match cmd {
+            TasksCmd::List => items(v, "tasks").iter().map(task_row).collect(),
+            TasksCmd::Create { .. } | TasksCmd::Pause { .. } | TasksCmd::Resume { .. } => {
+                task_row(field(v, "task"))
+            }
+            TasksCmd::Run { .. } => format!(
+                "task {} fired as message {}\n",
+                cell(field(v, "task_id")),
+                cell(field(v, "message_id"))
+            ),
+            TasksCmd::Delete { .. } => format!("deleted task {}\n", cell(field(v, "task_id"))),
+        },
+        Command::Roles(cmd) => match cmd {
+            RolesCmd::List => items(v, "roles")
+                .iter()
+                .map(|r| {
+                    row(&[
+                        cell(field(r, "caller_id")),
+                        cell(field(r, "role")),
+                        cell(field(r, "granted_by")),
+                    ])
+                })
+                .collect(),
+            RolesCmd::Grant { .. } => format!(
+                "{} now has the role {}\n",
+                cell(field(v, "caller_id")),
+                cell(field(v, "role"))
+            ),
+            RolesCmd::Revoke { .. } => {
+                if field(v, "revoked").as_bool() == Some(true) {
+                    format!("revoked the role of {}\n", cell(field(v, "caller_id")))
+                } else {
+                    format!("{} had no granted role\n", cell(field(v, "caller_id")))
+                }
+            }
+        },
+        Command::Permissions(_) => match field(v, "roles").as_object() {
+            Some(roles) => roles
+                .iter()
+                .map(|(role, perms)| row(&[role.clone(), cell(perms)]))
+                .collect(),
+            None => row(&[cell(field(v, "role")), cell(field(v, "permissions"))]),
+        },
+        Command::Mutes(cmd) => match cmd {
+            MutesCmd::List => items(v, "mutes").iter().map(mute_row).collect(),
+            MutesCmd::Set { .. } => mute_row(field(v, "mute")),
+            MutesCmd::Delete { .. } => {
+                if field(v, "deleted").as_bool() == Some(true) {
+                    format!("unmuted {}\n", cell(field(v, "caller_id")))
+                } else {
+                    format!("{} was not muted\n", cell(field(v, "caller_id")))
+                }
+            }
+        },
+        Command::Model(cmd) => {
+            let chain = items(v, "chain").iter().map(cell).collect::<Vec<_>>();
+            match (cmd, chain.is_empty()) {
+                (ModelCmd::Set { .. }, true) => {
+                    "model chain reset to the host default\n".to_owned()
+                }
+                (ModelCmd::Set { .. }, false) => format!("model chain: {}\n", chain.join(", ")),
+                (ModelCmd::Get, _) => format!(
+                    "{} (from the {} setting)\n",
+                    chain.join(", "),
+                    cell(field(v, "source"))
+                ),
+            }
+        }
+        Command::Control(cmd) => match cmd {
+            ControlCmd::Stop => {
+                let dropped = field(v, "dropped").as_u64().unwrap_or(0);
+                let head = if field(v, "stopped").as_bool() == Some(true) {
+                    "stopped the running turn"
+                } else {
+                    "no turn was running"
+                };
+                format!("{head}; dropped {dropped} queued message(s)\n")
+            }
+            ControlCmd::Compact => {
+                if field(v, "compacted").as_bool() == Some(true) {
+                    format!(
+                        "compacted the session; summary:\n{}\n",
+                        field(v, "summary").as_str().unwrap_or("-")
+                    )
+                } else {
+                    "nothing to compact\n".to_owned()
+                }
+            }
+            ControlCmd::Clear => "cleared the session\n".to_owned(),
+        },
+        Command::Send { .. } => format!(
+            "queued as outbox item {} in conversation {}\n",
+            cell(field(v, "outbox_id")),
+            cell(field(v, "conversation_id"))
+        ),
+        Command::Tokens(cmd) => match cmd {
+            TokensCmd::Create { .. } => {
+                // The token alone on stdout so `mrctl tokens create x > file` captures just it.
+                note = Some(format!(
+                    "token {} for {} ({}); it is shown only this once",
+                    cell(field(v, "id")),
+                    cell(field(v, "caller_id")),
+                    cell(field(v, "kind"))
+                ));
+                format!("{}\n", cell(field(v, "token")))
+            }
+            TokensCmd::List => items(v, "tokens")
+                .iter()
+                .map(|t| {
+                    let state = if field(t, "revoked_at").is_null() {
+                        "active".to_owned()
+                    } else {
+                        format!("revoked {}", time_cell(field(t, "revoked_at")))
+                    };
+                    row(&[
+                        cell(field(t, "id")),
+                        cell(field(t, "caller_id")),
+                        cell(field(t, "kind")),
+                        cell(field(t, "label")),
+                        time_cell(field(t, "created_at")),
+                        time_cell(field(t, "expires_at")),
+                        state,
+                    ])
+                })
+                .collect(),
+            TokensCmd::Revoke { .. } => format!("revoked token {}\n", cell(field(v, "id"))),
+        },
+        Command::Identities(cmd) => match cmd {
+            IdentitiesCmd::Link { .. } => {
+                let i = field(v, "identity");
+                format!(
+                    "{} now acts as {}\n",
+                    cell(field(i, "platform_id")),
+                    cell(field(i, "caller_id"))
+                )
+            }
+            IdentitiesCmd::Unlink { .. } => format!(
+                "{} no longer acts as {}\n",
+                cell(field(v, "platform_id")),
+                cell(field(v, "caller_id"))
+            ),
+            IdentitiesCmd::List => items(v, "identities")
+                .iter()
+                .map(|i| {
+                    row(&[
+                        cell(field(i, "platform_id")),
+                        cell(field(i, "caller_id")),
+                        cell(field(i, "created_by")),
+                        time_cell(field(i, "created_at")),
+                    ])
+                })
+                .collect(),
+            IdentitiesCmd::Audit { .. } => items(v, "audit")
+                .iter()
+                .map(|a| {
+                    row(&[
+                        time_cell(field(a, "at")),
+                        cell(field(a, "by")),
+                        cell(field(a, "action")),
+                        cell(field(a, "platform_id")),
+                        cell(field(a, "caller_id")),
+                    ])
+                })
+                .collect(),
+        },
+        Command::Chat { .. } => match field(v, "reply").as_str() {
+            Some(reply) => format!("{reply}\n"),
+            None => {
+                note = Some(format!(
+                    "the turn ended with status {} and no reply (run {})",
+                    cell(field(v, "status")),
+                    cell(field(v, "run_id"))
+                ));
+                String::new()
+            }
+        },
+        Command::Links(cmd) => match cmd {
+            LinksCmd::List => {
+                let reach = |key: &str, arrow: &str| -> String {
+                    items(v, key)
+                        .iter()
+                        .map(|r| {
+                            row(&[
+                                arrow.to_owned(),
+                                cell(field(r, "space")),
+                                cell(field(r, "level")),
+                                format!("link {}", cell(field(r, "link_id"))),
+                            ])
+                        })
+                        .collect()
+                };
+                format!(
+                    "{}{}",
+                    reach("outbound", "reaches"),
+                    reach("inbound", "reached by")
+                )
+            }
+            LinksCmd::Audit { .. } => items(v, "audit")
+                .iter()
+                .map(|a| {
+                    row(&[
+                        time_cell(field(a, "at")),
+                        cell(field(a, "caller_id")),
+                        cell(field(a, "action")),
+                        format!(
+                            "{} -> {}",
+                            cell(field(a, "holder_space_id")),
+                            cell(field(a, "target_space_id"))
+                        ),
+                        cell(field(a, "method")),
+                        cell(field(a, "route")),
+                        cell(field(a, "status")),
+                    ])
+                })
+                .collect(),
+            LinksCmd::Revoke { .. } | LinksCmd::Update { .. } => {
+                let l = field(v, "link");
+                let mut out = format!(
+                    "link {} {} -> {} ({}){}\n",
+                    cell(field(l, "id")),
+                    cell(field(l, "holder_space_id")),
+                    cell(field(l, "target_space_id")),
+                    cell(field(l, "level")),
+                    if field(l, "revoked_at").is_null() {
+                        ""
+                    } else {
+                        ", revoked"
+                    }
+                );
+                for r in items(v, "removed_roles") {
+                    out.push_str(&format!(
+                        "removed role {} of {} in {}\n",
+                        cell(field(r, "role")),
+                        cell(field(r, "caller_id")),
+                        cell(field(r, "space_id"))
+                    ));
+                }
+                out
+            }
+            _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
+        },
+        Command::Ask { .. } => render_ask(v),
+        Command::Runs(_) => items(v, "runs")
+            .iter()
+            .map(|r| {
+                let ended = [field(r, "finished_at"), field(r, "ended_at")]
+                    .into_iter()
+                    .find(|x| !x.is_null())
+                    .unwrap_or(&NULL);
+                row(&[
+                    cell(field(r, "id")),
+                    cell(field(r, "kind")),
+                    cell(field(r, "status")),
+                    time_cell(field(r, "started_at")),
+                    time_cell(ended),
+                ])
+            })
+            .collect(),
+        Command::Review(ReviewCmd::RunNow) => render_review_run(v),
+    };
+    (out, note)
+}
+
+/// `ask`: the reply labelled with the space, then the refusals, then the cost.
+pub(super) fn render_ask(v: &Value) -> String {
+    let source = match field(v, "source_space") {
+        Value::Null => field(v, "space_id"),
+        s => s,
+    };
+    let mut out = format!(
+        "[{}] {}\n",
+        cell(source),
+        field(v, "reply").as_str().unwrap_or("(no reply)")
+    );
+    let refusals = items(v, "refusals");
+    if refusals.is_empty() {
+        out.push_str("\nrefused writes: none\n");
+    } else {
+        out.push_str("\nrefused writes:\n");
+        for r in refusals {
+            out.push_str(&format!(
+                "- {}\n",
+                field(r, "summary").as_str().unwrap_or_default()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\ntokens: {} in, {} out; cost: {}\n",
+        cell(field(v, "tokens_in")),
+        cell(field(v, "tokens_out")),
+        cell(field(v, "cost"))
+    ));
+    out
+}
+
+/// `review run-now`: the outcome, the report path and the footer counts.
+pub(super) fn render_review_run(v: &Value) -> String {
+    let status = cell(field(v, "status"));
+    if status == "running" {
+        return format!(
+            "review run {} is still running; the report and the digest follow when it ends\n",
+            cell(field(v, "run_id"))
+        );
+    }
+    let mut pairs = vec![("run", cell(field(v, "run_id"))), ("status", status)];
+    if !field(v, "error").is_null() {
+        pairs.push(("reason", cell(field(v, "error"))));
+    }
+    pairs.extend([
+        ("report", cell(field(v, "report_path"))),
+        ("findings", cell(field(v, "findings"))),
+        ("spaces judged", cell(field(v, "spaces_judged"))),
+        ("exchanges judged", cell(field(v, "exchanges_judged"))),
+        ("judge calls", cell(field(v, "judge_calls"))),
+    ]);
+    let skipped: Vec<String> = items(v, "skipped")
+        .iter()
+        .map(|s| format!("{} ({})", cell(field(s, "what")), cell(field(s, "reason"))))
+        .collect();
+    if !skipped.is_empty() {
+        pairs.push(("skipped", skipped.join("; ")));
+    }
+    let digest = field(v, "digest");
+    pairs.push((
+        "digest",
+        if field(digest, "sent").as_bool() == Some(true) {
+            format!("queued (outbox {})", cell(field(digest, "outbox_id")))
+        } else {
+            format!("not sent: {}", cell(field(digest, "reason")))
+        },
+    ));
+    kv_lines(&pairs)
+}
+
+/// One table for `config get`: every available key with its value in this
+/// space (or `(default)`) and its description, plus any set key the server
+/// did not list as available.
+pub(super) fn render_config(v: &Value) -> String {
+    let set = items(v, "config");
+    let value_of = |key: &str| {
+        set.iter()
+            .find(|e| field(e, "key").as_str() == Some(key))
+            .map(|e| cell(field(e, "value")))
+    };
+    let available = items(v, "available");
+    let mut out = String::new();
+    for a in available {
+        let key = field(a, "key").as_str().unwrap_or_default();
+        let value = value_of(key).unwrap_or_else(|| "(default)".to_owned());
+        out.push_str(&row(&[
+            key.to_owned(),
+            value,
+            cell(field(a, "description")),
+        ]));
+    }
+    for e in set {
+        let key = field(e, "key").as_str().unwrap_or_default();
+        if !available
+            .iter()
+            .any(|a| field(a, "key").as_str() == Some(key))
+        {
+            out.push_str(&row(&[key.to_owned(), cell(field(e, "value"))]));
+        }
+    }
+    out
+}
+
+pub(super) fn task_row(t: &Value) -> String {
+    let schedule = match field(t, "cron").as_str() {
+        Some(c) => format!("cron {c}"),
+        None => format!("at {}", time_cell(field(t, "at"))),
+    };
+    let mut state = if field(t, "active").as_bool() == Some(false) {
+        "paused".to_owned()
+    } else {
+        "active".to_owned()
+    };
+    if field(t, "silent").as_bool() == Some(true) {
+        state.push_str(",silent");
+    }
+    row(&[
+        cell(field(t, "id")),
+        schedule,
+        state,
+        format!("next {}", time_cell(field(t, "next_run_at"))),
+        cell(field(t, "prompt")),
+    ])
+}
+
+pub(super) fn mute_row(m: &Value) -> String {
+    let until = field(m, "until");
+    let until = if until.is_null() {
+        "indefinitely".to_owned()
+    } else {
+        format!("until {}", time_cell(until))
+    };
+    row(&[cell(field(m, "caller_id")), until, cell(field(m, "reason"))])
+}
