@@ -118,7 +118,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
     let chain = {
         let (rt2, space) = (rt.clone(), space.clone());
         rt.store
-            .read(move |c| super::space::model_chain(c, &rt2, &space))
+            .read(move |c| crate::agent::live::model_chain(c, &rt2, &space))
             .await
             .map_err(|e| e.to_string())?
     };

@@ -50,9 +50,9 @@ pub enum ControlError {
     /// never shown to the client.
     #[error("control action: {0}")]
     Store(#[from] StoreError),
-    /// Compaction's model call failed (the model chain's own sentence).
-    #[error("compaction failed: {0}")]
-    Model(String),
+    /// Compaction failed: its store access or its model call.
+    #[error(transparent)]
+    Compact(#[from] crate::agent::compact::CompactError),
 }
 
 /// The live space actors, by space id. Written only by the supervisor.

@@ -15,8 +15,7 @@ use super::SpaceDirectory;
 use crate::clock::now_ms;
 use crate::runtime::Runtime;
 use crate::schedule::{next_fire, parse_cron};
-use crate::storage::messages::{self, NewMessage};
-use crate::storage::tasks::{self, Task};
+use crate::storage::tasks;
 use crate::storage::StoreResult;
 
 pub enum SchedulerMsg {
@@ -34,28 +33,6 @@ pub struct SchedulerState {
 }
 
 pub struct TaskScheduler;
-
-/// Queues one firing of `task` (scheduled or run-now): a `task_runs` row and
-/// a pending message from the task's creator. Returns the message id.
-pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<i64> {
-    let task_run = tasks::start_run(tx, task)?;
-    let id = messages::insert(
-        tx,
-        &NewMessage {
-            space_id: &task.space_id,
-            sender_id: Some(&task.created_by),
-            sender_name: Some("scheduled task"),
-            role: "user",
-            text: &task.prompt,
-            created_at: now_ms(),
-            status: Some("pending"),
-            task_run_id: Some(task_run),
-            ..Default::default()
-        },
-    )?
-    .unwrap_or_default();
-    Ok(id)
-}
 
 impl Actor for TaskScheduler {
     type Msg = SchedulerMsg;
@@ -113,7 +90,7 @@ fn fire_due(tx: &rusqlite::Transaction<'_>) -> StoreResult<Vec<String>> {
             None => None,
         };
         tasks::advance(tx, task.id, next)?;
-        queue_firing(tx, &task)?;
+        tasks::queue_firing(tx, &task)?;
         if !woke.contains(&task.space_id) {
             woke.push(task.space_id.clone());
         }

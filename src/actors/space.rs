@@ -6,9 +6,12 @@
 //! only holds the turn in flight. A turn runs in its own task so the mailbox
 //! stays responsive (a `stop` must reach a running turn).
 //!
-//! Must never: reply twice to one message (the reply is written only if the
-//! message is still pending, in the same transaction), or commit anything for
-//! a turn whose actor died (the turn is abandoned and re-run by the successor).
+//! This file holds the actor's protocol, state and lifecycle; what a turn
+//! does and how it is committed is `agent::live`, compaction `agent::compact`.
+//!
+//! Must never: run two turns of a space at once, or let a turn outlive its
+//! actor unnoticed (a `DropGuard` cancels it; the successor re-runs the
+//! message, which is still pending).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,16 +21,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{json, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::agent::{self, prompt::PromptInputs, TurnOutcome, TurnRequest, TurnStatus};
-use crate::clock::now_ms;
-use crate::config::split_chain;
-use crate::ids::{RunId, SpaceId};
-use crate::model::{ChatMessage, Purpose, Role};
+use crate::agent;
+use crate::ids::SpaceId;
 use crate::runtime::Runtime;
-use crate::sandbox::RunKind;
-use crate::storage::messages::{self, Message, NewMessage};
-use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, outbox, runs, tasks, StoreError, StoreResult};
+use crate::storage::messages;
+use crate::storage::spaces;
+use crate::storage::StoreError;
 use crate::workspace::layer::{LayerBudget, TurnLayer};
 
 pub type SpaceWrite =
@@ -245,221 +244,10 @@ async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {
     let me = myself.clone();
     tokio::spawn(async move {
         let message_id = message.id;
-        run_and_commit(&rt, &space, message, cancel, stop_requested).await;
+        agent::live::run_and_commit(&rt, &space, message, cancel, stop_requested).await;
         rt.waiters.notify(message_id);
         let _ = me.cast(SpaceMsg::TurnEnded { message_id });
     });
-}
-
-/// The model chain of a space: its own (`space_config.model`) or the default.
-pub fn model_chain(
-    conn: &rusqlite::Connection,
-    rt: &Runtime,
-    space: &str,
-) -> StoreResult<Vec<String>> {
-    Ok(
-        match spaces::kv_get(conn, KvTable::Config, space, "model")? {
-            Some(chain) if !split_chain(&chain).is_empty() => split_chain(&chain),
-            _ => rt.settings.model_chain(),
-        },
-    )
-}
-
-async fn run_and_commit(
-    rt: &Arc<Runtime>,
-    space: &SpaceId,
-    message: Message,
-    cancel: CancellationToken,
-    stop_requested: Arc<AtomicBool>,
-) {
-    let run_id = RunId::new();
-    let kind = if message.task_run_id.is_some() {
-        RunKind::Task
-    } else {
-        RunKind::Live
-    };
-    let caller = message
-        .sender_id
-        .clone()
-        .unwrap_or_else(|| crate::ids::SYSTEM_CALLER.into());
-    let prep = {
-        let (rt2, space_s, run_s, caller_s, mid) = (
-            rt.clone(),
-            space.to_string(),
-            run_id.to_string(),
-            caller.clone(),
-            message.id,
-        );
-        let task_run = message.task_run_id;
-        rt.store
-            .write(move |tx| {
-                runs::start(
-                    tx,
-                    &run_s,
-                    &space_s,
-                    kind.as_str(),
-                    Some(&caller_s),
-                    Some(mid),
-                )?;
-                if let Some(task_run) = task_run {
-                    tasks::attach_run(tx, task_run, &run_s)?;
-                }
-                // A mapped platform sender acts as its operator (issue 11).
-                let acting = match crate::ids::platform_of(&caller_s) {
-                    Some(_) => crate::storage::identities::operator_for(tx, &caller_s)?
-                        .unwrap_or_else(|| caller_s.clone()),
-                    None => caller_s.clone(),
-                };
-                let global = rt2.settings.is_global_admin(&acting);
-                let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
-                let links_act =
-                    crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act))
-            })
-            .await
-    };
-    let (chain, links_paragraph) = match prep {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(space = %space, error = %e, "cannot start a run");
-            return;
-        }
-    };
-    let workspace = rt.paths.workspace(space);
-    let req = TurnRequest {
-        space_id: space.to_string(),
-        run_id: run_id.clone(),
-        kind,
-        caller_id: caller,
-        trigger_message_id: Some(message.id),
-        user_text: message.text.clone(),
-        workspace: workspace.clone(),
-        prompt: PromptInputs {
-            space_id: space.to_string(),
-            files_dir: workspace,
-            history_before: Some(message.id),
-            links_paragraph,
-        },
-        purpose: Purpose::Turn,
-        model_chain: chain,
-        token_role: None,
-        layer: agent::LayerPlan::MergeOnSuccess,
-    };
-    let outcome = agent::run_turn(rt, req, cancel).await;
-    if outcome.status == TurnStatus::Stopped && !stop_requested.load(Ordering::SeqCst) {
-        // The actor died under the turn: leave the message pending for the
-        // restarted actor and only close the run.
-        let run_s = run_id.to_string();
-        let _ = rt
-            .store
-            .write(move |tx| {
-                runs::finish(
-                    tx,
-                    &run_s,
-                    "interrupted",
-                    Some("space actor stopped during the turn"),
-                )
-            })
-            .await;
-        return;
-    }
-    if let Err(e) = commit(rt, &message, &run_id, outcome).await {
-        tracing::error!(space = %space, message = message.id, error = %e, "cannot commit the turn");
-    }
-}
-
-/// Writes the outcome of a live or task turn in one transaction: the user
-/// message settles, the reply row and its outbox item appear, the run and the
-/// task firing close.
-async fn commit(
-    rt: &Arc<Runtime>,
-    message: &Message,
-    run_id: &RunId,
-    outcome: TurnOutcome,
-) -> StoreResult<()> {
-    let message = message.clone();
-    let run_id = run_id.to_string();
-    rt.store
-        .write(move |tx| {
-            let status = outcome.status.as_str();
-            if !messages::settle(tx, message.id, status, &run_id)? {
-                runs::finish(
-                    tx,
-                    &run_id,
-                    "superseded",
-                    Some("the message was answered by another run"),
-                )?;
-                return Ok(());
-            }
-            runs::finish(tx, &run_id, status, outcome.error.as_deref())?;
-            if let Some(task_run) = message.task_run_id {
-                tasks::finish_run(tx, task_run, status, outcome.error.as_deref())?;
-            }
-            let Some(reply) = outcome.reply.as_deref() else {
-                return Ok(());
-            };
-            let reply_id = messages::insert(
-                tx,
-                &NewMessage {
-                    space_id: &message.space_id,
-                    conversation_id: message.conversation_id,
-                    sender_id: Some("mercury"),
-                    sender_name: Some("Mercury"),
-                    role: "assistant",
-                    text: reply,
-                    created_at: now_ms(),
-                    run_id: Some(&run_id),
-                    reply_to: Some(message.id),
-                    ..Default::default()
-                },
-            )?;
-            deliver(tx, &message, reply_id, reply)?;
-            Ok(())
-        })
-        .await
-}
-
-/// Queues a reply for its platform: the message's own conversation, or for a
-/// non-silent task the space's most recently active conversation. Console
-/// conversations are answered in the HTTP response instead.
-fn deliver(
-    tx: &rusqlite::Transaction<'_>,
-    message: &Message,
-    reply_id: Option<i64>,
-    text: &str,
-) -> StoreResult<()> {
-    let conversation = match (message.conversation_id, message.task_run_id) {
-        (Some(c), _) => conversations::get(tx, c)?,
-        (None, Some(task_run)) => {
-            let silent: bool = tx
-                .query_row(
-                    "SELECT t.silent FROM tasks t JOIN task_runs r ON r.task_id = t.id WHERE r.id = ?1",
-                    [task_run],
-                    |r| r.get(0),
-                )
-                .unwrap_or(true);
-            if silent {
-                None
-            } else {
-                conversations::list(tx, Some(&message.space_id))?
-                    .into_iter()
-                    .find(|c| c.platform != "console")
-            }
-        }
-        (None, None) => None,
-    };
-    if let Some(c) = conversation.filter(|c| c.platform != "console") {
-        outbox::enqueue(
-            tx,
-            &message.space_id,
-            Some(c.id),
-            &c.platform,
-            &c.external_id,
-            reply_id,
-            text,
-        )?;
-    }
-    Ok(())
 }
 
 async fn control(
@@ -497,73 +285,8 @@ async fn control(
                 .await?;
             Ok(json!({"cleared": true, "boundary": boundary}))
         }
-        ControlAction::Compact => compact(state).await,
+        ControlAction::Compact => {
+            Ok(agent::compact::compact(&state.rt, state.space.as_str()).await?)
+        }
     }
-}
-
-/// Summarises the history above the boundary through the model, then moves
-/// the boundary so later turns see the summary instead of the old messages.
-async fn compact(state: &mut SpaceState) -> Result<Value, super::ControlError> {
-    let rt = state.rt.clone();
-    let space = state.space.to_string();
-    let limit = rt.settings.turn.history_limit.max(100);
-    let (history, prev_summary, chain, boundary) = {
-        let (rt2, space) = (rt.clone(), space.clone());
-        rt.store
-            .read(move |c| {
-                let (b, summary) = spaces::session_boundary(c, &space)?;
-                let h = messages::history(c, &space, b, i64::MAX, limit)?;
-                let chain = model_chain(c, &rt2, &space)?;
-                let max = messages::max_id(c, &space)?;
-                Ok((h, summary, chain, max))
-            })
-            .await?
-    };
-    if history.is_empty() {
-        return Ok(
-            json!({"compacted": false, "boundary": boundary, "summary": null, "reason": "nothing to compact"}),
-        );
-    }
-    let mut transcript = String::new();
-    if let Some(s) = prev_summary {
-        transcript.push_str(&format!("Earlier summary: {s}\n"));
-    }
-    for m in &history {
-        transcript.push_str(&format!("{}: {}\n", m.role, m.text));
-    }
-    let messages = vec![
-        ChatMessage::text(
-            Role::System,
-            "Summarise this conversation for your own later use: facts, decisions, open questions. Plain text, short.",
-        ),
-        ChatMessage::text(Role::User, transcript),
-    ];
-    let answer = agent::complete_with_chain(&rt, &chain, Purpose::Compact, &messages, &[])
-        .await
-        .map_err(super::ControlError::Model)?;
-    let (space2, spec, summary, usage, cost) = (
-        space.clone(),
-        answer.spec,
-        answer.response.text.clone(),
-        answer.response.usage,
-        answer.cost,
-    );
-    rt.store
-        .write(move |tx| {
-            spaces::set_session_boundary(tx, &space2, boundary, Some(&summary))?;
-            runs::record_usage(
-                tx,
-                &runs::UsageRow {
-                    run_id: None,
-                    space_id: &space2,
-                    model: &spec,
-                    kind: "compact",
-                    tokens_in: usage.input_tokens,
-                    tokens_out: usage.output_tokens,
-                    cost,
-                },
-            )
-        })
-        .await?;
-    Ok(json!({"compacted": true, "boundary": boundary, "summary": answer.response.text}))
 }

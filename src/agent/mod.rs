@@ -16,6 +16,8 @@
 //! failure, timeout or cancellation), merge a layer while its sandbox still
 //! runs, or put a host credential in the sandbox env.
 
+pub mod compact;
+pub mod live;
 pub mod prompt;
 pub mod tools;
 

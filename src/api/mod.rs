@@ -44,11 +44,14 @@ impl From<ActorError> for ApiError {
                 ApiError::unavailable(format!("the space did not answer within {ms} ms"))
             }
             ActorError::Control(crate::actors::ControlError::Store(e)) => e.into(),
-            ActorError::Control(crate::actors::ControlError::Model(m)) => ApiError::new(
-                axum::http::StatusCode::BAD_GATEWAY,
-                "model_failed",
-                format!("compaction failed: {m}"),
-            ),
+            ActorError::Control(crate::actors::ControlError::Compact(e)) => match e {
+                crate::agent::compact::CompactError::Store(e) => e.into(),
+                model @ crate::agent::compact::CompactError::Model(_) => ApiError::new(
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    "model_failed",
+                    model.to_string(),
+                ),
+            },
         }
     }
 }

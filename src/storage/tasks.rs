@@ -171,3 +171,25 @@ pub fn finish_run(
     )?;
     Ok(())
 }
+
+/// Queues one firing of `task` (scheduled or run-now): a `task_runs` row and
+/// a pending message from the task's creator. Returns the message id.
+pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<i64> {
+    let task_run = start_run(tx, task)?;
+    let id = super::messages::insert(
+        tx,
+        &super::messages::NewMessage {
+            space_id: &task.space_id,
+            sender_id: Some(&task.created_by),
+            sender_name: Some("scheduled task"),
+            role: "user",
+            text: &task.prompt,
+            created_at: crate::clock::now_ms(),
+            status: Some("pending"),
+            task_run_id: Some(task_run),
+            ..Default::default()
+        },
+    )?
+    .unwrap_or_default();
+    Ok(id)
+}

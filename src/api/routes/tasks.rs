@@ -9,11 +9,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, path_arg, text_field, Body, PathArg};
-use crate::actors::scheduler::queue_firing;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::schedule::{next_fire, parse_at, parse_cron};
+use crate::storage::tasks::queue_firing;
 use crate::storage::tasks::{self, NewTask};
 use crate::storage::StoreError;
 

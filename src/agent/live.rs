@@ -1,0 +1,236 @@
+//! A live or task turn from its pending message to its committed reply:
+//! the run row is started, the turn runs ([`super::run_turn`]), and its
+//! outcome is written in one transaction (the message settles, the reply and
+//! its outbox item appear, the run and the task firing close).
+//!
+//! Must never: reply twice to one message (the reply is written only if the
+//! message is still pending), or commit anything for a turn whose actor died
+//! (it is left pending for the successor).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{prompt::PromptInputs, LayerPlan, TurnOutcome, TurnRequest, TurnStatus};
+use crate::clock::now_ms;
+use crate::config::split_chain;
+use crate::ids::{RunId, SpaceId};
+use crate::model::Purpose;
+use crate::runtime::Runtime;
+use crate::sandbox::RunKind;
+use crate::storage::messages::{self, Message, NewMessage};
+use crate::storage::spaces::{self, KvTable};
+use crate::storage::{conversations, outbox, runs, tasks, StoreResult};
+
+/// The model chain of a space: its own (`space_config.model`) or the default.
+pub fn model_chain(
+    conn: &rusqlite::Connection,
+    rt: &Runtime,
+    space: &str,
+) -> StoreResult<Vec<String>> {
+    Ok(
+        match spaces::kv_get(conn, KvTable::Config, space, "model")? {
+            Some(chain) if !split_chain(&chain).is_empty() => split_chain(&chain),
+            _ => rt.settings.model_chain(),
+        },
+    )
+}
+
+/// Runs the turn that answers `message` and commits it.
+pub async fn run_and_commit(
+    rt: &Arc<Runtime>,
+    space: &SpaceId,
+    message: Message,
+    cancel: CancellationToken,
+    stop_requested: Arc<AtomicBool>,
+) {
+    let run_id = RunId::new();
+    let kind = if message.task_run_id.is_some() {
+        RunKind::Task
+    } else {
+        RunKind::Live
+    };
+    let caller = message
+        .sender_id
+        .clone()
+        .unwrap_or_else(|| crate::ids::SYSTEM_CALLER.into());
+    let prep = {
+        let (rt2, space_s, run_s, caller_s, mid) = (
+            rt.clone(),
+            space.to_string(),
+            run_id.to_string(),
+            caller.clone(),
+            message.id,
+        );
+        let task_run = message.task_run_id;
+        rt.store
+            .write(move |tx| {
+                runs::start(
+                    tx,
+                    &run_s,
+                    &space_s,
+                    kind.as_str(),
+                    Some(&caller_s),
+                    Some(mid),
+                )?;
+                if let Some(task_run) = task_run {
+                    tasks::attach_run(tx, task_run, &run_s)?;
+                }
+                // A mapped platform sender acts as its operator (issue 11).
+                let acting = match crate::ids::platform_of(&caller_s) {
+                    Some(_) => crate::storage::identities::operator_for(tx, &caller_s)?
+                        .unwrap_or_else(|| caller_s.clone()),
+                    None => caller_s.clone(),
+                };
+                let global = rt2.settings.is_global_admin(&acting);
+                let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
+                let links_act =
+                    crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act))
+            })
+            .await
+    };
+    let (chain, links_paragraph) = match prep {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(space = %space, error = %e, "cannot start a run");
+            return;
+        }
+    };
+    let workspace = rt.paths.workspace(space);
+    let req = TurnRequest {
+        space_id: space.to_string(),
+        run_id: run_id.clone(),
+        kind,
+        caller_id: caller,
+        trigger_message_id: Some(message.id),
+        user_text: message.text.clone(),
+        workspace: workspace.clone(),
+        prompt: PromptInputs {
+            space_id: space.to_string(),
+            files_dir: workspace,
+            history_before: Some(message.id),
+            links_paragraph,
+        },
+        purpose: Purpose::Turn,
+        model_chain: chain,
+        token_role: None,
+        layer: LayerPlan::MergeOnSuccess,
+    };
+    let outcome = super::run_turn(rt, req, cancel).await;
+    if outcome.status == TurnStatus::Stopped && !stop_requested.load(Ordering::SeqCst) {
+        // The actor died under the turn: leave the message pending for the
+        // restarted actor and only close the run.
+        let run_s = run_id.to_string();
+        let _ = rt
+            .store
+            .write(move |tx| {
+                runs::finish(
+                    tx,
+                    &run_s,
+                    "interrupted",
+                    Some("space actor stopped during the turn"),
+                )
+            })
+            .await;
+        return;
+    }
+    if let Err(e) = commit(rt, &message, &run_id, outcome).await {
+        tracing::error!(space = %space, message = message.id, error = %e, "cannot commit the turn");
+    }
+}
+
+/// Writes the outcome of a live or task turn in one transaction: the user
+/// message settles, the reply row and its outbox item appear, the run and the
+/// task firing close.
+async fn commit(
+    rt: &Arc<Runtime>,
+    message: &Message,
+    run_id: &RunId,
+    outcome: TurnOutcome,
+) -> StoreResult<()> {
+    let message = message.clone();
+    let run_id = run_id.to_string();
+    rt.store
+        .write(move |tx| {
+            let status = outcome.status.as_str();
+            if !messages::settle(tx, message.id, status, &run_id)? {
+                runs::finish(
+                    tx,
+                    &run_id,
+                    "superseded",
+                    Some("the message was answered by another run"),
+                )?;
+                return Ok(());
+            }
+            runs::finish(tx, &run_id, status, outcome.error.as_deref())?;
+            if let Some(task_run) = message.task_run_id {
+                tasks::finish_run(tx, task_run, status, outcome.error.as_deref())?;
+            }
+            let Some(reply) = outcome.reply.as_deref() else {
+                return Ok(());
+            };
+            let reply_id = messages::insert(
+                tx,
+                &NewMessage {
+                    space_id: &message.space_id,
+                    conversation_id: message.conversation_id,
+                    sender_id: Some("mercury"),
+                    sender_name: Some("Mercury"),
+                    role: "assistant",
+                    text: reply,
+                    created_at: now_ms(),
+                    run_id: Some(&run_id),
+                    reply_to: Some(message.id),
+                    ..Default::default()
+                },
+            )?;
+            deliver(tx, &message, reply_id, reply)?;
+            Ok(())
+        })
+        .await
+}
+
+/// Queues a reply for its platform: the message's own conversation, or for a
+/// non-silent task the space's most recently active conversation. Console
+/// conversations are answered in the HTTP response instead.
+fn deliver(
+    tx: &rusqlite::Transaction<'_>,
+    message: &Message,
+    reply_id: Option<i64>,
+    text: &str,
+) -> StoreResult<()> {
+    let conversation = match (message.conversation_id, message.task_run_id) {
+        (Some(c), _) => conversations::get(tx, c)?,
+        (None, Some(task_run)) => {
+            let silent: bool = tx
+                .query_row(
+                    "SELECT t.silent FROM tasks t JOIN task_runs r ON r.task_id = t.id WHERE r.id = ?1",
+                    [task_run],
+                    |r| r.get(0),
+                )
+                .unwrap_or(true);
+            if silent {
+                None
+            } else {
+                conversations::list(tx, Some(&message.space_id))?
+                    .into_iter()
+                    .find(|c| c.platform != "console")
+            }
+        }
+        (None, None) => None,
+    };
+    if let Some(c) = conversation.filter(|c| c.platform != "console") {
+        outbox::enqueue(
+            tx,
+            &message.space_id,
+            Some(c.id),
+            &c.platform,
+            &c.external_id,
+            reply_id,
+            text,
+        )?;
+    }
+    Ok(())
+}
