@@ -402,6 +402,53 @@ models:
     )
 }
 
+/// Sets dotted keys (`sandbox.backend`) in the config file at `path`,
+/// keeping every other key and comment-free YAML, and checks the result is a
+/// valid config before writing it. The one way code (the temp host, the
+/// tests) edits a `mercury.yaml`: no string replacement.
+pub fn set_keys(path: &Path, keys: &[(&str, Value)]) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut root: Value = serde_yaml_ng::from_str(&text).map_err(|e| ConfigError::Yaml {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    for (key, value) in keys {
+        set_dotted(&mut root, key, value.clone())?;
+    }
+    let settings = from_value(root.clone(), &BTreeMap::new())?;
+    let out = serde_yaml_ng::to_string(&root).map_err(|e| key_err("(file)", e.to_string()))?;
+    std::fs::write(path, out).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(settings)
+}
+
+fn set_dotted(root: &mut Value, dotted: &str, value: Value) -> Result<(), ConfigError> {
+    if root.is_null() {
+        *root = Value::Mapping(Default::default());
+    }
+    let parts: Vec<&str> = dotted.split('.').collect();
+    let mut cur = root;
+    for (i, part) in parts.iter().enumerate() {
+        let map = cur
+            .as_mapping_mut()
+            .ok_or_else(|| key_err(dotted, "a parent of this key is not a mapping"))?;
+        let key = Value::String((*part).to_owned());
+        if i + 1 == parts.len() {
+            map.insert(key, value);
+            return Ok(());
+        }
+        cur = map
+            .entry(key)
+            .or_insert_with(|| Value::Mapping(Default::default()));
+    }
+    Err(key_err(dotted, "an empty key"))
+}
+
 /// Reads `path` (absent file = all defaults), applies `env`, validates.
 pub fn load(path: &Path, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
     let file: Value = match std::fs::read_to_string(path) {

@@ -374,8 +374,8 @@ impl BenchHost {
         let task = tokio::spawn({
             let (data, shutdown) = (data.to_owned(), shutdown.clone());
             let options = crate::host::ServeOptions {
-                bind: None,
                 review_admission: admission,
+                ..crate::host::ServeOptions::default()
             };
             async move { crate::host::serve_with(&data, options, shutdown).await }
         });

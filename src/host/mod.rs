@@ -36,10 +36,13 @@ use crate::workspace::data_dir;
 use crate::workspace::DataPaths;
 
 /// How `serve` runs, beyond the data dir's config.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ServeOptions {
     /// ADDR:PORT to listen on instead of `bind`.
     pub bind: Option<String>,
+    /// A listener the caller bound already (tests and the temp host bind
+    /// port 0): used instead of binding `bind`, so no port is ever guessed.
+    pub tcp: Option<std::net::TcpListener>,
     /// Admission of background model calls; `Open` only for `mercury bench review`.
     pub review_admission: Admission,
 }
@@ -48,6 +51,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             bind: None,
+            tcp: None,
             review_admission: Admission::Gated,
         }
     }
@@ -296,6 +300,7 @@ pub async fn serve_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let bind_override = options.bind;
+    let bound = options.tcp;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
             "{} is not a data dir (run `mercury init` first)",
@@ -374,9 +379,17 @@ pub async fn serve_with(
         shutdown.clone(),
     ));
     let app = crate::api::router(host.clone());
-    let tcp = tokio::net::TcpListener::bind(&rt.settings.bind)
-        .await
-        .with_context(|| format!("binding {}", rt.settings.bind))?;
+    let tcp = match bound {
+        Some(listener) => {
+            listener
+                .set_nonblocking(true)
+                .context("the listener handed to serve")?;
+            tokio::net::TcpListener::from_std(listener).context("the listener handed to serve")?
+        }
+        None => tokio::net::TcpListener::bind(&rt.settings.bind)
+            .await
+            .with_context(|| format!("binding {}", rt.settings.bind))?,
+    };
     let _ = std::fs::remove_file(&paths.socket);
     let unix = tokio::net::UnixListener::bind(&paths.socket)
         .with_context(|| format!("binding {}", paths.socket.display()))?;

@@ -1,5 +1,6 @@
-//! `TempHost`: a real host on a throwaway data dir and a free loopback port,
-//! with a scripted model, for `mercury demo` and `mercury bench`.
+//! `TempHost`: a real host on a throwaway data dir and a loopback listener
+//! it binds itself (port 0), with a scripted model, for `mercury demo`,
+//! `mercury bench` and the tests; built with [`TempHost::builder`].
 //!
 //! Must never: touch a real data dir, or outlive its value (dropping it stops
 //! the host; `stop` waits for it).
@@ -24,34 +25,91 @@ pub struct TempHost {
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
-impl TempHost {
-    /// Starts a host whose model is the scripted `rules` (a JSON text) and
-    /// whose sandbox backend is `sandbox` (`process`, `docker` or `auto`).
-    pub async fn start(rules: &str, sandbox: &str) -> anyhow::Result<TempHost> {
+/// How to build a [`TempHost`]: the scripted model's rules, the sandbox
+/// backend and any other config keys, written through [`crate::config::set_keys`].
+#[derive(Debug, Clone)]
+pub struct TempHostBuilder {
+    rules: String,
+    keys: Vec<(String, serde_yaml_ng::Value)>,
+}
+
+impl Default for TempHostBuilder {
+    fn default() -> Self {
+        Self {
+            rules: r#"{"rules": [{"reply": "ok"}]}"#.to_owned(),
+            keys: Vec::new(),
+        }
+    }
+}
+
+impl TempHostBuilder {
+    /// The scripted model's rules file (a JSON text).
+    pub fn model(mut self, rules: &str) -> Self {
+        self.rules = rules.to_owned();
+        self
+    }
+
+    /// `sandbox.backend`: `process`, `docker` or `auto`.
+    pub fn sandbox(self, backend: &str) -> Self {
+        self.set("sandbox.backend", serde_yaml_ng::Value::from(backend))
+    }
+
+    /// Any config key, as a dotted path (`sandbox.workspace_mb`).
+    pub fn set(mut self, key: &str, value: serde_yaml_ng::Value) -> Self {
+        self.keys.push((key.to_owned(), value));
+        self
+    }
+
+    /// Makes the data dir and the config; returns where they are, without
+    /// starting a host (the child-process hosts of the crash tests start
+    /// `mercury serve` on it themselves).
+    pub async fn prepare(&self) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
         let dir = tempfile::Builder::new().prefix("mercury-temp-").tempdir()?;
         let data = dir.path().join("data");
         crate::host::init(&data, "owner").await?;
         let model = dir.path().join("model.json");
-        std::fs::write(&model, rules)?;
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            l.local_addr()?.port()
-        };
-        let config = std::fs::read_to_string(data.join("mercury.yaml"))?
-            .replace(
-                "model: \"openai:gpt-4o-mini\"",
-                &format!("model: \"scripted:{}\"", model.display()),
-            )
-            .replace(
-                "bind: \"127.0.0.1:8787\"",
-                &format!("bind: \"127.0.0.1:{port}\""),
-            )
-            .replace("  backend: auto ", &format!("  backend: {sandbox} "));
-        std::fs::write(data.join("mercury.yaml"), config)?;
+        std::fs::write(&model, &self.rules)?;
+        let mut keys: Vec<(&str, serde_yaml_ng::Value)> = vec![(
+            "model",
+            serde_yaml_ng::Value::from(format!("scripted:{}", model.display())),
+        )];
+        keys.extend(self.keys.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        crate::config::set_keys(&data.join("mercury.yaml"), &keys)
+            .context("writing the temporary host's config")?;
+        Ok((dir, data))
+    }
+
+    /// Starts the host in this process on a listener it binds itself
+    /// (127.0.0.1, port 0), and waits until it answers.
+    pub async fn start(self) -> anyhow::Result<TempHost> {
+        let (dir, data) = self.prepare().await?;
+        TempHost::serve_in(dir, data).await
+    }
+}
+
+impl TempHost {
+    pub fn builder() -> TempHostBuilder {
+        TempHostBuilder::default()
+    }
+
+    /// Starts a host whose model is the scripted `rules` (a JSON text) and
+    /// whose sandbox backend is `sandbox` (`process`, `docker` or `auto`).
+    pub async fn start(rules: &str, sandbox: &str) -> anyhow::Result<TempHost> {
+        Self::builder().model(rules).sandbox(sandbox).start().await
+    }
+
+    /// Serves the prepared data dir `data` (inside `dir`) in this process.
+    pub async fn serve_in(dir: tempfile::TempDir, data: PathBuf) -> anyhow::Result<TempHost> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            async move { crate::host::serve(&data, None, shutdown).await }
+            let options = crate::host::ServeOptions {
+                tcp: Some(listener),
+                ..crate::host::ServeOptions::default()
+            };
+            async move { crate::host::serve_with(&data, options, shutdown).await }
         });
         let owner_token = std::fs::read_to_string(data.join("global/owner.token"))?
             .trim()
@@ -69,9 +127,17 @@ impl TempHost {
             if request(&probe, Method::GET, "/healthz", None).await.is_ok() {
                 return Ok(host);
             }
+            if host.task.as_ref().is_some_and(|t| t.is_finished()) {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         bail!("the temporary host did not start listening on {}", host.url)
+    }
+
+    /// The temporary directory holding the data dir (and the model file).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_ref().map(|d| d.path())
     }
 
     /// An API connection with the owner's token and an optional space.

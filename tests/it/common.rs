@@ -53,49 +53,20 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn set_path(root: &mut Yaml, dotted: &str, value: Yaml) {
-    let mut cur = root;
-    let parts: Vec<&str> = dotted.split('.').collect();
-    for (i, p) in parts.iter().enumerate() {
-        let key = Yaml::String((*p).to_string());
-        if i == parts.len() - 1 {
-            cur.as_mapping_mut().expect("mapping").insert(key, value);
-            return;
-        }
-        cur = cur
-            .as_mapping_mut()
-            .expect("mapping")
-            .entry(key)
-            .or_insert(Yaml::Mapping(Default::default()));
-    }
-}
-
-/// Creates a data dir (through `mercury init`'s library call) and writes the config.
+/// Creates a data dir and its config through the temp host's builder (the
+/// one config writer, `mercury::config::set_keys`). `bind` is set to a free
+/// port for hosts run as a child process, which cannot be handed a listener;
+/// an in-process host ignores it and serves a listener bound to port 0.
 pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    mercury::host::init(&data, "owner").await.expect("init");
-    let model = dir.path().join("model.json");
-    std::fs::write(&model, serde_json::to_vec(&opts.model).unwrap()).unwrap();
     let port = free_port();
-    let cfg_path = data.join("mercury.yaml");
-    let mut cfg: Yaml =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
-    set_path(&mut cfg, "bind", Yaml::String(format!("127.0.0.1:{port}")));
-    set_path(
-        &mut cfg,
-        "model",
-        Yaml::String(format!("scripted:{}", model.display())),
-    );
-    set_path(
-        &mut cfg,
-        "sandbox.backend",
-        Yaml::String(opts.sandbox.into()),
-    );
+    let mut builder = mercury::host::temp_host::TempHost::builder()
+        .model(&opts.model.to_string())
+        .sandbox(opts.sandbox)
+        .set("bind", Yaml::String(format!("127.0.0.1:{port}")));
     for (k, v) in &opts.config {
-        set_path(&mut cfg, k, v.clone());
+        builder = builder.set(k, v.clone());
     }
-    std::fs::write(&cfg_path, serde_yaml_ng::to_string(&cfg).unwrap()).unwrap();
+    let (dir, data) = builder.prepare().await.expect("prepare the data dir");
     (dir, data, port)
 }
 
@@ -106,11 +77,18 @@ impl TestHost {
             opts.env.is_empty(),
             "HostOptions::env applies to start_process only"
         );
-        let (dir, data, port) = prepare(&opts).await;
+        let (dir, data, _) = prepare(&opts).await;
+        // The caller binds: no port is guessed for an in-process host.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            async move { mercury::host::serve(&data, None, shutdown).await }
+            let options = mercury::host::ServeOptions {
+                tcp: Some(listener),
+                ..Default::default()
+            };
+            async move { mercury::host::serve_with(&data, options, shutdown).await }
         });
         let host = Self::finish(dir, data, port, shutdown, Some(task), None);
         host.wait_ready().await;
