@@ -1,0 +1,106 @@
+//! Connecting to the engine: the local default or an explicit socket, the
+//! API version negotiation, the liveness ping, and the instance id that ties
+//! containers to one data dir.
+//!
+//! Must never: hand out a client that has not negotiated its API version
+//! (bollard speaks a newer API than many engines accept), or derive an
+//! instance id from anything but the data dir's canonical path.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use bollard::Docker;
+use sha2::{Digest, Sha256};
+
+use super::DockerBackend;
+use crate::sandbox::SandboxError;
+
+/// The instance id for a data dir: the first 16 hex of sha256 of its
+/// canonical path. Two hosts on one engine with different data dirs never
+/// sweep each other's containers; one data dir keeps its id across restarts.
+pub fn instance_id_for(data_dir: &Path) -> io::Result<String> {
+    let canonical = std::fs::canonicalize(data_dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("canonicalizing data dir {}: {e}", data_dir.display()),
+        )
+    })?;
+    let digest = Sha256::digest(canonical.as_os_str().as_bytes());
+    let hex = base16ct::lower::encode_string(&digest);
+    Ok(hex.get(..16).unwrap_or(&hex).to_string())
+}
+
+impl DockerBackend {
+    /// Connects to the local engine (`DOCKER_HOST` or the default socket) and
+    /// negotiates the API version: bollard speaks a newer API than many
+    /// installed engines accept.
+    pub async fn connect(image: String) -> Result<Self, SandboxError> {
+        let docker = Docker::connect_with_local_defaults().map_err(|e| {
+            SandboxError::NoEngine(format!(
+                "cannot set up a client for the local Docker engine (DOCKER_HOST or /var/run/docker.sock): {e}"
+            ))
+        })?;
+        Self::negotiate(docker, image, "the local Docker engine").await
+    }
+
+    /// Like [`DockerBackend::connect`], for an engine at an explicit Unix socket.
+    pub async fn connect_socket(socket: &Path, image: String) -> Result<Self, SandboxError> {
+        let where_ = format!("the Docker engine at {}", socket.display());
+        let path = socket.to_str().ok_or_else(|| {
+            SandboxError::NoEngine(format!("{where_}: the socket path is not UTF-8"))
+        })?;
+        let docker =
+            Docker::connect_with_socket(path, 120, bollard::API_DEFAULT_VERSION).map_err(|e| {
+                SandboxError::NoEngine(format!("cannot set up a client for {where_}: {e}"))
+            })?;
+        Self::negotiate(docker, image, &where_).await
+    }
+
+    async fn negotiate(docker: Docker, image: String, where_: &str) -> Result<Self, SandboxError> {
+        let docker = docker.negotiate_version().await.map_err(|e| {
+            SandboxError::NoEngine(format!(
+                "{where_} does not answer (is the daemon running, and may this user use its socket?): {e}"
+            ))
+        })?;
+        Ok(Self { docker, image })
+    }
+
+    /// Checks the engine still answers.
+    pub async fn ping(&self) -> Result<(), SandboxError> {
+        self.docker.ping().await.map(|_| ()).map_err(|e| {
+            SandboxError::NoEngine(format!("the Docker engine stopped answering: {e}"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_id_is_16_hex_and_stable_for_one_dir() {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = instance_id_for(dir.path()).expect("id");
+        assert_eq!(id.len(), 16);
+        assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
+        // The same dir through a different spelling is the same instance.
+        let dotted = dir.path().join(".");
+        assert_eq!(instance_id_for(&dotted).expect("id"), id);
+        let other = tempfile::tempdir().expect("other");
+        assert_ne!(instance_id_for(other.path()).expect("other id"), id);
+        assert!(instance_id_for(&dir.path().join("missing")).is_err());
+    }
+
+    #[tokio::test]
+    async fn connecting_to_a_missing_socket_is_no_engine() {
+        let err = DockerBackend::connect_socket(Path::new("/nonexistent/docker.sock"), "x".into())
+            .await
+            .expect_err("no engine there");
+        assert!(matches!(err, SandboxError::NoEngine(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("/nonexistent/docker.sock"),
+            "{err}"
+        );
+    }
+}

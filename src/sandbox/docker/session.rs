@@ -1,0 +1,316 @@
+//! The exec session in one run's container: the exec protocol (stdin written
+//! while capped, demultiplexed output is read, timeout, exit code), telling a
+//! dead container (`Gone`) from an engine hiccup, the hostname proof, and
+//! close.
+//!
+//! Must never: leave a timed-out command running (the container is killed),
+//! report a command as finished in a live sandbox when its container died
+//! under it, or fail a second `close`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::KillContainerOptionsBuilder;
+use bollard::Docker;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::remove_container;
+use crate::sandbox::{
+    CappedBuffer, ExecOutput, ExecRequest, SandboxError, SandboxSession, CONTAINER_WORKDIR,
+};
+
+/// Budget for the `hostname` exec behind [`SandboxSession::proof`].
+const PROOF_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a finished exec stream is re-inspected until the engine has
+/// recorded the exit code (it can lag the end of the stream by a moment).
+const EXIT_POLL: Duration = Duration::from_millis(10);
+
+/// How long a command that died by a signal waits to learn whether its
+/// container died too (see `DockerSession::stops_within`). Only such commands
+/// pay it; a container that did die usually shows it within milliseconds.
+const DEATH_SETTLE: Duration = Duration::from_secs(2);
+const DEATH_POLL: Duration = Duration::from_millis(25);
+
+/// One run's container. Dropping it without `close` asks the runtime to
+/// remove the container in the background; the orphan sweep at start-up is
+/// what guarantees it.
+#[derive(Debug)]
+pub struct DockerSession {
+    docker: Docker,
+    id: String,
+    closed: AtomicBool,
+}
+
+impl DockerSession {
+    /// The session of the started container `id`.
+    pub(super) fn new(docker: Docker, id: String) -> Self {
+        Self {
+            docker,
+            id,
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+#[async_trait]
+impl SandboxSession for DockerSession {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn workdir(&self) -> &str {
+        CONTAINER_WORKDIR
+    }
+
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        if req.argv.is_empty() {
+            return Err(SandboxError::Engine(format!(
+                "empty command for container {}",
+                self.id
+            )));
+        }
+        let timeout = req.timeout;
+        match tokio::time::timeout(timeout, self.exec_inner(req)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The container is this run's alone and the caller fails the
+                // run on a timeout, so killing it is the surest way to stop
+                // the command and everything it spawned.
+                tracing::warn!(container = %self.id, ?timeout, "exec timed out; killing the container");
+                self.kill().await;
+                Err(SandboxError::Timeout(timeout))
+            }
+        }
+    }
+
+    async fn proof(&self) -> Result<String, SandboxError> {
+        let out = self
+            .exec(ExecRequest {
+                argv: vec!["hostname".into()],
+                stdin: None,
+                timeout: PROOF_TIMEOUT,
+                output_cap: 4096,
+            })
+            .await?;
+        if out.exit_code != 0 {
+            return Err(SandboxError::Engine(format!(
+                "hostname exited {} in container {}: {}",
+                out.exit_code,
+                self.id,
+                out.stderr.trim()
+            )));
+        }
+        Ok(out.stdout.trim().to_string())
+    }
+
+    async fn close(&self) -> Result<(), SandboxError> {
+        remove_container(&self.docker, &self.id).await?;
+        self.closed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl DockerSession {
+    async fn exec_inner(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        let id = &self.id;
+        let config = CreateExecOptions {
+            cmd: Some(req.argv.clone()),
+            attach_stdin: Some(req.stdin.is_some()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            working_dir: Some(CONTAINER_WORKDIR.to_string()),
+            ..Default::default()
+        };
+        let exec_id = self
+            .docker
+            .create_exec(id, config)
+            .await
+            .map_err(|e| self.classify(e, "creating exec"))?
+            .id;
+        let started = self
+            .docker
+            .start_exec(
+                &exec_id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map_err(|e| self.classify(e, "starting exec"))?;
+        let StartExecResults::Attached {
+            mut output,
+            mut input,
+        } = started
+        else {
+            return Err(SandboxError::Engine(format!(
+                "exec in container {id} started detached"
+            )));
+        };
+
+        // Written concurrently with reading: a command that answers before it
+        // has read all of its input would otherwise deadlock on full pipes.
+        let stdin = req.stdin;
+        let writer = async {
+            if let Some(bytes) = stdin {
+                // A command that exits without reading its input breaks the
+                // pipe; that is the command's business, not an engine error.
+                let _ = input.write_all(&bytes).await;
+                // Half-closes the hijacked connection: the engine closes the
+                // command's stdin, so `cat` and friends see end of file.
+                let _ = input.shutdown().await;
+            }
+        };
+        let reader = async {
+            let mut stdout = CappedBuffer::new(req.output_cap);
+            let mut stderr = CappedBuffer::new(req.output_cap);
+            while let Some(item) = output.next().await {
+                match item {
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                        stdout.push(&message)
+                    }
+                    Ok(LogOutput::StdErr { message }) => stderr.push(&message),
+                    Ok(LogOutput::StdIn { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok((stdout, stderr))
+        };
+        let ((), read) = tokio::join!(writer, reader);
+        let (stdout, stderr) = match read {
+            Ok(streams) => streams,
+            Err(e) => return Err(self.stream_error(e).await),
+        };
+
+        let exit_code = loop {
+            let info = self
+                .docker
+                .inspect_exec(&exec_id)
+                .await
+                .map_err(|e| self.classify(e, "inspecting exec"))?;
+            if info.running != Some(true) {
+                break info.exit_code;
+            }
+            tokio::time::sleep(EXIT_POLL).await;
+        };
+        // No code, or death by signal, may mean the container itself died
+        // under the command (killed from outside, OOM of the whole cgroup).
+        if exit_code.is_none_or(|code| code >= 128) && self.stops_within(DEATH_SETTLE).await? {
+            return Err(SandboxError::Gone(format!(
+                "container {id} stopped while running {:?}",
+                req.argv
+            )));
+        }
+        let exit_code = exit_code.ok_or_else(|| {
+            SandboxError::Engine(format!(
+                "exec {exec_id} in container {id} ended without an exit code"
+            ))
+        })?;
+        let truncated = stdout.truncated() || stderr.truncated();
+        Ok(ExecOutput {
+            exit_code,
+            stdout: stdout.into_string(),
+            stderr: stderr.into_string(),
+            truncated,
+        })
+    }
+
+    /// 404 (removed) and 409 (not running, paused) mean the container can no
+    /// longer run commands: that is `Gone`, which the caller handles
+    /// differently from an engine hiccup.
+    fn classify(&self, e: BollardError, doing: &str) -> SandboxError {
+        match e {
+            BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            } => SandboxError::Gone(format!("container {} no longer exists ({doing})", self.id)),
+            BollardError::DockerResponseServerError {
+                status_code: 409,
+                message,
+            } => SandboxError::Gone(format!(
+                "container {} cannot run commands ({doing}): {message}",
+                self.id
+            )),
+            other => SandboxError::Engine(format!("{doing} in container {}: {other}", self.id)),
+        }
+    }
+
+    async fn stream_error(&self, e: BollardError) -> SandboxError {
+        match self.is_running().await {
+            Ok(false) => SandboxError::Gone(format!(
+                "container {} stopped while an exec was streaming: {e}",
+                self.id
+            )),
+            _ => SandboxError::Engine(format!(
+                "reading exec output from container {}: {e}",
+                self.id
+            )),
+        }
+    }
+
+    /// Whether the container is seen stopped within `budget`. The engine
+    /// ends an exec's stream (and records its exit code) before it updates
+    /// the state of a container that was killed under it, so one look right
+    /// after the exec would still see it running.
+    async fn stops_within(&self, budget: Duration) -> Result<bool, SandboxError> {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            if !self.is_running().await? {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(DEATH_POLL).await;
+        }
+    }
+
+    async fn is_running(&self) -> Result<bool, SandboxError> {
+        match self.docker.inspect_container(&self.id, None).await {
+            Ok(info) => Ok(info.state.and_then(|s| s.running) == Some(true)),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(false),
+            Err(e) => Err(SandboxError::Engine(format!(
+                "inspecting container {}: {e}",
+                self.id
+            ))),
+        }
+    }
+
+    async fn kill(&self) {
+        let options = KillContainerOptionsBuilder::default()
+            .signal("KILL")
+            .build();
+        if let Err(e) = self.docker.kill_container(&self.id, Some(options)).await {
+            // Already stopped or removed is the outcome we wanted.
+            tracing::debug!(container = %self.id, error = %e, "kill after timeout did not apply");
+        }
+    }
+}
+
+impl Drop for DockerSession {
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        // Best effort only: there may be no runtime left to run the removal.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let docker = self.docker.clone();
+            let id = std::mem::take(&mut self.id);
+            tracing::warn!(container = %id, "sandbox session dropped without close; removing its container");
+            runtime.spawn(async move {
+                if let Err(e) = remove_container(&docker, &id).await {
+                    tracing::warn!(container = %id, error = %e, "removing a dropped session's container failed");
+                }
+            });
+        }
+    }
+}

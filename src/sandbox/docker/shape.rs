@@ -1,0 +1,340 @@
+//! The container's shape: labels, name, mounts, limits, user and env, as the
+//! create body the engine receives. Pure functions only, so the whole shape
+//! is checked by unit tests without an engine.
+//!
+//! Must never: mount anything but the workspace (and the API socket when
+//! given), give the container a network or a writable root, keep a
+//! capability, or put into the environment anything but the spec's own
+//! variables (no host variable ever).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+
+use crate::sandbox::{
+    SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR, LABEL_INSTANCE, LABEL_KIND, LABEL_RUN,
+    LABEL_SPACE,
+};
+
+/// Container command: it only keeps the container alive; tools run via exec.
+pub(super) const KEEPALIVE_CMD: [&str; 2] = ["/bin/sleep", "infinity"];
+
+/// The create body of one run's container from `image`, running as `user`
+/// (see `user::container_user`) with `workspace` (canonical) at
+/// [`CONTAINER_WORKDIR`].
+pub(super) fn create_body(
+    image: &str,
+    spec: &SandboxSpec,
+    workspace: &Path,
+    user: String,
+) -> ContainerCreateBody {
+    let labels = HashMap::from([
+        (LABEL_INSTANCE.to_string(), spec.instance_id.clone()),
+        (LABEL_SPACE.to_string(), spec.space_id.clone()),
+        (LABEL_RUN.to_string(), spec.run_id.clone()),
+        (LABEL_KIND.to_string(), spec.kind.as_str().to_string()),
+    ]);
+    // `mounts` rather than `binds`: a bind string breaks on ':' in a path,
+    // and a missing source is an error here instead of a fresh directory.
+    let mut mounts = vec![bind_mount(workspace, CONTAINER_WORKDIR)];
+    if let Some(socket) = &spec.api_socket {
+        mounts.push(bind_mount(socket, CONTAINER_API_SOCKET));
+    }
+    let limits = &spec.limits;
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        cmd: Some(KEEPALIVE_CMD.iter().map(|s| s.to_string()).collect()),
+        labels: Some(labels),
+        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        user: Some(user),
+        working_dir: Some(CONTAINER_WORKDIR.to_string()),
+        tty: Some(false),
+        host_config: Some(HostConfig {
+            mounts: Some(mounts),
+            network_mode: Some("none".into()),
+            memory: Some(limits.memory_bytes),
+            // Equal to memory: no swap on top of the memory limit.
+            memory_swap: Some(limits.memory_bytes),
+            nano_cpus: Some(limits.nano_cpus),
+            pids_limit: Some(limits.pids),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_string(),
+                format!("rw,nosuid,nodev,noexec,size={},mode=1777", limits.tmp_bytes),
+            )])),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            // Kept until `close` so a failed run can still be inspected
+            // and so removal is ours, not a race with the engine.
+            auto_remove: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn bind_mount(source: &Path, target: &str) -> Mount {
+    Mount {
+        target: Some(target.to_string()),
+        source: Some(source.display().to_string()),
+        typ: Some(MountType::BIND),
+        read_only: Some(false),
+        ..Default::default()
+    }
+}
+
+/// `mercury-<first 8 of instance id>-<run id>`, with characters Docker does
+/// not allow in names replaced by `-`.
+pub(super) fn container_name(instance_id: &str, run_id: &str) -> String {
+    let short: String = instance_id.chars().take(8).collect();
+    format!("mercury-{short}-{run_id}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::sandbox::{RunKind, SandboxLimits};
+
+    const MIB: i64 = 1 << 20;
+
+    fn spec(api_socket: Option<PathBuf>) -> SandboxSpec {
+        SandboxSpec {
+            instance_id: "0123456789abcdef".into(),
+            space_id: "space-1".into(),
+            run_id: "r-1".into(),
+            kind: RunKind::Ask,
+            workspace: PathBuf::from("/data/spaces/space-1/live"),
+            api_socket,
+            env: vec![
+                ("MERCURY_RUN_TOKEN".into(), "tok-123".into()),
+                ("MERCURY_SPACE".into(), "space-1".into()),
+            ],
+            limits: SandboxLimits {
+                memory_bytes: 128 * MIB,
+                nano_cpus: 500_000_000,
+                pids: 64,
+                tmp_bytes: 8 * MIB,
+            },
+        }
+    }
+
+    fn body(api_socket: Option<PathBuf>) -> ContainerCreateBody {
+        create_body(
+            "mercury-agent:test",
+            &spec(api_socket),
+            Path::new("/canonical/workspace"),
+            "1000:1000".into(),
+        )
+    }
+
+    fn host(body: &ContainerCreateBody) -> &HostConfig {
+        body.host_config.as_ref().expect("a host config")
+    }
+
+    /// The whole body as the engine receives it: any field added, dropped
+    /// or changed shows up here.
+    #[test]
+    fn the_create_body_on_the_wire_is_exactly_this() {
+        let wire = serde_json::to_value(body(Some("/run/host/api.sock".into()))).expect("json");
+        assert_eq!(
+            wire,
+            json!({
+                "Image": "mercury-agent:test",
+                "Cmd": ["/bin/sleep", "infinity"],
+                "Labels": {
+                    "mercury.instance": "0123456789abcdef",
+                    "mercury.space": "space-1",
+                    "mercury.run": "r-1",
+                    "mercury.kind": "ask",
+                },
+                "Env": ["MERCURY_RUN_TOKEN=tok-123", "MERCURY_SPACE=space-1"],
+                "User": "1000:1000",
+                "WorkingDir": "/work",
+                "Tty": false,
+                "HostConfig": {
+                    "Mounts": [
+                        {
+                            "Target": "/work",
+                            "Source": "/canonical/workspace",
+                            "Type": "bind",
+                            "ReadOnly": false,
+                        },
+                        {
+                            "Target": "/run/mercury/api.sock",
+                            "Source": "/run/host/api.sock",
+                            "Type": "bind",
+                            "ReadOnly": false,
+                        },
+                    ],
+                    "NetworkMode": "none",
+                    "Memory": 128 * MIB,
+                    "MemorySwap": 128 * MIB,
+                    "NanoCpus": 500_000_000,
+                    "PidsLimit": 64,
+                    "ReadonlyRootfs": true,
+                    "Tmpfs": {
+                        "/tmp": format!("rw,nosuid,nodev,noexec,size={},mode=1777", 8 * MIB),
+                    },
+                    "CapDrop": ["ALL"],
+                    "SecurityOpt": ["no-new-privileges"],
+                    "AutoRemove": false,
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn no_network_a_read_only_root_no_capabilities_and_no_new_privileges() {
+        let body = body(None);
+        let host = host(&body);
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(host.cap_add, None);
+        assert_eq!(host.privileged, None);
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_string()])
+        );
+        assert_eq!(host.auto_remove, Some(false));
+    }
+
+    #[test]
+    fn tmp_is_the_only_tmpfs_noexec_nosuid_nodev_and_of_the_limit_size() {
+        let body = body(None);
+        let tmpfs = host(&body).tmpfs.clone().expect("tmpfs");
+        assert_eq!(tmpfs.len(), 1, "{tmpfs:?}");
+        let options: Vec<&str> = tmpfs["/tmp"].split(',').collect();
+        assert_eq!(
+            options,
+            vec![
+                "rw",
+                "nosuid",
+                "nodev",
+                "noexec",
+                "size=8388608",
+                "mode=1777"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_limits_are_the_specs_and_swap_adds_nothing() {
+        let body = body(None);
+        let host = host(&body);
+        assert_eq!(host.memory, Some(128 * MIB));
+        assert_eq!(host.memory_swap, host.memory);
+        assert_eq!(host.nano_cpus, Some(500_000_000));
+        assert_eq!(host.pids_limit, Some(64));
+    }
+
+    fn mounts(body: &ContainerCreateBody) -> Vec<(String, String, bool)> {
+        let host = host(body);
+        assert_eq!(host.binds, None, "binds break on ':' in a path");
+        assert_eq!(host.volumes_from, None);
+        assert_eq!(body.volumes, None);
+        host.mounts
+            .clone()
+            .expect("mounts")
+            .into_iter()
+            .map(|m| {
+                assert_eq!(m.typ, Some(MountType::BIND));
+                (
+                    m.target.expect("target"),
+                    m.source.expect("source"),
+                    m.read_only.expect("read_only set"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exactly_two_mounts_with_a_socket_the_workspace_and_the_socket() {
+        assert_eq!(
+            mounts(&body(Some("/run/host/api.sock".into()))),
+            vec![
+                ("/work".into(), "/canonical/workspace".into(), false),
+                (
+                    "/run/mercury/api.sock".into(),
+                    "/run/host/api.sock".into(),
+                    false
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn exactly_one_mount_without_a_socket_the_workspace() {
+        assert_eq!(
+            mounts(&body(None)),
+            vec![("/work".into(), "/canonical/workspace".into(), false)]
+        );
+    }
+
+    #[test]
+    fn the_env_is_exactly_the_specs_variables_and_nothing_from_the_host() {
+        // Set in the test process: the body must not pick it up.
+        assert!(std::env::var_os("PATH").is_some());
+        let body = body(None);
+        let env = body.env.clone().expect("env");
+        let keys: Vec<&str> = env
+            .iter()
+            .map(|kv| kv.split_once('=').expect("key=value").0)
+            .collect();
+        assert_eq!(keys, vec!["MERCURY_RUN_TOKEN", "MERCURY_SPACE"]);
+        assert_eq!(
+            env,
+            vec!["MERCURY_RUN_TOKEN=tok-123", "MERCURY_SPACE=space-1"]
+        );
+    }
+
+    #[test]
+    fn the_labels_tie_the_container_to_instance_space_run_and_kind() {
+        let labels = body(None).labels.expect("labels");
+        assert_eq!(
+            labels,
+            HashMap::from([
+                (LABEL_INSTANCE.to_string(), "0123456789abcdef".to_string()),
+                (LABEL_SPACE.to_string(), "space-1".to_string()),
+                (LABEL_RUN.to_string(), "r-1".to_string()),
+                (LABEL_KIND.to_string(), "ask".to_string()),
+            ])
+        );
+    }
+
+    #[test]
+    fn the_user_workdir_and_command_are_as_given() {
+        let body = body(None);
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(body.working_dir.as_deref(), Some("/work"));
+        assert_eq!(body.image.as_deref(), Some("mercury-agent:test"));
+        assert_eq!(
+            body.cmd,
+            Some(vec!["/bin/sleep".to_string(), "infinity".to_string()])
+        );
+        assert_eq!(body.tty, Some(false));
+    }
+
+    #[test]
+    fn container_name_uses_short_instance_and_run_and_only_legal_characters() {
+        assert_eq!(
+            container_name("0123456789abcdef", "run-1"),
+            "mercury-01234567-run-1"
+        );
+        assert_eq!(container_name("abc", "r/1 x"), "mercury-abc-r-1-x");
+    }
+}
