@@ -3,8 +3,9 @@
 //! then served in the target, unchanged, by the ordinary route.
 //!
 //! 1. `links.act` in the holder, or 403;
-//! 2. method + route on `ACT_AS_ROUTES`, else 400 (before the target is
-//!    looked at, so the answer is the same for an unknown target);
+//! 2. method + route on [`ACT_AS_ROUTES`] (the union of the resources'
+//!    `ACT_AS` lists), else 400 (before the target is looked at, so the
+//!    answer is the same for an unknown target);
 //! 3. the target exists (a lookup, never a create), else the same 403 as 4;
 //! 4. a grant from the edges that apply to this request
 //!    (`links::grant_for_request`), capped at `read` for a caller who is not
@@ -30,6 +31,7 @@ use serde_json::Value;
 
 use super::auth::{Auth, SpaceCtx, Via};
 use super::error::ApiError;
+use super::routes::{Resource, RESOURCES};
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
@@ -37,6 +39,50 @@ use crate::perms::{self, ROLE_ADMIN};
 use crate::redaction::{RedactionList, Redactor};
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::{spaces, Store};
+
+/// Every route that may be called across a link (D-011): the union of the
+/// resources' `ACT_AS` lists, assembled at compile time. Anything else is
+/// 400, whatever the target (so the answer says nothing about whether it
+/// exists). Every successful answer is stripped of invisible characters and
+/// tagged with `source_space` (D-014): all of them can carry the target's
+/// text. What each resource leaves out, and why, is said beside its list.
+pub const ACT_AS_ROUTES: &[ActAsRoute] = &UNION;
+
+const UNION: [ActAsRoute; entry_count(RESOURCES)] = union_of(RESOURCES);
+
+const fn entry_count(resources: &[Resource]) -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < resources.len() {
+        n += resources[i].act_as.len();
+        i += 1;
+    }
+    n
+}
+
+const fn union_of<const N: usize>(resources: &[Resource]) -> [ActAsRoute; N] {
+    let mut out = [ActAsRoute::new("", "", LinkLevel::Admin); N];
+    let (mut k, mut i) = (0, 0);
+    while i < resources.len() {
+        let list = resources[i].act_as;
+        let mut j = 0;
+        while j < list.len() {
+            out[k] = list[j];
+            k += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    // A compile error, not a runtime one: N is `entry_count(resources)`.
+    assert!(k == N, "the act-as union is not filled");
+    out
+}
+
+/// The allowlist entry for this method and route pattern.
+pub fn find_route(method: &str, path: &str) -> Option<&'static ActAsRoute> {
+    ACT_AS_ROUTES
+        .iter()
+        .find(|r| r.method == method && r.path == path)
+}
 
 fn no_grant(target: &str) -> ApiError {
     ApiError::forbidden(format!(
@@ -196,7 +242,7 @@ pub async fn act_as(
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
     let concrete = req.uri().path().to_owned();
-    let Some(route) = links::find_route(&method, &pattern) else {
+    let Some(route) = find_route(&method, &pattern) else {
         return Err(ApiError::bad_request(format!(
             "{method} {pattern} cannot be used across a space link (see ACT_AS_ROUTES in docs/links.md)"
         )));
@@ -409,5 +455,29 @@ fn strip_in_place(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(strip_in_place),
         Value::Object(m) => m.values_mut().for_each(strip_in_place),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_allowlisted_route_is_unique() {
+        for (i, a) in ACT_AS_ROUTES.iter().enumerate() {
+            for b in &ACT_AS_ROUTES[i + 1..] {
+                assert!(
+                    !(a.method == b.method && a.path == b.path),
+                    "{} {}",
+                    a.method,
+                    a.path
+                );
+            }
+        }
+        assert_eq!(
+            find_route("POST", "/api/ask").map(|r| r.level),
+            Some(LinkLevel::Admin)
+        );
+        assert!(find_route("GET", "/api/spaces").is_none());
     }
 }

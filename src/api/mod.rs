@@ -1,5 +1,7 @@
 //! The HTTP API (axum): router, auth step, one error type, and one module per
-//! resource under `routes/`. See `docs/api.md` for the route table.
+//! resource under `routes/`, each with its router and its act-as entries
+//! (merged here; their union is [`ACT_AS_ROUTES`]). See `docs/api.md` for the
+//! route table.
 //!
 //! Must never: mutate a space outside that space's actor (writes go through
 //! `SpaceDirectory::apply`), or answer a client error with a 5xx.
@@ -13,11 +15,11 @@ mod routes;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put};
+use axum::routing::get;
 use axum::{middleware, Json, Router};
 use serde_json::json;
 
-pub use act_as::AuditChange;
+pub use act_as::{AuditChange, ACT_AS_ROUTES};
 pub use auth::{Auth, SpaceCtx};
 pub use error::{ApiError, ApiResult};
 
@@ -57,78 +59,11 @@ impl From<ActorError> for ApiError {
 }
 
 pub fn router(app: Arc<App>) -> Router {
-    use routes::*;
-    let api = Router::new()
-        .route("/api/whoami", get(spaces::whoami))
-        .route("/api/spaces", get(spaces::list).post(spaces::create))
-        .route(
-            "/api/spaces/current",
-            get(spaces::current).delete(spaces::delete_current),
-        )
-        .route("/api/spaces/current/name", put(spaces::rename))
-        .route("/api/conversations", get(conversations::list))
-        .route("/api/conversations/{id}/link", post(conversations::link))
-        .route(
-            "/api/conversations/{id}/unlink",
-            post(conversations::unlink),
-        )
-        .route("/api/messages", get(messages::search))
-        .route("/api/messages/recent", get(messages::recent))
-        .route(
-            "/api/prefs",
-            get(settings::prefs_list).put(settings::prefs_set),
-        )
-        .route("/api/prefs/{key}", delete(settings::prefs_delete))
-        .route(
-            "/api/config",
-            get(settings::config_get).put(settings::config_set),
-        )
-        .route(
-            "/api/model",
-            get(settings::model_get).put(settings::model_set),
-        )
-        .route(
-            "/api/mutes",
-            get(settings::mutes_list).post(settings::mutes_set),
-        )
-        .route("/api/mutes/{caller}", delete(settings::mutes_delete))
-        .route("/api/roles", get(roles::list).post(roles::grant))
-        .route("/api/roles/{caller}", delete(roles::revoke))
-        .route(
-            "/api/permissions",
-            get(roles::permissions_get).put(roles::permissions_set),
-        )
-        .route("/api/tasks", get(tasks::list).post(tasks::create))
-        .route("/api/tasks/{id}", delete(tasks::delete))
-        .route("/api/tasks/{id}/pause", post(tasks::pause))
-        .route("/api/tasks/{id}/resume", post(tasks::resume))
-        .route("/api/tasks/{id}/run", post(tasks::run_now))
-        .route("/api/control/{action}", post(control::control))
-        .route("/api/send", post(delivery::send))
-        .route("/api/outbox", get(delivery::outbox))
-        .route("/api/runs", get(messages::runs))
-        .route("/api/tokens", get(tokens::list).post(tokens::create))
-        .route("/api/tokens/{id}", delete(tokens::revoke))
-        .route(
-            "/api/identities",
-            get(identities::list).post(identities::link),
-        )
-        .route("/api/identities/audit", get(identities::audit))
-        .route("/api/identities/{platform_id}", delete(identities::unlink))
-        .route("/api/links", get(links::list).post(links::create))
-        .route("/api/links/audit", get(links::audit))
-        .route(
-            "/api/links/{id}",
-            get(links::inspect)
-                .patch(links::update)
-                .delete(links::revoke),
-        )
-        .route("/api/ingress", post(delivery::ingress))
-        .route("/api/chat", post(delivery::chat))
-        .route("/api/ask", post(ask::ask))
-        .route("/api/review/run", post(review::run));
-    #[cfg(feature = "test-hooks")]
-    let api = api.route("/api/test/panic", post(control::inject_panic));
+    let api = routes::RESOURCES
+        .iter()
+        .fold(Router::new(), |api, resource| {
+            api.merge((resource.router)())
+        });
     let api = api.route_layer(middleware::from_fn_with_state(
         app.clone(),
         auth::authenticate,

@@ -6,7 +6,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common::{HostOptions, TestHost};
-use mercury::links::{ActAsRoute, LinkLevel, ACT_AS_ROUTES};
+use mercury::api::ACT_AS_ROUTES;
+use mercury::links::{ActAsRoute, LinkLevel};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum LinkState {

@@ -2,6 +2,7 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+mod act_as_routes;
 mod api;
 mod ask;
 mod bench_sandbox;

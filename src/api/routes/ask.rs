@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::post;
+use axum::Router;
 use ractor::Actor;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -15,6 +17,16 @@ use super::{body, text_field, Body};
 use crate::actors::ask::{AskArgs, AskSandbox};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::Admin;
+
+/// `POST /api/ask`.
+pub fn router() -> Router<Arc<App>> {
+    Router::new().route("/api/ask", post(ask))
+}
+
+/// `ask` exists to be called across a link (D-016), at `admin`.
+pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/ask", Admin)];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,12 +5,27 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::post;
+use axum::Router;
 use serde_json::Value;
 
 use super::{path_arg, PathArg};
 use crate::actors::ControlAction;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::Admin;
+
+/// Control actions (and, built with `test-hooks`, the panic injection).
+pub fn router() -> Router<Arc<App>> {
+    let router = Router::new().route("/api/control/{action}", post(control));
+    #[cfg(feature = "test-hooks")]
+    let router = router.route("/api/test/panic", post(inject_panic));
+    router
+}
+
+/// Across a link: the control actions (stop, compact, clear), at `admin`.
+pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/control/{action}", Admin)];
 
 pub async fn control(
     State(app): State<Arc<App>>,

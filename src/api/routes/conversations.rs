@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::{get, post};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -11,7 +13,20 @@ use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
+use crate::links::ActAsRoute;
 use crate::storage::{conversations, spaces};
+
+/// The space's conversations, and linking a chat to a space.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/conversations", get(list))
+        .route("/api/conversations/{id}/link", post(link))
+        .route("/api/conversations/{id}/unlink", post(unlink))
+}
+
+/// Across a link: the list (also for a conversation-filtered edge; `?all=true`
+/// is 403 through a link, D-005). Relinking a conversation is absent on purpose.
+pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::conversation_read("GET", "/api/conversations")];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,6 +7,8 @@ use std::time::Duration;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::{get, post};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -15,9 +17,25 @@ use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::ingress::{self, IngestStatus, IngressMessage};
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::Admin;
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::tokens::TokenKind;
 use crate::storage::{conversations, outbox, StoreError};
+
+/// Ingress, console chat, operator sends and the outbox.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/ingress", post(ingress))
+        .route("/api/chat", post(chat))
+        .route("/api/send", post(send))
+        .route("/api/outbox", get(outbox))
+}
+
+/// Across a link: an operator send, at `admin`. Absent on purpose: ingress and
+/// the outbox (adapters, instance-wide) and `POST /api/chat` (a turn through a
+/// link would write the target's history; `ask` is the way).
+pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/send", Admin)];
 
 pub async fn ingress(
     State(app): State<Arc<App>>,

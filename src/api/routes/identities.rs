@@ -10,6 +10,8 @@ use std::sync::Arc;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::{delete, get};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -17,7 +19,19 @@ use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids;
+use crate::links::ActAsRoute;
 use crate::storage::identities;
+
+/// The identity mappings and their audit.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/identities", get(list).post(link))
+        .route("/api/identities/audit", get(audit))
+        .route("/api/identities/{platform_id}", delete(unlink))
+}
+
+/// None on purpose: the mappings are instance-wide and for global admins only.
+pub const ACT_AS: &[ActAsRoute] = &[];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::get;
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -14,10 +16,22 @@ use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
-use crate::links::LinkLevel;
+use crate::links::{ActAsRoute, LinkLevel};
 use crate::storage::links::{self, AuditRow, NewLink, SpaceLink};
 use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
+
+/// Link administration, listings and the audit trail.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/links", get(list).post(create))
+        .route("/api/links/audit", get(audit))
+        .route("/api/links/{id}", get(inspect).patch(update).delete(revoke))
+}
+
+/// None on purpose: links are administered by global admins (D-006), and a
+/// link never reaches the target's own links (no chains, D-003).
+pub const ACT_AS: &[ActAsRoute] = &[];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

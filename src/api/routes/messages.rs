@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::get;
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -12,8 +14,26 @@ use super::{params, Params};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_time_arg};
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::Read;
 use crate::storage::messages::{self, Cursor};
 use crate::storage::runs;
+
+/// Search, the recent range, and the runs list.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/messages", get(search))
+        .route("/api/messages/recent", get(recent))
+        .route("/api/runs", get(runs))
+}
+
+/// Across a link: all three reads; the two message reads also serve a
+/// conversation-filtered edge (restricted to its conversation).
+pub const ACT_AS: &[ActAsRoute] = &[
+    ActAsRoute::conversation_read("GET", "/api/messages"),
+    ActAsRoute::conversation_read("GET", "/api/messages/recent"),
+    ActAsRoute::new("GET", "/api/runs", Read),
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,27 +1,62 @@
-//! One module per resource. Handlers read top to bottom: extract, check the
-//! permission with `Auth::require`, read from storage or write through the
-//! space's actor, answer JSON.
+//! One module per resource. Each exports its `router()` and its `ACT_AS`
+//! entries (what of it may be called across a space link, D-011), and is
+//! listed once in [`RESOURCES`]: the API serves the merge of the routers, and
+//! the act-as allowlist is the union of the lists. Handlers read top to
+//! bottom: extract, check the permission with `Auth::require`, read from
+//! storage or write through the space's actor, answer JSON.
+//!
+//! Must never: register a route outside its resource's `router()`, or allow
+//! a route across a link anywhere but in its own resource's `ACT_AS`.
 
-pub mod ask;
-pub mod control;
-pub mod conversations;
-pub mod delivery;
-pub mod identities;
-pub mod links;
-pub mod messages;
-pub mod review;
-pub mod roles;
-pub mod settings;
-pub mod spaces;
-pub mod tasks;
-pub mod tokens;
+use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Extension, Json, Path, Query};
+use axum::Router;
 use serde_json::Value;
 
 use super::error::ApiResult;
 use super::AuditChange;
+use crate::app::App;
+use crate::links::ActAsRoute;
+
+/// One resource: its routes and the entries of the act-as allowlist that
+/// belong to them. Listed together so a route and its act-as policy are
+/// registered in one place.
+pub struct Resource {
+    pub router: fn() -> Router<Arc<App>>,
+    pub act_as: &'static [ActAsRoute],
+}
+
+/// Declares each resource module and lists it in [`RESOURCES`], so a
+/// resource module cannot exist without being served and allowlisted.
+macro_rules! resources {
+    ($($name:ident),* $(,)?) => {
+        $(pub mod $name;)*
+
+        /// Every resource the API serves.
+        pub const RESOURCES: &[Resource] = &[$(Resource {
+            router: $name::router,
+            act_as: $name::ACT_AS,
+        }),*];
+    };
+}
+
+resources![
+    spaces,
+    conversations,
+    messages,
+    settings,
+    roles,
+    tasks,
+    control,
+    delivery,
+    tokens,
+    identities,
+    links,
+    ask,
+    review,
+];
 
 /// A JSON body, with axum's rejection mapped to our error shape.
 pub type Body<T> = Result<Json<T>, JsonRejection>;

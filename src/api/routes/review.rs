@@ -11,10 +11,21 @@ use std::time::Duration;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::post;
+use axum::Router;
 use serde_json::{json, Value};
 
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
+use crate::links::ActAsRoute;
+
+/// `POST /api/review/run`.
+pub fn router() -> Router<Arc<App>> {
+    Router::new().route("/api/review/run", post(run))
+}
+
+/// None on purpose: a scan reads every space, so it is for global admins only.
+pub const ACT_AS: &[ActAsRoute] = &[];
 
 /// How long the request waits for the scan; after that it answers 202 with
 /// the run id, and the report and digest still arrive when the scan ends.

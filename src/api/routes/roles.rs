@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::{delete, get};
+use axum::Router;
 use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -11,9 +13,28 @@ use serde_json::{json, Value};
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::{Admin, Read};
 use crate::perms::{self, ALL_PERMISSIONS};
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::StoreError;
+
+/// Roles and the permission sets of a space.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/roles", get(list).post(grant))
+        .route("/api/roles/{caller}", delete(revoke))
+        .route("/api/permissions", get(permissions_get).put(permissions_set))
+}
+
+/// Across a link: every route, reads at `read`, writes at `admin`.
+pub const ACT_AS: &[ActAsRoute] = &[
+    ActAsRoute::new("GET", "/api/roles", Read),
+    ActAsRoute::new("GET", "/api/permissions", Read),
+    ActAsRoute::new("POST", "/api/roles", Admin),
+    ActAsRoute::new("DELETE", "/api/roles/{caller}", Admin),
+    ActAsRoute::new("PUT", "/api/permissions", Admin),
+];
 
 pub async fn list(
     State(app): State<Arc<App>>,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::Json;
+use axum::routing::{delete, get};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -13,7 +15,34 @@ use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::{Admin, Read};
 use crate::storage::spaces::{self, KvTable};
+
+/// Preferences, config, the model chain and mutes.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/prefs", get(prefs_list).put(prefs_set))
+        .route("/api/prefs/{key}", delete(prefs_delete))
+        .route("/api/config", get(config_get).put(config_set))
+        .route("/api/model", get(model_get).put(model_set))
+        .route("/api/mutes", get(mutes_list).post(mutes_set))
+        .route("/api/mutes/{caller}", delete(mutes_delete))
+}
+
+/// Across a link: every settings route, reads at `read`, writes at `admin`.
+pub const ACT_AS: &[ActAsRoute] = &[
+    ActAsRoute::new("GET", "/api/prefs", Read),
+    ActAsRoute::new("GET", "/api/config", Read),
+    ActAsRoute::new("GET", "/api/model", Read),
+    ActAsRoute::new("GET", "/api/mutes", Read),
+    ActAsRoute::new("PUT", "/api/prefs", Admin),
+    ActAsRoute::new("DELETE", "/api/prefs/{key}", Admin),
+    ActAsRoute::new("PUT", "/api/config", Admin),
+    ActAsRoute::new("PUT", "/api/model", Admin),
+    ActAsRoute::new("POST", "/api/mutes", Admin),
+    ActAsRoute::new("DELETE", "/api/mutes/{caller}", Admin),
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

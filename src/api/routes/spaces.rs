@@ -5,6 +5,8 @@ use std::sync::Arc;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::{get, put};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -12,9 +14,29 @@ use super::{audited, body, name_field, Body};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::{Admin, Read};
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::spaces;
 use crate::workspace::DataPaths;
+
+/// whoami and the spaces resource.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/whoami", get(whoami))
+        .route("/api/spaces", get(list).post(create))
+        .route("/api/spaces/current", get(current).delete(delete_current))
+        .route("/api/spaces/current/name", put(rename))
+}
+
+/// Across a link: whoami, the target's own record, and a rename. Absent on
+/// purpose: the spaces list and create (instance-wide) and
+/// `DELETE /api/spaces/current` (D-005 lists rename, not delete).
+pub const ACT_AS: &[ActAsRoute] = &[
+    ActAsRoute::new("GET", "/api/whoami", Read),
+    ActAsRoute::new("GET", "/api/spaces/current", Read),
+    ActAsRoute::new("PUT", "/api/spaces/current/name", Admin),
+];
 
 pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<Value> {
     // Through a link the caller holds the link's level, not a role of the

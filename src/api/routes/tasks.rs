@@ -5,6 +5,8 @@ use std::sync::Arc;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::{self, get, post};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -12,10 +14,32 @@ use super::{body, path_arg, text_field, Body, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
+use crate::links::ActAsRoute;
+use crate::links::LinkLevel::{Admin, Read};
 use crate::schedule::{next_fire, parse_at, parse_cron};
 use crate::storage::tasks::queue_firing;
 use crate::storage::tasks::{self, NewTask};
 use crate::storage::StoreError;
+
+/// Scheduled tasks: list, create, delete, pause, resume, run now.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/tasks", get(list).post(create))
+        .route("/api/tasks/{id}", routing::delete(delete))
+        .route("/api/tasks/{id}/pause", post(pause))
+        .route("/api/tasks/{id}/resume", post(resume))
+        .route("/api/tasks/{id}/run", post(run_now))
+}
+
+/// Across a link: every route, the list at `read`, the rest at `admin`.
+pub const ACT_AS: &[ActAsRoute] = &[
+    ActAsRoute::new("GET", "/api/tasks", Read),
+    ActAsRoute::new("POST", "/api/tasks", Admin),
+    ActAsRoute::new("DELETE", "/api/tasks/{id}", Admin),
+    ActAsRoute::new("POST", "/api/tasks/{id}/pause", Admin),
+    ActAsRoute::new("POST", "/api/tasks/{id}/resume", Admin),
+    ActAsRoute::new("POST", "/api/tasks/{id}/run", Admin),
+];
 
 pub async fn list(
     State(app): State<Arc<App>>,

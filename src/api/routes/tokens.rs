@@ -6,6 +6,8 @@ use std::sync::Arc;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::Json;
+use axum::routing::{delete, get};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -13,7 +15,18 @@ use super::{body, path_arg, Body, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
+use crate::links::ActAsRoute;
 use crate::storage::tokens::{self, NewToken, TokenKind};
+
+/// Minting, listing and revoking tokens.
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/tokens", get(list).post(create))
+        .route("/api/tokens/{id}", delete(revoke))
+}
+
+/// None on purpose: tokens are instance-wide and for global admins only.
+pub const ACT_AS: &[ActAsRoute] = &[];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
