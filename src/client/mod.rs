@@ -20,6 +20,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
+use url::{Host, Url};
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8787";
 /// Chat turns run a whole agent turn before answering, so the default wait is long.
@@ -53,55 +54,53 @@ impl Endpoint {
         if lower.starts_with("https://") {
             return Err(bad("uses https, which mrctl does not speak: use http:// to a local address, or MERCURY_SOCKET"));
         }
+        // Checked on the text: the WHATWG parser would also take `http:h`.
         if !lower.starts_with("http://") {
             return Err(bad("must start with http://"));
         }
-        let rest = &trimmed["http://".len()..];
-        if rest.contains(['?', '#']) {
+        if trimmed.contains(['?', '#']) {
             return Err(bad("must not have a query or fragment"));
         }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        if authority.contains('@') {
+        // The url crate follows the WHATWG URL Standard, which forgives what
+        // RFC 3986 does not and MERCURY_URL never took: slashes before the
+        // host (`http:///h`), empty userinfo (`http://@h`), an empty port
+        // (`http://h:`). The authority as written keeps them refused.
+        let written = trimmed["http://".len()..]
+            .split(['/', '\\'])
+            .next()
+            .unwrap_or_default();
+        if written.contains('@') {
             return Err(bad("must not carry credentials; use the token settings"));
         }
-        let (host, port) = if let Some(after) = authority.strip_prefix('[') {
-            let (h, tail) = after
-                .split_once(']')
-                .ok_or_else(|| bad("has an unclosed '[' in the host"))?;
-            match tail {
-                "" => (h, None),
-                t => (
-                    h,
-                    Some(
-                        t.strip_prefix(':')
-                            .ok_or_else(|| bad("has junk after the IPv6 host"))?,
-                    ),
-                ),
-            }
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (authority, None),
-            }
-        };
-        if host.is_empty() {
+        if written.is_empty() {
             return Err(bad("has no host"));
         }
-        let port = match port {
-            None => 80,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad("has a bad port"))?,
+        let url = Url::parse(trimmed).map_err(|e| match e {
+            url::ParseError::EmptyHost => bad("has no host"),
+            url::ParseError::InvalidPort => bad("has a bad port"),
+            url::ParseError::InvalidIpv6Address => match written.split_once(']') {
+                None => bad("has an unclosed '[' in the host"),
+                Some((_, tail)) if !tail.is_empty() && !tail.starts_with(':') => {
+                    bad("has junk after the IPv6 host")
+                }
+                Some(_) => bad("has a bad IPv6 address"),
+            },
+            _ => bad("has a bad host"),
+        })?;
+        let host = match url.host() {
+            Some(Host::Domain(d)) => d.to_owned(),
+            Some(Host::Ipv4(a)) => a.to_string(),
+            Some(Host::Ipv6(a)) => a.to_string(),
+            None => return Err(bad("has no host")),
+        };
+        let port = match url.port_or_known_default() {
+            Some(p) if p > 0 && !written.ends_with(':') => p,
+            _ => return Err(bad("has a bad port")),
         };
         Ok(Endpoint::Http {
-            host: host.to_owned(),
+            host,
             port,
-            base_path: path.trim_end_matches('/').to_owned(),
+            base_path: url.path().trim_end_matches('/').to_owned(),
         })
     }
 
@@ -431,4 +430,101 @@ where
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_owned()))
     };
     Ok((status, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(raw: &str) -> String {
+        match Endpoint::parse_url(raw) {
+            Ok(e) => panic!("{raw:?} was taken as {e:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn http(raw: &str) -> (String, u16, String) {
+        match Endpoint::parse_url(raw) {
+            Ok(Endpoint::Http {
+                host,
+                port,
+                base_path,
+            }) => (host, port, base_path),
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_refusal_keeps_its_sentence() {
+        for (raw, why) in [
+            ("https://x", "uses https"),
+            ("ftp://x", "must start with http://"),
+            ("x:80", "must start with http://"),
+            ("http:h", "must start with http://"),
+            ("http://h/?q", "must not have a query or fragment"),
+            ("http://h#f", "must not have a query or fragment"),
+            ("http://u@h?q", "must not have a query or fragment"),
+            ("http://u:p@h", "must not carry credentials"),
+            ("http://u@h", "must not carry credentials"),
+            ("http://u@:80", "must not carry credentials"),
+            ("http://[::1", "has an unclosed '[' in the host"),
+            ("http://[::1]x", "has junk after the IPv6 host"),
+            ("http://", "has no host"),
+            ("http://:80", "has no host"),
+            ("http://h:0", "has a bad port"),
+            ("http://h:99999", "has a bad port"),
+            ("http://h:x", "has a bad port"),
+            ("http://[::1]:x", "has a bad port"),
+        ] {
+            let e = refusal(raw);
+            assert!(e.starts_with(&format!("MERCURY_URL {raw:?} ")), "{e}");
+            assert!(e.contains(why), "{raw:?}: {e}");
+        }
+    }
+
+    /// What the WHATWG URL Standard forgives and RFC 3986 does not: the url
+    /// crate alone would take these, MERCURY_URL never did and still does not.
+    #[test]
+    fn whatwg_leniency_stays_refused() {
+        for (raw, why) in [
+            ("http:///h", "has no host"),
+            ("http://\\h", "has no host"),
+            ("http://@h", "must not carry credentials"),
+            ("http://:@h", "must not carry credentials"),
+            ("http://h:", "has a bad port"),
+            ("http://[::1]:", "has a bad port"),
+        ] {
+            assert!(refusal(raw).contains(why), "{raw:?}");
+        }
+    }
+
+    /// Where the old hand-written parser was wrong: it took any text as a
+    /// host, so these reached DNS (or the Host header) as garbage. The url
+    /// crate refuses them, or reads them as the standard says.
+    #[test]
+    fn the_old_parsers_mistakes_are_corrected() {
+        assert!(refusal("http://a b").contains("has a bad host"));
+        assert!(refusal("http://[zz]").contains("has a bad IPv6 address"));
+        // `u16::from_str` takes a leading `+`; a URL port is digits only.
+        assert!(refusal("http://h:+80").contains("has a bad port"));
+        assert_eq!(http("http://h\\p"), ("h".into(), 80, "/p".into()));
+        // Hosts are normalised: DNS names are case-free, IPv4 has one spelling.
+        assert_eq!(http("http://LOCALHOST:8787").0, "localhost");
+        assert_eq!(http("http://127.1").0, "127.0.0.1");
+        assert_eq!(http("http://[0:0::1]").0, "::1");
+        // A base path is resolved and encoded once, here, not at each request.
+        assert_eq!(http("http://h/a/../mercury/").2, "/mercury");
+        assert_eq!(http("http://h/my path").2, "/my%20path");
+    }
+
+    #[test]
+    fn accepted_urls_keep_their_shape() {
+        assert_eq!(http(" http://h:080 "), ("h".into(), 80, String::new()));
+        assert_eq!(http("http://h:80/"), ("h".into(), 80, String::new()));
+        assert_eq!(http("http://h//x//"), ("h".into(), 80, "//x".into()));
+        assert_eq!(
+            http("http://[::1]:9000/m"),
+            ("::1".into(), 9000, "/m".into())
+        );
+    }
 }
