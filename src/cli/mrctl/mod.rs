@@ -628,6 +628,80 @@ mod tests {
     }
 
     #[test]
+    fn percent_encoding_of_reserved_unicode_and_space() {
+        assert_eq!(encode(":/?#[]@"), "%3A%2F%3F%23%5B%5D%40");
+        assert_eq!(encode("!$&'()*+,;="), "%21%24%26%27%28%29%2A%2B%2C%3B%3D");
+        // A space is %20, never `+`; a `+` is data.
+        assert_eq!(encode("a b+c"), "a%20b%2Bc");
+        assert_eq!(encode("\t\n\u{7f}"), "%09%0A%7F");
+        assert_eq!(encode("日本 🙂"), "%E6%97%A5%E6%9C%AC%20%F0%9F%99%82");
+        assert_eq!(encode("käse.brot"), "k%C3%A4se.brot");
+        assert_eq!(encode(""), "");
+        assert_eq!(encode("..."), "%2E%2E%2E");
+    }
+
+    /// The hand-written encoder the crate replaced, kept as the reference the
+    /// crate must match byte for byte.
+    fn encode_by_hand(raw: &str) -> String {
+        if !raw.is_empty() && raw.bytes().all(|b| b == b'.') {
+            return "%2E".repeat(raw.len());
+        }
+        let mut out = String::new();
+        for b in raw.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn percent_encoding_matches_the_old_encoder(raw in "\\PC*|[.]{1,3}|[ -~]{0,40}") {
+            proptest::prop_assert_eq!(encode(&raw), encode_by_hand(&raw));
+        }
+    }
+
+    #[test]
+    fn durations_are_exactly_the_servers() {
+        for raw in [
+            "2h", "1h30m", " 90s ", "0s", "", "24", "h", "1hm", "-2h", "1.5h", "3x",
+        ] {
+            assert_eq!(
+                duration_secs(raw).is_some(),
+                crate::clock::parse_duration_ms(raw).is_ok(),
+                "{raw:?}"
+            );
+        }
+        // The old grammar counted seconds in a u64, so it let through
+        // durations the server (milliseconds in an i64) refuses as too long.
+        assert_eq!(duration_secs("10000000000000000s"), None);
+        assert!(
+            usage_err(&["mutes", "set", "tg:5", "--for", "10000000000000000s"])
+                .contains("not a duration")
+        );
+    }
+
+    #[test]
+    fn rfc3339_is_the_servers_reading() {
+        // The old shape check took any day up to 31; the server refuses a day
+        // the month does not have, so mrctl now refuses it before sending.
+        assert!(!is_rfc3339("2026-02-30T10:00:00Z"));
+        assert!(!is_rfc3339("2026-04-31T10:00:00Z"));
+        assert!(
+            usage_err(&["mutes", "set", "tg:5", "--until", "2026-02-30T10:00:00Z"])
+                .contains("RFC 3339")
+        );
+        assert!(is_rfc3339("2028-02-29T10:00:00Z"));
+        // chrono (so the server) takes U+2212 MINUS SIGN in the offset; the
+        // old check refused what the server would have accepted.
+        assert!(is_rfc3339("2026-11-29T10:00:00\u{2212}05:00"));
+        assert!(is_rfc3339("2026-11-29T23:59:60Z"));
+    }
+
+    #[test]
     fn bad_flags_are_usage_errors() {
         assert!(usage_err(&["mutes", "set", "tg:5", "--for", "2"]).contains("not a duration"));
         assert!(usage_err(&["mutes", "set", "tg:5", "--for", "0h"]).contains("longer than zero"));
@@ -904,6 +978,13 @@ mod tests {
         assert_eq!(format_ms(951_782_400_000), "2000-02-29T00:00:00Z");
         assert_eq!(format_ms(1_000_000_000_999), "2001-09-09T01:46:40Z");
         assert_eq!(format_ms(-86_400_000), "1969-12-31T00:00:00Z");
+        assert_eq!(format_ms(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(format_ms(253_402_300_799_999), "9999-12-31T23:59:59Z");
+        // Past 9999 the old maths printed an unsigned five-digit year (neither
+        // RFC 3339 nor ISO 8601); chrono writes ISO 8601's signed expanded year.
+        assert_eq!(format_ms(253_402_300_800_000), "+10000-01-01T00:00:00Z");
+        // Beyond chrono's calendar there is no date: the number is shown as is.
+        assert_eq!(format_ms(i64::MAX), "9223372036854775807");
         assert_eq!(
             time_cell(&json!("2026-01-01T00:00:00Z")),
             "2026-01-01T00:00:00Z"
