@@ -354,7 +354,7 @@ fn header_value(name: &str, value: &str, sensitive: bool) -> Result<HeaderValue,
     Ok(v)
 }
 
-pub(crate) fn build_request(
+fn build_request(
     conn: &Connection,
     method: Method,
     path: &str,
@@ -435,6 +435,164 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn urls_parse_to_endpoints() {
+        let ep = |raw: &str| match Endpoint::parse_url(raw) {
+            Ok(e) => e,
+            Err(e) => panic!("{raw}: {e}"),
+        };
+        let http = |host: &str, port, base: &str| Endpoint::Http {
+            host: host.into(),
+            port,
+            base_path: base.into(),
+        };
+        assert_eq!(ep("http://127.0.0.1:8787"), http("127.0.0.1", 8787, ""));
+        assert_eq!(ep("http://localhost/"), http("localhost", 80, ""));
+        assert_eq!(ep("HTTP://host:1/mercury/"), http("host", 1, "/mercury"));
+        assert_eq!(ep("http://[::1]:9000"), http("::1", 9000, ""));
+        assert_eq!(ep("http://[::1]:9000").describe(), "http://[::1]:9000");
+        for bad in [
+            "https://x",
+            "ftp://x",
+            "x:80",
+            "http://:80",
+            "http://h:0",
+            "http://h:99999",
+            "http://u:p@h",
+            "http://h/?q",
+            "http://[::1",
+        ] {
+            assert!(Endpoint::parse_url(bad).is_err(), "{bad}");
+        }
+        match Endpoint::parse_url("https://x") {
+            Err(e) => assert!(e.to_string().contains("MERCURY_SOCKET"), "{e}"),
+            Ok(e) => panic!("{e:?}"),
+        }
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    }
+
+    fn conn_from(
+        pairs: &[(&str, &str)],
+        token_file: Option<&Path>,
+    ) -> Result<Connection, ClientError> {
+        Connection::from_env(&env_of(pairs), token_file, None)
+    }
+
+    #[test]
+    fn connection_settings_come_from_the_environment() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("global"))?;
+        std::fs::write(dir.path().join("global/owner.token"), "  owner-secret\n")?;
+        let file = dir.path().join("my.token");
+        std::fs::write(&file, "file-secret\n")?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+
+        // Defaults: the owner token from the data dir, the default URL, no space.
+        let c = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)?;
+        assert_eq!(c.token.as_deref(), Some("owner-secret"));
+        assert_eq!(c.endpoint, Endpoint::parse_url(DEFAULT_URL)?);
+        assert_eq!(c.space, None);
+        assert_eq!(c.timeout, Duration::from_secs(600));
+
+        // MERCURY_TOKEN beats the data dir; --token-file beats both.
+        let env = [
+            ("MERCURY_DATA_DIR", data_dir),
+            ("MERCURY_TOKEN", " env-secret "),
+            ("MERCURY_SPACE", "family"),
+        ];
+        let c = conn_from(&env, None)?;
+        assert_eq!(c.token.as_deref(), Some("env-secret"));
+        assert_eq!(c.space.as_deref(), Some("family"));
+        assert_eq!(
+            conn_from(&env, Some(&file))?.token.as_deref(),
+            Some("file-secret")
+        );
+
+        // The socket beats the URL.
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", "/x/api.sock"),
+                ("MERCURY_URL", "http://h:1"),
+            ],
+            None,
+        )?;
+        assert_eq!(c.endpoint, Endpoint::Unix(PathBuf::from("/x/api.sock")));
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", ""),
+                ("MERCURY_TIMEOUT_SECS", "5"),
+            ],
+            None,
+        )?;
+        assert!(matches!(c.endpoint, Endpoint::Http { .. }));
+        assert_eq!(c.timeout, Duration::from_secs(5));
+        assert!(conn_from(
+            &[("MERCURY_TOKEN", "t"), ("MERCURY_TIMEOUT_SECS", "0")],
+            None
+        )
+        .is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn missing_token_says_where_it_looked() -> Result<(), Box<dyn std::error::Error>> {
+        let err = conn_from(&[], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("--token-file")
+                && err.contains("MERCURY_TOKEN")
+                && err.contains("MERCURY_DATA_DIR"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir()?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+        let err = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("owner.token") && err.contains("does not exist"),
+            "{err}"
+        );
+        let missing = dir.path().join("nope");
+        let err = conn_from(&[("MERCURY_TOKEN", "t")], Some(&missing))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("nope"), "{err}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n")?;
+        let err = conn_from(&[], Some(&empty))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_token_never_shows() {
+        let conn = Connection::new(Endpoint::Unix("/s".into())).with_token("sekret-123");
+        assert!(!format!("{conn:?}").contains("sekret"));
+        let conn = conn.with_token("bad\ntoken-sekret");
+        match build_request(&conn, Method::GET, "/api/whoami", None) {
+            Err(e) => assert!(!e.to_string().contains("sekret"), "{e}"),
+            Ok(_) => panic!("a newline in the token must be refused"),
+        }
+    }
 
     fn refusal(raw: &str) -> String {
         match Endpoint::parse_url(raw) {
