@@ -1,5 +1,7 @@
 //! Time: the epoch-millisecond clock used by storage, and the parser for the
 //! `since`/`until` arguments (RFC 3339 times or durations like `24h`).
+//! mrctl checks its flags with these same functions, so the client refuses
+//! exactly what the server would.
 //!
 //! Must never panic on user input: every parse error is a sentence.
 
@@ -59,10 +61,19 @@ pub fn parse_duration_ms(raw: &str) -> Result<i64, String> {
     Ok(total)
 }
 
+/// An RFC 3339 time (surrounding whitespace ignored) as epoch milliseconds.
+/// The one RFC 3339 reading shared by the server's `since`/`until` and
+/// mrctl's early checks, so the two cannot disagree on what is a time.
+pub fn parse_rfc3339_ms(raw: &str) -> Result<i64, String> {
+    DateTime::parse_from_rfc3339(raw.trim())
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| format!("{raw:?} is not an RFC 3339 time (e.g. 2026-11-29T10:00:00Z)"))
+}
+
 /// `since`/`until`: an RFC 3339 time, or a duration meaning "that long before now".
 pub fn parse_time_arg(raw: &str, now: i64) -> Result<i64, String> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(raw.trim()) {
-        return Ok(t.timestamp_millis());
+    if let Ok(t) = parse_rfc3339_ms(raw) {
+        return Ok(t);
     }
     parse_duration_ms(raw).map(|d| now - d).map_err(|_| {
         format!("{raw:?} is neither an RFC 3339 time (2026-11-29T10:00:00Z) nor a duration (24h)")
@@ -88,5 +99,14 @@ mod tests {
         assert_eq!(parse_time_arg("1h", now), Ok(now - 3_600_000));
         assert_eq!(parse_time_arg("1970-01-01T00:00:01Z", now), Ok(1000));
         assert!(parse_time_arg("yesterday", now).is_err());
+    }
+
+    #[test]
+    fn rfc3339_times_parse_to_ms() {
+        assert_eq!(parse_rfc3339_ms(" 1970-01-01T00:00:01Z "), Ok(1000));
+        assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:00+01:00"), Ok(0));
+        // A real calendar, not a shape: there is no 30 February.
+        assert!(parse_rfc3339_ms("2026-02-30T10:00:00Z").is_err());
+        assert!(parse_rfc3339_ms("2026-11-29T10:00:00").is_err());
     }
 }

@@ -20,6 +20,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
+use url::{Host, Url};
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8787";
 /// Chat turns run a whole agent turn before answering, so the default wait is long.
@@ -53,55 +54,53 @@ impl Endpoint {
         if lower.starts_with("https://") {
             return Err(bad("uses https, which mrctl does not speak: use http:// to a local address, or MERCURY_SOCKET"));
         }
+        // Checked on the text: the WHATWG parser would also take `http:h`.
         if !lower.starts_with("http://") {
             return Err(bad("must start with http://"));
         }
-        let rest = &trimmed["http://".len()..];
-        if rest.contains(['?', '#']) {
+        if trimmed.contains(['?', '#']) {
             return Err(bad("must not have a query or fragment"));
         }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        if authority.contains('@') {
+        // The url crate follows the WHATWG URL Standard, which forgives what
+        // RFC 3986 does not and MERCURY_URL never took: slashes before the
+        // host (`http:///h`), empty userinfo (`http://@h`), an empty port
+        // (`http://h:`). The authority as written keeps them refused.
+        let written = trimmed["http://".len()..]
+            .split(['/', '\\'])
+            .next()
+            .unwrap_or_default();
+        if written.contains('@') {
             return Err(bad("must not carry credentials; use the token settings"));
         }
-        let (host, port) = if let Some(after) = authority.strip_prefix('[') {
-            let (h, tail) = after
-                .split_once(']')
-                .ok_or_else(|| bad("has an unclosed '[' in the host"))?;
-            match tail {
-                "" => (h, None),
-                t => (
-                    h,
-                    Some(
-                        t.strip_prefix(':')
-                            .ok_or_else(|| bad("has junk after the IPv6 host"))?,
-                    ),
-                ),
-            }
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (authority, None),
-            }
-        };
-        if host.is_empty() {
+        if written.is_empty() {
             return Err(bad("has no host"));
         }
-        let port = match port {
-            None => 80,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad("has a bad port"))?,
+        let url = Url::parse(trimmed).map_err(|e| match e {
+            url::ParseError::EmptyHost => bad("has no host"),
+            url::ParseError::InvalidPort => bad("has a bad port"),
+            url::ParseError::InvalidIpv6Address => match written.split_once(']') {
+                None => bad("has an unclosed '[' in the host"),
+                Some((_, tail)) if !tail.is_empty() && !tail.starts_with(':') => {
+                    bad("has junk after the IPv6 host")
+                }
+                Some(_) => bad("has a bad IPv6 address"),
+            },
+            _ => bad("has a bad host"),
+        })?;
+        let host = match url.host() {
+            Some(Host::Domain(d)) => d.to_owned(),
+            Some(Host::Ipv4(a)) => a.to_string(),
+            Some(Host::Ipv6(a)) => a.to_string(),
+            None => return Err(bad("has no host")),
+        };
+        let port = match url.port_or_known_default() {
+            Some(p) if p > 0 && !written.ends_with(':') => p,
+            _ => return Err(bad("has a bad port")),
         };
         Ok(Endpoint::Http {
-            host: host.to_owned(),
+            host,
             port,
-            base_path: path.trim_end_matches('/').to_owned(),
+            base_path: url.path().trim_end_matches('/').to_owned(),
         })
     }
 
@@ -355,7 +354,7 @@ fn header_value(name: &str, value: &str, sensitive: bool) -> Result<HeaderValue,
     Ok(v)
 }
 
-pub(crate) fn build_request(
+fn build_request(
     conn: &Connection,
     method: Method,
     path: &str,
@@ -431,4 +430,259 @@ where
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_owned()))
     };
     Ok((status, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn urls_parse_to_endpoints() {
+        let ep = |raw: &str| match Endpoint::parse_url(raw) {
+            Ok(e) => e,
+            Err(e) => panic!("{raw}: {e}"),
+        };
+        let http = |host: &str, port, base: &str| Endpoint::Http {
+            host: host.into(),
+            port,
+            base_path: base.into(),
+        };
+        assert_eq!(ep("http://127.0.0.1:8787"), http("127.0.0.1", 8787, ""));
+        assert_eq!(ep("http://localhost/"), http("localhost", 80, ""));
+        assert_eq!(ep("HTTP://host:1/mercury/"), http("host", 1, "/mercury"));
+        assert_eq!(ep("http://[::1]:9000"), http("::1", 9000, ""));
+        assert_eq!(ep("http://[::1]:9000").describe(), "http://[::1]:9000");
+        for bad in [
+            "https://x",
+            "ftp://x",
+            "x:80",
+            "http://:80",
+            "http://h:0",
+            "http://h:99999",
+            "http://u:p@h",
+            "http://h/?q",
+            "http://[::1",
+        ] {
+            assert!(Endpoint::parse_url(bad).is_err(), "{bad}");
+        }
+        match Endpoint::parse_url("https://x") {
+            Err(e) => assert!(e.to_string().contains("MERCURY_SOCKET"), "{e}"),
+            Ok(e) => panic!("{e:?}"),
+        }
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    }
+
+    fn conn_from(
+        pairs: &[(&str, &str)],
+        token_file: Option<&Path>,
+    ) -> Result<Connection, ClientError> {
+        Connection::from_env(&env_of(pairs), token_file, None)
+    }
+
+    #[test]
+    fn connection_settings_come_from_the_environment() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("global"))?;
+        std::fs::write(dir.path().join("global/owner.token"), "  owner-secret\n")?;
+        let file = dir.path().join("my.token");
+        std::fs::write(&file, "file-secret\n")?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+
+        // Defaults: the owner token from the data dir, the default URL, no space.
+        let c = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)?;
+        assert_eq!(c.token.as_deref(), Some("owner-secret"));
+        assert_eq!(c.endpoint, Endpoint::parse_url(DEFAULT_URL)?);
+        assert_eq!(c.space, None);
+        assert_eq!(c.timeout, Duration::from_secs(600));
+
+        // MERCURY_TOKEN beats the data dir; --token-file beats both.
+        let env = [
+            ("MERCURY_DATA_DIR", data_dir),
+            ("MERCURY_TOKEN", " env-secret "),
+            ("MERCURY_SPACE", "family"),
+        ];
+        let c = conn_from(&env, None)?;
+        assert_eq!(c.token.as_deref(), Some("env-secret"));
+        assert_eq!(c.space.as_deref(), Some("family"));
+        assert_eq!(
+            conn_from(&env, Some(&file))?.token.as_deref(),
+            Some("file-secret")
+        );
+
+        // The socket beats the URL.
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", "/x/api.sock"),
+                ("MERCURY_URL", "http://h:1"),
+            ],
+            None,
+        )?;
+        assert_eq!(c.endpoint, Endpoint::Unix(PathBuf::from("/x/api.sock")));
+        let c = conn_from(
+            &[
+                ("MERCURY_TOKEN", "t"),
+                ("MERCURY_SOCKET", ""),
+                ("MERCURY_TIMEOUT_SECS", "5"),
+            ],
+            None,
+        )?;
+        assert!(matches!(c.endpoint, Endpoint::Http { .. }));
+        assert_eq!(c.timeout, Duration::from_secs(5));
+        assert!(conn_from(
+            &[("MERCURY_TOKEN", "t"), ("MERCURY_TIMEOUT_SECS", "0")],
+            None
+        )
+        .is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn missing_token_says_where_it_looked() -> Result<(), Box<dyn std::error::Error>> {
+        let err = conn_from(&[], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("--token-file")
+                && err.contains("MERCURY_TOKEN")
+                && err.contains("MERCURY_DATA_DIR"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir()?;
+        let data_dir = dir.path().to_str().ok_or("utf8")?;
+        let err = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(
+            err.contains("owner.token") && err.contains("does not exist"),
+            "{err}"
+        );
+        let missing = dir.path().join("nope");
+        let err = conn_from(&[("MERCURY_TOKEN", "t")], Some(&missing))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("nope"), "{err}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n")?;
+        let err = conn_from(&[], Some(&empty))
+            .err()
+            .ok_or("expected an error")?
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_token_never_shows() {
+        let conn = Connection::new(Endpoint::Unix("/s".into())).with_token("sekret-123");
+        assert!(!format!("{conn:?}").contains("sekret"));
+        let conn = conn.with_token("bad\ntoken-sekret");
+        match build_request(&conn, Method::GET, "/api/whoami", None) {
+            Err(e) => assert!(!e.to_string().contains("sekret"), "{e}"),
+            Ok(_) => panic!("a newline in the token must be refused"),
+        }
+    }
+
+    fn refusal(raw: &str) -> String {
+        match Endpoint::parse_url(raw) {
+            Ok(e) => panic!("{raw:?} was taken as {e:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn http(raw: &str) -> (String, u16, String) {
+        match Endpoint::parse_url(raw) {
+            Ok(Endpoint::Http {
+                host,
+                port,
+                base_path,
+            }) => (host, port, base_path),
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_refusal_keeps_its_sentence() {
+        for (raw, why) in [
+            ("https://x", "uses https"),
+            ("ftp://x", "must start with http://"),
+            ("x:80", "must start with http://"),
+            ("http:h", "must start with http://"),
+            ("http://h/?q", "must not have a query or fragment"),
+            ("http://h#f", "must not have a query or fragment"),
+            ("http://u@h?q", "must not have a query or fragment"),
+            ("http://u:p@h", "must not carry credentials"),
+            ("http://u@h", "must not carry credentials"),
+            ("http://u@:80", "must not carry credentials"),
+            ("http://[::1", "has an unclosed '[' in the host"),
+            ("http://[::1]x", "has junk after the IPv6 host"),
+            ("http://", "has no host"),
+            ("http://:80", "has no host"),
+            ("http://h:0", "has a bad port"),
+            ("http://h:99999", "has a bad port"),
+            ("http://h:x", "has a bad port"),
+            ("http://[::1]:x", "has a bad port"),
+        ] {
+            let e = refusal(raw);
+            assert!(e.starts_with(&format!("MERCURY_URL {raw:?} ")), "{e}");
+            assert!(e.contains(why), "{raw:?}: {e}");
+        }
+    }
+
+    /// What the WHATWG URL Standard forgives and RFC 3986 does not: the url
+    /// crate alone would take these, MERCURY_URL never did and still does not.
+    #[test]
+    fn whatwg_leniency_stays_refused() {
+        for (raw, why) in [
+            ("http:///h", "has no host"),
+            ("http://\\h", "has no host"),
+            ("http://@h", "must not carry credentials"),
+            ("http://:@h", "must not carry credentials"),
+            ("http://h:", "has a bad port"),
+            ("http://[::1]:", "has a bad port"),
+        ] {
+            assert!(refusal(raw).contains(why), "{raw:?}");
+        }
+    }
+
+    /// Where the old hand-written parser was wrong: it took any text as a
+    /// host, so these reached DNS (or the Host header) as garbage. The url
+    /// crate refuses them, or reads them as the standard says.
+    #[test]
+    fn the_old_parsers_mistakes_are_corrected() {
+        assert!(refusal("http://a b").contains("has a bad host"));
+        assert!(refusal("http://[zz]").contains("has a bad IPv6 address"));
+        // `u16::from_str` takes a leading `+`; a URL port is digits only.
+        assert!(refusal("http://h:+80").contains("has a bad port"));
+        assert_eq!(http("http://h\\p"), ("h".into(), 80, "/p".into()));
+        // Hosts are normalised: DNS names are case-free, IPv4 has one spelling.
+        assert_eq!(http("http://LOCALHOST:8787").0, "localhost");
+        assert_eq!(http("http://127.1").0, "127.0.0.1");
+        assert_eq!(http("http://[0:0::1]").0, "::1");
+        // A base path is resolved and encoded once, here, not at each request.
+        assert_eq!(http("http://h/a/../mercury/").2, "/mercury");
+        assert_eq!(http("http://h/my path").2, "/my%20path");
+    }
+
+    #[test]
+    fn accepted_urls_keep_their_shape() {
+        assert_eq!(http(" http://h:080 "), ("h".into(), 80, String::new()));
+        assert_eq!(http("http://h:80/"), ("h".into(), 80, String::new()));
+        assert_eq!(http("http://h//x//"), ("h".into(), 80, "//x".into()));
+        assert_eq!(
+            http("http://[::1]:9000/m"),
+            ("::1".into(), 9000, "/m".into())
+        );
+    }
 }

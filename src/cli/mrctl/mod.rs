@@ -310,13 +310,13 @@ pub fn main() -> ExitCode {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use hyper::Method;
 
-    use crate::client::{build_request, Endpoint, DEFAULT_URL};
+    use crate::client::Endpoint;
 
     use axum::body::Bytes as AxumBytes;
     use axum::http::{HeaderMap, Method as AxumMethod, StatusCode, Uri};
@@ -628,6 +628,80 @@ mod tests {
     }
 
     #[test]
+    fn percent_encoding_of_reserved_unicode_and_space() {
+        assert_eq!(encode(":/?#[]@"), "%3A%2F%3F%23%5B%5D%40");
+        assert_eq!(encode("!$&'()*+,;="), "%21%24%26%27%28%29%2A%2B%2C%3B%3D");
+        // A space is %20, never `+`; a `+` is data.
+        assert_eq!(encode("a b+c"), "a%20b%2Bc");
+        assert_eq!(encode("\t\n\u{7f}"), "%09%0A%7F");
+        assert_eq!(encode("日本 🙂"), "%E6%97%A5%E6%9C%AC%20%F0%9F%99%82");
+        assert_eq!(encode("käse.brot"), "k%C3%A4se.brot");
+        assert_eq!(encode(""), "");
+        assert_eq!(encode("..."), "%2E%2E%2E");
+    }
+
+    /// The hand-written encoder the crate replaced, kept as the reference the
+    /// crate must match byte for byte.
+    fn encode_by_hand(raw: &str) -> String {
+        if !raw.is_empty() && raw.bytes().all(|b| b == b'.') {
+            return "%2E".repeat(raw.len());
+        }
+        let mut out = String::new();
+        for b in raw.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn percent_encoding_matches_the_old_encoder(raw in "\\PC*|[.]{1,3}|[ -~]{0,40}") {
+            proptest::prop_assert_eq!(encode(&raw), encode_by_hand(&raw));
+        }
+    }
+
+    #[test]
+    fn durations_are_exactly_the_servers() {
+        for raw in [
+            "2h", "1h30m", " 90s ", "0s", "", "24", "h", "1hm", "-2h", "1.5h", "3x",
+        ] {
+            assert_eq!(
+                duration_secs(raw).is_some(),
+                crate::clock::parse_duration_ms(raw).is_ok(),
+                "{raw:?}"
+            );
+        }
+        // The old grammar counted seconds in a u64, so it let through
+        // durations the server (milliseconds in an i64) refuses as too long.
+        assert_eq!(duration_secs("10000000000000000s"), None);
+        assert!(
+            usage_err(&["mutes", "set", "tg:5", "--for", "10000000000000000s"])
+                .contains("not a duration")
+        );
+    }
+
+    #[test]
+    fn rfc3339_is_the_servers_reading() {
+        // The old shape check took any day up to 31; the server refuses a day
+        // the month does not have, so mrctl now refuses it before sending.
+        assert!(!is_rfc3339("2026-02-30T10:00:00Z"));
+        assert!(!is_rfc3339("2026-04-31T10:00:00Z"));
+        assert!(
+            usage_err(&["mutes", "set", "tg:5", "--until", "2026-02-30T10:00:00Z"])
+                .contains("RFC 3339")
+        );
+        assert!(is_rfc3339("2028-02-29T10:00:00Z"));
+        // chrono (so the server) takes U+2212 MINUS SIGN in the offset; the
+        // old check refused what the server would have accepted.
+        assert!(is_rfc3339("2026-11-29T10:00:00\u{2212}05:00"));
+        assert!(is_rfc3339("2026-11-29T23:59:60Z"));
+    }
+
+    #[test]
     fn bad_flags_are_usage_errors() {
         assert!(usage_err(&["mutes", "set", "tg:5", "--for", "2"]).contains("not a duration"));
         assert!(usage_err(&["mutes", "set", "tg:5", "--for", "0h"]).contains("longer than zero"));
@@ -742,168 +816,18 @@ mod tests {
     }
 
     #[test]
-    fn urls_parse_to_endpoints() {
-        let ep = |raw: &str| match Endpoint::parse_url(raw) {
-            Ok(e) => e,
-            Err(e) => panic!("{raw}: {e}"),
-        };
-        let http = |host: &str, port, base: &str| Endpoint::Http {
-            host: host.into(),
-            port,
-            base_path: base.into(),
-        };
-        assert_eq!(ep("http://127.0.0.1:8787"), http("127.0.0.1", 8787, ""));
-        assert_eq!(ep("http://localhost/"), http("localhost", 80, ""));
-        assert_eq!(ep("HTTP://host:1/mercury/"), http("host", 1, "/mercury"));
-        assert_eq!(ep("http://[::1]:9000"), http("::1", 9000, ""));
-        assert_eq!(ep("http://[::1]:9000").describe(), "http://[::1]:9000");
-        for bad in [
-            "https://x",
-            "ftp://x",
-            "x:80",
-            "http://:80",
-            "http://h:0",
-            "http://h:99999",
-            "http://u:p@h",
-            "http://h/?q",
-            "http://[::1",
-        ] {
-            assert!(Endpoint::parse_url(bad).is_err(), "{bad}");
-        }
-        match Endpoint::parse_url("https://x") {
-            Err(e) => assert!(e.to_string().contains("MERCURY_SOCKET"), "{e}"),
-            Ok(e) => panic!("{e:?}"),
-        }
-    }
-
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        move |k: &str| map.get(k).cloned()
-    }
-
-    fn conn_from(
-        pairs: &[(&str, &str)],
-        token_file: Option<&Path>,
-    ) -> Result<Connection, ClientError> {
-        Connection::from_env(&env_of(pairs), token_file, None)
-    }
-
-    #[test]
-    fn connection_settings_come_from_the_environment() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        std::fs::create_dir_all(dir.path().join("global"))?;
-        std::fs::write(dir.path().join("global/owner.token"), "  owner-secret\n")?;
-        let file = dir.path().join("my.token");
-        std::fs::write(&file, "file-secret\n")?;
-        let data_dir = dir.path().to_str().ok_or("utf8")?;
-
-        // Defaults: the owner token from the data dir, the default URL, no space.
-        let c = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)?;
-        assert_eq!(c.token.as_deref(), Some("owner-secret"));
-        assert_eq!(c.endpoint, Endpoint::parse_url(DEFAULT_URL)?);
-        assert_eq!(c.space, None);
-        assert_eq!(c.timeout, Duration::from_secs(600));
-
-        // MERCURY_TOKEN beats the data dir; --token-file beats both.
-        let env = [
-            ("MERCURY_DATA_DIR", data_dir),
-            ("MERCURY_TOKEN", " env-secret "),
-            ("MERCURY_SPACE", "family"),
-        ];
-        let c = conn_from(&env, None)?;
-        assert_eq!(c.token.as_deref(), Some("env-secret"));
-        assert_eq!(c.space.as_deref(), Some("family"));
-        assert_eq!(
-            conn_from(&env, Some(&file))?.token.as_deref(),
-            Some("file-secret")
-        );
-
-        // The socket beats the URL.
-        let c = conn_from(
-            &[
-                ("MERCURY_TOKEN", "t"),
-                ("MERCURY_SOCKET", "/x/api.sock"),
-                ("MERCURY_URL", "http://h:1"),
-            ],
-            None,
-        )?;
-        assert_eq!(c.endpoint, Endpoint::Unix(PathBuf::from("/x/api.sock")));
-        let c = conn_from(
-            &[
-                ("MERCURY_TOKEN", "t"),
-                ("MERCURY_SOCKET", ""),
-                ("MERCURY_TIMEOUT_SECS", "5"),
-            ],
-            None,
-        )?;
-        assert!(matches!(c.endpoint, Endpoint::Http { .. }));
-        assert_eq!(c.timeout, Duration::from_secs(5));
-        assert!(conn_from(
-            &[("MERCURY_TOKEN", "t"), ("MERCURY_TIMEOUT_SECS", "0")],
-            None
-        )
-        .is_err());
-        Ok(())
-    }
-
-    #[test]
-    fn missing_token_says_where_it_looked() -> Result<(), Box<dyn std::error::Error>> {
-        let err = conn_from(&[], None)
-            .err()
-            .ok_or("expected an error")?
-            .to_string();
-        assert!(
-            err.contains("--token-file")
-                && err.contains("MERCURY_TOKEN")
-                && err.contains("MERCURY_DATA_DIR"),
-            "{err}"
-        );
-        let dir = tempfile::tempdir()?;
-        let data_dir = dir.path().to_str().ok_or("utf8")?;
-        let err = conn_from(&[("MERCURY_DATA_DIR", data_dir)], None)
-            .err()
-            .ok_or("expected an error")?
-            .to_string();
-        assert!(
-            err.contains("owner.token") && err.contains("does not exist"),
-            "{err}"
-        );
-        let missing = dir.path().join("nope");
-        let err = conn_from(&[("MERCURY_TOKEN", "t")], Some(&missing))
-            .err()
-            .ok_or("expected an error")?
-            .to_string();
-        assert!(err.contains("nope"), "{err}");
-        let empty = dir.path().join("empty");
-        std::fs::write(&empty, "\n")?;
-        let err = conn_from(&[], Some(&empty))
-            .err()
-            .ok_or("expected an error")?
-            .to_string();
-        assert!(err.contains("empty"), "{err}");
-        Ok(())
-    }
-
-    #[test]
-    fn the_token_never_shows() {
-        let conn = Connection::new(Endpoint::Unix("/s".into())).with_token("sekret-123");
-        assert!(!format!("{conn:?}").contains("sekret"));
-        let conn = conn.with_token("bad\ntoken-sekret");
-        match build_request(&conn, Method::GET, "/api/whoami", None) {
-            Err(e) => assert!(!e.to_string().contains("sekret"), "{e}"),
-            Ok(_) => panic!("a newline in the token must be refused"),
-        }
-    }
-
-    #[test]
     fn times_render_as_rfc3339() {
         assert_eq!(format_ms(0), "1970-01-01T00:00:00Z");
         assert_eq!(format_ms(951_782_400_000), "2000-02-29T00:00:00Z");
         assert_eq!(format_ms(1_000_000_000_999), "2001-09-09T01:46:40Z");
         assert_eq!(format_ms(-86_400_000), "1969-12-31T00:00:00Z");
+        assert_eq!(format_ms(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(format_ms(253_402_300_799_999), "9999-12-31T23:59:59Z");
+        // Past 9999 the old maths printed an unsigned five-digit year (neither
+        // RFC 3339 nor ISO 8601); chrono writes ISO 8601's signed expanded year.
+        assert_eq!(format_ms(253_402_300_800_000), "+10000-01-01T00:00:00Z");
+        // Beyond chrono's calendar there is no date: the number is shown as is.
+        assert_eq!(format_ms(i64::MAX), "9223372036854775807");
         assert_eq!(
             time_cell(&json!("2026-01-01T00:00:00Z")),
             "2026-01-01T00:00:00Z"
@@ -1075,6 +999,14 @@ mod tests {
             }
         };
         axum::Router::new().fallback(handler)
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
     }
 
     struct Outcome {

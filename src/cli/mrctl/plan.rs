@@ -2,9 +2,11 @@
 //! checks that catch malformed input before anything is sent.
 
 use hyper::Method;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
 use super::*;
+use crate::clock;
 
 /// Input the server would refuse anyway, caught before anything is sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -519,12 +521,12 @@ pub(super) fn check_time(flag: &str, raw: &str) -> Result<(), UsageError> {
 }
 
 pub(super) fn check_time_or_duration(flag: &str, raw: &str) -> Result<(), UsageError> {
-    if is_rfc3339(raw) || duration_secs(raw).is_some() {
-        Ok(())
-    } else {
-        Err(UsageError(format!(
+    // The server reads `since`/`until` with this very function.
+    match clock::parse_time_arg(raw, clock::now_ms()) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(UsageError(format!(
             "{flag} {raw:?} is neither an RFC 3339 time (2026-11-29T10:00:00Z) nor a duration (24h)"
-        )))
+        ))),
     }
 }
 
@@ -540,110 +542,33 @@ pub(super) fn check_positive_duration(flag: &str, raw: &str) -> Result<(), Usage
     }
 }
 
-/// The server's duration grammar: one or more `<digits><unit>` with unit
-/// s, m, h, d or w (`1h30m`). Returns seconds; `None` if malformed or too long.
+/// The server's duration grammar ([`clock::parse_duration_ms`], which reads
+/// `for` and `expires_in`), in seconds; `None` where the server would refuse.
 pub(super) fn duration_secs(raw: &str) -> Option<u64> {
-    let s = raw.trim();
-    if s.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    let mut number: Option<u64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            number = Some(
-                number
-                    .unwrap_or(0)
-                    .checked_mul(10)?
-                    .checked_add(u64::from(d))?,
-            );
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3_600,
-            'd' => 86_400,
-            'w' => 604_800,
-            _ => return None,
-        };
-        // A unit with no number before it ("h", "1hm") is malformed.
-        total = total.checked_add(number.take()?.checked_mul(unit)?)?;
-    }
-    // Trailing digits without a unit ("24") are malformed too.
-    if number.is_some() {
-        return None;
-    }
-    Some(total)
+    clock::parse_duration_ms(raw)
+        .ok()
+        .and_then(|ms| u64::try_from(ms / 1000).ok())
 }
 
-/// Shape check for `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`. The server does
-/// the real parsing; this only catches "tomorrow" or a missing offset early.
+/// Whether the server will read `raw` as an RFC 3339 time ([`clock::parse_rfc3339_ms`]).
 pub(super) fn is_rfc3339(raw: &str) -> bool {
-    let b = raw.trim().as_bytes();
-    let num = |from: usize, len: usize| -> Option<u32> {
-        let part = b.get(from..from + len)?;
-        if !part.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(part).ok()?.parse().ok()
-    };
-    let at = |i: usize, allowed: &[u8]| b.get(i).is_some_and(|c| allowed.contains(c));
-    let fields = (
-        num(0, 4),
-        num(5, 2),
-        num(8, 2),
-        num(11, 2),
-        num(14, 2),
-        num(17, 2),
-    );
-    let (Some(_), Some(mo), Some(d), Some(h), Some(mi), Some(s)) = fields else {
-        return false;
-    };
-    if !(at(4, b"-") && at(7, b"-") && at(10, b"Tt ") && at(13, b":") && at(16, b":")) {
-        return false;
-    }
-    if !((1..=12).contains(&mo) && (1..=31).contains(&d) && h <= 23 && mi <= 59 && s <= 60) {
-        return false;
-    }
-    let mut i = 19;
-    if at(i, b".") {
-        i += 1;
-        let start = i;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        if i == start {
-            return false;
-        }
-    }
-    match b.get(i) {
-        Some(b'Z' | b'z') => i + 1 == b.len(),
-        Some(b'+' | b'-') => {
-            i + 6 == b.len()
-                && num(i + 1, 2).is_some_and(|oh| oh <= 23)
-                && at(i + 3, b":")
-                && num(i + 4, 2).is_some_and(|om| om <= 59)
-        }
-        _ => false,
-    }
+    clock::parse_rfc3339_ms(raw).is_ok()
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters, so caller
-/// ids such as `whatsapp:1@s.whatsapp.net` stay one path segment and query
-/// values cannot smuggle `&` or `#`.
+/// RFC 3986 unreserved characters: everything else is percent-encoded.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes everything but RFC 3986 unreserved characters (UTF-8
+/// bytes, upper-case hex), so caller ids such as `whatsapp:1@s.whatsapp.net`
+/// stay one path segment and query values cannot smuggle `&` or `#`.
 pub fn encode(raw: &str) -> String {
     // "." and ".." are path navigation to some proxies; encoded they stay data.
     if !raw.is_empty() && raw.bytes().all(|b| b == b'.') {
         return "%2E".repeat(raw.len());
     }
-    let mut out = String::with_capacity(raw.len());
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(raw, UNRESERVED).to_string()
 }

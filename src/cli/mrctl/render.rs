@@ -1,5 +1,6 @@
 //! The human-readable rendering of the API's answers.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
 use super::*;
@@ -32,37 +33,13 @@ pub(super) fn time_cell(v: &Value) -> String {
     }
 }
 
+/// Whole seconds, `Z`: the table shows no milliseconds. Beyond chrono's
+/// calendar (about ±262,000 years) there is no date to show, so the number stays.
 pub(super) fn format_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date, computed on 400-year
-/// eras (each exactly 146097 days) with years starting in March so the leap
-/// day falls at the end.
-pub(super) fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468; // days from 0000-03-01 to 1970-01-01
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153; // 0 = March
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    match DateTime::<Utc>::from_timestamp_millis(ms) {
+        Some(t) => t.to_rfc3339_opts(SecondsFormat::Secs, true),
+        None => ms.to_string(),
+    }
 }
 
 pub(super) fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
