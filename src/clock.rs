@@ -58,8 +58,16 @@ pub fn parse_duration_ms(raw: &str) -> Result<i64, String> {
             "{raw:?} is not a duration (a unit s, m, h, d or w must follow each number)"
         ));
     }
+    // Callers add it to now: a bound keeps `now + d` far from overflowing.
+    if total > MAX_DURATION_MS {
+        return Err(format!("{raw:?} is longer than 100 years"));
+    }
     Ok(total)
 }
+
+/// The longest duration accepted anywhere (mute `for`, token `expires_in`,
+/// `since`): 100 years.
+pub const MAX_DURATION_MS: i64 = 100 * 366 * 86_400_000;
 
 /// An RFC 3339 time (surrounding whitespace ignored) as epoch milliseconds.
 /// The one RFC 3339 reading shared by the server's `since`/`until` and
@@ -91,6 +99,14 @@ mod tests {
         assert!(parse_duration_ms("24").is_err());
         assert!(parse_duration_ms("h").is_err());
         assert!(parse_duration_ms("3x").is_err());
+        assert_eq!(parse_duration_ms("36600d"), Ok(MAX_DURATION_MS));
+        for too_long in ["36601d", "106751991167d", "9223372036854775s"] {
+            let e = parse_duration_ms(too_long).unwrap_err();
+            assert!(
+                e.contains("100 years") || e.contains("too long"),
+                "{too_long}: {e}"
+            );
+        }
     }
 
     #[test]

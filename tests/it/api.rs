@@ -1511,3 +1511,31 @@ async fn a_control_action_whose_store_write_fails_answers_500_internal_with_no_d
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn durations_past_100_years_are_a_400_not_an_overflow() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("alpha").await;
+    for (path, body) in [
+        (
+            "/api/mutes",
+            json!({"caller_id": "test:x", "for": "106751991167d"}),
+        ),
+        (
+            "/api/tokens",
+            json!({"caller_id": "bob", "kind": "user", "expires_in": "106751991167d"}),
+        ),
+    ] {
+        let (st, v) = h.owner(Method::POST, path, Some("alpha"), Some(body)).await;
+        assert_eq!(st, 400, "{path}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("100 years"),
+            "{path}: {v}"
+        );
+    }
+    assert_eq!(h.count("SELECT COUNT(*) FROM mutes"), 0);
+    h.stop().await;
+}
