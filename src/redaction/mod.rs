@@ -321,8 +321,7 @@ pub fn gate_text(
 
 /// The line `report.md` writes for a finding's ids (see `report.rs`).
 static REPORT_MESSAGE_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^- message: \[msg ([1-9][0-9]{0,17})\] \(reply \[msg ([1-9][0-9]{0,17})\]\)$")
-        .expect("constant report line pattern")
+    constant_regex(r"^- message: \[msg ([1-9][0-9]{0,17})\] \(reply \[msg ([1-9][0-9]{0,17})\]\)$")
 });
 
 /// One name per line; blank lines and lines starting with `#` are skipped.
@@ -361,10 +360,8 @@ fn priority(kind: IdentifierKind) -> usize {
 /// Placeholders already in the text are barriers: no pass looks inside them
 /// or joins text across them. The number is capped at six digits so nothing
 /// dressed up as a placeholder can smuggle a phone number through.
-static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON)_[1-9][0-9]{0,5}\]")
-        .expect("constant placeholder pattern")
-});
+static PLACEHOLDER: LazyLock<Regex> =
+    LazyLock::new(|| constant_regex(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON)_[1-9][0-9]{0,5}\]"));
 
 /// Applies `f` to the text between placeholders and keeps the placeholders
 /// verbatim, so no pass can re-match one or join text across one.
@@ -530,6 +527,16 @@ fn plain_key(kind: IdentifierKind, raw: &str) -> String {
             raw.to_lowercase()
         }
     }
+}
+
+/// A regex written in this module's source. It always compiles (the unit
+/// tests compile every one), so a failure is a bug that cannot reach a release.
+#[allow(
+    clippy::expect_used,
+    reason = "a constant pattern of this module, compiled by its unit tests"
+)]
+pub(crate) fn constant_regex(pattern: &str) -> Regex {
+    Regex::new(pattern).expect("a constant pattern of the redaction module compiles")
 }
 
 #[cfg(test)]

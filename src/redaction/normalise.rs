@@ -32,8 +32,7 @@ use unicode_security::confusable_detection::skeleton;
 /// Scripts written without spaces between words: a name in them has no word
 /// boundary to look for, so a letter of these never counts as "more word".
 static NO_SPACE_SCRIPT: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]$")
-        .expect("constant script pattern")
+    super::constant_regex(r"^[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]$")
 });
 
 /// Invisible characters: general category `Cf` and every default-ignorable
@@ -41,21 +40,18 @@ static NO_SPACE_SCRIPT: LazyLock<Regex> = LazyLock::new(|| {
 /// selectors, tag characters and Hangul fillers), plus the C0/C1 controls that
 /// are not line breaks or tabs.
 static INVISIBLE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
+    super::constant_regex(
         r"^[\p{Cf}\p{Default_Ignorable_Code_Point}\x{0}-\x{8}\x{E}-\x{1F}\x{7F}-\x{84}\x{86}-\x{9F}]$",
     )
-    .expect("constant invisible pattern")
 });
 
 static DASH: LazyLock<Regex> = LazyLock::new(|| {
     // Pd plus the minus signs and hyphen-like marks that are not Pd.
-    Regex::new(r"^[\p{Pd}\x{2212}\x{2043}\x{02D7}\x{2796}\x{FE63}\x{FF0D}\x{2011}]$")
-        .expect("constant dash pattern")
+    super::constant_regex(r"^[\p{Pd}\x{2212}\x{2043}\x{02D7}\x{2796}\x{FE63}\x{FF0D}\x{2011}]$")
 });
 
-static SPACE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[\p{Zs}\x{9}\x{B}\x{C}\x{2800}]$").expect("constant space pattern")
-});
+static SPACE: LazyLock<Regex> =
+    LazyLock::new(|| super::constant_regex(r"^[\p{Zs}\x{9}\x{B}\x{C}\x{2800}]$"));
 
 /// Middle dots, bullets and ideographic full stops: read as `.`.
 fn is_dot_like(c: char) -> bool {

@@ -39,122 +39,114 @@ pub(super) fn is_digit(c: char) -> bool {
 // in this file, caught by every test on first use, so it behaves like a
 // start-up assertion rather than a runtime error path.
 
-static CANDIDATE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\+?\(?\d(?:[ \-./()_]{0,4}\d)*").expect("constant phone pattern")
-});
+static CANDIDATE: LazyLock<Regex> =
+    LazyLock::new(|| super::constant_regex(r"\+?\(?\d(?:[ \-./()_]{0,4}\d)*"));
 
 static TIME: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?:[01]?[0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9])?(?:\.[0-9]{1,3})?")
-        .expect("constant time pattern")
+    super::constant_regex(r"(?:[01]?[0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9])?(?:\.[0-9]{1,3})?")
 });
 
 // Longer alternatives first: the engine is leftmost-first, so `0?[1-9]`
 // ahead of `[12][0-9]` would stop a day at its first digit.
 static DATE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?:19|20)[0-9]{2}[-/.](?:1[0-2]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])",
         r"|(?:3[01]|[12][0-9]|0?[1-9])[-/.](?:1[0-2]|0?[1-9])[-/.](?:19|20)[0-9]{2}",
         r"|(?:1[0-2]|0?[1-9])[-/.](?:3[01]|[12][0-9]|0?[1-9])[-/.](?:19|20)[0-9]{2}",
     ))
-    .expect("constant date pattern")
 });
 
 static UUID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-        .expect("constant uuid pattern")
+    super::constant_regex(
+        r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    )
 });
 
 /// Message ids as the report and the judge write them.
 static MESSAGE_ID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"\[msg ([0-9]{1,18})\]|"(?:message_id|reply_id)" ?: ?([0-9]{1,18})"#)
-        .expect("constant message id pattern")
+    super::constant_regex(r#"\[msg ([0-9]{1,18})\]|"(?:message_id|reply_id)" ?: ?([0-9]{1,18})"#)
 });
 
 static CURRENCY_BEFORE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)(?:\p{Sc}|\b(?:eur|usd|gbp|chf|jpy|cny|rmb|inr|aud|cad|nzd|sek|nok|dkk|pln|czk|",
         r"huf|brl|mxn|zar|rub|try|krw|sgd|hkd|idr|thb|php|ils|aed|sar|kr|rs)\.?) ?-?$",
     ))
-    .expect("constant currency pattern")
 });
 
 static CURRENCY_AFTER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)^(?:[,.][0-9]{1,2})? ?(?:\p{Sc}|(?:eur|usd|gbp|chf|jpy|cny|rmb|inr|aud|cad|nzd|sek|",
         r"nok|dkk|pln|czk|huf|brl|mxn|zar|rub|sgd|hkd|euros?|dollars?|pounds?|francs?|yen|yuan|",
         r"rupees?|pesos?|kronor|kroner|kronen|zlotys?|lira|rand|roubles?|rubles?)\b)",
     ))
-    .expect("constant currency pattern")
 });
 
 static PERCENT_AFTER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)^(?:[,.][0-9]+)? ?(?:%|‰|percent\b|per cent\b|pct\b|procent\b|prozent\b)")
-        .expect("constant percent pattern")
+    super::constant_regex(
+        r"(?i)^(?:[,.][0-9]+)? ?(?:%|‰|percent\b|per cent\b|pct\b|procent\b|prozent\b)",
+    )
 });
 
 static VERSION_BEFORE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
+    super::constant_regex(
         r"(?i)(?:\bv|\bversion|\bver\.?|\bbuild|\brelease|\brel\.?|\bfirmware|\bupdate) ?[:#]? ?$",
     )
-    .expect("constant version pattern")
 });
 
 /// A number introduced by a word that says what it is: kept by the redactor.
 static KEYWORD_BEFORE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)\b(?:orders?|ticket|invoice|inv|case|ref|reference|booking|reservation|",
         r"confirmation|tracking|receipt|transaction|room|flight|bestelling|bestelnummer|",
         r"factuur|kamer|vlucht|commande|facture|chambre|vol|bestellung|rechnung|zimmer|flug|",
         r"pedido|factura|vuelo|ordine|fattura|volo)",
         r"(?: ?(?:no\.?|nr\.?|number|num\.?|n°|nº|#|id))? ?[:#]? ?(?:[a-z]{1,4}[-/ ]?)?$",
     ))
-    .expect("constant keyword pattern")
 });
 
 static ISBN_BEFORE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)\bisbn(?:-?1[03])? ?:? ?$").expect("constant isbn pattern"));
+    LazyLock::new(|| super::constant_regex(r"(?i)\bisbn(?:-?1[03])? ?:? ?$"));
 
 static DECIMAL: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[1-9][0-9]*\.[0-9]{1,2}$").expect("constant decimal pattern"));
+    LazyLock::new(|| super::constant_regex(r"^[1-9][0-9]*\.[0-9]{1,2}$"));
 
 static WHATSAPP_SUFFIX: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)@(?:s\.whatsapp\.net|g\.us|c\.us|lid|broadcast|newsletter)")
-        .expect("constant whatsapp pattern")
+    super::constant_regex(r"(?i)@(?:s\.whatsapp\.net|g\.us|c\.us|lid|broadcast|newsletter)")
 });
 
 /// A quoted local part neither starts nor ends with a space, so the closing
 /// quote of one phrase and the opening quote of the next (`"a" and "@b`) are
 /// not taken for one.
 static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?:"[^"\s](?:[^"\n]{0,62}[^"\s])?"|[\w.%+\-]+)@(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#)
-        .expect("constant e-mail pattern")
+    super::constant_regex(
+        r#"(?:"[^"\s](?:[^"\n]{0,62}[^"\s])?"|[\w.%+\-]+)@(?:\[(?:IPv6:)?[0-9a-fA-F:.]{2,64}\]|[\w\-]+(?:\.[\w\-]+)*)"#,
+    )
 });
 
 /// `name (at) example (dot) com`, `name [at] example.com`, `name(at)host`.
 static BRACKET_AT: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)[\w.%+\-]+ *[(\[{<] *at *[)\]}>] *[\w\-]+",
         // A plain `.` only when a label follows at once: `x [at] y.com. Next`.
         r"(?: *(?:[(\[{<] *(?:dot|punt|punkt|point) *[)\]}>]| +dot +) *[\w\-]+|\.[\w\-]+)*",
     ))
-    .expect("constant obfuscated e-mail pattern")
 });
 
 /// `name at example dot com`: bare words, so a spelled-out dot is required,
 /// and the last label must look like a top-level domain (two to six ASCII
 /// letters).
 static WORD_AT: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)[\w.%+\-]+ +at +[\w\-]+",
         r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[\w\-]+)*",
         r"(?: *(?:[(\[{<] *dot *[)\]}>]| +dot +) *[a-z]{2,6})\b",
     ))
-    .expect("constant obfuscated e-mail pattern")
 });
 
 /// Gate only: an `@` or `(at)` followed by something that looks like a host.
 static GATE_AT_HOST: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)(?:@|[(\[{<] *at *[)\]}>]) *",
         // A host: an IP literal, four numbers (IPv4), or labels whose last
         // one holds a letter (`@ 12.50` is a price).
@@ -162,16 +154,14 @@ static GATE_AT_HOST: LazyLock<Regex> = LazyLock::new(|| {
         r"|(?:[\w\-]+ *(?:\.|[(\[{<] *dot *[)\]}>]) *)+[\w\-]*\p{L}[\w\-]*)",
         r"|\w@\w|[(\[{<] *at *[)\]}>] *\w",
     ))
-    .expect("constant gate host pattern")
 });
 
 /// Gate only: a WhatsApp suffix, however spaced.
 static GATE_WHATSAPP: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(concat!(
+    super::constant_regex(concat!(
         r"(?i)@ *(?:lid\b|s *\. *whatsapp|g *\. *us\b|c *\. *us\b)",
         r"|whatsapp *\. *net",
     ))
-    .expect("constant gate whatsapp pattern")
 });
 
 const MASK: char = '#';

@@ -2,6 +2,8 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod act_as_routes;
 mod api;
 mod ask;
