@@ -82,4 +82,54 @@ impl CallerLimits {
         };
         limiter.check_key(&format!("{space}\u{0}{caller}")).is_ok()
     }
+
+    /// Forgets every caller whose quota has refilled (it would be allowed as
+    /// if never seen), so the keyed limiters do not grow with every caller
+    /// that ever wrote. Returns how many callers are still remembered.
+    pub fn prune(&self) -> usize {
+        let Ok(map) = self.limiters.lock() else {
+            return 0;
+        };
+        map.values()
+            .map(|l| {
+                l.retain_recent();
+                l.shrink_to_fit();
+                l.len()
+            })
+            .sum()
+    }
+
+    /// Prunes once a minute until `shutdown`.
+    pub async fn prune_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let kept = self.prune();
+                    tracing::debug!(callers = kept, "per-caller limits pruned");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pruning_forgets_callers_whose_quota_refilled_and_keeps_the_others() {
+        // 60,000 a minute refills in a millisecond; 1 a minute does not.
+        let limits = CallerLimits::new(60_000);
+        assert!(limits.allow("s", "a", None));
+        assert!(limits.allow("s", "b", None));
+        assert!(limits.allow("s", "slow", Some(1)));
+        assert!(!limits.allow("s", "slow", Some(1)));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(limits.prune(), 1, "only the slow caller is still limited");
+        // Pruned callers start fresh; the slow one is still held back.
+        assert!(limits.allow("s", "a", None));
+        assert!(!limits.allow("s", "slow", Some(1)));
+    }
 }

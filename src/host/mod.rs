@@ -356,7 +356,7 @@ pub async fn serve_with(
     }
     let rt = build_runtime(&paths, settings, store, options.review_admission).await?;
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
-    let host = Arc::new(App {
+    let app = Arc::new(App {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
         spaces,
         rt: rt.clone(),
@@ -366,7 +366,7 @@ pub async fn serve_with(
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
     for space in pending {
-        if let Err(e) = host.spaces.wake(&space).await {
+        if let Err(e) = app.spaces.wake(&space).await {
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }
@@ -374,11 +374,12 @@ pub async fn serve_with(
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
     }
+    background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
         rt.clone(),
         shutdown.clone(),
     ));
-    let app = crate::api::router(host.clone());
+    let router = crate::api::router(app.clone());
     let tcp = match bound {
         Some(listener) => {
             listener
@@ -412,9 +413,9 @@ pub async fn serve_with(
     );
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     let tcp_server =
-        axum::serve(tcp, app.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        axum::serve(tcp, router.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let unix_server =
-        axum::serve(unix, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        axum::serve(unix, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let servers =
         async { tokio::try_join!(async { tcp_server.await }, async { unix_server.await }) };
     tokio::select! {
