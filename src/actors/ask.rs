@@ -47,7 +47,23 @@ pub struct AskArgs {
     /// `member` or `admin`: the role of the turn's run token.
     pub role: String,
     pub caller_id: String,
-    pub reply: oneshot::Sender<Result<AskOutcome, String>>,
+    pub reply: oneshot::Sender<Result<AskOutcome, AskError>>,
+}
+
+/// Why an ask did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// Said to the client (503): the host's sandbox cannot hold an ask.
+    #[error("ask needs an isolating sandbox (docker or bubblewrap); this host's backend is `{0}`")]
+    NotIsolated(&'static str),
+    #[error(transparent)]
+    Space(#[from] super::ActorError),
+    /// The view over the target's workspace could not be laid (host paths:
+    /// logged, never sent).
+    #[error("the space did not give a view: {0}")]
+    View(String),
+    #[error(transparent)]
+    Store(#[from] crate::storage::StoreError),
 }
 
 pub enum AskMsg {
@@ -89,20 +105,13 @@ impl Actor for AskSandbox {
     }
 }
 
-async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
+async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
     let rt = &args.rt;
     if !rt.sandbox.isolation().isolates() {
-        return Err(format!(
-            "ask needs an isolating sandbox (docker or bubblewrap); this host's backend is `{}`",
-            rt.sandbox.name()
-        ));
+        return Err(AskError::NotIsolated(rt.sandbox.name()));
     }
     let run_id = RunId::new();
-    let actor = args
-        .spaces
-        .actor(args.target.as_str())
-        .await
-        .map_err(|e| e.to_string())?;
+    let actor = args.spaces.actor(args.target.as_str()).await?;
     // The view is a layer over the live workspace whose upper is never
     // merged: dropped (unmounted, removed) on every path out of here.
     let view = call_t!(
@@ -111,7 +120,8 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
         CONTROL_TIMEOUT_MS,
         format!("ask-{run_id}")
     )
-    .map_err(|e| format!("the space did not give a copy: {e}"))??;
+    .map_err(|e| AskError::View(e.to_string()))?
+    .map_err(AskError::View)?;
     let copy: PathBuf = view.layer.merged().to_path_buf();
     let history_before = view.history_before;
     let space = args.target.to_string();
@@ -119,8 +129,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, String> {
         let (rt2, space) = (rt.clone(), space.clone());
         rt.store
             .read(move |c| crate::agent::live::model_chain(c, &rt2, &space))
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
     };
     let req = TurnRequest {
         space_id: space.clone(),

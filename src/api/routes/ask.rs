@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::{body, text_field, Body};
-use crate::actors::ask::{AskArgs, AskSandbox};
+use crate::actors::ask::{AskArgs, AskError, AskSandbox};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
@@ -75,6 +75,11 @@ pub async fn ask(
         .await
         .map_err(|_| ApiError::unavailable("the ask did not finish in time"))?
         .map_err(|_| ApiError::internal("the ask sandbox stopped without an answer"))?
-        .map_err(ApiError::unavailable)?;
+        .map_err(|e| match e {
+            AskError::NotIsolated(_) => ApiError::unavailable(e.to_string()),
+            AskError::Space(e) => e.into(),
+            AskError::Store(e) => e.into(),
+            view @ AskError::View(_) => ApiError::internal(view),
+        })?;
     Ok(Json(json!(outcome)))
 }
