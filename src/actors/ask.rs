@@ -67,6 +67,7 @@ pub enum AskError {
 }
 
 pub enum AskMsg {
+    /// Sent to itself at start: run the ask, answer, then stop.
     Run,
 }
 

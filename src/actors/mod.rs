@@ -1,6 +1,17 @@
 //! Actors (ractor): the root supervisor, one `SpaceActor` per active space,
-//! the task scheduler, the review scheduler and the judge pool. Later systems
-//! (ask sandboxes) are children of the same supervisor.
+//! the task scheduler, the review scheduler, the judge pool and one
+//! `AskSandbox` per ask. Each file holds one actor's protocol (its message
+//! enum), its state and its lifecycle; what the work is lives below (a turn
+//! in `agent`, a scan in `review`).
+//!
+//! ```text
+//! RootSupervisor            restarts a failed child: at most 5 a minute, growing backoff
+//! ├── SpaceActor(space)     one per active space; on demand, stopped when idle
+//! ├── TaskScheduler         due tasks → durable firings → the space's actor
+//! ├── ReviewScheduler       the daily scan (and run-now)
+//! ├── JudgePool             bounded, rate-limited judge calls, live turns first
+//! └── AskSandbox            one per ask; supervised, never restarted
+//! ```
 //!
 //! [`SpaceDirectory`] is how the rest of the host reaches a space's actor: it
 //! starts one on demand and retries once through the supervisor when a

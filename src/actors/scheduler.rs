@@ -19,6 +19,7 @@ use crate::storage::tasks;
 use crate::storage::StoreResult;
 
 pub enum SchedulerMsg {
+    /// Periodic: fire every task that is due.
     Tick,
 }
 

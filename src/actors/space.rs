@@ -46,14 +46,14 @@ pub enum SpaceMsg {
     TurnEnded { message_id: i64 },
     /// A write from the API, applied in this space's order.
     Apply(SpaceWrite, RpcReplyPort<Result<Value, StoreError>>),
+    /// A control action (stop, clear, compact) for the space.
     Control(
         ControlAction,
         RpcReplyPort<Result<Value, super::ControlError>>,
     ),
-    /// Copy the workspace into `dest` between two turns (never during one) and
-    /// answer with the id below which history belongs to the copy (`ask`).
-    /// An ask's view of the workspace (a throwaway layer named by the
-    /// string), laid between two turns.
+    /// Lay an ask's view of the workspace (a throwaway layer named by the
+    /// string) between two turns, never during one; the answer carries the
+    /// id below which history belongs to the view.
     Snapshot(String, RpcReplyPort<Result<AskView, String>>),
     /// Periodic: stop the actor when it has been idle long enough.
     IdleCheck,
