@@ -8,7 +8,7 @@
 //! with work in flight (stopping or failing the actor cancels every batch,
 //! and the scan sees the batch skipped), or panic on a batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -95,22 +95,7 @@ impl Actor for JudgePool {
 }
 
 /// The running judge pool, kept current by the supervisor across restarts.
-#[derive(Clone, Default)]
-pub struct JudgePoolSlot {
-    current: Arc<Mutex<Option<ActorRef<JudgePoolMsg>>>>,
-}
-
-impl JudgePoolSlot {
-    pub fn set(&self, pool: Option<ActorRef<JudgePoolMsg>>) {
-        if let Ok(mut slot) = self.current.lock() {
-            *slot = pool;
-        }
-    }
-
-    pub fn get(&self) -> Option<ActorRef<JudgePoolMsg>> {
-        self.current.lock().ok().and_then(|s| s.clone())
-    }
-}
+pub type JudgePoolSlot = super::ActorSlot<JudgePoolMsg>;
 
 #[async_trait::async_trait]
 impl crate::review::BatchJudge for JudgePoolSlot {

@@ -66,6 +66,40 @@ pub enum ControlError {
     Compact(#[from] crate::agent::compact::CompactError),
 }
 
+/// The current reference to a supervised actor that may be restarted: the
+/// supervisor `set`s it at every (re)start, callers `get` it per call.
+pub struct ActorSlot<M> {
+    current: Arc<Mutex<Option<ActorRef<M>>>>,
+}
+
+impl<M> Clone for ActorSlot<M> {
+    fn clone(&self) -> Self {
+        Self {
+            current: self.current.clone(),
+        }
+    }
+}
+
+impl<M> Default for ActorSlot<M> {
+    fn default() -> Self {
+        Self {
+            current: Arc::new(Mutex::new(None)),
+        }
+    }
+}
+
+impl<M> ActorSlot<M> {
+    pub fn set(&self, actor: Option<ActorRef<M>>) {
+        if let Ok(mut slot) = self.current.lock() {
+            *slot = actor;
+        }
+    }
+
+    pub fn get(&self) -> Option<ActorRef<M>> {
+        self.current.lock().ok().and_then(|s| s.clone())
+    }
+}
+
 /// The live space actors, by space id. Written only by the supervisor.
 pub type SpaceMap = Arc<Mutex<HashMap<String, ActorRef<SpaceMsg>>>>;
 

@@ -11,7 +11,7 @@
 //! Must never: run two scans at once, fire twice for one day, or keep a scan
 //! running after the actor is gone.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
@@ -183,33 +183,20 @@ pub fn todays_fire<Z: TimeZone>(
 }
 
 /// How the API reaches the review scheduler; kept current by the supervisor.
-#[derive(Clone, Default)]
-pub struct ReviewHandle {
-    scheduler: Arc<Mutex<Option<ActorRef<ReviewSchedulerMsg>>>>,
-}
+pub type ReviewHandle = super::ActorSlot<ReviewSchedulerMsg>;
 
 impl ReviewHandle {
-    pub fn set(&self, scheduler: Option<ActorRef<ReviewSchedulerMsg>>) {
-        if let Ok(mut s) = self.scheduler.lock() {
-            *s = scheduler;
-        }
-    }
-
-    fn current(&self) -> Option<ActorRef<ReviewSchedulerMsg>> {
-        self.scheduler.lock().ok().and_then(|s| s.clone())
-    }
-
     /// Starts a scan now (or joins the running one).
     pub async fn run_now(&self, caller: &str) -> Result<ScanTicket, ReviewError> {
         // Right after start-up, or while the supervisor restarts it, the
         // scheduler may be a moment away: wait for it a little.
-        let mut actor = self.current();
+        let mut actor = self.get();
         for _ in 0..50 {
             if actor.as_ref().map(|a| a.get_status()) == Some(ractor::ActorStatus::Running) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            actor = self.current();
+            actor = self.get();
         }
         let actor = actor.ok_or_else(|| {
             ReviewError::Unavailable("the review scheduler is not running".into())
