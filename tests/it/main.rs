@@ -15,6 +15,7 @@ mod links;
 mod live;
 mod redaction;
 mod review;
+mod sandbox_contract;
 mod security_host;
 mod security_links;
 mod security_sandbox;
