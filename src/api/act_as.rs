@@ -24,7 +24,6 @@ use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{MatchedPath, Request};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
@@ -263,13 +262,7 @@ pub async fn act_as(
     let (parts, body) = req.into_parts();
     let bytes = to_bytes(body, app.rt.settings.http.body_limit_bytes)
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                "request body is larger than the limit",
-            )
-        })?;
+        .map_err(|_| ApiError::TooLarge("request body is larger than the limit".into()))?;
     let mut audit = AuditRow {
         caller_id: auth.caller.caller_id.clone(),
         action: "act".into(),
@@ -292,8 +285,8 @@ pub async fn act_as(
         Err((e, best)) => {
             audit.link_id = best.as_ref().map(|g| g.edge_id);
             audit.level = best.map(|g| g.level.as_str().to_owned());
-            audit.status = Some(i64::from(e.status.as_u16()));
-            audit.detail = Some(e.message.clone());
+            audit.status = Some(i64::from(e.status().as_u16()));
+            audit.detail = Some(e.message().to_owned());
             let row = audit;
             app.rt
                 .store

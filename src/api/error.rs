@@ -12,58 +12,146 @@ use serde_json::json;
 
 use crate::storage::StoreError;
 
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
+/// Every way a request can fail, as the client sees it. Each variant is one
+/// status and one stable `code`; the message is the client's sentence.
+/// `Internal` carries nothing: its detail was logged where it was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    BadRequest(String),
+    Unauthorized(String),
+    Forbidden(String),
+    NotFound(String),
+    MethodNotAllowed(String),
+    Conflict(String),
+    TooLarge(String),
+    UriTooLong(String),
+    BadContentType(String),
+    SlowDown(String),
+    Unavailable(String),
+    /// An upstream model did not answer (its chain's own sentence).
+    ModelFailed(String),
+    Internal,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        Self::BadRequest(message.into())
     }
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::Unauthorized(message.into())
     }
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+        Self::Forbidden(message.into())
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::NotFound(message.into())
     }
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::Conflict(message.into())
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::Unavailable(message.into())
     }
+    /// Logs `detail` and answers 500 without it.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "internal error");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error (see the host log)",
-        )
+        Self::Internal
     }
     pub fn missing_perm(perm: &str) -> Self {
         Self::forbidden(format!("requires the '{perm}' permission in this space"))
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            Self::BadContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::SlowDown(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ModelFailed(_) => StatusCode::BAD_GATEWAY,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "bad_request",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
+            Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Conflict(_) => "conflict",
+            Self::TooLarge(_) => "too_large",
+            Self::UriTooLong(_) => "uri_too_long",
+            Self::BadContentType(_) => "bad_content_type",
+            Self::SlowDown(_) => "slow_down",
+            Self::Unavailable(_) => "unavailable",
+            Self::ModelFailed(_) => "model_failed",
+            Self::Internal => "internal",
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::BadRequest(m)
+            | Self::Unauthorized(m)
+            | Self::Forbidden(m)
+            | Self::NotFound(m)
+            | Self::MethodNotAllowed(m)
+            | Self::Conflict(m)
+            | Self::TooLarge(m)
+            | Self::UriTooLong(m)
+            | Self::BadContentType(m)
+            | Self::SlowDown(m)
+            | Self::Unavailable(m)
+            | Self::ModelFailed(m) => m,
+            Self::Internal => "internal error (see the host log)",
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
+        let body = json!({"error": {"code": self.code(), "message": self.message()}});
+        (self.status(), Json(body)).into_response()
+    }
+}
+
+impl From<crate::ingress::IngressError> for ApiError {
+    fn from(e: crate::ingress::IngressError) -> Self {
+        use crate::ingress::IngressError;
+        match e {
+            IngressError::Store(e) => e.into(),
+            IngressError::Wake(e) => e.into(),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<crate::actors::ActorError> for ApiError {
+    fn from(e: crate::actors::ActorError) -> Self {
+        use crate::actors::{ActorError, ControlError};
+        use crate::agent::compact::CompactError;
+        match e {
+            ActorError::Store(s) => s.into(),
+            ActorError::Unavailable(m) => ApiError::unavailable(m),
+            ActorError::Timeout(ms) => {
+                ApiError::unavailable(format!("the space did not answer within {ms} ms"))
+            }
+            ActorError::Control(ControlError::Store(e)) => e.into(),
+            ActorError::Control(ControlError::Compact(CompactError::Store(e))) => e.into(),
+            ActorError::Control(ControlError::Compact(model @ CompactError::Model(_))) => {
+                ApiError::ModelFailed(model.to_string())
+            }
+        }
     }
 }
 
@@ -83,12 +171,10 @@ impl From<JsonRejection> for ApiError {
         let status = r.status();
         let message = r.body_text();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(status, "too_large", "request body is larger than the limit")
+            ApiError::TooLarge("request body is larger than the limit".into())
         } else if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-            ApiError::new(
-                status,
-                "bad_content_type",
-                "send the body as JSON with content-type: application/json",
+            ApiError::BadContentType(
+                "send the body as JSON with content-type: application/json".into(),
             )
         } else {
             // Syntax and data errors alike are the client's: 400 with serde's sentence.
@@ -106,5 +192,40 @@ impl From<QueryRejection> for ApiError {
 impl From<PathRejection> for ApiError {
     fn from(r: PathRejection) -> Self {
         ApiError::bad_request(r.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_are_logged_never_sent() {
+        let e = ApiError::internal("UNIQUE constraint failed: secret_table.secret_column");
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            (e.code(), e.message()),
+            ("internal", "internal error (see the host log)")
+        );
+        let e: ApiError = StoreError::Sqlite(rusqlite::Error::InvalidQuery).into();
+        assert_eq!(e, ApiError::Internal);
+    }
+
+    #[test]
+    fn client_errors_keep_their_sentence_and_a_stable_code() {
+        for (e, status, code) in [
+            (ApiError::bad_request("b"), 400, "bad_request"),
+            (ApiError::unauthorized("u"), 401, "unauthorized"),
+            (ApiError::forbidden("f"), 403, "forbidden"),
+            (ApiError::not_found("n"), 404, "not_found"),
+            (ApiError::conflict("c"), 409, "conflict"),
+            (ApiError::TooLarge("t".into()), 413, "too_large"),
+            (ApiError::SlowDown("s".into()), 429, "slow_down"),
+            (ApiError::unavailable("u"), 503, "unavailable"),
+            (ApiError::ModelFailed("m".into()), 502, "model_failed"),
+        ] {
+            assert_eq!((e.status().as_u16(), e.code()), (status, code));
+            assert_eq!(e.message().len(), 1);
+        }
     }
 }

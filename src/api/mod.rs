@@ -23,40 +23,7 @@ pub use act_as::{AuditChange, ACT_AS_ROUTES};
 pub use auth::{Auth, SpaceCtx};
 pub use error::{ApiError, ApiResult};
 
-use crate::actors::ActorError;
 use crate::app::App;
-
-impl From<crate::ingress::IngressError> for ApiError {
-    fn from(e: crate::ingress::IngressError) -> Self {
-        use crate::ingress::IngressError;
-        match e {
-            IngressError::Store(e) => e.into(),
-            IngressError::Wake(e) => e.into(),
-            other => ApiError::internal(other),
-        }
-    }
-}
-
-impl From<ActorError> for ApiError {
-    fn from(e: ActorError) -> Self {
-        match e {
-            ActorError::Store(s) => s.into(),
-            ActorError::Unavailable(m) => ApiError::unavailable(m),
-            ActorError::Timeout(ms) => {
-                ApiError::unavailable(format!("the space did not answer within {ms} ms"))
-            }
-            ActorError::Control(crate::actors::ControlError::Store(e)) => e.into(),
-            ActorError::Control(crate::actors::ControlError::Compact(e)) => match e {
-                crate::agent::compact::CompactError::Store(e) => e.into(),
-                model @ crate::agent::compact::CompactError::Model(_) => ApiError::new(
-                    axum::http::StatusCode::BAD_GATEWAY,
-                    "model_failed",
-                    model.to_string(),
-                ),
-            },
-        }
-    }
-}
 
 pub fn router(app: Arc<App>) -> Router {
     let api = routes::RESOURCES
@@ -75,11 +42,7 @@ pub fn router(app: Arc<App>) -> Router {
         // Without these, axum answers 404/405 with an empty body, not our error shape.
         .method_not_allowed_fallback(
             |method: axum::http::Method, uri: axum::http::Uri| async move {
-                ApiError::new(
-                    axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
-                    format!("{method} is not allowed on {}", uri.path()),
-                )
+                ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
             },
         )
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -100,11 +63,9 @@ async fn uri_limit(
     use axum::response::IntoResponse;
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI_BYTES {
-        return ApiError::new(
-            axum::http::StatusCode::URI_TOO_LONG,
-            "uri_too_long",
-            format!("the request path and query are longer than {MAX_URI_BYTES} bytes"),
-        )
+        return ApiError::UriTooLong(format!(
+            "the request path and query are longer than {MAX_URI_BYTES} bytes"
+        ))
         .into_response();
     }
     next.run(req).await

@@ -104,10 +104,8 @@ pub async fn chat(
         ));
     }
     if !app.limits.allow(&space, &auth.caller.caller_id, None) {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "slow_down",
-            ingress::SLOW_DOWN_REPLY,
+        return Err(ApiError::SlowDown(
+            ingress::SLOW_DOWN_REPLY.into(),
         ));
     }
     let caller = auth.caller.caller_id.clone();

@@ -137,7 +137,7 @@ pub async fn grant(
         })
         .await
         .map_err(|e| match ApiError::from(e) {
-            e if e.code == "bad_request" => ApiError::forbidden(e.message),
+            ApiError::BadRequest(m) => ApiError::Forbidden(m),
             e => e,
         })?;
     let change = AuditChange {
@@ -269,7 +269,7 @@ pub async fn permissions_set(
         })
         .await
         .map_err(|e| match ApiError::from(e) {
-            e if e.code == "bad_request" => ApiError::forbidden(e.message),
+            ApiError::BadRequest(m) => ApiError::Forbidden(m),
             e => e,
         })?;
     let change = AuditChange {
