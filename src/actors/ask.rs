@@ -122,7 +122,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         format!("ask-{run_id}")
     )
     .map_err(|e| AskError::View(e.to_string()))?
-    .map_err(AskError::View)?;
+    .map_err(|e| AskError::View(e.to_string()))?;
     let copy: PathBuf = view.layer.merged().to_path_buf();
     let history_before = view.history_before;
     let space = args.target.to_string();

@@ -52,6 +52,21 @@ pub enum ActorError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+}
+
+/// Why the supervisor did not start a space's actor.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("{0}")]
+    BadId(String),
+    #[error("space {0} does not exist")]
+    NoSuchSpace(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot start the actor of space {space}: {reason}")]
+    Start { space: String, reason: String },
 }
 
 /// Why a control action (stop, clear, compact) failed inside the space actor.
@@ -137,7 +152,7 @@ impl SpaceDirectory {
             space.to_owned()
         )
         .map_err(|e| ActorError::Unavailable(e.to_string()))?;
-        res.map_err(ActorError::Unavailable)
+        Ok(res?)
     }
 
     /// Tells the space there is pending work. Pending work is in the database,

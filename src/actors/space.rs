@@ -54,7 +54,7 @@ pub enum SpaceMsg {
     /// Lay an ask's view of the workspace (a throwaway layer named by the
     /// string) between two turns, never during one; the answer carries the
     /// id below which history belongs to the view.
-    Snapshot(String, RpcReplyPort<Result<AskView, String>>),
+    Snapshot(String, RpcReplyPort<Result<AskView, SnapshotError>>),
     /// Periodic: stop the actor when it has been idle long enough.
     IdleCheck,
     /// Test hook: make the handler panic, to exercise supervision.
@@ -83,7 +83,7 @@ pub struct SpaceState {
     running: Option<RunningTurn>,
     last_activity: Instant,
     /// Snapshots asked for while a turn ran; served before the next turn starts.
-    waiting_snapshots: Vec<(String, RpcReplyPort<Result<AskView, String>>)>,
+    waiting_snapshots: Vec<(String, RpcReplyPort<Result<AskView, SnapshotError>>)>,
 }
 
 pub struct SpaceActor;
@@ -184,20 +184,25 @@ pub struct AskView {
 
 /// Lays a throwaway layer over the workspace while no turn runs; the actor
 /// starts no turn until it is mounted, so the view matches the history id.
-async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, String> {
+/// Why an ask's view could not be laid (host paths inside: logged, not sent).
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error(transparent)]
+    Layer(#[from] crate::workspace::layer::LayerError),
+    #[error("the mount task failed: {0}")]
+    Task(String),
+}
+
+async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, SnapshotError> {
     let rt = &state.rt;
     let space = state.space.to_string();
-    let history_before = rt
-        .store
-        .read(move |c| messages::max_id(c, &space))
-        .await
-        .map_err(|e| e.to_string())?
-        + 1;
+    let history_before = rt.store.read(move |c| messages::max_id(c, &space)).await? + 1;
     let live = rt.paths.workspace(&state.space);
-    rt.sandbox
-        .prepare_workspace(&live)
-        .await
-        .map_err(|e| e.to_string())?;
+    rt.sandbox.prepare_workspace(&live).await?;
     let scratch = rt.paths.scratch();
     let budget = LayerBudget::Throwaway {
         quota_mb: rt.settings.sandbox.workspace_mb,
@@ -205,8 +210,7 @@ async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, String> {
     let layer =
         tokio::task::spawn_blocking(move || TurnLayer::mount(&live, &scratch, &name, budget))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| SnapshotError::Task(e.to_string()))??;
     Ok(AskView {
         history_before,
         layer,

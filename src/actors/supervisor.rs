@@ -35,7 +35,10 @@ pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 pub enum SupervisorMsg {
     /// Start the actor of an existing space (or return the running one).
-    SpawnSpace(String, RpcReplyPort<Result<ActorRef<SpaceMsg>, String>>),
+    SpawnSpace(
+        String,
+        RpcReplyPort<Result<ActorRef<SpaceMsg>, super::SpawnError>>,
+    ),
 }
 
 pub struct SupervisorArgs {
@@ -84,22 +87,21 @@ impl RootSupervisor {
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
         space: &str,
-    ) -> Result<ActorRef<SpaceMsg>, String> {
+    ) -> Result<ActorRef<SpaceMsg>, super::SpawnError> {
         if let Some(a) = state.spaces.lock().ok().and_then(|m| m.get(space).cloned()) {
             if a.get_status() == ractor::ActorStatus::Running {
                 return Ok(a);
             }
         }
-        let id = SpaceId::parse(space).map_err(|e| e.to_string())?;
+        let id = SpaceId::parse(space).map_err(|e| super::SpawnError::BadId(e.to_string()))?;
         let sid = space.to_owned();
         let exists = state
             .rt
             .store
             .read(move |c| spaces::space_exists(c, &sid))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if !exists {
-            return Err(format!("space {space} does not exist"));
+            return Err(super::SpawnError::NoSuchSpace(space.to_owned()));
         }
         let (actor, _) = Actor::spawn_linked(
             None,
@@ -111,7 +113,10 @@ impl RootSupervisor {
             myself.get_cell(),
         )
         .await
-        .map_err(|e| format!("cannot start the actor of space {space}: {e}"))?;
+        .map_err(|e| super::SpawnError::Start {
+            space: space.to_owned(),
+            reason: e.to_string(),
+        })?;
         state.by_actor.insert(actor.get_id(), space.to_owned());
         if let Ok(mut m) = state.spaces.lock() {
             m.insert(space.to_owned(), actor.clone());

@@ -138,7 +138,7 @@ impl From<crate::ingress::IngressError> for ApiError {
 
 impl From<crate::actors::ActorError> for ApiError {
     fn from(e: crate::actors::ActorError) -> Self {
-        use crate::actors::{ActorError, ControlError};
+        use crate::actors::{ActorError, ControlError, SpawnError};
         use crate::agent::compact::CompactError;
         match e {
             ActorError::Store(s) => s.into(),
@@ -146,6 +146,12 @@ impl From<crate::actors::ActorError> for ApiError {
             ActorError::Timeout(ms) => {
                 ApiError::unavailable(format!("the space did not answer within {ms} ms"))
             }
+            ActorError::Spawn(SpawnError::NoSuchSpace(id)) => {
+                ApiError::not_found(format!("space {id} does not exist"))
+            }
+            ActorError::Spawn(SpawnError::BadId(m)) => ApiError::bad_request(m),
+            ActorError::Spawn(SpawnError::Store(e)) => e.into(),
+            ActorError::Spawn(start @ SpawnError::Start { .. }) => ApiError::internal(start),
             ActorError::Control(ControlError::Store(e)) => e.into(),
             ActorError::Control(ControlError::Compact(CompactError::Store(e))) => e.into(),
             ActorError::Control(ControlError::Compact(model @ CompactError::Model(_))) => {
