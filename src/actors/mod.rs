@@ -56,6 +56,30 @@ pub enum ActorError {
     Spawn(#[from] SpawnError),
 }
 
+/// What a write given to [`SpaceDirectory::apply_with`] returns when it
+/// does not succeed: a store failure (`?` on storage calls) or its own refusal.
+#[derive(Debug)]
+pub enum Refusal<E> {
+    Store(StoreError),
+    Refused(E),
+}
+
+impl<E> From<StoreError> for Refusal<E> {
+    fn from(e: StoreError) -> Self {
+        Refusal::Store(e)
+    }
+}
+
+/// Why [`SpaceDirectory::apply_with`] did not apply a write.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError<E> {
+    /// The write's own rule refused it (nothing was written).
+    #[error("refused")]
+    Refused(E),
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+}
+
 /// Why the supervisor did not start a space's actor.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -182,6 +206,48 @@ impl SpaceDirectory {
                 other => ActorError::Unavailable(other.to_string()),
             })?;
         Ok(res?)
+    }
+
+    /// [`SpaceDirectory::apply`] for a write with a refusal of its own: a
+    /// `Refusal::Refused(e)` rolls the write back and comes back as
+    /// [`ApplyError::Refused`], kept apart from the store's and the actor's
+    /// failures (so a route maps its own refusal, and only it, to its status).
+    pub async fn apply_with<T, E, F>(&self, space: &str, write: F) -> Result<T, ApplyError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, Refusal<E>> + Send + 'static,
+    {
+        let slot: Arc<Mutex<Option<Result<T, E>>>> = Arc::new(Mutex::new(None));
+        let put = slot.clone();
+        let keep = move |r: Result<T, E>| {
+            if let Ok(mut s) = put.lock() {
+                *s = Some(r);
+            }
+        };
+        let outcome = self
+            .apply(space, move |tx| match write(tx) {
+                Ok(v) => {
+                    keep(Ok(v));
+                    Ok(Value::Null)
+                }
+                Err(Refusal::Store(e)) => Err(e),
+                Err(Refusal::Refused(e)) => {
+                    keep(Err(e));
+                    // Any error rolls the write's savepoint back.
+                    Err(StoreError::Invalid("refused".into()))
+                }
+            })
+            .await;
+        let kept = slot.lock().ok().and_then(|mut s| s.take());
+        match (outcome, kept) {
+            (Ok(_), Some(Ok(v))) => Ok(v),
+            (Err(_), Some(Err(e))) => Err(ApplyError::Refused(e)),
+            (Err(e), _) => Err(ApplyError::Actor(e)),
+            (Ok(_), _) => Err(ApplyError::Actor(ActorError::Unavailable(
+                "the write's result was lost".into(),
+            ))),
+        }
     }
 
     pub async fn control(&self, space: &str, action: ControlAction) -> Result<Value, ActorError> {

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
+use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
@@ -120,14 +121,14 @@ pub async fn grant(
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply_with(&space.clone(), move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
-                return Err(StoreError::Invalid(why));
+                return Err(Refusal::Refused(why));
             }
             // A grant never hands out more than the granter holds.
             let wanted = perms::role_permissions(tx, &space, &role)?;
             if let Some(extra) = wanted.iter().find(|p| !granter_perms.contains(*p)) {
-                return Err(StoreError::Invalid(format!(
+                return Err(Refusal::Refused(format!(
                     "you cannot grant the role {role:?}: it holds '{extra}', which you do not"
                 )));
             }
@@ -136,9 +137,9 @@ pub async fn grant(
             Ok(json!({"caller_id": b.caller_id, "role": role, "before": before, "link_id": link}))
         })
         .await
-        .map_err(|e| match ApiError::from(e) {
-            ApiError::BadRequest(m) => ApiError::Forbidden(m),
-            e => e,
+        .map_err(|e| match e {
+            ApplyError::Refused(why) => ApiError::Forbidden(why),
+            ApplyError::Actor(e) => e.into(),
         })?;
     let change = AuditChange {
         before: Some(json!({"role": out["before"]})),
@@ -252,9 +253,9 @@ pub async fn permissions_set(
     let role = b.role.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply_with(&space.clone(), move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
-                return Err(StoreError::Invalid(why));
+                return Err(Refusal::Refused(why));
             }
             let before = perms::role_permissions(tx, &space, &role)?;
             spaces::kv_set(
@@ -268,9 +269,9 @@ pub async fn permissions_set(
             Ok(json!({"role": role, "permissions": list, "before": before}))
         })
         .await
-        .map_err(|e| match ApiError::from(e) {
-            ApiError::BadRequest(m) => ApiError::Forbidden(m),
-            e => e,
+        .map_err(|e| match e {
+            ApplyError::Refused(why) => ApiError::Forbidden(why),
+            ApplyError::Actor(e) => e.into(),
         })?;
     let change = AuditChange {
         before: Some(json!({"role": out["role"], "permissions": out["before"]})),
