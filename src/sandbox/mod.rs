@@ -213,6 +213,38 @@ pub trait SandboxSession: Send + Sync {
     async fn close(&self) -> Result<(), SandboxError>;
 }
 
+/// The effective uid and gid of this process.
+pub(crate) fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid cannot fail and take no arguments.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// lchown-s a workspace tree to `uid:gid` unless its root already has them
+/// (then the tree was handed over before). Links are changed themselves,
+/// never followed, so a symlink in the workspace cannot hand a host file
+/// over. Shared by the docker backend (to `nobody` on a root host) and
+/// bubblewrap (back to the host user).
+pub(crate) fn hand_tree_to(root: &std::path::Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let io_err = |path: &std::path::Path, source: std::io::Error| SandboxError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let meta = std::fs::symlink_metadata(root).map_err(|e| io_err(root, e))?;
+    if meta.uid() == uid && meta.gid() == gid {
+        return Ok(());
+    }
+    for entry in walkdir::WalkDir::new(root).follow_links(false) {
+        let entry = entry.map_err(|e| {
+            let path = e.path().unwrap_or(root).to_path_buf();
+            io_err(&path, std::io::Error::from(e))
+        })?;
+        std::os::unix::fs::lchown(entry.path(), Some(uid), Some(gid))
+            .map_err(|e| io_err(entry.path(), e))?;
+    }
+    Ok(())
+}
+
 /// Keeps the first `cap` bytes of one output stream and remembers whether
 /// anything was dropped. Shared by both backends so `ExecRequest::output_cap`
 /// means the same thing everywhere; callers keep draining the stream after

@@ -237,9 +237,12 @@ impl SandboxBackend for ProcessBackend {
         // capabilities): a workspace a docker run handed to nobody must come
         // back to the host user, links changed themselves, never followed.
         let root = live.to_path_buf();
-        tokio::task::spawn_blocking(move || reclaim(&root))
-            .await
-            .map_err(|e| SandboxError::Engine(format!("workspace ownership task: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let (uid, gid) = super::effective_ids();
+            super::hand_tree_to(&root, uid, gid)
+        })
+        .await
+        .map_err(|e| SandboxError::Engine(format!("workspace ownership task: {e}")))?
     }
 
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
@@ -289,27 +292,6 @@ impl SandboxBackend for ProcessBackend {
             closed: AtomicBool::new(false),
         }))
     }
-}
-
-/// lchown-s a tree to this process's uid and gid unless its root already
-/// has them.
-fn reclaim(root: &Path) -> Result<(), SandboxError> {
-    use std::os::unix::fs::MetadataExt;
-    let io_err = |path: &Path, source: std::io::Error| SandboxError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let me = std::fs::metadata("/proc/self").map_err(|e| io_err(Path::new("/proc/self"), e))?;
-    let meta = std::fs::symlink_metadata(root).map_err(|e| io_err(root, e))?;
-    if meta.uid() == me.uid() && meta.gid() == me.gid() {
-        return Ok(());
-    }
-    for entry in walkdir::WalkDir::new(root).follow_links(false) {
-        let entry = entry.map_err(|e| io_err(root, std::io::Error::from(e)))?;
-        std::os::unix::fs::lchown(entry.path(), Some(me.uid()), Some(me.gid()))
-            .map_err(|e| io_err(entry.path(), e))?;
-    }
-    Ok(())
 }
 
 /// One run's session: a working directory and an environment; each exec is

@@ -253,10 +253,7 @@ fn merge_dir(upper: &WorkspaceRoot, live: &WorkspaceRoot) -> io::Result<()> {
             }
             EntryKind::Symlink => {
                 let target = upper.readlink(name)?;
-                let tmp = std::ffi::OsString::from(format!(
-                    ".mercury-tmp-{:016x}",
-                    rand::random::<u64>()
-                ));
+                let tmp = super::safe::temp_name();
                 live.symlink(&target, &tmp)?;
                 replace_with(live, &tmp, name)?;
             }
@@ -341,7 +338,7 @@ pub fn sweep_scratch(scratch_root: &Path) -> io::Result<usize> {
 }
 
 /// Mount points of this mount namespace, from `/proc/self/mountinfo`.
-fn mount_points() -> io::Result<Vec<PathBuf>> {
+pub fn mount_points() -> io::Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(text
         .lines()

@@ -409,7 +409,7 @@ impl WorkspaceRoot {
     /// A new file with a unique temporary name in this directory.
     pub(crate) fn create_temp(&self, mode: u32) -> io::Result<(OsString, File)> {
         for _ in 0..16 {
-            let name = OsString::from(format!(".mercury-tmp-{:016x}", rand::random::<u64>()));
+            let name = temp_name();
             match self.create_new(&name, mode) {
                 Ok(f) => return Ok((name, f)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -498,6 +498,11 @@ impl WorkspaceRoot {
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.dir.as_raw_fd()
     }
+}
+
+/// A fresh name for something about to be renamed into place.
+pub(crate) fn temp_name() -> OsString {
+    OsString::from(format!(".mercury-tmp-{:016x}", rand::random::<u64>()))
 }
 
 /// Checks a workspace-relative path: no absolute path, no `..`, no NUL;

@@ -356,11 +356,11 @@ impl TestHost {
     /// Mount points below the data dir (turn layers left mounted).
     pub fn mounts_below_data(&self) -> Vec<String> {
         let data = std::fs::canonicalize(&self.data).unwrap_or(self.data.clone());
-        std::fs::read_to_string("/proc/self/mountinfo")
+        mercury::workspace::layer::mount_points()
             .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-            .filter(|p| p.starts_with(&*data.to_string_lossy()))
+            .into_iter()
+            .filter(|p| p.starts_with(&data))
+            .map(|p| p.display().to_string())
             .collect()
     }
 

@@ -97,22 +97,13 @@ pub async fn list(
     Ok(Json(json!({ "identities": list })))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditQuery {
-    limit: Option<u32>,
-}
-
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<AuditQuery>,
+    q: Params<super::AuditQuery>,
 ) -> ApiResult<Json<Value>> {
     auth.require_global_admin()?;
-    let limit = params(q)?.limit.unwrap_or(50);
-    if limit == 0 || limit > 1000 {
-        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
-    }
+    let limit = params(q)?.limit()?;
     let rows = app
         .rt
         .store

@@ -282,22 +282,13 @@ pub async fn inspect(
     Ok(Json(json!({ "link": link, "granted_roles": roles })))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditQuery {
-    limit: Option<u32>,
-}
-
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<AuditQuery>,
+    q: Params<super::AuditQuery>,
 ) -> ApiResult<Json<Value>> {
     let space = auth.require("links.list")?.space.to_string();
-    let limit = params(q)?.limit.unwrap_or(50);
-    if limit == 0 || limit > 1000 {
-        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
-    }
+    let limit = params(q)?.limit()?;
     let rows = app
         .rt
         .store

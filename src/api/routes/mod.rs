@@ -15,7 +15,7 @@ use axum::extract::{Extension, Json, Path, Query};
 use axum::Router;
 use serde_json::Value;
 
-use super::error::ApiResult;
+use super::error::{ApiError, ApiResult};
 use super::AuditChange;
 use crate::app::App;
 use crate::links::ActAsRoute;
@@ -115,4 +115,20 @@ pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
         )));
     }
     Ok(v)
+}
+
+/// `?limit=N` of an audit listing (identities, links): 1 to 1000, default 50.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    limit: Option<u32>,
+}
+
+impl AuditQuery {
+    pub fn limit(&self) -> ApiResult<u32> {
+        match self.limit.unwrap_or(50) {
+            n @ 1..=1000 => Ok(n),
+            _ => Err(ApiError::bad_request("limit must be between 1 and 1000")),
+        }
+    }
 }

@@ -21,8 +21,8 @@ use bollard::Docker;
 use futures_util::FutureExt;
 
 use super::shape::KEEPALIVE_CMD;
-use super::user::effective_ids;
 use super::{remove_container, sweep_orphans, DockerBackend, NOBODY};
+use crate::sandbox::effective_ids;
 use crate::sandbox::image::{agent_image_tag, ensure_agent_image};
 use crate::sandbox::{
     ExecRequest, RunKind, SandboxBackend, SandboxError, SandboxLimits, SandboxSession, SandboxSpec,
@@ -478,7 +478,7 @@ async fn inspect_shows_labels_limits_lockdown_user_and_exact_mounts() {
             );
             let user = config.user.expect("user");
             assert!(!user.is_empty() && user != "0" && !user.starts_with("0:") && user != "root");
-            if effective_ids().expect("ids").0 == 0 {
+            if effective_ids().0 == 0 {
                 assert_eq!(user, "65534:65534");
             }
             assert_eq!(config.working_dir.as_deref(), Some("/work"));
@@ -634,7 +634,7 @@ async fn a_dynamic_mrctl_runs_inside_the_image() {
 
 #[tokio::test]
 async fn a_root_host_hands_the_workspace_to_nobody() {
-    if effective_ids().expect("ids").0 != 0 {
+    if effective_ids().0 != 0 {
         return; // Non-root hosts run the container as themselves; nothing to chown.
     }
     Fixture::new()
