@@ -17,6 +17,7 @@ use crate::clock::now_ms;
 use crate::config::split_chain;
 use crate::ids::{RunId, SpaceId};
 use crate::model::Purpose;
+use crate::perms::Permission;
 use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
@@ -85,8 +86,8 @@ pub async fn run_and_commit(
                 };
                 let global = rt2.settings.is_global_admin(&acting);
                 let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
-                let links_act =
-                    crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
+                let links_act = crate::perms::role_permissions(tx, &space_s, &role)?
+                    .contains(&Permission::LinksAct);
                 Ok((model_chain(tx, &rt2, &space_s)?, links_act))
             })
             .await

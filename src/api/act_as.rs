@@ -34,7 +34,7 @@ use super::routes::{Resource, RESOURCES};
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
-use crate::perms::{self, ROLE_ADMIN};
+use crate::perms::{self, Permission, ROLE_ADMIN};
 use crate::redaction::{RedactionList, Redactor};
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::{spaces, Store};
@@ -223,8 +223,8 @@ pub async fn act_as(
         )
     })?;
     // Step 1.
-    if !holder.perms.contains("links.act") {
-        return Err(ApiError::missing_perm("links.act"));
+    if !holder.perms.contains(&Permission::LinksAct) {
+        return Err(ApiError::missing_perm(Permission::LinksAct));
     }
     let target_ok = SpaceId::parse(&target_raw).ok();
     if target_ok.as_ref() == Some(&holder.space) {

@@ -17,7 +17,7 @@ use crate::app::App;
 use crate::clock::now_ms;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
-use crate::perms::{self, PermSet};
+use crate::perms::{self, PermSet, Permission};
 use crate::storage::tokens::{self, TokenKind};
 use crate::storage::{identities, spaces};
 
@@ -73,9 +73,9 @@ impl Auth {
     }
 
     /// The space, if the caller holds `perm` there; the one `check_perm`.
-    pub fn require(&self, perm: &str) -> ApiResult<&SpaceCtx> {
+    pub fn require(&self, perm: Permission) -> ApiResult<&SpaceCtx> {
         let ctx = self.space()?;
-        if ctx.perms.contains(perm) {
+        if ctx.perms.contains(&perm) {
             Ok(ctx)
         } else {
             Err(ApiError::missing_perm(perm))
@@ -188,7 +188,7 @@ pub async fn authenticate(
                         // `links.act`: an ask does not reach the target's links.
                         (TokenKind::Run, Some(fixed)) => {
                             let mut p = perms::role_permissions(c, id.as_str(), fixed)?;
-                            p.remove("links.act");
+                            p.remove(&Permission::LinksAct);
                             (fixed.clone(), p)
                         }
                         _ => {

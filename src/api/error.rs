@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::perms::Permission;
 use crate::storage::StoreError;
 
 /// Every way a request can fail, as the client sees it. Each variant is one
@@ -59,7 +60,7 @@ impl ApiError {
         tracing::error!(error = %detail, "internal error");
         Self::Internal
     }
-    pub fn missing_perm(perm: &str) -> Self {
+    pub fn missing_perm(perm: Permission) -> Self {
         Self::forbidden(format!("requires the '{perm}' permission in this space"))
     }
 

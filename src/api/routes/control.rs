@@ -10,6 +10,7 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{path_arg, PathArg};
+use crate::perms::Permission;
 use crate::actors::ControlAction;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
@@ -34,9 +35,9 @@ pub async fn control(
 ) -> ApiResult<Json<Value>> {
     let action = path_arg(action)?;
     let (action, perm) = match action.as_str() {
-        "stop" => (ControlAction::Stop, "stop"),
-        "compact" => (ControlAction::Compact, "compact"),
-        "clear" => (ControlAction::Clear, "compact"),
+        "stop" => (ControlAction::Stop, Permission::Stop),
+        "compact" => (ControlAction::Compact, Permission::Compact),
+        "clear" => (ControlAction::Clear, Permission::Compact),
         other => {
             return Err(ApiError::not_found(format!(
                 "unknown control action {other:?}; use stop, compact or clear"

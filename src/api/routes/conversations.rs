@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -51,7 +52,7 @@ pub async fn list(
         auth.require_global_admin()?;
         None
     } else {
-        Some(auth.require("spaces.list")?.space.to_string())
+        Some(auth.require(Permission::SpacesList)?.space.to_string())
     };
     let only = auth.via.as_ref().and_then(|v| v.conversation);
     let list: Vec<_> = app
@@ -78,7 +79,7 @@ pub async fn link(
     b: Body<LinkBody>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    let ctx = auth.require("spaces.rename")?;
+    let ctx = auth.require(Permission::SpacesRename)?;
     let target =
         SpaceId::parse(&body(b)?.space_id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if target != ctx.space && !auth.caller.global_admin {
@@ -109,7 +110,7 @@ pub async fn unlink(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    let ctx = auth.require("spaces.rename")?;
+    let ctx = auth.require(Permission::SpacesRename)?;
     let space = ctx.space.to_string();
     let global = auth.caller.global_admin;
     let out = app

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, params, text_field, Body, Params};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
@@ -92,7 +93,7 @@ pub async fn chat(
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("prompt")?.space.to_string();
+    let space = auth.require(Permission::Prompt)?.space.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let conversation = b
@@ -158,7 +159,7 @@ pub async fn send(
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let space = auth.require("send")?.space.to_string();
+    let space = auth.require(Permission::Send)?.space.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let by = auth.caller.caller_id.clone();

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, params, path_arg, Body, Params, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -240,7 +241,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("links.list")?.space.to_string();
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let sp = space.clone();
     let all = app.rt.store.read(move |c| links::touching(c, &sp)).await?;
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
@@ -265,7 +266,7 @@ pub async fn inspect(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    let space = auth.require("links.list")?.space.to_string();
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let (link, roles) = app
         .rt
         .store
@@ -287,7 +288,7 @@ pub async fn audit(
     Extension(auth): Extension<Auth>,
     q: Params<super::AuditQuery>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("links.list")?.space.to_string();
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let limit = params(q)?.limit()?;
     let rows = app
         .rt

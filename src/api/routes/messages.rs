@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{params, Params};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_time_arg};
@@ -47,7 +48,7 @@ pub async fn search(
     Extension(auth): Extension<Auth>,
     q: Params<SearchQuery>,
 ) -> ApiResult<Json<Value>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let limit = q.limit.unwrap_or(50);
     if limit == 0 || limit > 200 {
@@ -77,7 +78,7 @@ pub async fn recent(
     Extension(auth): Extension<Auth>,
     q: Params<RecentQuery>,
 ) -> ApiResult<Json<Value>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let now = now_ms();
     let since = parse_time_arg(q.since.as_deref().unwrap_or("24h"), now)
@@ -121,7 +122,7 @@ pub async fn runs(
     Extension(auth): Extension<Auth>,
     q: Params<RunsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let limit = params(q)?.limit.unwrap_or(20).clamp(1, 500);
     let space = ctx.space.to_string();
     let list = app

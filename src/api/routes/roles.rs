@@ -16,7 +16,7 @@ use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
-use crate::perms::{self, ALL_PERMISSIONS};
+use crate::perms::{self, Permission};
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::StoreError;
 
@@ -41,7 +41,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("roles.list")?.space.to_string();
+    let space = auth.require(Permission::RolesList)?.space.to_string();
     let roles = app
         .rt
         .store
@@ -110,7 +110,7 @@ pub async fn grant(
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
-    let ctx = auth.require("roles.grant")?.clone();
+    let ctx = auth.require(Permission::RolesGrant)?.clone();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let role = b.role.unwrap_or_else(|| perms::ROLE_ADMIN.into());
@@ -157,7 +157,7 @@ pub async fn revoke(
     caller: PathArg<String>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let caller = path_arg(caller)?;
-    let space = auth.require("roles.revoke")?.space.to_string();
+    let space = auth.require(Permission::RolesRevoke)?.space.to_string();
     let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
@@ -187,7 +187,7 @@ pub async fn permissions_get(
     Extension(auth): Extension<Auth>,
     q: Params<PermQuery>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("permissions.get")?.space.to_string();
+    let space = auth.require(Permission::PermissionsGet)?.space.to_string();
     let q = params(q)?;
     let out = app
         .rt
@@ -202,7 +202,7 @@ pub async fn permissions_get(
                 let p = perms::role_permissions(c, &space, &role)?;
                 roles.insert(role, json!(p));
             }
-            Ok(json!({"roles": roles, "available": ALL_PERMISSIONS}))
+            Ok(json!({"roles": roles, "available": Permission::ALL}))
         })
         .await?;
     Ok(Json(out))
@@ -220,27 +220,29 @@ pub async fn permissions_set(
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
-    let ctx = auth.require("permissions.set")?.clone();
+    let ctx = auth.require(Permission::PermissionsSet)?.clone();
     let b = body(b)?;
     perms::validate_role_name(&b.role).map_err(ApiError::bad_request)?;
     let unknown: Vec<&str> = b
         .permissions
         .iter()
         .map(String::as_str)
-        .filter(|p| !perms::is_known(p))
+        .filter(|p| Permission::parse(p).is_none())
         .collect();
     if !unknown.is_empty() {
+        let valid: Vec<&str> = Permission::ALL.iter().map(|p| p.as_str()).collect();
         return Err(ApiError::bad_request(format!(
             "unknown permission(s): {}; valid ones: {}",
             unknown.join(", "),
-            ALL_PERMISSIONS.join(", ")
+            valid.join(", ")
         )));
     }
-    if let Some(p) = b
+    let wanted: Vec<Permission> = b
         .permissions
         .iter()
-        .find(|p| !ctx.perms.contains(p.as_str()))
-    {
+        .filter_map(|p| Permission::parse(p))
+        .collect();
+    if let Some(p) = wanted.iter().find(|p| !ctx.perms.contains(p)) {
         return Err(ApiError::forbidden(format!(
             "you cannot give '{p}', which you do not hold"
         )));

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{audited, body, path_arg, text_field, Body, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
@@ -70,7 +71,7 @@ pub async fn prefs_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("prefs.get")?.space.to_string();
+    let space = auth.require(Permission::PrefsGet)?.space.to_string();
     let list = app
         .rt
         .store
@@ -84,7 +85,7 @@ pub async fn prefs_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require("prefs.set")?.space.to_string();
+    let space = auth.require(Permission::PrefsSet)?.space.to_string();
     let b = body(b)?;
     let key = pref_key(&b.key)?;
     if b.value.chars().count() > 4000 {
@@ -110,7 +111,7 @@ pub async fn prefs_delete(
     key: PathArg<String>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let key = path_arg(key)?;
-    let space = auth.require("prefs.set")?.space.to_string();
+    let space = auth.require(Permission::PrefsSet)?.space.to_string();
     let key = pref_key(&key)?;
     let out = app
         .spaces
@@ -167,7 +168,7 @@ pub async fn config_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("config.get")?.space.to_string();
+    let space = auth.require(Permission::ConfigGet)?.space.to_string();
     let list = app
         .rt
         .store
@@ -185,7 +186,7 @@ pub async fn config_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require("config.set")?.space.to_string();
+    let space = auth.require(Permission::ConfigSet)?.space.to_string();
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
@@ -204,7 +205,7 @@ pub async fn model_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("model.get")?.space.to_string();
+    let space = auth.require(Permission::ModelGet)?.space.to_string();
     let stored = app
         .rt
         .store
@@ -229,7 +230,7 @@ pub async fn model_set(
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require("model.set")?.space.to_string();
+    let space = auth.require(Permission::ModelSet)?.space.to_string();
     let chain: Vec<String> = body(b)?
         .chain
         .into_iter()
@@ -284,7 +285,7 @@ pub async fn mutes_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("mutes.list")?.space.to_string();
+    let space = auth.require(Permission::MutesList)?.space.to_string();
     let list = app
         .rt
         .store
@@ -308,7 +309,7 @@ pub async fn mutes_set(
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("mutes.set")?.space.to_string();
+    let space = auth.require(Permission::MutesSet)?.space.to_string();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let now = now_ms();
@@ -352,7 +353,7 @@ pub async fn mutes_delete(
     caller: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
     let caller = path_arg(caller)?;
-    let space = auth.require("mutes.set")?.space.to_string();
+    let space = auth.require(Permission::MutesSet)?.space.to_string();
     let out = app
         .spaces
         .apply(&space.clone(), move |tx| {

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{audited, body, name_field, Body};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -152,7 +153,7 @@ pub async fn rename(
     Extension(auth): Extension<Auth>,
     b: Body<Rename>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
-    let ctx = auth.require("spaces.rename")?;
+    let ctx = auth.require(Permission::SpacesRename)?;
     let name = name_field("name", &body(b)?.name, 200)?;
     let id = ctx.space.to_string();
     let out = app
@@ -174,7 +175,7 @@ pub async fn delete_current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let ctx = auth.require("spaces.delete")?;
+    let ctx = auth.require(Permission::SpacesDelete)?;
     let space = ctx.space.clone();
     let id = space.to_string();
     let by = auth.caller.caller_id.clone();

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{body, path_arg, text_field, Body, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
@@ -45,7 +46,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require("tasks.list")?.space.to_string();
+    let space = auth.require(Permission::TasksList)?.space.to_string();
     let list = app.rt.store.read(move |c| tasks::list(c, &space)).await?;
     Ok(Json(json!({ "tasks": list })))
 }
@@ -65,7 +66,7 @@ pub async fn create(
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let space = auth.require("tasks.create")?.space.to_string();
+    let space = auth.require(Permission::TasksCreate)?.space.to_string();
     let b = body(b)?;
     let prompt = text_field("prompt", &b.prompt, 8000)?;
     let now = now_ms();
@@ -106,7 +107,7 @@ pub async fn create(
 async fn set_active(
     app: &App,
     auth: &Auth,
-    perm: &str,
+    perm: Permission,
     id: i64,
     active: bool,
 ) -> ApiResult<Json<Value>> {
@@ -144,7 +145,7 @@ pub async fn pause(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    set_active(&app, &auth, "tasks.pause", id, false).await
+    set_active(&app, &auth, Permission::TasksPause, id, false).await
 }
 
 pub async fn resume(
@@ -153,7 +154,7 @@ pub async fn resume(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    set_active(&app, &auth, "tasks.resume", id, true).await
+    set_active(&app, &auth, Permission::TasksResume, id, true).await
 }
 
 pub async fn delete(
@@ -162,7 +163,7 @@ pub async fn delete(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    let space = auth.require("tasks.delete")?.space.to_string();
+    let space = auth.require(Permission::TasksDelete)?.space.to_string();
     let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
@@ -179,7 +180,7 @@ pub async fn run_now(
     id: PathArg<i64>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let id = path_arg(id)?;
-    let space = auth.require("tasks.create")?.space.to_string();
+    let space = auth.require(Permission::TasksCreate)?.space.to_string();
     let out = app
         .spaces
         .apply(&space.clone(), move |tx| {
