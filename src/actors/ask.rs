@@ -112,7 +112,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         return Err(AskError::NotIsolated(rt.sandbox.name()));
     }
     let run_id = RunId::new();
-    let actor = args.spaces.actor(args.target.as_str()).await?;
+    let actor = args.spaces.actor(&args.target).await?;
     // The view is a layer over the live workspace whose upper is never
     // merged: dropped (unmounted, removed) on every path out of here.
     let view = call_t!(
@@ -133,7 +133,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
             .await?
     };
     let req = TurnRequest {
-        space_id: space.clone(),
+        space_id: args.target.clone(),
         run_id: run_id.clone(),
         kind: RunKind::Ask,
         caller_id: args.caller_id.clone(),

@@ -33,6 +33,7 @@ use serde_json::Value;
 pub use space::{ControlAction, SpaceMsg, SpaceWrite};
 pub use supervisor::{RootSupervisor, SupervisorMsg};
 
+use crate::ids::SpaceId;
 use crate::storage::StoreError;
 
 /// How long an API request waits for a space actor to apply a write.
@@ -140,7 +141,7 @@ impl<M> ActorSlot<M> {
 }
 
 /// The live space actors, by space id. Written only by the supervisor.
-pub type SpaceMap = Arc<Mutex<HashMap<String, ActorRef<SpaceMsg>>>>;
+pub type SpaceMap = Arc<Mutex<HashMap<SpaceId, ActorRef<SpaceMsg>>>>;
 
 #[derive(Clone)]
 pub struct SpaceDirectory {
@@ -153,9 +154,17 @@ impl SpaceDirectory {
         Self { supervisor, actors }
     }
 
-    /// The root supervisor (parent of short-lived actors such as `AskSandbox`).
-    pub fn supervisor(&self) -> &ActorRef<SupervisorMsg> {
-        &self.supervisor
+    /// Starts an `AskSandbox` under the root supervisor. Its outcome comes
+    /// back through the oneshot in `args`.
+    pub async fn spawn_ask(&self, args: ask::AskArgs) -> Result<(), ActorError> {
+        let res = call_t!(
+            self.supervisor,
+            SupervisorMsg::SpawnAsk,
+            SPAWN_TIMEOUT_MS,
+            Box::new(args)
+        )
+        .map_err(|e| ActorError::Unavailable(e.to_string()))?;
+        Ok(res?)
     }
 
     pub fn active_count(&self) -> usize {
@@ -163,7 +172,7 @@ impl SpaceDirectory {
     }
 
     /// The space's actor, started if it is not running. The space must exist.
-    pub async fn actor(&self, space: &str) -> Result<ActorRef<SpaceMsg>, ActorError> {
+    pub async fn actor(&self, space: &SpaceId) -> Result<ActorRef<SpaceMsg>, ActorError> {
         if let Some(a) = self.actors.lock().ok().and_then(|m| m.get(space).cloned()) {
             if a.get_status() == ractor::ActorStatus::Running {
                 return Ok(a);
@@ -173,7 +182,7 @@ impl SpaceDirectory {
             self.supervisor,
             SupervisorMsg::SpawnSpace,
             SPAWN_TIMEOUT_MS,
-            space.to_owned()
+            space.clone()
         )
         .map_err(|e| ActorError::Unavailable(e.to_string()))?;
         Ok(res?)
@@ -181,7 +190,7 @@ impl SpaceDirectory {
 
     /// Tells the space there is pending work. Pending work is in the database,
     /// so a lost wake-up is recovered when the actor next starts.
-    pub async fn wake(&self, space: &str) -> Result<(), ActorError> {
+    pub async fn wake(&self, space: &SpaceId) -> Result<(), ActorError> {
         for _ in 0..2 {
             let actor = self.actor(space).await?;
             if actor.cast(SpaceMsg::Wake).is_ok() {
@@ -194,7 +203,7 @@ impl SpaceDirectory {
     }
 
     /// Runs a write in the space's order (one writer per space).
-    pub async fn apply<F>(&self, space: &str, write: F) -> Result<Value, ActorError>
+    pub async fn apply<F>(&self, space: &SpaceId, write: F) -> Result<Value, ActorError>
     where
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static,
     {
@@ -212,7 +221,7 @@ impl SpaceDirectory {
     /// `Refusal::Refused(e)` rolls the write back and comes back as
     /// [`ApplyError::Refused`], kept apart from the store's and the actor's
     /// failures (so a route maps its own refusal, and only it, to its status).
-    pub async fn apply_with<T, E, F>(&self, space: &str, write: F) -> Result<T, ApplyError<E>>
+    pub async fn apply_with<T, E, F>(&self, space: &SpaceId, write: F) -> Result<T, ApplyError<E>>
     where
         T: Send + 'static,
         E: Send + 'static,
@@ -250,7 +259,11 @@ impl SpaceDirectory {
         }
     }
 
-    pub async fn control(&self, space: &str, action: ControlAction) -> Result<Value, ActorError> {
+    pub async fn control(
+        &self,
+        space: &SpaceId,
+        action: ControlAction,
+    ) -> Result<Value, ActorError> {
         let actor = self.actor(space).await?;
         let res =
             call_t!(actor, SpaceMsg::Control, CONTROL_TIMEOUT_MS, action).map_err(|e| match e {
@@ -274,7 +287,7 @@ impl SpaceDirectory {
     }
 
     #[cfg(feature = "test-hooks")]
-    pub async fn inject_panic(&self, space: &str) -> Result<(), ActorError> {
+    pub async fn inject_panic(&self, space: &SpaceId) -> Result<(), ActorError> {
         let actor = self.actor(space).await?;
         actor
             .cast(SpaceMsg::InjectPanic)
@@ -286,7 +299,7 @@ impl SpaceDirectory {
 impl crate::review::SpaceWriter for SpaceDirectory {
     async fn write_in_space(
         &self,
-        space: &str,
+        space: &SpaceId,
         write: crate::review::SpaceWrite,
     ) -> Result<Value, crate::review::SpaceWriteError> {
         self.apply(space, write)

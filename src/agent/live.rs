@@ -101,7 +101,7 @@ pub async fn run_and_commit(
     };
     let workspace = rt.paths.workspace(space);
     let req = TurnRequest {
-        space_id: space.to_string(),
+        space_id: space.clone(),
         run_id: run_id.clone(),
         kind,
         caller_id: caller,

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
-use crate::ids::RunId;
+use crate::ids::{RunId, SpaceId};
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
 use crate::sandbox::{RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec};
@@ -50,7 +50,7 @@ pub enum LayerPlan {
 
 #[derive(Debug)]
 pub struct TurnRequest {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub run_id: RunId,
     pub kind: RunKind,
     /// The caller whose role the run token carries (the triggering user, or
@@ -362,7 +362,7 @@ async fn call_model(
     acc.cost += answer.cost;
     let (run_id, space, spec, kind, cost) = (
         req.run_id.to_string(),
-        req.space_id.clone(),
+        req.space_id.to_string(),
         answer.spec,
         req.kind.as_str(),
         answer.cost,
@@ -456,7 +456,7 @@ async fn start_sandbox(
 ) -> Result<Box<dyn SandboxSession>, TurnError> {
     let (caller, space, run_id) = (
         req.caller_id.clone(),
-        req.space_id.clone(),
+        req.space_id.to_string(),
         req.run_id.to_string(),
     );
     // An ask turn acts with a fixed role and may not write anything (D-016).
@@ -486,7 +486,7 @@ async fn start_sandbox(
     let s = &rt.settings.sandbox;
     let spec = SandboxSpec {
         instance_id: rt.instance_id.clone(),
-        space_id: req.space_id.clone(),
+        space_id: req.space_id.to_string(),
         run_id: req.run_id.to_string(),
         kind: req.kind,
         workspace: workdir.to_path_buf(),
@@ -494,7 +494,7 @@ async fn start_sandbox(
         // The whole environment of the sandbox: nothing else from the host.
         env: vec![
             ("MERCURY_TOKEN".into(), secret),
-            ("MERCURY_SPACE".into(), req.space_id.clone()),
+            ("MERCURY_SPACE".into(), req.space_id.to_string()),
             ("MERCURY_SOCKET".into(), socket_inside),
         ],
         limits: SandboxLimits {

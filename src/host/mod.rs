@@ -25,6 +25,7 @@ use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::app::{App, CallerLimits};
 use crate::config::{self, SandboxChoice, Settings};
+use crate::ids::SpaceId;
 use crate::ingress;
 use crate::model::gate::{Admission, ModelGate};
 use crate::model::scripted::ScriptedPolicy;
@@ -366,7 +367,11 @@ pub async fn serve_with(
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
     for space in pending {
-        if let Err(e) = app.spaces.wake(&space).await {
+        let Ok(id) = SpaceId::parse(&space) else {
+            tracing::error!(space = %space, "a space with pending messages has an invalid id");
+            continue;
+        };
+        if let Err(e) = app.spaces.wake(&id).await {
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }

@@ -140,8 +140,8 @@ pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, Ingres
         .write(move |tx| ingest_tx(tx, &settings, &limits, &m))
         .await?;
     if let Some(space) = &res.space_id {
+        let id = SpaceId::parse(space).map_err(|_| IngressError::SpaceId(space.clone()))?;
         if res.created_space {
-            let id = SpaceId::parse(space).map_err(|_| IngressError::SpaceId(space.clone()))?;
             crate::workspace::ensure_workspace(&app.rt.paths, &id).map_err(|source| {
                 IngressError::Workspace {
                     space: space.clone(),
@@ -150,7 +150,7 @@ pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, Ingres
             })?;
         }
         if res.status == IngestStatus::Queued {
-            app.spaces.wake(space).await?;
+            app.spaces.wake(&id).await?;
         }
     }
     Ok(res)

@@ -47,7 +47,7 @@ pub struct SpaceWriteError(pub String);
 pub trait SpaceWriter: Send + Sync {
     async fn write_in_space(
         &self,
-        space: &str,
+        space: &crate::ids::SpaceId,
         write: SpaceWrite,
     ) -> Result<Value, SpaceWriteError>;
 }

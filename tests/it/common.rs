@@ -133,8 +133,10 @@ impl TestHost {
         }
     }
 
+    /// Waits for `/healthz`. Generous: a restart sweeps containers and the
+    /// machine may be loaded; readiness is waited for, never timed.
     pub async fn wait_ready(&self) {
-        for _ in 0..300 {
+        for _ in 0..1200 {
             if let Ok(r) = self.http.get(format!("{}/healthz", self.url)).send().await {
                 if r.status().is_success() {
                     return;

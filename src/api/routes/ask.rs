@@ -8,13 +8,12 @@ use axum::extract::{Extension, State};
 use axum::Json;
 use axum::routing::post;
 use axum::Router;
-use ractor::Actor;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::{body, text_field, Body};
-use crate::actors::ask::{AskArgs, AskError, AskSandbox};
+use crate::actors::ask::{AskArgs, AskError};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
@@ -67,9 +66,7 @@ pub async fn ask(
         caller_id: auth.caller.caller_id.clone(),
         reply: tx,
     };
-    Actor::spawn_linked(None, AskSandbox, args, app.spaces.supervisor().get_cell())
-        .await
-        .map_err(|e| ApiError::unavailable(format!("cannot start the ask sandbox: {e}")))?;
+    app.spaces.spawn_ask(args).await?;
     let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs * 2 + 60);
     let outcome = tokio::time::timeout(wait, rx)
         .await

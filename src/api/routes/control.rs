@@ -44,7 +44,7 @@ pub async fn control(
             )))
         }
     };
-    let space = auth.require(perm)?.space.to_string();
+    let space = auth.require(perm)?.space.clone();
     Ok(Json(app.spaces.control(&space, action).await?))
 }
 
@@ -55,7 +55,7 @@ pub async fn inject_panic(
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Value>> {
     auth.require_global_admin()?;
-    let space = auth.space()?.space.to_string();
+    let space = auth.space()?.space.clone();
     app.spaces.inject_panic(&space).await?;
     Ok(Json(serde_json::json!({"injected": true})))
 }

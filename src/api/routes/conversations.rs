@@ -90,7 +90,7 @@ pub async fn link(
     let t = target.to_string();
     let out = app
         .spaces
-        .apply(target.as_str(), move |tx| {
+        .apply(&target, move |tx| {
             if !spaces::space_exists(tx, &t)? {
                 return Err(crate::storage::StoreError::NotFound(format!("space {t}")));
             }
@@ -111,11 +111,12 @@ pub async fn unlink(
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
     let ctx = auth.require(Permission::SpacesRename)?;
-    let space = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let global = auth.caller.global_admin;
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let conv = conversations::get(tx, id)?.ok_or_else(|| {
                 crate::storage::StoreError::NotFound(format!("conversation {id}"))
             })?;

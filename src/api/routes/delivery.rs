@@ -93,7 +93,8 @@ pub async fn chat(
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require(Permission::Prompt)?.space.to_string();
+    let sid = auth.require(Permission::Prompt)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let conversation = b
@@ -117,7 +118,7 @@ pub async fn chat(
         .write(move |tx| ingress::chat_tx(tx, &sp, &caller, &conversation, &text))
         .await?;
     let done = app.rt.waiters.register(message_id);
-    app.spaces.wake(&space).await?;
+    app.spaces.wake(&sid).await?;
     let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs + 30);
     let _ = tokio::time::timeout(wait, done).await;
     let (msg, reply) = app
@@ -159,13 +160,14 @@ pub async fn send(
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let space = auth.require(Permission::Send)?.space.to_string();
+    let sid = auth.require(Permission::Send)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let convs: Vec<_> = conversations::list(tx, Some(&space))?
                 .into_iter()
                 .filter(|c| c.platform != "console")

@@ -115,13 +115,14 @@ pub async fn grant(
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let role = b.role.unwrap_or_else(|| perms::ROLE_ADMIN.into());
     perms::validate_role_name(&role).map_err(ApiError::bad_request)?;
-    let space = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let granter_perms = ctx.perms.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let out = app
         .spaces
-        .apply_with(&space.clone(), move |tx| {
+        .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
                 return Err(Refusal::Refused(why));
             }
@@ -157,10 +158,11 @@ pub async fn revoke(
     caller: PathArg<String>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let caller = path_arg(caller)?;
-    let space = auth.require(Permission::RolesRevoke)?.space.to_string();
+    let sid = auth.require(Permission::RolesRevoke)?.space.clone();
+    let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::stored_role(tx, &space, &caller)?;
             let revoked = spaces::revoke_role(tx, &space, &caller)?;
             Ok(json!({"caller_id": caller, "revoked": revoked, "before": before}))
@@ -250,12 +252,13 @@ pub async fn permissions_set(
     let mut list: Vec<String> = b.permissions.clone();
     list.sort();
     list.dedup();
-    let space = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let role = b.role.clone();
     let out = app
         .spaces
-        .apply_with(&space.clone(), move |tx| {
+        .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
                 return Err(Refusal::Refused(why));
             }

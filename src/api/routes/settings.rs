@@ -85,7 +85,8 @@ pub async fn prefs_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require(Permission::PrefsSet)?.space.to_string();
+    let sid = auth.require(Permission::PrefsSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let key = pref_key(&b.key)?;
     if b.value.chars().count() > 4000 {
@@ -96,7 +97,7 @@ pub async fn prefs_set(
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
             spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
             Ok(json!({"key": key, "value": b.value, "before": {"value": before}}))
@@ -111,11 +112,12 @@ pub async fn prefs_delete(
     key: PathArg<String>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
     let key = path_arg(key)?;
-    let space = auth.require(Permission::PrefsSet)?.space.to_string();
+    let sid = auth.require(Permission::PrefsSet)?.space.clone();
+    let space = sid.to_string();
     let key = pref_key(&key)?;
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
             let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
             Ok(json!({"key": key, "deleted": deleted, "before": {"value": before}}))
@@ -186,13 +188,14 @@ pub async fn config_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require(Permission::ConfigSet)?.space.to_string();
+    let sid = auth.require(Permission::ConfigSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
             spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
             Ok(json!({"key": b.key, "value": b.value, "before": {"value": before}}))
@@ -230,7 +233,8 @@ pub async fn model_set(
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
-    let space = auth.require(Permission::ModelSet)?.space.to_string();
+    let sid = auth.require(Permission::ModelSet)?.space.clone();
+    let space = sid.to_string();
     let chain: Vec<String> = body(b)?
         .chain
         .into_iter()
@@ -266,7 +270,7 @@ pub async fn model_set(
     let default = app.rt.settings.model_chain();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
             let before = json!({"chain": before.map(|c| split_chain(&c))});
             if chain.is_empty() {
@@ -309,7 +313,8 @@ pub async fn mutes_set(
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require(Permission::MutesSet)?.space.to_string();
+    let sid = auth.require(Permission::MutesSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let now = now_ms();
@@ -339,7 +344,7 @@ pub async fn mutes_set(
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
             Ok(json!({"mute": {"caller_id": b.caller_id, "until": until, "reason": reason}}))
         })
@@ -353,10 +358,11 @@ pub async fn mutes_delete(
     caller: PathArg<String>,
 ) -> ApiResult<Json<Value>> {
     let caller = path_arg(caller)?;
-    let space = auth.require(Permission::MutesSet)?.space.to_string();
+    let sid = auth.require(Permission::MutesSet)?.space.clone();
+    let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let deleted = spaces::delete_mute(tx, &space, &caller)?;
             Ok(json!({"caller_id": caller, "deleted": deleted}))
         })

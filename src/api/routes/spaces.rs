@@ -155,10 +155,11 @@ pub async fn rename(
 ) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
     let ctx = auth.require(Permission::SpacesRename)?;
     let name = name_field("name", &body(b)?.name, 200)?;
-    let id = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let id = sid.to_string();
     let out = app
         .spaces
-        .apply(&id.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let before = spaces::get_space(tx, &id)?.map(|s| s.name);
             spaces::rename_space(tx, &id, &name)?;
             Ok(json!({"space_id": id, "name": name, "before": {"name": before}}))
@@ -181,7 +182,7 @@ pub async fn delete_current(
     let by = auth.caller.caller_id.clone();
     let mut out = app
         .spaces
-        .apply(&id.clone(), move |tx| {
+        .apply(&space, move |tx| {
             let removed = spaces::delete_space(tx, &id)?;
             let mut revoked = Vec::new();
             let mut roles = Vec::new();

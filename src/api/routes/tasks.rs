@@ -66,7 +66,8 @@ pub async fn create(
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let space = auth.require(Permission::TasksCreate)?.space.to_string();
+    let sid = auth.require(Permission::TasksCreate)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let prompt = text_field("prompt", &b.prompt, 8000)?;
     let now = now_ms();
@@ -85,7 +86,7 @@ pub async fn create(
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let task = tasks::create(
                 tx,
                 &NewTask {
@@ -111,10 +112,11 @@ async fn set_active(
     id: i64,
     active: bool,
 ) -> ApiResult<Json<Value>> {
-    let space = auth.require(perm)?.space.to_string();
+    let sid = auth.require(perm)?.space.clone();
+    let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             // A resumed cron task fires at its next time from now, not at once for every miss.
@@ -163,10 +165,11 @@ pub async fn delete(
     id: PathArg<i64>,
 ) -> ApiResult<Json<Value>> {
     let id = path_arg(id)?;
-    let space = auth.require(Permission::TasksDelete)?.space.to_string();
+    let sid = auth.require(Permission::TasksDelete)?.space.clone();
+    let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             tasks::delete(tx, &space, id)?;
             Ok(json!({"task_id": id, "deleted": true}))
         })
@@ -180,16 +183,17 @@ pub async fn run_now(
     id: PathArg<i64>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let id = path_arg(id)?;
-    let space = auth.require(Permission::TasksCreate)?.space.to_string();
+    let sid = auth.require(Permission::TasksCreate)?.space.clone();
+    let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&space.clone(), move |tx| {
+        .apply(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             let message_id = queue_firing(tx, &task)?;
             Ok(json!({"task_id": id, "message_id": message_id}))
         })
         .await?;
-    app.spaces.wake(auth.space()?.space.as_str()).await?;
+    app.spaces.wake(&auth.space()?.space).await?;
     Ok((StatusCode::ACCEPTED, Json(out)))
 }
