@@ -162,6 +162,17 @@ impl From<crate::actors::ActorError> for ApiError {
     }
 }
 
+/// A write whose own refusal is already an `ApiError` (its status chosen
+/// where the rule is); the actor's and the store's failures map as usual.
+impl From<crate::actors::ApplyError<ApiError>> for ApiError {
+    fn from(e: crate::actors::ApplyError<ApiError>) -> Self {
+        match e {
+            crate::actors::ApplyError::Refused(api) => api,
+            crate::actors::ApplyError::Actor(e) => e.into(),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -1050,6 +1050,17 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
             405,
             &["PATCH"],
         ),
+        // Refused inside the space's write (apply_with): the rule's own
+        // 400, and the transaction rolled back.
+        case(
+            "send with no platform conversation",
+            post.clone(),
+            "/api/send",
+            a,
+            j(json!({"text": "hello"})),
+            400,
+            &["no platform conversation"],
+        ),
     ];
     let mut unknown_perm = case(
         "unknown permission",

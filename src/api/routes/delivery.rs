@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::{body, params, text_field, Body, Params};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::actors::Refusal;
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::ingress::{self, IngestStatus, IngressMessage};
@@ -167,7 +168,7 @@ pub async fn send(
     let by = auth.caller.caller_id.clone();
     let out = app
         .spaces
-        .apply(&sid, move |tx| {
+        .apply_with(&sid, move |tx| {
             let convs: Vec<_> = conversations::list(tx, Some(&space))?
                 .into_iter()
                 .filter(|c| c.platform != "console")
@@ -177,7 +178,9 @@ pub async fn send(
                     StoreError::NotFound(format!("conversation {id} in this space"))
                 })?,
                 None => convs.into_iter().next().ok_or_else(|| {
-                    StoreError::Invalid("this space has no platform conversation to send to".into())
+                    Refusal::Refused(ApiError::bad_request(
+                        "this space has no platform conversation to send to",
+                    ))
                 })?,
             };
             let mid = messages::insert(

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::{body, path_arg, text_field, Body, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::actors::Refusal;
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::links::ActAsRoute;
@@ -116,7 +117,7 @@ async fn set_active(
     let space = sid.to_string();
     let out = app
         .spaces
-        .apply(&sid, move |tx| {
+        .apply_with(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             // A resumed cron task fires at its next time from now, not at once for every miss.
@@ -124,14 +125,14 @@ async fn set_active(
                 (Some(c), true) => Some(
                     parse_cron(c)
                         .and_then(|c| next_fire(&c, now_ms()))
-                        .map_err(StoreError::Invalid)?,
+                        .map_err(|e| Refusal::Refused(ApiError::bad_request(e)))?,
                 ),
                 _ => None,
             };
             if active && task.cron.is_none() && task.next_run_at.is_none_or(|t| t <= now_ms()) {
-                return Err(StoreError::Invalid(format!(
+                return Err(Refusal::Refused(ApiError::bad_request(format!(
                     "task {id} was a one-shot task whose time has passed"
-                )));
+                ))));
             }
             tasks::set_active(tx, &space, id, active, next)?;
             let task = tasks::get(tx, &space, id)?;
