@@ -39,23 +39,38 @@ use crate::workspace::DataPaths;
 /// How `serve` runs, beyond the data dir's config.
 #[derive(Debug)]
 pub struct ServeOptions {
-    /// ADDR:PORT to listen on instead of `bind`.
-    pub bind: Option<String>,
+    /// What to serve with, already read and validated by the caller
+    /// ([`settings_of`] reads `mercury.yaml` and the environment).
+    pub settings: Settings,
     /// A listener the caller bound already (tests and the temp host bind
-    /// port 0): used instead of binding `bind`, so no port is ever guessed.
+    /// port 0): used instead of binding `settings.bind`, so no port is guessed.
     pub tcp: Option<std::net::TcpListener>,
     /// Admission of background model calls; `Open` only for `mercury bench review`.
     pub review_admission: Admission,
 }
 
-impl Default for ServeOptions {
-    fn default() -> Self {
+impl ServeOptions {
+    pub fn new(settings: Settings) -> Self {
         Self {
-            bind: None,
+            settings,
             tcp: None,
             review_admission: Admission::Gated,
         }
     }
+
+    /// Serves on `listener` (bound by the caller).
+    pub fn on(settings: Settings, listener: std::net::TcpListener) -> Self {
+        Self {
+            tcp: Some(listener),
+            ..Self::new(settings)
+        }
+    }
+}
+
+/// The settings of the data dir at `data_dir`: its `mercury.yaml` with the
+/// `MERCURY_*` environment on top, validated.
+pub fn settings_of(data_dir: &Path) -> anyhow::Result<Settings> {
+    load_settings(&DataPaths::new(data_dir))
 }
 
 /// Writes a fresh data dir. Refuses (exit code 2 at the CLI) if it exists.
@@ -287,11 +302,12 @@ pub async fn serve(
     bind_override: Option<String>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let options = ServeOptions {
-        bind: bind_override,
-        ..ServeOptions::default()
-    };
-    serve_with(data_dir, options, shutdown).await
+    let mut settings = settings_of(data_dir)?;
+    if let Some(b) = bind_override {
+        settings.bind = b;
+        settings.validate()?;
+    }
+    serve_with(data_dir, ServeOptions::new(settings), shutdown).await
 }
 
 /// [`serve`] with every option.
@@ -300,7 +316,6 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let bind_override = options.bind;
     let bound = options.tcp;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
@@ -326,11 +341,7 @@ pub async fn serve_with(
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: warning: {loose}");
     }
-    let mut settings = load_settings(&paths)?;
-    if let Some(b) = bind_override {
-        settings.bind = b;
-        settings.validate()?;
-    }
+    let settings = options.settings;
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {

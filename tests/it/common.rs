@@ -84,10 +84,8 @@ impl TestHost {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            let options = mercury::host::ServeOptions {
-                tcp: Some(listener),
-                ..Default::default()
-            };
+            let settings = mercury::host::settings_of(&data).expect("settings");
+            let options = mercury::host::ServeOptions::on(settings, listener);
             async move { mercury::host::serve_with(&data, options, shutdown).await }
         });
         let host = Self::finish(dir, data, port, shutdown, Some(task), None);
