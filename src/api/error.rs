@@ -173,6 +173,17 @@ impl From<crate::actors::ApplyError<ApiError>> for ApiError {
     }
 }
 
+impl From<crate::app::CreateSpaceError> for ApiError {
+    fn from(e: crate::app::CreateSpaceError) -> Self {
+        match e {
+            crate::app::CreateSpaceError::Store(e) => e.into(),
+            workspace @ crate::app::CreateSpaceError::Workspace { .. } => {
+                ApiError::internal(workspace)
+            }
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
