@@ -42,6 +42,8 @@ pub const ALL_PERMISSIONS: &[&str] = &[
     "send",
     "links.list",
     "links.act",
+    "files.read",
+    "files.write",
 ];
 
 pub const ROLE_ADMIN: &str = "admin";
@@ -162,8 +164,8 @@ mod tests {
 
     #[test]
     fn defaults_match_the_spec() {
-        assert_eq!(ALL_PERMISSIONS.len(), 28);
-        assert_eq!(defaults(ROLE_ADMIN).len(), 28);
+        assert_eq!(ALL_PERMISSIONS.len(), 30);
+        assert_eq!(defaults(ROLE_ADMIN).len(), 30);
         assert_eq!(defaults(ROLE_MEMBER), ["prompt"].into_iter().collect());
         assert!(defaults("custom").is_empty());
     }
