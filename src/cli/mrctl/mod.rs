@@ -24,9 +24,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{json, Value};
 
-use crate::client::{request, ClientError, Connection};
+use crate::client::{request_with_headers, ClientError, Connection};
 
 mod args;
+mod files;
 mod plan;
 mod render;
 
@@ -59,12 +60,19 @@ enum Failure {
     Stdin(std::io::Error),
     #[error("cannot write the output: {0}")]
     Output(std::io::Error),
+    /// A local file (`files put --from`, `files edit`'s copy or editor).
+    #[error("{0}")]
+    Local(String),
 }
 
 fn exit_code(failure: &Failure) -> u8 {
     match failure {
         Failure::Api { .. } | Failure::Missing(_) => 1,
-        Failure::Usage(_) | Failure::Client(_) | Failure::Stdin(_) | Failure::Output(_) => 2,
+        Failure::Usage(_)
+        | Failure::Client(_)
+        | Failure::Stdin(_)
+        | Failure::Output(_)
+        | Failure::Local(_) => 2,
     }
 }
 
@@ -93,8 +101,15 @@ fn api_failure(status: u16, body: &Value) -> Failure {
 }
 
 async fn call(conn: &Connection, plan: &RequestPlan) -> Result<Value, Failure> {
-    let (status, value) =
-        request(conn, plan.method.clone(), &plan.target(), plan.body.clone()).await?;
+    let headers: Vec<(&str, String)> = plan.headers.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let (status, value) = request_with_headers(
+        conn,
+        plan.method.clone(),
+        &plan.target(),
+        plan.body.clone(),
+        &headers,
+    )
+    .await?;
     if (200..300).contains(&status) {
         Ok(value)
     } else {
@@ -205,9 +220,14 @@ async fn execute(
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
     read_stdin_args(&mut cli, stdin)?;
+    files::read_put_content(&mut cli, stdin)?;
     // Planned before the connection is set up: a usage error needs no token.
     let plan = plan(&cli)?;
     let conn = Connection::from_env(env, cli.token_file.as_deref(), cli.space.clone())?;
+    if let Command::Files(FilesCmd::Edit { path }) = &cli.command {
+        let text = files::edit(&conn, &plan, path, env).await?;
+        return write_all(out, &text);
+    }
     let value = if plan.then == Then::FollowCursor {
         call_all_pages(&conn, &plan).await?
     } else {
@@ -316,7 +336,7 @@ mod tests {
 
     use hyper::Method;
 
-    use crate::client::Endpoint;
+    use crate::client::{request, Endpoint};
 
     use axum::body::Bytes as AxumBytes;
     use axum::http::{HeaderMap, Method as AxumMethod, StatusCode, Uri};
