@@ -215,6 +215,27 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
     };
     match (route.method, route.path) {
         ("GET", "/api/messages") => ("/api/messages?q=hello".into(), None, 200),
+        ("GET", "/api/files/{*path}") => ("/api/files/AGENTS.md".into(), None, 200),
+        ("PUT", "/api/files/{*path}") => (
+            "/api/files/notes/matrix.md".into(),
+            Some(json!({"content": "from the matrix"})),
+            200,
+        ),
+        ("DELETE", "/api/files/{*path}") => {
+            std::fs::create_dir_all(w.host.data.join("spaces/t/notes")).unwrap();
+            std::fs::write(w.host.data.join("spaces/t/notes/gone.md"), "x").unwrap();
+            ("/api/files/notes/gone.md".into(), None, 200)
+        }
+        ("GET", "/api/runs/{id}") => {
+            w.host
+                .db_writer()
+                .execute(
+                    "INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)",
+                    [],
+                )
+                .unwrap();
+            ("/api/runs/matrix-run".into(), None, 200)
+        }
         ("GET", p) => (p.into(), None, 200),
         ("PUT", "/api/spaces/current/name") => {
             (route.path.into(), Some(json!({"name": "Target"})), 200)
