@@ -501,13 +501,22 @@ async fn reads_through_a_link_leave_the_target_byte_identical() {
     let w = world().await;
     w.host.link("h", "t", "read").await;
     let alice = &w.tokens[0].1;
+    // A run of t, for its trace.
+    w.host
+        .db_writer()
+        .execute(
+            "INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)",
+            [],
+        )
+        .unwrap();
     let rows_before = w.host.rows_mentioning("t", &["space_link_audit"]);
     let files_before = w.host.workspace_hashes("t");
     for route in ACT_AS_ROUTES.iter().filter(|r| r.level == LinkLevel::Read) {
-        let path = if route.path == "/api/messages" {
-            "/api/messages?q=a"
-        } else {
-            route.path
+        let path = match route.path {
+            "/api/messages" => "/api/messages?q=a",
+            "/api/files/{*path}" => "/api/files/AGENTS.md",
+            "/api/runs/{id}" => "/api/runs/r1",
+            p => p,
         };
         let (st, v) = w
             .host
