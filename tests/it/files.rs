@@ -941,3 +941,66 @@ async fn duplicate_links_are_409_and_global_admins_list_and_audit_everything() {
     assert!(text.contains("reaches\tt (Tea Shop)\tadmin"), "{text}");
     h.stop().await;
 }
+
+// A child-process host, so the `mrctl` built beside `mercury` is on the tool's PATH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_for_the_running_turn_and_a_turn_cannot_write_its_own_space_through_the_api()
+{
+    let h = TestHost::start_process(HostOptions {
+        model: json!({"rules": [
+            {"purpose": "turn", "match": "^user: slow", "latency_ms": 1500, "reply": "slow done"},
+            {"purpose": "turn", "match": "^user: self",
+             "tool_calls": [{"name": "mrctl", "arguments": {"args": ["files", "put", "self.md", "--text", "x"]}}]},
+            {"purpose": "turn", "match": "^tool_result\\(mrctl\\): (?s)(.*)$", "reply": "tool said: $1"},
+            {"reply": "ok"}
+        ]}),
+        ..Default::default()
+    })
+    .await;
+    h.create_space("s").await;
+    let slow = {
+        let (url, token) = (h.url.clone(), h.owner_token.clone());
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/api/chat"))
+                .bearer_auth(token)
+                .header("x-mercury-space", "s")
+                .json(&json!({"text": "slow"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let n = h
+        .wait_count(
+            "SELECT COUNT(*) FROM runs WHERE space_id = 's' AND status = 'running'",
+            1,
+            10,
+        )
+        .await;
+    assert_eq!(n, 1, "the turn should be running");
+    let (st, v) = put(&h, "s", "during.md", "written between turns", None).await;
+    assert_eq!(st, 200, "{v}");
+    // The write was applied only once the turn had ended and been committed.
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM runs WHERE space_id = 's' AND status = 'running'"),
+        0
+    );
+    assert_eq!(slow.await.unwrap()["reply"], "slow done");
+    assert_eq!(
+        std::fs::read_to_string(h.data.join("spaces/s/during.md")).unwrap(),
+        "written between turns"
+    );
+
+    let v = h.chat("s", "self").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(
+        reply.contains("write_file") && reply.contains("409"),
+        "{reply}"
+    );
+    assert!(!h.data.join("spaces/s/self.md").exists());
+    h.stop().await;
+}
