@@ -677,12 +677,15 @@ async fn a_turn_with_two_tool_calls_shows_both_in_runs_show_with_arguments_and_e
     h.stop().await;
 }
 
+// A child-process host, so the `mrctl` built beside `mercury` is on the tool's PATH.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_asks_steps_come_back_to_the_asker_and_leave_nothing_in_the_target() {
-    let h = TestHost::start(HostOptions {
+    let h = TestHost::start_process(HostOptions {
         model: json!({"rules": [
             {"purpose": "ask", "match": "^user: look", "tool_calls": [{"name": "shell", "arguments": {"command": "cat AGENTS.md | head -1"}}]},
-            {"purpose": "ask", "match": "^tool_result\\(shell\\)", "reply": "looked"},
+            {"purpose": "ask", "match": "^tool_result\\(shell\\)",
+             "tool_calls": [{"name": "mrctl", "arguments": {"args": ["files", "put", "notes.md", "--text", "abc"]}}]},
+            {"purpose": "ask", "match": "^tool_result\\(mrctl\\)", "reply": "looked"},
             {"reply": "ok"}
         ]}),
         ..Default::default()
@@ -708,13 +711,24 @@ async fn an_asks_steps_come_back_to_the_asker_and_leave_nothing_in_the_target() 
     assert_eq!(v["reply"], "looked");
     let steps = v["steps"].as_array().unwrap();
     let kinds: Vec<&str> = steps.iter().map(|s| s["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, vec!["model", "tool", "model"], "{v}");
+    assert_eq!(
+        kinds,
+        vec!["model", "tool", "model", "tool", "model"],
+        "{v}"
+    );
     assert_eq!(steps[1]["name"], "shell");
     assert_eq!(
         steps[1]["arguments"],
         "{\"command\":\"cat AGENTS.md | head -1\"}"
     );
     assert_eq!(steps[1]["exit_code"], 0);
+    assert_eq!(steps[3]["name"], "mrctl");
+    assert_eq!(steps[3]["exit_code"], 1, "the write was refused: {v}");
+    assert_eq!(
+        v["refusals"][0]["summary"], "would have written the file notes.md (3 bytes)",
+        "{v}"
+    );
+    assert!(!h.data.join("spaces/x/notes.md").exists());
     assert_eq!(
         h.count("SELECT COUNT(*) FROM run_steps"),
         steps_before,

@@ -352,7 +352,11 @@ mod tests {
     }
 
     fn planned(args: &[&str]) -> RequestPlan {
-        match plan(&parse(args)) {
+        let mut cli = parse(args);
+        if let Err(e) = files::read_put_content(&mut cli, &mut std::io::empty()) {
+            panic!("{args:?}: {e}");
+        }
+        match plan(&cli) {
             Ok(p) => p,
             Err(e) => panic!("{args:?} did not plan: {e}"),
         }
@@ -536,7 +540,22 @@ mod tests {
             ),
             (vec!["runs", "list"], Method::GET, "/api/runs", None),
             (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
+            (vec!["runs", "show", "r 1"], Method::GET, "/api/runs/r%201", None),
             (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
+            (vec!["files", "ls"], Method::GET, "/api/files", None),
+            (vec!["files", "ls", "knowledge"], Method::GET, "/api/files?path=knowledge", None),
+            (vec!["files", "cat", "knowledge/a b.md"], Method::GET, "/api/files/knowledge/a%20b.md", None),
+            (vec!["files", "cat", "../x"], Method::GET, "/api/files/%2E%2E/x", None),
+            (vec!["files", "edit", "AGENTS.md"], Method::GET, "/api/files/AGENTS.md", None),
+            (
+                vec!["files", "put", "AGENTS.md", "--text", "be kind"],
+                Method::PUT,
+                "/api/files/AGENTS.md",
+                Some(json!({"content": "be kind"})),
+            ),
+            (vec!["files", "rm", "notes/x.md"], Method::DELETE, "/api/files/notes/x.md", None),
+            (vec!["links", "list", "--all"], Method::GET, "/api/links?all=true", None),
+            (vec!["links", "audit", "--all"], Method::GET, "/api/links/audit?all=true", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);
@@ -544,6 +563,19 @@ mod tests {
             assert_eq!(p.target(), target, "{args:?}");
             assert_eq!(p.body, body, "{args:?}");
         }
+    }
+
+    #[test]
+    fn files_writes_carry_if_match_and_bad_hashes_are_usage_errors() {
+        let p = planned(&["files", "rm", "a.md", "--if-match", "\"ABC123\""]);
+        assert_eq!(p.headers, vec![("if-match", "ABC123".to_owned())]);
+        let p = planned(&["files", "put", "a.md", "--text", "x", "--if-match", "abc"]);
+        assert_eq!(p.headers, vec![("if-match", "abc".to_owned())]);
+        assert!(usage_err(&["files", "rm", "a.md", "--if-match", "not-hex"])
+            .contains("not a file hash"));
+        assert!(usage_err(&["files", "cat", ""]).contains("must not be empty"));
+        clap_rejects(&["files", "put", "a.md"]);
+        clap_rejects(&["files", "put", "a.md", "--text", "x", "--from", "f"]);
     }
 
     #[test]
