@@ -45,6 +45,8 @@ pub enum FilesError {
     },
     #[error("a path to a file is needed")]
     Empty,
+    #[error("{0:?} is a file, not a directory: read it with GET /api/files/<path>")]
+    NotADirectory(String),
     #[error("measuring the workspace: {0}")]
     Usage(std::io::Error),
 }
@@ -110,7 +112,15 @@ fn modified_ms(mtime: (i64, i64)) -> i64 {
 /// The entries of `dir` (`""` or `.` is the workspace itself).
 pub fn list(workspace: &Path, dir: &str) -> FilesResult<Vec<FileEntry>> {
     let root = WorkspaceRoot::open(workspace)?;
-    let dir_root = root.open_dir(dir)?;
+    let dir_root = match root.open_dir(dir) {
+        Ok(d) => d,
+        // ENOTDIR reads as "leaves the workspace"; say so when it is a plain
+        // file (opened through the same link-free resolution, never read).
+        Err(SafePathError::Escapes(p)) if root.open_file(dir).is_ok() => {
+            return Err(FilesError::NotADirectory(p))
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut out = Vec::new();
     for e in dir_root.list("")? {
         let name = e.name.to_string_lossy().into_owned();

@@ -205,6 +205,7 @@ async fn path_escapes_symlinks_a_turn_planted_and_fifos_are_refused_and_nothing_
         ("/api/files?path=..", 400),
         ("/api/files?path=%2Fetc", 400),
         ("/api/files?path=up", 403),
+        ("/api/files?path=AGENTS.md", 400),
     ] {
         let (st, v) = h.owner(Method::GET, path, Some("s"), None).await;
         assert_eq!(st, want, "{path}: {v}");

@@ -119,7 +119,9 @@ impl From<FilesError> for ApiError {
             e @ (FilesError::Stale { .. } | FilesError::StaleMissing(_)) => {
                 ApiError::PreconditionFailed(e.to_string())
             }
-            e @ FilesError::Empty => ApiError::bad_request(e.to_string()),
+            e @ (FilesError::Empty | FilesError::NotADirectory(_)) => {
+                ApiError::bad_request(e.to_string())
+            }
             e @ FilesError::Usage(_) => ApiError::internal(e),
         }
     }
