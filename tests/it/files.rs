@@ -136,6 +136,13 @@ async fn files_are_listed_read_written_and_deleted_in_a_space_with_if_match() {
     assert_eq!(st, 400, "a directory is not a file: {v}");
     assert!(ws.join("notes").is_dir());
 
+    // Text only: a binary file lists (with its hash) but does not read.
+    std::fs::write(ws.join("blob.bin"), [0xff, 0xfe, 0x00]).unwrap();
+    let (st, v) = h
+        .owner(Method::GET, "/api/files/blob.bin", Some("s"), None)
+        .await;
+    assert_eq!(st, 415, "{v}");
+
     // files.read / files.write are admin's by default: a member has neither.
     h.grant("s", "bob", "member").await;
     let bob = h.token("bob", "user").await;
@@ -782,6 +789,28 @@ async fn mrctl_files_ls_cat_put_rm_and_edit_with_if_match() {
         "{out}"
     );
     assert_eq!(ok(&mrctl(&["files", "cat", "notes/n.md"])), "from a file\n");
+    // --from - reads stdin.
+    let mut child = h
+        .mrctl(&h.owner_token, Some("s"))
+        .args(["files", "put", "notes/stdin.md", "--from", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"piped in\n")
+            .unwrap();
+    }
+    assert!(child.wait_with_output().unwrap().status.success());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes/stdin.md")).unwrap(),
+        "piped in\n"
+    );
     // A stale --if-match is the server's 412: exit 1, nothing written.
     let o = mrctl(&[
         "files",
