@@ -60,6 +60,41 @@ pub struct Settings {
     pub review: ReviewConfig,
     pub http: HttpConfig,
     pub models: ModelsConfig,
+    pub files: FilesConfig,
+    pub runs: RunsConfig,
+}
+
+/// The workspace file routes (`/api/files`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest file the routes read or write; beyond it they answer 413.
+    pub max_bytes: usize,
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self { max_bytes: 1 << 20 }
+    }
+}
+
+/// Run traces (`run_steps`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunsConfig {
+    /// Steps older than this many days are deleted.
+    pub keep_days: u32,
+    /// Output text kept per step (the size is always recorded).
+    pub step_output_bytes: usize,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            keep_days: 30,
+            step_output_bytes: 2048,
+        }
+    }
 }
 
 /// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
@@ -211,6 +246,8 @@ impl Default for Settings {
             review: ReviewConfig::default(),
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
+            files: FilesConfig::default(),
+            runs: RunsConfig::default(),
         }
     }
 }
@@ -398,6 +435,11 @@ models:
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
   scripted_roots: []
+files:
+  max_bytes: 1048576           # largest file /api/files reads or writes (413 beyond)
+runs:
+  keep_days: 30                # run traces (run_steps) older than this are deleted
+  step_output_bytes: 2048      # output text kept per traced step
 "#
     )
 }
@@ -644,6 +686,8 @@ impl Settings {
             ),
             ("review.window_hours", u64::from(self.review.window_hours)),
             ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
+            ("files.max_bytes", self.files.max_bytes as u64),
+            ("runs.keep_days", u64::from(self.runs.keep_days)),
             (
                 "sandbox.sweep_interval_secs",
                 self.sandbox.sweep_interval_secs,

@@ -76,6 +76,10 @@ pub enum Permission {
     LinksList,
     /// `links.act`
     LinksAct,
+    /// `files.read`
+    FilesRead,
+    /// `files.write`
+    FilesWrite,
 }
 
 impl Permission {
@@ -109,6 +113,8 @@ impl Permission {
         Permission::Send,
         Permission::LinksList,
         Permission::LinksAct,
+        Permission::FilesRead,
+        Permission::FilesWrite,
     ];
 
     /// The wire name.
@@ -142,6 +148,8 @@ impl Permission {
             Permission::Send => "send",
             Permission::LinksList => "links.list",
             Permission::LinksAct => "links.act",
+            Permission::FilesRead => "files.read",
+            Permission::FilesWrite => "files.write",
         }
     }
 
@@ -290,8 +298,8 @@ mod tests {
 
     #[test]
     fn defaults_match_the_spec() {
-        assert_eq!(Permission::ALL.len(), 28);
-        assert_eq!(defaults(ROLE_ADMIN).len(), 28);
+        assert_eq!(Permission::ALL.len(), 30);
+        assert_eq!(defaults(ROLE_ADMIN).len(), 30);
         assert_eq!(
             defaults(ROLE_MEMBER),
             [Permission::Prompt].into_iter().collect()

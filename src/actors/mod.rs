@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use ractor::{call_t, ActorRef};
 use serde_json::Value;
 
-pub use space::{ControlAction, SpaceMsg, SpaceWrite};
+pub use space::{ControlAction, SpaceMsg, SpaceWrite, WorkspaceJob};
 pub use supervisor::{RootSupervisor, SupervisorMsg};
 
 use crate::ids::SpaceId;
@@ -55,6 +55,10 @@ pub enum ActorError {
     Control(#[from] ControlError),
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// A workspace write waited this long behind a running turn and was
+    /// dropped unwritten.
+    #[error("a turn kept the space busy for {0} ms; nothing was written")]
+    Busy(u64),
 }
 
 /// What a write given to [`SpaceDirectory::apply_with`] returns when it
@@ -256,6 +260,66 @@ impl SpaceDirectory {
             (Ok(_), _) => Err(ApplyError::Actor(ActorError::Unavailable(
                 "the write's result was lost".into(),
             ))),
+        }
+    }
+
+    /// Runs a blocking workspace write (given the live workspace path) in the
+    /// space's order, between turns. If a turn keeps the space busy past
+    /// `wait`, the write is dropped unrun ([`ActorError::Busy`]): once it has
+    /// started it is always waited for, so the answer never says "not
+    /// written" about a write that happened.
+    pub async fn workspace_write<T, F>(
+        &self,
+        space: &SpaceId,
+        wait: std::time::Duration,
+        job: F,
+    ) -> Result<T, ActorError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&std::path::Path) -> T + Send + 'static,
+    {
+        #[derive(PartialEq)]
+        enum Stage {
+            Queued,
+            Started,
+            Abandoned,
+        }
+        let stage = Arc::new(Mutex::new(Stage::Queued));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mine = stage.clone();
+        // In a mutex so the boxed job is `Sync` whatever `F` is.
+        let job = Mutex::new(Some((job, tx)));
+        let boxed: WorkspaceJob = Box::new(move |live| {
+            match mine.lock() {
+                Ok(mut s) if *s == Stage::Queued => *s = Stage::Started,
+                _ => return,
+            }
+            if let Some((job, tx)) = job.lock().ok().and_then(|mut j| j.take()) {
+                let _ = tx.send(job(live));
+            }
+        });
+        let actor = self.actor(space).await?;
+        actor
+            .cast(SpaceMsg::Workspace(boxed))
+            .map_err(|e| ActorError::Unavailable(e.to_string()))?;
+        let lost = || ActorError::Unavailable("the space stopped before the write ran".into());
+        let mut rx = rx;
+        match tokio::time::timeout(wait, &mut rx).await {
+            Ok(r) => r.map_err(|_| lost()),
+            Err(_) => {
+                let started = match stage.lock() {
+                    Ok(mut s) if *s == Stage::Queued => {
+                        *s = Stage::Abandoned;
+                        false
+                    }
+                    _ => true,
+                };
+                if started {
+                    rx.await.map_err(|_| lost())
+                } else {
+                    Err(ActorError::Busy(wait.as_millis() as u64))
+                }
+            }
         }
     }
 

@@ -124,9 +124,11 @@ pub async fn run_and_commit(
         // The actor died under the turn: leave the message pending for the
         // restarted actor and only close the run.
         let run_s = run_id.to_string();
+        let steps = outcome.steps;
         let _ = rt
             .store
             .write(move |tx| {
+                runs::record_steps(tx, &run_s, &steps)?;
                 runs::finish(
                     tx,
                     &run_s,
@@ -153,8 +155,13 @@ async fn commit(
 ) -> StoreResult<()> {
     let message = message.clone();
     let run_id = run_id.to_string();
+    let keep_ms = i64::from(rt.settings.runs.keep_days) * 86_400_000;
     rt.store
         .write(move |tx| {
+            // The trace is kept whatever became of the reply; old traces go
+            // (`runs.keep_days`) in the same write, an indexed delete.
+            runs::record_steps(tx, &run_id, &outcome.steps)?;
+            runs::prune_steps(tx, now_ms() - keep_ms)?;
             let status = outcome.status.as_str();
             if !messages::settle(tx, message.id, status, &run_id)? {
                 runs::finish(

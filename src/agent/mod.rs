@@ -97,6 +97,9 @@ pub struct TurnOutcome {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The turn's trace: every model call and tool call, in order. A live
+    /// turn's is stored with its commit; an ask's goes back to the asker.
+    pub steps: Vec<runs::RunStep>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +213,7 @@ pub async fn run_turn(
         tokens_in: acc.tokens_in,
         tokens_out: acc.tokens_out,
         cost: acc.cost,
+        steps: acc.steps,
     }
 }
 
@@ -218,6 +222,33 @@ struct Accounting {
     tokens_in: u64,
     tokens_out: u64,
     cost: f64,
+    steps: Vec<runs::RunStep>,
+}
+
+impl Accounting {
+    fn push_step(&mut self, mut step: runs::RunStep) {
+        step.seq = self.steps.len() as u32 + 1;
+        self.steps.push(step);
+    }
+}
+
+/// At most `cap` bytes of `text`, cut at a character boundary.
+fn capped(text: &str, cap: usize) -> String {
+    if text.len() <= cap {
+        return text.to_owned();
+    }
+    let mut end = cap;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What a tool call left in the trace (the model reads `output`).
+struct ToolResult {
+    output: String,
+    exit_code: Option<i64>,
+    error: Option<String>,
 }
 
 async fn turn_loop(
@@ -242,9 +273,36 @@ async fn turn_loop(
             tool_name: None,
         });
         for call in &response.tool_calls {
-            let output = run_one_tool(rt, req, slot, call).await?;
+            let started_at = now_ms();
+            let clock = std::time::Instant::now();
+            let cap = rt.settings.runs.step_output_bytes;
+            let mut step = runs::RunStep {
+                kind: "tool".into(),
+                name: call.name.clone(),
+                arguments: Some(capped(
+                    &crate::model::scripted::canonical_json(&call.arguments),
+                    cap,
+                )),
+                started_at,
+                ..Default::default()
+            };
+            let result = run_one_tool(rt, req, slot, call).await;
+            step.duration_ms = clock.elapsed().as_millis() as u64;
+            let result = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    step.error = Some(e.to_string());
+                    acc.push_step(step);
+                    return Err(e);
+                }
+            };
+            step.exit_code = result.exit_code;
+            step.error = result.error;
+            step.output_bytes = Some(result.output.len() as u64);
+            step.output = Some(capped(&result.output, cap));
+            acc.push_step(step);
             check_quota(slot)?;
-            messages.push(ChatMessage::tool_result(call, output));
+            messages.push(ChatMessage::tool_result(call, result.output));
         }
     }
     Err(TurnError::StepsExhausted(steps))
@@ -257,28 +315,40 @@ async fn run_one_tool(
     req: &TurnRequest,
     slot: &SessionSlot,
     call: &crate::model::ToolCall,
-) -> Result<String, TurnError> {
+) -> Result<ToolResult, TurnError> {
     let cap = rt.settings.turn.output_cap_bytes;
+    let refused = |output: String| ToolResult {
+        error: Some(output.trim_start_matches("error: ").to_owned()),
+        output,
+        exit_code: None,
+    };
     let plan = match tools::plan(
         call,
         Duration::from_secs(rt.settings.turn.tool_timeout_secs),
         cap,
     ) {
         Ok(plan) => plan,
-        Err(tools::BadToolCall(m)) => return Ok(format!("error: {m}")),
+        Err(tools::BadToolCall(m)) => return Ok(refused(format!("error: {m}"))),
     };
     if let Some(reason) = rt.sandbox.unavailable_reason() {
-        return Ok(format!(
+        return Ok(refused(format!(
             "error: no sandbox is available on this host ({reason}); tool calls are refused. \
              Answer without tools."
-        ));
+        )));
     }
     let workdir = ensure_layer(rt, req, slot).await?;
     match plan {
         tools::ToolPlan::File(op) => {
-            tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
+            let output = tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
                 .await
-                .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))
+                .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))?;
+            // File tools say "error: …" when they refuse: exit code 1.
+            let exit_code = Some(if output.starts_with("error:") { 1 } else { 0 });
+            Ok(ToolResult {
+                output,
+                exit_code,
+                error: None,
+            })
         }
         tools::ToolPlan::Exec(exec) => {
             let mut guard = slot.session.lock().await;
@@ -289,7 +359,12 @@ async fn run_one_tool(
             let session = guard.as_deref().ok_or_else(|| {
                 TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
             })?;
-            Ok(tools::render_output(&session.exec(exec).await?))
+            let out = session.exec(exec).await?;
+            Ok(ToolResult {
+                output: tools::render_output(&out),
+                exit_code: Some(out.exit_code),
+                error: None,
+            })
         }
     }
 }
@@ -354,9 +429,32 @@ async fn call_model(
     tool_specs: &[crate::model::ToolSpec],
     acc: &mut Accounting,
 ) -> Result<ModelResponse, TurnError> {
-    let answer = complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs)
-        .await
-        .map_err(TurnError::Model)?;
+    let started_at = now_ms();
+    let clock = std::time::Instant::now();
+    let answer =
+        match complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs).await {
+            Ok(a) => a,
+            Err(e) => {
+                acc.push_step(runs::RunStep {
+                    kind: "model".into(),
+                    name: req.model_chain.join(","),
+                    duration_ms: clock.elapsed().as_millis() as u64,
+                    error: Some(e.clone()),
+                    started_at,
+                    ..Default::default()
+                });
+                return Err(TurnError::Model(e));
+            }
+        };
+    acc.push_step(runs::RunStep {
+        kind: "model".into(),
+        name: answer.spec.clone(),
+        tokens_in: answer.response.usage.input_tokens,
+        tokens_out: answer.response.usage.output_tokens,
+        duration_ms: clock.elapsed().as_millis() as u64,
+        started_at,
+        ..Default::default()
+    });
     acc.tokens_in += answer.response.usage.input_tokens;
     acc.tokens_out += answer.response.usage.output_tokens;
     acc.cost += answer.cost;

@@ -24,6 +24,8 @@ pub enum ApiError {
     NotFound(String),
     MethodNotAllowed(String),
     Conflict(String),
+    /// An `If-Match` that no longer holds (412).
+    PreconditionFailed(String),
     TooLarge(String),
     UriTooLong(String),
     BadContentType(String),
@@ -72,6 +74,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             Self::BadContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -90,6 +93,7 @@ impl ApiError {
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Conflict(_) => "conflict",
+            Self::PreconditionFailed(_) => "precondition_failed",
             Self::TooLarge(_) => "too_large",
             Self::UriTooLong(_) => "uri_too_long",
             Self::BadContentType(_) => "bad_content_type",
@@ -108,6 +112,7 @@ impl ApiError {
             | Self::NotFound(m)
             | Self::MethodNotAllowed(m)
             | Self::Conflict(m)
+            | Self::PreconditionFailed(m)
             | Self::TooLarge(m)
             | Self::UriTooLong(m)
             | Self::BadContentType(m)
@@ -144,6 +149,9 @@ impl From<crate::actors::ActorError> for ApiError {
         match e {
             ActorError::Store(s) => s.into(),
             ActorError::Unavailable(m) => ApiError::unavailable(m),
+            ActorError::Busy(ms) => ApiError::unavailable(format!(
+                "a turn kept the space busy for {ms} ms; nothing was written, try again"
+            )),
             ActorError::Timeout(ms) => {
                 ApiError::unavailable(format!("the space did not answer within {ms} ms"))
             }

@@ -10,6 +10,7 @@ mod ask;
 mod bench_sandbox;
 mod common;
 mod docker_turns;
+mod files;
 mod layers;
 mod links;
 mod live;

@@ -128,6 +128,17 @@ pub async fn create(
             if b.both {
                 pairs.push((t.clone(), h.clone()));
             }
+            // One active edge per holder, target and filter: a second
+            // would make "revoke the link" ambiguous (D-003: one row each).
+            for (holder, target) in &pairs {
+                let conv = if *holder == h { b.conversation_id } else { None };
+                if let Some(id) = links::active_duplicate(tx, holder, target, conv)? {
+                    return Err(StoreError::Conflict(format!(
+                        "link {id} already joins {holder} -> {target}{}; update or revoke it instead",
+                        conv.map(|c| format!(" (conversation {c})")).unwrap_or_default()
+                    )));
+                }
+            }
             let mut out = Vec::new();
             for (holder, target) in pairs {
                 let link = links::insert(
@@ -237,13 +248,69 @@ fn reach_entry(l: &SpaceLink, other: &str) -> Value {
     json!({"space": other, "level": l.level, "link_id": l.id, "conversation_id": l.target_conversation_id, "wildcard": l.target_space_id == "*"})
 }
 
+/// `?all=true` (global admins): every link, or every audit row, of the instance.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    all: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditListQuery {
+    limit: Option<u32>,
+    all: Option<bool>,
+}
+
+/// The names of the spaces the links name (`*` and deleted spaces have none).
+fn names_of(c: &rusqlite::Connection, links: &[SpaceLink]) -> Result<Value, StoreError> {
+    let mut names = serde_json::Map::new();
+    for l in links {
+        for id in [&l.holder_space_id, &l.target_space_id] {
+            if id != "*" && !names.contains_key(id.as_str()) {
+                if let Some(s) = spaces::get_space(c, id)? {
+                    names.insert(id.clone(), Value::String(s.name));
+                }
+            }
+        }
+    }
+    Ok(Value::Object(names))
+}
+
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
+    q: Params<ListQuery>,
 ) -> ApiResult<Json<Value>> {
+    if params(q)?.all == Some(true) {
+        auth.require_global_admin()?;
+        let (all, names) = app
+            .rt
+            .store
+            .read(|c| {
+                let all = links::all(c)?;
+                let names = names_of(c, &all)?;
+                Ok((all, names))
+            })
+            .await?;
+        return Ok(Json(json!({"all": true, "links": all, "space_names": names})));
+    }
     let space = auth.require(Permission::LinksList)?.space.to_string();
     let sp = space.clone();
-    let all = app.rt.store.read(move |c| links::touching(c, &sp)).await?;
+    let (all, names) = app
+        .rt
+        .store
+        .read(move |c| {
+            let all = links::touching(c, &sp)?;
+            let names = names_of(c, &all)?;
+            Ok((all, names))
+        })
+        .await?;
+    let reach_entry = |l: &SpaceLink, other: &str| {
+        let mut e = reach_entry(l, other);
+        e["name"] = names.get(other).cloned().unwrap_or(Value::Null);
+        e
+    };
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
     let inbound: Vec<Value> = active
         .iter()
@@ -256,7 +323,7 @@ pub async fn list(
         .map(|l| reach_entry(l, &l.target_space_id))
         .collect();
     Ok(Json(
-        json!({"space_id": space, "links": all, "inbound": inbound, "outbound": outbound}),
+        json!({"space_id": space, "links": all, "inbound": inbound, "outbound": outbound, "space_names": names}),
     ))
 }
 
@@ -286,10 +353,20 @@ pub async fn inspect(
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<super::AuditQuery>,
+    q: Params<AuditListQuery>,
 ) -> ApiResult<Json<Value>> {
+    let q = params(q)?;
+    let limit = super::AuditQuery { limit: q.limit }.limit()?;
+    if q.all == Some(true) {
+        auth.require_global_admin()?;
+        let rows = app
+            .rt
+            .store
+            .read(move |c| links::audit_all(c, limit))
+            .await?;
+        return Ok(Json(json!({ "all": true, "audit": rows })));
+    }
     let space = auth.require(Permission::LinksList)?.space.to_string();
-    let limit = params(q)?.limit()?;
     let rows = app
         .rt
         .store

@@ -1,5 +1,5 @@
 //! Reading a space's history: search, and `recent` (a time range, oldest
-//! first, paged with a cursor), plus the runs list.
+//! first, paged with a cursor), plus the runs list and one run's trace.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{params, Params};
+use super::{params, path_arg, Params, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
@@ -26,6 +26,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/api/messages", get(search))
         .route("/api/messages/recent", get(recent))
         .route("/api/runs", get(runs))
+        .route("/api/runs/{id}", get(run_trace))
 }
 
 /// Across a link: all three reads; the two message reads also serve a
@@ -34,6 +35,7 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::conversation_read("GET", "/api/messages"),
     ActAsRoute::conversation_read("GET", "/api/messages/recent"),
     ActAsRoute::new("GET", "/api/runs", Read),
+    ActAsRoute::new("GET", "/api/runs/{id}", Read),
 ];
 
 #[derive(Deserialize)]
@@ -131,4 +133,39 @@ pub async fn runs(
         .read(move |c| runs::list(c, &space, limit))
         .await?;
     Ok(Json(json!({ "runs": list })))
+}
+
+/// One run with its trace: which model calls and tool calls it made, with
+/// each tool call's arguments and exit code (D-017: the trace shows which
+/// command the agent chose).
+#[derive(serde::Serialize)]
+pub struct RunTrace {
+    pub run: runs::Run,
+    pub usage: runs::UsageTotals,
+    pub steps: Vec<runs::RunStep>,
+}
+
+pub async fn run_trace(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    id: PathArg<String>,
+) -> ApiResult<Json<RunTrace>> {
+    let ctx = auth.require(Permission::MessagesRead)?;
+    let id = path_arg(id)?;
+    let space = ctx.space.to_string();
+    let found = app
+        .rt
+        .store
+        .read(move |c| {
+            let Some(run) = runs::get(c, &id)?.filter(|r| r.space_id == space) else {
+                return Ok(None);
+            };
+            let usage = runs::usage_for_run(c, &run.id)?;
+            let steps = runs::steps_for(c, &run.id)?;
+            Ok(Some(RunTrace { run, usage, steps }))
+        })
+        .await?;
+    found
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no such run in this space"))
 }

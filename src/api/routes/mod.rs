@@ -56,6 +56,7 @@ resources![
     links,
     ask,
     review,
+    files,
 ];
 
 /// A JSON body, with axum's rejection mapped to our error shape.

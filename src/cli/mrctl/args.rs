@@ -108,6 +108,41 @@ pub enum Command {
     /// Conversation review (global admins).
     #[command(subcommand)]
     Review(ReviewCmd),
+    /// Workspace files of the space (AGENTS.md, MEMORY.md, knowledge/...).
+    #[command(subcommand)]
+    Files(FilesCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCmd {
+    /// List a directory of the workspace (default: its top).
+    Ls { path: Option<String> },
+    /// Print a file.
+    Cat { path: String },
+    /// Write a file from a local file (`--from FILE`, `-` for stdin) or from `--text`.
+    #[command(group(ArgGroup::new("source").required(true).args(["from", "text"])))]
+    Put {
+        path: String,
+        #[arg(long, value_name = "FILE")]
+        from: Option<String>,
+        /// The whole new content, given inline (handy inside a turn's tool call).
+        #[arg(long, value_name = "TEXT")]
+        text: Option<String>,
+        /// Write only if the file still has this hash (from `ls` or `cat --json`).
+        #[arg(long, value_name = "HASH")]
+        if_match: Option<String>,
+        /// Filled from --from before the request is planned.
+        #[arg(skip)]
+        content: Option<String>,
+    },
+    /// Delete a file.
+    Rm {
+        path: String,
+        #[arg(long, value_name = "HASH")]
+        if_match: Option<String>,
+    },
+    /// Open a copy of a file in $EDITOR, then write it back if it did not change meanwhile.
+    Edit { path: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,13 +195,20 @@ pub enum LinksCmd {
     /// Revoke a link; global admins.
     Revoke { id: i64 },
     /// Links touching this space, with its inbound and outbound reach.
-    List,
+    List {
+        /// Every link of the instance (global admins).
+        #[arg(long)]
+        all: bool,
+    },
     /// One link.
     Inspect { id: i64 },
     /// The audit trail of links touching this space, newest first.
     Audit {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: Option<u32>,
+        /// The audit trail of the whole instance (global admins).
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -430,4 +472,6 @@ pub enum RunsCmd {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         limit: Option<u32>,
     },
+    /// One run and its trace: each model call, and each tool call with its arguments and exit code.
+    Show { id: String },
 }

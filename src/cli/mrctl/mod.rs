@@ -24,9 +24,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{json, Value};
 
-use crate::client::{request, ClientError, Connection};
+use crate::client::{request_with_headers, ClientError, Connection};
 
 mod args;
+mod files;
 mod plan;
 mod render;
 
@@ -59,12 +60,19 @@ enum Failure {
     Stdin(std::io::Error),
     #[error("cannot write the output: {0}")]
     Output(std::io::Error),
+    /// A local file (`files put --from`, `files edit`'s copy or editor).
+    #[error("{0}")]
+    Local(String),
 }
 
 fn exit_code(failure: &Failure) -> u8 {
     match failure {
         Failure::Api { .. } | Failure::Missing(_) => 1,
-        Failure::Usage(_) | Failure::Client(_) | Failure::Stdin(_) | Failure::Output(_) => 2,
+        Failure::Usage(_)
+        | Failure::Client(_)
+        | Failure::Stdin(_)
+        | Failure::Output(_)
+        | Failure::Local(_) => 2,
     }
 }
 
@@ -93,8 +101,15 @@ fn api_failure(status: u16, body: &Value) -> Failure {
 }
 
 async fn call(conn: &Connection, plan: &RequestPlan) -> Result<Value, Failure> {
-    let (status, value) =
-        request(conn, plan.method.clone(), &plan.target(), plan.body.clone()).await?;
+    let headers: Vec<(&str, String)> = plan.headers.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let (status, value) = request_with_headers(
+        conn,
+        plan.method.clone(),
+        &plan.target(),
+        plan.body.clone(),
+        &headers,
+    )
+    .await?;
     if (200..300).contains(&status) {
         Ok(value)
     } else {
@@ -205,9 +220,14 @@ async fn execute(
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
     read_stdin_args(&mut cli, stdin)?;
+    files::read_put_content(&mut cli, stdin)?;
     // Planned before the connection is set up: a usage error needs no token.
     let plan = plan(&cli)?;
     let conn = Connection::from_env(env, cli.token_file.as_deref(), cli.space.clone())?;
+    if let Command::Files(FilesCmd::Edit { path }) = &cli.command {
+        let text = files::edit(&conn, &plan, path, env).await?;
+        return write_all(out, &text);
+    }
     let value = if plan.then == Then::FollowCursor {
         call_all_pages(&conn, &plan).await?
     } else {
@@ -316,7 +336,7 @@ mod tests {
 
     use hyper::Method;
 
-    use crate::client::Endpoint;
+    use crate::client::{request, Endpoint};
 
     use axum::body::Bytes as AxumBytes;
     use axum::http::{HeaderMap, Method as AxumMethod, StatusCode, Uri};
@@ -332,7 +352,11 @@ mod tests {
     }
 
     fn planned(args: &[&str]) -> RequestPlan {
-        match plan(&parse(args)) {
+        let mut cli = parse(args);
+        if let Err(e) = files::read_put_content(&mut cli, &mut std::io::empty()) {
+            panic!("{args:?}: {e}");
+        }
+        match plan(&cli) {
             Ok(p) => p,
             Err(e) => panic!("{args:?} did not plan: {e}"),
         }
@@ -516,7 +540,22 @@ mod tests {
             ),
             (vec!["runs", "list"], Method::GET, "/api/runs", None),
             (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
+            (vec!["runs", "show", "r 1"], Method::GET, "/api/runs/r%201", None),
             (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
+            (vec!["files", "ls"], Method::GET, "/api/files", None),
+            (vec!["files", "ls", "knowledge"], Method::GET, "/api/files?path=knowledge", None),
+            (vec!["files", "cat", "knowledge/a b.md"], Method::GET, "/api/files/knowledge/a%20b.md", None),
+            (vec!["files", "cat", "../x"], Method::GET, "/api/files/%2E%2E/x", None),
+            (vec!["files", "edit", "AGENTS.md"], Method::GET, "/api/files/AGENTS.md", None),
+            (
+                vec!["files", "put", "AGENTS.md", "--text", "be kind"],
+                Method::PUT,
+                "/api/files/AGENTS.md",
+                Some(json!({"content": "be kind"})),
+            ),
+            (vec!["files", "rm", "notes/x.md"], Method::DELETE, "/api/files/notes/x.md", None),
+            (vec!["links", "list", "--all"], Method::GET, "/api/links?all=true", None),
+            (vec!["links", "audit", "--all"], Method::GET, "/api/links/audit?all=true", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);
@@ -524,6 +563,19 @@ mod tests {
             assert_eq!(p.target(), target, "{args:?}");
             assert_eq!(p.body, body, "{args:?}");
         }
+    }
+
+    #[test]
+    fn files_writes_carry_if_match_and_bad_hashes_are_usage_errors() {
+        let p = planned(&["files", "rm", "a.md", "--if-match", "\"ABC123\""]);
+        assert_eq!(p.headers, vec![("if-match", "ABC123".to_owned())]);
+        let p = planned(&["files", "put", "a.md", "--text", "x", "--if-match", "abc"]);
+        assert_eq!(p.headers, vec![("if-match", "abc".to_owned())]);
+        assert!(usage_err(&["files", "rm", "a.md", "--if-match", "not-hex"])
+            .contains("not a file hash"));
+        assert!(usage_err(&["files", "cat", ""]).contains("must not be empty"));
+        clap_rejects(&["files", "put", "a.md"]);
+        clap_rejects(&["files", "put", "a.md", "--text", "x", "--from", "f"]);
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(super) struct RequestPlan {
     pub(super) query: Vec<(&'static str, String)>,
     pub(super) body: Option<Value>,
     pub(super) then: Then,
+    /// Extra request headers (`If-Match`).
+    pub(super) headers: Vec<(&'static str, String)>,
 }
 
 impl RequestPlan {
@@ -44,7 +46,21 @@ impl RequestPlan {
             query: Vec::new(),
             body: None,
             then: Then::Show,
+            headers: Vec::new(),
         }
+    }
+    /// `If-Match: HASH` (a file hash as the files API gives it: hex).
+    pub(super) fn if_match(mut self, hash: Option<&str>) -> Result<Self, UsageError> {
+        if let Some(h) = hash {
+            let h = h.trim().trim_matches('"');
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(UsageError(format!(
+                    "--if-match {h:?} is not a file hash (hex, as `files ls` shows it)"
+                )));
+            }
+            self.headers.push(("if-match", h.to_owned()));
+        }
+        Ok(self)
     }
     pub(super) fn get(path: impl Into<String>) -> Self {
         Self::new(Method::GET, path)
@@ -398,6 +414,30 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         Command::Runs(RunsCmd::List { limit }) => {
             RequestPlan::get("/api/runs").query("limit", limit.map(|l| l.to_string()))
         }
+        Command::Runs(RunsCmd::Show { id }) => {
+            non_empty("the run id", id)?;
+            RequestPlan::get(format!("/api/runs/{}", encode(id)))
+        }
+        Command::Files(cmd) => match cmd {
+            FilesCmd::Ls { path } => RequestPlan::get("/api/files").query("path", path.clone()),
+            FilesCmd::Cat { path } | FilesCmd::Edit { path } => RequestPlan::get(file_route(path)?),
+            FilesCmd::Put {
+                path,
+                if_match,
+                content,
+                ..
+            } => {
+                let content = content.as_ref().ok_or_else(|| {
+                    UsageError("the content to write was not read (give --from FILE or -)".into())
+                })?;
+                RequestPlan::put(file_route(path)?)
+                    .body(json!({ "content": content }))
+                    .if_match(if_match.as_deref())?
+            }
+            FilesCmd::Rm { path, if_match } => {
+                RequestPlan::delete(file_route(path)?).if_match(if_match.as_deref())?
+            }
+        },
         Command::Links(cmd) => match cmd {
             LinksCmd::Create {
                 holder,
@@ -436,11 +476,13 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 ]))
             }
             LinksCmd::Revoke { id } => RequestPlan::new(Method::DELETE, format!("/api/links/{id}")),
-            LinksCmd::List => RequestPlan::get("/api/links"),
-            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
-            LinksCmd::Audit { limit } => {
-                RequestPlan::get("/api/links/audit").query("limit", limit.map(|l| l.to_string()))
+            LinksCmd::List { all } => {
+                RequestPlan::get("/api/links").query("all", all.then(|| "true".to_owned()))
             }
+            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
+            LinksCmd::Audit { limit, all } => RequestPlan::get("/api/links/audit")
+                .query("limit", limit.map(|l| l.to_string()))
+                .query("all", all.then(|| "true".to_owned())),
         },
         Command::Ask { message, as_role } => {
             // `-` is read from stdin by the caller before sending.
@@ -454,6 +496,14 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
     };
     Ok(p)
+}
+
+/// `/api/files/<path>`, each segment encoded (so `/` stays the separator
+/// and nothing in a name can become a query or a fragment).
+pub(super) fn file_route(path: &str) -> Result<String, UsageError> {
+    non_empty("the file path", path)?;
+    let segments: Vec<String> = path.split('/').map(encode).collect();
+    Ok(format!("/api/files/{}", segments.join("/")))
 }
 
 pub(super) fn task_action(id: &str, action: &str) -> Result<RequestPlan, UsageError> {
