@@ -96,8 +96,8 @@ fn is_generated_id(v: &Value) -> bool {
     v.as_str().is_some_and(|s| uuid::Uuid::parse_str(s).is_ok())
 }
 
-/// Times, dates, durations, counts of tokens, costs, `[msg N]` references,
-/// UUIDs and the data dir's path inside free text.
+/// Times, dates, durations, counts of tokens, costs, `[msg N]` references
+/// and UUIDs inside free text.
 fn normalise_text(text: &str) -> String {
     let rules: &[(&str, &str)] = &[
         (
@@ -113,7 +113,6 @@ fn normalise_text(text: &str) -> String {
         (r"(?m)^- wall clock: .*$", "- wall clock: [duration]"),
         (r"(?m)^- tokens: .*$", "- tokens: [n] in, [n] out"),
         (r"(?m)^- cost: .*$", "- cost: [cost]"),
-        (r"/tmp/[^\s\x22]*", "[path]"),
     ];
     let mut out = text.to_string();
     for (pattern, placeholder) in rules {
@@ -123,6 +122,12 @@ fn normalise_text(text: &str) -> String {
             .into_owned();
     }
     out
+}
+
+/// `v` with the host's data dir (a fresh temp dir each run) written `[data]`.
+fn in_data_dir(v: Value, host: &TestHost) -> Value {
+    let data = host.data.display().to_string();
+    serde_json::from_str(&v.to_string().replace(&data, "[data]")).unwrap()
 }
 
 fn normalised(mut v: Value) -> Value {
@@ -136,7 +141,7 @@ fn normaliser_replaces_what_changes_between_runs() {
         "id": 42, "space": {"id": "snap"}, "run_id": "0190f3c2-7a1b-7c3d-8e4f-001122334455",
         "created_at": "2026-12-01T11:22:33.123Z", "updated_at": 1_796_124_334_137_i64, "date": "2026-12-01",
         "wall_clock_ms": 17, "tokens_in": 1234, "cost": 0.5, "token": "secret",
-        "text": "see [msg 17] at 2026-12-01 11:22:33 in /tmp/.tmpAbC/reviews",
+        "text": "see [msg 17] at 2026-12-01 11:22:33",
         "link_id": 1, "caller_id": "owner", "count": 3
     }));
     assert_eq!(
@@ -145,7 +150,7 @@ fn normaliser_replaces_what_changes_between_runs() {
             "id": "[id]", "space": {"id": "snap"}, "run_id": "[id]",
             "created_at": "[time]", "updated_at": "[time]", "date": "[date]",
             "wall_clock_ms": "[ms]", "tokens_in": "[n]", "cost": "[cost]", "token": "[token]",
-            "text": "see [msg N] at [time] in [path]",
+            "text": "see [msg N] at [time]",
             "link_id": "[id]", "caller_id": "owner", "count": 3
         })
     );
@@ -178,7 +183,10 @@ async fn snapshots_daily_review_report() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     insta::assert_snapshot!("review_report_md", normalise_text(&md));
     insta::assert_json_snapshot!("review_report_json", normalised(report));
-    insta::assert_json_snapshot!("review_run_summary", normalised(summary));
+    insta::assert_json_snapshot!(
+        "review_run_summary",
+        normalised(in_data_dir(summary, &host))
+    );
     host.stop().await;
 }
 
