@@ -21,3 +21,4 @@ mod security_host;
 mod security_links;
 mod security_sandbox;
 mod smoke;
+mod snapshots;
