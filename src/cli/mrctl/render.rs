@@ -410,25 +410,9 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             }
         },
         Command::Links(cmd) => match cmd {
-            LinksCmd::List => {
-                let reach = |key: &str, arrow: &str| -> String {
-                    items(v, key)
-                        .iter()
-                        .map(|r| {
-                            row(&[
-                                arrow.to_owned(),
-                                cell(field(r, "space")),
-                                cell(field(r, "level")),
-                                format!("link {}", cell(field(r, "link_id"))),
-                            ])
-                        })
-                        .collect()
-                };
-                format!(
-                    "{}{}",
-                    reach("outbound", "reaches"),
-                    reach("inbound", "reached by")
-                )
+            LinksCmd::List => super::guide::render_links_list(v),
+            LinksCmd::Create { .. } | LinksCmd::Inspect { .. } => {
+                super::guide::render_links_detail(cmd, v)
             }
             LinksCmd::Audit { .. } => items(v, "audit")
                 .iter()
@@ -472,7 +456,6 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 }
                 out
             }
-            _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
         },
         Command::Ask { .. } => render_ask(v),
         Command::Runs(_) => items(v, "runs")
@@ -492,6 +475,7 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             })
             .collect(),
         Command::Review(ReviewCmd::RunNow) => render_review_run(v),
+        Command::Completions { .. } | Command::Man { .. } => String::new(),
     };
     (out, note)
 }
