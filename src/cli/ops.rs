@@ -286,10 +286,8 @@ async fn sandbox_checks(s: &Settings) -> Vec<Check> {
         let tag = if s.sandbox.image.is_empty() {
             crate::host::containers::mrctl_path()
                 .and_then(|m| {
-                    Ok(crate::sandbox::image::agent_image_tag(
-                        env!("CARGO_PKG_VERSION"),
-                        &m,
-                    )?)
+                    crate::sandbox::image::agent_image_tag(env!("CARGO_PKG_VERSION"), &m)
+                        .map_err(anyhow::Error::from)
                 })
                 .map_err(|e| e.to_string())
         } else {
@@ -371,5 +369,8 @@ fn free_bytes(path: &Path) -> Option<u64> {
     if rc != 0 {
         return None;
     }
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    // The field types differ between targets (u32 or u64).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
 }

@@ -181,11 +181,13 @@ pub(super) fn rewrite_header_message(message: &str) -> String {
 pub(super) fn ended_badly(cmd: &Command, v: &Value) -> Option<String> {
     let status = field(v, "status").as_str().unwrap_or_default();
     match cmd {
-        Command::Chat { .. } if !matches!(status, "done" | "") => Some(format!(
-            "the turn ended {status} (run {}; its reason is in the host's log and runs.error)",
-            cell(field(v, "run_id"))
-        )),
-        Command::Ask { .. } if !matches!(status, "done" | "") => {
+        Command::Chat { .. } if matches!(status, "failed" | "stopped" | "interrupted") => {
+            Some(format!(
+                "the turn ended {status} (run {}; its reason is in the host's log and runs.error)",
+                cell(field(v, "run_id"))
+            ))
+        }
+        Command::Ask { .. } if matches!(status, "failed" | "stopped") => {
             Some(format!("the ask ended {status}"))
         }
         Command::Review(ReviewCmd::RunNow) if matches!(status, "blocked" | "failed") => {

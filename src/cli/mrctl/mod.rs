@@ -835,6 +835,31 @@ mod tests {
             secs: 1,
         };
         assert_eq!(exit_code(&Failure::Client(timeout)), 2);
+        let unauthorized = Failure::Api {
+            status: 401,
+            code: None,
+            message: "bad token".into(),
+        };
+        assert_eq!(exit_code(&unauthorized), 2, "a token problem is setup");
+        assert_eq!(
+            exit_code(&Failure::Ended("the turn ended failed".into())),
+            3
+        );
+    }
+
+    #[test]
+    fn header_errors_say_what_to_set() {
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "this route needs the x-mercury-space header naming a space"}}),
+        );
+        assert!(f.to_string().contains("set MERCURY_SPACE="), "{f}");
+        assert!(!f.to_string().contains("x-mercury"), "{f}");
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "acting in another space needs a holder: send x-mercury-space (or use a run token)"}}),
+        );
+        assert!(f.to_string().contains("--space acts through a link"), "{f}");
     }
 
     #[test]
