@@ -649,7 +649,7 @@ async fn a_muted_caller_is_stored_not_answered() {
 #[tokio::test]
 async fn a_group_message_without_the_trigger_is_stored_as_ambient_and_used_as_context() {
     let h = TestHost::start(opts(json!({"rules": [
-        {"purpose": "turn", "match": "^user: mercury, what did ann say\\?$",
+        {"purpose": "turn", "match": "^user: what did ann say\\?$",
          "match_any": "not addressed to you\\) we should get pizza", "reply": "Ann suggested pizza."},
         {"purpose": "turn", "reply": "I have no context."}
     ]})))

@@ -34,7 +34,9 @@ pub(super) fn list_header(cmd: &Command) -> Option<&'static [&'static str]> {
             &["PLATFORM ID", "OPERATOR", "CREATED BY", "CREATED"]
         }
         Command::Runs(_) => &["ID", "KIND", "STATUS", "STARTED", "ENDED"],
-        Command::Links(LinksCmd::List) => &["DIRECTION", "SPACE", "LEVEL", "LINK", "REACH"],
+        Command::Links(LinksCmd::List) => {
+            &["DIRECTION", "SPACE", "LEVEL", "LINK", "REACH", "DISCLOSURE"]
+        }
         Command::Links(LinksCmd::Audit { .. }) => &[
             "AT",
             "CALLER",
@@ -74,12 +76,20 @@ pub(super) fn render_links_list(v: &Value) -> String {
                 } else {
                     "whole space".to_owned()
                 };
+                // The full rows (`links`) carry what the target side was told.
+                let disclosure = items(v, "links")
+                    .iter()
+                    .find(|l| field(l, "id") == field(r, "link_id"))
+                    .and_then(|l| field(l, "disclosure").as_str())
+                    .unwrap_or("(none recorded)")
+                    .to_owned();
                 row(&[
                     arrow.to_owned(),
                     cell(field(r, "space")),
                     cell(field(r, "level")),
                     cell(field(r, "link_id")),
                     scope,
+                    disclosure,
                 ])
             })
             .collect()
@@ -234,4 +244,49 @@ pub(super) fn man_pages(dir: &Path) -> std::io::Result<usize> {
     root.build();
     walk(&root, &["mrctl".to_owned()], dir, &mut n)?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn links_read_as_words_with_level_wildcard_and_disclosure() {
+        let v = json!({
+            "links": [
+                {"id": 1, "holder_space_id": "mgmt", "target_space_id": "*", "level": "read",
+                 "disclosure": "told everyone on 1 May", "revoked_at": null},
+                {"id": 2, "holder_space_id": "family", "target_space_id": "mgmt", "level": "admin",
+                 "target_conversation_id": 7, "disclosure": null, "revoked_at": null}
+            ],
+            "outbound": [{"space": "*", "level": "read", "link_id": 1, "wildcard": true}],
+            "inbound": [{"space": "family", "level": "admin", "link_id": 2, "conversation_id": 7}]
+        });
+        assert_eq!(
+            render_links_list(&v),
+            "reaches\t*\tread\t1\tevery space (*)\ttold everyone on 1 May\n\
+             reached by\tfamily\tadmin\t2\tconversation 7 only\t(none recorded)\n"
+        );
+        assert_eq!(
+            link_line(&v["links"][0]),
+            "link 1: mgmt -> * (read), wildcard: every space; disclosure: told everyone on 1 May\n"
+        );
+        let list = Command::Links(LinksCmd::List);
+        assert_eq!(with_header(&list, String::new()), "(none)\n");
+        assert!(with_header(&list, "x\n".into()).starts_with("DIRECTION\tSPACE\tLEVEL"));
+    }
+
+    #[test]
+    fn only_failed_or_blocked_runs_end_badly() {
+        let chat = Command::Chat {
+            text: "x".into(),
+            conversation: None,
+        };
+        assert!(ended_badly(&chat, &json!({"status": "done"})).is_none());
+        assert!(ended_badly(&chat, &json!({"status": "failed", "run_id": "r"})).is_some());
+        let review = Command::Review(ReviewCmd::RunNow);
+        assert!(ended_badly(&review, &json!({"status": "blocked"})).is_some());
+        assert!(ended_badly(&review, &json!({"status": "done"})).is_none());
+    }
 }
