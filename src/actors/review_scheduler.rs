@@ -182,6 +182,24 @@ pub fn todays_fire<Z: TimeZone>(
     (date, fire)
 }
 
+/// When the daily scan fires next after `now`; `None` when review is off
+/// (or its time of day or zone does not parse, which start-up refuses).
+pub fn next_fire(
+    review: &crate::config::ReviewConfig,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    if !review.enabled {
+        return None;
+    }
+    let at = parse_daily_at(&review.daily_at).ok()?;
+    let tz: chrono_tz::Tz = review.timezone.parse().ok()?;
+    let (_, today) = todays_fire(now, at, &tz);
+    if today > now {
+        return Some(today);
+    }
+    Some(todays_fire(now + chrono::Duration::hours(24), at, &tz).1)
+}
+
 /// How the API reaches the review scheduler; kept current by the supervisor.
 pub type ReviewHandle = super::ActorSlot<ReviewSchedulerMsg>;
 

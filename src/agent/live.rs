@@ -38,6 +38,21 @@ pub fn model_chain(
     )
 }
 
+/// The space's trigger words (its own `trigger.patterns` or the default) and
+/// whether they match case-sensitively: the same rule ingress applies.
+fn trigger_words(
+    conn: &rusqlite::Connection,
+    rt: &Runtime,
+    space: &str,
+) -> StoreResult<(Vec<String>, bool)> {
+    let raw = spaces::kv_get(conn, KvTable::Config, space, "trigger.patterns")?
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| rt.settings.trigger.patterns.clone());
+    let cs = spaces::kv_get(conn, KvTable::Config, space, "trigger.case_sensitive")?.as_deref()
+        == Some("true");
+    Ok((crate::config::trigger_patterns(&raw), cs))
+}
+
 /// Runs the turn that answers `message` and commits it.
 pub async fn run_and_commit(
     rt: &Arc<Runtime>,
@@ -88,11 +103,12 @@ pub async fn run_and_commit(
                 let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
                 let links_act = crate::perms::role_permissions(tx, &space_s, &role)?
                     .contains(&Permission::LinksAct);
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act))
+                let words = trigger_words(tx, &rt2, &space_s)?;
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act, words))
             })
             .await
     };
-    let (chain, links_paragraph) = match prep {
+    let (chain, links_paragraph, (patterns, case_sensitive)) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -106,7 +122,9 @@ pub async fn run_and_commit(
         kind,
         caller_id: caller,
         trigger_message_id: Some(message.id),
-        user_text: message.text.clone(),
+        // The model reads the request, not the word that addressed it.
+        user_text: super::prompt::strip_trigger(&message.text, &patterns, case_sensitive)
+            .to_owned(),
         workspace: workspace.clone(),
         prompt: PromptInputs {
             space_id: space.to_string(),

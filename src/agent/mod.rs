@@ -147,6 +147,7 @@ pub async fn run_turn(
         token_minted: AtomicBool::new(false),
     };
     let mut acc = Accounting::default();
+    let started = std::time::Instant::now();
     if let Ok(mut live) = rt.live_runs.lock() {
         live.insert(req.run_id.to_string());
     }
@@ -180,6 +181,7 @@ pub async fn run_turn(
         }
         (None, result) => result,
     };
+    let sandboxed = slot.token_minted.load(Ordering::SeqCst);
     let run_id = req.run_id.to_string();
     if slot.token_minted.load(Ordering::SeqCst) {
         if let Err(e) = rt
@@ -199,13 +201,31 @@ pub async fn run_turn(
         Some(Err(e)) => {
             let msg = e.to_string();
             tracing::warn!(run = %req.run_id, space = %req.space_id, error = %msg, "turn failed");
+            // The reason is for runs.error and the log; the participant
+            // reads the configured generic sentence (a model error can
+            // carry a provider's body, a path or a script's name).
             (
                 TurnStatus::Failed,
-                Some(format!("Sorry, I could not finish this turn: {msg}")),
+                Some(rt.settings.turn.failure_reply.clone()),
                 Some(msg),
             )
         }
     };
+    let took = started.elapsed();
+    rt.metrics.turn(req.kind.as_str(), status.as_str(), took);
+    // The one line per turn an operator greps for (docs/operations.md).
+    tracing::info!(
+        target: "mercury::turn",
+        space = %req.space_id,
+        run = %req.run_id,
+        kind = req.kind.as_str(),
+        status = status.as_str(),
+        ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        tokens_in = acc.tokens_in,
+        tokens_out = acc.tokens_out,
+        sandbox = if sandboxed { rt.sandbox.name() } else { "none" },
+        "turn"
+    );
     TurnOutcome {
         status,
         reply,
@@ -520,8 +540,14 @@ pub async fn complete_with_chain(
         };
         // Counted as live while the call runs; taking the permit never waits.
         let live = rt.model_gate.live();
+        let started = std::time::Instant::now();
         let answer = model.provider.complete(&request).await;
         drop(live);
+        let tokens = answer
+            .as_ref()
+            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
+        rt.metrics
+            .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
         match answer {
             Ok(response) => {
                 let cost = rt.settings.cost(
@@ -602,6 +628,7 @@ async fn start_sandbox(
             tmp_bytes: s.tmp_mb << 20,
         },
     };
+    let started = std::time::Instant::now();
     let session = rt.sandbox.start(spec).await?;
     let proof = match session.proof().await {
         Ok(p) => p,
@@ -610,6 +637,8 @@ async fn start_sandbox(
             return Err(e.into());
         }
     };
+    rt.metrics
+        .sandbox_start(rt.sandbox.name(), started.elapsed());
     let (run_id, cid) = (req.run_id.to_string(), session.id().to_string());
     rt.store
         .write(move |tx| runs::set_sandbox(tx, &run_id, &cid, &proof))

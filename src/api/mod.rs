@@ -10,6 +10,7 @@ mod act_as;
 mod ask_guard;
 pub mod auth;
 pub mod error;
+pub mod ops;
 mod routes;
 
 use std::sync::Arc;
@@ -30,7 +31,8 @@ pub fn router(app: Arc<App>) -> Router {
         .iter()
         .fold(Router::new(), |api, resource| {
             api.merge((resource.router)())
-        });
+        })
+        .merge(ops::router());
     let api = api.route_layer(middleware::from_fn_with_state(
         app.clone(),
         auth::authenticate,

@@ -3,7 +3,11 @@
 //! stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
-//! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
+//! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers
+//! or `status` found no host running (see `cli::ops` for status and doctor).
+//!
+//! The log goes to stderr: `MERCURY_LOG` is its filter (default `info`),
+//! `log.format` (`MERCURY_LOG_FORMAT`) text or json; colour only on a terminal.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +43,21 @@ enum Command {
         /// ADDR:PORT to listen on (overrides `bind` in mercury.yaml).
         #[arg(long)]
         bind: Option<String>,
+    },
+    /// Is the host running? Version, uptime, spaces, queue, turns, adapters,
+    /// next review (exit 0 running, 3 not running, 2 usage, 1 error).
+    Status {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Print the host's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check what a host needs: config, Docker engine, image, bubblewrap,
+    /// model keys, data-dir modes, free disk (exit 0 fine, 1 a check failed, 2 usage).
+    Doctor {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
     },
     /// Run a short scripted conversation against a real host on a temp data dir.
     Demo {
@@ -157,7 +176,7 @@ enum ReviewCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(log_format(&cli));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -171,13 +190,37 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
-fn init_tracing() {
+/// `log.format` of the data dir `serve` runs on (an unreadable config is
+/// reported by `serve` itself; the log is text until then).
+fn log_format(cli: &Cli) -> crate::config::LogFormat {
+    match &cli.command {
+        Command::Serve { data_dir, .. } => crate::config::load(
+            &crate::workspace::DataPaths::new(data_dir).config,
+            &crate::config::process_env(),
+        )
+        .map(|s| s.log.format)
+        .unwrap_or_default(),
+        _ => match std::env::var("MERCURY_LOG_FORMAT").as_deref() {
+            Ok("json") => crate::config::LogFormat::Json,
+            _ => crate::config::LogFormat::Text,
+        },
+    }
+}
+
+fn init_tracing(format: crate::config::LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        crate::config::LogFormat::Json => builder.json().with_ansi(false).try_init(),
+        // Escape codes only for a person at a terminal, never in a journal or a file.
+        crate::config::LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -209,6 +252,8 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Status { data_dir, json } => crate::cli::ops::status(&data_dir, json).await,
+        Command::Doctor { data_dir } => crate::cli::ops::doctor(&data_dir).await,
         Command::Demo { keep } => match crate::host::demo::run(keep).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -266,6 +266,7 @@ pub async fn build_runtime(
         waiters: TurnWaiters::default(),
         live_runs: Mutex::new(Default::default()),
         ask_refusals: Mutex::new(Default::default()),
+        metrics: Arc::default(),
     }))
 }
 
@@ -341,7 +342,15 @@ pub async fn serve_with(
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: warning: {loose}");
     }
+    let env = config::process_env();
+    for unknown in config::unknown_vars(&env) {
+        tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
+    }
     let settings = options.settings;
+    config::check_scripted_files(&settings)?;
+    for (spec, var) in config::missing_keys(&settings, &env) {
+        tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
+    }
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
@@ -389,6 +398,22 @@ pub async fn serve_with(
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+        rt.metrics.set_adapter_up("webhook", true);
+    }
+    if !rt.settings.metrics.bind.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&rt.settings.metrics.bind)
+            .await
+            .with_context(|| format!("binding metrics.bind {}", rt.settings.metrics.bind))?;
+        let router = crate::api::ops::metrics_only(app.clone());
+        let stop = shutdown.clone();
+        background.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        });
     }
     background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
@@ -427,6 +452,7 @@ pub async fn serve_with(
         },
         rt.settings.sandbox.workspace_mb
     );
+    startup_summary(&rt, &tcp.local_addr()?.to_string());
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     let tcp_server =
         axum::serve(tcp, router.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
@@ -449,6 +475,37 @@ pub async fn serve_with(
     let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
     let _ = std::fs::remove_file(&paths.socket);
     Ok(())
+}
+
+/// One INFO line an operator reads first: what this host runs with.
+fn startup_summary(rt: &Runtime, bind: &str) {
+    let s = &rt.settings;
+    let sandbox_why = match (s.sandbox.backend, rt.sandbox.unavailable_reason()) {
+        (_, Some(reason)) => format!("no isolating backend: {reason}"),
+        (SandboxChoice::Auto, None) => format!("sandbox.backend auto chose {}", rt.sandbox.name()),
+        (choice, None) => format!("sandbox.backend is {choice:?}").to_lowercase(),
+    };
+    let next_review = crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
+        .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+    let adapters = if s.webhook.url.is_empty() {
+        "none (pull from /api/outbox)".to_owned()
+    } else {
+        "webhook".to_owned()
+    };
+    tracing::info!(
+        target: "mercury::startup",
+        version = env!("CARGO_PKG_VERSION"),
+        bind,
+        model_chain = %s.model_chain().join(","),
+        sandbox = rt.sandbox.name(),
+        sandbox_why = %sandbox_why,
+        owner = %s.owner,
+        review = if s.review.enabled { "on" } else { "off" },
+        next_review = %next_review,
+        adapters = %adapters,
+        metrics_bind = if s.metrics.bind.is_empty() { "-" } else { s.metrics.bind.as_str() },
+        "mercury started"
+    );
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

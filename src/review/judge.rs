@@ -404,7 +404,16 @@ async fn call_chain(
             }
         };
         let req = build_request(&model.model, &job.batch, rt.settings.turn.max_tokens);
-        match model.provider.complete(&req).await {
+        let started = std::time::Instant::now();
+        let answer = model.provider.complete(&req).await;
+        let tokens = answer
+            .as_ref()
+            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
+        rt.metrics
+            .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
+        rt.metrics
+            .judge_call(if answer.is_ok() { "ok" } else { "error" });
+        match answer {
             Ok(resp) => return Ok((spec.clone(), resp)),
             Err(e) => {
                 tracing::warn!(spec = %spec, error = %e, "judge call failed");

@@ -959,7 +959,8 @@ async fn duplicate_links_are_409_and_global_admins_list_and_audit_everything() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 3, "{text}");
+    assert_eq!(text.lines().count(), 4, "a header and three links: {text}");
+    assert!(text.starts_with("LINK\tHOLDER -> TARGET"), "{text}");
     assert!(text.contains("h -> t (Tea Shop)\tadmin\tactive"), "{text}");
     assert!(text.contains("\tread\trevoked"), "{text}");
     let out = h

@@ -14,6 +14,7 @@ mod files;
 mod layers;
 mod links;
 mod live;
+mod ops;
 mod redaction;
 mod review;
 mod sandbox_contract;

@@ -15,8 +15,9 @@
 //! anything but the one configured address; read the token from a flag value
 //! (it would show in `ps`), only from a file or the environment.
 //!
-//! Exit codes: 0 success, 1 the server said no, 2 usage, setup or connection
-//! problem.
+//! Exit codes: 0 success, 1 the server said no, 2 usage, setup, connection
+//! or token (a 401), 3 it ran but ended failed or blocked (a failed chat
+//! turn, a failed ask, a blocked review).
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -28,6 +29,7 @@ use crate::client::{request_with_headers, ClientError, Connection};
 
 mod args;
 mod files;
+mod guide;
 mod plan;
 mod render;
 
@@ -63,10 +65,16 @@ enum Failure {
     /// A local file (`files put --from`, `files edit`'s copy or editor).
     #[error("{0}")]
     Local(String),
+    /// The request went through but what it ran ended failed or blocked.
+    #[error("{0}")]
+    Ended(String),
 }
 
 fn exit_code(failure: &Failure) -> u8 {
     match failure {
+        // A bad token is a setup problem, like a wrong URL.
+        Failure::Api { status: 401, .. } => 2,
+        Failure::Ended(_) => 3,
         Failure::Api { .. } | Failure::Missing(_) => 1,
         Failure::Usage(_)
         | Failure::Client(_)
@@ -90,6 +98,7 @@ fn api_failure(status: u16, body: &Value) -> Failure {
             _ => format!("the server answered with status {status}"),
         },
     };
+    message = guide::rewrite_header_message(&message);
     if status == 401 {
         message.push_str("; check the token (--token-file, MERCURY_TOKEN or $MERCURY_DATA_DIR/global/owner.token)");
     }
@@ -219,6 +228,18 @@ async fn execute(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Completions { shell } => {
+            guide::completions(*shell, out);
+            return Ok(());
+        }
+        Command::Man { dir } => {
+            let n = guide::man_pages(dir).map_err(Failure::Output)?;
+            let _ = writeln!(err, "wrote {n} man pages to {}", dir.display());
+            return Ok(());
+        }
+        _ => {}
+    }
     read_stdin_args(&mut cli, stdin)?;
     files::read_put_content(&mut cli, stdin)?;
     // Planned before the connection is set up: a usage error needs no token.
@@ -239,14 +260,21 @@ async fn execute(
         (format!("{pretty}\n"), None)
     } else {
         let (text, note) = render(&cli.command, &value);
-        (tag_source(&cli.command, &value, text), note)
+        let text = guide::with_header(&cli.command, text);
+        (
+            tag_source(&cli.command, &value, text),
+            note.or_else(|| guide::paging_hint(&cli.command, &value)),
+        )
     };
     write_all(out, &text)?;
     if let Some(note) = note {
         // A note is for the person, not for a pipe; losing it is not worth failing over.
         let _ = writeln!(err, "{note}");
     }
-    Ok(())
+    match guide::ended_badly(&cli.command, &value) {
+        Some(why) => Err(Failure::Ended(why)),
+        None => Ok(()),
+    }
 }
 
 /// Text that came from another space through a link (`source_space` in the
@@ -285,11 +313,27 @@ async fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    let json = cli.json;
     match execute(cli, env, stdin, out, err).await {
         Ok(()) => 0,
         Err(failure) => {
-            let _ = writeln!(err, "mrctl: {failure}");
-            exit_code(&failure)
+            let code = exit_code(&failure);
+            if json {
+                let (status, api_code) = match &failure {
+                    Failure::Api { status, code, .. } => (Some(*status), code.clone()),
+                    _ => (None, None),
+                };
+                let body = json!({"error": {
+                    "message": failure.to_string(),
+                    "exit_code": code,
+                    "status": status,
+                    "code": api_code,
+                }});
+                let _ = writeln!(err, "{body}");
+            } else {
+                let _ = writeln!(err, "mrctl: {failure}");
+            }
+            code
         }
     }
 }
@@ -843,6 +887,31 @@ mod tests {
             secs: 1,
         };
         assert_eq!(exit_code(&Failure::Client(timeout)), 2);
+        let unauthorized = Failure::Api {
+            status: 401,
+            code: None,
+            message: "bad token".into(),
+        };
+        assert_eq!(exit_code(&unauthorized), 2, "a token problem is setup");
+        assert_eq!(
+            exit_code(&Failure::Ended("the turn ended failed".into())),
+            3
+        );
+    }
+
+    #[test]
+    fn header_errors_say_what_to_set() {
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "this route needs the x-mercury-space header naming a space"}}),
+        );
+        assert!(f.to_string().contains("set MERCURY_SPACE="), "{f}");
+        assert!(!f.to_string().contains("x-mercury"), "{f}");
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "acting in another space needs a holder: send x-mercury-space (or use a run token)"}}),
+        );
+        assert!(f.to_string().contains("--space acts through a link"), "{f}");
     }
 
     #[test]

@@ -124,6 +124,9 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
     }
     let p = match &cli.command {
         Command::Whoami => RequestPlan::get("/api/whoami"),
+        Command::Completions { .. } | Command::Man { .. } => {
+            return Err(UsageError("this command makes no request".into()))
+        }
         Command::Spaces(cmd) => match cmd {
             SpacesCmd::List => RequestPlan::get("/api/spaces"),
             SpacesCmd::Create { id, name, tags } => {

@@ -433,26 +433,9 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                     })
                     .collect()
             }
-            LinksCmd::List { all: false } => {
-                let reach = |key: &str, arrow: &str| -> String {
-                    items(v, key)
-                        .iter()
-                        .map(|r| {
-                            let space = named_space(&cell(field(r, "space")), r.get("name"));
-                            row(&[
-                                arrow.to_owned(),
-                                space,
-                                cell(field(r, "level")),
-                                format!("link {}", cell(field(r, "link_id"))),
-                            ])
-                        })
-                        .collect()
-                };
-                format!(
-                    "{}{}",
-                    reach("outbound", "reaches"),
-                    reach("inbound", "reached by")
-                )
+            LinksCmd::List { all: false } => super::guide::render_links_list(v),
+            LinksCmd::Create { .. } | LinksCmd::Inspect { .. } => {
+                super::guide::render_links_detail(cmd, v)
             }
             LinksCmd::Audit { .. } => items(v, "audit")
                 .iter()
@@ -496,7 +479,6 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 }
                 out
             }
-            _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
         },
         Command::Ask { .. } => render_ask(v),
         Command::Runs(RunsCmd::Show { .. }) => render_run_trace(v),
@@ -518,12 +500,13 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             })
             .collect(),
         Command::Review(ReviewCmd::RunNow) => render_review_run(v),
+        Command::Completions { .. } | Command::Man { .. } => String::new(),
     };
     (out, note)
 }
 
 /// A space id with its name beside it, when it has one other than the id.
-fn named_space(id: &str, name: Option<&Value>) -> String {
+pub(super) fn named_space(id: &str, name: Option<&Value>) -> String {
     match name.and_then(Value::as_str) {
         Some(n) if n != id => format!("{id} ({n})"),
         _ => id.to_owned(),
