@@ -253,6 +253,12 @@ ALTER TABLE space_link_audit ADD COLUMN run_id TEXT;
 ALTER TABLE space_link_audit ADD COLUMN before_value TEXT;
 ALTER TABLE space_link_audit ADD COLUMN after_value TEXT;
 "#,
+    // 6: token scopes (issue 15). A scoped token may call only the routes
+    // of its scope (`review.read`: reading review reports), whatever its
+    // caller could otherwise do.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN scope TEXT;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

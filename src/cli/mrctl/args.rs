@@ -396,6 +396,9 @@ pub enum TokensCmd {
         /// A duration such as 30d.
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
+        /// Limit a user token to one scope: `review.read` (read review reports only).
+        #[arg(long)]
+        scope: Option<String>,
     },
     List,
     Revoke {

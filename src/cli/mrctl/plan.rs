@@ -336,6 +336,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 platform,
                 label,
                 expires_in,
+                scope,
             } => {
                 non_empty("the caller id", caller)?;
                 if let Some(d) = expires_in {
@@ -360,6 +361,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                     ("platform", platform.as_ref().map(|p| json!(p))),
                     ("label", label.as_ref().map(|l| json!(l))),
                     ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
+                    ("scope", scope.as_ref().map(|s| json!(s.trim()))),
                 ]);
                 RequestPlan::post("/api/tokens").body(body)
             }
