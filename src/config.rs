@@ -183,6 +183,9 @@ pub struct ReviewConfig {
     pub include_clients: bool,
     /// Model spec of the judge; empty means the default `model`.
     pub model: String,
+    /// The operator's review directory (intake, triage, ledger, known
+    /// items); empty means `<data_dir>/reviews/intake`.
+    pub intake_dir: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -308,6 +311,7 @@ impl Default for ReviewConfig {
             spaces_exclude: Vec::new(),
             include_clients: false,
             model: String::new(),
+            intake_dir: String::new(),
         }
     }
 }
@@ -391,6 +395,7 @@ review:
   spaces_exclude: []
   include_clients: false       # spaces tagged `client` are skipped unless true
   model: ""                    # judge model spec; empty: the default model
+  intake_dir: ""               # the intake's review directory; empty: <data dir>/reviews/intake
 http:
   body_limit_bytes: 1048576
   drain_secs: 10

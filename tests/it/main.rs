@@ -15,6 +15,7 @@ mod links;
 mod live;
 mod redaction;
 mod review;
+mod review_intake;
 mod sandbox_contract;
 mod security_host;
 mod security_links;

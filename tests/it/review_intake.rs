@@ -1,0 +1,555 @@
+//! Conversation review, milestone 2, on real hosts: the reports over the API
+//! (`GET /api/review/reports[/{name}]`) for global admins and `review.read`
+//! tokens only.
+
+use reqwest::Method;
+use serde_json::json;
+use serde_yaml_ng::Value as Yaml;
+
+use crate::common::{HostOptions, TestHost};
+
+fn options() -> HostOptions {
+    HostOptions {
+        model: json!({"rules": [{"purpose": "judge", "reply": "{\"findings\": []}"}]}),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn review_reports_are_read_by_admins_and_review_read_tokens_only() {
+    let host = TestHost::start(options()).await;
+    let (st, run) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{run}");
+    let date = run["date"].as_str().unwrap().to_owned();
+
+    // The owner (a global admin) lists and reads.
+    let (st, v) = host
+        .owner(Method::GET, "/api/review/reports", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["reports"],
+        json!([{"date": date, "kind": "daily", "name": date}]),
+        "{v}"
+    );
+
+    // A review.read token, minted with mrctl, reads the same and nothing else.
+    let out = output(host.mrctl(&host.owner_token, None).args([
+        "tokens",
+        "create",
+        "api:puller",
+        "--scope",
+        "review.read",
+    ]))
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let reader = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(reader.starts_with("mrc_"), "{reader}");
+    let (st, v) = host
+        .call(
+            Method::GET,
+            "/api/review/reports",
+            Some(&reader),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["reports"][0]["name"], date.as_str());
+    let (st, v) = host
+        .call(
+            Method::GET,
+            &format!("/api/review/reports/{date}"),
+            Some(&reader),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["date"].as_str(), v["kind"].as_str()),
+        (Some(date.as_str()), Some("daily"))
+    );
+    assert_eq!(v["report"]["date"], date.as_str());
+    assert_eq!(v["report"]["footer"]["exchanges_judged"], 0);
+    let on_disk: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            host.data
+                .join("reviews")
+                .join(format!("{date}-daily"))
+                .join("report.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(v["report"], on_disk, "the report is served as written");
+
+    // The scope is all it can do: no scan, no other route, no space.
+    for (method, path, space) in [
+        (Method::POST, "/api/review/run", None),
+        (Method::GET, "/api/spaces", None),
+        (Method::GET, "/api/tokens", None),
+        (Method::GET, "/api/review/reports", Some("main")),
+    ] {
+        let (st, v) = host
+            .call(method.clone(), path, Some(&reader), space, None)
+            .await;
+        assert_eq!(st, 403, "{method} {path} with review.read: {v}");
+    }
+    assert_eq!(
+        host.count("SELECT COUNT(*) FROM runs WHERE kind = 'review'"),
+        1,
+        "the review.read token started no scan"
+    );
+
+    // Any other token is refused.
+    let alice = host.token("api:alice", "user").await;
+    let adapter = host.token("bridge", "adapter").await;
+    for token in [&alice, &adapter] {
+        for path in [
+            "/api/review/reports".to_owned(),
+            format!("/api/review/reports/{date}"),
+        ] {
+            let (st, v) = host.call(Method::GET, &path, Some(token), None, None).await;
+            assert_eq!(st, 403, "{path}: {v}");
+        }
+    }
+    let (st, _) = host
+        .call(Method::GET, "/api/review/reports", None, None, None)
+        .await;
+    assert_eq!(st, 401);
+
+    // Bad names are the client's; a missing report is a 404.
+    for (name, want) in [
+        ("2026-13-40", 400),
+        ("..%2F..%2Fstate.db", 400),
+        ("2001-01-01", 404),
+        ("2001-01-01-weekly", 404),
+    ] {
+        let (st, v) = host
+            .owner(
+                Method::GET,
+                &format!("/api/review/reports/{name}"),
+                None,
+                None,
+            )
+            .await;
+        assert_eq!(st, want, "{name}: {v}");
+    }
+
+    // Scopes are for user tokens, and only known ones.
+    for body in [
+        json!({"caller_id": "api:x", "scope": "review.write"}),
+        json!({"caller_id": "bridge2", "kind": "adapter", "platform": "test", "scope": "review.read"}),
+    ] {
+        let (st, v) = host
+            .owner(Method::POST, "/api/tokens", None, Some(body))
+            .await;
+        assert_eq!(st, 400, "{v}");
+    }
+    let (st, v) = host.owner(Method::GET, "/api/tokens", None, None).await;
+    assert_eq!(st, 200);
+    let scoped: Vec<&str> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["scope"] == "review.read")
+        .map(|t| t["caller_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(scoped, ["api:puller"], "{v}");
+    host.stop().await;
+}
+
+/// The judge's answer for the exchange whose user line matches `user_re`.
+fn judge_rule(user_re: &str, kind: &str, layer: &str, summary: &str) -> serde_json::Value {
+    let finding = json!({
+        "message_id": 0, "kind": kind, "scope": "space", "target_layer": layer,
+        "severity": 2, "summary": summary, "evidence": "see the reply",
+        "suggestion": "answer correctly"
+    })
+    .to_string()
+    .replace("\"message_id\":0", "\"message_id\":$1");
+    json!({"purpose": "judge",
+           "match": format!("\\[msg (\\d+)\\]\\n(?:context: [^\\n]*\\n)*user [^\\n]*{user_re}"),
+           "reply": format!("{{\"findings\": [{finding}]}}")})
+}
+
+fn turn_rules() -> Vec<serde_json::Value> {
+    vec![
+        json!({"purpose": "turn", "match": "capital of France", "reply": "Lyon."}),
+        json!({"purpose": "turn", "match": "weather", "reply": "Sunny."}),
+        json!({"purpose": "turn", "match": "miles", "reply": "Five miles are three kilometres."}),
+        json!({"purpose": "turn", "match": "reminder", "reply": "I cannot set reminders."}),
+        json!({"purpose": "turn", "reply": "Sure."}),
+    ]
+}
+
+fn host_options(judge: Vec<serde_json::Value>, tz: &str) -> HostOptions {
+    let mut rules = judge;
+    rules.push(json!({"purpose": "judge", "reply": "{\"findings\": []}"}));
+    // The intake's verify step (run with this host's config): the weather
+    // finding is re-judged fine, every other one real.
+    rules.push(json!({"purpose": "intake", "match": "weather",
+                      "reply": "{\"real\": false, \"reason\": \"The short reply answered the question.\"}"}));
+    rules.push(json!({"purpose": "intake", "reply": "{\"real\": true, \"reason\": \"The reply is wrong.\"}"}));
+    rules.extend(turn_rules());
+    HostOptions {
+        model: json!({ "rules": rules }),
+        config: vec![
+            ("review.batch_size", Yaml::Number(1.into())),
+            ("review.calls_per_minute", Yaml::Number(600.into())),
+            ("review.timezone", Yaml::String(tz.into())),
+            (
+                "review.owner_names",
+                Yaml::Sequence(vec![Yaml::String(OWNER_NAME.into())]),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+const OWNER_NAME: &str = "Olivia Bakker";
+/// What must appear in no file the intake writes.
+const RAW_IDENTIFIERS: &str =
+    r"(?i)\+31 6 1234 5678|31612345678|Olivia|Bakker|@s\.whatsapp\.net|[0-9]{7,}";
+
+async fn scan(host: &TestHost, space: &str, questions: &[&str]) -> String {
+    host.create_space(space).await;
+    for q in questions {
+        host.chat(space, q).await;
+    }
+    let (st, run) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{run}");
+    assert_eq!(run["status"], "done", "{run}");
+    run["date"].as_str().unwrap().to_owned()
+}
+
+/// Runs a command off the runtime (the hosts it calls run in this process).
+async fn output(cmd: &mut std::process::Command) -> std::process::Output {
+    let mut cmd = std::mem::replace(cmd, std::process::Command::new("true"));
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn mercury(args: &[&str], token: Option<&str>) -> std::process::Output {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .args(args);
+    if let Some(t) = token {
+        c.env("MERCURY_INTAKE_TOKEN", t);
+    }
+    output(&mut c).await
+}
+
+fn write(dir: &std::path::Path, rel: &str, body: &str) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, body).unwrap();
+}
+
+fn no_identifiers(path: &std::path::Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let re = regex::Regex::new(RAW_IDENTIFIERS).unwrap();
+    assert!(
+        !re.is_match(&text),
+        "{} holds an identifier:\n{text}",
+        path.display()
+    );
+}
+
+/// Checkpoint M2: two hosts with scripted judges write daily reports; the
+/// intake pulls both (one over HTTP), re-gates them (a third, leaking
+/// report is refused and named), and the triage shows a reject, an attach,
+/// a fixed-not-deployed and a duplicate (the same finding on a later day,
+/// another host, other wording) that follows the earlier decision. Only
+/// approved rows are applied; every row is in ledger.json.
+#[tokio::test]
+async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved_rows() {
+    // UTC-12 and UTC+14: alpha's report date is always before beta's.
+    let alpha = TestHost::start(host_options(
+        vec![
+            judge_rule(
+                "capital of France",
+                "wrong_answer",
+                "memory",
+                "The assistant named the wrong capital of France.",
+            ),
+            judge_rule(
+                "weather",
+                "tone",
+                "character",
+                "The reply about the weather was curt.",
+            ),
+        ],
+        "Etc/GMT+12",
+    ))
+    .await;
+    let beta = TestHost::start(host_options(
+        vec![
+            judge_rule(
+                "capital of France",
+                "wrong_answer",
+                "memory",
+                "Wrong capital of France named by the assistant again.",
+            ),
+            judge_rule(
+                "miles",
+                "wrong_answer",
+                "tool",
+                "The assistant converted miles to kilometres with the wrong factor.",
+            ),
+            judge_rule(
+                "reminder",
+                "unjustified_refusal",
+                "agents_md",
+                "The assistant refused to set a dentist reminder.",
+            ),
+        ],
+        "Etc/GMT-14",
+    ))
+    .await;
+    let day1 = scan(
+        &alpha,
+        "family",
+        &["What is the capital of France?", "How is the weather?"],
+    )
+    .await;
+    let day2 = scan(
+        &beta,
+        "family",
+        &[
+            "What is the capital of France?",
+            "Convert 5 miles please",
+            "Set a reminder for the dentist",
+        ],
+    )
+    .await;
+    assert!(day1 < day2, "{day1} {day2}");
+
+    // The operator's review directory: an open bug and a landed item.
+    let intake = alpha.data.join("reviews").join("intake");
+    write(&intake, "bugs/capital-cities.md", "# Wrong capital cities\n\nThe assistant names the wrong capital of a country. Keep capital facts in memory.\n");
+    write(
+        &intake,
+        "ideas/recipes.md",
+        "# Recipe cards\n\nShow recipes as cards.\n",
+    );
+    let landed = "# Unit conversion tool\n\ndeployed: false\n\nThe assistant converts miles to kilometres with the conversion tool, not from memory.\n";
+    write(&intake, "landed/unit-conversion.md", landed);
+    // A third bot whose report leaks a phone number and the owner's name.
+    let gamma = tempfile::tempdir().unwrap();
+    write(
+        gamma.path(),
+        "reviews/2026-01-05-daily/report.json",
+        &json!({"date": "2026-01-05", "findings": [{"space": "x", "message_id": 1, "reply_id": 2,
+            "kind": "tone", "scope": "space", "target_layer": "character", "severity": 1,
+            "summary": "Olivia Bakker was told to call +31 6 1234 5678", "evidence": "", "suggestion": ""}]})
+        .to_string(),
+    );
+
+    let out = output(beta.mrctl(&beta.owner_token, None).args([
+        "tokens",
+        "create",
+        "api:alpha-intake",
+        "--scope",
+        "review.read",
+    ]))
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let data = alpha.data.to_str().unwrap().to_owned();
+    let from_alpha = format!("alpha={data}");
+    let from_beta = format!("beta={}", beta.url);
+    let from_gamma = format!("gamma={}", gamma.path().display());
+    let args = [
+        "review",
+        "intake",
+        "--data-dir",
+        &data,
+        "--from",
+        &from_alpha,
+        "--from",
+        &from_beta,
+        "--from",
+        &from_gamma,
+    ];
+    let out = mercury(&args, Some(&token)).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("not taken in: gamma 2026-01-05: blocked by the identifier gate (")
+            && stderr.contains("phone")
+            && stderr.contains("name"),
+        "{stderr}"
+    );
+    assert!(
+        !intake.join("reports/gamma").exists(),
+        "a refused report is not stored"
+    );
+    for (bot, day) in [("alpha", &day1), ("beta", &day2)] {
+        assert!(
+            intake
+                .join(format!("reports/{bot}/{day}/report.json"))
+                .is_file(),
+            "{bot} not stored"
+        );
+    }
+
+    let triage: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake.join("triage.json")).unwrap())
+            .unwrap();
+    let rows = triage["rows"].as_array().unwrap();
+    let by_summary = |needle: &str| {
+        rows.iter()
+            .find(|r| r["finding"]["summary"].as_str().unwrap().contains(needle))
+            .unwrap_or_else(|| panic!("no row for {needle}: {triage}"))
+    };
+    let capital = by_summary("named the wrong capital");
+    let weather = by_summary("weather");
+    let capital_again = by_summary("again");
+    let miles = by_summary("miles");
+    let reminder = by_summary("dentist");
+    assert_eq!(rows.len(), 5, "{triage}");
+    assert_eq!(capital["proposed"], "attach", "{capital}");
+    assert_eq!(capital["paths"][0], "bugs/capital-cities.md");
+    assert_eq!(weather["proposed"], "reject", "{weather}");
+    assert!(
+        weather["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("re-judged fine"),
+        "{weather}"
+    );
+    assert_eq!(miles["proposed"], "fixed-not-deployed", "{miles}");
+    assert_eq!(miles["paths"][0], "landed/unit-conversion.md");
+    assert_eq!(reminder["proposed"], "new", "{reminder}");
+    assert_eq!(capital_again["proposed"], "duplicate", "{capital_again}");
+    assert_eq!(capital_again["finding"]["bot"], "beta");
+    assert_eq!(capital_again["follows"]["row"], capital["row"]);
+    assert_eq!(capital_again["follows"]["decision"], "attach");
+    let md = std::fs::read_to_string(intake.join("triage.md")).unwrap();
+    for want in [
+        "| attach |",
+        "| reject |",
+        "| fixed-not-deployed |",
+        "| duplicate |",
+        "| new |",
+        "bugs/capital-cities.md",
+        "landed/unit-conversion.md",
+        "gamma 2026-01-05",
+    ] {
+        assert!(md.contains(want), "{want} missing in\n{md}");
+    }
+
+    // Approve the attach, its duplicate and the reject as proposed, and the
+    // reminder with --set as new; the fixed-not-deployed row stays unapproved.
+    let n = |r: &serde_json::Value| r["row"].as_u64().unwrap().to_string();
+    let rows_arg = format!("{},{},{}", n(capital), n(capital_again), n(weather));
+    let set_arg = format!("{}=new", n(reminder));
+    let out = mercury(
+        &[
+            "review",
+            "approve",
+            "--data-dir",
+            &data,
+            "--rows",
+            &rows_arg,
+            "--set",
+            &set_arg,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let bug = std::fs::read_to_string(intake.join("bugs/capital-cities.md")).unwrap();
+    let refs: Vec<&str> = bug.lines().filter(|l| l.starts_with("- ")).collect();
+    assert_eq!(
+        refs.len(),
+        2,
+        "the attach and the duplicate that follows it:\n{bug}"
+    );
+    assert!(
+        refs[0].contains(&format!("{day1} alpha")) && refs[1].contains(&format!("{day2} beta")),
+        "{bug}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(intake.join("landed/unit-conversion.md")).unwrap(),
+        landed,
+        "an unapproved row is not applied"
+    );
+    let new_bug = std::fs::read_dir(intake.join("bugs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap() != "capital-cities.md")
+        .expect("the new bug file");
+    let text = std::fs::read_to_string(&new_bug).unwrap();
+    assert!(
+        text.starts_with("# The assistant refused to set a dentist reminder."),
+        "{text}"
+    );
+    assert!(
+        text.contains("fingerprint: family unjustified_refusal agents_md "),
+        "{text}"
+    );
+
+    let ledger: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake.join("ledger.json")).unwrap())
+            .unwrap();
+    let lrows = ledger["rows"].as_array().unwrap();
+    assert_eq!(lrows.len(), 5, "every row is in the ledger: {ledger}");
+    let applied: Vec<(&str, Option<&str>, bool)> = lrows
+        .iter()
+        .map(|r| {
+            (
+                r["proposed"].as_str().unwrap(),
+                r["approved"].as_str(),
+                r["applied"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    for want in [
+        ("attach", Some("attach"), true),
+        ("reject", Some("reject"), true),
+        ("duplicate", Some("duplicate"), true),
+        ("new", Some("new"), true),
+        ("fixed-not-deployed", None, false),
+    ] {
+        assert!(applied.contains(&want), "{want:?} not in {applied:?}");
+    }
+    for r in lrows {
+        for field in ["id", "bot", "date", "who", "when"] {
+            assert!(
+                r[field].as_str().is_some_and(|s| !s.is_empty()),
+                "{field} in {r}"
+            );
+        }
+        assert!(
+            r["message_id"].as_i64().is_some() && r["fingerprint"]["summary_minhash"].is_string(),
+            "{r}"
+        );
+    }
+    // A second approve has nothing to do; the triage is spent.
+    let out = mercury(&["review", "approve", "--data-dir", &data, "--all"], None).await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    // The gate ran on everything written.
+    for f in [
+        "triage.md",
+        "triage.json",
+        "ledger.json",
+        "bugs/capital-cities.md",
+    ] {
+        no_identifiers(&intake.join(f));
+    }
+    no_identifiers(&new_bug);
+    alpha.stop().await;
+    beta.stop().await;
+}
