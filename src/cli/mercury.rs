@@ -76,6 +76,9 @@ enum ImageCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// The review pipeline's recall and precision on the planted-finding set
+    /// (tests/review-quality) with its scripted judge.
+    ReviewQuality,
     /// Ingest throughput and per-turn orchestration overhead, beside plain SQLite inserts.
     Turns {
         /// Ingest calls to make (about one in ten is a replay).
@@ -309,6 +312,18 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench {
+            command: BenchCommand::ReviewQuality,
+        } => match crate::bench::review_quality::run().await {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury bench review-quality: {e:#}");
+                ExitCode::from(1)
+            }
+        },
         Command::Review {
             command:
                 ReviewCommand::Intake {

@@ -23,11 +23,7 @@ pub const TOKEN_ENV: &str = "MERCURY_INTAKE_TOKEN";
 
 /// `review.intake_dir`, or `<data_dir>/reviews/intake`.
 pub fn intake_dir(paths: &DataPaths, s: &Settings) -> PathBuf {
-    if s.review.intake_dir.trim().is_empty() {
-        paths.reviews.join("intake")
-    } else {
-        PathBuf::from(s.review.intake_dir.trim())
-    }
+    ledger::intake_dir(&paths.reviews, &s.review)
 }
 
 /// The gate of everything the intake writes: the identifier patterns and

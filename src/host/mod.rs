@@ -155,6 +155,7 @@ fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
         .model_chain()
         .into_iter()
         .chain(std::iter::once(s.review.model.clone()))
+        .chain(std::iter::once(s.review.weekly_model.clone()))
         .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
     ScriptedPolicy::new(roots, configured)
 }

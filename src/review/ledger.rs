@@ -26,6 +26,44 @@ use crate::review::intake::{self, Decision, IntakeError, Triage, TriageRow};
 use crate::review::judge::FindingKind;
 use crate::review::relate;
 
+/// `review.intake_dir`, or `<reviews>/intake` (`reviews` is the data
+/// dir's `reviews/`).
+pub fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> std::path::PathBuf {
+    if cfg.intake_dir.trim().is_empty() {
+        reviews.join("intake")
+    } else {
+        std::path::PathBuf::from(cfg.intake_dir.trim())
+    }
+}
+
+/// What the ledger feeds back to the daily judge (M3.2).
+#[derive(Debug, Clone, Default)]
+pub struct Feedback {
+    /// Fingerprints of findings the owner rejected: a finding that is the
+    /// same is dropped and counted.
+    pub rejected: Vec<Fingerprint>,
+    /// The most recent rejected findings as `kind: summary`, not yet redacted.
+    pub counter_examples: Vec<String>,
+}
+
+impl Ledger {
+    pub fn feedback(&self, max_examples: usize) -> Feedback {
+        let rejected = self.rejected();
+        let mut seen = BTreeSet::new();
+        let counter_examples = rejected
+            .iter()
+            .rev()
+            .map(|r| format!("{}: {}", r.kind.as_str(), one_line(&r.summary)))
+            .filter(|t| seen.insert(t.clone()))
+            .take(max_examples)
+            .collect();
+        Feedback {
+            rejected: rejected.iter().map(|r| r.fingerprint.clone()).collect(),
+            counter_examples,
+        }
+    }
+}
+
 /// One ledger row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerRow {

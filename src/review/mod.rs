@@ -12,6 +12,7 @@
 //! - [`relate`]: known items of the intake directory ranked for a finding (BM25).
 //! - [`intake`]: pull, re-gate and triage other hosts' reports (M2.1).
 //! - [`ledger`]: owner approval, applying rows, `ledger.json`.
+//! - [`weekly`]: the weekly synthesis (clusters, recall, verdicts); [`stats`] its figures.
 //! - [`catalog`]: the reports on the box, listed and read back (the API's
 //!   `GET /api/review/reports`).
 //!
@@ -35,6 +36,8 @@ pub mod reader;
 pub mod relate;
 pub mod report;
 pub mod scan;
+pub mod stats;
+pub mod weekly;
 
 use std::time::Duration;
 

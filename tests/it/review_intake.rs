@@ -272,10 +272,22 @@ fn no_identifiers(path: &std::path::Path) {
 /// another host, other wording) that follows the earlier decision. Only
 /// approved rows are applied; every row is in ledger.json.
 #[tokio::test]
-async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved_rows() {
+async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved_rows_and_rejects_feed_back(
+) {
     // UTC-12 and UTC+14: alpha's report date is always before beta's.
+    // Once the owner rejected the weather finding, it is a counter-example
+    // in the judge's instructions: this rule shows that it arrived.
+    let mut saw_counter_example = judge_rule(
+        "capital of France",
+        "wrong_answer",
+        "memory",
+        "Counter-example seen: the assistant named the wrong capital of France.",
+    );
+    saw_counter_example["match_any"] =
+        json!("(?s)NOT to be problems.*- tone: The reply about the weather was curt");
     let alpha = TestHost::start(host_options(
         vec![
+            saw_counter_example,
             judge_rule(
                 "capital of France",
                 "wrong_answer",
@@ -540,6 +552,49 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
     let out = mercury(&["review", "approve", "--data-dir", &data, "--all"], None).await;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 
+    // Checkpoint M3 (verdict feedback): the rejected finding does not come
+    // back in alpha's next daily report; it is dropped and counted, and the
+    // judge was shown it as a counter-example.
+    let (st, run) = alpha
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!((st, run["status"].as_str()), (200, Some("done")), "{run}");
+    let (st, v) = alpha
+        .owner(
+            Method::GET,
+            &format!("/api/review/reports/{}", run["date"].as_str().unwrap()),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let summaries: Vec<&str> = v["report"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["summary"].as_str().unwrap())
+        .collect();
+    assert!(
+        !summaries.iter().any(|s| s.contains("weather")),
+        "{summaries:?}"
+    );
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.starts_with("Counter-example seen")),
+        "{summaries:?}"
+    );
+    assert_eq!(v["report"]["footer"]["suppressed_rejected"], 1, "{v}");
+    let md = std::fs::read_to_string(alpha.data.join(format!(
+        "reviews/{}-daily/report.md",
+        run["date"].as_str().unwrap()
+    )))
+    .unwrap();
+    assert!(
+        md.contains("- findings rejected at intake before (dropped): 1"),
+        "{md}"
+    );
+
     // The gate ran on everything written.
     for f in [
         "triage.md",
@@ -552,4 +607,193 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
     no_identifiers(&new_bug);
     alpha.stop().await;
     beta.stop().await;
+}
+
+/// A ledger row as the intake writes it (for seeding a week of verdicts).
+fn ledger_row(i: usize, proposed: &str, approved: &str) -> serde_json::Value {
+    json!({"id": format!("row{}", "abcdefghijkl".chars().nth(i).unwrap()),
+           "fingerprint": {"space": "family", "kind": "tone", "target_layer": "character",
+                           "summary_minhash": "a".repeat(256)},
+           "bot": "local", "date": "2026-09-20", "message_id": i, "space": "family", "kind": "tone",
+           "summary": format!("finding {}", "abcdefghijkl".chars().nth(i).unwrap()),
+           "proposed": proposed, "approved": approved, "applied": true, "who": "owner",
+           "when": "2026-09-21T08:00:00Z", "paths": []})
+}
+
+/// Checkpoint M3: the weekly report lists a cluster spanning two spaces,
+/// promoted to global, and the measured recall with its counts; with a
+/// week of verdicts in the ledger it states precision and κ with the
+/// confusion matrix and n (and "not enough verdicts" before).
+#[tokio::test]
+async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agreement() {
+    let weekly_rules = tempfile::tempdir().unwrap();
+    let weekly_model = weekly_rules.path().join("weekly.json");
+    // The weekly judge also flags the weather answer the daily judge let pass.
+    std::fs::write(
+        &weekly_model,
+        json!({"rules": [
+            judge_rule("weather", "tone", "character", "The reply about the weather was curt."),
+            {"purpose": "judge", "reply": "{\"findings\": []}"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let mut opts = host_options(
+        vec![judge_rule(
+            "capital of France",
+            "wrong_answer",
+            "memory",
+            "The assistant named the wrong capital of France.",
+        )],
+        "UTC",
+    );
+    opts.config.push((
+        "review.weekly_model",
+        Yaml::String(format!("scripted:{}", weekly_model.display())),
+    ));
+    let host = TestHost::start(opts).await;
+    for space in ["family", "work"] {
+        host.create_space(space).await;
+        host.chat(space, "What is the capital of France?").await;
+        host.chat(space, "Hello there").await;
+    }
+    host.chat("family", "How is the weather?").await;
+    let (st, run) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!((st, run["findings"].as_u64()), (200, Some(2)), "{run}");
+
+    let out = output(
+        host.mrctl(&host.owner_token, None)
+            .args(["--json", "review", "weekly-now"]),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (summary["clusters"].as_u64(), summary["promoted"].as_u64()),
+        (Some(1), Some(1)),
+        "{summary}"
+    );
+    let r = &summary["recall"];
+    // 2 flagged; 3 not flagged (two greetings and the weather), all sampled; 1 missed.
+    assert_eq!(
+        (
+            r["flagged"].as_u64(),
+            r["unflagged"].as_u64(),
+            r["sampled"].as_u64(),
+            r["missed_in_sample"].as_u64()
+        ),
+        (Some(2), Some(3), Some(3), Some(1)),
+        "{summary}"
+    );
+    assert!(
+        (r["estimate"].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-9,
+        "{summary}"
+    );
+    assert_eq!(summary["verdicts"]["enough"], false);
+    let date = summary["date"].as_str().unwrap().to_owned();
+    let dir = host.data.join(format!("reviews/{date}-weekly"));
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for want in [
+        "### 1. wrong_answer / memory (2 findings)",
+        "- scope: global (promoted from space: it spans two or more spaces)",
+        "- spaces: family, work",
+        "- exchanges flagged by the daily judge: 2",
+        "- not flagged: 3",
+        "- sampled and re-judged: 3",
+        "- recall: 0.67 (95 % Wilson interval",
+        "- not enough verdicts: 0 of the 10 needed",
+    ] {
+        assert!(md.contains(want), "{want} missing in\n{md}");
+    }
+
+    // A week of owner verdicts: 12 rows, 6 agreed real, 3 agreed fine, 2
+    // the judge kept but the owner rejected, 1 the other way round.
+    let mut rows = Vec::new();
+    for i in 0..12 {
+        let (p, a) = match i {
+            0..=5 => ("attach", "attach"),
+            6..=8 => ("reject", "reject"),
+            9 | 10 => ("new", "reject"),
+            _ => ("reject", "new"),
+        };
+        rows.push(ledger_row(i, p, a));
+    }
+    write(
+        &host.data.join("reviews/intake"),
+        "ledger.json",
+        &json!({"rows": rows}).to_string(),
+    );
+    let (st, v) = host
+        .owner(Method::GET, "/api/review/ledger", None, None)
+        .await;
+    assert_eq!(
+        (st, v["rows"].as_array().map(Vec::len)),
+        (200, Some(12)),
+        "{v}"
+    );
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/weekly", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let verdicts = &v["verdicts"];
+    assert_eq!(
+        (verdicts["n"].as_u64(), verdicts["enough"].as_bool()),
+        (Some(12), Some(true)),
+        "{v}"
+    );
+    // Owner real: 6 + 1 of 12.
+    assert_eq!(
+        (
+            verdicts["precision"]["real"].as_u64(),
+            verdicts["precision"]["judged"].as_u64()
+        ),
+        (Some(7), Some(12))
+    );
+    assert_eq!(
+        verdicts["confusion"],
+        json!({"both_real": 6, "judge_only": 2, "owner_only": 1, "both_fine": 3})
+    );
+    assert!(
+        (verdicts["kappa"].as_f64().unwrap() - 0.4706).abs() < 1e-3,
+        "{v}"
+    );
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for want in [
+        "- precision: 0.58 (7 of 12 judged findings approved as real)",
+        "- Cohen's kappa (judge vs approver): 0.47, n = 12",
+        "| judge: real | 6 | 2 |",
+        "| judge: fine | 1 | 3 |",
+    ] {
+        assert!(md.contains(want), "{want} missing in\n{md}");
+    }
+    // The report over the API, and the gate's work on it.
+    let (st, v) = host
+        .owner(
+            Method::GET,
+            &format!("/api/review/reports/{date}-weekly"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!((st, v["kind"].as_str()), (200, Some("weekly")), "{v}");
+    no_identifiers(&dir.join("report.md"));
+    // In the JSON, numbers are counts and ratios the host computed (as in
+    // the daily's); every string is checked.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let re = regex::Regex::new(RAW_IDENTIFIERS).unwrap();
+    fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|i| strings(i, out)),
+            serde_json::Value::Object(m) => m.values().for_each(|i| strings(i, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    strings(&json, &mut all);
+    assert!(all.iter().all(|s| !re.is_match(s)), "{all:?}");
+    host.stop().await;
 }

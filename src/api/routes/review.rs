@@ -35,6 +35,50 @@ pub fn router() -> Router<Arc<App>> {
         .route("/api/review/run", post(run))
         .route("/api/review/reports", get(reports))
         .route("/api/review/reports/{name}", get(report))
+        .route("/api/review/weekly", post(weekly))
+        .route("/api/review/ledger", get(ledger))
+}
+
+/// `POST /api/review/weekly`: runs the weekly synthesis now and answers its
+/// summary (global admins: it reads every space).
+pub async fn weekly(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<crate::review::weekly::WeeklySummary>> {
+    auth.require_global_admin()?;
+    let rt = app.rt.clone();
+    tokio::select! {
+        _ = app.shutdown.cancelled() => Err(ApiError::unavailable(
+            "the host is shutting down; the weekly synthesis was stopped",
+        )),
+        done = crate::review::weekly::run(rt) => done
+            .map(Json)
+            .map_err(|e| ApiError::unavailable(e.to_string())),
+    }
+}
+
+/// `GET /api/review/ledger`.
+#[derive(Debug, Serialize)]
+pub struct LedgerView {
+    /// Rows by approved decision (`unapproved` when none).
+    pub counts: std::collections::BTreeMap<String, u64>,
+    pub rows: Vec<crate::review::ledger::LedgerRow>,
+}
+
+pub async fn ledger(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<LedgerView>> {
+    auth.require_global_admin()?;
+    let dir = crate::review::ledger::intake_dir(&app.rt.paths.reviews, &app.rt.settings.review);
+    let l = tokio::task::spawn_blocking(move || crate::review::ledger::read(&dir))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
+    Ok(Json(LedgerView {
+        counts: crate::review::weekly::ledger_counts(&l),
+        rows: l.rows,
+    }))
 }
 
 /// `GET /api/review/reports`.

@@ -425,6 +425,14 @@ pub enum IdentitiesCmd {
 pub enum ReviewCmd {
     /// Scan the review window now and wait for the report (set MERCURY_TIMEOUT_SECS for long scans).
     RunNow,
+    /// The review reports on the host, daily and weekly, oldest first.
+    Reports,
+    /// One report's JSON: DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
+    Report { date: String },
+    /// The intake ledger: every triaged row and its decisions.
+    Ledger,
+    /// Run the weekly synthesis now and wait for its report.
+    WeeklyNow,
 }
 
 #[derive(Debug, Subcommand)]

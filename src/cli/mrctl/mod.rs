@@ -517,6 +517,10 @@ mod tests {
             (vec!["runs", "list"], Method::GET, "/api/runs", None),
             (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
             (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
+            (vec!["review", "reports"], Method::GET, "/api/review/reports", None),
+            (vec!["review", "report", "2026-09-28-weekly"], Method::GET, "/api/review/reports/2026-09-28-weekly", None),
+            (vec!["review", "ledger"], Method::GET, "/api/review/ledger", None),
+            (vec!["review", "weekly-now"], Method::POST, "/api/review/weekly", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);

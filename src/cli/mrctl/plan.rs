@@ -454,6 +454,13 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
         }
         Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
+        Command::Review(ReviewCmd::Reports) => RequestPlan::get("/api/review/reports"),
+        Command::Review(ReviewCmd::Report { date }) => {
+            non_empty("the report date", date)?;
+            RequestPlan::get(format!("/api/review/reports/{}", encode(date.trim())))
+        }
+        Command::Review(ReviewCmd::Ledger) => RequestPlan::get("/api/review/ledger"),
+        Command::Review(ReviewCmd::WeeklyNow) => RequestPlan::post("/api/review/weekly"),
     };
     Ok(p)
 }
