@@ -84,6 +84,8 @@ pub async fn run() -> anyhow::Result<QualityReport> {
     let set: PlantedSet = serde_json::from_str(SET).context("tests/review-quality/set.json")?;
     let (dir, data) = TempHost::builder()
         .model(JUDGE)
+        // Turns are not measured here: no container is needed.
+        .sandbox("process")
         .set("review.batch_size", Yaml::Number(1.into()))
         .set("review.calls_per_minute", Yaml::Number(6000.into()))
         .prepare()

@@ -182,6 +182,7 @@ fn turn_rules() -> Vec<serde_json::Value> {
         json!({"purpose": "turn", "match": "weather", "reply": "Sunny."}),
         json!({"purpose": "turn", "match": "miles", "reply": "Five miles are three kilometres."}),
         json!({"purpose": "turn", "match": "reminder", "reply": "I cannot set reminders."}),
+        json!({"purpose": "turn", "match": "joke", "reply": "No."}),
         json!({"purpose": "turn", "reply": "Sure."}),
     ]
 }
@@ -319,6 +320,12 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
                 "The assistant converted miles to kilometres with the wrong factor.",
             ),
             judge_rule(
+                "joke",
+                "tone",
+                "character",
+                "The assistant answered a request for a joke curtly.",
+            ),
+            judge_rule(
                 "reminder",
                 "unjustified_refusal",
                 "agents_md",
@@ -341,6 +348,7 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
             "What is the capital of France?",
             "Convert 5 miles please",
             "Set a reminder for the dentist",
+            "Tell me a joke",
         ],
     )
     .await;
@@ -429,7 +437,9 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
     let capital_again = by_summary("again");
     let miles = by_summary("miles");
     let reminder = by_summary("dentist");
-    assert_eq!(rows.len(), 5, "{triage}");
+    let joke = by_summary("joke");
+    assert_eq!(rows.len(), 6, "{triage}");
+    assert_eq!(joke["proposed"], "new", "{joke}");
     assert_eq!(capital["proposed"], "attach", "{capital}");
     assert_eq!(capital["paths"][0], "bugs/capital-cities.md");
     assert_eq!(weather["proposed"], "reject", "{weather}");
@@ -464,7 +474,13 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
     // Approve the attach, its duplicate and the reject as proposed, and the
     // reminder with --set as new; the fixed-not-deployed row stays unapproved.
     let n = |r: &serde_json::Value| r["row"].as_u64().unwrap().to_string();
-    let rows_arg = format!("{},{},{}", n(capital), n(capital_again), n(weather));
+    let rows_arg = format!(
+        "{},{},{},{}",
+        n(capital),
+        n(capital_again),
+        n(weather),
+        n(joke)
+    );
     let set_arg = format!("{}=new", n(reminder));
     let out = mercury(
         &[
@@ -516,7 +532,7 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
         serde_json::from_str(&std::fs::read_to_string(intake.join("ledger.json")).unwrap())
             .unwrap();
     let lrows = ledger["rows"].as_array().unwrap();
-    assert_eq!(lrows.len(), 5, "every row is in the ledger: {ledger}");
+    assert_eq!(lrows.len(), 6, "every row is in the ledger: {ledger}");
     let applied: Vec<(&str, Option<&str>, bool)> = lrows
         .iter()
         .map(|r| {
@@ -605,6 +621,19 @@ async fn review_intake_checkpoint_m2_triages_two_hosts_and_applies_only_approved
         no_identifiers(&intake.join(f));
     }
     no_identifiers(&new_bug);
+    // A tone finding approved as new is an idea, pre-filled the same way.
+    let ideas: Vec<std::path::PathBuf> = std::fs::read_dir(intake.join("ideas"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "recipes.md")
+        .collect();
+    assert_eq!(ideas.len(), 1, "{ideas:?}");
+    let idea = std::fs::read_to_string(&ideas[0]).unwrap();
+    assert!(
+        idea.contains("fingerprint: family tone character "),
+        "{idea}"
+    );
+    no_identifiers(&ideas[0]);
     alpha.stop().await;
     beta.stop().await;
 }
