@@ -797,6 +797,40 @@ async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agree
     ] {
         assert!(md.contains(want), "{want} missing in\n{md}");
     }
+    // The same through mrctl: the list, one report's JSON, the ledger.
+    let out = output(
+        host.mrctl(&host.owner_token, None)
+            .args(["review", "reports"]),
+    )
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success()
+            && text.contains(&format!("{date}\tdaily"))
+            && text.contains(&format!("{date}-weekly\tweekly")),
+        "{text}"
+    );
+    let name = format!("{date}-weekly");
+    let out = output(
+        host.mrctl(&host.owner_token, None)
+            .args(["review", "report", &name]),
+    )
+    .await;
+    let weekly: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(weekly["verdicts"]["n"], 12, "{weekly}");
+    let out = output(
+        host.mrctl(&host.owner_token, None)
+            .args(["review", "ledger"]),
+    )
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 12, "{text}");
+    assert!(
+        text.lines()
+            .all(|l| l.contains("\tlocal\t2026-09-20\t[msg ")),
+        "{text}"
+    );
+
     // The report over the API, and the gate's work on it.
     let (st, v) = host
         .owner(
