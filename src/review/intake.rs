@@ -535,6 +535,9 @@ pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let mut refused = Vec::new();
     let mut findings = Vec::new();
     let mut invalid = 0;
+    // Stored only once the triage is written: a report stored but never
+    // triaged would be skipped by the next intake and its findings lost.
+    let mut to_store: Vec<(PathBuf, String)> = Vec::new();
     for src in ctx.sources {
         for name in list_source(src).await? {
             let date = name.date.clone();
@@ -577,7 +580,7 @@ pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 path: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
-            persist(&dir, "report.json", text.as_bytes())?;
+            to_store.push((dir, text));
             let (f, bad) = findings_of(&src.bot, &date, &json);
             invalid += bad;
             findings.extend(f);
@@ -685,6 +688,9 @@ pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
         approved_at: None,
     };
     write_triage(ctx.intake_dir, &triage, ctx.gate)?;
+    for (dir, text) in to_store {
+        persist(&dir, "report.json", text.as_bytes())?;
+    }
     Ok(triage)
 }
 

@@ -224,6 +224,29 @@ pub fn approve(
             )));
         }
     }
+    // Refused before anything is written: an attach-like decision needs an
+    // item to attach to (a duplicate follows its row's item instead).
+    for (n, d) in &chosen {
+        let Some(row) = triage.rows.iter().find(|r| r.row == *n) else {
+            continue;
+        };
+        let decision = d.unwrap_or(row.proposed);
+        let needs_item = matches!(
+            decision,
+            Decision::Attach | Decision::FixedNotDeployed | Decision::Revisit
+        );
+        if needs_item && row.paths.is_empty() {
+            return Err(IntakeError::Usage(format!(
+                "row {n} matched no item to {}: approve it as new (--set {n}=new) or leave it out",
+                decision.as_str()
+            )));
+        }
+        if decision == Decision::Duplicate && row.follows.is_none() {
+            return Err(IntakeError::Usage(format!(
+                "row {n} follows no earlier finding, so it cannot be a duplicate"
+            )));
+        }
+    }
     let mut ledger = read(intake_dir)?;
     let now = crate::clock::ms_to_rfc3339(crate::clock::now_ms());
     let mut out = Approved {
@@ -527,6 +550,69 @@ pub fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(n: usize, summary: &str, proposed: Decision) -> TriageRow {
+        let finding = intake::IntakeFinding {
+            bot: "local".into(),
+            date: "2026-09-28".into(),
+            space: "family".into(),
+            message_id: 10 + n as i64,
+            kind: FindingKind::Tone,
+            scope: crate::review::judge::Scope::Space,
+            target_layer: crate::review::judge::TargetLayer::Character,
+            severity: 1,
+            summary: summary.into(),
+            evidence: "e".into(),
+            suggestion: "s".into(),
+        };
+        TriageRow {
+            row: n,
+            fingerprint: finding.fingerprint(),
+            finding,
+            proposed,
+            reason: "r".into(),
+            paths: Vec::new(),
+            follows: None,
+        }
+    }
+
+    #[test]
+    fn review_ledger_refuses_an_impossible_approval_before_writing_anything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gate = IdentifierGate::new(&crate::redaction::RedactionList::new()).unwrap();
+        let triage = Triage {
+            made_at: "2026-09-28T05:00:00Z".into(),
+            taken_in: vec!["local/2026-09-28".into()],
+            refused: Vec::new(),
+            invalid_findings: 0,
+            rows: vec![
+                row(1, "a curt reply", Decision::New),
+                row(2, "a rude greeting", Decision::New),
+            ],
+            approved_at: None,
+        };
+        intake::write_triage(tmp.path(), &triage, &gate).unwrap();
+        // Row 1 as new would be written first; row 2 cannot attach to nothing.
+        let err = approve(
+            tmp.path(),
+            &Approval::Rows(vec![(1, None), (2, Some(Decision::Attach))]),
+            "owner",
+            &gate,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("row 2 matched no item"), "{err}");
+        assert!(!tmp.path().join("ledger.json").exists());
+        assert!(!tmp.path().join("ideas").exists(), "nothing applied");
+        assert!(
+            pending(tmp.path()).unwrap().is_some(),
+            "the triage still waits"
+        );
+        // Approved as asked, both rows land in the ledger and the idea is written.
+        let done = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap();
+        assert_eq!((done.rows, done.applied, done.written.len()), (2, 2, 2));
+        assert_eq!(read(tmp.path()).unwrap().rows.len(), 2);
+        assert!(pending(tmp.path()).unwrap().is_none());
+    }
 
     #[test]
     fn review_ledger_approval_arguments() {
