@@ -129,6 +129,7 @@ pub async fn intake(
         since,
         gate: &gate,
         verifier: &verifier,
+        review: &s.review,
     };
     match intake::run(&run).await {
         Ok(t) => {

@@ -13,7 +13,8 @@
 //! 3. per finding: **duplicate** when its fingerprint is the same finding as
 //!    an earlier one (in the ledger or earlier in this triage: it follows
 //!    that decision); else **verify** (the finding re-judged, model purpose
-//!    `intake`; "fine" proposes `reject`); else **relate** ([`relate`]) and
+//!    `intake`, with the redacted exchange when the source is a data dir;
+//!    "fine" proposes `reject`); else **relate** ([`relate`]) and
 //!    **decide**: a landed item not deployed → `fixed-not-deployed`, a
 //!    deployed one → `revisit`, an open idea or bug → `attach`, else `new`.
 //! 4. the triage table, `triage.md` and `triage.json`, gated and written
@@ -310,6 +311,9 @@ pub struct IntakeRun<'a> {
     pub since: Option<chrono::NaiveDate>,
     pub gate: &'a IdentifierGate,
     pub verifier: &'a Verifier,
+    /// This host's review config: the redaction of a data dir source's
+    /// exchanges for the verify step.
+    pub review: &'a crate::config::ReviewConfig,
 }
 
 /// The instructions of a verify call.
@@ -321,17 +325,58 @@ suggested fix. Decide whether the assistant's reply was really wrong. Answer wit
 placeholders such as [PERSON_1]; keep them as they are and never write a real name or number."
 }
 
-fn verify_prompt(f: &IntakeFinding) -> String {
+fn verify_prompt(f: &IntakeFinding, exchange: Option<&str>) -> String {
     format!(
-        "kind: {}\nscope: {}\ntarget layer: {}\nseverity: {}\nsummary: {}\nevidence: {}\nsuggestion: {}\n",
+        "kind: {}\nscope: {}\ntarget layer: {}\nseverity: {}\nsummary: {}\nevidence: {}\nsuggestion: {}\nexchange:\n{}\n",
         f.kind.as_str(),
         f.scope.as_str(),
         f.target_layer.as_str(),
         f.severity,
         f.summary,
         f.evidence,
-        f.suggestion
+        f.suggestion,
+        exchange.unwrap_or("(not available: the report was pulled over HTTP)")
     )
+}
+
+/// The exchange of a finding from a data dir source (its user message and
+/// the bot's reply), redacted with that space's identifiers and gated by
+/// both gates: what the verify step re-judges. `None` when it cannot be
+/// read or would not pass (the verify then works from the finding alone).
+pub fn redacted_exchange(
+    db: &Path,
+    cfg: &crate::config::ReviewConfig,
+    message_id: i64,
+    gate: &IdentifierGate,
+) -> Option<String> {
+    let conn = crate::storage::open_read_only(db).ok()?;
+    let (space, text): (String, String) = conn
+        .query_row(
+            "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
+            [message_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()?;
+    let reply: String = conn
+        .query_row(
+            "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
+            [message_id],
+            |r| r.get(0),
+        )
+        .ok()?;
+    drop(conn);
+    // Every identifier the source ever saw, not only today's.
+    let window = crate::review::reader::Window::hours_before(crate::clock::now_ms(), 24 * 3650);
+    let reader = crate::review::reader::ExchangeReader::open(db, window).ok()?;
+    let list = super::scan::redaction_list(cfg, reader.identifiers(&[space]).ok()?);
+    let mut redactor = crate::redaction::Redactor::new(list).ok()?;
+    let out = format!(
+        "user: {}\nassistant: {}",
+        redactor.redact_identifiers(&text),
+        redactor.redact_identifiers(&reply)
+    );
+    let theirs = redactor.identifier_gate();
+    (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
 }
 
 /// The verdict of a verify call: `Some(false)` is "re-judged fine".
@@ -341,13 +386,18 @@ pub struct Verified {
     pub reason: String,
 }
 
-pub async fn verify(v: &Verifier, gate: &IdentifierGate, f: &IntakeFinding) -> Verified {
+pub async fn verify(
+    v: &Verifier,
+    gate: &IdentifierGate,
+    f: &IntakeFinding,
+    exchange: Option<&str>,
+) -> Verified {
     let req = ModelRequest {
         model: v.model.clone(),
         purpose: Purpose::Intake,
         messages: vec![
             ChatMessage::text(Role::System, verify_instructions()),
-            ChatMessage::text(Role::User, verify_prompt(f)),
+            ChatMessage::text(Role::User, verify_prompt(f, exchange)),
         ],
         tools: Vec::new(),
         max_tokens: VERIFY_MAX_TOKENS,
@@ -634,7 +684,18 @@ pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 }),
             ),
             None => {
-                let v = verify(ctx.verifier, ctx.gate, &f).await;
+                let db = ctx
+                    .sources
+                    .iter()
+                    .find(|s| s.bot == f.bot)
+                    .and_then(|s| match &s.kind {
+                        SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir).db),
+                        SourceKind::Url(_) => None,
+                    });
+                let exchange = db
+                    .filter(|db| db.is_file())
+                    .and_then(|db| redacted_exchange(&db, ctx.review, f.message_id, ctx.gate));
+                let v = verify(ctx.verifier, ctx.gate, &f, exchange.as_deref()).await;
                 if v.real == Some(false) {
                     (
                         Decision::Reject,

@@ -192,7 +192,9 @@ fn host_options(judge: Vec<serde_json::Value>, tz: &str) -> HostOptions {
     rules.push(json!({"purpose": "judge", "reply": "{\"findings\": []}"}));
     // The intake's verify step (run with this host's config): the weather
     // finding is re-judged fine, every other one real.
-    rules.push(json!({"purpose": "intake", "match": "weather",
+    // The exchange itself reaches the verify step (alpha is read from its
+    // data dir): the rule needs the bot's reply, which no report holds.
+    rules.push(json!({"purpose": "intake", "match": r"weather(?s).*exchange:\nuser: [^\n]*weather[^\n]*\nassistant: Sunny\.",
                       "reply": "{\"real\": false, \"reason\": \"The short reply answered the question.\"}"}));
     rules.push(json!({"purpose": "intake", "reply": "{\"real\": true, \"reason\": \"The reply is wrong.\"}"}));
     rules.extend(turn_rules());
