@@ -250,6 +250,16 @@ pub struct ReviewConfig {
     pub include_clients: bool,
     /// Model spec of the judge; empty means the default `model`.
     pub model: String,
+    /// The operator's review directory (intake, triage, ledger, known
+    /// items); empty means `<data_dir>/reviews/intake`.
+    pub intake_dir: String,
+    /// When the weekly synthesis fires: `DDD HH:MM` (e.g. `mon 05:00`) in
+    /// `timezone`; empty: only `mrctl review weekly-now`.
+    pub weekly_at: String,
+    /// Unflagged exchanges the weekly recall spot check re-judges.
+    pub recall_sample: u32,
+    /// Model spec of the weekly judge; empty means the daily judge's.
+    pub weekly_model: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -380,6 +390,10 @@ impl Default for ReviewConfig {
             spaces_exclude: Vec::new(),
             include_clients: false,
             model: String::new(),
+            intake_dir: String::new(),
+            weekly_at: String::new(),
+            recall_sample: 50,
+            weekly_model: String::new(),
         }
     }
 }
@@ -480,6 +494,10 @@ review:                         # the daily conversation review
   spaces_exclude: []            # list of space ids
   include_clients: false        # true|false: spaces tagged `client` are skipped unless true
   model: ""                     # judge model spec; empty: the default model
+  intake_dir: ""                # path of the intake's review directory; empty: <data dir>/reviews/intake
+  weekly_at: ""                 # weekly synthesis day and HH:MM, e.g. "mon 05:00"; empty: only mrctl review weekly-now
+  recall_sample: 50             # count: unflagged exchanges the weekly recall spot check re-judges
+  weekly_model: ""              # weekly judge model spec; empty: the daily judge's
 http:                           # the HTTP API
   body_limit_bytes: 1048576     # bytes: largest request body
   drain_secs: 10                # seconds in-flight requests get after SIGTERM
@@ -776,6 +794,9 @@ impl Settings {
             return Err(key_err("sandbox.cpus", "must be between 0 and 64"));
         }
         parse_daily_at(&self.review.daily_at).map_err(|m| key_err("review.daily_at", m))?;
+        if !self.review.weekly_at.trim().is_empty() {
+            parse_weekly_at(&self.review.weekly_at).map_err(|m| key_err("review.weekly_at", m))?;
+        }
         self.review.timezone.parse::<chrono_tz::Tz>().map_err(|_| {
             key_err(
                 "review.timezone",
@@ -999,6 +1020,23 @@ pub fn check_scripted_files(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `mon 05:00`: a weekday (three letters) and a time of day.
+pub fn parse_weekly_at(raw: &str) -> Result<(chrono::Weekday, (u32, u32)), String> {
+    let bad = || format!("{raw:?} is not a weekly time (use DDD HH:MM, e.g. mon 05:00)");
+    let (day, time) = raw.trim().split_once(' ').ok_or_else(bad)?;
+    let day = match day.to_ascii_lowercase().as_str() {
+        "mon" => chrono::Weekday::Mon,
+        "tue" => chrono::Weekday::Tue,
+        "wed" => chrono::Weekday::Wed,
+        "thu" => chrono::Weekday::Thu,
+        "fri" => chrono::Weekday::Fri,
+        "sat" => chrono::Weekday::Sat,
+        "sun" => chrono::Weekday::Sun,
+        _ => return Err(bad()),
+    };
+    Ok((day, parse_daily_at(time.trim()).map_err(|_| bad())?))
+}
+
 /// The process environment's `MERCURY_*` variables.
 pub fn process_env() -> BTreeMap<String, String> {
     std::env::vars()
@@ -1015,6 +1053,21 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn review_weekly_at_parses_a_weekday_and_a_time() {
+        assert_eq!(
+            parse_weekly_at("mon 05:00"),
+            Ok((chrono::Weekday::Mon, (5, 0)))
+        );
+        assert_eq!(
+            parse_weekly_at("Sun 23:59"),
+            Ok((chrono::Weekday::Sun, (23, 59)))
+        );
+        for bad in ["monday 05:00", "mon", "05:00", "mon 25:00"] {
+            assert!(parse_weekly_at(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Caller {
     /// The platform id this caller was mapped from (`identities`), when a
     /// turn of a mapped platform sender acts with its operator's rights.
     pub identity: Option<String>,
+    /// A scoped token's scope (`review.read`): it reaches only its routes.
+    pub scope: Option<String>,
 }
 
 /// The space a request acts in, with the caller's role there.
@@ -82,12 +84,35 @@ impl Auth {
         }
     }
 
+    /// Reading review reports: a global admin or a `review.read` token.
+    pub fn require_review_read(&self) -> ApiResult<()> {
+        if self.caller.global_admin
+            || self.caller.scope.as_deref() == Some(tokens::REVIEW_READ_SCOPE)
+        {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                "only a global admin or a review.read token may read review reports",
+            ))
+        }
+    }
+
     pub fn require_global_admin(&self) -> ApiResult<()> {
         if self.caller.global_admin {
             Ok(())
         } else {
             Err(ApiError::forbidden("only a global admin may do this"))
         }
+    }
+}
+
+/// The routes a scope reaches (read-only is enforced with the method).
+fn scope_allows(scope: &str, path: &str) -> bool {
+    match scope {
+        tokens::REVIEW_READ_SCOPE => {
+            path == "/api/review/reports" || path.starts_with("/api/review/reports/")
+        }
+        _ => false,
     }
 }
 
@@ -133,8 +158,11 @@ pub async fn authenticate(
                     "unknown, revoked or expired token",
                 )));
             };
-            let global_admin =
-                grant.kind == TokenKind::User && settings.is_global_admin(&grant.caller_id);
+            // A scoped token never carries its caller's admin rights: it is
+            // exactly its scope.
+            let global_admin = grant.kind == TokenKind::User
+                && grant.scope.is_none()
+                && settings.is_global_admin(&grant.caller_id);
             // A turn of a platform sender acts as that sender, unless a global
             // admin mapped the sender to an operator (`mrctl identities link`).
             let (caller_id, identity) = match grant.kind {
@@ -153,7 +181,15 @@ pub async fn authenticate(
                 run_id: grant.run_id.clone(),
                 platform: grant.platform.clone(),
                 identity,
+                scope: grant.scope.clone(),
             };
+            if let Some(scope) = &grant.scope {
+                if !scope_allows(scope, &path) || requested.is_some() || act_as_target.is_some() {
+                    return Ok(Err(ApiError::forbidden(format!(
+                        "a {scope} token may only read /api/review/reports"
+                    ))));
+                }
+            }
             if grant.kind == TokenKind::Adapter
                 && !(path == "/api/ingress" || path == "/api/outbox")
             {

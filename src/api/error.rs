@@ -192,6 +192,22 @@ impl From<crate::app::CreateSpaceError> for ApiError {
     }
 }
 
+/// A bad report name is the client's; a report that cannot be read is ours.
+impl From<crate::review::catalog::CatalogError> for ApiError {
+    fn from(e: crate::review::catalog::CatalogError) -> Self {
+        match e {
+            crate::review::catalog::CatalogError::BadName(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            crate::review::catalog::CatalogError::NotFound { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            crate::review::catalog::CatalogError::Io { .. }
+            | crate::review::catalog::CatalogError::Invalid { .. } => ApiError::internal(e),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -1,5 +1,5 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench turns|sandbox|links|ask|review`, `review redact|gate`. Data goes to
+//! `bench turns|sandbox|links|ask|review`, `review redact|gate|intake|approve`. Data goes to
 //! stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
@@ -95,6 +95,9 @@ enum ImageCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// The review pipeline's recall and precision on the planted-finding set
+    /// (tests/review-quality) with its scripted judge.
+    ReviewQuality,
     /// Ingest throughput and per-turn orchestration overhead, beside plain SQLite inserts.
     Turns {
         /// Ingest calls to make (about one in ten is a replay).
@@ -171,6 +174,38 @@ enum ReviewCommand {
         names: Vec<String>,
         #[arg(long)]
         names_file: Option<PathBuf>,
+    },
+    /// Pull the daily reports of each bot, re-gate them, and triage their
+    /// findings into `<intake_dir>/triage.md` (nothing is applied).
+    Intake {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// `[NAME=]DATA_DIR` or `[NAME=]http://HOST:PORT` (repeatable; default: this data dir).
+        #[arg(long = "from")]
+        from: Vec<String>,
+        /// Only reports of this date (YYYY-MM-DD) or later.
+        #[arg(long)]
+        since: Option<String>,
+        /// The review.read token for URL sources (default: MERCURY_INTAKE_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
+    /// Apply the approved rows of the pending triage; every row goes to ledger.json.
+    Approve {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Approve every row as proposed.
+        #[arg(long)]
+        all: bool,
+        /// Approve these rows as proposed, e.g. 1,3.
+        #[arg(long)]
+        rows: Option<String>,
+        /// Approve a row with another decision, e.g. 2=new (repeatable).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        /// Who approves (recorded in the ledger).
+        #[arg(long, default_value = "owner")]
+        by: String,
     },
 }
 
@@ -322,6 +357,45 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench {
+            command: BenchCommand::ReviewQuality,
+        } => match crate::bench::review_quality::run().await {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury bench review-quality: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Review {
+            command:
+                ReviewCommand::Intake {
+                    data_dir,
+                    from,
+                    since,
+                    token_file,
+                },
+        } => {
+            crate::cli::review_intake::intake(
+                &data_dir,
+                &from,
+                since.as_deref(),
+                token_file.as_deref(),
+            )
+            .await
+        }
+        Command::Review {
+            command:
+                ReviewCommand::Approve {
+                    data_dir,
+                    all,
+                    rows,
+                    sets,
+                    by,
+                },
+        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by),
         Command::Review { command } => review(command),
         Command::Bench {
             command:
@@ -421,6 +495,10 @@ fn review(cmd: ReviewCommand) -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        ReviewCommand::Intake { .. } | ReviewCommand::Approve { .. } => {
+            // Dispatched (async) in `run` before this.
+            ExitCode::from(1)
         }
         ReviewCommand::Gate { names, names_file } => {
             let list = match names_list(names, names_file) {

@@ -148,7 +148,8 @@ pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
     Ok(config::load(&paths.config, &config::process_env())?)
 }
 
-fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
+/// The model providers' settings of a config (also what `mercury review intake` verifies with).
+pub fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
     ProviderSettings {
         openai_base_url: s.providers.openai_base_url.clone(),
         openai_api_key: env.get("MERCURY_OPENAI_API_KEY").cloned(),
@@ -170,6 +171,7 @@ fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
         .model_chain()
         .into_iter()
         .chain(std::iter::once(s.review.model.clone()))
+        .chain(std::iter::once(s.review.weekly_model.clone()))
         .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
     ScriptedPolicy::new(roots, configured)
 }

@@ -274,6 +274,12 @@ CREATE TABLE run_steps (
 );
 CREATE INDEX run_steps_started ON run_steps (started_at);
 "#,
+    // 7: token scopes (issue 15). A scoped token may call only the routes
+    // of its scope (`review.read`: reading review reports), whatever its
+    // caller could otherwise do.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN scope TEXT;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

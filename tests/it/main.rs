@@ -17,6 +17,7 @@ mod live;
 mod ops;
 mod redaction;
 mod review;
+mod review_intake;
 mod sandbox_contract;
 mod security_host;
 mod security_links;

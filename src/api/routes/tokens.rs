@@ -37,6 +37,8 @@ pub struct CreateToken {
     platform: Option<String>,
     label: Option<String>,
     expires_in: Option<String>,
+    /// Limits a user token to one scope (`review.read`); it is then read-only.
+    scope: Option<String>,
 }
 
 pub async fn create(
@@ -86,9 +88,23 @@ pub async fn create(
     if let Some(l) = &b.label {
         super::name_field("label", l, 200)?;
     }
+    let scope = match (kind, b.scope.as_deref()) {
+        (_, None) => None,
+        (TokenKind::User, Some(s)) if tokens::SCOPES.contains(&s) => Some(s.to_owned()),
+        (TokenKind::User, Some(_)) => {
+            return Err(ApiError::bad_request(format!(
+                "scope must be one of: {}",
+                tokens::SCOPES.join(", ")
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::bad_request("scope applies to user tokens only"))
+        }
+    };
     let by = auth.caller.caller_id.clone();
     let caller = b.caller_id.clone();
     let bound = platform.clone();
+    let scoped = scope.clone();
     let (id, secret) = app
         .rt
         .store
@@ -110,13 +126,16 @@ pub async fn create(
             if let Some(p) = &bound {
                 tokens::bind_platform(tx, &minted.0, p)?;
             }
+            if let Some(s) = &scoped {
+                tokens::bind_scope(tx, &minted.0, s)?;
+            }
             Ok(minted)
         })
         .await?;
     Ok((
         StatusCode::CREATED,
         Json(
-            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "platform": platform, "expires_at": expires_at}),
+            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "platform": platform, "scope": scope, "expires_at": expires_at}),
         ),
     ))
 }

@@ -575,6 +575,9 @@ pub enum TokensCmd {
         /// A duration such as 30d.
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
+        /// Limit a user token to one scope: `review.read` (read review reports only).
+        #[arg(long)]
+        scope: Option<String>,
     },
     /// Every token (never the secrets).
     List,
@@ -613,6 +616,14 @@ pub enum IdentitiesCmd {
 pub enum ReviewCmd {
     /// Scan the review window now and wait for the report (set MERCURY_TIMEOUT_SECS for long scans).
     RunNow,
+    /// The review reports on the host, daily and weekly, oldest first.
+    Reports,
+    /// One report's JSON: DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
+    Report { date: String },
+    /// The intake ledger: every triaged row and its decisions.
+    Ledger,
+    /// Run the weekly synthesis now and wait for its report.
+    WeeklyNow,
 }
 
 #[derive(Debug, Subcommand)]

@@ -600,6 +600,10 @@ mod tests {
             (vec!["files", "rm", "notes/x.md"], Method::DELETE, "/api/files/notes/x.md", None),
             (vec!["links", "list", "--all"], Method::GET, "/api/links?all=true", None),
             (vec!["links", "audit", "--all"], Method::GET, "/api/links/audit?all=true", None),
+            (vec!["review", "reports"], Method::GET, "/api/review/reports", None),
+            (vec!["review", "report", "2026-09-28-weekly"], Method::GET, "/api/review/reports/2026-09-28-weekly", None),
+            (vec!["review", "ledger"], Method::GET, "/api/review/ledger", None),
+            (vec!["review", "weekly-now"], Method::POST, "/api/review/weekly", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);

@@ -355,6 +355,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 platform,
                 label,
                 expires_in,
+                scope,
             } => {
                 non_empty("the caller id", caller)?;
                 if let Some(d) = expires_in {
@@ -379,6 +380,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                     ("platform", platform.as_ref().map(|p| json!(p))),
                     ("label", label.as_ref().map(|l| json!(l))),
                     ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
+                    ("scope", scope.as_ref().map(|s| json!(s.trim()))),
                 ]);
                 RequestPlan::post("/api/tokens").body(body)
             }
@@ -497,6 +499,13 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
         }
         Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
+        Command::Review(ReviewCmd::Reports) => RequestPlan::get("/api/review/reports"),
+        Command::Review(ReviewCmd::Report { date }) => {
+            non_empty("the report date", date)?;
+            RequestPlan::get(format!("/api/review/reports/{}", encode(date.trim())))
+        }
+        Command::Review(ReviewCmd::Ledger) => RequestPlan::get("/api/review/ledger"),
+        Command::Review(ReviewCmd::WeeklyNow) => RequestPlan::post("/api/review/weekly"),
     };
     Ok(p)
 }

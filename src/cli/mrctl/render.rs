@@ -501,6 +501,43 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             .collect(),
         Command::Review(ReviewCmd::RunNow) => render_review_run(v),
         Command::Completions { .. } | Command::Man { .. } => String::new(),
+        Command::Review(ReviewCmd::Reports) => items(v, "reports")
+            .iter()
+            .map(|r| row(&[cell(field(r, "name")), cell(field(r, "kind"))]))
+            .collect(),
+        // A report is for tools: its JSON, pretty.
+        Command::Review(ReviewCmd::Report { .. }) => {
+            format!(
+                "{}\n",
+                serde_json::to_string_pretty(field(v, "report")).unwrap_or_default()
+            )
+        }
+        Command::Review(ReviewCmd::Ledger) => items(v, "rows")
+            .iter()
+            .map(|r| {
+                row(&[
+                    cell(field(r, "id")),
+                    cell(field(r, "bot")),
+                    cell(field(r, "date")),
+                    format!("[msg {}]", cell(field(r, "message_id"))),
+                    cell(field(r, "proposed")),
+                    if field(r, "approved").is_null() {
+                        "-".to_owned()
+                    } else {
+                        cell(field(r, "approved"))
+                    },
+                    cell(field(r, "summary")),
+                ])
+            })
+            .collect(),
+        Command::Review(ReviewCmd::WeeklyNow) => kv_lines(&[
+            ("report", cell(field(v, "report_path"))),
+            ("clusters", cell(field(v, "clusters"))),
+            ("promoted to global", cell(field(v, "promoted"))),
+            ("recall", cell(field(field(v, "recall"), "estimate"))),
+            ("verdicts", cell(field(field(v, "verdicts"), "n"))),
+            ("cost", cell(field(v, "cost"))),
+        ]),
     };
     (out, note)
 }
