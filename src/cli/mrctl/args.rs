@@ -619,7 +619,10 @@ pub enum ReviewCmd {
     /// The review reports on the host, daily and weekly, oldest first.
     Reports,
     /// One report's JSON: DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
-    Report { date: String },
+    Report {
+        /// YYYY-MM-DD for a daily report, YYYY-MM-DD-weekly for a weekly one.
+        date: String,
+    },
     /// The intake ledger: every triaged row and its decisions.
     Ledger,
     /// Run the weekly synthesis now and wait for its report.
