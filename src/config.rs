@@ -60,6 +60,50 @@ pub struct Settings {
     pub review: ReviewConfig,
     pub http: HttpConfig,
     pub models: ModelsConfig,
+    pub adapters: AdaptersConfig,
+}
+
+/// The in-process chat adapters (`src/adapters`). Their secrets come from the
+/// environment only (`MERCURY_TELEGRAM_BOT_TOKEN`), never from this file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptersConfig {
+    pub telegram: TelegramConfig,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TelegramMode {
+    /// `getUpdates` long polling: nothing has to reach the host from outside.
+    Polling,
+    /// `setWebhook`: Telegram POSTs to `/api/adapters/telegram/webhook`.
+    Webhook,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelegramConfig {
+    pub enabled: bool,
+    pub mode: TelegramMode,
+    /// The Bot API's base URL (a local Bot API server, or a test's fake).
+    pub api_base_url: String,
+    /// Webhook mode: the public https URL Telegram calls, routed to this
+    /// host's `/api/adapters/telegram/webhook`.
+    pub webhook_url: String,
+    /// Seconds one `getUpdates` long poll waits for an update.
+    pub poll_timeout_secs: u32,
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            mode: TelegramMode::Polling,
+            api_base_url: "https://api.telegram.org".into(),
+            webhook_url: String::new(),
+            poll_timeout_secs: 25,
+        }
+    }
 }
 
 /// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
@@ -211,6 +255,7 @@ impl Default for Settings {
             review: ReviewConfig::default(),
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
+            adapters: AdaptersConfig::default(),
         }
     }
 }
@@ -398,6 +443,14 @@ models:
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
   scripted_roots: []
+adapters:
+  # Telegram (docs/adapters.md). The bot token is read from MERCURY_TELEGRAM_BOT_TOKEN only.
+  telegram:
+    enabled: false
+    mode: polling              # polling (getUpdates) | webhook (setWebhook, secret checked on every call)
+    api_base_url: "https://api.telegram.org"
+    webhook_url: ""            # webhook mode: the public https URL of /api/adapters/telegram/webhook
+    poll_timeout_secs: 25
 "#
     )
 }
@@ -688,6 +741,29 @@ impl Settings {
             return Err(key_err(
                 "models.scripted_roots",
                 format!("{r:?} is not an absolute path"),
+            ));
+        }
+        let tg = &self.adapters.telegram;
+        if !(tg.api_base_url.starts_with("http://") || tg.api_base_url.starts_with("https://")) {
+            return Err(key_err(
+                "adapters.telegram.api_base_url",
+                "must start with http:// or https://",
+            ));
+        }
+        if tg.enabled
+            && tg.mode == TelegramMode::Webhook
+            && !tg.webhook_url.starts_with("https://")
+            && !tg.webhook_url.starts_with("http://")
+        {
+            return Err(key_err(
+                "adapters.telegram.webhook_url",
+                "webhook mode needs the public URL Telegram calls (https://…/api/adapters/telegram/webhook)",
+            ));
+        }
+        if tg.poll_timeout_secs > 50 {
+            return Err(key_err(
+                "adapters.telegram.poll_timeout_secs",
+                "must be at most 50",
             ));
         }
         let url = &self.webhook.url;

@@ -1,5 +1,6 @@
 //! `RootSupervisor`: parent of every space actor, the task scheduler, the
-//! review scheduler and the judge pool.
+//! review scheduler, the judge pool and the chat adapters (given to it as
+//! [`SupervisedChild`]ren by the host).
 //!
 //! ractor's default supervisor handler stops the parent when a child dies;
 //! this one restarts a failed child instead, within a restart budget and with
@@ -18,6 +19,7 @@ use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 
+use super::adapter::SupervisedChild;
 use super::judge_pool::{JudgePool, JudgePoolArgs, JudgePoolMsg, JudgePoolSlot};
 use super::review_scheduler::{
     ReviewHandle, ReviewScheduler, ReviewSchedulerArgs, ReviewSchedulerMsg,
@@ -39,6 +41,8 @@ pub enum SupervisorMsg {
         String,
         RpcReplyPort<Result<ActorRef<SpaceMsg>, super::SpawnError>>,
     ),
+    /// Start `child` and restart it whenever it fails (within the budget).
+    Supervise(Arc<dyn SupervisedChild>, RpcReplyPort<Result<(), String>>),
 }
 
 pub struct SupervisorArgs {
@@ -60,6 +64,8 @@ pub struct SupervisorState {
     judge_pool: Option<ActorRef<JudgePoolMsg>>,
     /// Pointed at the judge pool whenever it (re)starts; scans read it.
     judge_pool_slot: JudgePoolSlot,
+    /// Children started by [`SupervisorMsg::Supervise`], by their actor.
+    supervised: HashMap<ActorId, Arc<dyn SupervisedChild>>,
 }
 
 pub struct RootSupervisor;
@@ -230,6 +236,39 @@ impl RootSupervisor {
         }
     }
 
+    async fn spawn_supervised(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        child: Arc<dyn SupervisedChild>,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell = child.spawn(myself.get_cell()).await?;
+        state.supervised.insert(cell.get_id(), child);
+        Ok(())
+    }
+
+    /// Restarts a failed supervised child within its budget; like a
+    /// singleton, a failed restart is logged and never propagated.
+    async fn restart_supervised(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        child: Arc<dyn SupervisedChild>,
+        err: &str,
+    ) {
+        let name = child.name();
+        let (ok, n) = Self::within_budget(state, &format!("({name})"));
+        tracing::error!(error = %err, restarts = n, "{name} failed");
+        if !ok {
+            tracing::error!(
+                "{name}: restart budget exhausted; it stays down until the host restarts"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
+        if let Err(e) = Self::spawn_supervised(myself, state, child).await {
+            tracing::error!(error = %e, "could not restart the {name}");
+        }
+    }
+
     fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<String> {
         let space = state.by_actor.remove(&cell.get_id())?;
         if let Ok(mut m) = state.spaces.lock() {
@@ -271,6 +310,7 @@ impl Actor for RootSupervisor {
             review: args.review,
             judge_pool: None,
             judge_pool_slot: JudgePoolSlot::default(),
+            supervised: HashMap::new(),
         })
     }
 
@@ -296,6 +336,12 @@ impl Actor for RootSupervisor {
                 let res = Self::spawn_space(&myself, state, &space).await;
                 let _ = reply.send(res);
             }
+            SupervisorMsg::Supervise(child, reply) => {
+                let res = Self::spawn_supervised(&myself, state, child)
+                    .await
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(res);
+            }
         }
         Ok(())
     }
@@ -308,13 +354,17 @@ impl Actor for RootSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match evt {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(space) = Self::forget(state, &cell) {
+                if let Some(child) = state.supervised.remove(&cell.get_id()) {
+                    tracing::debug!(reason = ?reason, "{} stopped", child.name());
+                } else if let Some(space) = Self::forget(state, &cell) {
                     tracing::debug!(space = %space, reason = ?reason, "space actor stopped");
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
                 if let Some(which) = Self::singleton(state, &cell) {
                     Self::restart_singleton(&myself, state, which, &err.to_string()).await;
+                } else if let Some(child) = state.supervised.remove(&cell.get_id()) {
+                    Self::restart_supervised(&myself, state, child, &err.to_string()).await;
                 } else if let Some(space) = Self::forget(state, &cell) {
                     let (ok, n) = Self::within_budget(state, &space);
                     tracing::error!(space = %space, error = %err, restarts = n, "space actor failed");

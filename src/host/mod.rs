@@ -362,6 +362,7 @@ pub async fn serve_with(
         rt: rt.clone(),
         shutdown: shutdown.clone(),
         review,
+        adapters: Default::default(),
     });
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
@@ -370,6 +371,8 @@ pub async fn serve_with(
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }
+    // The chat adapters: the one construction point (a shadow host must skip it).
+    crate::adapters::start(&app, &supervisor, &config::process_env()).await?;
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));

@@ -2,7 +2,7 @@
 //! adapter (`GET /api/outbox?after=`) or pushed by the webhook adapter.
 //! Rows are kept after delivery (with `delivered_at`), so nothing is lost.
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::{Cached, StoreResult};
@@ -98,4 +98,36 @@ pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
         params![id, error],
     )?;
     Ok(())
+}
+
+/// Undelivered items of one platform, oldest first (an in-process adapter
+/// delivers only its own platform's replies).
+pub fn undelivered_for(
+    conn: &Connection,
+    platform: &str,
+    max_attempts: u32,
+    limit: u32,
+) -> StoreResult<Vec<OutboxItem>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM outbox INDEXED BY outbox_undelivered_platform
+         WHERE platform = ?1 AND delivered_at IS NULL AND attempts < ?2 ORDER BY id LIMIT ?3"
+    ))?;
+    let rows = stmt.query_map(params![platform, max_attempts, limit], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The platform's own id of the message a queued reply answers (the reply
+/// row's `reply_to`), so the adapter can thread its answer under it.
+pub fn answered_platform_id(conn: &Connection, item: &OutboxItem) -> StoreResult<Option<String>> {
+    let Some(reply) = item.message_id else {
+        return Ok(None);
+    };
+    Ok(conn
+        .query_row_cached(
+            "SELECT q.platform_message_id FROM messages r JOIN messages q ON q.id = r.reply_to WHERE r.id = ?1",
+            [reply],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()?
+        .flatten())
 }

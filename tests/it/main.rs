@@ -20,3 +20,4 @@ mod security_host;
 mod security_links;
 mod security_sandbox;
 mod smoke;
+mod telegram;
