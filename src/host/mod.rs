@@ -45,6 +45,9 @@ pub struct ServeOptions {
     pub tcp: Option<std::net::TcpListener>,
     /// Admission of background model calls; `Open` only for `mercury bench review`.
     pub review_admission: Admission,
+    /// The `MERCURY_*` environment the adapters read their secrets from;
+    /// `None`: this process's (a temp host's bench passes its own).
+    pub env: Option<BTreeMap<String, String>>,
 }
 
 impl Default for ServeOptions {
@@ -53,6 +56,7 @@ impl Default for ServeOptions {
             bind: None,
             tcp: None,
             review_admission: Admission::Gated,
+            env: None,
         }
     }
 }
@@ -300,6 +304,7 @@ pub async fn serve_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let bind_override = options.bind;
+    let env = options.env.unwrap_or_else(config::process_env);
     let bound = options.tcp;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
@@ -372,7 +377,7 @@ pub async fn serve_with(
         }
     }
     // The chat adapters: the one construction point (a shadow host must skip it).
-    crate::adapters::start(&app, &supervisor, &config::process_env()).await?;
+    crate::adapters::start(&app, &supervisor, &env).await?;
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));

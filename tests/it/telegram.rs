@@ -549,3 +549,99 @@ async fn telegram_enabled_without_a_token_refuses_to_start() {
     assert!(err.contains("MERCURY_TELEGRAM_BOT_TOKEN"), "{err}");
     assert_eq!(fake.all_calls(), 0);
 }
+
+/// A supervised child that counts its starts and fails on `true`.
+struct Crashy {
+    starts: Arc<std::sync::atomic::AtomicUsize>,
+    current: Arc<Mutex<Option<ractor::ActorRef<bool>>>>,
+}
+
+struct CrashyActor;
+
+impl ractor::Actor for CrashyActor {
+    type Msg = bool;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _me: ractor::ActorRef<bool>,
+        _args: (),
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _me: ractor::ActorRef<bool>,
+        crash: bool,
+        _state: &mut (),
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        if crash {
+            return Err("asked to fail".into());
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl mercury::actors::adapter::SupervisedChild for Crashy {
+    fn name(&self) -> String {
+        "test adapter".into()
+    }
+
+    async fn spawn(
+        &self,
+        supervisor: ractor::ActorCell,
+    ) -> Result<ractor::ActorCell, ractor::ActorProcessingErr> {
+        let (actor, _) = ractor::Actor::spawn_linked(None, CrashyActor, (), supervisor).await?;
+        self.starts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.current.lock().unwrap() = Some(actor.clone());
+        Ok(actor.get_cell())
+    }
+}
+
+#[tokio::test]
+async fn a_failed_adapter_actor_is_restarted_by_the_root_supervisor() {
+    let (_dir, data, _) = crate::common::prepare(&HostOptions::default()).await;
+    let paths = mercury::workspace::DataPaths::new(&data);
+    let settings = mercury::host::load_settings(&paths).unwrap();
+    let store = mercury::storage::Store::open(&paths.db).unwrap();
+    let rt = mercury::host::build_runtime(
+        &paths,
+        settings,
+        store,
+        mercury::model::gate::Admission::Gated,
+    )
+    .await
+    .unwrap();
+    let (supervisor, _handle, _spaces, _review) = mercury::host::start_actors(&rt).await.unwrap();
+    let starts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let current = Arc::new(Mutex::new(None));
+    let child = Crashy {
+        starts: starts.clone(),
+        current: current.clone(),
+    };
+    let res = ractor::call_t!(
+        supervisor,
+        mercury::actors::SupervisorMsg::Supervise,
+        5000,
+        Arc::new(child)
+    )
+    .unwrap();
+    assert_eq!(res, Ok(()));
+    assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    for round in 2..=3 {
+        let actor = current.lock().unwrap().clone().unwrap();
+        actor.cast(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while starts.load(std::sync::atomic::Ordering::SeqCst) < round {
+            assert!(Instant::now() < deadline, "not restarted (round {round})");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The supervisor itself survived its child's failures.
+    assert_eq!(supervisor.get_status(), ractor::ActorStatus::Running);
+    supervisor.stop(None);
+}
