@@ -645,3 +645,34 @@ async fn a_failed_adapter_actor_is_restarted_by_the_root_supervisor() {
     assert_eq!(supervisor.get_status(), ractor::ActorStatus::Running);
     supervisor.stop(None);
 }
+
+#[tokio::test]
+async fn telegram_failures_show_on_healthz_without_the_token() {
+    let fake = FakeBotApi::start().await;
+    let mut opts = host_options(&fake, json!({"rules": [{"reply": "x"}]}), vec![]);
+    // The fake knows another token: every call is a 401.
+    opts.env = vec![("MERCURY_TELEGRAM_BOT_TOKEN", "999:wrong-token".to_string())];
+    let host = TestHost::start_process(opts).await;
+    fake.until(30, "a refused getMe", |f| {
+        f.calls("getMe").iter().any(|c| c.status == 401)
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let health = loop {
+        let (_, health) = host.send(Method::GET, "/healthz", None, &[], None).await;
+        if health["adapters"]["telegram"]["last_error"].is_string() {
+            break health;
+        }
+        assert!(Instant::now() < deadline, "no error on /healthz: {health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let tg = &health["adapters"]["telegram"];
+    assert_eq!(tg["connected"], false, "{health}");
+    assert!(
+        tg["last_error"].as_str().unwrap().contains("getMe: 401"),
+        "{health}"
+    );
+    assert!(!health.to_string().contains("wrong-token"), "{health}");
+    assert!(fake.calls("getUpdates").is_empty());
+    host.stop().await;
+}
