@@ -499,6 +499,17 @@ async fn telegram_webhook_without_the_secret_is_401() {
         )
         .await;
     assert_eq!(st, 401);
+    // A bearer token, even the owner's, is no substitute for the secret.
+    let (st, _) = host
+        .send(
+            Method::POST,
+            path,
+            Some(&host.owner_token),
+            &[],
+            Some(update.clone()),
+        )
+        .await;
+    assert_eq!(st, 401);
     assert_eq!(
         host.count("SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'telegram:%'"),
         0,
