@@ -21,6 +21,7 @@ use ractor::{call_t, ActorRef};
 
 use crate::actors::SupervisorMsg;
 use crate::app::App;
+use crate::config::Settings;
 use crate::ingress::{IngestResult, IngressError, IngressMessage};
 use crate::storage::StoreResult;
 
@@ -87,24 +88,54 @@ impl AdapterIdentity {
     }
 }
 
-/// Starts every enabled adapter under the root supervisor. `env` is the
-/// process's `MERCURY_*` environment, where the secrets are. The host calls
-/// this once, after the actors and before serving; shadow mode must not.
+/// The enabled adapters' secrets, read from `env` (the process's `MERCURY_*`
+/// environment) and nowhere else. The host reads them before it starts
+/// anything, so a missing one stops start-up with a sentence naming it.
+#[derive(Clone, Default)]
+pub struct AdapterSecrets {
+    telegram: Option<String>,
+}
+
+// Holds bot tokens: a derived Debug would print them.
+impl std::fmt::Debug for AdapterSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdapterSecrets")
+            .field("telegram", &self.telegram.is_some())
+            .finish()
+    }
+}
+
+impl AdapterSecrets {
+    pub fn from_env(
+        settings: &Settings,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self, AdapterError> {
+        let mut secrets = Self::default();
+        if settings.adapters.telegram.enabled {
+            let token = env
+                .get(TELEGRAM_TOKEN_ENV)
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+                .ok_or(AdapterError::MissingSecret {
+                    adapter: "the telegram adapter",
+                    env: TELEGRAM_TOKEN_ENV,
+                })?;
+            secrets.telegram = Some(token.to_owned());
+        }
+        Ok(secrets)
+    }
+}
+
+/// Starts every adapter that has its secret under the root supervisor. The
+/// host calls this once, after the actors and before serving; shadow mode
+/// must not.
 pub async fn start(
     app: &Arc<App>,
     supervisor: &ActorRef<SupervisorMsg>,
-    env: &BTreeMap<String, String>,
+    secrets: AdapterSecrets,
 ) -> Result<(), AdapterError> {
-    let tg = &app.rt.settings.adapters.telegram;
-    if tg.enabled {
-        let token = env
-            .get(TELEGRAM_TOKEN_ENV)
-            .filter(|t| !t.trim().is_empty())
-            .ok_or(AdapterError::MissingSecret {
-                adapter: "telegram adapter",
-                env: TELEGRAM_TOKEN_ENV,
-            })?;
-        let child = telegram::TelegramChild::new(app.clone(), token.trim().to_owned());
+    if let Some(token) = secrets.telegram {
+        let child = telegram::TelegramChild::new(app.clone(), token);
         call_t!(
             supervisor,
             SupervisorMsg::Supervise,

@@ -335,6 +335,8 @@ pub async fn serve_with(
         settings.bind = b;
         settings.validate()?;
     }
+    // Before anything starts: an enabled adapter without its secret stops here.
+    let adapter_secrets = crate::adapters::AdapterSecrets::from_env(&settings, &env)?;
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
@@ -377,7 +379,7 @@ pub async fn serve_with(
         }
     }
     // The chat adapters: the one construction point (a shadow host must skip it).
-    crate::adapters::start(&app, &supervisor, &env).await?;
+    crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
