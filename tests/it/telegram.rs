@@ -687,3 +687,30 @@ async fn telegram_failures_show_on_healthz_without_the_token() {
     assert!(fake.calls("getUpdates").is_empty());
     host.stop().await;
 }
+
+#[tokio::test]
+async fn mercury_bench_adapters_reports_both_paths_and_the_ratio() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .args(["bench", "adapters", "--messages", "150", "--chats", "3"])
+        .env("MERCURY_LOG", "warn")
+        .env_remove("MERCURY_TELEGRAM_BOT_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The figures depend on the machine; their presence does not.
+    for line in [
+        "150 messages over 3 group chats",
+        "telegram ",
+        "via getUpdates against the fake",
+        "ingest_tx alone, one at a time",
+        "(telegram time / ingress time)",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
