@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::adapter::AdapterBoard;
 use crate::actors::review_scheduler::ReviewHandle;
 use crate::actors::SpaceDirectory;
 use crate::ids::SpaceId;
@@ -30,6 +31,9 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// The review scheduler (`POST /api/review/run`).
     pub review: ReviewHandle,
+    /// The chat adapters' health and webhook inboxes (`/healthz`, the
+    /// Telegram webhook route).
+    pub adapters: AdapterBoard,
 }
 
 /// Why a space was not created.

@@ -64,6 +64,7 @@ pub struct Settings {
     pub runs: RunsConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub adapters: AdaptersConfig,
 }
 
 /// The workspace file routes (`/api/files`).
@@ -124,6 +125,49 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub format: LogFormat,
+}
+
+/// The in-process chat adapters (`src/adapters`). Their secrets come from the
+/// environment only (`MERCURY_TELEGRAM_BOT_TOKEN`), never from this file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptersConfig {
+    pub telegram: TelegramConfig,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TelegramMode {
+    /// `getUpdates` long polling: nothing has to reach the host from outside.
+    Polling,
+    /// `setWebhook`: Telegram POSTs to `/api/adapters/telegram/webhook`.
+    Webhook,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelegramConfig {
+    pub enabled: bool,
+    pub mode: TelegramMode,
+    /// The Bot API's base URL (a local Bot API server, or a test's fake).
+    pub api_base_url: String,
+    /// Webhook mode: the public https URL Telegram calls, routed to this
+    /// host's `/api/adapters/telegram/webhook`.
+    pub webhook_url: String,
+    /// Seconds one `getUpdates` long poll waits for an update.
+    pub poll_timeout_secs: u32,
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            mode: TelegramMode::Polling,
+            api_base_url: "https://api.telegram.org".into(),
+            webhook_url: String::new(),
+            poll_timeout_secs: 25,
+        }
+    }
 }
 
 /// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
@@ -292,6 +336,7 @@ impl Default for Settings {
             runs: RunsConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            adapters: AdaptersConfig::default(),
         }
     }
 }
@@ -514,6 +559,14 @@ files:                          # the workspace file routes (/api/files)
 runs:                           # run traces
   keep_days: 30                 # days: run traces (run_steps) older than this are deleted
   step_output_bytes: 2048       # bytes: output text kept per traced step
+adapters:                       # in-process chat adapters (docs/adapters.md)
+  # Telegram. The bot token is read from MERCURY_TELEGRAM_BOT_TOKEN only.
+  telegram:
+    enabled: false              # true|false
+    mode: polling               # polling (getUpdates) | webhook (setWebhook, secret checked on every call)
+    api_base_url: "https://api.telegram.org"  # URL of the Bot API (a local Bot API server, a test's fake)
+    webhook_url: ""             # URL: webhook mode's public https URL of /api/adapters/telegram/webhook
+    poll_timeout_secs: 25       # seconds one getUpdates long poll waits (at most 50)
 "#
     )
 }
@@ -820,6 +873,29 @@ impl Settings {
                 format!("{:?} is not ADDR:PORT", self.metrics.bind),
             ));
         }
+        let tg = &self.adapters.telegram;
+        if !(tg.api_base_url.starts_with("http://") || tg.api_base_url.starts_with("https://")) {
+            return Err(key_err(
+                "adapters.telegram.api_base_url",
+                "must start with http:// or https://",
+            ));
+        }
+        if tg.enabled
+            && tg.mode == TelegramMode::Webhook
+            && !tg.webhook_url.starts_with("https://")
+            && !tg.webhook_url.starts_with("http://")
+        {
+            return Err(key_err(
+                "adapters.telegram.webhook_url",
+                "webhook mode needs the public URL Telegram calls (https://…/api/adapters/telegram/webhook)",
+            ));
+        }
+        if tg.poll_timeout_secs > 50 {
+            return Err(key_err(
+                "adapters.telegram.poll_timeout_secs",
+                "must be at most 50",
+            ));
+        }
         let url = &self.webhook.url;
         if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             return Err(key_err(
@@ -882,6 +958,7 @@ pub fn parse_daily_at(raw: &str) -> Result<(u32, u32), String> {
 pub const OTHER_ENV: &[&str] = &[
     "MERCURY_OPENAI_API_KEY",
     "MERCURY_ANTHROPIC_API_KEY",
+    "MERCURY_TELEGRAM_BOT_TOKEN",
     "MERCURY_LOG",
     "MERCURY_DATA_DIR",
     "MERCURY_MRCTL",

@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! Imports run one way, top to bottom (`tests/it/layers.rs` holds it):
-//! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`ingress`] → [`app`] →
+//! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`adapters`] → [`ingress`] → [`app`] →
 //! [`actors`] → [`agent`], [`review`] → [`links`], [`perms`], [`redaction`],
 //! [`runtime`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
 //! → [`config`] → [`ids`], [`clock`], [`schedule`], [`telemetry`].
@@ -12,6 +12,7 @@
 //! - [`bench`]: `mercury bench …`: product paths timed beside a baseline.
 //! - [`host`]: the composition root: `init`, `serve`, the demo, the temp host, container wiring.
 //! - [`api`]: the axum router, the auth and act-as steps, one error type; `routes/` per resource.
+//! - [`adapters`]: in-process chat adapters (Telegram), each an actor under the root supervisor.
 //! - [`ingress`]: inbound messages (durable first), triggers, rate limits, webhook adapter.
 //! - [`app`]: `App`, the state request handlers and ingress reach.
 //! - [`actors`]: the root supervisor, `SpaceActor`, task and review schedulers, judge pool, asks.
@@ -30,6 +31,7 @@
 //! - [`telemetry`]: the Prometheus metrics of a host (bounded labels).
 
 pub mod actors;
+pub mod adapters;
 pub mod agent;
 pub mod api;
 pub mod app;

@@ -10,13 +10,15 @@
 //! ├── TaskScheduler         due tasks → durable firings → the space's actor
 //! ├── ReviewScheduler       the daily scan (and run-now)
 //! ├── JudgePool             bounded, rate-limited judge calls, live turns first
-//! └── AskSandbox            one per ask; supervised, never restarted
+//! ├── AskSandbox            one per ask; supervised, never restarted
+//! └── adapters              each chat adapter (`crate::adapters`), as a `SupervisedChild`
 //! ```
 //!
 //! [`SpaceDirectory`] is how the rest of the host reaches a space's actor: it
 //! starts one on demand and retries once through the supervisor when a
 //! reference has died. Must never: call an actor without a timeout.
 
+pub mod adapter;
 pub mod ask;
 pub mod judge_pool;
 pub mod review_scheduler;

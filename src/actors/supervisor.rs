@@ -1,5 +1,6 @@
 //! `RootSupervisor`: parent of every space actor, the task scheduler, the
-//! review scheduler, the judge pool and each `ask`'s `AskSandbox`.
+//! review scheduler, the judge pool, each `ask`'s `AskSandbox` and the chat
+//! adapters (given to it as [`SupervisedChild`]ren by the host).
 //!
 //! An ask is one turn on a throwaway copy: it is started here so it dies with
 //! the tree, and never restarted (a failed ask answers its caller with an
@@ -22,6 +23,7 @@ use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 
+use super::adapter::SupervisedChild;
 use super::ask::{AskArgs, AskSandbox};
 use super::judge_pool::{JudgePool, JudgePoolArgs, JudgePoolMsg, JudgePoolSlot};
 use super::review_scheduler::{
@@ -49,6 +51,8 @@ pub enum SupervisorMsg {
     /// `SpaceDirectory::spawn_ask`; the reply says it started, and the ask's
     /// own outcome goes back through the oneshot in its arguments.
     SpawnAsk(Box<AskArgs>, RpcReplyPort<Result<(), super::SpawnError>>),
+    /// Start `child` and restart it whenever it fails (within the budget).
+    Supervise(Arc<dyn SupervisedChild>, RpcReplyPort<Result<(), String>>),
 }
 
 pub struct SupervisorArgs {
@@ -72,6 +76,8 @@ pub struct SupervisorState {
     judge_pool: Option<ActorRef<JudgePoolMsg>>,
     /// Pointed at the judge pool whenever it (re)starts; scans read it.
     judge_pool_slot: JudgePoolSlot,
+    /// Children started by [`SupervisorMsg::Supervise`], by their actor.
+    supervised: HashMap<ActorId, Arc<dyn SupervisedChild>>,
 }
 
 pub struct RootSupervisor;
@@ -241,6 +247,39 @@ impl RootSupervisor {
         }
     }
 
+    async fn spawn_supervised(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        child: Arc<dyn SupervisedChild>,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell = child.spawn(myself.get_cell()).await?;
+        state.supervised.insert(cell.get_id(), child);
+        Ok(())
+    }
+
+    /// Restarts a failed supervised child within its budget; like a
+    /// singleton, a failed restart is logged and never propagated.
+    async fn restart_supervised(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        child: Arc<dyn SupervisedChild>,
+        err: &str,
+    ) {
+        let name = child.name();
+        let (ok, n) = Self::within_budget(state, &format!("({name})"));
+        tracing::error!(error = %err, restarts = n, "{name} failed");
+        if !ok {
+            tracing::error!(
+                "{name}: restart budget exhausted; it stays down until the host restarts"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;
+        if let Err(e) = Self::spawn_supervised(myself, state, child).await {
+            tracing::error!(error = %e, "could not restart the {name}");
+        }
+    }
+
     fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<SpaceId> {
         let space = state.by_actor.remove(&cell.get_id())?;
         if let Ok(mut m) = state.spaces.lock() {
@@ -283,6 +322,7 @@ impl Actor for RootSupervisor {
             review: args.review,
             judge_pool: None,
             judge_pool_slot: JudgePoolSlot::default(),
+            supervised: HashMap::new(),
         })
     }
 
@@ -321,6 +361,12 @@ impl Actor for RootSupervisor {
                     });
                 let _ = reply.send(res);
             }
+            SupervisorMsg::Supervise(child, reply) => {
+                let res = Self::spawn_supervised(&myself, state, child)
+                    .await
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(res);
+            }
         }
         Ok(())
     }
@@ -335,6 +381,8 @@ impl Actor for RootSupervisor {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 if state.asks.remove(&cell.get_id()).is_some() {
                     // An ask that answered and stopped: nothing to do.
+                } else if let Some(child) = state.supervised.remove(&cell.get_id()) {
+                    tracing::debug!(reason = ?reason, "{} stopped", child.name());
                 } else if let Some(space) = Self::forget(state, &cell) {
                     tracing::debug!(space = %space, reason = ?reason, "space actor stopped");
                 }
@@ -345,6 +393,8 @@ impl Actor for RootSupervisor {
                     tracing::error!(target = %target, error = %err, "ask sandbox failed; not restarted");
                 } else if let Some(which) = Self::singleton(state, &cell) {
                     Self::restart_singleton(&myself, state, which, &err.to_string()).await;
+                } else if let Some(child) = state.supervised.remove(&cell.get_id()) {
+                    Self::restart_supervised(&myself, state, child, &err.to_string()).await;
                 } else if let Some(space) = Self::forget(state, &cell) {
                     let (ok, n) = Self::within_budget(state, space.as_str());
                     tracing::error!(space = %space, error = %err, restarts = n, "space actor failed");

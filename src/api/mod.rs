@@ -11,6 +11,7 @@ mod ask_guard;
 pub mod auth;
 pub mod error;
 pub mod ops;
+mod platform_webhooks;
 mod routes;
 
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub fn router(app: Arc<App>) -> Router {
     let limit = app.rt.settings.http.body_limit_bytes;
     Router::new()
         .route("/healthz", get(healthz))
+        // Authenticated by the platform's secret header, not a bearer token.
+        .merge(platform_webhooks::router())
         .merge(api)
         // Without these, axum answers 404/405 with an empty body, not our error shape.
         .method_not_allowed_fallback(
@@ -81,5 +84,6 @@ async fn healthz(
         "version": env!("CARGO_PKG_VERSION"),
         "spaces_active": app.spaces.active_count(),
         "sandbox": app.rt.sandbox.name(),
+        "adapters": app.adapters.statuses(),
     }))
 }

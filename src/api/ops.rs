@@ -66,6 +66,10 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
 }
 
 async fn render(app: &App) -> ApiResult<Response> {
+    // The chat adapters' health lives on their board; the gauge follows it.
+    for (name, a) in app.adapters.statuses() {
+        app.rt.metrics.set_adapter_up(&name, a.connected);
+    }
     let now = snapshot(app).await?;
     let body = app.rt.metrics.encode(&now);
     Ok(([(CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], body).into_response())
@@ -137,6 +141,16 @@ async fn status(
         adapters.push(AdapterStatus {
             name: "webhook".into(),
             state: "running",
+        });
+    }
+    for (name, a) in app.adapters.statuses() {
+        adapters.push(AdapterStatus {
+            name,
+            state: if a.connected {
+                "connected"
+            } else {
+                "disconnected"
+            },
         });
     }
     Ok(Json(Status {

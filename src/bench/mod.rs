@@ -4,12 +4,14 @@
 //! Benches: `turns` (ingest throughput and per-turn orchestration overhead),
 //! `sandbox` (container start to first exec), `links` (a read route direct
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
-//! and `review`; `docs/benchmarks.md` says how to read them.
+//! `review` and `adapters` (Telegram intake beside ingress alone);
+//! `docs/benchmarks.md` says how to read them.
 //!
 //! Must never: touch a real data dir (every bench works in a temp dir), call
 //! a network model (the scripted model answers), or pass or fail on a
 //! number (targets are reported, never asserted).
 
+pub mod adapters;
 pub mod ask;
 pub mod links;
 pub mod review;

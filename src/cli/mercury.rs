@@ -1,5 +1,5 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench turns|sandbox|links|ask|review`, `review redact|gate|intake|approve`. Data goes to
+//! `bench turns|sandbox|links|ask|review|review-quality|adapters`, `review redact|gate|intake|approve`. Data goes to
 //! stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
@@ -118,6 +118,14 @@ enum BenchCommand {
         /// Measured runs of each path (after one warm-up run).
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
         runs: u16,
+    },
+    /// Messages/s taken in through the Telegram adapter (against a local fake Bot API) beside ingress alone.
+    Adapters {
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        messages: u64,
+        /// Group chats the messages are spread over.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        chats: u64,
     },
     /// The same read routes direct and through a space link (act-as), side by side.
     Links {
@@ -320,6 +328,24 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Command::Bench {
+            command: BenchCommand::Adapters { messages, chats },
+        } => {
+            let opts = crate::bench::adapters::AdaptersOptions {
+                messages: usize::try_from(messages).unwrap_or(usize::MAX),
+                chats: usize::try_from(chats).unwrap_or(usize::MAX),
+            };
+            match crate::bench::adapters::run(&opts).await {
+                Ok(figs) => {
+                    crate::bench::adapters::print(&figs);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench adapters: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Bench {
             command: BenchCommand::Links { requests },
         } => {

@@ -47,6 +47,9 @@ pub struct ServeOptions {
     pub tcp: Option<std::net::TcpListener>,
     /// Admission of background model calls; `Open` only for `mercury bench review`.
     pub review_admission: Admission,
+    /// The `MERCURY_*` environment the adapters read their secrets from;
+    /// `None`: this process's (a temp host's bench passes its own).
+    pub env: Option<BTreeMap<String, String>>,
 }
 
 impl ServeOptions {
@@ -55,6 +58,7 @@ impl ServeOptions {
             settings,
             tcp: None,
             review_admission: Admission::Gated,
+            env: None,
         }
     }
 
@@ -319,6 +323,7 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let env = options.env.unwrap_or_else(config::process_env);
     let bound = options.tcp;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
@@ -344,7 +349,6 @@ pub async fn serve_with(
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: warning: {loose}");
     }
-    let env = config::process_env();
     for unknown in config::unknown_vars(&env) {
         tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
     }
@@ -353,6 +357,8 @@ pub async fn serve_with(
     for (spec, var) in config::missing_keys(&settings, &env) {
         tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
     }
+    // Before anything starts: an enabled adapter without its secret stops here.
+    let adapter_secrets = crate::adapters::AdapterSecrets::from_env(&settings, &env)?;
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
@@ -385,6 +391,7 @@ pub async fn serve_with(
         rt: rt.clone(),
         shutdown: shutdown.clone(),
         review,
+        adapters: Default::default(),
     });
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
@@ -397,6 +404,8 @@ pub async fn serve_with(
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }
+    // The chat adapters: the one construction point (a shadow host must skip it).
+    crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));

@@ -31,6 +31,8 @@ pub struct TempHost {
 pub struct TempHostBuilder {
     rules: String,
     keys: Vec<(String, serde_yaml_ng::Value)>,
+    /// Secrets for the adapters (`MERCURY_TELEGRAM_BOT_TOKEN`), instead of this process's environment.
+    env: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Default for TempHostBuilder {
@@ -38,6 +40,7 @@ impl Default for TempHostBuilder {
         Self {
             rules: r#"{"rules": [{"reply": "ok"}]}"#.to_owned(),
             keys: Vec::new(),
+            env: None,
         }
     }
 }
@@ -57,6 +60,15 @@ impl TempHostBuilder {
     /// Any config key, as a dotted path (`sandbox.workspace_mb`).
     pub fn set(mut self, key: &str, value: serde_yaml_ng::Value) -> Self {
         self.keys.push((key.to_owned(), value));
+        self
+    }
+
+    /// A `MERCURY_*` variable the host reads instead of this process's
+    /// environment (which it then does not read at all).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
         self
     }
 
@@ -83,7 +95,7 @@ impl TempHostBuilder {
     /// (127.0.0.1, port 0), and waits until it answers.
     pub async fn start(self) -> anyhow::Result<TempHost> {
         let (dir, data) = self.prepare().await?;
-        TempHost::serve_in(dir, data).await
+        TempHost::serve_with_env(dir, data, self.env).await
     }
 }
 
@@ -100,12 +112,23 @@ impl TempHost {
 
     /// Serves the prepared data dir `data` (inside `dir`) in this process.
     pub async fn serve_in(dir: tempfile::TempDir, data: PathBuf) -> anyhow::Result<TempHost> {
+        Self::serve_with_env(dir, data, None).await
+    }
+
+    async fn serve_with_env(
+        dir: tempfile::TempDir,
+        data: PathBuf,
+        env: Option<std::collections::BTreeMap<String, String>>,
+    ) -> anyhow::Result<TempHost> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            let options = crate::host::ServeOptions::on(crate::host::settings_of(&data)?, listener);
+            let options = crate::host::ServeOptions {
+                env,
+                ..crate::host::ServeOptions::on(crate::host::settings_of(&data)?, listener)
+            };
             async move { crate::host::serve_with(&data, options, shutdown).await }
         });
         let owner_token = std::fs::read_to_string(data.join("global/owner.token"))?

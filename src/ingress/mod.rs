@@ -132,13 +132,31 @@ pub enum IngressError {
 
 /// The inbound path: durable row first, then the space's actor.
 pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, IngressError> {
+    ingest_with(app, m, |_| Ok(())).await
+}
+
+/// [`ingest`], with `also` run in the same transaction as the message row:
+/// an in-process adapter records how far it has read its platform there, so
+/// its position never runs ahead of (or behind) what is stored.
+pub async fn ingest_with<F>(
+    app: &App,
+    m: IngressMessage,
+    also: F,
+) -> Result<IngestResult, IngressError>
+where
+    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+{
     let settings = app.rt.settings.clone();
     let limits = app.limits.clone();
     let (platform, external) = (m.platform.clone(), m.message_id.clone());
     let res = app
         .rt
         .store
-        .write(move |tx| ingest_tx(tx, &settings, &limits, &m))
+        .write(move |tx| {
+            let res = ingest_tx(tx, &settings, &limits, &m)?;
+            also(tx)?;
+            Ok(res)
+        })
         .await?;
     app.rt.metrics.ingress(res.status.as_str());
     tracing::debug!(

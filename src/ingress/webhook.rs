@@ -1,6 +1,9 @@
 //! The webhook adapter: POSTs each undelivered outbox item to `webhook.url`,
 //! retrying failed items with jittered pauses up to `webhook.max_attempts`.
 //!
+//! Replies of a platform an in-process adapter serves (`adapters.telegram`)
+//! are left to that adapter.
+//!
 //! Must never: mark an item delivered without a 2xx answer, or retry forever.
 
 use std::sync::Arc;
@@ -17,6 +20,8 @@ use crate::storage::outbox;
 pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
     let url = rt.settings.webhook.url.clone();
     let max = rt.settings.webhook.max_attempts;
+    // The in-process Telegram adapter delivers Telegram's replies itself.
+    let skip = rt.settings.adapters.telegram.enabled.then_some("telegram");
     let client = match reqwest::Client::builder()
         .timeout(Duration::from_secs(15))
         .build()
@@ -30,7 +35,7 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
     loop {
         let items = rt
             .store
-            .read(move |c| outbox::undelivered(c, max, 100))
+            .read(move |c| outbox::undelivered_except(c, skip, max, 100))
             .await
             .unwrap_or_default();
         for item in items {

@@ -1,7 +1,8 @@
 //! Identifier redaction for conversation review, with a fail-closed gate.
 //!
 //! Owns the rules that decide what counts as a personal identifier in review
-//! text (phone numbers, WhatsApp ids, e-mail addresses, the sender ids and the
+//! text (phone numbers, WhatsApp ids, e-mail addresses, chat-platform ids
+//! (Telegram ids and usernames, Discord snowflakes), the sender ids and the
 //! names configured for a scan), the [`Redactor`] that swaps them for stable
 //! per-scan placeholders such as `[PERSON_1]`, and [`assert_no_identifiers`] /
 //! [`IdentifierGate`], the gate a report must pass before it is written or
@@ -19,6 +20,7 @@
 //! - [`normalise`]: the plain and folded views and their span maps.
 //! - [`names`]: the name variants of the list and where they match.
 //! - [`patterns`]: phones, WhatsApp ids, e-mails, and ordinary numbers.
+//! - [`platform_ids`]: Telegram ids and usernames, Discord snowflakes.
 //! - [`gate`]: the fail-closed gate.
 //!
 //! Must never: log, print, return or put in an error a matched value (errors
@@ -29,6 +31,7 @@ mod gate;
 mod names;
 mod normalise;
 mod patterns;
+mod platform_ids;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -52,15 +55,18 @@ pub enum IdentifierKind {
     Email,
     SenderId,
     Name,
+    /// A Telegram user/chat id or username, a Discord snowflake.
+    PlatformId,
 }
 
 impl IdentifierKind {
-    pub const ALL: [IdentifierKind; 5] = [
+    pub const ALL: [IdentifierKind; 6] = [
         IdentifierKind::Phone,
         IdentifierKind::WhatsappId,
         IdentifierKind::Email,
         IdentifierKind::SenderId,
         IdentifierKind::Name,
+        IdentifierKind::PlatformId,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +76,7 @@ impl IdentifierKind {
             IdentifierKind::Email => "email",
             IdentifierKind::SenderId => "sender_id",
             IdentifierKind::Name => "name",
+            IdentifierKind::PlatformId => "platform_id",
         }
     }
 
@@ -81,6 +88,7 @@ impl IdentifierKind {
             IdentifierKind::Email => "EMAIL",
             IdentifierKind::SenderId => "SENDER",
             IdentifierKind::Name => "PERSON",
+            IdentifierKind::PlatformId => "PLATFORM",
         }
     }
 }
@@ -342,10 +350,12 @@ pub fn load_names_file(path: impl AsRef<Path>) -> io::Result<Vec<String>> {
 /// When matches overlap, the earlier kind names the whole: a name inside an
 /// e-mail address or a sender id goes with that value, and a phone run that
 /// reaches into a WhatsApp id is one identifier, not two halves.
-const PRIORITY: [IdentifierKind; 5] = [
+const PRIORITY: [IdentifierKind; 6] = [
     IdentifierKind::SenderId,
     IdentifierKind::WhatsappId,
     IdentifierKind::Email,
+    // Before phones: `telegram:123456789` is one id, not a prefix and a phone.
+    IdentifierKind::PlatformId,
     IdentifierKind::Phone,
     IdentifierKind::Name,
 ];
@@ -360,8 +370,9 @@ fn priority(kind: IdentifierKind) -> usize {
 /// Placeholders already in the text are barriers: no pass looks inside them
 /// or joins text across them. The number is capped at six digits so nothing
 /// dressed up as a placeholder can smuggle a phone number through.
-static PLACEHOLDER: LazyLock<Regex> =
-    LazyLock::new(|| constant_regex(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON)_[1-9][0-9]{0,5}\]"));
+static PLACEHOLDER: LazyLock<Regex> = LazyLock::new(|| {
+    constant_regex(r"\[(?:PHONE|WA|EMAIL|SENDER|PERSON|PLATFORM)_[1-9][0-9]{0,5}\]")
+});
 
 /// Applies `f` to the text between placeholders and keeps the placeholders
 /// verbatim, so no pass can re-match one or join text across one.
@@ -447,6 +458,10 @@ impl Matchers {
             IdentifierKind::WhatsappId,
             patterns::whatsapp_spans(&plain.text),
         );
+        from_plain(
+            IdentifierKind::PlatformId,
+            platform_ids::platform_id_spans(&plain.text),
+        );
         from_plain(IdentifierKind::Email, patterns::email_spans(&plain.text));
         from_plain(IdentifierKind::Phone, patterns::phone_spans(&plain.text));
         for r in self.0.names.spans(views) {
@@ -473,6 +488,17 @@ fn merge(mut found: Vec<(Range<usize>, IdentifierKind, String)>) -> Vec<Hit> {
     for (range, kind, key) in found {
         if let Some(last) = out.last_mut() {
             if range.start < last.range.end {
+                // A platform-id shape (`@handle`) over a configured name
+                // yields to it, range and all, so the `@` of a name's handle
+                // stays the text around that name.
+                let (platform, name) = (IdentifierKind::PlatformId, IdentifierKind::Name);
+                if kind == platform && last.kind == name {
+                    continue;
+                }
+                if last.kind == platform && kind == name {
+                    *last = Hit { range, kind, key };
+                    continue;
+                }
                 last.range.end = last.range.end.max(range.end);
                 if priority(kind) < priority(last.kind) {
                     last.kind = kind;
@@ -521,6 +547,17 @@ fn plain_key(kind: IdentifierKind, raw: &str) -> String {
                     format!("{user}@{suffix}")
                 }
                 None => lower,
+            }
+        }
+        // `t.me/alice` is `@alice`; `<@!123>` is the snowflake 123.
+        IdentifierKind::PlatformId => {
+            let lower: String = raw.to_lowercase().chars().filter(|c| *c != ' ').collect();
+            if let Some(user) = lower.strip_prefix("t.me/") {
+                format!("@{user}")
+            } else if lower.starts_with('<') {
+                lower.chars().filter(char::is_ascii_digit).collect()
+            } else {
+                lower
             }
         }
         IdentifierKind::Email | IdentifierKind::SenderId | IdentifierKind::Name => {
@@ -574,9 +611,29 @@ mod tests {
                 ("email", "EMAIL"),
                 ("sender_id", "SENDER"),
                 ("name", "PERSON"),
+                ("platform_id", "PLATFORM"),
             ]
         );
         assert_eq!(IdentifierKind::WhatsappId.to_string(), "whatsapp_id");
+    }
+
+    #[test]
+    fn telegram_and_discord_ids_are_identifiers() {
+        let list = RedactionList::new();
+        let mut r = redactor(list.clone());
+        let line = "telegram:123456789 (@alice_smith) asked <@123456789012345678> \
+                    and telegram:123456789 again, see t.me/alice_smith";
+        let out = r.redact_identifiers(line);
+        assert_eq!(
+            out,
+            "[PLATFORM_1] ([PLATFORM_2]) asked [PLATFORM_3] \
+             and [PLATFORM_1] again, see [PLATFORM_2]"
+        );
+        assert_eq!(assert_no_identifiers(&out, &list), Ok(()));
+        assert_eq!(
+            kinds("ping @alice_smith", &list),
+            BTreeSet::from([IdentifierKind::PlatformId])
+        );
     }
 
     #[test]
@@ -901,16 +958,24 @@ mod tests {
             .with_name("Alice Martin")
             .with_sender_id("discord:9981");
         let text = "Alice wrote from discord:9981 to 555-123-4567, \
-                    bob@example.com and 123@lid";
+                    bob@example.com and 123@lid, cc <@123456789012345678>";
         let err = assert_no_identifiers(text, &list).expect_err("identifiers present");
         assert_eq!(err.kinds, IdentifierKind::ALL.into_iter().collect());
         let message = err.to_string();
         assert_eq!(
             message,
-            "identifier gate failed: phone, whatsapp_id, email, sender_id, name still present"
+            "identifier gate failed: phone, whatsapp_id, email, sender_id, name, platform_id still present"
         );
         let debug = format!("{err:?}");
-        for value in ["Alice", "9981", "4567", "bob", "example", "123@lid"] {
+        for value in [
+            "Alice",
+            "9981",
+            "4567",
+            "bob",
+            "example",
+            "123@lid",
+            "12345678901",
+        ] {
             assert!(!message.contains(value), "message leaks {value}");
             assert!(!debug.contains(value), "debug leaks {value}");
         }

@@ -280,6 +280,18 @@ CREATE INDEX run_steps_started ON run_steps (started_at);
     r#"
 ALTER TABLE api_tokens ADD COLUMN scope TEXT;
 "#,
+    // 8: chat adapters (issue 16): each in-process adapter's durable position
+    // (Telegram's getUpdates offset, Discord's gateway session), written in
+    // the same transaction as the message row it follows; and a per-platform
+    // index of undelivered replies (each adapter reads only its own).
+    r#"
+CREATE TABLE adapter_positions (
+  adapter TEXT PRIMARY KEY,
+  position TEXT NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+CREATE INDEX outbox_undelivered_platform ON outbox (platform, id) WHERE delivered_at IS NULL;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

@@ -16,6 +16,7 @@
 //! Must never: open a second writer, hold a transaction across an await, or
 //! create a row as a side effect of a read.
 
+pub mod adapters;
 pub mod conversations;
 pub mod identities;
 pub mod links;

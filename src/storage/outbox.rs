@@ -2,7 +2,7 @@
 //! adapter (`GET /api/outbox?after=`) or pushed by the webhook adapter.
 //! Rows are kept after delivery (with `delivered_at`), so nothing is lost.
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::{Cached, StoreResult};
@@ -98,4 +98,84 @@ pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
         params![id, error],
     )?;
     Ok(())
+}
+
+/// [`undelivered`] without `skip`'s items: the webhook adapter leaves the
+/// replies of a platform an in-process adapter delivers to that adapter.
+pub fn undelivered_except(
+    conn: &Connection,
+    skip: Option<&str>,
+    max_attempts: u32,
+    limit: u32,
+) -> StoreResult<Vec<OutboxItem>> {
+    let Some(skip) = skip else {
+        return undelivered(conn, max_attempts, limit);
+    };
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 AND platform <> ?3 ORDER BY id LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![max_attempts, limit, skip], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Undelivered items of one platform, oldest first (an in-process adapter
+/// delivers only its own platform's replies).
+pub fn undelivered_for(
+    conn: &Connection,
+    platform: &str,
+    max_attempts: u32,
+    limit: u32,
+) -> StoreResult<Vec<OutboxItem>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM outbox INDEXED BY outbox_undelivered_platform
+         WHERE platform = ?1 AND delivered_at IS NULL AND attempts < ?2 ORDER BY id LIMIT ?3"
+    ))?;
+    let rows = stmt.query_map(params![platform, max_attempts, limit], from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The platform's own id of the message a queued reply answers (the reply
+/// row's `reply_to`), so the adapter can thread its answer under it.
+pub fn answered_platform_id(conn: &Connection, item: &OutboxItem) -> StoreResult<Option<String>> {
+    let Some(reply) = item.message_id else {
+        return Ok(None);
+    };
+    Ok(conn
+        .query_row_cached(
+            "SELECT q.platform_message_id FROM messages r JOIN messages q ON q.id = r.reply_to WHERE r.id = ?1",
+            [reply],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()?
+        .flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_adapter_sees_only_its_platforms_undelivered_items() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::storage::migrations::apply(&mut conn).unwrap();
+        let tg = enqueue(&conn, "s", None, "telegram", "42", None, "a").unwrap();
+        let wh = enqueue(&conn, "s", None, "whatsapp", "x@s.whatsapp.net", None, "b").unwrap();
+        let ids = |v: Vec<OutboxItem>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(undelivered_for(&conn, "telegram", 5, 10).unwrap()),
+            vec![tg]
+        );
+        assert_eq!(
+            ids(undelivered_except(&conn, Some("telegram"), 5, 10).unwrap()),
+            vec![wh]
+        );
+        assert_eq!(
+            ids(undelivered_except(&conn, None, 5, 10).unwrap()),
+            vec![tg, wh]
+        );
+        mark_delivered(&conn, tg).unwrap();
+        assert!(undelivered_for(&conn, "telegram", 5, 10)
+            .unwrap()
+            .is_empty());
+    }
 }

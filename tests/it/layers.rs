@@ -13,7 +13,9 @@ const LAYERS: &[&[&str]] = &[
     &["bench"],
     &["host"],
     &["api"],
-    &["ingress", "adapters"],
+    // An in-process adapter calls ingress, so it sits one row above it.
+    &["adapters"],
+    &["ingress"],
     &["app"],
     &["actors"],
     &["agent", "review", "shadow"],

@@ -24,3 +24,4 @@ mod security_links;
 mod security_sandbox;
 mod smoke;
 mod snapshots;
+mod telegram;

@@ -1,0 +1,116 @@
+//! What the rest of the host knows of the chat adapters (`crate::adapters`),
+//! which sit above it: each adapter's health on the [`AdapterBoard`]
+//! (`/healthz`), the inbox a webhook-mode adapter takes its platform's calls
+//! on, and [`SupervisedChild`], how the root supervisor (re)starts an actor
+//! defined in a layer above its own.
+//!
+//! Must never: hold an adapter's secret beyond the webhook check it exists
+//! for, or show one in a status.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{ActorCell, ActorProcessingErr};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::now_ms;
+
+/// One adapter's state as `/healthz` shows it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AdapterStatus {
+    /// `polling`, `webhook` or `gateway`.
+    pub mode: String,
+    /// The last call to the platform succeeded.
+    pub connected: bool,
+    /// When the last platform update was stored (ms since the epoch).
+    pub last_update_at: Option<i64>,
+    /// The last failure talking to the platform (no secret in it).
+    pub last_error: Option<String>,
+    pub last_error_at: Option<i64>,
+}
+
+/// One platform call received on the webhook route, handed to the adapter;
+/// `done` is answered once the update is stored (or could not be).
+pub struct WebhookCall {
+    pub body: serde_json::Value,
+    pub done: oneshot::Sender<Result<(), String>>,
+}
+
+/// A webhook-mode adapter's registration: the secret the platform sends on
+/// every call and where calls go.
+#[derive(Clone)]
+pub struct WebhookInbox {
+    pub secret: String,
+    pub calls: mpsc::Sender<WebhookCall>,
+}
+
+/// Health and webhook inboxes of every running adapter, by adapter name.
+#[derive(Clone, Default)]
+pub struct AdapterBoard {
+    status: Arc<Mutex<BTreeMap<String, AdapterStatus>>>,
+    webhooks: Arc<Mutex<BTreeMap<String, WebhookInbox>>>,
+}
+
+impl AdapterBoard {
+    pub fn statuses(&self) -> BTreeMap<String, AdapterStatus> {
+        self.status.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    fn update(&self, adapter: &str, f: impl FnOnce(&mut AdapterStatus)) {
+        if let Ok(mut m) = self.status.lock() {
+            f(m.entry(adapter.to_owned()).or_default());
+        }
+    }
+
+    pub fn set_mode(&self, adapter: &str, mode: &str) {
+        self.update(adapter, |s| s.mode = mode.to_owned());
+    }
+
+    pub fn connected(&self, adapter: &str) {
+        self.update(adapter, |s| s.connected = true);
+    }
+
+    pub fn updated(&self, adapter: &str) {
+        self.update(adapter, |s| {
+            s.connected = true;
+            s.last_update_at = Some(now_ms());
+        });
+    }
+
+    pub fn failed(&self, adapter: &str, error: &str) {
+        self.update(adapter, |s| {
+            s.connected = false;
+            s.last_error = Some(error.to_owned());
+            s.last_error_at = Some(now_ms());
+        });
+    }
+
+    pub fn register_webhook(&self, adapter: &str, inbox: WebhookInbox) {
+        if let Ok(mut m) = self.webhooks.lock() {
+            m.insert(adapter.to_owned(), inbox);
+        }
+    }
+
+    pub fn remove_webhook(&self, adapter: &str) {
+        if let Ok(mut m) = self.webhooks.lock() {
+            m.remove(adapter);
+        }
+    }
+
+    pub fn webhook(&self, adapter: &str) -> Option<WebhookInbox> {
+        self.webhooks
+            .lock()
+            .ok()
+            .and_then(|m| m.get(adapter).cloned())
+    }
+}
+
+/// An actor the root supervisor starts and restarts but cannot name (it is
+/// defined above the actors layer): `spawn` starts it linked to `supervisor`.
+#[async_trait::async_trait]
+pub trait SupervisedChild: Send + Sync + 'static {
+    /// The restart-budget key and the name in logs (`telegram adapter`).
+    fn name(&self) -> String;
+    async fn spawn(&self, supervisor: ActorCell) -> Result<ActorCell, ActorProcessingErr>;
+}

@@ -1,0 +1,205 @@
+//! A Telegram update as Mercury sees it: which updates carry a message to
+//! store, and the [`IngressMessage`] each becomes (a mention of the bot, a
+//! reply to it, `/cmd@botname`).
+//!
+//! Must never: trust a field for identity (the sender is the update's
+//! numeric `from.id`, put in the `telegram:` namespace by ingress), or let a
+//! platform-controlled name fail validation and lose the message (names are
+//! cleaned, not refused).
+
+use frankenstein::types::{ChatType, Message};
+use frankenstein::updates::{Update, UpdateContent};
+
+use crate::ingress::IngressMessage;
+
+pub const PLATFORM: &str = "telegram";
+
+/// The bot itself, from `getMe`.
+#[derive(Debug, Clone)]
+pub struct BotSelf {
+    pub id: u64,
+    /// Without the `@`.
+    pub username: String,
+}
+
+/// What an update is to Mercury.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A message to store (and maybe answer).
+    Message(Box<IngressMessage>),
+    /// Acknowledged and not stored: an edit (the first version stays as it
+    /// was received and answered), a message with neither text nor caption
+    /// (stickers, voice, service messages), a channel post, anything else.
+    Skip(&'static str),
+}
+
+/// Reads one update.
+pub fn inbound(update: &Update, bot: &BotSelf) -> Inbound {
+    match &update.content {
+        UpdateContent::Message(m) => message(m, bot),
+        UpdateContent::EditedMessage(_) => Inbound::Skip("edited message"),
+        UpdateContent::ChannelPost(_) | UpdateContent::EditedChannelPost(_) => {
+            Inbound::Skip("channel post")
+        }
+        _ => Inbound::Skip("not a message"),
+    }
+}
+
+fn message(m: &Message, bot: &BotSelf) -> Inbound {
+    let Some(from) = m.from.as_deref() else {
+        return Inbound::Skip("message without a sender");
+    };
+    if from.id == bot.id {
+        return Inbound::Skip("the bot's own message");
+    }
+    let Some(text) = m.text.as_deref().or(m.caption.as_deref()) else {
+        return Inbound::Skip("message without text or caption");
+    };
+    let is_group = !matches!(m.chat.type_field, ChatType::Private);
+    let name = match &from.last_name {
+        Some(last) => format!("{} {last}", from.first_name),
+        None => from.first_name.clone(),
+    };
+    let reply_to_bot = m
+        .reply_to_message
+        .as_deref()
+        .and_then(|r| r.from.as_deref())
+        .is_some_and(|u| u.id == bot.id);
+    Inbound::Message(Box::new(IngressMessage {
+        platform: PLATFORM.into(),
+        conversation: m.chat.id.to_string(),
+        sender_id: from.id.to_string(),
+        sender_name: clean_name(&name),
+        text: text.to_owned(),
+        message_id: m.message_id.to_string(),
+        is_group,
+        mentions_bot: mentions(text, &bot.username),
+        reply_to_bot,
+        title: if is_group {
+            m.chat.title.as_deref().and_then(clean_name)
+        } else {
+            // A DM's "title" is the other person's name: not kept on the conversation.
+            None
+        },
+    }))
+}
+
+/// `@botname` standing alone, or a command addressed to the bot
+/// (`/cmd@botname`), anywhere in the text; case-insensitive as Telegram's
+/// usernames are. A bare `/cmd` in a group may be meant for another bot and
+/// does not count.
+pub fn mentions(text: &str, username: &str) -> bool {
+    if username.is_empty() {
+        return false;
+    }
+    let at = format!("@{}", username.to_lowercase());
+    text.split(char::is_whitespace).any(|word| {
+        let w = word
+            .trim_end_matches([',', '.', '!', '?', ':', ';', ')'])
+            .to_lowercase();
+        w == at || (w.starts_with('/') && w.ends_with(&at))
+    })
+}
+
+/// A display name or title ingress accepts: control characters dropped, at
+/// most 200 characters; `None` if nothing is left.
+fn clean_name(raw: &str) -> Option<String> {
+    let s: String = raw.chars().filter(|c| !c.is_control()).take(200).collect();
+    let s = s.trim().to_owned();
+    (!s.is_empty()).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn bot() -> BotSelf {
+        BotSelf {
+            id: 999,
+            username: "mercury_test_bot".into(),
+        }
+    }
+
+    fn update(v: serde_json::Value) -> Update {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn msg(chat: serde_json::Value, text: &str) -> serde_json::Value {
+        json!({"update_id": 1, "message": {
+            "message_id": 7, "date": 1, "chat": chat, "text": text,
+            "from": {"id": 42, "is_bot": false, "first_name": "Ada\u{7}", "last_name": "L"}
+        }})
+    }
+
+    #[test]
+    fn mention_forms() {
+        let u = "mercury_test_bot";
+        assert!(mentions("hey @Mercury_Test_Bot, hi", u));
+        assert!(mentions("/help@mercury_test_bot now", u));
+        assert!(!mentions("/help", u));
+        assert!(!mentions("@mercury_test_bot_not", u));
+        assert!(!mentions("mail@mercury_test_bot.example", u));
+    }
+
+    #[test]
+    fn dms_groups_and_skips() {
+        let dm = update(msg(
+            json!({"id": 42, "type": "private", "first_name": "Ada"}),
+            "hello",
+        ));
+        let Inbound::Message(m) = inbound(&dm, &bot()) else {
+            panic!("a DM is a message")
+        };
+        assert!(!m.is_group);
+        assert_eq!(
+            (m.conversation.as_str(), m.sender_id.as_str()),
+            ("42", "42")
+        );
+        assert_eq!(m.sender_name.as_deref(), Some("Ada L"));
+        assert_eq!(m.title, None);
+        assert!(m.validate().is_ok());
+
+        let group = update(msg(
+            json!({"id": -100123, "type": "supergroup", "title": "Team"}),
+            "ping @mercury_test_bot",
+        ));
+        let Inbound::Message(m) = inbound(&group, &bot()) else {
+            panic!("a group message is a message")
+        };
+        assert!(m.is_group && m.mentions_bot && !m.reply_to_bot);
+        assert_eq!(m.title.as_deref(), Some("Team"));
+
+        let mut reply = msg(json!({"id": -5, "type": "group", "title": "G"}), "thanks");
+        reply["message"]["reply_to_message"] = json!({"message_id": 6, "date": 1,
+            "chat": {"id": -5, "type": "group"},
+            "from": {"id": 999, "is_bot": true, "first_name": "Mercury"}, "text": "hi"});
+        let Inbound::Message(m) = inbound(&update(reply), &bot()) else {
+            panic!("a reply is a message")
+        };
+        assert!(m.reply_to_bot && !m.mentions_bot);
+
+        let mut edited = msg(json!({"id": 42, "type": "private"}), "edit");
+        edited["edited_message"] = edited["message"].take();
+        edited.as_object_mut().unwrap().remove("message");
+        assert!(matches!(
+            inbound(&update(edited), &bot()),
+            Inbound::Skip("edited message")
+        ));
+
+        let mut sticker = msg(json!({"id": 42, "type": "private"}), "x");
+        sticker["message"].as_object_mut().unwrap().remove("text");
+        assert!(matches!(
+            inbound(&update(sticker), &bot()),
+            Inbound::Skip(_)
+        ));
+
+        let mut photo = msg(json!({"id": 42, "type": "private"}), "x");
+        photo["message"].as_object_mut().unwrap().remove("text");
+        photo["message"]["caption"] = json!("look at this");
+        let Inbound::Message(m) = inbound(&update(photo), &bot()) else {
+            panic!("a captioned photo is a message")
+        };
+        assert_eq!(m.text, "look at this");
+    }
+}

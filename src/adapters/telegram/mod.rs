@@ -1,0 +1,585 @@
+//! The Telegram adapter (Bot API through `frankenstein`, over our reqwest):
+//! an actor under the root supervisor that takes updates by long polling
+//! (`getUpdates`) or by webhook (`setWebhook` with a secret token, calls
+//! arriving on `/api/adapters/telegram/webhook`), stores each through
+//! ingress, shows "typing…" while a turn runs, and delivers Telegram's
+//! outbox items with `sendMessage` (threaded under the message they answer,
+//! split at 4,096 UTF-16 units, waiting out a 429's `retry_after`).
+//!
+//! The `getUpdates` offset is stored in the same transaction as the message
+//! row of the update it follows, and only the stored offset is ever sent: an
+//! update is acknowledged to Telegram only once its row is committed, and a
+//! restart (of the actor or the host) neither loses nor repeats one.
+//!
+//! Must never: put the bot token in a log, an error or a status (it is part
+//! of every request path; errors are built without the URL), or act as
+//! anything but its platform-bound [`AdapterIdentity`].
+
+pub mod convert;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use frankenstein::client_reqwest::Bot;
+use frankenstein::methods::{
+    DeleteWebhookParams, GetUpdatesParams, SendChatActionParams, SendMessageParams,
+    SetWebhookParams,
+};
+use frankenstein::response::MethodResponse;
+use frankenstein::types::{AllowedUpdate, ChatAction, ReplyParameters};
+use frankenstein::updates::Update;
+use frankenstein::AsyncTelegramApi;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use self::convert::{BotSelf, Inbound, PLATFORM};
+use super::{split_reply, AdapterError, AdapterIdentity};
+use crate::actors::adapter::{AdapterBoard, SupervisedChild, WebhookCall, WebhookInbox};
+use crate::app::App;
+use crate::config::TelegramMode;
+use crate::ingress::{IngestStatus, IngressError};
+use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::{adapters, messages, StoreError};
+
+/// The name on the board and in `adapter_positions`.
+pub const ADAPTER: &str = "telegram";
+/// Telegram's longest message, in UTF-16 code units.
+pub const MAX_MESSAGE: usize = 4096;
+/// Delivery attempts of one outbox item before it is left undelivered.
+const MAX_ATTEMPTS: u32 = 5;
+/// The longest `retry_after` waited out; a longer one is waited in steps.
+const RETRY_AFTER_CAP_SECS: u64 = 3600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelegramError {
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
+}
+
+/// How a Bot API call failed.
+#[derive(Debug)]
+enum Failure {
+    /// 429: wait this many seconds, then send the same call again.
+    RetryAfter(u64),
+    /// Telegram answered with an error (a bad chat id, a blocked bot, …).
+    Api(String),
+    /// No answer (connection, timeout, an unreadable body).
+    Transport(String),
+}
+
+fn classify(e: frankenstein::Error) -> Failure {
+    match e {
+        frankenstein::Error::Api(r) => match r.parameters.and_then(|p| p.retry_after) {
+            Some(secs) if r.error_code == 429 => Failure::RetryAfter(u64::from(secs)),
+            _ if r.error_code == 429 => Failure::RetryAfter(1),
+            _ => Failure::Api(format!("{} {}", r.error_code, r.description)),
+        },
+        // The body may hold people's messages: only the parser's reason is kept.
+        frankenstein::Error::JsonDecode { source, .. } => {
+            Failure::Transport(format!("an answer Mercury cannot read: {source}"))
+        }
+        // Built without the URL by frankenstein: the token is not in it.
+        other => Failure::Transport(other.to_string()),
+    }
+}
+
+/// A growing pause between failed calls: 0.5 s doubling to 30 s.
+struct Backoff(u32);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        self.0 = (self.0 + 1).min(7);
+        Duration::from_millis((250u64 << self.0).min(30_000))
+    }
+}
+
+/// The supervisor's handle on the adapter: how to (re)start it.
+pub struct TelegramChild {
+    app: Arc<App>,
+    token: String,
+}
+
+impl TelegramChild {
+    pub fn new(app: Arc<App>, token: String) -> Self {
+        Self { app, token }
+    }
+}
+
+#[async_trait::async_trait]
+impl SupervisedChild for TelegramChild {
+    fn name(&self) -> String {
+        "telegram adapter".into()
+    }
+
+    async fn spawn(&self, supervisor: ActorCell) -> Result<ActorCell, ActorProcessingErr> {
+        let args = TelegramArgs {
+            app: self.app.clone(),
+            token: self.token.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, TelegramActor, args, supervisor).await?;
+        Ok(actor.get_cell())
+    }
+}
+
+pub struct TelegramActor;
+
+pub struct TelegramArgs {
+    app: Arc<App>,
+    token: String,
+}
+
+pub enum TelegramMsg {
+    /// The adapter's loop ended with an error: the actor fails, and the
+    /// supervisor restarts it.
+    Failed(String),
+}
+
+pub struct TelegramState {
+    cancel: CancellationToken,
+    board: AdapterBoard,
+}
+
+impl Actor for TelegramActor {
+    type Msg = TelegramMsg;
+    type State = TelegramState;
+    type Arguments = TelegramArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TelegramMsg>,
+        args: TelegramArgs,
+    ) -> Result<TelegramState, ActorProcessingErr> {
+        let cancel = CancellationToken::new();
+        let board = args.app.adapters.clone();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            if let Err(e) = run(args.app, args.token, stop).await {
+                let _ = myself.cast(TelegramMsg::Failed(e.to_string()));
+            }
+        });
+        Ok(TelegramState { cancel, board })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<TelegramMsg>,
+        msg: TelegramMsg,
+        state: &mut TelegramState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TelegramMsg::Failed(e) => {
+                state.board.failed(ADAPTER, &e);
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<TelegramMsg>,
+        state: &mut TelegramState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.cancel.cancel();
+        state.board.remove_webhook(ADAPTER);
+        Ok(())
+    }
+}
+
+/// What every part of a running adapter shares.
+struct Ctx {
+    app: Arc<App>,
+    bot: Bot,
+    me: BotSelf,
+    identity: AdapterIdentity,
+    cancel: CancellationToken,
+}
+
+impl Ctx {
+    fn board(&self) -> &AdapterBoard {
+        &self.app.adapters
+    }
+
+    /// Sleeps `d`; false if the adapter is stopping.
+    async fn pause(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+}
+
+async fn run(app: Arc<App>, token: String, cancel: CancellationToken) -> Result<(), TelegramError> {
+    let cfg = app.rt.settings.adapters.telegram.clone();
+    let board = app.adapters.clone();
+    board.set_mode(
+        ADAPTER,
+        match cfg.mode {
+            TelegramMode::Polling => "polling",
+            TelegramMode::Webhook => "webhook",
+        },
+    );
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        // A long poll waits poll_timeout_secs for an answer.
+        .timeout(Duration::from_secs(u64::from(cfg.poll_timeout_secs) + 15))
+        .build()
+        .map_err(|e| TelegramError::Client(e.without_url().to_string()))?;
+    let base = cfg.api_base_url.trim_end_matches('/');
+    let bot = Bot::builder()
+        .api_url(format!("{base}/bot{token}"))
+        .client(client)
+        .build();
+    let mut backoff = Backoff(0);
+    let me = loop {
+        let res = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            r = bot.get_me() => r,
+        };
+        match res.map_err(classify) {
+            Ok(r) => {
+                board.connected(ADAPTER);
+                break BotSelf {
+                    id: r.result.id,
+                    username: r.result.username.unwrap_or_default(),
+                };
+            }
+            Err(f) => {
+                let wait = wait_for(&board, &f, &mut backoff, "getMe");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    };
+    tracing::info!(bot = %me.username, mode = ?cfg.mode, "telegram adapter connected");
+    let ctx = Arc::new(Ctx {
+        app,
+        bot,
+        me,
+        identity: AdapterIdentity::bound_to(PLATFORM),
+        cancel,
+    });
+    let intake = async {
+        match cfg.mode {
+            TelegramMode::Polling => poll(&ctx).await,
+            TelegramMode::Webhook => webhook(&ctx, &cfg.webhook_url).await,
+        }
+    };
+    tokio::select! {
+        r = intake => r,
+        r = deliver_loop(&ctx) => r,
+    }
+}
+
+/// How long to wait after a failed call, recording it on the board.
+fn wait_for(board: &AdapterBoard, f: &Failure, backoff: &mut Backoff, call: &str) -> Duration {
+    match f {
+        Failure::RetryAfter(secs) => Duration::from_secs((*secs).clamp(1, RETRY_AFTER_CAP_SECS)),
+        Failure::Api(e) | Failure::Transport(e) => {
+            let msg = format!("{call}: {e}");
+            tracing::warn!(error = %msg, "telegram call failed");
+            board.failed(ADAPTER, &msg);
+            backoff.next()
+        }
+    }
+}
+
+fn allowed_updates() -> Vec<AllowedUpdate> {
+    vec![AllowedUpdate::Message, AllowedUpdate::EditedMessage]
+}
+
+/// Long polling: only the stored offset is sent, so an update is
+/// acknowledged once (and only once) its row is committed.
+async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
+    let timeout = ctx.app.rt.settings.adapters.telegram.poll_timeout_secs;
+    let mut backoff = Backoff(0);
+    // getUpdates is refused (409) while a webhook is set.
+    let clear = DeleteWebhookParams::builder().build();
+    if let Err(f) = ctx.bot.delete_webhook(&clear).await.map_err(classify) {
+        let wait = wait_for(ctx.board(), &f, &mut backoff, "deleteWebhook");
+        if !ctx.pause(wait).await {
+            return Ok(());
+        }
+    }
+    loop {
+        let offset = ctx
+            .app
+            .rt
+            .store
+            .read(|c| adapters::position(c, ADAPTER))
+            .await?
+            .and_then(|p| p.parse::<i64>().ok());
+        let params = GetUpdatesParams::builder()
+            .maybe_offset(offset)
+            .timeout(timeout)
+            .limit(100)
+            .allowed_updates(allowed_updates())
+            .build();
+        // Each update is read on its own: one Mercury cannot read (a newer
+        // Bot API shape) is skipped, not allowed to stall every later one.
+        let res = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            r = ctx.bot.request::<_, MethodResponse<Vec<serde_json::Value>>>("getUpdates", Some(&params)) => r,
+        };
+        match res.map_err(classify) {
+            Ok(r) => {
+                ctx.board().connected(ADAPTER);
+                backoff = Backoff(0);
+                for raw in r.result {
+                    take_raw(ctx, raw).await?;
+                }
+            }
+            Err(f) => {
+                let wait = wait_for(ctx.board(), &f, &mut backoff, "getUpdates");
+                if !ctx.pause(wait).await {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Webhook mode: a fresh secret each start, given to Telegram with
+/// `setWebhook`; the route checks it on every call before anything is read.
+async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
+    let secret = base16ct::lower::encode_string(&rand::rng().random::<[u8; 32]>());
+    let params = SetWebhookParams::builder()
+        .url(url.to_owned())
+        .secret_token(secret.clone())
+        .allowed_updates(allowed_updates())
+        .build();
+    let mut backoff = Backoff(0);
+    loop {
+        let res = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            r = ctx.bot.set_webhook(&params) => r,
+        };
+        match res.map_err(classify) {
+            Ok(_) => break,
+            Err(f) => {
+                let wait = wait_for(ctx.board(), &f, &mut backoff, "setWebhook");
+                if !ctx.pause(wait).await {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    ctx.board().connected(ADAPTER);
+    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
+    ctx.board()
+        .register_webhook(ADAPTER, WebhookInbox { secret, calls });
+    loop {
+        let call = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            c = inbox.recv() => c,
+        };
+        let Some(call) = call else { return Ok(()) };
+        // Telegram would resend a refused body forever: an unreadable one is acknowledged.
+        match take_raw(ctx, call.body).await {
+            Ok(()) => {
+                let _ = call.done.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = call.done.send(Err("the update was not stored".into()));
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Reads one raw update; one Mercury cannot read is skipped (its offset
+/// still advances) with a warning that names the reason, never the text.
+async fn take_raw(ctx: &Arc<Ctx>, raw: serde_json::Value) -> Result<(), TelegramError> {
+    let id = raw.get("update_id").and_then(serde_json::Value::as_i64);
+    match serde_json::from_value::<Update>(raw) {
+        Ok(update) => take(ctx, update).await,
+        Err(e) => {
+            tracing::warn!(update = ?id, error = %e, "telegram update Mercury cannot read; skipped");
+            if let Some(id) = id {
+                ctx.app
+                    .rt
+                    .store
+                    .write(move |tx| adapters::advance_offset(tx, ADAPTER, id + 1))
+                    .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Stores one update (or records it as skipped) together with the offset
+/// after it. Only a failed store write is an error (the actor restarts and
+/// the update comes again); a failed wake-up is not: the row is stored and
+/// pending rows are picked up when the space's actor starts.
+async fn take(ctx: &Arc<Ctx>, update: Update) -> Result<(), TelegramError> {
+    let next = i64::from(update.update_id) + 1;
+    let advance = move |tx: &rusqlite::Transaction<'_>| adapters::advance_offset(tx, ADAPTER, next);
+    ctx.board().updated(ADAPTER);
+    let m = match convert::inbound(&update, &ctx.me) {
+        Inbound::Message(m) => m,
+        Inbound::Skip(why) => {
+            tracing::debug!(update = update.update_id, why, "telegram update skipped");
+            ctx.app.rt.store.write(advance).await?;
+            return Ok(());
+        }
+    };
+    if let Err(e) = m.validate() {
+        tracing::warn!(update = update.update_id, error = %e, "telegram message refused by ingress");
+        ctx.app.rt.store.write(advance).await?;
+        return Ok(());
+    }
+    let chat = m.conversation.parse::<i64>().ok();
+    match ctx.identity.ingest(&ctx.app, *m, advance).await {
+        Ok(r) => {
+            if let (IngestStatus::Queued, Some(row), Some(chat)) = (r.status, r.message_id, chat) {
+                tokio::spawn(typing(ctx.clone(), chat, row));
+            }
+            Ok(())
+        }
+        Err(AdapterError::Ingress(IngressError::Store(e))) => Err(e.into()),
+        Err(AdapterError::Ingress(e)) => {
+            tracing::error!(error = %e, "telegram message stored, but its space was not told");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// "typing…" in `chat` while the turn answering row `message` runs:
+/// Telegram shows it for five seconds, so it is renewed every four until the
+/// message is no longer pending (or the turn's time is up).
+async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
+    let limit = Duration::from_secs(ctx.app.rt.settings.turn.timeout_secs + 30);
+    let started = Instant::now();
+    let params = SendChatActionParams::builder()
+        .chat_id(chat)
+        .action(ChatAction::Typing)
+        .build();
+    while started.elapsed() < limit {
+        if let Err(Failure::Api(e) | Failure::Transport(e)) =
+            ctx.bot.send_chat_action(&params).await.map_err(classify)
+        {
+            // Cosmetic: the reply still goes out.
+            tracing::debug!(error = %e, "telegram sendChatAction failed");
+        }
+        for _ in 0..8 {
+            if !ctx.pause(Duration::from_millis(500)).await {
+                return;
+            }
+            let pending = ctx
+                .app
+                .rt
+                .store
+                .read(move |c| messages::get(c, message))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|m| m.status.as_deref() == Some("pending"));
+            if !pending {
+                return;
+            }
+        }
+    }
+}
+
+/// Delivers Telegram's outbox items, oldest first.
+async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
+    let mut backoff = Backoff(0);
+    loop {
+        let items = ctx
+            .app
+            .rt
+            .store
+            .read(|c| outbox::undelivered_for(c, PLATFORM, MAX_ATTEMPTS, 20))
+            .await?;
+        let mut pause = Duration::from_millis(if items.is_empty() { 200 } else { 0 });
+        for item in items {
+            if !deliver(ctx, item).await? {
+                pause = backoff.next();
+                break;
+            }
+            backoff = Backoff(0);
+        }
+        if !ctx.pause(pause).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Sends one outbox item (in pieces if long); marks it delivered or failed.
+/// False if Telegram could not be reached (the caller backs off).
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, TelegramError> {
+    let id = item.id;
+    let store = &ctx.app.rt.store;
+    let Ok(chat) = item.external_id.parse::<i64>() else {
+        let err = format!("{:?} is not a Telegram chat id", item.external_id);
+        store
+            .write(move |tx| outbox::mark_failed(tx, id, &err))
+            .await?;
+        return Ok(true);
+    };
+    let answered = {
+        let item = item.clone();
+        store
+            .read(move |c| outbox::answered_platform_id(c, &item))
+            .await?
+            .and_then(|m| m.parse::<i32>().ok())
+    };
+    for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
+        // The first piece is threaded under the message it answers; the
+        // answer still goes out if that message was deleted meanwhile.
+        let reply = answered.filter(|_| i == 0).map(|m| {
+            ReplyParameters::builder()
+                .message_id(m)
+                .allow_sending_without_reply(true)
+                .build()
+        });
+        let params = SendMessageParams::builder()
+            .chat_id(chat)
+            .text(part)
+            .maybe_reply_parameters(reply)
+            .build();
+        loop {
+            let res = tokio::select! {
+                _ = ctx.cancel.cancelled() => return Ok(true),
+                r = ctx.bot.send_message(&params) => r,
+            };
+            match res.map_err(classify) {
+                Ok(_) => break,
+                Err(Failure::RetryAfter(secs)) => {
+                    tracing::info!(secs, "telegram asked to wait before sending");
+                    let wait = Duration::from_secs(secs.clamp(1, RETRY_AFTER_CAP_SECS));
+                    if !ctx.pause(wait).await {
+                        return Ok(true);
+                    }
+                }
+                Err(Failure::Api(e)) => {
+                    tracing::warn!(outbox = id, error = %e, "telegram refused a reply");
+                    store
+                        .write(move |tx| outbox::mark_failed(tx, id, &e))
+                        .await?;
+                    return Ok(true);
+                }
+                Err(Failure::Transport(e)) => {
+                    ctx.board().failed(ADAPTER, &format!("sendMessage: {e}"));
+                    store
+                        .write(move |tx| outbox::mark_failed(tx, id, &e))
+                        .await?;
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    store
+        .write(move |tx| outbox::mark_delivered(tx, id))
+        .await?;
+    ctx.board().connected(ADAPTER);
+    Ok(true)
+}

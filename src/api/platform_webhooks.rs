@@ -1,0 +1,73 @@
+//! Calls from chat platforms to a webhook-mode adapter:
+//! `POST /api/adapters/telegram/webhook`. Not behind the bearer-token step:
+//! the platform proves itself with the secret the adapter gave it
+//! (`X-Telegram-Bot-Api-Secret-Token`), checked on every call before the
+//! body is read.
+//!
+//! Must never: read or pass on a body whose call lacks the secret, compare
+//! the secret in time that depends on where it differs, or answer 2xx before
+//! the adapter has stored the update (the platform would not resend it).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::{ApiError, ApiResult};
+use crate::actors::adapter::WebhookCall;
+use crate::app::App;
+
+pub const TELEGRAM_SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+
+pub fn router() -> Router<Arc<App>> {
+    Router::new().route("/api/adapters/telegram/webhook", post(telegram))
+}
+
+/// Equal secrets, compared through their digests so the time taken does not
+/// depend on how much of a guess was right.
+fn same_secret(given: &[u8], expected: &str) -> bool {
+    let (a, b) = (Sha256::digest(given), Sha256::digest(expected.as_bytes()));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+async fn telegram(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let Some(inbox) = app.adapters.webhook("telegram") else {
+        return Err(ApiError::not_found(
+            "the telegram adapter is not running in webhook mode",
+        ));
+    };
+    let given = headers.get(TELEGRAM_SECRET_HEADER).map(|v| v.as_bytes());
+    if !given.is_some_and(|g| same_secret(g, &inbox.secret)) {
+        return Err(ApiError::Unauthorized(
+            "missing or wrong X-Telegram-Bot-Api-Secret-Token".into(),
+        ));
+    }
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::bad_request("the body is not a JSON update"))?;
+    let (done, stored) = oneshot::channel();
+    inbox
+        .calls
+        .send(WebhookCall { body, done })
+        .await
+        .map_err(|_| ApiError::Unavailable("the telegram adapter is restarting".into()))?;
+    match stored.await {
+        Ok(Ok(())) => Ok(Json(json!({}))),
+        // Telegram resends on a non-2xx answer.
+        _ => Err(ApiError::Unavailable(
+            "the update was not stored; send it again".into(),
+        )),
+    }
+}
