@@ -60,6 +60,13 @@ pub struct Settings {
     pub review: ReviewConfig,
     pub http: HttpConfig,
     pub models: ModelsConfig,
+    /// Shadow mode (issue 14): nothing leaves the host; every outbound send
+    /// goes to `<data_dir>/shadow/transcript.jsonl`. `MERCURY_SHADOW` takes
+    /// only `1` or `true`.
+    pub shadow: bool,
+    /// The shadow root (`shadow.root` in the issue; `MERCURY_SHADOW_ROOT`): a
+    /// shadow serves only a data dir strictly under it.
+    pub shadow_root: String,
 }
 
 /// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
@@ -211,6 +218,8 @@ impl Default for Settings {
             review: ReviewConfig::default(),
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
+            shadow: false,
+            shadow_root: String::new(),
         }
     }
 }
@@ -398,6 +407,11 @@ models:
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
   scripted_roots: []
+# Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
+# outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
+# only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
+shadow: false
+shadow_root: ""
 "#
     )
 }
@@ -551,6 +565,16 @@ fn apply_env(
 
 fn parse_env_value(key: &str, default: &Value, raw: &str) -> Result<Value, ConfigError> {
     let raw = raw.trim();
+    // Shadow mode protects people: a typo must not quietly mean "live".
+    if key == "shadow" {
+        return match raw {
+            "1" | "true" => Ok(Value::Bool(true)),
+            _ => Err(key_err(
+                key,
+                format!("MERCURY_SHADOW must be 1 or true (unset it for a live host), not {raw:?}"),
+            )),
+        };
+    }
     Ok(match default {
         Value::Bool(_) => Value::Bool(match raw.to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => true,
@@ -690,6 +714,12 @@ impl Settings {
                 format!("{r:?} is not an absolute path"),
             ));
         }
+        if !(self.shadow_root.is_empty() || self.shadow_root.starts_with('/')) {
+            return Err(key_err(
+                "shadow_root",
+                format!("{:?} is not an absolute path", self.shadow_root),
+            ));
+        }
         let url = &self.webhook.url;
         if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             return Err(key_err(
@@ -798,5 +828,25 @@ mod tests {
         assert!(e.to_string().contains("review.colour"), "{e}");
         let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_DAILY_AT", "25:00")])).unwrap_err();
         assert!(e.to_string().contains("review.daily_at"), "{e}");
+    }
+
+    #[test]
+    fn shadow_flag_takes_only_one_or_true() {
+        for on in ["1", "true"] {
+            let s = from_value(Value::Null, &env(&[("MERCURY_SHADOW", on)])).unwrap();
+            assert!(s.shadow, "{on}");
+        }
+        for bad in ["yes", "on", "TRUE", "0", "false", "", "ture"] {
+            let e = from_value(Value::Null, &env(&[("MERCURY_SHADOW", bad)])).unwrap_err();
+            assert!(e.to_string().contains("config key shadow"), "{bad}: {e}");
+            assert!(e.to_string().contains("MERCURY_SHADOW"), "{bad}: {e}");
+        }
+        assert!(!from_value(Value::Null, &env(&[])).unwrap().shadow);
+        let v: Value = serde_yaml_ng::from_str("shadow: true\nshadow_root: /srv/sh").unwrap();
+        let s = from_value(v, &env(&[])).unwrap();
+        assert!(s.shadow && s.shadow_root == "/srv/sh");
+        let v: Value = serde_yaml_ng::from_str("shadow_root: rel/dir").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("shadow_root"), "{e}");
     }
 }

@@ -48,5 +48,6 @@ pub mod review;
 pub mod runtime;
 pub mod sandbox;
 pub mod schedule;
+pub mod shadow;
 pub mod storage;
 pub mod workspace;

@@ -21,7 +21,7 @@ use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, outbox, runs, tasks, StoreResult};
+use crate::storage::{conversations, runs, tasks, StoreResult};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
 pub fn model_chain(
@@ -152,6 +152,7 @@ async fn commit(
 ) -> StoreResult<()> {
     let message = message.clone();
     let run_id = run_id.to_string();
+    let outbound = rt.outbound.clone();
     rt.store
         .write(move |tx| {
             let status = outcome.status.as_str();
@@ -186,7 +187,7 @@ async fn commit(
                     ..Default::default()
                 },
             )?;
-            deliver(tx, &message, reply_id, reply)?;
+            deliver(tx, &outbound, &message, reply_id, reply)?;
             Ok(())
         })
         .await
@@ -194,9 +195,11 @@ async fn commit(
 
 /// Queues a reply for its platform: the message's own conversation, or for a
 /// non-silent task the space's most recently active conversation. Console
-/// conversations are answered in the HTTP response instead.
+/// conversations are answered in the HTTP response instead. In shadow mode
+/// the send is a transcript line ([`crate::runtime::Outbound`]).
 fn deliver(
     tx: &rusqlite::Transaction<'_>,
+    outbound: &crate::runtime::Outbound,
     message: &Message,
     reply_id: Option<i64>,
     text: &str,
@@ -222,14 +225,17 @@ fn deliver(
         (None, None) => None,
     };
     if let Some(c) = conversation.filter(|c| c.platform != "console") {
-        outbox::enqueue(
+        outbound.enqueue(
             tx,
-            &message.space_id,
-            Some(c.id),
-            &c.platform,
-            &c.external_id,
-            reply_id,
-            text,
+            &crate::runtime::OutboundSend {
+                space: &message.space_id,
+                conversation_id: Some(c.id),
+                platform: &c.platform,
+                external_id: &c.external_id,
+                message_id: reply_id,
+                text,
+                source: "reply",
+            },
         )?;
     }
     Ok(())

@@ -79,5 +79,7 @@ async fn healthz(
         "version": env!("CARGO_PKG_VERSION"),
         "spaces_active": app.spaces.active_count(),
         "sandbox": app.rt.sandbox.name(),
+        "shadow": app.rt.outbound.is_shadow(),
+        "mode": if app.rt.outbound.is_shadow() { "shadow" } else { "live" },
     }))
 }

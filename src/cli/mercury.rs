@@ -61,6 +61,11 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// The rehearsal bench: a shadow copy of a live bot (docs/shadow.md).
+    Shadow {
+        #[command(subcommand)]
+        command: crate::cli::shadow::ShadowCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -157,7 +162,11 @@ enum ReviewCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    let shadow = match &cli.command {
+        Command::Serve { data_dir, .. } => crate::cli::shadow::serves_shadow(data_dir),
+        _ => false,
+    };
+    init_tracing(shadow);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -171,13 +180,39 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
-fn init_tracing() {
+fn init_tracing(shadow: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // A shadow host's every log line starts with `shadow=1` (issue 14).
+    let _ = if shadow {
+        fmt.event_format(ShadowTag(tracing_subscriber::fmt::format()))
+            .try_init()
+    } else {
+        fmt.try_init()
+    };
+}
+
+/// Prefixes every event line with `shadow=1`.
+struct ShadowTag<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for ShadowTag<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "shadow=1 ")?;
+        self.0.format_event(ctx, writer, event)
+    }
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -200,12 +235,17 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mercury serve: {e:#}");
-                    // Another host holds the data dir: a usage error, not a crash.
+                    // Another host holds the data dir, or the shadow guard
+                    // refused it: a usage error, not a crash.
                     let locked = matches!(
                         e.downcast_ref::<crate::workspace::data_dir::DataDirError>(),
                         Some(crate::workspace::data_dir::DataDirError::Locked { .. })
                     );
-                    ExitCode::from(if locked { 2 } else { 1 })
+                    let refused = matches!(
+                        e.downcast_ref::<crate::shadow::ShadowError>(),
+                        Some(crate::shadow::ShadowError::Refused(_))
+                    );
+                    ExitCode::from(if locked || refused { 2 } else { 1 })
                 }
             }
         }
@@ -278,6 +318,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Review { command } => review(command),
+        Command::Shadow { command } => crate::cli::shadow::run(command).await,
         Command::Bench {
             command:
                 BenchCommand::Review {

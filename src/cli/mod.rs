@@ -2,3 +2,4 @@
 
 pub mod mercury;
 pub mod mrctl;
+pub mod shadow;

@@ -7,6 +7,7 @@
 
 pub mod containers;
 pub mod demo;
+pub mod shadow;
 pub mod temp_host;
 
 use std::collections::BTreeMap;
@@ -132,12 +133,23 @@ pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
     Ok(config::load(&paths.config, &config::process_env())?)
 }
 
+/// The model keys: the live ones, or in shadow mode only the shadow's own
+/// (M1.3c: `MERCURY_SHADOW_*_API_KEY` or the key file under the shadow
+/// root); a shadow never reads a live key, even when its environment has one.
 fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
+    let key = |provider: &str, live_var: &str| {
+        if s.shadow {
+            let root = (!s.shadow_root.is_empty()).then(|| Path::new(&s.shadow_root));
+            crate::shadow::credential::shadow_key(root, provider, env)
+        } else {
+            env.get(live_var).cloned()
+        }
+    };
     ProviderSettings {
         openai_base_url: s.providers.openai_base_url.clone(),
-        openai_api_key: env.get("MERCURY_OPENAI_API_KEY").cloned(),
+        openai_api_key: key("openai", "MERCURY_OPENAI_API_KEY"),
         anthropic_base_url: s.providers.anthropic_base_url.clone(),
-        anthropic_api_key: env.get("MERCURY_ANTHROPIC_API_KEY").cloned(),
+        anthropic_api_key: key("anthropic", "MERCURY_ANTHROPIC_API_KEY"),
         request_timeout: Duration::from_secs(s.providers.request_timeout_secs),
         max_retries: s.providers.max_retries,
         retry_after_cap: Duration::from_secs(s.providers.retry_after_cap_secs),
@@ -236,7 +248,9 @@ pub async fn build_runtime(
         settings.review.max_concurrency,
         settings.review.calls_per_minute,
     ));
+    let outbound = crate::runtime::Outbound::for_settings(&settings, paths);
     Ok(Arc::new(Runtime {
+        outbound,
         models: ModelRegistry::new(
             provider_settings(&settings, &env),
             scripted_policy(&settings, paths),
@@ -280,6 +294,37 @@ pub async fn start_actors(
     Ok((supervisor, handle, spaces, review))
 }
 
+/// An adapter that sends to the outside. Only the webhook exists so far;
+/// platform adapters join here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboundAdapter {
+    Webhook,
+}
+
+/// The one construction point of outbound adapters: what the config asks
+/// for, or in shadow mode none at all (each one asked for is listed in the
+/// transcript as refused).
+pub fn outbound_adapters(
+    settings: &Settings,
+    outbound: &crate::runtime::Outbound,
+) -> Vec<OutboundAdapter> {
+    let mut wanted = Vec::new();
+    if !settings.webhook.url.is_empty() {
+        wanted.push(OutboundAdapter::Webhook);
+    }
+    if outbound.is_shadow() {
+        for a in wanted.drain(..) {
+            outbound.record_refusal(
+                None,
+                "adapter",
+                &format!("would have constructed the {a:?} adapter (shadow mode)"),
+            );
+            tracing::info!(adapter = ?a, "shadow mode: adapter not constructed");
+        }
+    }
+    wanted
+}
+
 /// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
 pub async fn serve(
     data_dir: &Path,
@@ -315,6 +360,14 @@ pub async fn serve_with(
             data_dir.display()
         );
     }
+    let mut settings = load_settings(&paths)?;
+    if let Some(b) = bind_override {
+        settings.bind = b;
+        settings.validate()?;
+    }
+    // Before anything is written (even the lock): a shadow serves only under the shadow
+    // root, and a snapshot only as a shadow (exit 2 at the CLI).
+    crate::shadow::guard::check_data_dir(&settings, &data_dir)?;
     // Before anything is read or swept: a second host on this data dir stops
     // here (exit 2). Held until this function returns.
     let _lock = data_dir::lock(&paths)?;
@@ -322,13 +375,12 @@ pub async fn serve_with(
     for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
         data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let tag = if settings.shadow { "shadow=1 " } else { "" };
     for loose in data_dir::loose_modes(&paths) {
-        eprintln!("mercury: warning: {loose}");
+        eprintln!("mercury: {tag}warning: {loose}");
     }
-    let mut settings = load_settings(&paths)?;
-    if let Some(b) = bind_override {
-        settings.bind = b;
-        settings.validate()?;
+    if settings.shadow {
+        eprintln!("mercury: shadow=1 SHADOW MODE: nothing is delivered; every send goes to {}", crate::workspace::transcript::Transcript::of(&data_dir).path().display());
     }
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
@@ -371,8 +423,12 @@ pub async fn serve_with(
         }
     }
     let background = tokio_util::task::TaskTracker::new();
-    if !rt.settings.webhook.url.is_empty() {
-        background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+    for adapter in outbound_adapters(&rt.settings, &rt.outbound) {
+        match adapter {
+            OutboundAdapter::Webhook => {
+                background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+            }
+        }
     }
     background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
@@ -397,12 +453,12 @@ pub async fn serve_with(
     // Containers run as another uid; the token, not the socket mode, is the gate.
     std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o666))?;
     eprintln!(
-        "mercury: serving on http://{} and {}",
+        "mercury: {tag}serving on http://{} and {}",
         tcp.local_addr()?,
         paths.socket.display()
     );
     eprintln!(
-        "mercury: sandbox backend: {} ({}), workspace quota {} MB",
+        "mercury: {tag}sandbox backend: {} ({}), workspace quota {} MB",
         rt.sandbox.name(),
         match rt.sandbox.isolation() {
             sandbox::Isolation::Container => "containers",

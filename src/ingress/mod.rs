@@ -22,7 +22,7 @@ use crate::config::Settings;
 use crate::ids::SpaceId;
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, outbox, StoreError, StoreResult};
+use crate::storage::{conversations, StoreError, StoreResult};
 
 pub const SLOW_DOWN_REPLY: &str =
     "You are sending messages faster than I can answer. Please slow down and try again in a minute.";
@@ -134,10 +134,11 @@ pub enum IngressError {
 pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, IngressError> {
     let settings = app.rt.settings.clone();
     let limits = app.limits.clone();
+    let outbound = app.rt.outbound.clone();
     let res = app
         .rt
         .store
-        .write(move |tx| ingest_tx(tx, &settings, &limits, &m))
+        .write(move |tx| ingest_tx(tx, &settings, &outbound, &limits, &m))
         .await?;
     if let Some(space) = &res.space_id {
         if res.created_space {
@@ -199,6 +200,7 @@ fn trigger_rule(
 pub fn ingest_tx(
     tx: &rusqlite::Transaction<'_>,
     settings: &Settings,
+    outbound: &crate::runtime::Outbound,
     limits: &CallerLimits,
     m: &IngressMessage,
 ) -> StoreResult<IngestResult> {
@@ -306,14 +308,17 @@ pub fn ingest_tx(
                 ..Default::default()
             },
         )?;
-        outbox::enqueue(
+        outbound.enqueue(
             tx,
-            &space,
-            Some(conv.id),
-            &m.platform,
-            &m.conversation,
-            reply_id,
-            SLOW_DOWN_REPLY,
+            &crate::runtime::OutboundSend {
+                space: &space,
+                conversation_id: Some(conv.id),
+                platform: &m.platform,
+                external_id: &m.conversation,
+                message_id: reply_id,
+                text: SLOW_DOWN_REPLY,
+                source: "slow_down",
+            },
         )?;
         return Ok(done(IngestStatus::RateLimited, id));
     }

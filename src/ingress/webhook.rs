@@ -1,7 +1,8 @@
 //! The webhook adapter: POSTs each undelivered outbox item to `webhook.url`,
 //! retrying failed items with jittered pauses up to `webhook.max_attempts`.
 //!
-//! Must never: mark an item delivered without a 2xx answer, or retry forever.
+//! Must never: mark an item delivered without a 2xx answer, retry forever,
+//! or post anything from a shadow host (it refuses to run there).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,16 @@ use crate::storage::outbox;
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
+    // The host never constructs this adapter in shadow mode; should a caller
+    // still start it, it refuses before a client exists.
+    if rt.outbound.is_shadow() {
+        rt.outbound.record_refusal(
+            None,
+            "webhook",
+            "would have started the webhook adapter posting outbox items",
+        );
+        return;
+    }
     let url = rt.settings.webhook.url.clone();
     let max = rt.settings.webhook.max_attempts;
     let client = match reqwest::Client::builder()
