@@ -19,4 +19,5 @@ mod sandbox_contract;
 mod security_host;
 mod security_links;
 mod security_sandbox;
+mod shadow;
 mod smoke;

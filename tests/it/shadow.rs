@@ -1,0 +1,487 @@
+//! The rehearsal bench (issue 14): shadow mode's every branch (sends,
+//! digest, webhook, adapters, outbox, the data-dir guard), the snapshot of
+//! a serving host, every refusal of `shadow up`, and the end-to-end
+//! rehearsal on real processes.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+
+use crate::common::{prepare, HostOptions, TestHost};
+use mercury::shadow::manifest::Manifest;
+use mercury::workspace::transcript::{Transcript, TranscriptKind};
+
+/// A loopback HTTP receiver that keeps every request it gets (headers and
+/// body), standing in for a webhook target or a platform.
+struct Receiver {
+    url: String,
+    hits: Arc<Mutex<Vec<String>>>,
+}
+
+async fn receiver() -> Receiver {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(Mutex::new(Vec::new()));
+    let h = hits.clone();
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, body: String| {
+            let h = h.clone();
+            async move {
+                h.lock().unwrap().push(format!("{headers:?}\n{body}"));
+                "ok"
+            }
+        },
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Receiver {
+        url: format!("http://{addr}/hook"),
+        hits,
+    }
+}
+
+impl Receiver {
+    fn count(&self) -> usize {
+        self.hits.lock().unwrap().len()
+    }
+}
+
+/// The canonical temp dir: every TestHost data dir lies under it.
+fn tmp_root() -> String {
+    std::fs::canonicalize(std::env::temp_dir())
+        .unwrap()
+        .display()
+        .to_string()
+}
+
+fn shadow_options(webhook: &str) -> HostOptions {
+    HostOptions {
+        model: json!({"rules": [{"reply": "the shadow answers"}]}),
+        config: vec![
+            ("shadow", Yaml::Bool(true)),
+            ("shadow_root", Yaml::String(tmp_root())),
+            ("webhook.url", Yaml::String(webhook.into())),
+            ("review.owner", Yaml::String("owner".into())),
+        ],
+        ..Default::default()
+    }
+}
+
+/// A platform conversation (and the owner's DM one) written straight into
+/// the database, as a snapshot carries them: a shadow mints no adapter token.
+fn seed_conversations(host: &TestHost, space: &str) -> (i64, i64) {
+    let db = host.db_writer();
+    db.execute(
+        "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'group-1', ?1, 'group', 1, 2)",
+        [space],
+    )
+    .unwrap();
+    let group = db.last_insert_rowid();
+    db.execute(
+        "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'owner-dm', ?1, 'dm', 1, 1)",
+        [space],
+    )
+    .unwrap();
+    let dm = db.last_insert_rowid();
+    // An old owner message: the DM is the owner's, and no review window holds it.
+    db.execute(
+        "INSERT INTO messages (space_id, conversation_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, 'owner', 'user', 'hi bot', 0, 'done')",
+        rusqlite::params![space, dm],
+    )
+    .unwrap();
+    (group, dm)
+}
+
+async fn wait_transcript(data: &Path, want: usize) -> Vec<mercury::workspace::transcript::TranscriptEntry> {
+    let t = Transcript::of(data);
+    for _ in 0..400 {
+        let all = t.read_all().unwrap();
+        if all.len() >= want {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.read_all().unwrap()
+}
+
+#[tokio::test]
+async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
+    let hook = receiver().await;
+    let host = TestHost::start(shadow_options(&hook.url)).await;
+    // The adapter construction point refused the webhook at start.
+    let first = wait_transcript(&host.data, 1).await;
+    assert!(
+        first.iter().any(|e| e.kind == TranscriptKind::Refusal
+            && e.source == "adapter"
+            && e.text.contains("Webhook")),
+        "{first:?}"
+    );
+    let (st, v) = host.send(Method::GET, "/healthz", None, &[], None).await;
+    assert_eq!((st, v["shadow"].clone(), v["mode"].clone()), (200, json!(true), json!("shadow")));
+    host.create_space("alpha").await;
+    let (group, dm) = seed_conversations(&host, "alpha");
+    // An undelivered live reply, as a snapshot copies it: nothing may post it.
+    host.db_writer()
+        .execute(
+            "INSERT INTO outbox (space_id, conversation_id, platform, external_id, text, created_at) VALUES ('alpha', ?1, 'test', 'group-1', 'left over from live', 1)",
+            [group],
+        )
+        .unwrap();
+
+    // send
+    let (st, v) = host
+        .owner(Method::POST, "/api/send", Some("alpha"), Some(json!({"text": "hello people"})))
+        .await;
+    assert_eq!(st, 202, "{v}");
+    assert_eq!((v["outbox_id"].clone(), v["shadow"].clone()), (Value::Null, json!(true)));
+    // reply (a non-silent task's answer goes to the space's platform conversation)
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            "/api/tasks",
+            Some("alpha"),
+            Some(json!({"cron": "0 0 1 1 *", "prompt": "the yearly note"})),
+        )
+        .await;
+    assert!(st == 201 || st == 200, "{v}");
+    let task = v["id"].as_i64().or(v["task"]["id"].as_i64()).unwrap();
+    let (st, v) = host
+        .owner(Method::POST, &format!("/api/tasks/{task}/run"), Some("alpha"), None)
+        .await;
+    assert_eq!(st, 202, "{v}");
+    // digest
+    let (st, v) = host.owner(Method::POST, "/api/review/run", None, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["digest"]["sent"], true, "{v}");
+    assert_eq!(v["digest"]["outbox_id"], Value::Null, "{v}");
+    assert_eq!(v["digest"]["conversation_id"], dm, "{v}");
+
+    let all = wait_transcript(&host.data, 4).await;
+    let sends: Vec<_> = all.iter().filter(|e| e.kind == TranscriptKind::Send).collect();
+    let by = |src: &str| sends.iter().find(|e| e.source == src).cloned();
+    let send = by("send").expect("the send is in the transcript");
+    assert_eq!(
+        (send.space.as_deref(), send.conversation, send.text.as_str()),
+        (Some("alpha"), Some(group), "hello people")
+    );
+    let reply = by("reply").expect("the task reply is in the transcript");
+    assert_eq!(reply.text, "the shadow answers");
+    let digest = by("digest").expect("the digest is in the transcript");
+    assert_eq!(digest.conversation, Some(dm));
+
+    // The outbox pull and an adapter token: refused, and listed.
+    let (st, v) = host.owner(Method::GET, "/api/outbox", None, None).await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            "/api/tokens",
+            None,
+            Some(json!({"caller_id": "adapter:x", "kind": "adapter", "platform": "test"})),
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    let all = Transcript::of(&host.data).read_all().unwrap();
+    for src in ["outbox", "adapter"] {
+        assert!(
+            all.iter().any(|e| e.kind == TranscriptKind::Refusal && e.source == src),
+            "{src}: {all:?}"
+        );
+    }
+    // whoami says shadow, in JSON and through mrctl.
+    let (_, v) = host.owner(Method::GET, "/api/whoami", None, None).await;
+    assert_eq!(v["shadow"], true, "{v}");
+    // Off the test's runtime thread: the in-process host answers on it.
+    let mut cmd = host.mrctl(&host.owner_token, None);
+    cmd.arg("whoami");
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("SHADOW"), "{text}");
+
+    // Nothing was queued for delivery and nothing was posted.
+    assert_eq!(host.count("SELECT COUNT(*) FROM outbox WHERE text != 'left over from live'"), 0);
+    assert_eq!(
+        host.count("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL AND attempts = 0"),
+        1
+    );
+    host.stop().await;
+    assert_eq!(hook.count(), 0, "the webhook receiver got {:?}", hook.hits.lock().unwrap());
+}
+
+/// The same receiver and the same kind of send on a live host: it is posted.
+/// (What makes the shadow's zero above mean something.)
+#[tokio::test]
+async fn shadow_control_a_live_host_posts_the_send_to_the_webhook() {
+    let hook = receiver().await;
+    let mut opts = shadow_options(&hook.url);
+    opts.config.retain(|(k, _)| !k.starts_with("shadow"));
+    let host = TestHost::start(opts).await;
+    host.create_space("alpha").await;
+    host.platform_conversation("group-1", "alpha").await;
+    let (st, v) = host
+        .owner(Method::POST, "/api/send", Some("alpha"), Some(json!({"text": "hello people"})))
+        .await;
+    assert_eq!(st, 202, "{v}");
+    assert!(v["outbox_id"].is_i64(), "{v}");
+    for _ in 0..200 {
+        if hook.count() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(hook.hits.lock().unwrap().iter().any(|h| h.contains("hello people")));
+    assert!(!Transcript::of(&host.data).path().exists());
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_adapter_construction_point_builds_none_in_shadow_mode() {
+    let t = tempfile::tempdir().unwrap();
+    let settings = mercury::config::Settings {
+        webhook: mercury::config::WebhookConfig {
+            url: "http://127.0.0.1:9/hook".into(),
+            max_attempts: 1,
+        },
+        ..Default::default()
+    };
+    let live = mercury::runtime::Outbound::Live;
+    assert_eq!(
+        mercury::host::outbound_adapters(&settings, &live),
+        vec![mercury::host::OutboundAdapter::Webhook]
+    );
+    let shadow = mercury::runtime::Outbound::Shadow(Transcript::of(t.path()));
+    assert!(mercury::host::outbound_adapters(&settings, &shadow).is_empty());
+    let lines = Transcript::of(t.path()).read_all().unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!((lines[0].kind.clone(), lines[0].source.as_str()), (TranscriptKind::Refusal, "adapter"));
+}
+
+fn mercury_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("MERCURY_LOG", "warn")
+        .stdin(Stdio::null());
+    c
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walkdir::WalkDir::new(dir)
+        .into_iter()
+        .map(Result::unwrap)
+        .map(|e| e.path().display().to_string())
+        // The WAL files come and go with the fixture's own closing connection.
+        .filter(|p| !p.ends_with("-wal") && !p.ends_with("-shm"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn shadow_data_dir_guard_refuses_before_touching_the_dir() {
+    let (_dir, data, _) = prepare(&HostOptions::default()).await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let before = listing(&data);
+    let run = |env: &[(&str, &str)]| {
+        let out = mercury_cmd()
+            .envs(env.iter().copied())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let root = elsewhere.path().to_str().unwrap();
+    // Shadow mode on a data dir outside the shadow root.
+    let (code, err) = run(&[("MERCURY_SHADOW", "1"), ("MERCURY_SHADOW_ROOT", root)]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not under the shadow root"), "{err}");
+    // Shadow mode with no shadow root at all.
+    let (code, err) = run(&[("MERCURY_SHADOW", "true")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("shadow_root"), "{err}");
+    // A flag value that is neither 1 nor true: an error naming the key.
+    let (code, err) = run(&[("MERCURY_SHADOW", "yes"), ("MERCURY_SHADOW_ROOT", root)]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("MERCURY_SHADOW") && err.contains("config key shadow"), "{err}");
+    assert_eq!(listing(&data), before, "a refused start wrote into the data dir");
+    // A snapshot (it holds SNAPSHOT.json) without shadow mode.
+    std::fs::write(data.join("SNAPSHOT.json"), "{}").unwrap();
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("shadow snapshot"), "{err}");
+}
+
+/// A live host with three spaces, traffic, a symlink in a workspace that
+/// points outside it, and secrets in global/.
+async fn live_with_traffic(host: &TestHost) {
+    for s in ["alpha", "beta", "gamma"] {
+        host.create_space(s).await;
+        host.chat(s, &format!("hello {s}")).await;
+    }
+    host.grant("beta", "api:bob", "member").await;
+    let (st, v) = host
+        .owner(Method::PUT, "/api/prefs", Some("alpha"), Some(json!({"key": "tone", "value": "formal"})))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    std::fs::write(host.dir.path().join("canary.txt"), "outside the workspace").unwrap();
+    std::os::unix::fs::symlink(
+        host.dir.path().join("canary.txt"),
+        host.data.join("spaces/alpha/knowledge/link"),
+    )
+    .unwrap();
+    std::fs::write(host.data.join("global/auth.json"), "{\"refresh\": \"live-refresh\"}").unwrap();
+    std::fs::write(host.data.join("global/notes.md"), "operator notes").unwrap();
+}
+
+fn snapshot_cli(live: &Path, root: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = mercury_cmd()
+        .arg("shadow")
+        .arg("snapshot")
+        .arg("--data-dir")
+        .arg(live)
+        .arg("--root")
+        .arg(root)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ro(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+}
+
+#[tokio::test]
+async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins() {
+    let host = TestHost::start(HostOptions {
+        config: vec![("admins", Yaml::Sequence(vec![Yaml::from("api:liveadmin")]))],
+        ..Default::default()
+    })
+    .await;
+    live_with_traffic(&host).await;
+    let root = tempfile::tempdir().unwrap();
+    let root_path = std::fs::canonicalize(root.path()).unwrap();
+    let live_rows = host.all_row_counts();
+    // Taken while the host serves (and answers a chat in between).
+    let (code, out, err) = {
+        let (d, r) = (host.data.clone(), root_path.clone());
+        tokio::task::spawn_blocking(move || {
+            snapshot_cli(&d, &r, &["--admins", "api:rehearser", "--label", "try a new AGENTS.md"])
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(code, Some(0), "{out}{err}");
+    host.chat("alpha", "still serving").await;
+    let current = std::fs::read_link(root_path.join("current")).unwrap();
+    let dir = root_path.join(&current);
+    let manifest_text = std::fs::read_to_string(dir.join("SNAPSHOT.json")).unwrap();
+    let m: Manifest = serde_json::from_str(&manifest_text).unwrap();
+    assert_eq!(m.admin_count, Some(1));
+    assert_eq!(m.label.as_deref(), Some("try a new AGENTS.md"));
+    assert_eq!(m.product_version, env!("CARGO_PKG_VERSION"));
+    assert!(!m.git_revision.is_empty());
+    assert_eq!(Path::new(&m.live_data_dir), std::fs::canonicalize(&host.data).unwrap());
+    for id in ["api:rehearser", "api:liveadmin"] {
+        assert!(!manifest_text.contains(id), "the manifest names {id}");
+        assert!(!out.contains(id) && !err.contains(id), "the output names {id}");
+    }
+    // The copy: every row but the tokens, which are the shadow's own.
+    let copy = ro(&dir.join("state.db"));
+    for (table, n) in &live_rows {
+        let c: i64 = copy.query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |r| r.get(0)).unwrap();
+        if table == "api_tokens" {
+            assert_eq!(c, 1, "only the shadow's owner token");
+        } else {
+            assert_eq!(c, *n, "{table}");
+        }
+    }
+    let shadow_token = std::fs::read_to_string(dir.join("global/owner.token")).unwrap();
+    assert_ne!(shadow_token.trim(), host.owner_token);
+    assert!(!dir.join("global/auth.json").exists());
+    assert_eq!(std::fs::read_to_string(dir.join("global/notes.md")).unwrap(), "operator notes");
+    // The symlink is a symlink in the copy, never its target's bytes.
+    let link = dir.join("spaces/alpha/knowledge/link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(
+        host.workspace_hashes("beta"),
+        walk_hashes(&dir.join("spaces/beta")),
+        "the workspace copy is byte-identical"
+    );
+    // The derived config: shadow on, its own port, admins exactly --admins.
+    let s = mercury::config::load(&dir.join("mercury.yaml"), &Default::default()).unwrap();
+    assert!(s.shadow);
+    assert_eq!(s.admins, vec!["api:rehearser".to_string()]);
+    assert_eq!(Path::new(&s.shadow_root), root_path);
+    let live_s = mercury::config::load(&host.data.join("mercury.yaml"), &Default::default()).unwrap();
+    let port = |b: &str| b.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
+    assert_eq!(port(&s.bind), port(&live_s.bind) + 1);
+    // Modes: the copy is as private as the live dir.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [dir.clone(), dir.join("state.db"), dir.join("global/owner.token")] {
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o077;
+        assert_eq!(mode, 0, "{} is open to others", p.display());
+    }
+    // Default admins: none, never inherited.
+    let (code, _, err) = snapshot_cli(&host.data, &root_path, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let dir2 = root_path.join(std::fs::read_link(root_path.join("current")).unwrap());
+    let s2 = mercury::config::load(&dir2.join("mercury.yaml"), &Default::default()).unwrap();
+    assert!(s2.admins.is_empty());
+    assert_eq!(Manifest::read(&dir2).unwrap().admin_count, Some(0));
+    // Bad input: a refusal with a sentence, nothing written.
+    let (code, _, err) = snapshot_cli(&host.data, &root_path, &["--admins", "not an id"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = snapshot_cli(&dir2, &root_path, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(mercury::shadow::snapshot::list(&root_path).unwrap().len(), 2);
+    host.stop().await;
+}
+
+fn walk_hashes(root: &Path) -> Vec<(String, String)> {
+    use sha2::{Digest, Sha256};
+    let mut out: Vec<(String, String)> = walkdir::WalkDir::new(root)
+        .into_iter()
+        .map(Result::unwrap)
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            (rel, base16ct::lower::encode_string(&Sha256::digest(std::fs::read(e.path()).unwrap())))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn shadow_prune_keeps_the_newest_and_never_the_running_one() {
+    let (_dir, data, _) = prepare(&HostOptions::default()).await;
+    let root = tempfile::tempdir().unwrap();
+    let root_path = std::fs::canonicalize(root.path()).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let (code, _, err) = snapshot_cli(&data, &root_path, &[]);
+        assert_eq!(code, Some(0), "{err}");
+        ids.push(std::fs::read_link(root_path.join("current")).unwrap().display().to_string());
+    }
+    // The oldest is recorded as running.
+    let running = json!({
+        "snapshot": ids[0], "data_dir": root_path.join(&ids[0]), "pid": std::process::id(),
+        "port": 1, "url": "http://127.0.0.1:1", "started_at_ms": 0
+    });
+    std::fs::write(root_path.join("running.json"), running.to_string()).unwrap();
+    let removed = mercury::shadow::snapshot::prune(&root_path, 1).unwrap();
+    assert_eq!(removed, vec![ids[1].clone(), ids[2].clone()]);
+    let left = mercury::shadow::snapshot::list(&root_path).unwrap();
+    assert_eq!(left, vec![ids[0].clone(), ids[3].clone()]);
+}
