@@ -485,3 +485,180 @@ async fn shadow_prune_keeps_the_newest_and_never_the_running_one() {
     let left = mercury::shadow::snapshot::list(&root_path).unwrap();
     assert_eq!(left, vec![ids[0].clone(), ids[3].clone()]);
 }
+
+/// A live data dir (not serving) and a snapshot of it under a fresh root.
+struct UpFixture {
+    _live_dir: tempfile::TempDir,
+    live: std::path::PathBuf,
+    _root_dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    snap: std::path::PathBuf,
+}
+
+async fn up_fixture(live_keys: Vec<(&'static str, Yaml)>) -> UpFixture {
+    let (live_dir, live, _) = prepare(&HostOptions {
+        config: live_keys,
+        ..Default::default()
+    })
+    .await;
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let opts = mercury::shadow::snapshot::SnapshotOptions {
+        live_data_dir: live.clone(),
+        root: root.clone(),
+        admins: vec!["api:rehearser".into()],
+        label: None,
+        port: Some(crate::common::free_port()),
+        progress: false,
+    };
+    let out = mercury::shadow::snapshot::take(&opts).unwrap();
+    UpFixture {
+        _live_dir: live_dir,
+        live,
+        _root_dir: root_dir,
+        root,
+        snap: out.dir,
+    }
+}
+
+impl UpFixture {
+    /// `mercury shadow up` with `args`: its exit code and stderr.
+    fn up(&self, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+        let out = mercury_cmd()
+            .envs(env.iter().copied())
+            .args(["shadow", "up", "--root"])
+            .arg(&self.root)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            !self.root.join("running.json").exists(),
+            "a refused up recorded a running shadow"
+        );
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    fn refused(&self, args: &[&str], env: &[(&str, &str)], sentence: &str) {
+        let (code, err) = self.up(args, env);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(sentence), "expected {sentence:?} in {err:?}");
+        assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+    }
+
+    fn edit_manifest(&self, f: impl FnOnce(&mut Value)) {
+        let p = self.snap.join("SNAPSHOT.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&p, v.to_string()).unwrap();
+    }
+
+    fn shadow_keys(&self, keys: &[(&str, Yaml)]) {
+        mercury::config::set_keys(&self.snap.join("mercury.yaml"), keys).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_snapshot_older_than_max_age() {
+    let f = up_fixture(vec![]).await;
+    f.edit_manifest(|v| v["created_at_ms"] = json!(0));
+    f.refused(&[], &[], "older than --max-age 1d 0h");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_manifest_without_an_admin_count() {
+    let f = up_fixture(vec![]).await;
+    f.edit_manifest(|v| {
+        v.as_object_mut().unwrap().remove("admin_count");
+    });
+    f.refused(&[], &[], "records no admin count");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_under_min_free_mem() {
+    let f = up_fixture(vec![]).await;
+    f.refused(&["--min-free-mem", "100000G"], &[], "of memory is free, under --min-free-mem");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_under_min_free_disk() {
+    let f = up_fixture(vec![]).await;
+    f.refused(&["--min-free-disk", "100000G"], &[], "of disk is free under the shadow root");
+}
+
+/// Needs the Docker engine: a container carrying the live instance's label.
+#[tokio::test]
+async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
+    let f = up_fixture(vec![("sandbox.backend", Yaml::from("docker"))]).await;
+    let instance = mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&f.live).unwrap()).unwrap();
+    let tar = f.root.join("empty.tar");
+    let st = Command::new("tar").arg("cf").arg(&tar).args(["--files-from", "/dev/null"]).status().unwrap();
+    assert!(st.success());
+    let st = Command::new("docker").arg("import").arg(&tar).arg("mercury-shadow-test:empty").stdout(Stdio::null()).status().unwrap();
+    assert!(st.success(), "docker import");
+    let out = Command::new("docker")
+        .args(["create", "--label"])
+        .arg(format!("mercury.instance={instance}"))
+        .args(["mercury-shadow-test:empty", "/turn"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let result = f.up(&[], &[]);
+    let _ = Command::new("docker").args(["rm", "-f", &id]).stdout(Stdio::null()).status();
+    let (code, err) = result;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("the live instance is running a turn (1 container"), "{err}");
+    // And with the container gone, that refusal is gone too (another may follow).
+    let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);
+    assert!(!err.contains("running a turn"), "{err}");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_live_task_due_within_the_window_or_unknown() {
+    let f = up_fixture(vec![]).await;
+    let db = rusqlite::Connection::open(f.live.join("state.db")).unwrap();
+    db.execute("INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)", []).unwrap();
+    let soon = mercury::clock::now_ms() + 60_000;
+    db.execute(
+        "INSERT INTO tasks (space_id, cron, prompt, next_run_at, created_by, created_at, updated_at) VALUES ('alpha', '* * * * *', 'p', ?1, 'owner', 0, 0)",
+        [soon],
+    )
+    .unwrap();
+    f.refused(&[], &[], "a live scheduled task is due in");
+    db.execute("UPDATE tasks SET next_run_at = NULL", []).unwrap();
+    f.refused(&[], &[], "when the live scheduled tasks are due is unknown");
+    // Outside the window: that refusal is gone.
+    db.execute("UPDATE tasks SET next_run_at = ?1", [soon + 7_200_000]).unwrap();
+    let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);
+    assert!(!err.contains("scheduled task"), "{err}");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_missing_agent_image_and_names_the_tag() {
+    let f = up_fixture(vec![]).await;
+    f.shadow_keys(&[
+        ("sandbox.backend", Yaml::from("docker")),
+        ("sandbox.image", Yaml::from("mercury-shadow-test:absent")),
+    ]);
+    f.refused(&[], &[], "the agent image mercury-shadow-test:absent is missing");
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_taken_port() {
+    let f = up_fixture(vec![]).await;
+    let s = mercury::config::load(&f.snap.join("mercury.yaml"), &Default::default()).unwrap();
+    let _held = std::net::TcpListener::bind(&s.bind).unwrap();
+    let port = s.bind.rsplit_once(':').unwrap().1.to_string();
+    f.refused(&[], &[], &format!("port {port} is taken"));
+}
+
+#[tokio::test]
+async fn shadow_up_refuses_a_provider_without_a_shadow_key_even_with_the_live_key() {
+    let f = up_fixture(vec![]).await;
+    f.shadow_keys(&[("model", Yaml::from("openai:gpt-4o-mini"))]);
+    f.refused(
+        &[],
+        &[("MERCURY_OPENAI_API_KEY", "sk-live-secret")],
+        "uses openai but the shadow has no openai key",
+    );
+}
