@@ -234,7 +234,7 @@ async fn run(cli: Cli) -> ExitCode {
             match crate::host::serve(&data_dir, bind, token).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("mercury serve: {e:#}");
+                    eprintln!("mercury serve: {}{e:#}", crate::host::log_tag());
                     // Another host holds the data dir, or the shadow guard
                     // refused it: a usage error, not a crash.
                     let locked = matches!(

@@ -199,7 +199,7 @@ async fn sandbox_backend(
             Ok(b) => Ok(Arc::new(b)),
             Err(e) if s.allow_unisolated => {
                 tracing::warn!(reason = %e, "sandbox: process without bubblewrap, as sandbox.allow_unisolated asks: tools run as plain host processes, NOT isolated");
-                eprintln!("mercury: WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)");
+                eprintln!("mercury: {}WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)", log_tag());
                 Ok(Arc::new(ProcessBackend::unisolated(mrctl_dir.clone())))
             }
             Err(e) => bail!(
@@ -223,7 +223,7 @@ async fn sandbox_backend(
                 Err(bwrap_err) => {
                     let reason = format!("no Docker engine ({docker_err}) and {bwrap_err}");
                     tracing::error!(%reason, "sandbox: auto found no isolating backend: every tool call is refused");
-                    eprintln!("mercury: no sandbox is available, tool calls are refused: {reason}");
+                    eprintln!("mercury: {}no sandbox is available, tool calls are refused: {reason}", log_tag());
                     Ok(Arc::new(sandbox::Unavailable { reason }))
                 }
             }
@@ -292,6 +292,19 @@ pub async fn start_actors(
     .context("starting the root supervisor")?;
     let spaces = SpaceDirectory::new(supervisor.clone(), map);
     Ok((supervisor, handle, spaces, review))
+}
+
+/// Set once a shadow host starts serving in this process: every line it
+/// writes to stderr then starts with `shadow=1`.
+static SHADOW_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `"shadow=1 "` in a shadow host's process, else empty.
+pub fn log_tag() -> &'static str {
+    if SHADOW_PROCESS.load(std::sync::atomic::Ordering::SeqCst) {
+        "shadow=1 "
+    } else {
+        ""
+    }
 }
 
 /// An adapter that sends to the outside. Only the webhook exists so far;
@@ -375,7 +388,10 @@ pub async fn serve_with(
     for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
         data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let tag = if settings.shadow { "shadow=1 " } else { "" };
+    if settings.shadow {
+        SHADOW_PROCESS.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let tag = log_tag();
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: {tag}warning: {loose}");
     }
@@ -506,7 +522,7 @@ pub fn cancel_on_signals(token: CancellationToken) {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-        eprintln!("mercury: shutting down");
+        eprintln!("mercury: {}shutting down", log_tag());
         token.cancel();
     });
 }

@@ -662,3 +662,218 @@ async fn shadow_up_refuses_a_provider_without_a_shadow_key_even_with_the_live_ke
         "uses openai but the shadow has no openai key",
     );
 }
+
+/// Every row of every table, as text (a byte-level fingerprint of a database).
+fn dump(db: &rusqlite::Connection) -> Vec<String> {
+    let mut stmt = db
+        .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+        .unwrap();
+    let names: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    let mut out = Vec::new();
+    for n in names {
+        let mut q = db.prepare(&format!("SELECT * FROM \"{n}\" ORDER BY rowid")).unwrap();
+        let cols = q.column_count();
+        let mut rows = q.query([]).unwrap();
+        while let Some(row) = rows.next().unwrap() {
+            let vals: Vec<String> = (0..cols)
+                .map(|i| format!("{:?}", row.get_ref(i).unwrap()))
+                .collect();
+            out.push(format!("{n}: {}", vals.join(" | ")));
+        }
+    }
+    out
+}
+
+fn grep_tree(root: &Path, needle: &str) -> Vec<String> {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| {
+            std::fs::read(e.path())
+                .map(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
+async fn call(url: &str, method: Method, path: &str, token: &str, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{url}{path}"))
+        .bearer_auth(token);
+    if let Some(s) = space {
+        req = req.header("x-mercury-space", s);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let st = r.status().as_u16();
+    (st, serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null))
+}
+
+fn shadow_cli(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = mercury_cmd()
+        .env("MERCURY_LOG", "info")
+        .envs(env.iter().copied())
+        .arg("shadow")
+        .args(args)
+        .arg("--root")
+        .arg(root)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const LIVE_KEY: &str = "sk-live-canary-7f3a9c";
+
+#[tokio::test]
+async fn shadow_rehearsal_end_to_end_on_real_processes() {
+    let hook = receiver().await;
+    let mut live = TestHost::start_process(HostOptions {
+        model: json!({"rules": [
+            {"match": "remember", "tool_calls": [{"name": "write_file", "arguments": {"path": "MEMORY.md", "content": "# Memory\n\nThe sky is green here.\n"}}]},
+            {"match": "tool_result\\(write_file\\)", "reply": "noted"},
+            {"reply": "ok"}
+        ]}),
+        config: vec![("webhook.url", Yaml::String(hook.url.clone()))],
+        env: vec![("MERCURY_OPENAI_API_KEY", LIVE_KEY.to_string())],
+        ..Default::default()
+    })
+    .await;
+    // Three spaces with traffic: console turns and a platform conversation.
+    for s in ["alpha", "beta", "gamma"] {
+        live.create_space(s).await;
+        live.chat(s, &format!("hello {s}")).await;
+    }
+    live.platform_conversation("grp-alpha", "alpha").await;
+    live.platform_conversation("grp-beta", "beta").await;
+    let (st, v) = live
+        .owner(Method::PUT, "/api/prefs", Some("alpha"), Some(json!({"key": "tone", "value": "formal"})))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = live
+        .owner(Method::POST, "/api/send", Some("beta"), Some(json!({"text": "live news"})))
+        .await;
+    assert_eq!(st, 202, "{v}");
+    // Let the live webhook deliver everything the live host queued.
+    for _ in 0..400 {
+        if live.count("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL") == 0
+            && live.count("SELECT COUNT(*) FROM messages WHERE status = 'pending'") == 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let live_posts = hook.count();
+    assert!(live_posts >= 1, "the live host posts to the receiver");
+
+    // Snapshot while the live host serves.
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let (code, out, err) = snapshot_cli(&live.data, &root, &["--admins", "api:rehearser", "--label", "e2e"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let before_rows = dump(&live.db());
+    let before_files: Vec<_> = ["alpha", "beta", "gamma"].iter().map(|s| live.workspace_hashes(s)).collect();
+
+    // up: with the live key in the operator's environment, on purpose.
+    let (code, out, err) = shadow_cli(&root, &["up"], &[("MERCURY_OPENAI_API_KEY", LIVE_KEY)]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let running: Value = serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
+    let url = running["url"].as_str().unwrap().to_string();
+    let snap = std::path::PathBuf::from(running["data_dir"].as_str().unwrap());
+    let pid = running["pid"].as_u64().unwrap();
+    let token = std::fs::read_to_string(snap.join("global/owner.token")).unwrap().trim().to_string();
+    // A second up is refused while this one runs.
+    let (code, _, err) = shadow_cli(&root, &["up"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("a shadow is running already"), "{err}");
+
+    // Tokens do not cross, either way.
+    let (st, _) = call(&url, Method::GET, "/api/whoami", &live.owner_token, None, None).await;
+    assert_eq!(st, 401);
+    let (st, _) = live.call(Method::GET, "/api/whoami", Some(&token), None, None).await;
+    assert_eq!(st, 401);
+    let (st, v) = call(&url, Method::GET, "/api/whoami", &token, None, None).await;
+    assert_eq!((st, v["shadow"].clone()), (200, json!(true)), "{v}");
+
+    // The rehearsal: a console turn writes MEMORY.md, a preference changes, a send.
+    let (st, v) = call(&url, Method::POST, "/api/chat", &token, Some("alpha"), Some(json!({"text": "remember the sky is green"}))).await;
+    assert_eq!((st, v["reply"].clone()), (200, json!("noted")), "{v}");
+    let (st, v) = call(&url, Method::PUT, "/api/prefs", &token, Some("alpha"), Some(json!({"key": "tone", "value": "casual"}))).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = call(&url, Method::POST, "/api/send", &token, Some("beta"), Some(json!({"text": "rehearsal send"}))).await;
+    assert_eq!((st, v["outbox_id"].clone()), (202, Value::Null), "{v}");
+
+    // status names the snapshot, its admin count and the pid.
+    let (code, out, _) = shadow_cli(&root, &["status"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("admins 1") && out.contains(&pid.to_string()), "{out}");
+    // The shadow's environment holds no live key.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(!String::from_utf8_lossy(&environ).contains(LIVE_KEY));
+    assert!(String::from_utf8_lossy(&environ).contains("MERCURY_SHADOW=1"));
+
+    // The diff shows exactly those changes.
+    let (code, out, err) = shadow_cli(&root, &["diff", "--json"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let d: Value = serde_json::from_str(&out).unwrap();
+    let rows = d["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0]["table"].as_str(), rows[0]["space"].as_str(), rows[0]["key"].as_str()),
+        (Some("space_preferences"), Some("alpha"), Some("tone"))
+    );
+    assert_eq!(rows[0]["before"]["value"], "formal");
+    assert_eq!(rows[0]["after"]["value"], "casual");
+    assert_eq!(rows[0]["after"]["updated_by"], "owner");
+    let files = d["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(
+        (files[0]["space"].as_str(), files[0]["path"].as_str(), files[0]["change"].as_str(), files[0]["class"].as_str()),
+        (Some("alpha"), Some("MEMORY.md"), Some("changed"), Some("memory"))
+    );
+    let sends = d["sends"].as_array().unwrap();
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    assert_eq!((sends[0]["text"].as_str(), sends[0]["space"].as_str()), (Some("rehearsal send"), Some("beta")));
+    let added: Vec<(String, u64)> = d["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["space"].as_str().unwrap().to_string(), m["count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(added, vec![("alpha".to_string(), 2), ("beta".to_string(), 1)]);
+    assert!(d["runs"]["runs"].as_u64().unwrap() >= 1, "{}", d["runs"]);
+    let (code, human, _) = shadow_cli(&root, &["diff"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(human.contains("space_preferences tone") && human.contains("MEMORY.md"), "{human}");
+
+    // down stops it and prints the cost.
+    let (code, out, err) = shadow_cli(&root, &["down"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("cost $"), "{out}");
+    assert!(!root.join("running.json").exists());
+
+    // Every line the shadow host logged says shadow=1.
+    let log = std::fs::read_to_string(snap.join("shadow/host.log")).unwrap();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert!(l.contains("shadow=1"), "a log line without shadow=1: {l:?}");
+    }
+    // The live key is in no file of the shadow root (snapshot, log, transcript).
+    assert!(grep_tree(&root, LIVE_KEY).is_empty());
+    // The receiver got nothing from the shadow.
+    assert_eq!(hook.count(), live_posts);
+    assert!(!hook.hits.lock().unwrap().iter().any(|h| h.contains("rehearsal send") || h.contains(LIVE_KEY)));
+    // The live host: rows and workspaces byte-identical.
+    assert_eq!(dump(&live.db()), before_rows);
+    let after_files: Vec<_> = ["alpha", "beta", "gamma"].iter().map(|s| live.workspace_hashes(s)).collect();
+    assert_eq!(after_files, before_files);
+    live.kill();
+}
