@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::clock::now_ms;
 use crate::config::Settings;
 use crate::model::gate::ModelGate;
 use crate::model::scripted::ScriptedPolicy;
 use crate::model::{resolve_model, ModelError, ProviderSettings, ResolvedModel};
 use crate::sandbox::SandboxBackend;
-use crate::clock::now_ms;
 use crate::storage::{outbox, Store, StoreError, StoreResult};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 use crate::workspace::DataPaths;
@@ -104,7 +104,9 @@ impl Outbound {
                     text: send.text.to_owned(),
                     source: send.source.to_owned(),
                 })
-                .map_err(|e| StoreError::Invalid(format!("cannot write the shadow transcript: {e}")))?;
+                .map_err(|e| {
+                    StoreError::Invalid(format!("cannot write the shadow transcript: {e}"))
+                })?;
                 Ok(None)
             }
         }

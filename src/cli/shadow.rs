@@ -102,7 +102,11 @@ pub enum AuthCommand {
 
 fn exit_for(cmd: &str, e: &ShadowError) -> ExitCode {
     eprintln!("mercury shadow {cmd}: {e}");
-    ExitCode::from(if matches!(e, ShadowError::Refused(_)) { 2 } else { 1 })
+    ExitCode::from(if matches!(e, ShadowError::Refused(_)) {
+        2
+    } else {
+        1
+    })
 }
 
 fn root(explicit: Option<PathBuf>) -> Result<PathBuf, ShadowError> {
@@ -130,12 +134,16 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             let opts = crate::shadow::snapshot::SnapshotOptions {
                 live_data_dir: data_dir,
                 root,
-                admins: admins.into_iter().filter(|a| !a.trim().is_empty()).collect(),
+                admins: admins
+                    .into_iter()
+                    .filter(|a| !a.trim().is_empty())
+                    .collect(),
                 label,
                 port,
                 progress: true,
             };
-            let res = tokio::task::spawn_blocking(move || crate::shadow::snapshot::take(&opts)).await;
+            let res =
+                tokio::task::spawn_blocking(move || crate::shadow::snapshot::take(&opts)).await;
             match res {
                 Ok(Ok(out)) => {
                     let m = &out.manifest;
@@ -148,7 +156,10 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                         m.admin_count.unwrap_or(0),
                         m.shadow_bind
                     );
-                    println!("  shadow owner token: {}/global/owner.token", out.dir.display());
+                    println!(
+                        "  shadow owner token: {}/global/owner.token",
+                        out.dir.display()
+                    );
                     ExitCode::SUCCESS
                 }
                 Ok(Err(e)) => exit_for("snapshot", &e),
@@ -183,8 +194,10 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                     root: PathBuf::new(),
                     snapshot,
                     max_age_ms: parse_duration(&max_age).map_err(|m| format!("--max-age: {m}"))?,
-                    min_free_mem: parse_size(&min_free_mem).map_err(|m| format!("--min-free-mem: {m}"))?,
-                    min_free_disk: parse_size(&min_free_disk).map_err(|m| format!("--min-free-disk: {m}"))?,
+                    min_free_mem: parse_size(&min_free_mem)
+                        .map_err(|m| format!("--min-free-mem: {m}"))?,
+                    min_free_disk: parse_size(&min_free_disk)
+                        .map_err(|m| format!("--min-free-disk: {m}"))?,
                     window_ms: parse_duration(&window).map_err(|m| format!("--window: {m}"))?,
                 })
             })();
@@ -205,8 +218,14 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                         rec.url,
                         rec.pid
                     );
-                    println!("  owner token: {}/global/owner.token", rec.data_dir.display());
-                    println!("  log: {}", crate::host::shadow::log_path(&rec.data_dir).display());
+                    println!(
+                        "  owner token: {}/global/owner.token",
+                        rec.data_dir.display()
+                    );
+                    println!(
+                        "  log: {}",
+                        crate::host::shadow::log_path(&rec.data_dir).display()
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => exit_for("up", &e),
@@ -293,7 +312,10 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             }
             match crate::shadow::credential::set_key(&root, &provider, &secret) {
                 Ok(path) => {
-                    println!("the shadow's {provider} key is in {} (mode 0600)", path.display());
+                    println!(
+                        "the shadow's {provider} key is in {} (mode 0600)",
+                        path.display()
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => exit_for("auth set-key", &e),

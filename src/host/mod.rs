@@ -223,7 +223,10 @@ async fn sandbox_backend(
                 Err(bwrap_err) => {
                     let reason = format!("no Docker engine ({docker_err}) and {bwrap_err}");
                     tracing::error!(%reason, "sandbox: auto found no isolating backend: every tool call is refused");
-                    eprintln!("mercury: {}no sandbox is available, tool calls are refused: {reason}", log_tag());
+                    eprintln!(
+                        "mercury: {}no sandbox is available, tool calls are refused: {reason}",
+                        log_tag()
+                    );
                     Ok(Arc::new(sandbox::Unavailable { reason }))
                 }
             }
@@ -396,7 +399,12 @@ pub async fn serve_with(
         eprintln!("mercury: {tag}warning: {loose}");
     }
     if settings.shadow {
-        eprintln!("mercury: shadow=1 SHADOW MODE: nothing is delivered; every send goes to {}", crate::workspace::transcript::Transcript::of(&data_dir).path().display());
+        eprintln!(
+            "mercury: shadow=1 SHADOW MODE: nothing is delivered; every send goes to {}",
+            crate::workspace::transcript::Transcript::of(&data_dir)
+                .path()
+                .display()
+        );
     }
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.

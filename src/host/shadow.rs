@@ -165,7 +165,9 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
     if !settings.review.model.is_empty() {
         chain.push(settings.review.model.clone());
     }
-    if let Ok(c) = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) {
+    if let Ok(c) =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    {
         if let Ok(mut stmt) = c.prepare("SELECT value FROM space_config WHERE key = 'model'") {
             if let Ok(rows) = stmt.query_map([], |r| r.get::<_, String>(0)) {
                 for v in rows.flatten() {
@@ -181,7 +183,14 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
 /// (nor any other live `MERCURY_*` setting) can reach it.
 fn child_env(root: &Path) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    for k in ["PATH", "HOME", "DOCKER_HOST", "MERCURY_LOG", "MERCURY_MRCTL", "TMPDIR"] {
+    for k in [
+        "PATH",
+        "HOME",
+        "DOCKER_HOST",
+        "MERCURY_LOG",
+        "MERCURY_MRCTL",
+        "TMPDIR",
+    ] {
         if let Ok(v) = std::env::var(k) {
             env.insert(k.to_owned(), v);
         }
@@ -204,7 +213,10 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
     let paths = DataPaths::new(&dir);
     let mut env = config::process_env();
     env.insert("MERCURY_SHADOW".into(), "1".into());
-    env.insert("MERCURY_SHADOW_ROOT".into(), opts.root.display().to_string());
+    env.insert(
+        "MERCURY_SHADOW_ROOT".into(),
+        opts.root.display().to_string(),
+    );
     let settings = config::load(&paths.config, &env)?;
     let live = PathBuf::from(&manifest.live_data_dir);
     let live_settings = config::load(&DataPaths::new(&live).config, &Default::default()).ok();
@@ -241,14 +253,17 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
     let exe = std::env::current_exe().map_err(io_err("locating the mercury binary"))?;
     let log = log_path(&dir);
     if let Some(d) = log.parent() {
-        crate::workspace::data_dir::private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
+        crate::workspace::data_dir::private_dir(d)
+            .map_err(io_err(format!("creating {}", d.display())))?;
     }
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log)
         .map_err(io_err(format!("opening {}", log.display())))?;
-    let err = out.try_clone().map_err(io_err("duplicating the log handle"))?;
+    let err = out
+        .try_clone()
+        .map_err(io_err("duplicating the log handle"))?;
     let mut child = Command::new(&exe)
         .arg("serve")
         .arg("--data-dir")
@@ -306,7 +321,8 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
 }
 
 fn write_running(root: &Path, rec: &Running) -> ShadowResult<()> {
-    let json = serde_json::to_string_pretty(rec).map_err(|e| ShadowError::Invalid(e.to_string()))?;
+    let json =
+        serde_json::to_string_pretty(rec).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let path = Running::path(root);
     let tmp = root.join(format!(".running.tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
@@ -368,9 +384,13 @@ pub fn status(root: &Path) -> ShadowResult<String> {
         format!(
             "snapshot {}{} (age {}, admins {}, from {})",
             m.id,
-            m.label.as_deref().map(|l| format!(" \"{l}\"")).unwrap_or_default(),
+            m.label
+                .as_deref()
+                .map(|l| format!(" \"{l}\""))
+                .unwrap_or_default(),
             human_duration(now - m.created_at_ms),
-            m.admin_count.map_or("unrecorded".to_owned(), |n| n.to_string()),
+            m.admin_count
+                .map_or("unrecorded".to_owned(), |n| n.to_string()),
             m.live_data_dir
         )
     };
@@ -407,13 +427,18 @@ pub async fn logs(root: &Path, which: Option<&str>, follow: bool) -> ShadowResul
     let mut offset = 0u64;
     loop {
         if let Ok(bytes) = std::fs::read(&path) {
-            let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&bytes[start..]);
             let _ = out.flush();
             offset = bytes.len() as u64;
         } else if !follow {
-            return Err(ShadowError::Refused(format!("{} has no log yet", dir.display())));
+            return Err(ShadowError::Refused(format!(
+                "{} has no log yet",
+                dir.display()
+            )));
         }
         if !follow {
             return Ok(());

@@ -41,7 +41,10 @@ pub fn shadow_key(
     provider: &str,
     env: &BTreeMap<String, String>,
 ) -> Option<String> {
-    if let Some(k) = env.get(&env_name(provider)).filter(|k| !k.trim().is_empty()) {
+    if let Some(k) = env
+        .get(&env_name(provider))
+        .filter(|k| !k.trim().is_empty())
+    {
         return Some(k.trim().to_owned());
     }
     let root = root?;
@@ -111,15 +114,27 @@ mod tests {
         env.insert("MERCURY_OPENAI_API_KEY".to_string(), "live-key".to_string());
         assert_eq!(shadow_key(Some(t.path()), "openai", &env), None);
         let chain = vec!["openai:gpt".to_string(), "scripted:/x".to_string()];
-        assert_eq!(providers_without_key(&chain, Some(t.path()), &env), vec!["openai"]);
+        assert_eq!(
+            providers_without_key(&chain, Some(t.path()), &env),
+            vec!["openai"]
+        );
         set_key(t.path(), "openai", "file-key\n").unwrap();
-        assert_eq!(shadow_key(Some(t.path()), "openai", &env).as_deref(), Some("file-key"));
+        assert_eq!(
+            shadow_key(Some(t.path()), "openai", &env).as_deref(),
+            Some("file-key")
+        );
         env.insert(env_name("openai"), "env-key".into());
-        assert_eq!(shadow_key(Some(t.path()), "openai", &env).as_deref(), Some("env-key"));
+        assert_eq!(
+            shadow_key(Some(t.path()), "openai", &env).as_deref(),
+            Some("env-key")
+        );
         assert!(providers_without_key(&chain, Some(t.path()), &env).is_empty());
         assert!(set_key(t.path(), "gemini", "k").is_err());
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(key_file(t.path(), "openai")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(key_file(t.path(), "openai"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 }

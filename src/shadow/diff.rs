@@ -95,7 +95,10 @@ pub fn tree_hashes(spaces_dir: &Path) -> ShadowResult<TreeHashes> {
     let root = WorkspaceRoot::open(spaces_dir)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", spaces_dir.display())))?;
     let mut out = TreeHashes::new();
-    for e in root.entries().map_err(io_err(format!("listing {}", spaces_dir.display())))? {
+    for e in root
+        .entries()
+        .map_err(io_err(format!("listing {}", spaces_dir.display())))?
+    {
         if e.kind != EntryKind::Dir {
             continue;
         }
@@ -189,7 +192,9 @@ const ROW_TABLES: &[(&str, &str)] = &[
 type Rows = BTreeMap<(String, String), RowValue>;
 
 fn rows(db: &rusqlite::Connection, sql: &str) -> ShadowResult<Rows> {
-    let mut stmt = db.prepare(sql).map_err(sql_err("reading rows for the diff"))?;
+    let mut stmt = db
+        .prepare(sql)
+        .map_err(sql_err("reading rows for the diff"))?;
     let it = stmt
         .query_map([], |r| {
             Ok((
@@ -246,7 +251,11 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             .map_err(sql_err("reading the shadow's messages"))?;
         let it = stmt
             .query_map([mark], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
             })
             .map_err(sql_err("reading the shadow's messages"))?;
         for row in it {
@@ -257,7 +266,13 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             let e = per_space.entry(s).or_default();
             e.0 += 1;
             if e.1.len() < 5 {
-                let first: String = text.lines().next().unwrap_or_default().chars().take(100).collect();
+                let first: String = text
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(100)
+                    .collect();
                 e.1.push(format!("{role}: {first}"));
             }
         }
@@ -268,7 +283,10 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         messages.push(MessagesAdded {
             space: s,
             count,
-            first_lines: lines.iter().map(|l| redactor.redact_identifiers(l)).collect(),
+            first_lines: lines
+                .iter()
+                .map(|l| redactor.redact_identifiers(l))
+                .collect(),
         });
     }
 
@@ -279,12 +297,18 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2)",
         );
         runs.runs = now_db
-            .query_row(sql_runs, rusqlite::params![manifest.marks.run_started_at_ms, space], |r| r.get::<_, i64>(0))
+            .query_row(
+                sql_runs,
+                rusqlite::params![manifest.marks.run_started_at_ms, space],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(sql_err("counting the shadow's runs"))? as u64;
         let (i, o, c): (i64, i64, f64) = now_db
-            .query_row(sql_usage, rusqlite::params![manifest.marks.token_usage_id, space], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
+            .query_row(
+                sql_usage,
+                rusqlite::params![manifest.marks.token_usage_id, space],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .map_err(sql_err("summing the shadow's token usage"))?;
         runs.tokens_in = i as u64;
         runs.tokens_out = o as u64;
@@ -293,7 +317,8 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
 
     let base_files: TreeHashes = {
         let p = dir.join(BASELINE_FILES);
-        let text = std::fs::read_to_string(&p).map_err(io_err(format!("reading {}", p.display())))?;
+        let text =
+            std::fs::read_to_string(&p).map_err(io_err(format!("reading {}", p.display())))?;
         serde_json::from_str(&text)
             .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
     };
@@ -365,7 +390,12 @@ fn redactor_for(db: &rusqlite::Connection, space: &str) -> ShadowResult<Redactor
         .collect::<Result<_, _>>()
         .map_err(sql_err("reading members"))?;
     let list = RedactionList::new()
-        .with_names(members.iter().map(|m| m.1.clone()).filter(|n| !n.is_empty()))
+        .with_names(
+            members
+                .iter()
+                .map(|m| m.1.clone())
+                .filter(|n| !n.is_empty()),
+        )
         .with_sender_ids(members.iter().map(|m| m.0.clone()));
     Redactor::new(list).map_err(|e| ShadowError::Invalid(format!("building the redactor: {e}")))
 }
@@ -397,8 +427,16 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
 pub fn render(r: &DiffReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let scope = r.space.as_deref().map(|x| format!(" (space {x})")).unwrap_or_default();
-    let _ = writeln!(s, "shadow diff: snapshot {} vs the shadow now{scope}", r.snapshot);
+    let scope = r
+        .space
+        .as_deref()
+        .map(|x| format!(" (space {x})"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "shadow diff: snapshot {} vs the shadow now{scope}",
+        r.snapshot
+    );
     let _ = writeln!(s, "\nrows ({}):", r.rows.len());
     if r.rows.is_empty() {
         let _ = writeln!(s, "  (no change)");
@@ -440,14 +478,23 @@ pub fn render(r: &DiffReport) -> String {
     }
     let _ = writeln!(s, "\nsends held in the transcript ({}):", r.sends.len());
     for e in &r.sends {
-        let first: String = e.text.lines().next().unwrap_or_default().chars().take(100).collect();
+        let first: String = e
+            .text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(100)
+            .collect();
         let _ = writeln!(
             s,
             "  [{}] {} -> {}:{}: {first}",
             e.source,
             e.space.as_deref().unwrap_or("-"),
             e.platform.as_deref().unwrap_or("-"),
-            e.conversation.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+            e.conversation
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into()),
         );
     }
     let _ = writeln!(s, "\nrefused outside actions ({}):", r.refusals.len());

@@ -244,7 +244,10 @@ mod tests {
         let r = root.to_str().unwrap();
         check_data_dir(&settings(true, r), &inside).unwrap();
         let e = check_data_dir(&settings(true, r), &outside).unwrap_err();
-        assert!(matches!(e, ShadowError::Refused(_)) && e.to_string().contains("not under"), "{e}");
+        assert!(
+            matches!(e, ShadowError::Refused(_)) && e.to_string().contains("not under"),
+            "{e}"
+        );
         let e = check_data_dir(&settings(true, r), &root).unwrap_err();
         assert!(e.to_string().contains("not under"), "{e}");
         let e = check_data_dir(&settings(true, ""), &inside).unwrap_err();

@@ -48,8 +48,12 @@ impl Manifest {
         let path = snapshot_dir.join(MANIFEST_FILE);
         let text = std::fs::read_to_string(&path)
             .map_err(io_err(format!("reading {}", path.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| ShadowError::Invalid(format!("{} is not a snapshot manifest: {e}", path.display())))
+        serde_json::from_str(&text).map_err(|e| {
+            ShadowError::Invalid(format!(
+                "{} is not a snapshot manifest: {e}",
+                path.display()
+            ))
+        })
     }
 }
 

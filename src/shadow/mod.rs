@@ -49,9 +49,7 @@ pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) 
     move |source| ShadowError::Io { context, source }
 }
 
-pub(crate) fn sql_err(
-    context: impl Into<String>,
-) -> impl FnOnce(rusqlite::Error) -> ShadowError {
+pub(crate) fn sql_err(context: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> ShadowError {
     let context = context.into();
     move |source| ShadowError::Sqlite { context, source }
 }

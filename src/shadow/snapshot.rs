@@ -53,9 +53,18 @@ pub struct SnapshotOutcome {
 /// Names in `global/` that hold a secret and are never copied.
 pub fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    ["token", "credential", "auth", "secret", "password", ".key", ".pem", ".env"]
-        .iter()
-        .any(|bad| n.contains(bad))
+    [
+        "token",
+        "credential",
+        "auth",
+        "secret",
+        "password",
+        ".key",
+        ".pem",
+        ".env",
+    ]
+    .iter()
+    .any(|bad| n.contains(bad))
 }
 
 fn stamp(now_ms: i64) -> String {
@@ -110,15 +119,18 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
     }
     // The live file alone: the environment of this command is not the live host's.
     let live_settings = config::load(&live.config, &Default::default())?;
-    let live_bind: std::net::SocketAddr = live_settings
-        .bind
-        .parse()
-        .map_err(|_| ShadowError::Invalid(format!("live bind {:?} is not ADDR:PORT", live_settings.bind)))?;
+    let live_bind: std::net::SocketAddr = live_settings.bind.parse().map_err(|_| {
+        ShadowError::Invalid(format!(
+            "live bind {:?} is not ADDR:PORT",
+            live_settings.bind
+        ))
+    })?;
     let port = match opts.port {
         Some(p) => p,
-        None => live_bind.port().checked_add(1).ok_or_else(|| {
-            ShadowError::Refused("the live port is 65535; give --port".into())
-        })?,
+        None => live_bind
+            .port()
+            .checked_add(1)
+            .ok_or_else(|| ShadowError::Refused("the live port is 65535; give --port".into()))?,
     };
     let shadow_bind = std::net::SocketAddr::new(live_bind.ip(), port).to_string();
 
@@ -174,8 +186,8 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
         db_bytes,
         files_bytes,
     };
-    let json = serde_json::to_string_pretty(&manifest)
-        .map_err(|e| ShadowError::Invalid(e.to_string()))?;
+    let json =
+        serde_json::to_string_pretty(&manifest).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let mpath = dir.join(MANIFEST_FILE);
     private_file(&mpath)
         .and_then(|mut f| f.write_all(json.as_bytes()))
@@ -206,9 +218,10 @@ fn fill(
         .map_err(sql_err(format!("opening {}", live.db.display())))?;
         src.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(sql_err("setting a busy timeout"))?;
-        let target = shadow.db.to_str().ok_or_else(|| {
-            ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display()))
-        })?;
+        let target = shadow
+            .db
+            .to_str()
+            .ok_or_else(|| ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display())))?;
         src.execute("VACUUM INTO ?1", [target])
             .map_err(sql_err(format!("VACUUM INTO {}", shadow.db.display())))?;
     }
@@ -220,7 +233,9 @@ fn fill(
         token_usage_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM token_usage")?,
         run_started_at_ms: max_id(&db, "SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
     };
-    let tx = db.transaction().map_err(sql_err("starting the token swap"))?;
+    let tx = db
+        .transaction()
+        .map_err(sql_err("starting the token swap"))?;
     // Not one live credential crosses: the shadow mints its own owner token.
     tx.execute("DELETE FROM api_tokens", [])
         .map_err(sql_err("dropping the live API tokens"))?;
@@ -281,22 +296,35 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 /// Copies every entry of `from` into the empty `to` through the safe-path
 /// copy, one top-level entry at a time (for progress on large trees).
 fn copy_dirs(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult<u64> {
-    let src = WorkspaceRoot::open(from).map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    let dst = WorkspaceRoot::open(to).map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
-    let entries = src.entries().map_err(io_err(format!("listing {}", from.display())))?;
+    let src = WorkspaceRoot::open(from)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
+    let dst = WorkspaceRoot::open(to)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
+    let entries = src
+        .entries()
+        .map_err(io_err(format!("listing {}", from.display())))?;
     let total = entries.len();
     let mut bytes = 0;
     let mut last = Instant::now();
     for (i, e) in entries.iter().enumerate() {
         match e.kind {
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700)
-                    .map_err(io_err(format!("creating {what}/{}", e.name.to_string_lossy())))?;
-                let s = src.child_dir(&e.name).map_err(io_err(format!("opening {what}/{}", e.name.to_string_lossy())))?;
-                let d = dst.child_dir(&e.name).map_err(io_err(format!("opening the copy of {what}/{}", e.name.to_string_lossy())))?;
-                bytes += s
-                    .copy_tree_into(&d)
-                    .map_err(io_err(format!("copying {what}/{}", e.name.to_string_lossy())))?;
+                dst.mkdir(&e.name, 0o700).map_err(io_err(format!(
+                    "creating {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                let s = src.child_dir(&e.name).map_err(io_err(format!(
+                    "opening {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                let d = dst.child_dir(&e.name).map_err(io_err(format!(
+                    "opening the copy of {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                bytes += s.copy_tree_into(&d).map_err(io_err(format!(
+                    "copying {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
             }
             EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
             // A link at the top is a link to elsewhere: never followed, not needed.
@@ -331,10 +359,15 @@ fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
     if !from.is_dir() {
         return Ok(0);
     }
-    let src = WorkspaceRoot::open(from).map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    let dst = WorkspaceRoot::open(to).map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
+    let src = WorkspaceRoot::open(from)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
+    let dst = WorkspaceRoot::open(to)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
     let mut bytes = 0;
-    for e in src.entries().map_err(io_err(format!("listing {}", from.display())))? {
+    for e in src
+        .entries()
+        .map_err(io_err(format!("listing {}", from.display())))?
+    {
         let name = e.name.to_string_lossy();
         if is_secret_name(&name) || name == "owner.token" {
             continue;
@@ -342,9 +375,14 @@ fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
         match e.kind {
             EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700).map_err(io_err(format!("creating global/{name}")))?;
-                let s = src.child_dir(&e.name).map_err(io_err(format!("opening global/{name}")))?;
-                let d = dst.child_dir(&e.name).map_err(io_err(format!("opening the copy of global/{name}")))?;
+                dst.mkdir(&e.name, 0o700)
+                    .map_err(io_err(format!("creating global/{name}")))?;
+                let s = src
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/{name}")))?;
+                let d = dst
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening the copy of global/{name}")))?;
                 bytes += copy_tree_without_secrets(&s, &d)?;
             }
             EntryKind::Symlink | EntryKind::Other => {}
@@ -355,7 +393,10 @@ fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
 
 fn copy_tree_without_secrets(src: &WorkspaceRoot, dst: &WorkspaceRoot) -> ShadowResult<u64> {
     let mut bytes = 0;
-    for e in src.entries().map_err(io_err("listing a global/ directory"))? {
+    for e in src
+        .entries()
+        .map_err(io_err("listing a global/ directory"))?
+    {
         let name = e.name.to_string_lossy().into_owned();
         if is_secret_name(&name) {
             continue;
@@ -373,9 +414,14 @@ fn copy_tree_without_secrets(src: &WorkspaceRoot, dst: &WorkspaceRoot) -> Shadow
                 bytes += buf.len() as u64;
             }
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700).map_err(io_err(format!("creating global/…/{name}")))?;
-                let s = src.child_dir(&e.name).map_err(io_err(format!("opening global/…/{name}")))?;
-                let d = dst.child_dir(&e.name).map_err(io_err(format!("opening global/…/{name}")))?;
+                dst.mkdir(&e.name, 0o700)
+                    .map_err(io_err(format!("creating global/…/{name}")))?;
+                let s = src
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/…/{name}")))?;
+                let d = dst
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/…/{name}")))?;
                 bytes += copy_tree_without_secrets(&s, &d)?;
             }
             EntryKind::Symlink | EntryKind::Other => {}
@@ -389,8 +435,10 @@ fn point_current(root: &Path, id: &str) -> ShadowResult<()> {
     let tmp = root.join(format!(".current.tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(id, &tmp).map_err(io_err(format!("linking {}", tmp.display())))?;
-    std::fs::rename(&tmp, root.join(CURRENT_LINK))
-        .map_err(io_err(format!("replacing {}/{CURRENT_LINK}", root.display())))
+    std::fs::rename(&tmp, root.join(CURRENT_LINK)).map_err(io_err(format!(
+        "replacing {}/{CURRENT_LINK}",
+        root.display()
+    )))
 }
 
 /// The snapshots under `root`, oldest first (directories with a manifest).
@@ -465,7 +513,15 @@ mod tests {
 
     #[test]
     fn secret_names_are_recognised() {
-        for n in ["owner.token", "auth.json", "credentials", "openai.key", "x.pem", ".env", "Secret.txt"] {
+        for n in [
+            "owner.token",
+            "auth.json",
+            "credentials",
+            "openai.key",
+            "x.pem",
+            ".env",
+            "Secret.txt",
+        ] {
             assert!(is_secret_name(n), "{n}");
         }
         for n in ["notes.md", "model-capabilities.yaml"] {

@@ -28,15 +28,13 @@ async fn receiver() -> Receiver {
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(Mutex::new(Vec::new()));
     let h = hits.clone();
-    let app = axum::Router::new().fallback(
-        move |headers: axum::http::HeaderMap, body: String| {
-            let h = h.clone();
-            async move {
-                h.lock().unwrap().push(format!("{headers:?}\n{body}"));
-                "ok"
-            }
-        },
-    );
+    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap, body: String| {
+        let h = h.clone();
+        async move {
+            h.lock().unwrap().push(format!("{headers:?}\n{body}"));
+            "ok"
+        }
+    });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Receiver {
         url: format!("http://{addr}/hook"),
@@ -96,7 +94,10 @@ fn seed_conversations(host: &TestHost, space: &str) -> (i64, i64) {
     (group, dm)
 }
 
-async fn wait_transcript(data: &Path, want: usize) -> Vec<mercury::workspace::transcript::TranscriptEntry> {
+async fn wait_transcript(
+    data: &Path,
+    want: usize,
+) -> Vec<mercury::workspace::transcript::TranscriptEntry> {
     let t = Transcript::of(data);
     for _ in 0..400 {
         let all = t.read_all().unwrap();
@@ -121,7 +122,10 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
         "{first:?}"
     );
     let (st, v) = host.send(Method::GET, "/healthz", None, &[], None).await;
-    assert_eq!((st, v["shadow"].clone(), v["mode"].clone()), (200, json!(true), json!("shadow")));
+    assert_eq!(
+        (st, v["shadow"].clone(), v["mode"].clone()),
+        (200, json!(true), json!("shadow"))
+    );
     host.create_space("alpha").await;
     let (group, dm) = seed_conversations(&host, "alpha");
     // An undelivered live reply, as a snapshot copies it: nothing may post it.
@@ -134,10 +138,18 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
 
     // send
     let (st, v) = host
-        .owner(Method::POST, "/api/send", Some("alpha"), Some(json!({"text": "hello people"})))
+        .owner(
+            Method::POST,
+            "/api/send",
+            Some("alpha"),
+            Some(json!({"text": "hello people"})),
+        )
         .await;
     assert_eq!(st, 202, "{v}");
-    assert_eq!((v["outbox_id"].clone(), v["shadow"].clone()), (Value::Null, json!(true)));
+    assert_eq!(
+        (v["outbox_id"].clone(), v["shadow"].clone()),
+        (Value::Null, json!(true))
+    );
     // reply (a non-silent task's answer goes to the space's platform conversation)
     let (st, v) = host
         .owner(
@@ -150,18 +162,28 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
     assert!(st == 201 || st == 200, "{v}");
     let task = v["id"].as_i64().or(v["task"]["id"].as_i64()).unwrap();
     let (st, v) = host
-        .owner(Method::POST, &format!("/api/tasks/{task}/run"), Some("alpha"), None)
+        .owner(
+            Method::POST,
+            &format!("/api/tasks/{task}/run"),
+            Some("alpha"),
+            None,
+        )
         .await;
     assert_eq!(st, 202, "{v}");
     // digest
-    let (st, v) = host.owner(Method::POST, "/api/review/run", None, None).await;
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["digest"]["sent"], true, "{v}");
     assert_eq!(v["digest"]["outbox_id"], Value::Null, "{v}");
     assert_eq!(v["digest"]["conversation_id"], dm, "{v}");
 
     let all = wait_transcript(&host.data, 4).await;
-    let sends: Vec<_> = all.iter().filter(|e| e.kind == TranscriptKind::Send).collect();
+    let sends: Vec<_> = all
+        .iter()
+        .filter(|e| e.kind == TranscriptKind::Send)
+        .collect();
     let by = |src: &str| sends.iter().find(|e| e.source == src).cloned();
     let send = by("send").expect("the send is in the transcript");
     assert_eq!(
@@ -188,7 +210,8 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
     let all = Transcript::of(&host.data).read_all().unwrap();
     for src in ["outbox", "adapter"] {
         assert!(
-            all.iter().any(|e| e.kind == TranscriptKind::Refusal && e.source == src),
+            all.iter()
+                .any(|e| e.kind == TranscriptKind::Refusal && e.source == src),
             "{src}: {all:?}"
         );
     }
@@ -198,18 +221,28 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
     // Off the test's runtime thread: the in-process host answers on it.
     let mut cmd = host.mrctl(&host.owner_token, None);
     cmd.arg("whoami");
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("SHADOW"), "{text}");
 
     // Nothing was queued for delivery and nothing was posted.
-    assert_eq!(host.count("SELECT COUNT(*) FROM outbox WHERE text != 'left over from live'"), 0);
+    assert_eq!(
+        host.count("SELECT COUNT(*) FROM outbox WHERE text != 'left over from live'"),
+        0
+    );
     assert_eq!(
         host.count("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL AND attempts = 0"),
         1
     );
     host.stop().await;
-    assert_eq!(hook.count(), 0, "the webhook receiver got {:?}", hook.hits.lock().unwrap());
+    assert_eq!(
+        hook.count(),
+        0,
+        "the webhook receiver got {:?}",
+        hook.hits.lock().unwrap()
+    );
 }
 
 /// The same receiver and the same kind of send on a live host: it is posted.
@@ -223,7 +256,12 @@ async fn shadow_control_a_live_host_posts_the_send_to_the_webhook() {
     host.create_space("alpha").await;
     host.platform_conversation("group-1", "alpha").await;
     let (st, v) = host
-        .owner(Method::POST, "/api/send", Some("alpha"), Some(json!({"text": "hello people"})))
+        .owner(
+            Method::POST,
+            "/api/send",
+            Some("alpha"),
+            Some(json!({"text": "hello people"})),
+        )
         .await;
     assert_eq!(st, 202, "{v}");
     assert!(v["outbox_id"].is_i64(), "{v}");
@@ -233,7 +271,12 @@ async fn shadow_control_a_live_host_posts_the_send_to_the_webhook() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(hook.hits.lock().unwrap().iter().any(|h| h.contains("hello people")));
+    assert!(hook
+        .hits
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|h| h.contains("hello people")));
     assert!(!Transcript::of(&host.data).path().exists());
     host.stop().await;
 }
@@ -257,7 +300,10 @@ async fn shadow_adapter_construction_point_builds_none_in_shadow_mode() {
     assert!(mercury::host::outbound_adapters(&settings, &shadow).is_empty());
     let lines = Transcript::of(t.path()).read_all().unwrap();
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert_eq!((lines[0].kind.clone(), lines[0].source.as_str()), (TranscriptKind::Refusal, "adapter"));
+    assert_eq!(
+        (lines[0].kind.clone(), lines[0].source.as_str()),
+        (TranscriptKind::Refusal, "adapter")
+    );
 }
 
 fn mercury_cmd() -> Command {
@@ -294,7 +340,10 @@ async fn shadow_data_dir_guard_refuses_before_touching_the_dir() {
             .arg(&data)
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let root = elsewhere.path().to_str().unwrap();
     // Shadow mode on a data dir outside the shadow root.
@@ -308,8 +357,15 @@ async fn shadow_data_dir_guard_refuses_before_touching_the_dir() {
     // A flag value that is neither 1 nor true: an error naming the key.
     let (code, err) = run(&[("MERCURY_SHADOW", "yes"), ("MERCURY_SHADOW_ROOT", root)]);
     assert_ne!(code, Some(0), "{err}");
-    assert!(err.contains("MERCURY_SHADOW") && err.contains("config key shadow"), "{err}");
-    assert_eq!(listing(&data), before, "a refused start wrote into the data dir");
+    assert!(
+        err.contains("MERCURY_SHADOW") && err.contains("config key shadow"),
+        "{err}"
+    );
+    assert_eq!(
+        listing(&data),
+        before,
+        "a refused start wrote into the data dir"
+    );
     // A snapshot (it holds SNAPSHOT.json) without shadow mode.
     std::fs::write(data.join("SNAPSHOT.json"), "{}").unwrap();
     let (code, err) = run(&[]);
@@ -326,7 +382,12 @@ async fn live_with_traffic(host: &TestHost) {
     }
     host.grant("beta", "api:bob", "member").await;
     let (st, v) = host
-        .owner(Method::PUT, "/api/prefs", Some("alpha"), Some(json!({"key": "tone", "value": "formal"})))
+        .owner(
+            Method::PUT,
+            "/api/prefs",
+            Some("alpha"),
+            Some(json!({"key": "tone", "value": "formal"})),
+        )
         .await;
     assert_eq!(st, 200, "{v}");
     std::fs::write(host.dir.path().join("canary.txt"), "outside the workspace").unwrap();
@@ -335,7 +396,11 @@ async fn live_with_traffic(host: &TestHost) {
         host.data.join("spaces/alpha/knowledge/link"),
     )
     .unwrap();
-    std::fs::write(host.data.join("global/auth.json"), "{\"refresh\": \"live-refresh\"}").unwrap();
+    std::fs::write(
+        host.data.join("global/auth.json"),
+        "{\"refresh\": \"live-refresh\"}",
+    )
+    .unwrap();
     std::fs::write(host.data.join("global/notes.md"), "operator notes").unwrap();
 }
 
@@ -376,7 +441,16 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     let (code, out, err) = {
         let (d, r) = (host.data.clone(), root_path.clone());
         tokio::task::spawn_blocking(move || {
-            snapshot_cli(&d, &r, &["--admins", "api:rehearser", "--label", "try a new AGENTS.md"])
+            snapshot_cli(
+                &d,
+                &r,
+                &[
+                    "--admins",
+                    "api:rehearser",
+                    "--label",
+                    "try a new AGENTS.md",
+                ],
+            )
         })
         .await
         .unwrap()
@@ -391,15 +465,25 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     assert_eq!(m.label.as_deref(), Some("try a new AGENTS.md"));
     assert_eq!(m.product_version, env!("CARGO_PKG_VERSION"));
     assert!(!m.git_revision.is_empty());
-    assert_eq!(Path::new(&m.live_data_dir), std::fs::canonicalize(&host.data).unwrap());
+    assert_eq!(
+        Path::new(&m.live_data_dir),
+        std::fs::canonicalize(&host.data).unwrap()
+    );
     for id in ["api:rehearser", "api:liveadmin"] {
         assert!(!manifest_text.contains(id), "the manifest names {id}");
-        assert!(!out.contains(id) && !err.contains(id), "the output names {id}");
+        assert!(
+            !out.contains(id) && !err.contains(id),
+            "the output names {id}"
+        );
     }
     // The copy: every row but the tokens, which are the shadow's own.
     let copy = ro(&dir.join("state.db"));
     for (table, n) in &live_rows {
-        let c: i64 = copy.query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |r| r.get(0)).unwrap();
+        let c: i64 = copy
+            .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |r| {
+                r.get(0)
+            })
+            .unwrap();
         if table == "api_tokens" {
             assert_eq!(c, 1, "only the shadow's owner token");
         } else {
@@ -409,10 +493,16 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     let shadow_token = std::fs::read_to_string(dir.join("global/owner.token")).unwrap();
     assert_ne!(shadow_token.trim(), host.owner_token);
     assert!(!dir.join("global/auth.json").exists());
-    assert_eq!(std::fs::read_to_string(dir.join("global/notes.md")).unwrap(), "operator notes");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("global/notes.md")).unwrap(),
+        "operator notes"
+    );
     // The symlink is a symlink in the copy, never its target's bytes.
     let link = dir.join("spaces/alpha/knowledge/link");
-    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert_eq!(
         host.workspace_hashes("beta"),
         walk_hashes(&dir.join("spaces/beta")),
@@ -423,12 +513,17 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     assert!(s.shadow);
     assert_eq!(s.admins, vec!["api:rehearser".to_string()]);
     assert_eq!(Path::new(&s.shadow_root), root_path);
-    let live_s = mercury::config::load(&host.data.join("mercury.yaml"), &Default::default()).unwrap();
+    let live_s =
+        mercury::config::load(&host.data.join("mercury.yaml"), &Default::default()).unwrap();
     let port = |b: &str| b.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
     assert_eq!(port(&s.bind), port(&live_s.bind) + 1);
     // Modes: the copy is as private as the live dir.
     use std::os::unix::fs::PermissionsExt;
-    for p in [dir.clone(), dir.join("state.db"), dir.join("global/owner.token")] {
+    for p in [
+        dir.clone(),
+        dir.join("state.db"),
+        dir.join("global/owner.token"),
+    ] {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o077;
         assert_eq!(mode, 0, "{} is open to others", p.display());
     }
@@ -444,7 +539,10 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = snapshot_cli(&dir2, &root_path, &[]);
     assert_eq!(code, Some(2), "{err}");
-    assert_eq!(mercury::shadow::snapshot::list(&root_path).unwrap().len(), 2);
+    assert_eq!(
+        mercury::shadow::snapshot::list(&root_path).unwrap().len(),
+        2
+    );
     host.stop().await;
 }
 
@@ -456,7 +554,10 @@ fn walk_hashes(root: &Path) -> Vec<(String, String)> {
         .filter(|e| e.file_type().is_file())
         .map(|e| {
             let rel = e.path().strip_prefix(root).unwrap().display().to_string();
-            (rel, base16ct::lower::encode_string(&Sha256::digest(std::fs::read(e.path()).unwrap())))
+            (
+                rel,
+                base16ct::lower::encode_string(&Sha256::digest(std::fs::read(e.path()).unwrap())),
+            )
         })
         .collect();
     out.sort();
@@ -472,7 +573,12 @@ async fn shadow_prune_keeps_the_newest_and_never_the_running_one() {
     for _ in 0..4 {
         let (code, _, err) = snapshot_cli(&data, &root_path, &[]);
         assert_eq!(code, Some(0), "{err}");
-        ids.push(std::fs::read_link(root_path.join("current")).unwrap().display().to_string());
+        ids.push(
+            std::fs::read_link(root_path.join("current"))
+                .unwrap()
+                .display()
+                .to_string(),
+        );
     }
     // The oldest is recorded as running.
     let running = json!({
@@ -535,7 +641,10 @@ impl UpFixture {
             !self.root.join("running.json").exists(),
             "a refused up recorded a running shadow"
         );
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     fn refused(&self, args: &[&str], env: &[(&str, &str)], sentence: &str) {
@@ -576,24 +685,45 @@ async fn shadow_up_refuses_a_manifest_without_an_admin_count() {
 #[tokio::test]
 async fn shadow_up_refuses_under_min_free_mem() {
     let f = up_fixture(vec![]).await;
-    f.refused(&["--min-free-mem", "100000G"], &[], "of memory is free, under --min-free-mem");
+    f.refused(
+        &["--min-free-mem", "100000G"],
+        &[],
+        "of memory is free, under --min-free-mem",
+    );
 }
 
 #[tokio::test]
 async fn shadow_up_refuses_under_min_free_disk() {
     let f = up_fixture(vec![]).await;
-    f.refused(&["--min-free-disk", "100000G"], &[], "of disk is free under the shadow root");
+    f.refused(
+        &["--min-free-disk", "100000G"],
+        &[],
+        "of disk is free under the shadow root",
+    );
 }
 
 /// Needs the Docker engine: a container carrying the live instance's label.
 #[tokio::test]
 async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
     let f = up_fixture(vec![("sandbox.backend", Yaml::from("docker"))]).await;
-    let instance = mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&f.live).unwrap()).unwrap();
+    let instance =
+        mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&f.live).unwrap())
+            .unwrap();
     let tar = f.root.join("empty.tar");
-    let st = Command::new("tar").arg("cf").arg(&tar).args(["--files-from", "/dev/null"]).status().unwrap();
+    let st = Command::new("tar")
+        .arg("cf")
+        .arg(&tar)
+        .args(["--files-from", "/dev/null"])
+        .status()
+        .unwrap();
     assert!(st.success());
-    let st = Command::new("docker").arg("import").arg(&tar).arg("mercury-shadow-test:empty").stdout(Stdio::null()).status().unwrap();
+    let st = Command::new("docker")
+        .arg("import")
+        .arg(&tar)
+        .arg("mercury-shadow-test:empty")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
     assert!(st.success(), "docker import");
     let out = Command::new("docker")
         .args(["create", "--label"])
@@ -601,13 +731,23 @@ async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
         .args(["mercury-shadow-test:empty", "/turn"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let result = f.up(&[], &[]);
-    let _ = Command::new("docker").args(["rm", "-f", &id]).stdout(Stdio::null()).status();
+    let _ = Command::new("docker")
+        .args(["rm", "-f", &id])
+        .stdout(Stdio::null())
+        .status();
     let (code, err) = result;
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("the live instance is running a turn (1 container"), "{err}");
+    assert!(
+        err.contains("the live instance is running a turn (1 container"),
+        "{err}"
+    );
     // And with the container gone, that refusal is gone too (another may follow).
     let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);
     assert!(!err.contains("running a turn"), "{err}");
@@ -617,7 +757,11 @@ async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
 async fn shadow_up_refuses_a_live_task_due_within_the_window_or_unknown() {
     let f = up_fixture(vec![]).await;
     let db = rusqlite::Connection::open(f.live.join("state.db")).unwrap();
-    db.execute("INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)", []).unwrap();
+    db.execute(
+        "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)",
+        [],
+    )
+    .unwrap();
     let soon = mercury::clock::now_ms() + 60_000;
     db.execute(
         "INSERT INTO tasks (space_id, cron, prompt, next_run_at, created_by, created_at, updated_at) VALUES ('alpha', '* * * * *', 'p', ?1, 'owner', 0, 0)",
@@ -625,10 +769,12 @@ async fn shadow_up_refuses_a_live_task_due_within_the_window_or_unknown() {
     )
     .unwrap();
     f.refused(&[], &[], "a live scheduled task is due in");
-    db.execute("UPDATE tasks SET next_run_at = NULL", []).unwrap();
+    db.execute("UPDATE tasks SET next_run_at = NULL", [])
+        .unwrap();
     f.refused(&[], &[], "when the live scheduled tasks are due is unknown");
     // Outside the window: that refusal is gone.
-    db.execute("UPDATE tasks SET next_run_at = ?1", [soon + 7_200_000]).unwrap();
+    db.execute("UPDATE tasks SET next_run_at = ?1", [soon + 7_200_000])
+        .unwrap();
     let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);
     assert!(!err.contains("scheduled task"), "{err}");
 }
@@ -640,7 +786,11 @@ async fn shadow_up_refuses_a_missing_agent_image_and_names_the_tag() {
         ("sandbox.backend", Yaml::from("docker")),
         ("sandbox.image", Yaml::from("mercury-shadow-test:absent")),
     ]);
-    f.refused(&[], &[], "the agent image mercury-shadow-test:absent is missing");
+    f.refused(
+        &[],
+        &[],
+        "the agent image mercury-shadow-test:absent is missing",
+    );
 }
 
 #[tokio::test]
@@ -668,10 +818,16 @@ fn dump(db: &rusqlite::Connection) -> Vec<String> {
     let mut stmt = db
         .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
         .unwrap();
-    let names: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    let names: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     let mut out = Vec::new();
     for n in names {
-        let mut q = db.prepare(&format!("SELECT * FROM \"{n}\" ORDER BY rowid")).unwrap();
+        let mut q = db
+            .prepare(&format!("SELECT * FROM \"{n}\" ORDER BY rowid"))
+            .unwrap();
         let cols = q.column_count();
         let mut rows = q.query([]).unwrap();
         while let Some(row) = rows.next().unwrap() {
@@ -698,7 +854,14 @@ fn grep_tree(root: &Path, needle: &str) -> Vec<String> {
         .collect()
 }
 
-async fn call(url: &str, method: Method, path: &str, token: &str, space: Option<&str>, body: Option<Value>) -> (u16, Value) {
+async fn call(
+    url: &str,
+    method: Method,
+    path: &str,
+    token: &str,
+    space: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = reqwest::Client::new()
         .request(method, format!("{url}{path}"))
         .bearer_auth(token);
@@ -710,7 +873,10 @@ async fn call(url: &str, method: Method, path: &str, token: &str, space: Option<
     }
     let r = req.send().await.unwrap();
     let st = r.status().as_u16();
-    (st, serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null))
+    (
+        st,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null),
+    )
 }
 
 fn shadow_cli(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
@@ -754,11 +920,21 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     live.platform_conversation("grp-alpha", "alpha").await;
     live.platform_conversation("grp-beta", "beta").await;
     let (st, v) = live
-        .owner(Method::PUT, "/api/prefs", Some("alpha"), Some(json!({"key": "tone", "value": "formal"})))
+        .owner(
+            Method::PUT,
+            "/api/prefs",
+            Some("alpha"),
+            Some(json!({"key": "tone", "value": "formal"})),
+        )
         .await;
     assert_eq!(st, 200, "{v}");
     let (st, v) = live
-        .owner(Method::POST, "/api/send", Some("beta"), Some(json!({"text": "live news"})))
+        .owner(
+            Method::POST,
+            "/api/send",
+            Some("beta"),
+            Some(json!({"text": "live news"})),
+        )
         .await;
     assert_eq!(st, 202, "{v}");
     // Let the live webhook deliver everything the live host queued.
@@ -776,44 +952,92 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     // Snapshot while the live host serves.
     let root_dir = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(root_dir.path()).unwrap();
-    let (code, out, err) = snapshot_cli(&live.data, &root, &["--admins", "api:rehearser", "--label", "e2e"]);
+    let (code, out, err) = snapshot_cli(
+        &live.data,
+        &root,
+        &["--admins", "api:rehearser", "--label", "e2e"],
+    );
     assert_eq!(code, Some(0), "{out}{err}");
     let before_rows = dump(&live.db());
-    let before_files: Vec<_> = ["alpha", "beta", "gamma"].iter().map(|s| live.workspace_hashes(s)).collect();
+    let before_files: Vec<_> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|s| live.workspace_hashes(s))
+        .collect();
 
     // up: with the live key in the operator's environment, on purpose.
     let (code, out, err) = shadow_cli(&root, &["up"], &[("MERCURY_OPENAI_API_KEY", LIVE_KEY)]);
     assert_eq!(code, Some(0), "{out}{err}");
-    let running: Value = serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
+    let running: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
     let url = running["url"].as_str().unwrap().to_string();
     let snap = std::path::PathBuf::from(running["data_dir"].as_str().unwrap());
     let pid = running["pid"].as_u64().unwrap();
-    let token = std::fs::read_to_string(snap.join("global/owner.token")).unwrap().trim().to_string();
+    let token = std::fs::read_to_string(snap.join("global/owner.token"))
+        .unwrap()
+        .trim()
+        .to_string();
     // A second up is refused while this one runs.
     let (code, _, err) = shadow_cli(&root, &["up"], &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("a shadow is running already"), "{err}");
 
     // Tokens do not cross, either way.
-    let (st, _) = call(&url, Method::GET, "/api/whoami", &live.owner_token, None, None).await;
+    let (st, _) = call(
+        &url,
+        Method::GET,
+        "/api/whoami",
+        &live.owner_token,
+        None,
+        None,
+    )
+    .await;
     assert_eq!(st, 401);
-    let (st, _) = live.call(Method::GET, "/api/whoami", Some(&token), None, None).await;
+    let (st, _) = live
+        .call(Method::GET, "/api/whoami", Some(&token), None, None)
+        .await;
     assert_eq!(st, 401);
     let (st, v) = call(&url, Method::GET, "/api/whoami", &token, None, None).await;
     assert_eq!((st, v["shadow"].clone()), (200, json!(true)), "{v}");
 
     // The rehearsal: a console turn writes MEMORY.md, a preference changes, a send.
-    let (st, v) = call(&url, Method::POST, "/api/chat", &token, Some("alpha"), Some(json!({"text": "remember the sky is green"}))).await;
+    let (st, v) = call(
+        &url,
+        Method::POST,
+        "/api/chat",
+        &token,
+        Some("alpha"),
+        Some(json!({"text": "remember the sky is green"})),
+    )
+    .await;
     assert_eq!((st, v["reply"].clone()), (200, json!("noted")), "{v}");
-    let (st, v) = call(&url, Method::PUT, "/api/prefs", &token, Some("alpha"), Some(json!({"key": "tone", "value": "casual"}))).await;
+    let (st, v) = call(
+        &url,
+        Method::PUT,
+        "/api/prefs",
+        &token,
+        Some("alpha"),
+        Some(json!({"key": "tone", "value": "casual"})),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
-    let (st, v) = call(&url, Method::POST, "/api/send", &token, Some("beta"), Some(json!({"text": "rehearsal send"}))).await;
+    let (st, v) = call(
+        &url,
+        Method::POST,
+        "/api/send",
+        &token,
+        Some("beta"),
+        Some(json!({"text": "rehearsal send"})),
+    )
+    .await;
     assert_eq!((st, v["outbox_id"].clone()), (202, Value::Null), "{v}");
 
     // status names the snapshot, its admin count and the pid.
     let (code, out, _) = shadow_cli(&root, &["status"], &[]);
     assert_eq!(code, Some(0));
-    assert!(out.contains("admins 1") && out.contains(&pid.to_string()), "{out}");
+    assert!(
+        out.contains("admins 1") && out.contains(&pid.to_string()),
+        "{out}"
+    );
     // The shadow's environment holds no live key.
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     assert!(!String::from_utf8_lossy(&environ).contains(LIVE_KEY));
@@ -826,7 +1050,11 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     let rows = d["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
-        (rows[0]["table"].as_str(), rows[0]["space"].as_str(), rows[0]["key"].as_str()),
+        (
+            rows[0]["table"].as_str(),
+            rows[0]["space"].as_str(),
+            rows[0]["key"].as_str()
+        ),
         (Some("space_preferences"), Some("alpha"), Some("tone"))
     );
     assert_eq!(rows[0]["before"]["value"], "formal");
@@ -835,23 +1063,47 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     let files = d["files"].as_array().unwrap();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(
-        (files[0]["space"].as_str(), files[0]["path"].as_str(), files[0]["change"].as_str(), files[0]["class"].as_str()),
-        (Some("alpha"), Some("MEMORY.md"), Some("changed"), Some("memory"))
+        (
+            files[0]["space"].as_str(),
+            files[0]["path"].as_str(),
+            files[0]["change"].as_str(),
+            files[0]["class"].as_str()
+        ),
+        (
+            Some("alpha"),
+            Some("MEMORY.md"),
+            Some("changed"),
+            Some("memory")
+        )
     );
     let sends = d["sends"].as_array().unwrap();
     assert_eq!(sends.len(), 1, "{sends:?}");
-    assert_eq!((sends[0]["text"].as_str(), sends[0]["space"].as_str()), (Some("rehearsal send"), Some("beta")));
+    assert_eq!(
+        (sends[0]["text"].as_str(), sends[0]["space"].as_str()),
+        (Some("rehearsal send"), Some("beta"))
+    );
     let added: Vec<(String, u64)> = d["messages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| (m["space"].as_str().unwrap().to_string(), m["count"].as_u64().unwrap()))
+        .map(|m| {
+            (
+                m["space"].as_str().unwrap().to_string(),
+                m["count"].as_u64().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(added, vec![("alpha".to_string(), 2), ("beta".to_string(), 1)]);
+    assert_eq!(
+        added,
+        vec![("alpha".to_string(), 2), ("beta".to_string(), 1)]
+    );
     assert!(d["runs"]["runs"].as_u64().unwrap() >= 1, "{}", d["runs"]);
     let (code, human, _) = shadow_cli(&root, &["diff"], &[]);
     assert_eq!(code, Some(0));
-    assert!(human.contains("space_preferences tone") && human.contains("MEMORY.md"), "{human}");
+    assert!(
+        human.contains("space_preferences tone") && human.contains("MEMORY.md"),
+        "{human}"
+    );
 
     // down stops it and prints the cost.
     let (code, out, err) = shadow_cli(&root, &["down"], &[]);
@@ -870,10 +1122,18 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     assert!(grep_tree(&root, LIVE_KEY).is_empty());
     // The receiver got nothing from the shadow.
     assert_eq!(hook.count(), live_posts);
-    assert!(!hook.hits.lock().unwrap().iter().any(|h| h.contains("rehearsal send") || h.contains(LIVE_KEY)));
+    assert!(!hook
+        .hits
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|h| h.contains("rehearsal send") || h.contains(LIVE_KEY)));
     // The live host: rows and workspaces byte-identical.
     assert_eq!(dump(&live.db()), before_rows);
-    let after_files: Vec<_> = ["alpha", "beta", "gamma"].iter().map(|s| live.workspace_hashes(s)).collect();
+    let after_files: Vec<_> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|s| live.workspace_hashes(s))
+        .collect();
     assert_eq!(after_files, before_files);
     live.kill();
 }
