@@ -4,7 +4,7 @@
 //! Benches: `turns` (ingest throughput and per-turn orchestration overhead),
 //! `sandbox` (container start to first exec), `links` (a read route direct
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
-//! and `review`; `docs/benchmarks.md` says how to read them.
+//! `review` and `shadow` (snapshot beside `cp -a`); `docs/benchmarks.md` says how to read them.
 //!
 //! Must never: touch a real data dir (every bench works in a temp dir), call
 //! a network model (the scripted model answers), or pass or fail on a
@@ -14,6 +14,7 @@ pub mod ask;
 pub mod links;
 pub mod review;
 pub mod sandbox;
+pub mod shadow;
 pub mod turns;
 
 use std::path::Path;

@@ -115,6 +115,17 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// `mercury shadow snapshot` of a generated data dir beside `cp -a` of it.
+    /// Default: 100,000 messages over 100 spaces (~170 MB); `--full` is the
+    /// issue's 1M messages over 1,000 spaces (~1 GB).
+    Shadow {
+        #[arg(long)]
+        full: bool,
+        #[arg(long)]
+        messages: Option<usize>,
+        #[arg(long)]
+        spaces: Option<usize>,
+    },
     /// Live reply p99 while a review scan runs, against no scan, with the
     /// model gate's limiter and pool on and off; judge tokens per exchange,
     /// batched against one per call.
@@ -318,6 +329,35 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Review { command } => review(command),
+        Command::Bench {
+            command:
+                BenchCommand::Shadow {
+                    full,
+                    messages,
+                    spaces,
+                },
+        } => {
+            let base = if full {
+                crate::bench::shadow::ShadowBenchOptions::full()
+            } else {
+                crate::bench::shadow::ShadowBenchOptions::default()
+            };
+            let opts = crate::bench::shadow::ShadowBenchOptions {
+                messages: messages.unwrap_or(base.messages),
+                spaces: spaces.unwrap_or(base.spaces).max(1),
+                ..base
+            };
+            match crate::bench::shadow::run(&opts).await {
+                Ok(f) => {
+                    print!("{}", crate::bench::shadow::report(&opts, &f));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench shadow: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Shadow { command } => crate::cli::shadow::run(command).await,
         Command::Bench {
             command:

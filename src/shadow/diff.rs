@@ -406,13 +406,14 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
     crate::workspace::data_dir::private_dir(&shadow_dir)
         .map_err(io_err(format!("creating {}", shadow_dir.display())))?;
     let db = dir.join(BASELINE_DB);
+    // The snapshot's database is a closed, compact file no host has opened
+    // yet: a plain file copy is its exact state (and may be a reflink).
+    let live_copy = dir.join("state.db");
+    std::fs::copy(&live_copy, &db).map_err(io_err(format!("copying {}", live_copy.display())))?;
     {
-        let src = open_ro(&dir.join("state.db"))?;
-        let target = db
-            .to_str()
-            .ok_or_else(|| ShadowError::Invalid(format!("{} is not UTF-8", db.display())))?;
-        src.execute("VACUUM INTO ?1", [target])
-            .map_err(sql_err("writing the diff baseline"))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err(format!("setting the mode of {}", db.display())))?;
     }
     let hashes = tree_hashes(&dir.join("spaces"))?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
