@@ -508,6 +508,12 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
         walk_hashes(&dir.join("spaces/beta")),
         "the workspace copy is byte-identical"
     );
+    // Its containers carry their own instance label: no sweep crosses.
+    assert_ne!(
+        mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&host.data).unwrap())
+            .unwrap(),
+        mercury::sandbox::docker::instance_id_for(&dir).unwrap()
+    );
     // The derived config: shadow on, its own port, admins exactly --admins.
     let s = mercury::config::load(&dir.join("mercury.yaml"), &Default::default()).unwrap();
     assert!(s.shadow);
@@ -1111,6 +1117,10 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     assert!(out.contains("cost $"), "{out}");
     assert!(!root.join("running.json").exists());
 
+    // logs prints the shadow host's log.
+    let (code, logs_out, _) = shadow_cli(&root, &["logs"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(logs_out.contains("shadow=1 SHADOW MODE"), "{logs_out}");
     // Every line the shadow host logged says shadow=1.
     let log = std::fs::read_to_string(snap.join("shadow/host.log")).unwrap();
     let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -1136,4 +1146,52 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
         .collect();
     assert_eq!(after_files, before_files);
     live.kill();
+}
+
+#[tokio::test]
+async fn shadow_auth_set_key_writes_the_shadows_own_key_and_never_prints_it() {
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let mut child = mercury_cmd()
+        .args(["shadow", "auth", "set-key", "openai", "--root"])
+        .arg(&root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"sk-shadow-own\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("sk-shadow-own"));
+    let file = root.join("auth/openai.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let chain = vec!["openai:gpt-4o-mini".to_string()];
+    assert!(mercury::shadow::credential::providers_without_key(
+        &chain,
+        Some(&root),
+        &Default::default()
+    )
+    .is_empty());
+    // An unknown provider is refused with a sentence.
+    let out = mercury_cmd()
+        .args(["shadow", "auth", "set-key", "gemini", "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
