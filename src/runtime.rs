@@ -104,8 +104,9 @@ impl Outbound {
                     text: send.text.to_owned(),
                     source: send.source.to_owned(),
                 })
-                .map_err(|e| {
-                    StoreError::Invalid(format!("cannot write the shadow transcript: {e}"))
+                .map_err(|source| StoreError::File {
+                    path: t.path().display().to_string(),
+                    source,
                 })?;
                 Ok(None)
             }

@@ -211,12 +211,11 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
     let dir = snapshot::resolve(&opts.root, &opts.snapshot)?;
     let manifest = Manifest::read(&dir)?;
     let paths = DataPaths::new(&dir);
-    let mut env = config::process_env();
-    env.insert("MERCURY_SHADOW".into(), "1".into());
-    env.insert(
-        "MERCURY_SHADOW_ROOT".into(),
-        opts.root.display().to_string(),
-    );
+    // The settings the child will have: its file and its own environment.
+    let env: BTreeMap<String, String> = child_env(&opts.root)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("MERCURY_"))
+        .collect();
     let settings = config::load(&paths.config, &env)?;
     let live = PathBuf::from(&manifest.live_data_dir);
     let live_settings = config::load(&DataPaths::new(&live).config, &Default::default()).ok();
