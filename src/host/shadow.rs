@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -255,9 +256,12 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         crate::workspace::data_dir::private_dir(d)
             .map_err(io_err(format!("creating {}", d.display())))?;
     }
+    // Private like every file of a data dir: a log may quote chat text.
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(crate::workspace::data_dir::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&log)
         .map_err(io_err(format!("opening {}", log.display())))?;
     let err = out

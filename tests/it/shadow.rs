@@ -1121,6 +1121,14 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     let (code, logs_out, _) = shadow_cli(&root, &["logs"], &[]);
     assert_eq!(code, Some(0));
     assert!(logs_out.contains("shadow=1 SHADOW MODE"), "{logs_out}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(snap.join("shadow/host.log"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "the shadow's log is private");
+    }
     // Every line the shadow host logged says shadow=1.
     let log = std::fs::read_to_string(snap.join("shadow/host.log")).unwrap();
     let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
