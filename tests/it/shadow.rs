@@ -1104,6 +1104,19 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
         vec![("alpha".to_string(), 2), ("beta".to_string(), 1)]
     );
     assert!(d["runs"]["runs"].as_u64().unwrap() >= 1, "{}", d["runs"]);
+    // --space narrows every part of the report to one space.
+    let (code, out, err) = shadow_cli(&root, &["diff", "--json", "--space", "beta"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let b: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            b["rows"].as_array().unwrap().len(),
+            b["files"].as_array().unwrap().len(),
+            b["sends"].as_array().unwrap().len()
+        ),
+        (0, 0, 1),
+        "{b}"
+    );
     let (code, human, _) = shadow_cli(&root, &["diff"], &[]);
     assert_eq!(code, Some(0));
     assert!(
