@@ -65,6 +65,13 @@ pub struct Settings {
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub adapters: AdaptersConfig,
+    /// Shadow mode (issue 14): nothing leaves the host; every outbound send
+    /// goes to `<data_dir>/shadow/transcript.jsonl`. `MERCURY_SHADOW` takes
+    /// only `1` or `true`.
+    pub shadow: bool,
+    /// The shadow root (`shadow.root` in the issue; `MERCURY_SHADOW_ROOT`): a
+    /// shadow serves only a data dir strictly under it.
+    pub shadow_root: String,
 }
 
 /// The workspace file routes (`/api/files`).
@@ -337,6 +344,8 @@ impl Default for Settings {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             adapters: AdaptersConfig::default(),
+            shadow: false,
+            shadow_root: String::new(),
         }
     }
 }
@@ -567,6 +576,12 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     api_base_url: "https://api.telegram.org"  # URL of the Bot API (a local Bot API server, a test's fake)
     webhook_url: ""             # URL: webhook mode's public https URL of /api/adapters/telegram/webhook
     poll_timeout_secs: 25       # seconds one getUpdates long poll waits (at most 50)
+  scripted_roots: []
+# Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
+# outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
+# only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
+shadow: false                   # true|false: a shadow copy (only under shadow_root)
+shadow_root: ""                 # absolute path the shadows' data dirs must lie under
 "#
     )
 }
@@ -720,6 +735,16 @@ fn apply_env(
 
 fn parse_env_value(key: &str, default: &Value, raw: &str) -> Result<Value, ConfigError> {
     let raw = raw.trim();
+    // Shadow mode protects people: a typo must not quietly mean "live".
+    if key == "shadow" {
+        return match raw {
+            "1" | "true" => Ok(Value::Bool(true)),
+            _ => Err(key_err(
+                key,
+                format!("MERCURY_SHADOW must be 1 or true (unset it for a live host), not {raw:?}"),
+            )),
+        };
+    }
     Ok(match default {
         Value::Bool(_) => Value::Bool(match raw.to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => true,
@@ -894,6 +919,12 @@ impl Settings {
             return Err(key_err(
                 "adapters.telegram.poll_timeout_secs",
                 "must be at most 50",
+            ));
+        }
+        if !(self.shadow_root.is_empty() || self.shadow_root.starts_with('/')) {
+            return Err(key_err(
+                "shadow_root",
+                format!("{:?} is not an absolute path", self.shadow_root),
             ));
         }
         let url = &self.webhook.url;
@@ -1245,5 +1276,25 @@ mod tests {
         assert!(e.to_string().contains("review.colour"), "{e}");
         let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_DAILY_AT", "25:00")])).unwrap_err();
         assert!(e.to_string().contains("review.daily_at"), "{e}");
+    }
+
+    #[test]
+    fn shadow_flag_takes_only_one_or_true() {
+        for on in ["1", "true"] {
+            let s = from_value(Value::Null, &env(&[("MERCURY_SHADOW", on)])).unwrap();
+            assert!(s.shadow, "{on}");
+        }
+        for bad in ["yes", "on", "TRUE", "0", "false", "", "ture"] {
+            let e = from_value(Value::Null, &env(&[("MERCURY_SHADOW", bad)])).unwrap_err();
+            assert!(e.to_string().contains("config key shadow"), "{bad}: {e}");
+            assert!(e.to_string().contains("MERCURY_SHADOW"), "{bad}: {e}");
+        }
+        assert!(!from_value(Value::Null, &env(&[])).unwrap().shadow);
+        let v: Value = serde_yaml_ng::from_str("shadow: true\nshadow_root: /srv/sh").unwrap();
+        let s = from_value(v, &env(&[])).unwrap();
+        assert!(s.shadow && s.shadow_root == "/srv/sh");
+        let v: Value = serde_yaml_ng::from_str("shadow_root: rel/dir").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("shadow_root"), "{e}");
     }
 }

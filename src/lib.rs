@@ -4,7 +4,7 @@
 //!
 //! Imports run one way, top to bottom (`tests/it/layers.rs` holds it):
 //! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`adapters`] → [`ingress`] → [`app`] →
-//! [`actors`] → [`agent`], [`review`] → [`links`], [`perms`], [`redaction`],
+//! [`actors`] → [`agent`], [`review`], [`shadow`] → [`links`], [`perms`], [`redaction`],
 //! [`runtime`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
 //! → [`config`] → [`ids`], [`clock`], [`schedule`], [`telemetry`].
 //!
@@ -18,6 +18,7 @@
 //! - [`actors`]: the root supervisor, `SpaceActor`, task and review schedulers, judge pool, asks.
 //! - [`agent`]: one agent turn on the host: prompt, model/tool loop, layer, sandbox, usage.
 //! - [`review`]: conversation review: reader, judge, report, digest, scan.
+//! - [`shadow`]: the rehearsal bench: data-dir guard, snapshot, `up` refusals, diff, own key.
 //! - [`links`], [`perms`]: space links (allowlist, grant resolver, stripping); permissions and roles.
 //! - [`redaction`]: identifier redaction and its fail-closed gate.
 //! - [`runtime`]: the shared services (store, models, sandbox, settings, paths).
@@ -51,6 +52,7 @@ pub mod review;
 pub mod runtime;
 pub mod sandbox;
 pub mod schedule;
+pub mod shadow;
 pub mod storage;
 pub mod telemetry;
 pub mod workspace;

@@ -9,12 +9,14 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::clock::now_ms;
 use crate::config::Settings;
 use crate::model::gate::ModelGate;
 use crate::model::scripted::ScriptedPolicy;
 use crate::model::{resolve_model, ModelError, ProviderSettings, ResolvedModel};
 use crate::sandbox::SandboxBackend;
-use crate::storage::Store;
+use crate::storage::{outbox, Store, StoreError, StoreResult};
+use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 use crate::workspace::DataPaths;
 
 pub struct Runtime {
@@ -35,6 +37,104 @@ pub struct Runtime {
     pub ask_refusals: Mutex<HashMap<String, Vec<AskRefusal>>>,
     /// Prometheus metrics (`/metrics`).
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// Where outbound sends go: the outbox (live) or the shadow transcript.
+    pub outbound: Outbound,
+}
+
+/// One send addressed to a platform conversation.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboundSend<'a> {
+    pub space: &'a str,
+    pub conversation_id: Option<i64>,
+    pub platform: &'a str,
+    pub external_id: &'a str,
+    pub message_id: Option<i64>,
+    pub text: &'a str,
+    /// `reply`, `send`, `digest`, `slow_down`: which path sent it.
+    pub source: &'a str,
+}
+
+/// The one place an outbound send is routed (issue 14). Every reply, operator
+/// send and digest calls [`Outbound::enqueue`]; in shadow mode nothing reaches
+/// the outbox (so no adapter or webhook could ever deliver it) and the send
+/// is a transcript line instead.
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    Live,
+    Shadow(Transcript),
+}
+
+impl Outbound {
+    pub fn for_settings(settings: &Settings, paths: &DataPaths) -> Self {
+        if settings.shadow {
+            Outbound::Shadow(Transcript::of(&paths.root))
+        } else {
+            Outbound::Live
+        }
+    }
+
+    pub fn is_shadow(&self) -> bool {
+        matches!(self, Outbound::Shadow(_))
+    }
+
+    /// Queues `send` in the outbox (its id) or, in shadow mode, appends it to
+    /// the transcript (None). Called inside the write's transaction: a
+    /// transcript that cannot be written fails the write, so no send is lost.
+    pub fn enqueue(
+        &self,
+        tx: &rusqlite::Connection,
+        send: &OutboundSend<'_>,
+    ) -> StoreResult<Option<i64>> {
+        match self {
+            Outbound::Live => Ok(Some(outbox::enqueue(
+                tx,
+                send.space,
+                send.conversation_id,
+                send.platform,
+                send.external_id,
+                send.message_id,
+                send.text,
+            )?)),
+            Outbound::Shadow(t) => {
+                t.append(&TranscriptEntry {
+                    kind: TranscriptKind::Send,
+                    time: now_ms(),
+                    space: Some(send.space.to_owned()),
+                    conversation: send.conversation_id,
+                    platform: Some(send.platform.to_owned()),
+                    external_id: Some(send.external_id.to_owned()),
+                    text: send.text.to_owned(),
+                    source: send.source.to_owned(),
+                })
+                .map_err(|source| StoreError::File {
+                    path: t.path().display().to_string(),
+                    source,
+                })?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Lists a refused outside-acting write in the transcript (shadow mode
+    /// only; a live host has nothing to list). Logged when the line cannot be
+    /// written: the refusal itself already happened.
+    pub fn record_refusal(&self, space: Option<&str>, source: &str, what: &str) {
+        if let Outbound::Shadow(t) = self {
+            let entry = TranscriptEntry {
+                kind: TranscriptKind::Refusal,
+                time: now_ms(),
+                space: space.map(str::to_owned),
+                conversation: None,
+                platform: None,
+                external_id: None,
+                text: what.to_owned(),
+                source: source.to_owned(),
+            };
+            if let Err(e) = t.append(&entry) {
+                tracing::error!(error = %e, source, "cannot list a shadow refusal in the transcript");
+            }
+        }
+    }
 }
 
 /// One write an `ask` turn tried and was refused (D-016).

@@ -13,6 +13,7 @@ pub mod data_dir;
 pub mod files;
 pub mod layer;
 pub mod safe;
+pub mod transcript;
 
 pub const AGENTS_TEMPLATE: &str = "# Instructions for this space\n\n\
 You are the assistant of this space. Be concise and helpful.\n\

@@ -22,7 +22,7 @@ use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, outbox, runs, tasks, StoreResult};
+use crate::storage::{conversations, runs, tasks, StoreResult};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
 pub fn model_chain(
@@ -174,6 +174,7 @@ async fn commit(
     let message = message.clone();
     let run_id = run_id.to_string();
     let keep_ms = i64::from(rt.settings.runs.keep_days) * 86_400_000;
+    let outbound = rt.outbound.clone();
     rt.store
         .write(move |tx| {
             // The trace is kept whatever became of the reply; old traces go
@@ -212,7 +213,7 @@ async fn commit(
                     ..Default::default()
                 },
             )?;
-            deliver(tx, &message, reply_id, reply)?;
+            deliver(tx, &outbound, &message, reply_id, reply)?;
             Ok(())
         })
         .await
@@ -220,9 +221,11 @@ async fn commit(
 
 /// Queues a reply for its platform: the message's own conversation, or for a
 /// non-silent task the space's most recently active conversation. Console
-/// conversations are answered in the HTTP response instead.
+/// conversations are answered in the HTTP response instead. In shadow mode
+/// the send is a transcript line ([`crate::runtime::Outbound`]).
 fn deliver(
     tx: &rusqlite::Transaction<'_>,
+    outbound: &crate::runtime::Outbound,
     message: &Message,
     reply_id: Option<i64>,
     text: &str,
@@ -248,14 +251,17 @@ fn deliver(
         (None, None) => None,
     };
     if let Some(c) = conversation.filter(|c| c.platform != "console") {
-        outbox::enqueue(
+        outbound.enqueue(
             tx,
-            &message.space_id,
-            Some(c.id),
-            &c.platform,
-            &c.external_id,
-            reply_id,
-            text,
+            &crate::runtime::OutboundSend {
+                space: &message.space_id,
+                conversation_id: Some(c.id),
+                platform: &c.platform,
+                external_id: &c.external_id,
+                message_id: reply_id,
+                text,
+                source: "reply",
+            },
         )?;
     }
     Ok(())

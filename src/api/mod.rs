@@ -85,5 +85,7 @@ async fn healthz(
         "spaces_active": app.spaces.active_count(),
         "sandbox": app.rt.sandbox.name(),
         "adapters": app.adapters.statuses(),
+        "shadow": app.rt.outbound.is_shadow(),
+        "mode": if app.rt.outbound.is_shadow() { "shadow" } else { "live" },
     }))
 }

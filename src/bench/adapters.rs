@@ -192,7 +192,7 @@ async fn ingress_path(opts: &AdaptersOptions) -> anyhow::Result<Duration> {
         };
         let (s, l) = (settings.clone(), limits.clone());
         store
-            .write(move |tx| ingress::ingest_tx(tx, &s, &l, &m))
+            .write(move |tx| ingress::ingest_tx(tx, &s, &crate::runtime::Outbound::Live, &l, &m))
             .await?;
     }
     Ok(start.elapsed())

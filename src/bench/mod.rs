@@ -4,8 +4,8 @@
 //! Benches: `turns` (ingest throughput and per-turn orchestration overhead),
 //! `sandbox` (container start to first exec), `links` (a read route direct
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
-//! `review` and `adapters` (Telegram intake beside ingress alone);
-//! `docs/benchmarks.md` says how to read them.
+//! `review`, `adapters` (Telegram intake beside ingress alone) and `shadow`
+//! (snapshot beside `cp -a`); `docs/benchmarks.md` says how to read them.
 //!
 //! Must never: touch a real data dir (every bench works in a temp dir), call
 //! a network model (the scripted model answers), or pass or fail on a
@@ -17,6 +17,7 @@ pub mod links;
 pub mod review;
 pub mod review_quality;
 pub mod sandbox;
+pub mod shadow;
 pub mod turns;
 
 use std::path::Path;

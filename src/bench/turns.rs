@@ -196,7 +196,7 @@ async fn store_inbound(
 ) -> anyhow::Result<IngestResult> {
     let (s, l) = (settings.clone(), limits.clone());
     let res = store
-        .write(move |tx| ingress::ingest_tx(tx, &s, &l, &m))
+        .write(move |tx| ingress::ingest_tx(tx, &s, &crate::runtime::Outbound::Live, &l, &m))
         .await?;
     if let (true, Some(space)) = (res.created_space, &res.space_id) {
         ensure_workspace(paths, &SpaceId::parse(space)?)?;
@@ -310,7 +310,7 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
         let (res, done) = rt
             .store
             .write(move |tx| {
-                let res = ingress::ingest_tx(tx, &s, &l, &m)?;
+                let res = ingress::ingest_tx(tx, &s, &rt2.outbound, &l, &m)?;
                 let done = res.message_id.map(|id| rt2.waiters.register(id));
                 Ok((res, done))
             })

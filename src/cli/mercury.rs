@@ -80,6 +80,11 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// The rehearsal bench: a shadow copy of a live bot (docs/shadow.md).
+    Shadow {
+        #[command(subcommand)]
+        command: crate::cli::shadow::ShadowCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -139,6 +144,17 @@ enum BenchCommand {
         files: usize,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+    },
+    /// `mercury shadow snapshot` of a generated data dir beside `cp -a` of it.
+    /// Default: 100,000 messages over 100 spaces (~170 MB); `--full` is the
+    /// issue's 1M messages over 1,000 spaces (~1 GB).
+    Shadow {
+        #[arg(long)]
+        full: bool,
+        #[arg(long)]
+        messages: Option<usize>,
+        #[arg(long)]
+        spaces: Option<usize>,
     },
     /// Live reply p99 while a review scan runs, against no scan, with the
     /// model gate's limiter and pool on and off; judge tokens per exchange,
@@ -219,7 +235,11 @@ enum ReviewCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(log_format(&cli));
+    let shadow = match &cli.command {
+        Command::Serve { data_dir, .. } => crate::cli::shadow::serves_shadow(data_dir),
+        _ => false,
+    };
+    init_tracing(log_format(&cli), shadow);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -250,20 +270,45 @@ fn log_format(cli: &Cli) -> crate::config::LogFormat {
     }
 }
 
-fn init_tracing(format: crate::config::LogFormat) {
+fn init_tracing(format: crate::config::LogFormat, shadow: bool) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = match format {
-        crate::config::LogFormat::Json => builder.json().with_ansi(false).try_init(),
-        // Escape codes only for a person at a terminal, never in a journal or a file.
-        crate::config::LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
+    // Escape codes only for a person at a terminal, never in a journal or a file.
+    let ansi = std::io::stderr().is_terminal();
+    let _ = match (format, shadow) {
+        // A shadow host's every log line starts with `shadow=1` (issue 14), so
+        // its log is always text: a prefix would break a JSON line.
+        (_, true) => builder
+            .with_ansi(ansi)
+            .event_format(ShadowTag(tracing_subscriber::fmt::format().with_ansi(ansi)))
             .try_init(),
+        (crate::config::LogFormat::Json, false) => builder.json().with_ansi(false).try_init(),
+        (crate::config::LogFormat::Text, false) => builder.with_ansi(ansi).try_init(),
     };
+}
+
+/// Prefixes every event line with `shadow=1`.
+struct ShadowTag<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for ShadowTag<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "shadow=1 ")?;
+        self.0.format_event(ctx, writer, event)
+    }
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -285,13 +330,18 @@ async fn run(cli: Cli) -> ExitCode {
             match crate::host::serve(&data_dir, bind, token).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("mercury serve: {e:#}");
-                    // Another host holds the data dir: a usage error, not a crash.
+                    eprintln!("mercury serve: {}{e:#}", crate::host::log_tag());
+                    // Another host holds the data dir, or the shadow guard
+                    // refused it: a usage error, not a crash.
                     let locked = matches!(
                         e.downcast_ref::<crate::workspace::data_dir::DataDirError>(),
                         Some(crate::workspace::data_dir::DataDirError::Locked { .. })
                     );
-                    ExitCode::from(if locked { 2 } else { 1 })
+                    let refused = matches!(
+                        e.downcast_ref::<crate::shadow::ShadowError>(),
+                        Some(crate::shadow::ShadowError::Refused(_))
+                    );
+                    ExitCode::from(if locked || refused { 2 } else { 1 })
                 }
             }
         }
@@ -423,6 +473,36 @@ async fn run(cli: Cli) -> ExitCode {
                 },
         } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by),
         Command::Review { command } => review(command),
+        Command::Bench {
+            command:
+                BenchCommand::Shadow {
+                    full,
+                    messages,
+                    spaces,
+                },
+        } => {
+            let base = if full {
+                crate::bench::shadow::ShadowBenchOptions::full()
+            } else {
+                crate::bench::shadow::ShadowBenchOptions::default()
+            };
+            let opts = crate::bench::shadow::ShadowBenchOptions {
+                messages: messages.unwrap_or(base.messages),
+                spaces: spaces.unwrap_or(base.spaces).max(1),
+                ..base
+            };
+            match crate::bench::shadow::run(&opts).await {
+                Ok(f) => {
+                    print!("{}", crate::bench::shadow::report(&opts, &f));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench shadow: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Shadow { command } => crate::cli::shadow::run(command).await,
         Command::Bench {
             command:
                 BenchCommand::Review {

@@ -4,3 +4,4 @@ pub mod mercury;
 pub mod mrctl;
 pub mod ops;
 pub mod review_intake;
+pub mod shadow;

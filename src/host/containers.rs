@@ -50,6 +50,17 @@ pub async fn docker_backend(
     Ok(Arc::new(connect_docker(settings).await?))
 }
 
+/// The tag of the agent image this binary's turns run in (`sandbox.image`,
+/// else the content-addressed one `mercury image build` makes).
+pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
+    if !settings.sandbox.image.is_empty() {
+        return Ok(settings.sandbox.image.clone());
+    }
+    let mrctl = mrctl_path()?;
+    agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)
+        .with_context(|| format!("reading {} and the image's tools", mrctl.display()))
+}
+
 /// The concrete backend behind [`docker_backend`]: the engine connection
 /// plus the image from `sandbox.image`, or the locally built agent image
 /// (built when absent). `mercury bench sandbox` uses it directly.
@@ -59,7 +70,16 @@ pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend
         let mrctl = mrctl_path()?;
         let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)
             .with_context(|| format!("reading {} and the image's tools", mrctl.display()))?;
-        ensure_agent_image(probe.docker(), &tag, &mrctl).await?
+        // A shadow never builds an image (`shadow up` refuses a missing one
+        // first): building would load the live box while it serves.
+        if settings.shadow {
+            if !crate::sandbox::image::image_exists(probe.docker(), &tag).await? {
+                anyhow::bail!("shadow mode never builds the agent image {tag}; build it with `mercury image build`");
+            }
+            tag
+        } else {
+            ensure_agent_image(probe.docker(), &tag, &mrctl).await?
+        }
     } else {
         settings.sandbox.image.clone()
     };

@@ -7,6 +7,7 @@
 
 pub mod containers;
 pub mod demo;
+pub mod shadow;
 pub mod temp_host;
 
 use std::collections::BTreeMap;
@@ -152,13 +153,24 @@ pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
     Ok(config::load(&paths.config, &config::process_env())?)
 }
 
-/// The model providers' settings of a config (also what `mercury review intake` verifies with).
+/// The model providers' settings of a config (also what `mercury review intake`
+/// verifies with). The model keys: the live ones, or in shadow mode only the shadow's own
+/// (M1.3c: `MERCURY_SHADOW_*_API_KEY` or the key file under the shadow
+/// root); a shadow never reads a live key, even when its environment has one.
 pub fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
+    let key = |provider: &str, live_var: &str| {
+        if s.shadow {
+            let root = (!s.shadow_root.is_empty()).then(|| Path::new(&s.shadow_root));
+            crate::shadow::credential::shadow_key(root, provider, env)
+        } else {
+            env.get(live_var).cloned()
+        }
+    };
     ProviderSettings {
         openai_base_url: s.providers.openai_base_url.clone(),
-        openai_api_key: env.get("MERCURY_OPENAI_API_KEY").cloned(),
+        openai_api_key: key("openai", "MERCURY_OPENAI_API_KEY"),
         anthropic_base_url: s.providers.anthropic_base_url.clone(),
-        anthropic_api_key: env.get("MERCURY_ANTHROPIC_API_KEY").cloned(),
+        anthropic_api_key: key("anthropic", "MERCURY_ANTHROPIC_API_KEY"),
         request_timeout: Duration::from_secs(s.providers.request_timeout_secs),
         max_retries: s.providers.max_retries,
         retry_after_cap: Duration::from_secs(s.providers.retry_after_cap_secs),
@@ -209,7 +221,7 @@ async fn sandbox_backend(
             Ok(b) => Ok(Arc::new(b)),
             Err(e) if s.allow_unisolated => {
                 tracing::warn!(reason = %e, "sandbox: process without bubblewrap, as sandbox.allow_unisolated asks: tools run as plain host processes, NOT isolated");
-                eprintln!("mercury: WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)");
+                eprintln!("mercury: {}WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)", log_tag());
                 Ok(Arc::new(ProcessBackend::unisolated(mrctl_dir.clone())))
             }
             Err(e) => bail!(
@@ -233,7 +245,10 @@ async fn sandbox_backend(
                 Err(bwrap_err) => {
                     let reason = format!("no Docker engine ({docker_err}) and {bwrap_err}");
                     tracing::error!(%reason, "sandbox: auto found no isolating backend: every tool call is refused");
-                    eprintln!("mercury: no sandbox is available, tool calls are refused: {reason}");
+                    eprintln!(
+                        "mercury: {}no sandbox is available, tool calls are refused: {reason}",
+                        log_tag()
+                    );
                     Ok(Arc::new(sandbox::Unavailable { reason }))
                 }
             }
@@ -258,7 +273,9 @@ pub async fn build_runtime(
         settings.review.max_concurrency,
         settings.review.calls_per_minute,
     ));
+    let outbound = crate::runtime::Outbound::for_settings(&settings, paths);
     Ok(Arc::new(Runtime {
+        outbound,
         models: ModelRegistry::new(
             provider_settings(&settings, &env),
             scripted_policy(&settings, paths),
@@ -303,6 +320,54 @@ pub async fn start_actors(
     Ok((supervisor, handle, spaces, review))
 }
 
+/// Set once a shadow host starts serving in this process: every line it
+/// writes to stderr then starts with `shadow=1`.
+static SHADOW_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `"shadow=1 "` in a shadow host's process, else empty.
+pub fn log_tag() -> &'static str {
+    if SHADOW_PROCESS.load(std::sync::atomic::Ordering::SeqCst) {
+        "shadow=1 "
+    } else {
+        ""
+    }
+}
+
+/// An adapter that sends to the outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboundAdapter {
+    Webhook,
+    /// `adapters.telegram` (started under the root supervisor).
+    Telegram,
+}
+
+/// The one construction point of outbound adapters: what the config asks
+/// for, or in shadow mode none at all (each one asked for is listed in the
+/// transcript as refused).
+pub fn outbound_adapters(
+    settings: &Settings,
+    outbound: &crate::runtime::Outbound,
+) -> Vec<OutboundAdapter> {
+    let mut wanted = Vec::new();
+    if !settings.webhook.url.is_empty() {
+        wanted.push(OutboundAdapter::Webhook);
+    }
+    if settings.adapters.telegram.enabled {
+        wanted.push(OutboundAdapter::Telegram);
+    }
+    if outbound.is_shadow() {
+        for a in wanted.drain(..) {
+            outbound.record_refusal(
+                None,
+                "adapter",
+                &format!("would have constructed the {a:?} adapter (shadow mode)"),
+            );
+            tracing::info!(adapter = ?a, "shadow mode: adapter not constructed");
+        }
+    }
+    wanted
+}
+
 /// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
 pub async fn serve(
     data_dir: &Path,
@@ -339,6 +404,10 @@ pub async fn serve_with(
             data_dir.display()
         );
     }
+    let settings = options.settings;
+    // Before anything is written (even the lock): a shadow serves only under the shadow
+    // root, and a snapshot only as a shadow (exit 2 at the CLI).
+    crate::shadow::guard::check_data_dir(&settings, &data_dir)?;
     // Before anything is read or swept: a second host on this data dir stops
     // here (exit 2). Held until this function returns.
     let _lock = data_dir::lock(&paths)?;
@@ -346,19 +415,35 @@ pub async fn serve_with(
     for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
         data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    if settings.shadow {
+        SHADOW_PROCESS.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let tag = log_tag();
     for loose in data_dir::loose_modes(&paths) {
-        eprintln!("mercury: warning: {loose}");
+        eprintln!("mercury: {tag}warning: {loose}");
+    }
+    if settings.shadow {
+        eprintln!(
+            "mercury: shadow=1 SHADOW MODE: nothing is delivered; every send goes to {}",
+            crate::workspace::transcript::Transcript::of(&data_dir)
+                .path()
+                .display()
+        );
     }
     for unknown in config::unknown_vars(&env) {
         tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
     }
-    let settings = options.settings;
     config::check_scripted_files(&settings)?;
     for (spec, var) in config::missing_keys(&settings, &env) {
         tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
     }
-    // Before anything starts: an enabled adapter without its secret stops here.
-    let adapter_secrets = crate::adapters::AdapterSecrets::from_env(&settings, &env)?;
+    // Before anything starts: an enabled adapter without its secret stops
+    // here. A shadow constructs no adapter, so it needs (and reads) no secret.
+    let adapter_secrets = if settings.shadow {
+        crate::adapters::AdapterSecrets::default()
+    } else {
+        crate::adapters::AdapterSecrets::from_env(&settings, &env)?
+    };
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
@@ -404,12 +489,21 @@ pub async fn serve_with(
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }
-    // The chat adapters: the one construction point (a shadow host must skip it).
-    crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
+    // The one construction point: in shadow mode `outbound_adapters` is empty.
+    let adapters = outbound_adapters(&rt.settings, &rt.outbound);
+    if adapters.contains(&OutboundAdapter::Telegram) {
+        crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
+    }
     let background = tokio_util::task::TaskTracker::new();
-    if !rt.settings.webhook.url.is_empty() {
-        background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
-        rt.metrics.set_adapter_up("webhook", true);
+    for adapter in adapters {
+        match adapter {
+            // Started above, under the root supervisor.
+            OutboundAdapter::Telegram => {}
+            OutboundAdapter::Webhook => {
+                background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+                rt.metrics.set_adapter_up("webhook", true);
+            }
+        }
     }
     if !rt.settings.metrics.bind.is_empty() {
         let listener = tokio::net::TcpListener::bind(&rt.settings.metrics.bind)
@@ -449,12 +543,12 @@ pub async fn serve_with(
     // Containers run as another uid; the token, not the socket mode, is the gate.
     std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o666))?;
     eprintln!(
-        "mercury: serving on http://{} and {}",
+        "mercury: {tag}serving on http://{} and {}",
         tcp.local_addr()?,
         paths.socket.display()
     );
     eprintln!(
-        "mercury: sandbox backend: {} ({}), workspace quota {} MB",
+        "mercury: {tag}sandbox backend: {} ({}), workspace quota {} MB",
         rt.sandbox.name(),
         match rt.sandbox.isolation() {
             sandbox::Isolation::Container => "containers",
@@ -534,7 +628,7 @@ pub fn cancel_on_signals(token: CancellationToken) {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-        eprintln!("mercury: shutting down");
+        eprintln!("mercury: {}shutting down", log_tag());
         token.cancel();
     });
 }

@@ -22,7 +22,7 @@ use crate::config::Settings;
 use crate::ids::SpaceId;
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, outbox, StoreError, StoreResult};
+use crate::storage::{conversations, StoreError, StoreResult};
 
 pub const SLOW_DOWN_REPLY: &str =
     "You are sending messages faster than I can answer. Please slow down and try again in a minute.";
@@ -148,12 +148,13 @@ where
 {
     let settings = app.rt.settings.clone();
     let limits = app.limits.clone();
+    let outbound = app.rt.outbound.clone();
     let (platform, external) = (m.platform.clone(), m.message_id.clone());
     let res = app
         .rt
         .store
         .write(move |tx| {
-            let res = ingest_tx(tx, &settings, &limits, &m)?;
+            let res = ingest_tx(tx, &settings, &outbound, &limits, &m)?;
             also(tx)?;
             Ok(res)
         })
@@ -229,6 +230,7 @@ fn trigger_rule(
 pub fn ingest_tx(
     tx: &rusqlite::Transaction<'_>,
     settings: &Settings,
+    outbound: &crate::runtime::Outbound,
     limits: &CallerLimits,
     m: &IngressMessage,
 ) -> StoreResult<IngestResult> {
@@ -336,14 +338,17 @@ pub fn ingest_tx(
                 ..Default::default()
             },
         )?;
-        outbox::enqueue(
+        outbound.enqueue(
             tx,
-            &space,
-            Some(conv.id),
-            &m.platform,
-            &m.conversation,
-            reply_id,
-            SLOW_DOWN_REPLY,
+            &crate::runtime::OutboundSend {
+                space: &space,
+                conversation_id: Some(conv.id),
+                platform: &m.platform,
+                external_id: &m.conversation,
+                message_id: reply_id,
+                text: SLOW_DOWN_REPLY,
+                source: "slow_down",
+            },
         )?;
         return Ok(done(IngestStatus::RateLimited, id));
     }

@@ -4,7 +4,8 @@
 //! Replies of a platform an in-process adapter serves (`adapters.telegram`)
 //! are left to that adapter.
 //!
-//! Must never: mark an item delivered without a 2xx answer, or retry forever.
+//! Must never: mark an item delivered without a 2xx answer, retry forever,
+//! or post anything from a shadow host (it refuses to run there).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,16 @@ use crate::storage::outbox;
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
+    // The host never constructs this adapter in shadow mode; should a caller
+    // still start it, it refuses before a client exists.
+    if rt.outbound.is_shadow() {
+        rt.outbound.record_refusal(
+            None,
+            "webhook",
+            "would have started the webhook adapter posting outbox items",
+        );
+        return;
+    }
     let url = rt.settings.webhook.url.clone();
     let max = rt.settings.webhook.max_attempts;
     // The in-process Telegram adapter delivers Telegram's replies itself.

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::redaction::{IdentifierGate, IdentifierKind};
 use crate::review::report::{count, Report};
 use crate::runtime::Runtime;
-use crate::storage::{conversations, outbox};
+use crate::storage::conversations;
 
 /// The outbox `space_id` of a digest whose DM conversation feeds no space.
 pub const NO_SPACE: &str = "(review)";
@@ -127,15 +127,20 @@ pub async fn deliver(
     };
     let conversation_id = conversation.id;
     let space = conversation.space_id.clone();
+    let outbound = rt.outbound.clone();
     let enqueue = move |tx: &rusqlite::Transaction<'_>| {
-        let id = outbox::enqueue(
+        // In shadow mode the digest is a transcript line, never an outbox row.
+        let id = outbound.enqueue(
             tx,
-            conversation.space_id.as_deref().unwrap_or(NO_SPACE),
-            Some(conversation.id),
-            &conversation.platform,
-            &conversation.external_id,
-            None,
-            &text,
+            &crate::runtime::OutboundSend {
+                space: conversation.space_id.as_deref().unwrap_or(NO_SPACE),
+                conversation_id: Some(conversation.id),
+                platform: &conversation.platform,
+                external_id: &conversation.external_id,
+                message_id: None,
+                text: &text,
+                source: "digest",
+            },
         )?;
         Ok(json!(id))
     };

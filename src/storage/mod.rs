@@ -55,6 +55,14 @@ pub enum StoreError {
     Conflict(String),
     #[error("{0}")]
     Invalid(String),
+    /// A file written inside a write's transaction (the shadow transcript)
+    /// could not be written; the transaction is rolled back. A 500, logged.
+    #[error("writing {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The write ran but the transaction it shared could not commit.
     #[error("the write was not committed: {0}")]
     NotCommitted(String),

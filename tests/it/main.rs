@@ -22,6 +22,7 @@ mod sandbox_contract;
 mod security_host;
 mod security_links;
 mod security_sandbox;
+mod shadow;
 mod smoke;
 mod snapshots;
 mod telegram;

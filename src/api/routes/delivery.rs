@@ -166,6 +166,7 @@ pub async fn send(
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let by = auth.caller.caller_id.clone();
+    let outbound = app.rt.outbound.clone();
     let out = app
         .spaces
         .apply_with(&sid, move |tx| {
@@ -196,16 +197,25 @@ pub async fn send(
                     ..Default::default()
                 },
             )?;
-            let oid = outbox::enqueue(
+            // In shadow mode the send is a transcript line and `outbox_id` null.
+            let oid = outbound.enqueue(
                 tx,
-                &space,
-                Some(conv.id),
-                &conv.platform,
-                &conv.external_id,
-                mid,
-                &text,
+                &crate::runtime::OutboundSend {
+                    space: &space,
+                    conversation_id: Some(conv.id),
+                    platform: &conv.platform,
+                    external_id: &conv.external_id,
+                    message_id: mid,
+                    text: &text,
+                    source: "send",
+                },
             )?;
-            Ok(json!({"outbox_id": oid, "conversation_id": conv.id, "message_id": mid}))
+            Ok(json!({
+                "outbox_id": oid,
+                "conversation_id": conv.id,
+                "message_id": mid,
+                "shadow": outbound.is_shadow(),
+            }))
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(out)))
@@ -229,6 +239,18 @@ pub async fn outbox(
         ));
     }
     let q = params(q)?;
+    // A shadow delivers nothing: the outbox it copied holds the live bot's
+    // undelivered replies, which must never reach a person from here.
+    if app.rt.outbound.is_shadow() {
+        app.rt.outbound.record_refusal(
+            None,
+            "outbox",
+            "would have handed outbox items to an adapter for delivery",
+        );
+        return Err(ApiError::forbidden(
+            "this host is a shadow: nothing is delivered from it (see shadow/transcript.jsonl)",
+        ));
+    }
     let after = q.after.unwrap_or(0);
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     // An adapter sees only its platform's replies; a global admin sees all.

@@ -39,7 +39,8 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("PUT", "/api/spaces/current/name", Admin),
 ];
 
-pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<Value> {
+pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<Value> {
+    let shadow = app.rt.outbound.is_shadow();
     // Through a link the caller holds the link's level, not a role of the
     // target: show that and where it comes from, not the target's admin set.
     if let (Some(s), Some(via)) = (&auth.space, &auth.via) {
@@ -48,6 +49,7 @@ pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<Value> {
             "token_kind": auth.caller.kind,
             "global_admin": auth.caller.global_admin,
             "space_id": s.space,
+            "shadow": shadow,
             "role": null,
             "permissions": [],
             "via": {
@@ -72,6 +74,7 @@ pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<Value> {
         "global_admin": auth.caller.global_admin,
         "identity": auth.caller.identity,
         "space_id": space,
+        "shadow": shadow,
         "role": role,
         "permissions": perms,
     }))

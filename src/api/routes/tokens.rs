@@ -58,6 +58,18 @@ pub async fn create(
             )))
         }
     };
+    // A shadow has no platform adapter (issue 14): an adapter token would let
+    // a real platform talk to the rehearsal.
+    if kind == TokenKind::Adapter && app.rt.outbound.is_shadow() {
+        app.rt.outbound.record_refusal(
+            None,
+            "adapter",
+            "would have minted an adapter token for a platform adapter",
+        );
+        return Err(ApiError::forbidden(
+            "this host is a shadow: it has no platform adapter, so it mints no adapter token",
+        ));
+    }
     let platform =
         match (kind, b.platform.as_deref()) {
             (TokenKind::Adapter, Some(p)) => {

@@ -90,7 +90,13 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             };
             let perms = items(v, "permissions");
             let via = field(v, "via");
-            if via.is_object() {
+            // A shadow says so first: its sends go to a transcript, not to people.
+            let shadow = if field(v, "shadow").as_bool() == Some(true) {
+                "host: SHADOW (nothing is delivered; sends go to the transcript)\n"
+            } else {
+                ""
+            };
+            let body = if via.is_object() {
                 kv_lines(&[
                     ("caller", cell(field(v, "caller_id"))),
                     ("token", format!("{kind}{admin}")),
@@ -124,7 +130,8 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                     ),
                 ]);
                 kv_lines(&pairs)
-            }
+            };
+            format!("{shadow}{body}")
         }
         Command::Spaces(cmd) => match cmd {
             SpacesCmd::List => items(v, "spaces")

@@ -1,0 +1,332 @@
+//! `mercury shadow …`: snapshot, prune, up, down, status, logs, diff and
+//! `auth set-key` (docs/shadow.md). Refusals exit 2 with one sentence,
+//! failures while running exit 1.
+//!
+//! Must never: print a key, a token or an admin id.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use crate::shadow::guard::{parse_duration, parse_size};
+use crate::shadow::{root_from, ShadowError};
+
+#[derive(Subcommand, Debug)]
+pub enum ShadowCommand {
+    /// Copy a live data dir into <root>/<timestamp>/ while it serves.
+    Snapshot {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// The shadow's admins (caller ids, comma-separated); default none, never inherited.
+        #[arg(long, value_delimiter = ',')]
+        admins: Vec<String>,
+        #[arg(long)]
+        label: Option<String>,
+        /// The shadow's port (default: the live port + 1).
+        #[arg(long)]
+        port: Option<u16>,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// Remove all but the newest N snapshots (never the running one).
+    Prune {
+        #[arg(long, default_value_t = 3)]
+        keep: usize,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// Start the shadow host on a snapshot (refuses, exit 2, when unsafe).
+    Up {
+        #[arg(long, default_value = "current")]
+        snapshot: String,
+        #[arg(long, default_value = "24h")]
+        max_age: String,
+        #[arg(long, default_value = "512M")]
+        min_free_mem: String,
+        #[arg(long, default_value = "1G")]
+        min_free_disk: String,
+        /// No live scheduled task may be due within this window.
+        #[arg(long, default_value = "30m")]
+        window: String,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// Stop the shadow host and print its cost.
+    Down {
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// The running shadow: snapshot, age, admin count, pid, port, uptime.
+    Status {
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// The shadow host's log.
+    Logs {
+        #[arg(short = 'f', long)]
+        follow: bool,
+        #[arg(long)]
+        snapshot: Option<String>,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// The snapshot vs the shadow now: rows, messages, runs, files, sends.
+    Diff {
+        #[arg(long)]
+        space: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "current")]
+        snapshot: String,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// The shadow's own model credential.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuthCommand {
+    /// Read a key for PROVIDER (openai, anthropic) from stdin into <root>/auth/.
+    SetKey {
+        provider: String,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
+}
+
+fn exit_for(cmd: &str, e: &ShadowError) -> ExitCode {
+    eprintln!("mercury shadow {cmd}: {e}");
+    ExitCode::from(if matches!(e, ShadowError::Refused(_)) {
+        2
+    } else {
+        1
+    })
+}
+
+fn root(explicit: Option<PathBuf>) -> Result<PathBuf, ShadowError> {
+    root_from(explicit.as_deref(), std::env::var("HOME").ok().as_deref())
+}
+
+fn usage(cmd: &str, m: String) -> ExitCode {
+    eprintln!("mercury shadow {cmd}: {m}");
+    ExitCode::from(2)
+}
+
+pub async fn run(cmd: ShadowCommand) -> ExitCode {
+    match cmd {
+        ShadowCommand::Snapshot {
+            data_dir,
+            admins,
+            label,
+            port,
+            root: r,
+        } => {
+            let root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("snapshot", &e),
+            };
+            let opts = crate::shadow::snapshot::SnapshotOptions {
+                live_data_dir: data_dir,
+                root,
+                admins: admins
+                    .into_iter()
+                    .filter(|a| !a.trim().is_empty())
+                    .collect(),
+                label,
+                port,
+                progress: true,
+            };
+            let res =
+                tokio::task::spawn_blocking(move || crate::shadow::snapshot::take(&opts)).await;
+            match res {
+                Ok(Ok(out)) => {
+                    let m = &out.manifest;
+                    println!("snapshot {} at {}", m.id, out.dir.display());
+                    println!(
+                        "  {} MB database, {} MB files, {:.2} s; admins: {}; shadow bind {}",
+                        m.db_bytes >> 20,
+                        m.files_bytes >> 20,
+                        out.seconds,
+                        m.admin_count.unwrap_or(0),
+                        m.shadow_bind
+                    );
+                    println!(
+                        "  shadow owner token: {}/global/owner.token",
+                        out.dir.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(e)) => exit_for("snapshot", &e),
+                Err(e) => {
+                    eprintln!("mercury shadow snapshot: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        ShadowCommand::Prune { keep, root: r } => {
+            match root(r).and_then(|root| crate::shadow::snapshot::prune(&root, keep)) {
+                Ok(removed) => {
+                    for id in &removed {
+                        println!("removed {id}");
+                    }
+                    println!("{} snapshot(s) removed", removed.len());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("prune", &e),
+            }
+        }
+        ShadowCommand::Up {
+            snapshot,
+            max_age,
+            min_free_mem,
+            min_free_disk,
+            window,
+            root: r,
+        } => {
+            let parsed = (|| {
+                Ok::<_, String>(crate::host::shadow::UpOptions {
+                    root: PathBuf::new(),
+                    snapshot,
+                    max_age_ms: parse_duration(&max_age).map_err(|m| format!("--max-age: {m}"))?,
+                    min_free_mem: parse_size(&min_free_mem)
+                        .map_err(|m| format!("--min-free-mem: {m}"))?,
+                    min_free_disk: parse_size(&min_free_disk)
+                        .map_err(|m| format!("--min-free-disk: {m}"))?,
+                    window_ms: parse_duration(&window).map_err(|m| format!("--window: {m}"))?,
+                })
+            })();
+            let mut opts = match parsed {
+                Ok(o) => o,
+                Err(m) => return usage("up", m),
+            };
+            opts.root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("up", &e),
+            };
+            match crate::host::shadow::up(&opts).await {
+                Ok((rec, m)) => {
+                    println!(
+                        "shadow up: snapshot {} (admins: {}) on {}, pid {}",
+                        rec.snapshot,
+                        m.admin_count.unwrap_or(0),
+                        rec.url,
+                        rec.pid
+                    );
+                    println!(
+                        "  owner token: {}/global/owner.token",
+                        rec.data_dir.display()
+                    );
+                    println!(
+                        "  log: {}",
+                        crate::host::shadow::log_path(&rec.data_dir).display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("up", &e),
+            }
+        }
+        ShadowCommand::Down { root: r } => {
+            let root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("down", &e),
+            };
+            match crate::host::shadow::down(&root).await {
+                Ok(d) => {
+                    println!(
+                        "shadow down: snapshot {}: {} run(s), {} tokens in / {} out, cost ${:.4}",
+                        d.snapshot, d.runs, d.tokens_in, d.tokens_out, d.cost
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("down", &e),
+            }
+        }
+        ShadowCommand::Status { root: r } => {
+            match root(r).and_then(|root| crate::host::shadow::status(&root)) {
+                Ok(s) => {
+                    print!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("status", &e),
+            }
+        }
+        ShadowCommand::Logs {
+            follow,
+            snapshot,
+            root: r,
+        } => {
+            let root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("logs", &e),
+            };
+            match crate::host::shadow::logs(&root, snapshot.as_deref(), follow).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => exit_for("logs", &e),
+            }
+        }
+        ShadowCommand::Diff {
+            space,
+            json,
+            snapshot,
+            root: r,
+        } => {
+            let res = root(r).and_then(|root| {
+                let dir = crate::shadow::snapshot::resolve(&root, &snapshot)?;
+                crate::shadow::diff::diff(&dir, space.as_deref())
+            });
+            match res {
+                Ok(report) => {
+                    if json {
+                        match serde_json::to_string_pretty(&report) {
+                            Ok(s) => println!("{s}"),
+                            Err(e) => {
+                                eprintln!("mercury shadow diff: {e}");
+                                return ExitCode::from(1);
+                            }
+                        }
+                    } else {
+                        print!("{}", crate::shadow::diff::render(&report));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("diff", &e),
+            }
+        }
+        ShadowCommand::Auth {
+            command: AuthCommand::SetKey { provider, root: r },
+        } => {
+            let root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("auth set-key", &e),
+            };
+            let mut secret = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut secret) {
+                eprintln!("mercury shadow auth set-key: reading stdin: {e}");
+                return ExitCode::from(1);
+            }
+            match crate::shadow::credential::set_key(&root, &provider, &secret) {
+                Ok(path) => {
+                    println!(
+                        "the shadow's {provider} key is in {} (mode 0600)",
+                        path.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("auth set-key", &e),
+            }
+        }
+    }
+}
+
+/// Is `data_dir` configured as a shadow (file or environment)? Read before
+/// logging starts, so every log line of a shadow host carries `shadow=1`.
+pub fn serves_shadow(data_dir: &std::path::Path) -> bool {
+    let paths = crate::workspace::DataPaths::new(data_dir);
+    crate::config::load(&paths.config, &crate::config::process_env()).is_ok_and(|s| s.shadow)
+}

@@ -1,0 +1,451 @@
+//! `mercury shadow up|down|status|logs`: the shadow host as a separate
+//! `mercury serve` process this command supervises, on its own port, socket
+//! and data dir (a snapshot), with its own environment: shadow mode on, the
+//! shadow root, and only the shadow's own model keys.
+//!
+//! Must never: start a shadow past a refusal of [`crate::shadow::guard::check_up`],
+//! hand the child a live model key (its environment is built from nothing),
+//! build an agent image, or signal a process that is not the recorded shadow.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::clock::now_ms;
+use crate::config::{self, SandboxChoice};
+use crate::shadow::credential;
+use crate::shadow::guard::{check_up, human_duration, UpFacts};
+use crate::shadow::manifest::{Manifest, Running};
+use crate::shadow::{io_err, snapshot, ShadowError, ShadowResult};
+use crate::workspace::DataPaths;
+
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub root: PathBuf,
+    pub snapshot: String,
+    pub max_age_ms: i64,
+    pub min_free_mem: u64,
+    pub min_free_disk: u64,
+    pub window_ms: i64,
+}
+
+/// The log file of a snapshot's shadow host.
+pub fn log_path(snapshot_dir: &Path) -> PathBuf {
+    snapshot_dir.join("shadow").join("host.log")
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped) is gone for our purposes.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// Is `pid` the shadow host serving `data_dir`? (Never signal a reused pid.)
+fn is_shadow_process(pid: u32, data_dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let want = data_dir.as_os_str().as_encoded_bytes();
+    pid_alive(pid)
+        && cmdline.split(|b| *b == 0).any(|arg| arg == want)
+        && cmdline.split(|b| *b == 0).any(|arg| arg == b"serve")
+}
+
+/// The recorded shadow when it still runs; a stale record is removed.
+pub fn running(root: &Path) -> ShadowResult<Option<Running>> {
+    match Running::read(root)? {
+        Some(r) if is_shadow_process(r.pid, &r.data_dir) => Ok(Some(r)),
+        Some(_) => {
+            let _ = std::fs::remove_file(Running::path(root));
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
+fn free_mem() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn free_disk(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Containers of the live instance that are running or being created (a
+/// turn in progress). None when it cannot be told.
+async fn live_containers(live: &Path, backend: SandboxChoice) -> Option<usize> {
+    if backend == SandboxChoice::Process {
+        return Some(0);
+    }
+    let id = crate::sandbox::docker::instance_id_for(live).ok()?;
+    let docker = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
+        Ok(d) => d,
+        // `auto` without an engine runs bubblewrap: no container can exist.
+        Err(_) if backend == SandboxChoice::Auto => return Some(0),
+        Err(_) => return None,
+    };
+    let filter = format!("{}={id}", crate::sandbox::LABEL_INSTANCE);
+    let filters = HashMap::from([
+        ("label", vec![filter.as_str()]),
+        ("status", vec!["running", "created", "restarting"]),
+    ]);
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = docker.docker().list_containers(Some(options)).await.ok()?;
+    Some(list.len())
+}
+
+/// The earliest due time of an active live task; `Some(None)` when none is
+/// active, `None` when unknown.
+fn live_next_due(live: &Path) -> Option<Option<i64>> {
+    let db = rusqlite::Connection::open_with_flags(
+        DataPaths::new(live).db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .ok()?;
+    let (unknown, min): (i64, Option<i64>) = db
+        .query_row(
+            "SELECT COUNT(*) FILTER (WHERE next_run_at IS NULL), MIN(next_run_at) FROM tasks WHERE active = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()?;
+    if unknown > 0 {
+        None
+    } else {
+        Some(min)
+    }
+}
+
+/// The image the shadow would run, when its backend is docker.
+async fn shadow_image(settings: &config::Settings) -> Option<(String, bool)> {
+    if settings.sandbox.backend == SandboxChoice::Process {
+        return None;
+    }
+    let docker = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
+        Ok(d) => d,
+        Err(_) if settings.sandbox.backend == SandboxChoice::Auto => return None,
+        Err(e) => return Some((format!("(the engine did not answer: {e})"), false)),
+    };
+    match crate::host::containers::agent_image(settings) {
+        Ok(tag) => {
+            let present = crate::sandbox::image::image_exists(docker.docker(), &tag)
+                .await
+                .unwrap_or(false);
+            Some((tag, present))
+        }
+        Err(e) => Some((format!("(its tag cannot be computed: {e:#})"), false)),
+    }
+}
+
+/// Every model spec the shadow may use: its default chain, the review
+/// model, and the chains its spaces set.
+fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
+    let mut chain = settings.model_chain();
+    if !settings.review.model.is_empty() {
+        chain.push(settings.review.model.clone());
+    }
+    if let Ok(c) =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    {
+        if let Ok(mut stmt) = c.prepare("SELECT value FROM space_config WHERE key = 'model'") {
+            if let Ok(rows) = stmt.query_map([], |r| r.get::<_, String>(0)) {
+                for v in rows.flatten() {
+                    chain.extend(config::split_chain(&v));
+                }
+            }
+        }
+    }
+    chain
+}
+
+/// The environment of the shadow child: built from nothing, so no live key
+/// (nor any other live `MERCURY_*` setting) can reach it.
+fn child_env(root: &Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for k in [
+        "PATH",
+        "HOME",
+        "DOCKER_HOST",
+        "MERCURY_LOG",
+        "MERCURY_MRCTL",
+        "TMPDIR",
+    ] {
+        if let Ok(v) = std::env::var(k) {
+            env.insert(k.to_owned(), v);
+        }
+    }
+    env.insert("MERCURY_SHADOW".into(), "1".into());
+    env.insert("MERCURY_SHADOW_ROOT".into(), root.display().to_string());
+    for p in credential::PROVIDERS {
+        let name = credential::env_name(p);
+        if let Ok(v) = std::env::var(&name) {
+            env.insert(name, v);
+        }
+    }
+    env
+}
+
+/// Starts the shadow host on `opts.snapshot` after every refusal passed.
+pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
+    let dir = snapshot::resolve(&opts.root, &opts.snapshot)?;
+    let manifest = Manifest::read(&dir)?;
+    let paths = DataPaths::new(&dir);
+    // The settings the child will have: its file and its own environment.
+    let env: BTreeMap<String, String> = child_env(&opts.root)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("MERCURY_"))
+        .collect();
+    let settings = config::load(&paths.config, &env)?;
+    let live = PathBuf::from(&manifest.live_data_dir);
+    let live_settings = config::load(&DataPaths::new(&live).config, &Default::default()).ok();
+    let live_backend = live_settings
+        .as_ref()
+        .map_or(SandboxChoice::Auto, |s| s.sandbox.backend);
+    let bind: std::net::SocketAddr = settings
+        .bind
+        .parse()
+        .map_err(|_| ShadowError::Invalid(format!("bind {:?} is not ADDR:PORT", settings.bind)))?;
+    let port_free = std::net::TcpListener::bind(bind).is_ok();
+    let facts = UpFacts {
+        now_ms: now_ms(),
+        max_age_ms: opts.max_age_ms,
+        free_mem_bytes: free_mem(),
+        min_free_mem_bytes: opts.min_free_mem,
+        free_disk_bytes: free_disk(&opts.root),
+        min_free_disk_bytes: opts.min_free_disk,
+        live_containers_running: live_containers(&live, live_backend).await,
+        live_next_due_ms: live_next_due(&live),
+        window_ms: opts.window_ms,
+        image: shadow_image(&settings).await,
+        port: bind.port(),
+        port_free,
+        providers_without_key: credential::providers_without_key(
+            &shadow_chains(&settings, &paths.db),
+            Some(&opts.root),
+            &child_env(&opts.root),
+        ),
+        already_running: running(&opts.root)?.map(|r| r.snapshot),
+    };
+    check_up(&manifest, &facts)?;
+
+    let exe = std::env::current_exe().map_err(io_err("locating the mercury binary"))?;
+    let log = log_path(&dir);
+    if let Some(d) = log.parent() {
+        crate::workspace::data_dir::private_dir(d)
+            .map_err(io_err(format!("creating {}", d.display())))?;
+    }
+    // Private like every file of a data dir: a log may quote chat text.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(crate::workspace::data_dir::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&log)
+        .map_err(io_err(format!("opening {}", log.display())))?;
+    let err = out
+        .try_clone()
+        .map_err(io_err("duplicating the log handle"))?;
+    let mut child = Command::new(&exe)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&dir)
+        .env_clear()
+        .envs(child_env(&opts.root))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own process group: a ^C at the operator's terminal is not the shadow's.
+        .process_group(0)
+        .spawn()
+        .map_err(io_err(format!("starting {} serve", exe.display())))?;
+    let url = format!("http://{bind}");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| ShadowError::Invalid(format!("building an HTTP client: {e}")))?;
+    let mut ready = false;
+    for _ in 0..600 {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(ShadowError::Invalid(format!(
+                "the shadow host exited ({st}) before it answered; see {}",
+                log.display()
+            )));
+        }
+        if let Ok(r) = client.get(format!("{url}/healthz")).send().await {
+            if let Ok(v) = r.json::<serde_json::Value>().await {
+                if v["shadow"] == true {
+                    ready = true;
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !ready {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(ShadowError::Invalid(format!(
+            "the shadow host did not answer on {url} as a shadow within 60 s; see {}",
+            log.display()
+        )));
+    }
+    let rec = Running {
+        snapshot: manifest.id.clone(),
+        data_dir: std::fs::canonicalize(&dir).unwrap_or(dir.clone()),
+        pid: child.id(),
+        port: bind.port(),
+        url,
+        started_at_ms: now_ms(),
+    };
+    write_running(&opts.root, &rec)?;
+    Ok((rec, manifest))
+}
+
+fn write_running(root: &Path, rec: &Running) -> ShadowResult<()> {
+    let json =
+        serde_json::to_string_pretty(rec).map_err(|e| ShadowError::Invalid(e.to_string()))?;
+    let path = Running::path(root);
+    let tmp = root.join(format!(".running.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    crate::workspace::data_dir::private_file(&tmp)
+        .and_then(|mut f| f.write_all(json.as_bytes()))
+        .map_err(io_err(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, &path).map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// What `down` reports: the shadow's own runs and their cost.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DownReport {
+    pub snapshot: String,
+    pub runs: u64,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost: f64,
+}
+
+/// Stops the running shadow (SIGTERM, then its drain) and reports its cost
+/// from its `token_usage` (rows above the snapshot's mark).
+pub async fn down(root: &Path) -> ShadowResult<DownReport> {
+    let Some(rec) = running(root)? else {
+        return Err(ShadowError::Refused("no shadow is running".into()));
+    };
+    // SAFETY: kill(2) on the pid just checked to be the shadow host.
+    unsafe {
+        libc::kill(rec.pid as libc::pid_t, libc::SIGTERM);
+    }
+    let mut gone = false;
+    for _ in 0..600 {
+        if !pid_alive(rec.pid) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !gone {
+        return Err(ShadowError::Invalid(format!(
+            "the shadow host (pid {}) did not stop within 60 s of SIGTERM",
+            rec.pid
+        )));
+    }
+    let _ = std::fs::remove_file(Running::path(root));
+    let report = crate::shadow::diff::diff(&rec.data_dir, None)?;
+    Ok(DownReport {
+        snapshot: rec.snapshot,
+        runs: report.runs.runs,
+        tokens_in: report.runs.tokens_in,
+        tokens_out: report.runs.tokens_out,
+        cost: report.runs.cost,
+    })
+}
+
+/// `status`: the running shadow, or the current snapshot when none runs.
+pub fn status(root: &Path) -> ShadowResult<String> {
+    let now = now_ms();
+    let describe = |m: &Manifest| {
+        format!(
+            "snapshot {}{} (age {}, admins {}, from {})",
+            m.id,
+            m.label
+                .as_deref()
+                .map(|l| format!(" \"{l}\""))
+                .unwrap_or_default(),
+            human_duration(now - m.created_at_ms),
+            m.admin_count
+                .map_or("unrecorded".to_owned(), |n| n.to_string()),
+            m.live_data_dir
+        )
+    };
+    match running(root)? {
+        Some(r) => {
+            let m = Manifest::read(&r.data_dir)?;
+            Ok(format!(
+                "shadow running: {}\n  pid {}, port {} ({}), up {}\n",
+                describe(&m),
+                r.pid,
+                r.port,
+                r.url,
+                human_duration(now - r.started_at_ms)
+            ))
+        }
+        None => match snapshot::resolve(root, "current") {
+            Ok(dir) => Ok(format!(
+                "no shadow is running; current {}\n",
+                describe(&Manifest::read(&dir)?)
+            )),
+            Err(_) => Ok("no shadow is running and there is no snapshot\n".to_owned()),
+        },
+    }
+}
+
+/// `logs [-f]`: the host log of the running shadow (else the current snapshot's).
+pub async fn logs(root: &Path, which: Option<&str>, follow: bool) -> ShadowResult<()> {
+    let dir = match (which, running(root)?) {
+        (Some(w), _) => snapshot::resolve(root, w)?,
+        (None, Some(r)) => r.data_dir,
+        (None, None) => snapshot::resolve(root, "current")?,
+    };
+    let path = log_path(&dir);
+    let mut offset = 0u64;
+    loop {
+        if let Ok(bytes) = std::fs::read(&path) {
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&bytes[start..]);
+            let _ = out.flush();
+            offset = bytes.len() as u64;
+        } else if !follow {
+            return Err(ShadowError::Refused(format!(
+                "{} has no log yet",
+                dir.display()
+            )));
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

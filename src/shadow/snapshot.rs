@@ -1,0 +1,531 @@
+//! `mercury shadow snapshot` and `prune`: a consistent copy of a live data
+//! dir, taken while the live host serves, into `<shadow root>/<timestamp>/`.
+//!
+//! The database is copied with `VACUUM INTO` (a transactionally consistent
+//! copy; the live writer is never paused); `spaces/` and `models/` through
+//! the safe-path copy (no symlink is followed: a link is copied as a link);
+//! `global/` without tokens or credentials. Every live API token is dropped
+//! from the copy and the shadow gets its own owner token; the derived
+//! `mercury.yaml` turns shadow mode on, moves the port, and sets the admins
+//! to exactly `--admins` (never inherited).
+//!
+//! Must never: write to the live data dir, copy a live token, key or admin
+//! id into the shadow, or let `prune` remove the running snapshot.
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_yaml_ng::Value as Yaml;
+
+use super::manifest::{Manifest, Marks, Running, CURRENT_LINK, MANIFEST_FILE};
+use super::{io_err, sql_err, ShadowError, ShadowResult};
+use crate::config;
+use crate::storage::tokens;
+use crate::workspace::data_dir::{private_dir, private_file};
+use crate::workspace::safe::{EntryKind, WorkspaceRoot};
+use crate::workspace::DataPaths;
+
+/// The product's git revision, fixed at build time (`build.rs`).
+pub const GIT_REVISION: &str = env!("MERCURY_GIT_REVISION");
+
+#[derive(Debug, Clone)]
+pub struct SnapshotOptions {
+    pub live_data_dir: PathBuf,
+    pub root: PathBuf,
+    /// The shadow's admins (caller ids); default none.
+    pub admins: Vec<String>,
+    pub label: Option<String>,
+    /// The shadow's port; default the live port + 1.
+    pub port: Option<u16>,
+    /// Progress lines on stderr.
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnapshotOutcome {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub seconds: f64,
+}
+
+/// Names in `global/` that hold a secret and are never copied.
+pub fn is_secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "token",
+        "credential",
+        "auth",
+        "secret",
+        "password",
+        ".key",
+        ".pem",
+        ".env",
+    ]
+    .iter()
+    .any(|bad| n.contains(bad))
+}
+
+fn stamp(now_ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(now_ms)
+        .unwrap_or_default()
+        .format("%Y%m%dT%H%M%SZ")
+        .to_string()
+}
+
+/// Takes a snapshot. Blocking: run it off the async runtime.
+pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
+    let started = Instant::now();
+    for a in &opts.admins {
+        crate::ids::validate_operator_id(a)
+            .map_err(|m| ShadowError::Refused(format!("--admins: {m}")))?;
+    }
+    if let Some(l) = &opts.label {
+        if l.chars().count() > 200 || l.chars().any(char::is_control) {
+            return Err(ShadowError::Refused(
+                "--label must be one line of at most 200 characters".into(),
+            ));
+        }
+    }
+    let live_dir = std::fs::canonicalize(&opts.live_data_dir).map_err(|_| {
+        ShadowError::Refused(format!(
+            "{} is not a data dir",
+            opts.live_data_dir.display()
+        ))
+    })?;
+    let live = DataPaths::new(&live_dir);
+    if !live.db.is_file() {
+        return Err(ShadowError::Refused(format!(
+            "{} has no state.db, so it is not a live data dir",
+            live_dir.display()
+        )));
+    }
+    if live_dir.join(MANIFEST_FILE).exists() {
+        return Err(ShadowError::Refused(format!(
+            "{} is itself a snapshot; snapshot the live data dir",
+            live_dir.display()
+        )));
+    }
+    private_dir(&opts.root).map_err(io_err(format!("creating {}", opts.root.display())))?;
+    let root = std::fs::canonicalize(&opts.root)
+        .map_err(io_err(format!("resolving {}", opts.root.display())))?;
+    if root.starts_with(&live_dir) || live_dir.starts_with(&root) {
+        return Err(ShadowError::Refused(format!(
+            "the shadow root {} and the live data dir {} must not contain each other",
+            root.display(),
+            live_dir.display()
+        )));
+    }
+    // The live file alone: the environment of this command is not the live host's.
+    let live_settings = config::load(&live.config, &Default::default())?;
+    let live_bind: std::net::SocketAddr = live_settings.bind.parse().map_err(|_| {
+        ShadowError::Invalid(format!(
+            "live bind {:?} is not ADDR:PORT",
+            live_settings.bind
+        ))
+    })?;
+    let port = match opts.port {
+        Some(p) => p,
+        None => live_bind
+            .port()
+            .checked_add(1)
+            .ok_or_else(|| ShadowError::Refused("the live port is 65535; give --port".into()))?,
+    };
+    let shadow_bind = std::net::SocketAddr::new(live_bind.ip(), port).to_string();
+
+    let now = crate::clock::now_ms();
+    let mut id = stamp(now);
+    let mut n = 1;
+    while root.join(&id).exists() {
+        n += 1;
+        id = format!("{}-{n}", stamp(now));
+    }
+    let dir = root.join(&id);
+    private_dir(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    let shadow = DataPaths::new(&dir);
+    let result = fill(opts, &live, &shadow, &live_settings.owner);
+    let (marks, db_bytes, files_bytes) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            // No half snapshot is left to be started.
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+
+    let admins = Yaml::Sequence(opts.admins.iter().map(|a| Yaml::from(a.as_str())).collect());
+    config::set_keys(
+        &shadow.config,
+        &[
+            ("bind", Yaml::from(shadow_bind.as_str())),
+            ("shadow", Yaml::Bool(true)),
+            ("shadow_root", Yaml::from(root.display().to_string())),
+            ("admins", admins),
+        ],
+    )?;
+    // What the diff compares against, before the shadow ever runs.
+    if let Err(e) = super::diff::write_baseline(&dir) {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    let manifest = Manifest {
+        id: id.clone(),
+        product_version: env!("CARGO_PKG_VERSION").to_owned(),
+        git_revision: GIT_REVISION.to_owned(),
+        live_data_dir: live_dir.display().to_string(),
+        created_at_ms: now,
+        created_at: chrono::DateTime::from_timestamp_millis(now)
+            .unwrap_or_default()
+            .to_rfc3339(),
+        label: opts.label.clone(),
+        admin_count: Some(opts.admins.len()),
+        live_bind: live_settings.bind.clone(),
+        shadow_bind,
+        marks,
+        db_bytes,
+        files_bytes,
+    };
+    let json =
+        serde_json::to_string_pretty(&manifest).map_err(|e| ShadowError::Invalid(e.to_string()))?;
+    let mpath = dir.join(MANIFEST_FILE);
+    private_file(&mpath)
+        .and_then(|mut f| f.write_all(json.as_bytes()))
+        .map_err(io_err(format!("writing {}", mpath.display())))?;
+    point_current(&root, &id)?;
+    Ok(SnapshotOutcome {
+        dir,
+        manifest,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Database, files, config and the shadow's owner token; the marks and sizes.
+fn fill(
+    opts: &SnapshotOptions,
+    live: &DataPaths,
+    shadow: &DataPaths,
+    owner: &str,
+) -> ShadowResult<(Marks, u64, u64)> {
+    if opts.progress {
+        eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
+    }
+    {
+        let src = rusqlite::Connection::open_with_flags(
+            &live.db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql_err(format!("opening {}", live.db.display())))?;
+        src.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(sql_err("setting a busy timeout"))?;
+        let target = shadow
+            .db
+            .to_str()
+            .ok_or_else(|| ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display())))?;
+        src.execute("VACUUM INTO ?1", [target])
+            .map_err(sql_err(format!("VACUUM INTO {}", shadow.db.display())))?;
+    }
+    set_mode(&shadow.db)?;
+    let mut db = rusqlite::Connection::open(&shadow.db)
+        .map_err(sql_err(format!("opening {}", shadow.db.display())))?;
+    let marks = Marks {
+        message_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM messages")?,
+        token_usage_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM token_usage")?,
+        run_started_at_ms: max_id(&db, "SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
+    };
+    let tx = db
+        .transaction()
+        .map_err(sql_err("starting the token swap"))?;
+    // Not one live credential crosses: the shadow mints its own owner token.
+    tx.execute("DELETE FROM api_tokens", [])
+        .map_err(sql_err("dropping the live API tokens"))?;
+    let (_, secret) = tokens::mint(
+        &tx,
+        &tokens::NewToken {
+            caller_id: owner,
+            kind: tokens::TokenKind::User,
+            space_id: None,
+            run_id: None,
+            label: Some("owner (mercury shadow snapshot)"),
+            created_by: Some(crate::ids::SYSTEM_CALLER),
+            expires_at: None,
+            role: None,
+            read_only: false,
+        },
+    )?;
+    tx.commit().map_err(sql_err("committing the token swap"))?;
+    drop(db);
+    let db_bytes = std::fs::metadata(&shadow.db).map(|m| m.len()).unwrap_or(0);
+
+    for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
+        private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
+    }
+    let token_path = shadow.owner_token();
+    private_file(&token_path)
+        .and_then(|mut f| f.write_all(secret.as_bytes()))
+        .map_err(io_err(format!("writing {}", token_path.display())))?;
+
+    let mut files_bytes = copy_dirs(&live.spaces, &shadow.spaces, opts.progress, "spaces")?;
+    let live_models = crate::workspace::data_dir::models_dir(live);
+    let shadow_models = crate::workspace::data_dir::models_dir(shadow);
+    private_dir(&shadow_models).map_err(io_err(format!("creating {}", shadow_models.display())))?;
+    if live_models.is_dir() {
+        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models")?;
+    }
+    files_bytes += copy_global(&live.global, &shadow.global)?;
+
+    let text = std::fs::read_to_string(&live.config)
+        .map_err(io_err(format!("reading {}", live.config.display())))?;
+    private_file(&shadow.config)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io_err(format!("writing {}", shadow.config.display())))?;
+    Ok((marks, db_bytes, files_bytes))
+}
+
+fn max_id(db: &rusqlite::Connection, sql: &str) -> ShadowResult<i64> {
+    db.query_row(sql, [], |r| r.get(0))
+        .map_err(sql_err("reading the snapshot's marks"))
+}
+
+fn set_mode(path: &Path) -> ShadowResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err(format!("setting the mode of {}", path.display())))
+}
+
+/// Copies every entry of `from` into the empty `to` through the safe-path
+/// copy, one top-level entry at a time (for progress on large trees).
+fn copy_dirs(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult<u64> {
+    let src = WorkspaceRoot::open(from)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
+    let dst = WorkspaceRoot::open(to)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
+    let entries = src
+        .entries()
+        .map_err(io_err(format!("listing {}", from.display())))?;
+    let total = entries.len();
+    let mut bytes = 0;
+    let mut last = Instant::now();
+    for (i, e) in entries.iter().enumerate() {
+        match e.kind {
+            EntryKind::Dir => {
+                dst.mkdir(&e.name, 0o700).map_err(io_err(format!(
+                    "creating {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                let s = src.child_dir(&e.name).map_err(io_err(format!(
+                    "opening {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                let d = dst.child_dir(&e.name).map_err(io_err(format!(
+                    "opening the copy of {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+                bytes += s.copy_tree_into(&d).map_err(io_err(format!(
+                    "copying {what}/{}",
+                    e.name.to_string_lossy()
+                )))?;
+            }
+            EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
+            // A link at the top is a link to elsewhere: never followed, not needed.
+            EntryKind::Symlink | EntryKind::Other => {}
+        }
+        if progress && (last.elapsed().as_secs() >= 2 || i + 1 == total) {
+            eprintln!(
+                "mercury shadow snapshot: {what}: {}/{total} entries, {} MB",
+                i + 1,
+                bytes >> 20
+            );
+            last = Instant::now();
+        }
+    }
+    Ok(bytes)
+}
+
+fn copy_file(src: &WorkspaceRoot, name: &OsStr, to_dir: &Path) -> ShadowResult<u64> {
+    let Some(n) = name.to_str() else {
+        return Ok(0);
+    };
+    let mut from = src
+        .open_file(n)
+        .map_err(|e| ShadowError::Invalid(format!("reading {n}: {e}")))?;
+    let path = to_dir.join(n);
+    let mut to = private_file(&path).map_err(io_err(format!("writing {}", path.display())))?;
+    std::io::copy(&mut from, &mut to).map_err(io_err(format!("copying {}", path.display())))
+}
+
+/// `global/` without anything that holds a secret (tokens, credentials, keys).
+fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
+    if !from.is_dir() {
+        return Ok(0);
+    }
+    let src = WorkspaceRoot::open(from)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
+    let dst = WorkspaceRoot::open(to)
+        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
+    let mut bytes = 0;
+    for e in src
+        .entries()
+        .map_err(io_err(format!("listing {}", from.display())))?
+    {
+        let name = e.name.to_string_lossy();
+        if is_secret_name(&name) || name == "owner.token" {
+            continue;
+        }
+        match e.kind {
+            EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
+            EntryKind::Dir => {
+                dst.mkdir(&e.name, 0o700)
+                    .map_err(io_err(format!("creating global/{name}")))?;
+                let s = src
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/{name}")))?;
+                let d = dst
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening the copy of global/{name}")))?;
+                bytes += copy_tree_without_secrets(&s, &d)?;
+            }
+            EntryKind::Symlink | EntryKind::Other => {}
+        }
+    }
+    Ok(bytes)
+}
+
+fn copy_tree_without_secrets(src: &WorkspaceRoot, dst: &WorkspaceRoot) -> ShadowResult<u64> {
+    let mut bytes = 0;
+    for e in src
+        .entries()
+        .map_err(io_err("listing a global/ directory"))?
+    {
+        let name = e.name.to_string_lossy().into_owned();
+        if is_secret_name(&name) {
+            continue;
+        }
+        match e.kind {
+            EntryKind::File => {
+                let mut from = src
+                    .open_file(&name)
+                    .map_err(|er| ShadowError::Invalid(format!("reading global/…/{name}: {er}")))?;
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut from, &mut buf)
+                    .map_err(io_err(format!("reading global/…/{name}")))?;
+                dst.write_atomic(&name, &buf)
+                    .map_err(|er| ShadowError::Invalid(format!("writing global/…/{name}: {er}")))?;
+                bytes += buf.len() as u64;
+            }
+            EntryKind::Dir => {
+                dst.mkdir(&e.name, 0o700)
+                    .map_err(io_err(format!("creating global/…/{name}")))?;
+                let s = src
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/…/{name}")))?;
+                let d = dst
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening global/…/{name}")))?;
+                bytes += copy_tree_without_secrets(&s, &d)?;
+            }
+            EntryKind::Symlink | EntryKind::Other => {}
+        }
+    }
+    Ok(bytes)
+}
+
+/// Points `<root>/current` at `id` (a relative link, replaced atomically).
+fn point_current(root: &Path, id: &str) -> ShadowResult<()> {
+    let tmp = root.join(format!(".current.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(id, &tmp).map_err(io_err(format!("linking {}", tmp.display())))?;
+    std::fs::rename(&tmp, root.join(CURRENT_LINK)).map_err(io_err(format!(
+        "replacing {}/{CURRENT_LINK}",
+        root.display()
+    )))
+}
+
+/// The snapshots under `root`, oldest first (directories with a manifest).
+pub fn list(root: &Path) -> ShadowResult<Vec<String>> {
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_err(format!("listing {}", root.display()))(e)),
+    };
+    for e in rd.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        let name = e.file_name().to_string_lossy().into_owned();
+        if ft.is_dir() && e.path().join(MANIFEST_FILE).is_file() {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Resolves `current` or an id to a snapshot directory under `root`.
+pub fn resolve(root: &Path, which: &str) -> ShadowResult<PathBuf> {
+    let id = if which == CURRENT_LINK {
+        let link = std::fs::read_link(root.join(CURRENT_LINK)).map_err(|_| {
+            ShadowError::Refused(format!(
+                "{} has no current snapshot; take one with `mercury shadow snapshot`",
+                root.display()
+            ))
+        })?;
+        link.to_string_lossy().into_owned()
+    } else {
+        which.to_owned()
+    };
+    if id.is_empty() || id.contains('/') || id.starts_with('.') {
+        return Err(ShadowError::Refused(format!("{id:?} is not a snapshot id")));
+    }
+    let dir = root.join(&id);
+    if !dir.join(MANIFEST_FILE).is_file() {
+        return Err(ShadowError::Refused(format!(
+            "there is no snapshot {id} under {}",
+            root.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// Removes all but the newest `keep` snapshots, never the running one (nor
+/// the one `current` names). Returns the ids removed.
+pub fn prune(root: &Path, keep: usize) -> ShadowResult<Vec<String>> {
+    let all = list(root)?;
+    let running = Running::read(root)?.map(|r| r.snapshot);
+    let current = std::fs::read_link(root.join(CURRENT_LINK))
+        .ok()
+        .map(|l| l.to_string_lossy().into_owned());
+    let cut = all.len().saturating_sub(keep);
+    let mut removed = Vec::new();
+    for id in &all[..cut] {
+        if Some(id) == running.as_ref() || Some(id) == current.as_ref() {
+            continue;
+        }
+        let dir = root.join(id);
+        std::fs::remove_dir_all(&dir).map_err(io_err(format!("removing {}", dir.display())))?;
+        removed.push(id.clone());
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_names_are_recognised() {
+        for n in [
+            "owner.token",
+            "auth.json",
+            "credentials",
+            "openai.key",
+            "x.pem",
+            ".env",
+            "Secret.txt",
+        ] {
+            assert!(is_secret_name(n), "{n}");
+        }
+        for n in ["notes.md", "model-capabilities.yaml"] {
+            assert!(!is_secret_name(n), "{n}");
+        }
+    }
+}
