@@ -576,7 +576,6 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     api_base_url: "https://api.telegram.org"  # URL of the Bot API (a local Bot API server, a test's fake)
     webhook_url: ""             # URL: webhook mode's public https URL of /api/adapters/telegram/webhook
     poll_timeout_secs: 25       # seconds one getUpdates long poll waits (at most 50)
-  scripted_roots: []
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
 # only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
