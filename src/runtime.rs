@@ -36,7 +36,7 @@ pub struct Runtime {
 }
 
 /// One write an `ask` turn tried and was refused (D-016).
-#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, PartialEq, utoipa::ToSchema)]
 pub struct AskRefusal {
     pub method: String,
     pub route: String,

@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::get;
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use super::{body, params, path_arg, AuditQuery, Body, Json, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -22,28 +21,77 @@ use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
 
 /// Link administration, listings and the audit trail.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/links", get(list).post(create))
-        .route("/api/links/audit", get(audit))
-        .route("/api/links/{id}", get(inspect).patch(update).delete(revoke))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(audit))
+        .routes(routes!(inspect, update, revoke))
 }
 
 /// None on purpose: links are administered by global admins (D-006), and a
 /// link never reaches the target's own links (no chains, D-003).
 pub const ACT_AS: &[ActAsRoute] = &[];
 
-#[derive(Deserialize)]
+/// An edge from `holder` to `target` (a space id, or `*` for every space).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLink {
     holder: String,
     target: String,
+    /// `read` or `admin`.
     level: String,
+    /// Also the edge back (a named target only).
     #[serde(default)]
     both: bool,
+    /// Reach only this conversation of the target.
     conversation_id: Option<i64>,
+    /// At most 2000 characters.
     disclosure: Option<String>,
 }
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinksCreated {
+    pub links: Vec<SpaceLink>,
+}
+
+/// A link after an update or revoke, with the roles it gave that went.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinkChanged {
+    pub link: SpaceLink,
+    pub removed_roles: Vec<LinkRole>,
+}
+
+/// One space this space reaches, or is reached by.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Reach {
+    pub space: String,
+    pub level: String,
+    pub link_id: i64,
+    pub conversation_id: Option<i64>,
+    pub wildcard: bool,
+}
+
+/// The links touching this space (revoked ones included), and its active reach.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpaceLinks {
+    pub space_id: String,
+    pub links: Vec<SpaceLink>,
+    pub inbound: Vec<Reach>,
+    pub outbound: Vec<Reach>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinkDetail {
+    pub link: SpaceLink,
+    pub granted_roles: Vec<LinkRole>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinkAuditList {
+    pub audit: Vec<AuditRow>,
+}
+
+const LINK_ID: &str = "The link";
 
 fn level(raw: &str) -> ApiResult<LinkLevel> {
     LinkLevel::parse(raw)
@@ -71,11 +119,14 @@ fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
     }
 }
 
+#[utoipa::path(post, path = "/api/links", tag = "links", request_body = CreateLink,
+    responses((status = 201, description = "Created (two with both)", body = LinksCreated),
+        (status = 409, description = "Such a link exists", body = crate::api::error::ErrorBody)))]
 pub async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateLink>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<LinksCreated>)> {
     auth.require_global_admin()?;
     let b = body(b)?;
     let lvl = level(&b.level)?;
@@ -146,22 +197,27 @@ pub async fn create(
             Ok(out)
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(json!({ "links": created }))))
+    Ok((StatusCode::CREATED, Json(LinksCreated { links: created })))
 }
 
-#[derive(Deserialize)]
+/// At least one of the two.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateLink {
+    /// `read` or `admin` (a downgrade to read removes the roles it gave).
     level: Option<String>,
     disclosure: Option<String>,
 }
 
+#[utoipa::path(patch, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)), request_body = UpdateLink,
+    responses((status = 200, description = "Updated", body = LinkChanged)))]
 pub async fn update(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
     b: Body<UpdateLink>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkChanged>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let b = body(b)?;
@@ -194,8 +250,11 @@ pub async fn update(
             Ok((link, removed))
         })
         .await?;
-    let (link, removed) = link;
-    Ok(Json(json!({ "link": link, "removed_roles": removed })))
+    let (link, removed_roles) = link;
+    Ok(Json(LinkChanged {
+        link,
+        removed_roles,
+    }))
 }
 
 fn removed_detail(removed: &[LinkRole]) -> Option<String> {
@@ -208,11 +267,14 @@ fn removed_detail(removed: &[LinkRole]) -> Option<String> {
     })
 }
 
+#[utoipa::path(delete, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)),
+    responses((status = 200, description = "Revoked, with the roles it gave", body = LinkChanged)))]
 pub async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkChanged>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let by = auth.caller.caller_id.clone();
@@ -229,41 +291,58 @@ pub async fn revoke(
             Ok((link, removed))
         })
         .await?;
-    Ok(Json(json!({ "link": link, "removed_roles": removed })))
+    Ok(Json(LinkChanged {
+        link,
+        removed_roles: removed,
+    }))
 }
 
-fn reach_entry(l: &SpaceLink, other: &str) -> Value {
-    json!({"space": other, "level": l.level, "link_id": l.id, "conversation_id": l.target_conversation_id, "wildcard": l.target_space_id == "*"})
+fn reach_entry(l: &SpaceLink, other: &str) -> Reach {
+    Reach {
+        space: other.to_owned(),
+        level: l.level.clone(),
+        link_id: l.id,
+        conversation_id: l.target_conversation_id,
+        wildcard: l.target_space_id == "*",
+    }
 }
 
+#[utoipa::path(get, path = "/api/links", tag = "links",
+    responses((status = 200, description = "The links touching this space", body = SpaceLinks)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<SpaceLinks>> {
     let space = auth.require("links.list")?.space.to_string();
     let sp = space.clone();
     let all = app.rt.store.read(move |c| links::touching(c, &sp)).await?;
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
-    let inbound: Vec<Value> = active
+    let inbound: Vec<Reach> = active
         .iter()
         .filter(|l| l.holder_space_id != space)
         .map(|l| reach_entry(l, &l.holder_space_id))
         .collect();
-    let outbound: Vec<Value> = active
+    let outbound: Vec<Reach> = active
         .iter()
         .filter(|l| l.holder_space_id == space)
         .map(|l| reach_entry(l, &l.target_space_id))
         .collect();
-    Ok(Json(
-        json!({"space_id": space, "links": all, "inbound": inbound, "outbound": outbound}),
-    ))
+    Ok(Json(SpaceLinks {
+        space_id: space,
+        links: all,
+        inbound,
+        outbound,
+    }))
 }
 
+#[utoipa::path(get, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)),
+    responses((status = 200, description = "The link and the roles it gave", body = LinkDetail)))]
 pub async fn inspect(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkDetail>> {
     let id = path_arg(id)?;
     let space = auth.require("links.list")?.space.to_string();
     let (link, roles) = app
@@ -279,14 +358,19 @@ pub async fn inspect(
                 || l.target_space_id == "*"
         })
         .ok_or_else(|| ApiError::not_found(format!("link {id} does not touch this space")))?;
-    Ok(Json(json!({ "link": link, "granted_roles": roles })))
+    Ok(Json(LinkDetail {
+        link,
+        granted_roles: roles,
+    }))
 }
 
+#[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditQuery),
+    responses((status = 200, description = "This space's link audit, newest first", body = LinkAuditList)))]
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<super::AuditQuery>,
-) -> ApiResult<Json<Value>> {
+    q: Params<AuditQuery>,
+) -> ApiResult<Json<LinkAuditList>> {
     let space = auth.require("links.list")?.space.to_string();
     let limit = params(q)?.limit()?;
     let rows = app
@@ -294,5 +378,5 @@ pub async fn audit(
         .store
         .read(move |c| links::audit_for(c, &space, limit))
         .await?;
-    Ok(Json(json!({ "audit": rows })))
+    Ok(Json(LinkAuditList { audit: rows }))
 }

@@ -10,18 +10,20 @@ use std::time::Duration;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::post;
-use axum::Router;
-use serde_json::{json, Value};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use super::Json;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
+use crate::review::scan::ScanSummary;
 
 /// `POST /api/review/run`.
-pub fn router() -> Router<Arc<App>> {
-    Router::new().route("/api/review/run", post(run))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new().routes(routes!(run))
 }
 
 /// None on purpose: a scan reads every space, so it is for global admins only.
@@ -31,10 +33,29 @@ pub const ACT_AS: &[ActAsRoute] = &[];
 /// the run id, and the report and digest still arrive when the scan ends.
 pub const WAIT: Duration = Duration::from_secs(3600);
 
+/// The scan goes on after the request stopped waiting.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScanRunning {
+    pub run_id: String,
+    /// `running`.
+    pub status: String,
+}
+
+/// The scan's summary when it ended, or that it is still running.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ScanAnswer {
+    Ended(ScanSummary),
+    Running(ScanRunning),
+}
+
+#[utoipa::path(post, path = "/api/review/run", tag = "review",
+    responses((status = 200, description = "The scan ended", body = ScanSummary),
+        (status = 202, description = "Still running after the wait", body = ScanRunning)))]
 pub async fn run(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<ScanAnswer>)> {
     auth.require_global_admin()?;
     let ticket = app
         .review
@@ -47,16 +68,13 @@ pub async fn run(
             "the host is shutting down; the scan was stopped",
         )),
         done = tokio::time::timeout(WAIT, ticket.finished()) => match done {
-            Ok(Some(summary)) => {
-                let body = serde_json::to_value(&*summary).map_err(ApiError::internal)?;
-                Ok((StatusCode::OK, Json(body)))
-            }
+            Ok(Some(summary)) => Ok((StatusCode::OK, Json(ScanAnswer::Ended((*summary).clone())))),
             Ok(None) => Err(ApiError::unavailable(
                 "the scan stopped before it finished (its actor restarted or the host is stopping)",
             )),
             Err(_) => Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"run_id": run_id, "status": "running"})),
+                Json(ScanAnswer::Running(ScanRunning { run_id, status: "running".into() })),
             )),
         },
     }
