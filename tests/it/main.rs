@@ -13,6 +13,7 @@ mod docker_turns;
 mod layers;
 mod links;
 mod live;
+mod openapi;
 mod redaction;
 mod review;
 mod sandbox_contract;
