@@ -9,7 +9,8 @@
 #
 # The host is the debug binary the test run built (MERCURY_BIN to choose
 # another), on a loopback port, with a scripted model and the process
-# sandbox, in a throwaway data dir.
+# sandbox, in a throwaway data dir. Extra arguments go to `st run` (e.g.
+# `--include-path /api/tasks` to fuzz one path while fixing it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -81,7 +82,7 @@ MERCURY_FUZZ_SPACE="$SPACE" SCHEMATHESIS_HOOKS=schemathesis_hooks PYTHONPATH=.ci
     --workers 1 \
     --request-timeout 60 \
     --seed 17 \
-    --no-color || status=$?
+    --no-color "$@" || status=$?
 if [ "$status" -ne 0 ]; then
     echo "--- host log (errors) ---"
     tail -n 50 "$WORK/host.log"

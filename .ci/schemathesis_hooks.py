@@ -7,6 +7,10 @@ it with the database after a refused call and fails naming the tables that
 changed. Leaving out, by design: the space-link audit table (D-008: every
 act-as request, refused or not, is one audit row) - nothing else.
 
+Background writes would be blamed on the next refused request, so: before
+each call the hook waits until the database is quiet (two equal snapshots
+in a row: a queued task firing or turn has finished), and a task the fuzzer
+creates or resumes is paused at once (a cron task must not fire mid-run).
 After a successful `DELETE /api/spaces/current` the fuzzed space is made
 again, so the rest of the run still reaches the space routes.
 """
@@ -15,6 +19,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 import urllib.request
 
 import schemathesis
@@ -53,18 +58,45 @@ def snapshot():
         con.close()
 
 
+def quiet_snapshot(limit_s=20.0):
+    """A snapshot once two taken 50 ms apart agree (or after `limit_s`)."""
+    deadline = time.monotonic() + limit_s
+    last = snapshot()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = snapshot()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def host_call(method, path, space, body=None):
+    req = urllib.request.Request(
+        f"{URL}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {TOKEN}",
+            "content-type": "application/json",
+            "x-mercury-space": space,
+        },
+        method=method,
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"null")
+
+
 @schemathesis.hook
 def before_call(context, case, **kwargs):
-    _before["rows"] = snapshot()
+    _before["rows"] = quiet_snapshot()
 
 
 @schemathesis.hook
 def after_call(context, case, response):
-    if (
-        case.method.upper() == "DELETE"
-        and case.path == "/api/spaces/current"
-        and response.status_code < 300
-    ):
+    if response.status_code >= 300:
+        return
+    method = case.method.upper()
+    if method == "DELETE" and case.path == "/api/spaces/current":
         req = urllib.request.Request(
             f"{URL}/api/spaces",
             data=json.dumps({"id": SPACE}).encode(),
@@ -72,6 +104,10 @@ def after_call(context, case, response):
             method="POST",
         )
         urllib.request.urlopen(req, timeout=30).read()
+    elif method == "POST" and case.path in ("/api/tasks", "/api/tasks/{id}/resume"):
+        task = (response.json() or {}).get("task") or {}
+        if task.get("id") is not None and task.get("space_id"):
+            host_call("POST", f"/api/tasks/{task['id']}/pause", task["space_id"])
 
 
 @schemathesis.check

@@ -382,3 +382,44 @@ async fn real_answers_validate_against_their_openapi_schemas() {
     assert_eq!(st, 401);
     host.stop().await;
 }
+
+/// Found by the schemathesis run: `PUT /api/permissions` narrowing the
+/// `admin` role took `permissions.set` from every admin of the space, global
+/// admins included, and nothing could undo it. The admin role is refused,
+/// nothing is written, and the owner still manages the space.
+#[tokio::test]
+async fn openapi_fuzz_finding_the_admin_role_cannot_be_narrowed() {
+    let host = TestHost::start(HostOptions::default()).await;
+    host.create_space("lock").await;
+    let before = host.all_row_counts();
+    let (st, v) = host
+        .owner(
+            Method::PUT,
+            "/api/permissions",
+            Some("lock"),
+            Some(json!({"role": "admin", "permissions": []})),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["code"], "bad_request");
+    assert_eq!(host.all_row_counts(), before);
+    let (st, v) = host
+        .owner(Method::GET, "/api/permissions?role=admin", Some("lock"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["permissions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("permissions.set")));
+    // Narrowing another role still works.
+    let (st, v) = host
+        .owner(
+            Method::PUT,
+            "/api/permissions",
+            Some("lock"),
+            Some(json!({"role": "member", "permissions": []})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    host.stop().await;
+}

@@ -79,6 +79,7 @@ pub async fn list(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkBody {
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     space_id: String,
 }
 

@@ -36,7 +36,9 @@ pub const ACT_AS: &[ActAsRoute] = &[];
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkIdentity {
+    #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)]
     platform_id: String,
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
 }
 
@@ -95,7 +97,8 @@ pub async fn link(
 }
 
 #[utoipa::path(delete, path = "/api/identities/{platform_id}", tag = "identities",
-    params(("platform_id" = String, Path, description = "`<platform>:<sender id>`")),
+    params(("platform_id" = String, Path, description = "`<platform>:<sender id>`",
+        pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)),
     responses((status = 200, description = "Unmapped", body = Unlinked)))]
 pub async fn unlink(
     State(app): State<Arc<App>>,

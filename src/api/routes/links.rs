@@ -36,9 +36,12 @@ pub const ACT_AS: &[ActAsRoute] = &[];
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLink {
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     holder: String,
+    /// A space id, or `*`.
+    #[schema(pattern = r"^([a-z0-9][a-z0-9-]{0,62}|\*)$")]
     target: String,
-    /// `read` or `admin`.
+    #[schema(pattern = "^(read|admin)$")]
     level: String,
     /// Also the edge back (a named target only).
     #[serde(default)]

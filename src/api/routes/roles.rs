@@ -62,6 +62,7 @@ pub async fn list(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrantBody {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     /// Default `admin`.
     role: Option<String>,
@@ -278,7 +279,8 @@ pub async fn permissions_get(
     Ok(Json(out))
 }
 
-/// Sets a role's permission set in this space (only permissions the caller holds).
+/// Sets a role's permission set in this space (only permissions the caller
+/// holds; never the `admin` role's, which always holds every permission).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PermBody {
@@ -296,6 +298,14 @@ pub async fn permissions_set(
     let ctx = auth.require("permissions.set")?.clone();
     let b = body(b)?;
     perms::validate_role_name(&b.role).map_err(ApiError::bad_request)?;
+    // Found by the API fuzz: narrowing `admin` locked a space for good.
+    // Every global admin is `admin` in every space, so an `admin` without
+    // `permissions.set` (or `spaces.delete`) left no caller able to undo it.
+    if b.role == perms::ROLE_ADMIN {
+        return Err(ApiError::bad_request(
+            "the admin role always holds every permission (it is how global admins manage a space);              give a narrower set to another role and grant that",
+        ));
+    }
     let unknown: Vec<&str> = b
         .permissions
         .iter()

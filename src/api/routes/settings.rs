@@ -49,7 +49,9 @@ pub const ACT_AS: &[ActAsRoute] = &[
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KeyValue {
+    #[schema(min_length = 1, max_length = 64)]
     key: String,
+    #[schema(max_length = 4000)]
     value: String,
 }
 

@@ -142,7 +142,8 @@ pub async fn list(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSpace {
-    /// Lower-case letters, digits, `-` and `_`.
+    /// 1-63 of `a-z`, `0-9` and `-`, starting with a letter or digit.
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     id: String,
     /// At most 200 characters, no control character (default: the id).
     name: Option<String>,
@@ -198,6 +199,7 @@ pub async fn current(
 #[serde(deny_unknown_fields)]
 pub struct Rename {
     /// At most 200 characters, no control character.
+    #[schema(min_length = 1, max_length = 200)]
     name: String,
 }
 

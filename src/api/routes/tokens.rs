@@ -30,6 +30,7 @@ pub const ACT_AS: &[ActAsRoute] = &[];
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     /// `user` (default) or `adapter`.
     kind: Option<String>,
