@@ -100,7 +100,11 @@ async fn openapi_document_lists_every_route_of_the_router() {
         .unwrap()
         .starts_with("application/json"));
     let doc: Value = resp.json().await.unwrap();
-    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
     let built = serde_json::to_value(mercury::api::openapi_document()).unwrap();
     assert_eq!(documented(&doc), documented(&built));
 
@@ -131,7 +135,10 @@ async fn openapi_document_lists_every_route_of_the_router() {
         .iter()
         .map(|r| (r.method.to_string(), r.path.to_string()))
         .collect();
-    assert!(allow.is_subset(&ops), "act-as entries without documentation");
+    assert!(
+        allow.is_subset(&ops),
+        "act-as entries without documentation"
+    );
     assert!(doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer");
     for (m, path) in &ops {
         let op = &doc["paths"][path][m.to_lowercase()];
@@ -278,6 +285,9 @@ fn conforms(doc: &Value, method: &str, template: &str, status: u16, body: &Value
     );
 }
 
+/// A request: method, concrete path, its template, space, body.
+type Call<'a> = (Method, &'a str, &'a str, Option<&'a str>, Option<Value>);
+
 #[tokio::test]
 async fn real_answers_validate_against_their_openapi_schemas() {
     let host = TestHost::start(HostOptions::default()).await;
@@ -292,53 +302,227 @@ async fn real_answers_validate_against_their_openapi_schemas() {
     assert!(e.len() >= 2, "{e:?}");
 
     let s = Some("oa");
-    let calls: Vec<(Method, &str, &str, Option<&str>, Option<Value>)> = vec![
+    let calls: Vec<Call> = vec![
         (Method::GET, "/healthz", "/healthz", None, None),
-        (Method::POST, "/api/spaces", "/api/spaces", None, Some(json!({"id": "oa", "tags": ["t"]}))),
-        (Method::POST, "/api/spaces", "/api/spaces", None, Some(json!({"id": "oa"}))),
+        (
+            Method::POST,
+            "/api/spaces",
+            "/api/spaces",
+            None,
+            Some(json!({"id": "oa", "tags": ["t"]})),
+        ),
+        (
+            Method::POST,
+            "/api/spaces",
+            "/api/spaces",
+            None,
+            Some(json!({"id": "oa"})),
+        ),
         (Method::GET, "/api/spaces", "/api/spaces", None, None),
         (Method::GET, "/api/whoami", "/api/whoami", s, None),
-        (Method::GET, "/api/spaces/current", "/api/spaces/current", s, None),
-        (Method::PUT, "/api/spaces/current/name", "/api/spaces/current/name", s, Some(json!({"name": "Open API"}))),
-        (Method::PUT, "/api/prefs", "/api/prefs", s, Some(json!({"key": "tone", "value": "dry"}))),
+        (
+            Method::GET,
+            "/api/spaces/current",
+            "/api/spaces/current",
+            s,
+            None,
+        ),
+        (
+            Method::PUT,
+            "/api/spaces/current/name",
+            "/api/spaces/current/name",
+            s,
+            Some(json!({"name": "Open API"})),
+        ),
+        (
+            Method::PUT,
+            "/api/prefs",
+            "/api/prefs",
+            s,
+            Some(json!({"key": "tone", "value": "dry"})),
+        ),
         (Method::GET, "/api/prefs", "/api/prefs", s, None),
-        (Method::DELETE, "/api/prefs/tone", "/api/prefs/{key}", s, None),
+        (
+            Method::DELETE,
+            "/api/prefs/tone",
+            "/api/prefs/{key}",
+            s,
+            None,
+        ),
         (Method::GET, "/api/config", "/api/config", s, None),
-        (Method::PUT, "/api/config", "/api/config", s, Some(json!({"key": "trigger.match", "value": "always"}))),
+        (
+            Method::PUT,
+            "/api/config",
+            "/api/config",
+            s,
+            Some(json!({"key": "trigger.match", "value": "always"})),
+        ),
         (Method::GET, "/api/model", "/api/model", s, None),
-        (Method::POST, "/api/mutes", "/api/mutes", s, Some(json!({"caller_id": "telegram:9", "for": "1h"}))),
+        (
+            Method::POST,
+            "/api/mutes",
+            "/api/mutes",
+            s,
+            Some(json!({"caller_id": "telegram:9", "for": "1h"})),
+        ),
         (Method::GET, "/api/mutes", "/api/mutes", s, None),
-        (Method::DELETE, "/api/mutes/telegram:9", "/api/mutes/{caller}", s, None),
-        (Method::POST, "/api/roles", "/api/roles", s, Some(json!({"caller_id": "alice", "role": "member"}))),
+        (
+            Method::DELETE,
+            "/api/mutes/telegram:9",
+            "/api/mutes/{caller}",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/roles",
+            "/api/roles",
+            s,
+            Some(json!({"caller_id": "alice", "role": "member"})),
+        ),
         (Method::GET, "/api/roles", "/api/roles", s, None),
         (Method::GET, "/api/permissions", "/api/permissions", s, None),
-        (Method::GET, "/api/permissions?role=member", "/api/permissions", s, None),
-        (Method::DELETE, "/api/roles/alice", "/api/roles/{caller}", s, None),
-        (Method::POST, "/api/tasks", "/api/tasks", s, Some(json!({"cron": "0 9 * * *", "prompt": "hi"}))),
+        (
+            Method::GET,
+            "/api/permissions?role=member",
+            "/api/permissions",
+            s,
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/api/roles/alice",
+            "/api/roles/{caller}",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/tasks",
+            "/api/tasks",
+            s,
+            Some(json!({"cron": "0 9 * * *", "prompt": "hi"})),
+        ),
         (Method::GET, "/api/tasks", "/api/tasks", s, None),
-        (Method::POST, "/api/tasks/1/pause", "/api/tasks/{id}/pause", s, None),
-        (Method::POST, "/api/tasks/1/resume", "/api/tasks/{id}/resume", s, None),
-        (Method::POST, "/api/tasks/abc/pause", "/api/tasks/{id}/pause", s, None),
-        (Method::POST, "/api/chat", "/api/chat", s, Some(json!({"text": "hello"}))),
-        (Method::GET, "/api/messages?q=hello", "/api/messages", s, None),
-        (Method::GET, "/api/messages/recent", "/api/messages/recent", s, None),
-        (Method::GET, "/api/messages/recent?limit=abc", "/api/messages/recent", s, None),
+        (
+            Method::POST,
+            "/api/tasks/1/pause",
+            "/api/tasks/{id}/pause",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/tasks/1/resume",
+            "/api/tasks/{id}/resume",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/tasks/abc/pause",
+            "/api/tasks/{id}/pause",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/chat",
+            "/api/chat",
+            s,
+            Some(json!({"text": "hello"})),
+        ),
+        (
+            Method::GET,
+            "/api/messages?q=hello",
+            "/api/messages",
+            s,
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/messages/recent",
+            "/api/messages/recent",
+            s,
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/messages/recent?limit=abc",
+            "/api/messages/recent",
+            s,
+            None,
+        ),
         (Method::GET, "/api/runs", "/api/runs", s, None),
-        (Method::GET, "/api/conversations", "/api/conversations", s, None),
-        (Method::POST, "/api/control/stop", "/api/control/{action}", s, None),
-        (Method::POST, "/api/control/clear", "/api/control/{action}", s, None),
-        (Method::POST, "/api/control/compact", "/api/control/{action}", s, None),
+        (
+            Method::GET,
+            "/api/conversations",
+            "/api/conversations",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/control/stop",
+            "/api/control/{action}",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/control/clear",
+            "/api/control/{action}",
+            s,
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/control/compact",
+            "/api/control/{action}",
+            s,
+            None,
+        ),
         (Method::GET, "/api/tokens", "/api/tokens", None, None),
-        (Method::POST, "/api/identities", "/api/identities", None, Some(json!({"platform_id": "telegram:5", "caller_id": "bob"}))),
-        (Method::GET, "/api/identities", "/api/identities", None, None),
-        (Method::GET, "/api/identities/audit", "/api/identities/audit", None, None),
+        (
+            Method::POST,
+            "/api/identities",
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": "telegram:5", "caller_id": "bob"})),
+        ),
+        (
+            Method::GET,
+            "/api/identities",
+            "/api/identities",
+            None,
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/identities/audit",
+            "/api/identities/audit",
+            None,
+            None,
+        ),
         (Method::GET, "/api/links", "/api/links", s, None),
         (Method::GET, "/api/links/audit", "/api/links/audit", s, None),
         (Method::GET, "/api/links/7", "/api/links/{id}", s, None),
         (Method::GET, "/api/outbox", "/api/outbox", None, None),
-        (Method::POST, "/api/ask", "/api/ask", s, Some(json!({"message": "hi"}))),
+        (
+            Method::POST,
+            "/api/ask",
+            "/api/ask",
+            s,
+            Some(json!({"message": "hi"})),
+        ),
         (Method::DELETE, "/api/tasks/1", "/api/tasks/{id}", s, None),
-        (Method::DELETE, "/api/spaces/current", "/api/spaces/current", s, None),
+        (
+            Method::DELETE,
+            "/api/spaces/current",
+            "/api/spaces/current",
+            s,
+            None,
+        ),
     ];
     let mut statuses = BTreeSet::new();
     for (method, path, template, space, body) in calls {
@@ -404,7 +588,12 @@ async fn openapi_fuzz_finding_the_admin_role_cannot_be_narrowed() {
     assert_eq!(v["error"]["code"], "bad_request");
     assert_eq!(host.all_row_counts(), before);
     let (st, v) = host
-        .owner(Method::GET, "/api/permissions?role=admin", Some("lock"), None)
+        .owner(
+            Method::GET,
+            "/api/permissions?role=admin",
+            Some("lock"),
+            None,
+        )
         .await;
     assert_eq!(st, 200, "{v}");
     assert!(v["permissions"]

@@ -45,7 +45,7 @@ pub struct ScanRunning {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum ScanAnswer {
-    Ended(ScanSummary),
+    Ended(Box<ScanSummary>),
     Running(ScanRunning),
 }
 
@@ -68,7 +68,10 @@ pub async fn run(
             "the host is shutting down; the scan was stopped",
         )),
         done = tokio::time::timeout(WAIT, ticket.finished()) => match done {
-            Ok(Some(summary)) => Ok((StatusCode::OK, Json(ScanAnswer::Ended((*summary).clone())))),
+            Ok(Some(summary)) => {
+                let summary = Box::new((*summary).clone());
+                Ok((StatusCode::OK, Json(ScanAnswer::Ended(summary))))
+            }
             Ok(None) => Err(ApiError::unavailable(
                 "the scan stopped before it finished (its actor restarted or the host is stopping)",
             )),
