@@ -31,6 +31,7 @@ pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/ask", Admin)];
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AskBody {
+    #[schema(min_length = 1, max_length = 32000)]
     message: String,
     /// The turn's role in the target: `member` (default) or `admin`.
     #[serde(rename = "as")]

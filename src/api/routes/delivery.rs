@@ -99,7 +99,9 @@ pub async fn ingress(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatBody {
+    #[schema(min_length = 1, max_length = 32000)]
     text: String,
+    #[schema(min_length = 1, max_length = 128)]
     conversation: Option<String>,
 }
 
@@ -180,6 +182,7 @@ pub async fn chat(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendBody {
+    #[schema(min_length = 1, max_length = 32000)]
     text: String,
     conversation_id: Option<i64>,
 }

@@ -41,6 +41,7 @@ pub struct SearchQuery {
     /// The words to look for.
     q: String,
     /// 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
 }
 
@@ -81,6 +82,7 @@ pub struct RecentQuery {
     /// As `since`; default: now.
     until: Option<String>,
     /// 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,

@@ -151,6 +151,7 @@ pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Rows to answer, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 

@@ -381,11 +381,13 @@ pub async fn mutes_list(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MuteBody {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     #[serde(rename = "for")]
     duration: Option<String>,
     until: Option<String>,
     /// At most 500 characters.
+    #[schema(max_length = 500)]
     reason: Option<String>,
 }
 

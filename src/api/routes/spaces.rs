@@ -146,6 +146,7 @@ pub struct CreateSpace {
     #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     id: String,
     /// At most 200 characters, no control character (default: the id).
+    #[schema(max_length = 200)]
     name: Option<String>,
     /// Each 1-40 characters without commas.
     #[serde(default)]

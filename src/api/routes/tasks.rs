@@ -84,6 +84,7 @@ pub async fn list(
 pub struct CreateTask {
     cron: Option<String>,
     at: Option<String>,
+    #[schema(min_length = 1, max_length = 8000)]
     prompt: String,
     /// Run without posting the reply.
     #[serde(default)]
