@@ -32,6 +32,20 @@ pub struct App {
     pub review: ReviewHandle,
 }
 
+/// Why a space was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateSpaceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The row exists; its workspace could not be made (the host's fault,
+    /// not the request's: logged, never sent).
+    #[error("cannot create the workspace of space {space}: {source}")]
+    Workspace {
+        space: SpaceId,
+        source: std::io::Error,
+    },
+}
+
 impl App {
     /// Creates a space row and its workspace.
     pub async fn create_space(
@@ -39,15 +53,17 @@ impl App {
         id: &SpaceId,
         name: &str,
         tags: &[String],
-    ) -> Result<Space, StoreError> {
+    ) -> Result<Space, CreateSpaceError> {
         let (sid, name, tags) = (id.to_string(), name.to_owned(), tags.to_vec());
         let space = self
             .rt
             .store
             .write(move |tx| spaces::create_space(tx, &sid, &name, &tags))
             .await?;
-        ensure_workspace(&self.rt.paths, id)
-            .map_err(|e| StoreError::Invalid(format!("cannot create the workspace: {e}")))?;
+        ensure_workspace(&self.rt.paths, id).map_err(|source| CreateSpaceError::Workspace {
+            space: id.clone(),
+            source,
+        })?;
         Ok(space)
     }
 }

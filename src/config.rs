@@ -60,6 +60,70 @@ pub struct Settings {
     pub review: ReviewConfig,
     pub http: HttpConfig,
     pub models: ModelsConfig,
+    pub files: FilesConfig,
+    pub runs: RunsConfig,
+    pub metrics: MetricsConfig,
+    pub log: LogConfig,
+}
+
+/// The workspace file routes (`/api/files`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest file the routes read or write; beyond it they answer 413.
+    pub max_bytes: usize,
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self { max_bytes: 1 << 20 }
+    }
+}
+
+/// Run traces (`run_steps`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunsConfig {
+    /// Steps older than this many days are deleted.
+    pub keep_days: u32,
+    /// Output text kept per step (the size is always recorded).
+    pub step_output_bytes: usize,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            keep_days: 30,
+            step_output_bytes: 2048,
+        }
+    }
+}
+
+/// Prometheus `/metrics`: always on the API (owner and global admins'
+/// tokens); also without a token on `bind` when it is set.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// ADDR:PORT of a listener serving `/metrics` alone, no token; empty: none.
+    pub bind: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// One human-readable line per event (no colour unless stderr is a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The host's log on stderr; the level filter is `MERCURY_LOG` (e.g. `info`,
+/// `debug`, `info,mercury::ingress=debug`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
 }
 
 /// Where `scripted:PATH` files may live besides `<data_dir>/models/`.
@@ -128,6 +192,9 @@ pub struct TurnConfig {
     pub output_cap_bytes: usize,
     pub history_limit: u32,
     pub max_tokens: u32,
+    /// What a chat participant reads when a turn fails; the reason stays in
+    /// `runs.error` and the log, never in the reply.
+    pub failure_reply: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -183,6 +250,16 @@ pub struct ReviewConfig {
     pub include_clients: bool,
     /// Model spec of the judge; empty means the default `model`.
     pub model: String,
+    /// The operator's review directory (intake, triage, ledger, known
+    /// items); empty means `<data_dir>/reviews/intake`.
+    pub intake_dir: String,
+    /// When the weekly synthesis fires: `DDD HH:MM` (e.g. `mon 05:00`) in
+    /// `timezone`; empty: only `mrctl review weekly-now`.
+    pub weekly_at: String,
+    /// Unflagged exchanges the weekly recall spot check re-judges.
+    pub recall_sample: u32,
+    /// Model spec of the weekly judge; empty means the daily judge's.
+    pub weekly_model: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -211,6 +288,10 @@ impl Default for Settings {
             review: ReviewConfig::default(),
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
+            files: FilesConfig::default(),
+            runs: RunsConfig::default(),
+            metrics: MetricsConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }
@@ -253,6 +334,7 @@ impl Default for TurnConfig {
             output_cap_bytes: 16 * 1024,
             history_limit: 40,
             max_tokens: 2048,
+            failure_reply: DEFAULT_FAILURE_REPLY.into(),
         }
     }
 }
@@ -308,6 +390,10 @@ impl Default for ReviewConfig {
             spaces_exclude: Vec::new(),
             include_clients: false,
             model: String::new(),
+            intake_dir: String::new(),
+            weekly_at: String::new(),
+            recall_sample: 50,
+            weekly_model: String::new(),
         }
     }
 }
@@ -321,83 +407,113 @@ impl Default for HttpConfig {
     }
 }
 
+/// The default `turn.failure_reply`.
+pub const DEFAULT_FAILURE_REPLY: &str =
+    "Sorry, something went wrong and I could not answer this time. Please try again later.";
+
+/// Trigger words of a comma-separated `trigger.patterns`, longest first (so
+/// `@mercury` wins over `mercury`).
+pub fn trigger_patterns(raw: &str) -> Vec<String> {
+    let mut patterns: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    patterns.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    patterns
+}
+
 /// The file `mercury init` writes: every key with its default and a comment.
 /// A test checks that it parses back to `Settings::default()` (with the owner).
 pub fn template(owner: &str) -> String {
     format!(
-        r#"# Mercury configuration. Every key is shown with its default.
+        r#"# Mercury configuration. Every key is shown with its default, its unit and what it does.
 # Each key can be overridden by an environment variable: MERCURY_ + the key path
 # upper-cased, dots to underscores (review.enabled -> MERCURY_REVIEW_ENABLED).
 # Model API keys are read from MERCURY_OPENAI_API_KEY / MERCURY_ANTHROPIC_API_KEY only.
+# The log level filter is MERCURY_LOG (e.g. info, debug, info,mercury::ingress=debug).
 
-# Address of the HTTP API (also served on <data dir>/api.sock).
-bind: "127.0.0.1:8787"
+bind: "127.0.0.1:8787"          # ADDR:PORT of the HTTP API (also served on <data dir>/api.sock)
 # Default model chain: specs tried in order, comma-separated.
 # Forms: openai:MODEL, anthropic:MODEL, scripted:PATH (replays a rules file).
-model: "openai:gpt-4o-mini"
-# The owner's caller id: a global admin.
-owner: "{owner}"
-# More global admins (caller ids).
-admins: []
-providers:
-  openai_base_url: "https://api.openai.com/v1"   # any OpenAI-compatible server (Ollama, vLLM, ...)
-  anthropic_base_url: "https://api.anthropic.com"
-  request_timeout_secs: 120
-  max_retries: 3               # retries on 429/5xx, with jitter
-  retry_after_cap_secs: 30     # longest wait a Retry-After may ask for
+model: "openai:gpt-4o-mini"     # comma-separated model specs
+owner: "{owner}"                # caller id of the owner, a global admin
+admins: []                      # list of caller ids: more global admins
+providers:                      # model providers
+  openai_base_url: "https://api.openai.com/v1"   # URL; any OpenAI-compatible server (Ollama, vLLM, ...)
+  anthropic_base_url: "https://api.anthropic.com" # URL
+  request_timeout_secs: 120     # seconds per model request
+  max_retries: 3                # count; retries on 429/5xx, with jitter
+  retry_after_cap_secs: 30      # seconds: longest wait a Retry-After may ask for
 # Price per million tokens by model spec, for token_usage.cost, e.g.
 #   "openai:gpt-4o-mini": {{input: 0.15, output: 0.6}}
-prices: {{}}
-sandbox:
-  backend: auto                # auto (docker, else bubblewrap, else no tools) | docker | process (bubblewrap)
-  allow_unisolated: false      # process without bubblewrap: plain host processes (NOT isolation)
-  bwrap: ""                    # path of bwrap; empty: /usr/bin/bwrap and the usual places
-  workspace_mb: 1024           # workspace size limit, enforced by each turn's overlay
-  image: ""                    # empty: the image `mercury image build` makes
-  memory_mb: 512
-  cpus: 1.0
-  pids: 256
-  tmp_mb: 64
-  sweep_interval_secs: 300     # orphan container sweep (this instance's label only)
-turn:
-  max_steps: 8                 # model calls per turn
-  timeout_secs: 300
-  tool_timeout_secs: 60
-  output_cap_bytes: 16384      # tool output kept per stream
-  history_limit: 40            # recent messages in the prompt
-  max_tokens: 2048
-ingress:
-  auto_space: true             # a new conversation gets its own space
-  per_caller_per_minute: 20    # then the caller is told to slow down
-trigger:
-  match: mention               # groups: mention | prefix | always (DMs always trigger)
-  patterns: "@mercury,mercury"
-spaces:
-  idle_stop_secs: 300          # an idle space actor stops; it restarts on demand
-webhook:
-  url: ""                      # POST each outbound reply here; empty: pull from /api/outbox
-  max_attempts: 5
-review:
-  enabled: false
-  daily_at: "04:00"
-  timezone: "UTC"
-  window_hours: 24
-  batch_size: 10               # exchanges per judge call
-  max_concurrency: 1           # judge calls at once
-  calls_per_minute: 30
-  owner: ""                    # caller id that gets the digest DM
-  owner_names: []              # names redacted from reports besides members' names
-  spaces_include: []           # empty: every space
-  spaces_exclude: []
-  include_clients: false       # spaces tagged `client` are skipped unless true
-  model: ""                    # judge model spec; empty: the default model
-http:
-  body_limit_bytes: 1048576
-  drain_secs: 10
-models:
+prices: {{}}                      # map of spec -> {{input, output}} in currency per million tokens
+sandbox:                        # where shell and mrctl tool calls run
+  backend: auto                 # auto (docker, else bubblewrap, else no tools) | docker | process (bubblewrap)
+  allow_unisolated: false       # true|false; process without bubblewrap: plain host processes (NOT isolation)
+  bwrap: ""                     # path of bwrap; empty: /usr/bin/bwrap and the usual places
+  workspace_mb: 1024            # MB: workspace size limit, enforced by each turn's overlay
+  image: ""                     # image tag; empty: the image `mercury image build` makes
+  memory_mb: 512                # MB of memory per container
+  cpus: 1.0                     # CPUs per container (fractions allowed)
+  pids: 256                     # count: processes per container
+  tmp_mb: 64                    # MB of /tmp per container
+  sweep_interval_secs: 300      # seconds between orphan container sweeps (this instance's label only)
+turn:                           # one agent turn
+  max_steps: 8                  # count: model calls per turn
+  timeout_secs: 300             # seconds a whole turn may take
+  tool_timeout_secs: 60         # seconds one tool call may take
+  output_cap_bytes: 16384       # bytes of tool output kept per stream
+  history_limit: 40             # count: recent messages in the prompt
+  max_tokens: 2048              # tokens per model answer
+  # What a chat participant reads when a turn fails (the reason goes to runs.error and the log).
+  failure_reply: "Sorry, something went wrong and I could not answer this time. Please try again later."
+ingress:                        # inbound platform messages
+  auto_space: true              # true|false: a new conversation gets its own space
+  per_caller_per_minute: 20     # messages per minute per caller, then "slow down"
+trigger:                        # when a group message addresses the bot
+  match: mention                # groups: mention | prefix | always (DMs always trigger)
+  patterns: "@mercury,mercury"  # comma-separated trigger words (a leading one is cut from the prompt)
+spaces:                         # space actors
+  idle_stop_secs: 300           # seconds: an idle space actor stops; it restarts on demand
+webhook:                        # the webhook adapter
+  url: ""                       # URL each outbound reply is POSTed to; empty: pull from /api/outbox
+  max_attempts: 5               # count: delivery attempts per reply
+review:                         # the daily conversation review
+  enabled: false                # true|false
+  daily_at: "04:00"             # HH:MM local time in review.timezone
+  timezone: "UTC"               # IANA time zone name
+  window_hours: 24              # hours of conversation each scan reads
+  batch_size: 10                # count: exchanges per judge call
+  max_concurrency: 1            # count: judge calls at once
+  calls_per_minute: 30          # judge calls per minute
+  owner: ""                     # caller id that gets the digest DM
+  owner_names: []               # list of names redacted from reports besides members' names
+  spaces_include: []            # list of space ids; empty: every space
+  spaces_exclude: []            # list of space ids
+  include_clients: false        # true|false: spaces tagged `client` are skipped unless true
+  model: ""                     # judge model spec; empty: the default model
+  intake_dir: ""                # path of the intake's review directory; empty: <data dir>/reviews/intake
+  weekly_at: ""                 # weekly synthesis day and HH:MM, e.g. "mon 05:00"; empty: only mrctl review weekly-now
+  recall_sample: 50             # count: unflagged exchanges the weekly recall spot check re-judges
+  weekly_model: ""              # weekly judge model spec; empty: the daily judge's
+http:                           # the HTTP API
+  body_limit_bytes: 1048576     # bytes: largest request body
+  drain_secs: 10                # seconds in-flight requests get after SIGTERM
+models:                         # model files
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
-  scripted_roots: []
+  scripted_roots: []            # list of absolute directories
+metrics:                        # Prometheus /metrics (always on the API with an owner or global admin token)
+  bind: ""                      # ADDR:PORT of a listener serving /metrics without a token; empty: none
+log:                            # the host's log on stderr
+  format: text                  # text | json (one object per line)
+files:                          # the workspace file routes (/api/files)
+  max_bytes: 1048576            # bytes: largest file /api/files reads or writes (413 beyond)
+runs:                           # run traces
+  keep_days: 30                 # days: run traces (run_steps) older than this are deleted
+  step_output_bytes: 2048       # bytes: output text kept per traced step
 "#
     )
 }
@@ -644,6 +760,8 @@ impl Settings {
             ),
             ("review.window_hours", u64::from(self.review.window_hours)),
             ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
+            ("files.max_bytes", self.files.max_bytes as u64),
+            ("runs.keep_days", u64::from(self.runs.keep_days)),
             (
                 "sandbox.sweep_interval_secs",
                 self.sandbox.sweep_interval_secs,
@@ -653,6 +771,9 @@ impl Settings {
             if v == 0 {
                 return Err(key_err(key, "must be greater than 0"));
             }
+        }
+        if self.turn.failure_reply.trim().is_empty() {
+            return Err(key_err("turn.failure_reply", "must not be empty"));
         }
         if self.turn.output_cap_bytes < 256 {
             return Err(key_err("turn.output_cap_bytes", "must be at least 256"));
@@ -673,6 +794,9 @@ impl Settings {
             return Err(key_err("sandbox.cpus", "must be between 0 and 64"));
         }
         parse_daily_at(&self.review.daily_at).map_err(|m| key_err("review.daily_at", m))?;
+        if !self.review.weekly_at.trim().is_empty() {
+            parse_weekly_at(&self.review.weekly_at).map_err(|m| key_err("review.weekly_at", m))?;
+        }
         self.review.timezone.parse::<chrono_tz::Tz>().map_err(|_| {
             key_err(
                 "review.timezone",
@@ -688,6 +812,12 @@ impl Settings {
             return Err(key_err(
                 "models.scripted_roots",
                 format!("{r:?} is not an absolute path"),
+            ));
+        }
+        if !self.metrics.bind.is_empty() && self.metrics.bind.parse::<SocketAddr>().is_err() {
+            return Err(key_err(
+                "metrics.bind",
+                format!("{:?} is not ADDR:PORT", self.metrics.bind),
             ));
         }
         let url = &self.webhook.url;
@@ -747,6 +877,166 @@ pub fn parse_daily_at(raw: &str) -> Result<(u32, u32), String> {
     Ok((h, m))
 }
 
+/// `MERCURY_*` variables that are not config keys: secrets, the log filter,
+/// the data dir, and mrctl's and the sandbox's own.
+pub const OTHER_ENV: &[&str] = &[
+    "MERCURY_OPENAI_API_KEY",
+    "MERCURY_ANTHROPIC_API_KEY",
+    "MERCURY_LOG",
+    "MERCURY_DATA_DIR",
+    "MERCURY_MRCTL",
+    "MERCURY_URL",
+    "MERCURY_TOKEN",
+    "MERCURY_RUN_TOKEN",
+    "MERCURY_SPACE",
+    "MERCURY_SOCKET",
+    "MERCURY_TIMEOUT_SECS",
+];
+
+/// Every config key's variable name, in the order of the file (a section's
+/// most important key first).
+pub fn key_env_names() -> Vec<String> {
+    fn walk(v: &Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            Value::Mapping(m) if path != "prices" => {
+                for (k, v) in m {
+                    if let Some(k) = k.as_str() {
+                        walk(v, &join(path, k), out);
+                    }
+                }
+            }
+            _ => out.push(env_name(path)),
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = serde_yaml_ng::to_value(Settings::default()) {
+        walk(&v, "", &mut out);
+    }
+    out
+}
+
+/// A `MERCURY_*` variable that is neither a key nor one of [`OTHER_ENV`]:
+/// probably a typo, which would otherwise be ignored without a word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVar {
+    pub name: String,
+    /// The closest known name, when one is close enough to be meant.
+    pub closest: Option<String>,
+}
+
+impl std::fmt::Display for UnknownVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.closest {
+            Some(c) => write!(
+                f,
+                "{} is not a Mercury variable (did you mean {c}?); it is ignored",
+                self.name
+            ),
+            None => write!(f, "{} is not a Mercury variable; it is ignored", self.name),
+        }
+    }
+}
+
+pub fn unknown_vars(env: &BTreeMap<String, String>) -> Vec<UnknownVar> {
+    let mut known = key_env_names();
+    known.extend(OTHER_ENV.iter().map(|s| (*s).to_owned()));
+    env.keys()
+        .filter(|k| k.starts_with("MERCURY_") && !known.contains(k))
+        .map(|name| UnknownVar {
+            name: name.clone(),
+            closest: closest(name, &known),
+        })
+        .collect()
+}
+
+/// A section's name (`MERCURY_SANDBOX`) means its first key; otherwise the
+/// nearest name by edit distance, if it is within a third of the length.
+fn closest(name: &str, known: &[String]) -> Option<String> {
+    let section = format!("{name}_");
+    if let Some(k) = known.iter().find(|k| k.starts_with(&section)) {
+        return Some(k.clone());
+    }
+    let tail = name.trim_start_matches("MERCURY_");
+    known
+        .iter()
+        .map(|k| {
+            (
+                strsim::damerau_levenshtein(tail, k.trim_start_matches("MERCURY_")),
+                k,
+            )
+        })
+        .filter(|(d, _)| *d <= (tail.chars().count() / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k.clone())
+}
+
+/// The provider of a model spec that needs an API key, and that key's variable.
+pub fn key_var_of(spec: &str) -> Option<(&'static str, &'static str)> {
+    match spec.split_once(':').map(|(p, _)| p) {
+        Some("openai") => Some(("openai", "MERCURY_OPENAI_API_KEY")),
+        Some("anthropic") => Some(("anthropic", "MERCURY_ANTHROPIC_API_KEY")),
+        _ => None,
+    }
+}
+
+/// The specs of the default chain and the judge that have no API key in
+/// `env`: each `(spec, variable)` once.
+pub fn missing_keys(s: &Settings, env: &BTreeMap<String, String>) -> Vec<(String, &'static str)> {
+    let mut out: Vec<(String, &'static str)> = Vec::new();
+    let specs = s
+        .model_chain()
+        .into_iter()
+        .chain(Some(s.review.model.clone()).filter(|m| !m.is_empty()));
+    for spec in specs {
+        if let Some((_, var)) = key_var_of(&spec) {
+            let set = env.get(var).is_some_and(|v| !v.trim().is_empty());
+            if !set && !out.iter().any(|(s, _)| *s == spec) {
+                out.push((spec, var));
+            }
+        }
+    }
+    out
+}
+
+/// `scripted:PATH` specs that `mercury.yaml` (or its variables) names in
+/// the default chain or as the judge whose file does not exist: start-up
+/// refuses them rather than failing every turn.
+pub fn check_scripted_files(s: &Settings) -> Result<(), ConfigError> {
+    let specs = s
+        .model_chain()
+        .into_iter()
+        .map(|m| ("model", m))
+        .chain(Some(("review.model", s.review.model.clone())));
+    for (key, spec) in specs {
+        if let Some(path) = spec.strip_prefix("scripted:") {
+            if !Path::new(path.trim()).is_file() {
+                return Err(key_err(
+                    key,
+                    format!("the scripted model file {path:?} does not exist"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `mon 05:00`: a weekday (three letters) and a time of day.
+pub fn parse_weekly_at(raw: &str) -> Result<(chrono::Weekday, (u32, u32)), String> {
+    let bad = || format!("{raw:?} is not a weekly time (use DDD HH:MM, e.g. mon 05:00)");
+    let (day, time) = raw.trim().split_once(' ').ok_or_else(bad)?;
+    let day = match day.to_ascii_lowercase().as_str() {
+        "mon" => chrono::Weekday::Mon,
+        "tue" => chrono::Weekday::Tue,
+        "wed" => chrono::Weekday::Wed,
+        "thu" => chrono::Weekday::Thu,
+        "fri" => chrono::Weekday::Fri,
+        "sat" => chrono::Weekday::Sat,
+        "sun" => chrono::Weekday::Sun,
+        _ => return Err(bad()),
+    };
+    Ok((day, parse_daily_at(time.trim()).map_err(|_| bad())?))
+}
+
 /// The process environment's `MERCURY_*` variables.
 pub fn process_env() -> BTreeMap<String, String> {
     std::env::vars()
@@ -766,9 +1056,89 @@ mod tests {
     }
 
     #[test]
+    fn review_weekly_at_parses_a_weekday_and_a_time() {
+        assert_eq!(
+            parse_weekly_at("mon 05:00"),
+            Ok((chrono::Weekday::Mon, (5, 0)))
+        );
+        assert_eq!(
+            parse_weekly_at("Sun 23:59"),
+            Ok((chrono::Weekday::Sun, (23, 59)))
+        );
+        for bad in ["monday 05:00", "mon", "05:00", "mon 25:00"] {
+            assert!(parse_weekly_at(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn template_parses_back_to_the_defaults() {
         let v: Value = serde_yaml_ng::from_str(&template("owner")).unwrap();
         assert_eq!(from_value(v, &env(&[])).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn unknown_variables_get_the_closest_key() {
+        let got = unknown_vars(&env(&[
+            ("MERCURY_SANDBOX", "docker"),
+            ("MERCURY_REVEIW_ENABLED", "true"),
+            ("MERCURY_FROBNICATE", "1"),
+            ("MERCURY_MODEL", "openai:x"),
+            ("MERCURY_LOG", "debug"),
+            ("MERCURY_LOG_FORMAT", "json"),
+        ]));
+        let pairs: Vec<(&str, Option<&str>)> = got
+            .iter()
+            .map(|u| (u.name.as_str(), u.closest.as_deref()))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("MERCURY_FROBNICATE", None),
+                ("MERCURY_REVEIW_ENABLED", Some("MERCURY_REVIEW_ENABLED")),
+                ("MERCURY_SANDBOX", Some("MERCURY_SANDBOX_BACKEND")),
+            ]
+        );
+        assert!(got[2]
+            .to_string()
+            .contains("did you mean MERCURY_SANDBOX_BACKEND?"));
+    }
+
+    #[test]
+    fn keys_and_scripted_files_are_checked() {
+        let mut s = Settings {
+            model: "openai:a,anthropic:b,scripted:/nonexistent/m.json".into(),
+            ..Settings::default()
+        };
+        let missing = missing_keys(&s, &env(&[("MERCURY_OPENAI_API_KEY", "k")]));
+        assert_eq!(
+            missing,
+            vec![("anthropic:b".to_string(), "MERCURY_ANTHROPIC_API_KEY")]
+        );
+        let e = check_scripted_files(&s).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/m.json"), "{e}");
+        s.model = "openai:a".into();
+        assert!(check_scripted_files(&s).is_ok());
+    }
+
+    #[test]
+    fn every_template_key_has_a_comment() {
+        let text = template("owner");
+        let lines: Vec<&str> = text.lines().collect();
+        let mut keys = 0;
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            if t.starts_with('#') || !t.contains(':') {
+                continue;
+            }
+            keys += 1;
+            let commented_above = i > 0 && lines[i - 1].trim_start().starts_with('#');
+            assert!(
+                line.contains(" # ") || commented_above,
+                "line {} has no comment: {line}",
+                i + 1
+            );
+        }
+        assert!(keys > 50, "{keys} keys");
     }
 
     #[test]

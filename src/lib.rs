@@ -6,7 +6,7 @@
 //! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`ingress`] → [`app`] →
 //! [`actors`] → [`agent`], [`review`] → [`links`], [`perms`], [`redaction`],
 //! [`runtime`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
-//! → [`config`] → [`ids`], [`clock`], [`schedule`].
+//! → [`config`] → [`ids`], [`clock`], [`schedule`], [`telemetry`].
 //!
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
 //! - [`bench`]: `mercury bench …`: product paths timed beside a baseline.
@@ -27,6 +27,7 @@
 //! - [`workspace`]: data-dir paths, modes and lock; the safe-path function; the turn layer.
 //! - [`config`]: `mercury.yaml` + `MERCURY_*` environment → validated [`config::Settings`].
 //! - [`ids`], [`clock`], [`schedule`]: identifier newtypes, time, cron.
+//! - [`telemetry`]: the Prometheus metrics of a host (bounded labels).
 
 pub mod actors;
 pub mod agent;
@@ -49,4 +50,5 @@ pub mod runtime;
 pub mod sandbox;
 pub mod schedule;
 pub mod storage;
+pub mod telemetry;
 pub mod workspace;

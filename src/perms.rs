@@ -1,4 +1,4 @@
-//! Roles and permissions: the permission names, each role's default set,
+//! Roles and permissions: the `Permission` enum, each role's default set,
 //! per-space overrides (`space_config` key `role.<role>.permissions`) and the
 //! one `check_perm` every route uses.
 //!
@@ -6,43 +6,184 @@
 //! role more permissions than the granter holds.
 
 use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Serialize;
 
 use rusqlite::Connection;
 
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::{Cached, StoreResult};
 
-/// Every permission name. The first 18 are the earlier version's built-ins.
-pub const ALL_PERMISSIONS: &[&str] = &[
-    "prompt",
-    "stop",
-    "compact",
-    "tasks.list",
-    "tasks.create",
-    "tasks.pause",
-    "tasks.resume",
-    "tasks.delete",
-    "config.get",
-    "config.set",
-    "roles.list",
-    "roles.grant",
-    "roles.revoke",
-    "permissions.get",
-    "permissions.set",
-    "spaces.list",
-    "spaces.rename",
-    "spaces.delete",
-    "messages.read",
-    "prefs.get",
-    "prefs.set",
-    "mutes.list",
-    "mutes.set",
-    "model.get",
-    "model.set",
-    "send",
-    "links.list",
-    "links.act",
-];
+/// A permission a role can hold. The wire name (`tasks.create`) is what
+/// config overrides, grants and responses carry; the variant is what code
+/// checks, so a typo is a compile error rather than a permission nobody holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Permission {
+    /// `prompt`
+    Prompt,
+    /// `stop`
+    Stop,
+    /// `compact`
+    Compact,
+    /// `tasks.list`
+    TasksList,
+    /// `tasks.create`
+    TasksCreate,
+    /// `tasks.pause`
+    TasksPause,
+    /// `tasks.resume`
+    TasksResume,
+    /// `tasks.delete`
+    TasksDelete,
+    /// `config.get`
+    ConfigGet,
+    /// `config.set`
+    ConfigSet,
+    /// `roles.list`
+    RolesList,
+    /// `roles.grant`
+    RolesGrant,
+    /// `roles.revoke`
+    RolesRevoke,
+    /// `permissions.get`
+    PermissionsGet,
+    /// `permissions.set`
+    PermissionsSet,
+    /// `spaces.list`
+    SpacesList,
+    /// `spaces.rename`
+    SpacesRename,
+    /// `spaces.delete`
+    SpacesDelete,
+    /// `messages.read`
+    MessagesRead,
+    /// `prefs.get`
+    PrefsGet,
+    /// `prefs.set`
+    PrefsSet,
+    /// `mutes.list`
+    MutesList,
+    /// `mutes.set`
+    MutesSet,
+    /// `model.get`
+    ModelGet,
+    /// `model.set`
+    ModelSet,
+    /// `send`
+    Send,
+    /// `links.list`
+    LinksList,
+    /// `links.act`
+    LinksAct,
+    /// `files.read`
+    FilesRead,
+    /// `files.write`
+    FilesWrite,
+}
+
+impl Permission {
+    /// Every permission. The first 18 are the earlier version's built-ins.
+    pub const ALL: &'static [Permission] = &[
+        Permission::Prompt,
+        Permission::Stop,
+        Permission::Compact,
+        Permission::TasksList,
+        Permission::TasksCreate,
+        Permission::TasksPause,
+        Permission::TasksResume,
+        Permission::TasksDelete,
+        Permission::ConfigGet,
+        Permission::ConfigSet,
+        Permission::RolesList,
+        Permission::RolesGrant,
+        Permission::RolesRevoke,
+        Permission::PermissionsGet,
+        Permission::PermissionsSet,
+        Permission::SpacesList,
+        Permission::SpacesRename,
+        Permission::SpacesDelete,
+        Permission::MessagesRead,
+        Permission::PrefsGet,
+        Permission::PrefsSet,
+        Permission::MutesList,
+        Permission::MutesSet,
+        Permission::ModelGet,
+        Permission::ModelSet,
+        Permission::Send,
+        Permission::LinksList,
+        Permission::LinksAct,
+        Permission::FilesRead,
+        Permission::FilesWrite,
+    ];
+
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Permission::Prompt => "prompt",
+            Permission::Stop => "stop",
+            Permission::Compact => "compact",
+            Permission::TasksList => "tasks.list",
+            Permission::TasksCreate => "tasks.create",
+            Permission::TasksPause => "tasks.pause",
+            Permission::TasksResume => "tasks.resume",
+            Permission::TasksDelete => "tasks.delete",
+            Permission::ConfigGet => "config.get",
+            Permission::ConfigSet => "config.set",
+            Permission::RolesList => "roles.list",
+            Permission::RolesGrant => "roles.grant",
+            Permission::RolesRevoke => "roles.revoke",
+            Permission::PermissionsGet => "permissions.get",
+            Permission::PermissionsSet => "permissions.set",
+            Permission::SpacesList => "spaces.list",
+            Permission::SpacesRename => "spaces.rename",
+            Permission::SpacesDelete => "spaces.delete",
+            Permission::MessagesRead => "messages.read",
+            Permission::PrefsGet => "prefs.get",
+            Permission::PrefsSet => "prefs.set",
+            Permission::MutesList => "mutes.list",
+            Permission::MutesSet => "mutes.set",
+            Permission::ModelGet => "model.get",
+            Permission::ModelSet => "model.set",
+            Permission::Send => "send",
+            Permission::LinksList => "links.list",
+            Permission::LinksAct => "links.act",
+            Permission::FilesRead => "files.read",
+            Permission::FilesWrite => "files.write",
+        }
+    }
+
+    /// The permission a wire name names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|p| p.as_str() == name)
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Sets and lists order by wire name, as they did when they held strings, so
+// every response keeps its order.
+impl Ord for Permission {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for Permission {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Serialize for Permission {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
 
 pub const ROLE_ADMIN: &str = "admin";
 pub const ROLE_MEMBER: &str = "member";
@@ -50,15 +191,7 @@ pub const ROLE_SYSTEM: &str = "system";
 /// A caller with a valid token but no role or membership in the space.
 pub const ROLE_NONE: &str = "none";
 
-pub type PermSet = BTreeSet<&'static str>;
-
-pub fn is_known(name: &str) -> bool {
-    ALL_PERMISSIONS.contains(&name)
-}
-
-pub fn intern(name: &str) -> Option<&'static str> {
-    ALL_PERMISSIONS.iter().copied().find(|p| *p == name)
-}
+pub type PermSet = BTreeSet<Permission>;
 
 /// Checks a role name given to `roles grant` or `permissions set`.
 pub fn validate_role_name(role: &str) -> Result<(), String> {
@@ -85,8 +218,8 @@ pub fn validate_role_name(role: &str) -> Result<(), String> {
 
 fn defaults(role: &str) -> PermSet {
     match role {
-        ROLE_ADMIN | ROLE_SYSTEM => ALL_PERMISSIONS.iter().copied().collect(),
-        ROLE_MEMBER => ["prompt"].into_iter().collect(),
+        ROLE_ADMIN | ROLE_SYSTEM => Permission::ALL.iter().copied().collect(),
+        ROLE_MEMBER => [Permission::Prompt].into_iter().collect(),
         _ => PermSet::new(),
     }
 }
@@ -104,7 +237,10 @@ pub fn role_permissions(conn: &Connection, space: &str, role: &str) -> StoreResu
         return Ok(PermSet::new());
     }
     match spaces::kv_get(conn, KvTable::Config, space, &override_key(role))? {
-        Some(list) => Ok(list.split(',').filter_map(|p| intern(p.trim())).collect()),
+        Some(list) => Ok(list
+            .split(',')
+            .filter_map(|p| Permission::parse(p.trim()))
+            .collect()),
         None => Ok(defaults(role)),
     }
 }
@@ -162,10 +298,21 @@ mod tests {
 
     #[test]
     fn defaults_match_the_spec() {
-        assert_eq!(ALL_PERMISSIONS.len(), 28);
-        assert_eq!(defaults(ROLE_ADMIN).len(), 28);
-        assert_eq!(defaults(ROLE_MEMBER), ["prompt"].into_iter().collect());
+        assert_eq!(Permission::ALL.len(), 30);
+        assert_eq!(defaults(ROLE_ADMIN).len(), 30);
+        assert_eq!(
+            defaults(ROLE_MEMBER),
+            [Permission::Prompt].into_iter().collect()
+        );
         assert!(defaults("custom").is_empty());
+    }
+
+    #[test]
+    fn every_wire_name_parses_back_to_its_permission() {
+        for p in Permission::ALL {
+            assert_eq!(Permission::parse(p.as_str()), Some(*p));
+        }
+        assert_eq!(Permission::parse("tasks.write"), None);
     }
 
     #[test]

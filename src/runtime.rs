@@ -33,6 +33,8 @@ pub struct Runtime {
     pub live_runs: Mutex<HashSet<String>>,
     /// Writes refused inside `ask` turns, by run id; drained when the ask ends.
     pub ask_refusals: Mutex<HashMap<String, Vec<AskRefusal>>>,
+    /// Prometheus metrics (`/metrics`).
+    pub metrics: Arc<crate::telemetry::Metrics>,
 }
 
 /// One write an `ask` turn tried and was refused (D-016).

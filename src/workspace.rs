@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::ids::SpaceId;
 
 pub mod data_dir;
+pub mod files;
 pub mod layer;
 pub mod safe;
 

@@ -37,6 +37,9 @@ pub struct AskOutcome {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The turn's trace (model and tool calls): it comes back to the asker
+    /// and is stored nowhere, like the rest of the ask.
+    pub steps: Vec<crate::storage::runs::RunStep>,
 }
 
 pub struct AskArgs {
@@ -112,7 +115,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         return Err(AskError::NotIsolated(rt.sandbox.name()));
     }
     let run_id = RunId::new();
-    let actor = args.spaces.actor(args.target.as_str()).await?;
+    let actor = args.spaces.actor(&args.target).await?;
     // The view is a layer over the live workspace whose upper is never
     // merged: dropped (unmounted, removed) on every path out of here.
     let view = call_t!(
@@ -133,7 +136,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
             .await?
     };
     let req = TurnRequest {
-        space_id: space.clone(),
+        space_id: args.target.clone(),
         run_id: run_id.clone(),
         kind: RunKind::Ask,
         caller_id: args.caller_id.clone(),
@@ -170,5 +173,6 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         tokens_in: outcome.tokens_in,
         tokens_out: outcome.tokens_out,
         cost: outcome.cost,
+        steps: outcome.steps,
     })
 }

@@ -30,9 +30,10 @@ use std::sync::{Arc, Mutex};
 use ractor::{call_t, ActorRef};
 use serde_json::Value;
 
-pub use space::{ControlAction, SpaceMsg, SpaceWrite};
+pub use space::{ControlAction, SpaceMsg, SpaceWrite, WorkspaceJob};
 pub use supervisor::{RootSupervisor, SupervisorMsg};
 
+use crate::ids::SpaceId;
 use crate::storage::StoreError;
 
 /// How long an API request waits for a space actor to apply a write.
@@ -54,6 +55,10 @@ pub enum ActorError {
     Control(#[from] ControlError),
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// A workspace write waited this long behind a running turn and was
+    /// dropped unwritten.
+    #[error("a turn kept the space busy for {0} ms; nothing was written")]
+    Busy(u64),
 }
 
 /// What a write given to [`SpaceDirectory::apply_with`] returns when it
@@ -140,7 +145,7 @@ impl<M> ActorSlot<M> {
 }
 
 /// The live space actors, by space id. Written only by the supervisor.
-pub type SpaceMap = Arc<Mutex<HashMap<String, ActorRef<SpaceMsg>>>>;
+pub type SpaceMap = Arc<Mutex<HashMap<SpaceId, ActorRef<SpaceMsg>>>>;
 
 #[derive(Clone)]
 pub struct SpaceDirectory {
@@ -153,9 +158,17 @@ impl SpaceDirectory {
         Self { supervisor, actors }
     }
 
-    /// The root supervisor (parent of short-lived actors such as `AskSandbox`).
-    pub fn supervisor(&self) -> &ActorRef<SupervisorMsg> {
-        &self.supervisor
+    /// Starts an `AskSandbox` under the root supervisor. Its outcome comes
+    /// back through the oneshot in `args`.
+    pub async fn spawn_ask(&self, args: ask::AskArgs) -> Result<(), ActorError> {
+        let res = call_t!(
+            self.supervisor,
+            SupervisorMsg::SpawnAsk,
+            SPAWN_TIMEOUT_MS,
+            Box::new(args)
+        )
+        .map_err(|e| ActorError::Unavailable(e.to_string()))?;
+        Ok(res?)
     }
 
     pub fn active_count(&self) -> usize {
@@ -163,7 +176,7 @@ impl SpaceDirectory {
     }
 
     /// The space's actor, started if it is not running. The space must exist.
-    pub async fn actor(&self, space: &str) -> Result<ActorRef<SpaceMsg>, ActorError> {
+    pub async fn actor(&self, space: &SpaceId) -> Result<ActorRef<SpaceMsg>, ActorError> {
         if let Some(a) = self.actors.lock().ok().and_then(|m| m.get(space).cloned()) {
             if a.get_status() == ractor::ActorStatus::Running {
                 return Ok(a);
@@ -173,7 +186,7 @@ impl SpaceDirectory {
             self.supervisor,
             SupervisorMsg::SpawnSpace,
             SPAWN_TIMEOUT_MS,
-            space.to_owned()
+            space.clone()
         )
         .map_err(|e| ActorError::Unavailable(e.to_string()))?;
         Ok(res?)
@@ -181,7 +194,7 @@ impl SpaceDirectory {
 
     /// Tells the space there is pending work. Pending work is in the database,
     /// so a lost wake-up is recovered when the actor next starts.
-    pub async fn wake(&self, space: &str) -> Result<(), ActorError> {
+    pub async fn wake(&self, space: &SpaceId) -> Result<(), ActorError> {
         for _ in 0..2 {
             let actor = self.actor(space).await?;
             if actor.cast(SpaceMsg::Wake).is_ok() {
@@ -194,7 +207,7 @@ impl SpaceDirectory {
     }
 
     /// Runs a write in the space's order (one writer per space).
-    pub async fn apply<F>(&self, space: &str, write: F) -> Result<Value, ActorError>
+    pub async fn apply<F>(&self, space: &SpaceId, write: F) -> Result<Value, ActorError>
     where
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static,
     {
@@ -212,7 +225,7 @@ impl SpaceDirectory {
     /// `Refusal::Refused(e)` rolls the write back and comes back as
     /// [`ApplyError::Refused`], kept apart from the store's and the actor's
     /// failures (so a route maps its own refusal, and only it, to its status).
-    pub async fn apply_with<T, E, F>(&self, space: &str, write: F) -> Result<T, ApplyError<E>>
+    pub async fn apply_with<T, E, F>(&self, space: &SpaceId, write: F) -> Result<T, ApplyError<E>>
     where
         T: Send + 'static,
         E: Send + 'static,
@@ -250,7 +263,71 @@ impl SpaceDirectory {
         }
     }
 
-    pub async fn control(&self, space: &str, action: ControlAction) -> Result<Value, ActorError> {
+    /// Runs a blocking workspace write (given the live workspace path) in the
+    /// space's order, between turns. If a turn keeps the space busy past
+    /// `wait`, the write is dropped unrun ([`ActorError::Busy`]): once it has
+    /// started it is always waited for, so the answer never says "not
+    /// written" about a write that happened.
+    pub async fn workspace_write<T, F>(
+        &self,
+        space: &SpaceId,
+        wait: std::time::Duration,
+        job: F,
+    ) -> Result<T, ActorError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&std::path::Path) -> T + Send + 'static,
+    {
+        #[derive(PartialEq)]
+        enum Stage {
+            Queued,
+            Started,
+            Abandoned,
+        }
+        let stage = Arc::new(Mutex::new(Stage::Queued));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mine = stage.clone();
+        // In a mutex so the boxed job is `Sync` whatever `F` is.
+        let job = Mutex::new(Some((job, tx)));
+        let boxed: WorkspaceJob = Box::new(move |live| {
+            match mine.lock() {
+                Ok(mut s) if *s == Stage::Queued => *s = Stage::Started,
+                _ => return,
+            }
+            if let Some((job, tx)) = job.lock().ok().and_then(|mut j| j.take()) {
+                let _ = tx.send(job(live));
+            }
+        });
+        let actor = self.actor(space).await?;
+        actor
+            .cast(SpaceMsg::Workspace(boxed))
+            .map_err(|e| ActorError::Unavailable(e.to_string()))?;
+        let lost = || ActorError::Unavailable("the space stopped before the write ran".into());
+        let mut rx = rx;
+        match tokio::time::timeout(wait, &mut rx).await {
+            Ok(r) => r.map_err(|_| lost()),
+            Err(_) => {
+                let started = match stage.lock() {
+                    Ok(mut s) if *s == Stage::Queued => {
+                        *s = Stage::Abandoned;
+                        false
+                    }
+                    _ => true,
+                };
+                if started {
+                    rx.await.map_err(|_| lost())
+                } else {
+                    Err(ActorError::Busy(wait.as_millis() as u64))
+                }
+            }
+        }
+    }
+
+    pub async fn control(
+        &self,
+        space: &SpaceId,
+        action: ControlAction,
+    ) -> Result<Value, ActorError> {
         let actor = self.actor(space).await?;
         let res =
             call_t!(actor, SpaceMsg::Control, CONTROL_TIMEOUT_MS, action).map_err(|e| match e {
@@ -274,7 +351,7 @@ impl SpaceDirectory {
     }
 
     #[cfg(feature = "test-hooks")]
-    pub async fn inject_panic(&self, space: &str) -> Result<(), ActorError> {
+    pub async fn inject_panic(&self, space: &SpaceId) -> Result<(), ActorError> {
         let actor = self.actor(space).await?;
         actor
             .cast(SpaceMsg::InjectPanic)
@@ -286,7 +363,7 @@ impl SpaceDirectory {
 impl crate::review::SpaceWriter for SpaceDirectory {
     async fn write_in_space(
         &self,
-        space: &str,
+        space: &SpaceId,
         write: crate::review::SpaceWrite,
     ) -> Result<Value, crate::review::SpaceWriteError> {
         self.apply(space, write)

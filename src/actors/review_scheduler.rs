@@ -51,6 +51,8 @@ pub struct ReviewSchedulerState {
     running: Option<RunningScan>,
     /// The local date the daily scan last fired (or was found done) for.
     fired_for: Option<NaiveDate>,
+    /// The day the weekly synthesis last fired (`review.weekly_at`).
+    weekly_fired_for: Option<NaiveDate>,
 }
 
 pub struct ReviewScheduler;
@@ -71,6 +73,7 @@ impl Actor for ReviewScheduler {
             ctx: args.ctx,
             running: None,
             fired_for: None,
+            weekly_fired_for: None,
         })
     }
 
@@ -81,7 +84,10 @@ impl Actor for ReviewScheduler {
         state: &mut ReviewSchedulerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ReviewSchedulerMsg::Tick => tick(&myself, state).await,
+            ReviewSchedulerMsg::Tick => {
+                weekly_tick(state);
+                tick(&myself, state).await
+            }
             ReviewSchedulerMsg::RunNow(caller, reply) => {
                 let ticket = match &state.running {
                     Some(r) => r.ticket.clone(),
@@ -119,6 +125,50 @@ fn start(
         let _ = me.cast(ReviewSchedulerMsg::ScanEnded(run_id));
     });
     ticket
+}
+
+/// Fires the weekly synthesis once on `review.weekly_at`'s day after its
+/// time, unless that day's weekly report exists already (a restart).
+fn weekly_tick(state: &mut ReviewSchedulerState) {
+    let review = &state.ctx.rt.settings.review;
+    if !review.enabled || review.weekly_at.trim().is_empty() {
+        return;
+    }
+    let (Ok((weekday, at)), Ok(tz)) = (
+        crate::config::parse_weekly_at(&review.weekly_at),
+        review.timezone.parse::<chrono_tz::Tz>(),
+    ) else {
+        return;
+    };
+    let now = Utc::now();
+    let (date, fire) = todays_fire(now, at, &tz);
+    if chrono::Datelike::weekday(&date) != weekday
+        || now < fire
+        || state.weekly_fired_for == Some(date)
+    {
+        return;
+    }
+    state.weekly_fired_for = Some(date);
+    let report = state
+        .ctx
+        .rt
+        .paths
+        .reviews
+        .join(format!("{}-weekly", date.format("%Y-%m-%d")))
+        .join("report.json");
+    if report.exists() {
+        return;
+    }
+    let rt = state.ctx.rt.clone();
+    tracing::info!(date = %date, at = %review.weekly_at, "weekly review synthesis due");
+    tokio::spawn(async move {
+        match crate::review::weekly::run(rt).await {
+            Ok(s) => {
+                tracing::info!(report = %s.report_path, clusters = s.clusters, "weekly review written")
+            }
+            Err(e) => tracing::error!(error = %e, "weekly review failed"),
+        }
+    });
 }
 
 async fn tick(myself: &ActorRef<ReviewSchedulerMsg>, state: &mut ReviewSchedulerState) {
@@ -180,6 +230,24 @@ pub fn todays_fire<Z: TimeZone>(
         .map(|t| t.with_timezone(&Utc))
         .unwrap_or(now);
     (date, fire)
+}
+
+/// When the daily scan fires next after `now`; `None` when review is off
+/// (or its time of day or zone does not parse, which start-up refuses).
+pub fn next_fire(
+    review: &crate::config::ReviewConfig,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    if !review.enabled {
+        return None;
+    }
+    let at = parse_daily_at(&review.daily_at).ok()?;
+    let tz: chrono_tz::Tz = review.timezone.parse().ok()?;
+    let (_, today) = todays_fire(now, at, &tz);
+    if today > now {
+        return Some(today);
+    }
+    Some(todays_fire(now + chrono::Duration::hours(24), at, &tz).1)
 }
 
 /// How the API reaches the review scheduler; kept current by the supervisor.

@@ -13,6 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::SpaceDirectory;
 use crate::clock::now_ms;
+use crate::ids::SpaceId;
 use crate::runtime::Runtime;
 use crate::schedule::{next_fire, parse_cron};
 use crate::storage::tasks;
@@ -64,7 +65,12 @@ impl Actor for TaskScheduler {
                 match fired {
                     Ok(spaces) => {
                         for space in spaces {
-                            if let Err(e) = state.spaces.wake(&space).await {
+                            // Stored ids were checked when their space was made.
+                            let Ok(id) = SpaceId::parse(&space) else {
+                                tracing::error!(space = %space, "a task's space has an invalid id");
+                                continue;
+                            };
+                            if let Err(e) = state.spaces.wake(&id).await {
                                 tracing::warn!(space = %space, error = %e, "could not wake a space for its task");
                             }
                         }

@@ -32,6 +32,11 @@ use crate::workspace::layer::{LayerBudget, TurnLayer};
 pub type SpaceWrite =
     Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send>;
 
+/// A write of workspace files (the files API), given the live workspace's
+/// path. Blocking: the actor runs it off the async runtime, between two
+/// turns (a turn's overlay must not see its lower change under it).
+pub type WorkspaceJob = Box<dyn FnOnce(&std::path::Path) + Send + Sync>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlAction {
     Stop,
@@ -55,6 +60,9 @@ pub enum SpaceMsg {
     /// string) between two turns, never during one; the answer carries the
     /// id below which history belongs to the view.
     Snapshot(String, RpcReplyPort<Result<AskView, SnapshotError>>),
+    /// A workspace file write, run while no turn runs (queued behind a
+    /// running turn). The job carries its own answer channel.
+    Workspace(WorkspaceJob),
     /// Periodic: stop the actor when it has been idle long enough.
     IdleCheck,
     /// Test hook: make the handler panic, to exercise supervision.
@@ -84,6 +92,8 @@ pub struct SpaceState {
     last_activity: Instant,
     /// Snapshots asked for while a turn ran; served before the next turn starts.
     waiting_snapshots: Vec<(String, RpcReplyPort<Result<AskView, SnapshotError>>)>,
+    /// Workspace writes asked for while a turn ran; run before the next turn.
+    waiting_files: Vec<WorkspaceJob>,
 }
 
 pub struct SpaceActor;
@@ -109,6 +119,7 @@ impl Actor for SpaceActor {
             running: None,
             last_activity: Instant::now(),
             waiting_snapshots: Vec::new(),
+            waiting_files: Vec::new(),
         })
     }
 
@@ -127,6 +138,9 @@ impl Actor for SpaceActor {
                 state.last_activity = Instant::now();
                 if state.running.as_ref().map(|r| r.message_id) == Some(message_id) {
                     state.running = None;
+                }
+                for job in std::mem::take(&mut state.waiting_files) {
+                    run_workspace_job(state, job).await;
                 }
                 for (dest, reply) in std::mem::take(&mut state.waiting_snapshots) {
                     let _ = reply.send(snapshot(state, dest).await);
@@ -149,6 +163,14 @@ impl Actor for SpaceActor {
                     state.waiting_snapshots.push((dest, reply));
                 } else {
                     let _ = reply.send(snapshot(state, dest).await);
+                }
+            }
+            SpaceMsg::Workspace(job) => {
+                state.last_activity = Instant::now();
+                if state.running.is_some() {
+                    state.waiting_files.push(job);
+                } else {
+                    run_workspace_job(state, job).await;
                 }
             }
             SpaceMsg::IdleCheck => {
@@ -215,6 +237,15 @@ async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, SnapshotE
         history_before,
         layer,
     })
+}
+
+/// Runs one workspace write to its end before the actor handles anything
+/// else (so no turn starts while it writes).
+async fn run_workspace_job(state: &SpaceState, job: WorkspaceJob) {
+    let live = state.rt.paths.workspace(&state.space);
+    if let Err(e) = tokio::task::spawn_blocking(move || job(&live)).await {
+        tracing::error!(space = %state.space, error = %e, "a workspace write panicked");
+    }
 }
 
 async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {

@@ -1,5 +1,9 @@
 //! `RootSupervisor`: parent of every space actor, the task scheduler, the
-//! review scheduler and the judge pool.
+//! review scheduler, the judge pool and each `ask`'s `AskSandbox`.
+//!
+//! An ask is one turn on a throwaway copy: it is started here so it dies with
+//! the tree, and never restarted (a failed ask answers its caller with an
+//! error; running it again would be a second turn nobody asked for).
 //!
 //! ractor's default supervisor handler stops the parent when a child dies;
 //! this one restarts a failed child instead, within a restart budget and with
@@ -18,6 +22,7 @@ use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 
+use super::ask::{AskArgs, AskSandbox};
 use super::judge_pool::{JudgePool, JudgePoolArgs, JudgePoolMsg, JudgePoolSlot};
 use super::review_scheduler::{
     ReviewHandle, ReviewScheduler, ReviewSchedulerArgs, ReviewSchedulerMsg,
@@ -35,10 +40,15 @@ pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 pub enum SupervisorMsg {
     /// Start the actor of an existing space (or return the running one).
+    /// Sent by `SpaceDirectory::actor`; the reply carries the live reference.
     SpawnSpace(
-        String,
+        SpaceId,
         RpcReplyPort<Result<ActorRef<SpaceMsg>, super::SpawnError>>,
     ),
+    /// Start one `AskSandbox` (spec D-016) as a child. Sent by
+    /// `SpaceDirectory::spawn_ask`; the reply says it started, and the ask's
+    /// own outcome goes back through the oneshot in its arguments.
+    SpawnAsk(Box<AskArgs>, RpcReplyPort<Result<(), super::SpawnError>>),
 }
 
 pub struct SupervisorArgs {
@@ -51,7 +61,9 @@ pub struct SupervisorArgs {
 pub struct SupervisorState {
     rt: Arc<Runtime>,
     spaces: SpaceMap,
-    by_actor: HashMap<ActorId, String>,
+    by_actor: HashMap<ActorId, SpaceId>,
+    /// Running asks, by actor, with their target (for the log when one fails).
+    asks: HashMap<ActorId, SpaceId>,
     restarts: HashMap<String, Vec<Instant>>,
     scheduler: Option<ActorRef<SchedulerMsg>>,
     directory: Option<SpaceDirectory>,
@@ -86,40 +98,39 @@ impl RootSupervisor {
     async fn spawn_space(
         myself: &ActorRef<SupervisorMsg>,
         state: &mut SupervisorState,
-        space: &str,
+        space: &SpaceId,
     ) -> Result<ActorRef<SpaceMsg>, super::SpawnError> {
         if let Some(a) = state.spaces.lock().ok().and_then(|m| m.get(space).cloned()) {
             if a.get_status() == ractor::ActorStatus::Running {
                 return Ok(a);
             }
         }
-        let id = SpaceId::parse(space).map_err(|e| super::SpawnError::BadId(e.to_string()))?;
-        let sid = space.to_owned();
+        let sid = space.to_string();
         let exists = state
             .rt
             .store
             .read(move |c| spaces::space_exists(c, &sid))
             .await?;
         if !exists {
-            return Err(super::SpawnError::NoSuchSpace(space.to_owned()));
+            return Err(super::SpawnError::NoSuchSpace(space.to_string()));
         }
         let (actor, _) = Actor::spawn_linked(
             None,
             SpaceActor,
             SpaceArgs {
                 rt: state.rt.clone(),
-                space: id,
+                space: space.clone(),
             },
             myself.get_cell(),
         )
         .await
         .map_err(|e| super::SpawnError::Start {
-            space: space.to_owned(),
+            space: space.to_string(),
             reason: e.to_string(),
         })?;
-        state.by_actor.insert(actor.get_id(), space.to_owned());
+        state.by_actor.insert(actor.get_id(), space.clone());
         if let Ok(mut m) = state.spaces.lock() {
-            m.insert(space.to_owned(), actor.clone());
+            m.insert(space.clone(), actor.clone());
         }
         Ok(actor)
     }
@@ -230,7 +241,7 @@ impl RootSupervisor {
         }
     }
 
-    fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<String> {
+    fn forget(state: &mut SupervisorState, cell: &ActorCell) -> Option<SpaceId> {
         let space = state.by_actor.remove(&cell.get_id())?;
         if let Ok(mut m) = state.spaces.lock() {
             if m.get(&space).map(|a| a.get_id()) == Some(cell.get_id()) {
@@ -264,6 +275,7 @@ impl Actor for RootSupervisor {
             rt: args.rt,
             spaces: args.spaces,
             by_actor: HashMap::new(),
+            asks: HashMap::new(),
             restarts: HashMap::new(),
             scheduler: None,
             directory: None,
@@ -296,6 +308,19 @@ impl Actor for RootSupervisor {
                 let res = Self::spawn_space(&myself, state, &space).await;
                 let _ = reply.send(res);
             }
+            SupervisorMsg::SpawnAsk(args, reply) => {
+                let target = args.target.clone();
+                let res = Actor::spawn_linked(None, AskSandbox, *args, myself.get_cell())
+                    .await
+                    .map(|(ask, _)| {
+                        state.asks.insert(ask.get_id(), target.clone());
+                    })
+                    .map_err(|e| super::SpawnError::Start {
+                        space: target.to_string(),
+                        reason: e.to_string(),
+                    });
+                let _ = reply.send(res);
+            }
         }
         Ok(())
     }
@@ -308,15 +333,20 @@ impl Actor for RootSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match evt {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(space) = Self::forget(state, &cell) {
+                if state.asks.remove(&cell.get_id()).is_some() {
+                    // An ask that answered and stopped: nothing to do.
+                } else if let Some(space) = Self::forget(state, &cell) {
                     tracing::debug!(space = %space, reason = ?reason, "space actor stopped");
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
-                if let Some(which) = Self::singleton(state, &cell) {
+                if let Some(target) = state.asks.remove(&cell.get_id()) {
+                    // Its caller's oneshot is dropped with it: the route answers 500.
+                    tracing::error!(target = %target, error = %err, "ask sandbox failed; not restarted");
+                } else if let Some(which) = Self::singleton(state, &cell) {
                     Self::restart_singleton(&myself, state, which, &err.to_string()).await;
                 } else if let Some(space) = Self::forget(state, &cell) {
-                    let (ok, n) = Self::within_budget(state, &space);
+                    let (ok, n) = Self::within_budget(state, space.as_str());
                     tracing::error!(space = %space, error = %err, restarts = n, "space actor failed");
                     if ok {
                         tokio::time::sleep(Duration::from_millis(50 * n as u64)).await;

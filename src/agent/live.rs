@@ -17,6 +17,7 @@ use crate::clock::now_ms;
 use crate::config::split_chain;
 use crate::ids::{RunId, SpaceId};
 use crate::model::Purpose;
+use crate::perms::Permission;
 use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
@@ -35,6 +36,21 @@ pub fn model_chain(
             _ => rt.settings.model_chain(),
         },
     )
+}
+
+/// The space's trigger words (its own `trigger.patterns` or the default) and
+/// whether they match case-sensitively: the same rule ingress applies.
+fn trigger_words(
+    conn: &rusqlite::Connection,
+    rt: &Runtime,
+    space: &str,
+) -> StoreResult<(Vec<String>, bool)> {
+    let raw = spaces::kv_get(conn, KvTable::Config, space, "trigger.patterns")?
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| rt.settings.trigger.patterns.clone());
+    let cs = spaces::kv_get(conn, KvTable::Config, space, "trigger.case_sensitive")?.as_deref()
+        == Some("true");
+    Ok((crate::config::trigger_patterns(&raw), cs))
 }
 
 /// Runs the turn that answers `message` and commits it.
@@ -85,13 +101,14 @@ pub async fn run_and_commit(
                 };
                 let global = rt2.settings.is_global_admin(&acting);
                 let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
-                let links_act =
-                    crate::perms::role_permissions(tx, &space_s, &role)?.contains("links.act");
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act))
+                let links_act = crate::perms::role_permissions(tx, &space_s, &role)?
+                    .contains(&Permission::LinksAct);
+                let words = trigger_words(tx, &rt2, &space_s)?;
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act, words))
             })
             .await
     };
-    let (chain, links_paragraph) = match prep {
+    let (chain, links_paragraph, (patterns, case_sensitive)) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -100,12 +117,14 @@ pub async fn run_and_commit(
     };
     let workspace = rt.paths.workspace(space);
     let req = TurnRequest {
-        space_id: space.to_string(),
+        space_id: space.clone(),
         run_id: run_id.clone(),
         kind,
         caller_id: caller,
         trigger_message_id: Some(message.id),
-        user_text: message.text.clone(),
+        // The model reads the request, not the word that addressed it.
+        user_text: super::prompt::strip_trigger(&message.text, &patterns, case_sensitive)
+            .to_owned(),
         workspace: workspace.clone(),
         prompt: PromptInputs {
             space_id: space.to_string(),
@@ -123,9 +142,11 @@ pub async fn run_and_commit(
         // The actor died under the turn: leave the message pending for the
         // restarted actor and only close the run.
         let run_s = run_id.to_string();
+        let steps = outcome.steps;
         let _ = rt
             .store
             .write(move |tx| {
+                runs::record_steps(tx, &run_s, &steps)?;
                 runs::finish(
                     tx,
                     &run_s,
@@ -152,8 +173,13 @@ async fn commit(
 ) -> StoreResult<()> {
     let message = message.clone();
     let run_id = run_id.to_string();
+    let keep_ms = i64::from(rt.settings.runs.keep_days) * 86_400_000;
     rt.store
         .write(move |tx| {
+            // The trace is kept whatever became of the reply; old traces go
+            // (`runs.keep_days`) in the same write, an indexed delete.
+            runs::record_steps(tx, &run_id, &outcome.steps)?;
+            runs::prune_steps(tx, now_ms() - keep_ms)?;
             let status = outcome.status.as_str();
             if !messages::settle(tx, message.id, status, &run_id)? {
                 runs::finish(

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
-use crate::ids::RunId;
+use crate::ids::{RunId, SpaceId};
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
 use crate::sandbox::{RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec};
@@ -50,7 +50,7 @@ pub enum LayerPlan {
 
 #[derive(Debug)]
 pub struct TurnRequest {
-    pub space_id: String,
+    pub space_id: SpaceId,
     pub run_id: RunId,
     pub kind: RunKind,
     /// The caller whose role the run token carries (the triggering user, or
@@ -97,6 +97,9 @@ pub struct TurnOutcome {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The turn's trace: every model call and tool call, in order. A live
+    /// turn's is stored with its commit; an ask's goes back to the asker.
+    pub steps: Vec<runs::RunStep>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +147,7 @@ pub async fn run_turn(
         token_minted: AtomicBool::new(false),
     };
     let mut acc = Accounting::default();
+    let started = std::time::Instant::now();
     if let Ok(mut live) = rt.live_runs.lock() {
         live.insert(req.run_id.to_string());
     }
@@ -177,6 +181,7 @@ pub async fn run_turn(
         }
         (None, result) => result,
     };
+    let sandboxed = slot.token_minted.load(Ordering::SeqCst);
     let run_id = req.run_id.to_string();
     if slot.token_minted.load(Ordering::SeqCst) {
         if let Err(e) = rt
@@ -196,13 +201,31 @@ pub async fn run_turn(
         Some(Err(e)) => {
             let msg = e.to_string();
             tracing::warn!(run = %req.run_id, space = %req.space_id, error = %msg, "turn failed");
+            // The reason is for runs.error and the log; the participant
+            // reads the configured generic sentence (a model error can
+            // carry a provider's body, a path or a script's name).
             (
                 TurnStatus::Failed,
-                Some(format!("Sorry, I could not finish this turn: {msg}")),
+                Some(rt.settings.turn.failure_reply.clone()),
                 Some(msg),
             )
         }
     };
+    let took = started.elapsed();
+    rt.metrics.turn(req.kind.as_str(), status.as_str(), took);
+    // The one line per turn an operator greps for (docs/operations.md).
+    tracing::info!(
+        target: "mercury::turn",
+        space = %req.space_id,
+        run = %req.run_id,
+        kind = req.kind.as_str(),
+        status = status.as_str(),
+        ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        tokens_in = acc.tokens_in,
+        tokens_out = acc.tokens_out,
+        sandbox = if sandboxed { rt.sandbox.name() } else { "none" },
+        "turn"
+    );
     TurnOutcome {
         status,
         reply,
@@ -210,6 +233,7 @@ pub async fn run_turn(
         tokens_in: acc.tokens_in,
         tokens_out: acc.tokens_out,
         cost: acc.cost,
+        steps: acc.steps,
     }
 }
 
@@ -218,6 +242,33 @@ struct Accounting {
     tokens_in: u64,
     tokens_out: u64,
     cost: f64,
+    steps: Vec<runs::RunStep>,
+}
+
+impl Accounting {
+    fn push_step(&mut self, mut step: runs::RunStep) {
+        step.seq = self.steps.len() as u32 + 1;
+        self.steps.push(step);
+    }
+}
+
+/// At most `cap` bytes of `text`, cut at a character boundary.
+fn capped(text: &str, cap: usize) -> String {
+    if text.len() <= cap {
+        return text.to_owned();
+    }
+    let mut end = cap;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What a tool call left in the trace (the model reads `output`).
+struct ToolResult {
+    output: String,
+    exit_code: Option<i64>,
+    error: Option<String>,
 }
 
 async fn turn_loop(
@@ -242,9 +293,36 @@ async fn turn_loop(
             tool_name: None,
         });
         for call in &response.tool_calls {
-            let output = run_one_tool(rt, req, slot, call).await?;
+            let started_at = now_ms();
+            let clock = std::time::Instant::now();
+            let cap = rt.settings.runs.step_output_bytes;
+            let mut step = runs::RunStep {
+                kind: "tool".into(),
+                name: call.name.clone(),
+                arguments: Some(capped(
+                    &crate::model::scripted::canonical_json(&call.arguments),
+                    cap,
+                )),
+                started_at,
+                ..Default::default()
+            };
+            let result = run_one_tool(rt, req, slot, call).await;
+            step.duration_ms = clock.elapsed().as_millis() as u64;
+            let result = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    step.error = Some(e.to_string());
+                    acc.push_step(step);
+                    return Err(e);
+                }
+            };
+            step.exit_code = result.exit_code;
+            step.error = result.error;
+            step.output_bytes = Some(result.output.len() as u64);
+            step.output = Some(capped(&result.output, cap));
+            acc.push_step(step);
             check_quota(slot)?;
-            messages.push(ChatMessage::tool_result(call, output));
+            messages.push(ChatMessage::tool_result(call, result.output));
         }
     }
     Err(TurnError::StepsExhausted(steps))
@@ -257,28 +335,40 @@ async fn run_one_tool(
     req: &TurnRequest,
     slot: &SessionSlot,
     call: &crate::model::ToolCall,
-) -> Result<String, TurnError> {
+) -> Result<ToolResult, TurnError> {
     let cap = rt.settings.turn.output_cap_bytes;
+    let refused = |output: String| ToolResult {
+        error: Some(output.trim_start_matches("error: ").to_owned()),
+        output,
+        exit_code: None,
+    };
     let plan = match tools::plan(
         call,
         Duration::from_secs(rt.settings.turn.tool_timeout_secs),
         cap,
     ) {
         Ok(plan) => plan,
-        Err(tools::BadToolCall(m)) => return Ok(format!("error: {m}")),
+        Err(tools::BadToolCall(m)) => return Ok(refused(format!("error: {m}"))),
     };
     if let Some(reason) = rt.sandbox.unavailable_reason() {
-        return Ok(format!(
+        return Ok(refused(format!(
             "error: no sandbox is available on this host ({reason}); tool calls are refused. \
              Answer without tools."
-        ));
+        )));
     }
     let workdir = ensure_layer(rt, req, slot).await?;
     match plan {
         tools::ToolPlan::File(op) => {
-            tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
+            let output = tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
                 .await
-                .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))
+                .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))?;
+            // File tools say "error: …" when they refuse: exit code 1.
+            let exit_code = Some(if output.starts_with("error:") { 1 } else { 0 });
+            Ok(ToolResult {
+                output,
+                exit_code,
+                error: None,
+            })
         }
         tools::ToolPlan::Exec(exec) => {
             let mut guard = slot.session.lock().await;
@@ -289,7 +379,12 @@ async fn run_one_tool(
             let session = guard.as_deref().ok_or_else(|| {
                 TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
             })?;
-            Ok(tools::render_output(&session.exec(exec).await?))
+            let out = session.exec(exec).await?;
+            Ok(ToolResult {
+                output: tools::render_output(&out),
+                exit_code: Some(out.exit_code),
+                error: None,
+            })
         }
     }
 }
@@ -354,15 +449,38 @@ async fn call_model(
     tool_specs: &[crate::model::ToolSpec],
     acc: &mut Accounting,
 ) -> Result<ModelResponse, TurnError> {
-    let answer = complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs)
-        .await
-        .map_err(TurnError::Model)?;
+    let started_at = now_ms();
+    let clock = std::time::Instant::now();
+    let answer =
+        match complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs).await {
+            Ok(a) => a,
+            Err(e) => {
+                acc.push_step(runs::RunStep {
+                    kind: "model".into(),
+                    name: req.model_chain.join(","),
+                    duration_ms: clock.elapsed().as_millis() as u64,
+                    error: Some(e.clone()),
+                    started_at,
+                    ..Default::default()
+                });
+                return Err(TurnError::Model(e));
+            }
+        };
+    acc.push_step(runs::RunStep {
+        kind: "model".into(),
+        name: answer.spec.clone(),
+        tokens_in: answer.response.usage.input_tokens,
+        tokens_out: answer.response.usage.output_tokens,
+        duration_ms: clock.elapsed().as_millis() as u64,
+        started_at,
+        ..Default::default()
+    });
     acc.tokens_in += answer.response.usage.input_tokens;
     acc.tokens_out += answer.response.usage.output_tokens;
     acc.cost += answer.cost;
     let (run_id, space, spec, kind, cost) = (
         req.run_id.to_string(),
-        req.space_id.clone(),
+        req.space_id.to_string(),
         answer.spec,
         req.kind.as_str(),
         answer.cost,
@@ -422,8 +540,14 @@ pub async fn complete_with_chain(
         };
         // Counted as live while the call runs; taking the permit never waits.
         let live = rt.model_gate.live();
+        let started = std::time::Instant::now();
         let answer = model.provider.complete(&request).await;
         drop(live);
+        let tokens = answer
+            .as_ref()
+            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
+        rt.metrics
+            .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
         match answer {
             Ok(response) => {
                 let cost = rt.settings.cost(
@@ -456,7 +580,7 @@ async fn start_sandbox(
 ) -> Result<Box<dyn SandboxSession>, TurnError> {
     let (caller, space, run_id) = (
         req.caller_id.clone(),
-        req.space_id.clone(),
+        req.space_id.to_string(),
         req.run_id.to_string(),
     );
     // An ask turn acts with a fixed role and may not write anything (D-016).
@@ -486,7 +610,7 @@ async fn start_sandbox(
     let s = &rt.settings.sandbox;
     let spec = SandboxSpec {
         instance_id: rt.instance_id.clone(),
-        space_id: req.space_id.clone(),
+        space_id: req.space_id.to_string(),
         run_id: req.run_id.to_string(),
         kind: req.kind,
         workspace: workdir.to_path_buf(),
@@ -494,7 +618,7 @@ async fn start_sandbox(
         // The whole environment of the sandbox: nothing else from the host.
         env: vec![
             ("MERCURY_TOKEN".into(), secret),
-            ("MERCURY_SPACE".into(), req.space_id.clone()),
+            ("MERCURY_SPACE".into(), req.space_id.to_string()),
             ("MERCURY_SOCKET".into(), socket_inside),
         ],
         limits: SandboxLimits {
@@ -504,6 +628,7 @@ async fn start_sandbox(
             tmp_bytes: s.tmp_mb << 20,
         },
     };
+    let started = std::time::Instant::now();
     let session = rt.sandbox.start(spec).await?;
     let proof = match session.proof().await {
         Ok(p) => p,
@@ -512,6 +637,8 @@ async fn start_sandbox(
             return Err(e.into());
         }
     };
+    rt.metrics
+        .sandbox_start(rt.sandbox.name(), started.elapsed());
     let (run_id, cid) = (req.run_id.to_string(), session.id().to_string());
     rt.store
         .write(move |tx| runs::set_sandbox(tx, &run_id, &cid, &proof))

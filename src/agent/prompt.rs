@@ -37,6 +37,37 @@ pub fn platform_block(space_id: &str, now: &str) -> String {
     )
 }
 
+/// The text a model reads for a message that opened with a trigger word:
+/// `@mercury what is…` → `what is…`. Only a leading trigger word (standing
+/// alone, with the punctuation that follows it) is cut; a mention inside the
+/// text stays, and a message that is nothing but the word stays whole.
+pub fn strip_trigger<'a>(text: &'a str, patterns: &[String], case_sensitive: bool) -> &'a str {
+    let trimmed = text.trim_start();
+    for p in patterns {
+        let Some(head) = trimmed.get(..p.len()) else {
+            continue;
+        };
+        let same = if case_sensitive {
+            head == p
+        } else {
+            head.to_lowercase() == p.to_lowercase()
+        };
+        if !same {
+            continue;
+        }
+        let rest = &trimmed[p.len()..];
+        let rest = rest.trim_start_matches([',', ':', ';', '.', '!', '?']);
+        if !(rest.is_empty() || rest.starts_with(char::is_whitespace)) {
+            continue;
+        }
+        let rest = rest.trim_start();
+        if !rest.is_empty() {
+            return rest;
+        }
+    }
+    text
+}
+
 pub async fn build(
     rt: &Arc<Runtime>,
     inputs: &PromptInputs,
@@ -92,4 +123,44 @@ pub async fn build(
     }
     out.push(ChatMessage::text(Role::User, user_text));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_trigger;
+
+    fn words() -> Vec<String> {
+        crate::config::trigger_patterns("@mercury,mercury")
+    }
+
+    #[test]
+    fn a_leading_trigger_word_is_cut() {
+        let w = words();
+        assert_eq!(
+            strip_trigger("@mercury what is 2+2?", &w, false),
+            "what is 2+2?"
+        );
+        assert_eq!(
+            strip_trigger("  Mercury, what is it", &w, false),
+            "what is it"
+        );
+        assert_eq!(strip_trigger("@MERCURY: hi", &w, false), "hi");
+        assert_eq!(strip_trigger("@MERCURY hi", &w, true), "@MERCURY hi");
+    }
+
+    #[test]
+    fn anything_else_stays_whole() {
+        let w = words();
+        assert_eq!(
+            strip_trigger("hey mercury, help", &w, false),
+            "hey mercury, help"
+        );
+        assert_eq!(strip_trigger("mercurial mood", &w, false), "mercurial mood");
+        assert_eq!(strip_trigger("@mercury", &w, false), "@mercury");
+        assert_eq!(
+            strip_trigger("ünïcödé @mercury x", &w, false),
+            "ünïcödé @mercury x"
+        );
+        assert_eq!(strip_trigger("é", &w, false), "é");
+    }
 }

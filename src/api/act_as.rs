@@ -34,7 +34,7 @@ use super::routes::{Resource, RESOURCES};
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
-use crate::perms::{self, ROLE_ADMIN};
+use crate::perms::{self, Permission, ROLE_ADMIN};
 use crate::redaction::{RedactionList, Redactor};
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::{spaces, Store};
@@ -217,14 +217,54 @@ pub async fn act_as(
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    // Counted and logged however the request ends: the route's level
+    // (`none` off the allowlist) and the status the caller got.
+    let method = req.method().as_str().to_owned();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| req.uri().path().to_owned());
+    let level = find_route(&method, &route).map_or("none", |r| r.level.as_str());
+    let holder = auth.space.as_ref().map(|s| s.space.to_string());
+    let caller = auth.caller.caller_id.clone();
+    let metrics = app.rt.metrics.clone();
+    let result = act_as_checked(app, auth, target_raw.clone(), lookup, req, next).await;
+    let status = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.status().as_u16(),
+    };
+    metrics.act_as(level, status);
+    tracing::info!(
+        target: "mercury::act_as",
+        holder = holder.as_deref().unwrap_or("-"),
+        target_space = %target_raw,
+        caller = %caller,
+        method = %method,
+        route = %route,
+        level,
+        status,
+        "act-as request"
+    );
+    result
+}
+
+async fn act_as_checked(
+    app: Arc<App>,
+    auth: Auth,
+    target_raw: String,
+    lookup: Option<ActAsLookup>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let holder = auth.space.clone().ok_or_else(|| {
         ApiError::bad_request(
             "acting in another space needs a holder: send x-mercury-space (or use a run token)",
         )
     })?;
     // Step 1.
-    if !holder.perms.contains("links.act") {
-        return Err(ApiError::missing_perm("links.act"));
+    if !holder.perms.contains(&Permission::LinksAct) {
+        return Err(ApiError::missing_perm(Permission::LinksAct));
     }
     let target_ok = SpaceId::parse(&target_raw).ok();
     if target_ok.as_ref() == Some(&holder.space) {

@@ -19,11 +19,16 @@ pub async fn refuse(app: &App, auth: &Auth, req: Request) -> Response {
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
+    let concrete = req.uri().path().to_owned();
     let bytes = to_bytes(req.into_body(), app.rt.settings.http.body_limit_bytes)
         .await
         .unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let summary = would_have(&method, &route, &body);
+    let summary = match (method.as_str(), concrete.strip_prefix("/api/files/")) {
+        // The file's name is in the path, not the body.
+        ("PUT", Some(file)) | ("DELETE", Some(file)) => would_have_file(&method, file, &body),
+        _ => would_have(&method, &route, &body),
+    };
     if let Some(run) = &auth.caller.run_id {
         app.rt.record_refusal(
             run,
@@ -38,6 +43,20 @@ pub async fn refuse(app: &App, auth: &Auth, req: Request) -> Response {
         "refused: this turn is an ask on a throwaway copy and may not change anything; recorded: {summary}"
     ))
     .into_response()
+}
+
+/// "would have written knowledge/a.md (12 bytes)" / "would have deleted …".
+fn would_have_file(method: &str, encoded: &str, body: &Value) -> String {
+    let path = percent_encoding::percent_decode_str(encoded).decode_utf8_lossy();
+    if method == "DELETE" {
+        format!("would have deleted the file {path}")
+    } else {
+        let size = body
+            .get("content")
+            .and_then(Value::as_str)
+            .map_or(0, str::len);
+        format!("would have written the file {path} ({size} bytes)")
+    }
 }
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {

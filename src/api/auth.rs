@@ -17,7 +17,7 @@ use crate::app::App;
 use crate::clock::now_ms;
 use crate::ids::SpaceId;
 use crate::links::LinkLevel;
-use crate::perms::{self, PermSet};
+use crate::perms::{self, PermSet, Permission};
 use crate::storage::tokens::{self, TokenKind};
 use crate::storage::{identities, spaces};
 
@@ -36,6 +36,8 @@ pub struct Caller {
     /// The platform id this caller was mapped from (`identities`), when a
     /// turn of a mapped platform sender acts with its operator's rights.
     pub identity: Option<String>,
+    /// A scoped token's scope (`review.read`): it reaches only its routes.
+    pub scope: Option<String>,
 }
 
 /// The space a request acts in, with the caller's role there.
@@ -73,12 +75,25 @@ impl Auth {
     }
 
     /// The space, if the caller holds `perm` there; the one `check_perm`.
-    pub fn require(&self, perm: &str) -> ApiResult<&SpaceCtx> {
+    pub fn require(&self, perm: Permission) -> ApiResult<&SpaceCtx> {
         let ctx = self.space()?;
-        if ctx.perms.contains(perm) {
+        if ctx.perms.contains(&perm) {
             Ok(ctx)
         } else {
             Err(ApiError::missing_perm(perm))
+        }
+    }
+
+    /// Reading review reports: a global admin or a `review.read` token.
+    pub fn require_review_read(&self) -> ApiResult<()> {
+        if self.caller.global_admin
+            || self.caller.scope.as_deref() == Some(tokens::REVIEW_READ_SCOPE)
+        {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                "only a global admin or a review.read token may read review reports",
+            ))
         }
     }
 
@@ -88,6 +103,16 @@ impl Auth {
         } else {
             Err(ApiError::forbidden("only a global admin may do this"))
         }
+    }
+}
+
+/// The routes a scope reaches (read-only is enforced with the method).
+fn scope_allows(scope: &str, path: &str) -> bool {
+    match scope {
+        tokens::REVIEW_READ_SCOPE => {
+            path == "/api/review/reports" || path.starts_with("/api/review/reports/")
+        }
+        _ => false,
     }
 }
 
@@ -133,8 +158,11 @@ pub async fn authenticate(
                     "unknown, revoked or expired token",
                 )));
             };
-            let global_admin =
-                grant.kind == TokenKind::User && settings.is_global_admin(&grant.caller_id);
+            // A scoped token never carries its caller's admin rights: it is
+            // exactly its scope.
+            let global_admin = grant.kind == TokenKind::User
+                && grant.scope.is_none()
+                && settings.is_global_admin(&grant.caller_id);
             // A turn of a platform sender acts as that sender, unless a global
             // admin mapped the sender to an operator (`mrctl identities link`).
             let (caller_id, identity) = match grant.kind {
@@ -153,7 +181,15 @@ pub async fn authenticate(
                 run_id: grant.run_id.clone(),
                 platform: grant.platform.clone(),
                 identity,
+                scope: grant.scope.clone(),
             };
+            if let Some(scope) = &grant.scope {
+                if !scope_allows(scope, &path) || requested.is_some() || act_as_target.is_some() {
+                    return Ok(Err(ApiError::forbidden(format!(
+                        "a {scope} token may only read /api/review/reports"
+                    ))));
+                }
+            }
             if grant.kind == TokenKind::Adapter
                 && !(path == "/api/ingress" || path == "/api/outbox")
             {
@@ -188,7 +224,7 @@ pub async fn authenticate(
                         // `links.act`: an ask does not reach the target's links.
                         (TokenKind::Run, Some(fixed)) => {
                             let mut p = perms::role_permissions(c, id.as_str(), fixed)?;
-                            p.remove("links.act");
+                            p.remove(&Permission::LinksAct);
                             (fixed.clone(), p)
                         }
                         _ => {

@@ -11,6 +11,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::perms::Permission;
 use crate::storage::StoreError;
 
 /// Every way a request can fail, as the client sees it. Each variant is one
@@ -24,6 +25,8 @@ pub enum ApiError {
     NotFound(String),
     MethodNotAllowed(String),
     Conflict(String),
+    /// An `If-Match` that no longer holds (412).
+    PreconditionFailed(String),
     TooLarge(String),
     UriTooLong(String),
     BadContentType(String),
@@ -60,7 +63,7 @@ impl ApiError {
         tracing::error!(error = %detail, "internal error");
         Self::Internal
     }
-    pub fn missing_perm(perm: &str) -> Self {
+    pub fn missing_perm(perm: Permission) -> Self {
         Self::forbidden(format!("requires the '{perm}' permission in this space"))
     }
 
@@ -72,6 +75,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             Self::BadContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -90,6 +94,7 @@ impl ApiError {
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Conflict(_) => "conflict",
+            Self::PreconditionFailed(_) => "precondition_failed",
             Self::TooLarge(_) => "too_large",
             Self::UriTooLong(_) => "uri_too_long",
             Self::BadContentType(_) => "bad_content_type",
@@ -108,6 +113,7 @@ impl ApiError {
             | Self::NotFound(m)
             | Self::MethodNotAllowed(m)
             | Self::Conflict(m)
+            | Self::PreconditionFailed(m)
             | Self::TooLarge(m)
             | Self::UriTooLong(m)
             | Self::BadContentType(m)
@@ -168,6 +174,9 @@ impl From<crate::actors::ActorError> for ApiError {
         match e {
             ActorError::Store(s) => s.into(),
             ActorError::Unavailable(m) => ApiError::unavailable(m),
+            ActorError::Busy(ms) => ApiError::unavailable(format!(
+                "a turn kept the space busy for {ms} ms; nothing was written, try again"
+            )),
             ActorError::Timeout(ms) => {
                 ApiError::unavailable(format!("the space did not answer within {ms} ms"))
             }
@@ -182,6 +191,44 @@ impl From<crate::actors::ActorError> for ApiError {
             ActorError::Control(ControlError::Compact(model @ CompactError::Model(_))) => {
                 ApiError::ModelFailed(model.to_string())
             }
+        }
+    }
+}
+
+/// A write whose own refusal is already an `ApiError` (its status chosen
+/// where the rule is); the actor's and the store's failures map as usual.
+impl From<crate::actors::ApplyError<ApiError>> for ApiError {
+    fn from(e: crate::actors::ApplyError<ApiError>) -> Self {
+        match e {
+            crate::actors::ApplyError::Refused(api) => api,
+            crate::actors::ApplyError::Actor(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::app::CreateSpaceError> for ApiError {
+    fn from(e: crate::app::CreateSpaceError) -> Self {
+        match e {
+            crate::app::CreateSpaceError::Store(e) => e.into(),
+            workspace @ crate::app::CreateSpaceError::Workspace { .. } => {
+                ApiError::internal(workspace)
+            }
+        }
+    }
+}
+
+/// A bad report name is the client's; a report that cannot be read is ours.
+impl From<crate::review::catalog::CatalogError> for ApiError {
+    fn from(e: crate::review::catalog::CatalogError) -> Self {
+        match e {
+            crate::review::catalog::CatalogError::BadName(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            crate::review::catalog::CatalogError::NotFound { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            crate::review::catalog::CatalogError::Io { .. }
+            | crate::review::catalog::CatalogError::Invalid { .. } => ApiError::internal(e),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod openapi;
+pub mod ops;
 mod routes;
 
 use std::sync::Arc;
@@ -46,6 +47,7 @@ fn parts() -> Parts {
         .fold(OpenApiRouter::new(), |api, resource| {
             api.merge((resource.router)())
         })
+        .merge(ops::router())
         .split_for_parts();
     let (public, public_doc) = OpenApiRouter::new()
         .routes(routes!(healthz))

@@ -79,6 +79,11 @@ pub fn contract(mut api: OpenApi, public: OpenApi) -> OpenApi {
             decorate(path, method, op);
         }
     }
+    // axum's catch-all `{*path}` is OpenAPI's `{path}` (the segment may hold slashes).
+    api.paths.paths = std::mem::take(&mut api.paths.paths)
+        .into_iter()
+        .map(|(path, item)| (openapi_path(&path), item))
+        .collect();
     let mut doc = ApiDoc::openapi();
     doc.merge(api);
     doc.merge(public);
@@ -94,6 +99,11 @@ pub fn contract(mut api: OpenApi, public: OpenApi) -> OpenApi {
         .get_or_insert_with(Default::default)
         .add_security_scheme(BEARER, scheme);
     doc
+}
+
+/// A route's path as OpenAPI writes it: `/api/files/{*path}` is `/api/files/{path}`.
+pub fn openapi_path(route: &str) -> String {
+    route.replace("{*", "{")
 }
 
 /// The operations of a path with their upper-case methods.

@@ -13,6 +13,7 @@
 pub mod ask;
 pub mod links;
 pub mod review;
+pub mod review_quality;
 pub mod sandbox;
 pub mod turns;
 

@@ -298,57 +298,28 @@ async fn seed(db: &Path, opts: &BenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn set(root: &mut Yaml, dotted: &str, value: Yaml) -> anyhow::Result<()> {
-    let mut cur = root;
-    let parts: Vec<&str> = dotted.split('.').collect();
-    for (i, p) in parts.iter().enumerate() {
-        let map = cur
-            .as_mapping_mut()
-            .with_context(|| format!("config: {dotted} is not inside a mapping"))?;
-        let key = Yaml::String((*p).to_owned());
-        if i + 1 == parts.len() {
-            map.insert(key, value);
-            return Ok(());
-        }
-        cur = map.entry(key).or_insert(Yaml::Mapping(Default::default()));
-    }
-    Ok(())
-}
-
-fn write_config(data: &Path, model: &Path, port: u16, opts: &BenchOptions) -> anyhow::Result<()> {
-    let path = data.join("mercury.yaml");
-    let mut cfg: Yaml = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
-    set(&mut cfg, "bind", Yaml::String(format!("127.0.0.1:{port}")))?;
-    set(
-        &mut cfg,
-        "model",
-        Yaml::String(format!("scripted:{}", model.display())),
-    )?;
-    set(&mut cfg, "sandbox.backend", Yaml::String("process".into()))?;
-    // The live client is one caller asking as fast as it can.
-    set(
-        &mut cfg,
-        "ingress.per_caller_per_minute",
-        Yaml::Number(1_000_000.into()),
-    )?;
-    set(&mut cfg, "review.enabled", Yaml::Bool(false))?;
-    set(
-        &mut cfg,
-        "review.batch_size",
-        Yaml::Number(opts.batch_size.into()),
-    )?;
-    set(
-        &mut cfg,
-        "review.max_concurrency",
-        Yaml::Number(opts.max_concurrency.into()),
-    )?;
-    set(
-        &mut cfg,
-        "review.calls_per_minute",
-        Yaml::Number(opts.calls_per_minute.into()),
-    )?;
-    std::fs::write(&path, serde_yaml_ng::to_string(&cfg)?)?;
-    Ok(())
+/// The bench's settings, written through the one config writer.
+fn write_config(
+    data: &Path,
+    model: &Path,
+    opts: &BenchOptions,
+) -> anyhow::Result<crate::config::Settings> {
+    let num = |n: u64| Yaml::Number(n.into());
+    let keys = [
+        (
+            "model",
+            Yaml::String(format!("scripted:{}", model.display())),
+        ),
+        ("sandbox.backend", Yaml::String("process".into())),
+        // The live client is one caller asking as fast as it can.
+        ("ingress.per_caller_per_minute", num(1_000_000)),
+        ("review.enabled", Yaml::Bool(false)),
+        ("review.batch_size", num(opts.batch_size as u64)),
+        ("review.max_concurrency", num(opts.max_concurrency as u64)),
+        ("review.calls_per_minute", num(opts.calls_per_minute as u64)),
+    ];
+    crate::config::set_keys(&data.join("mercury.yaml"), &keys)?;
+    crate::host::settings_of(data)
 }
 
 /// A host on the bench's data dir, in-process.
@@ -365,17 +336,16 @@ impl BenchHost {
         opts: &BenchOptions,
         admission: Admission,
     ) -> anyhow::Result<Self> {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            l.local_addr()?.port()
-        };
-        write_config(data, model, port, opts)?;
+        // The caller binds: the port is the listener's, never guessed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let settings = write_config(data, model, opts)?;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.to_owned(), shutdown.clone());
             let options = crate::host::ServeOptions {
                 review_admission: admission,
-                ..crate::host::ServeOptions::default()
+                ..crate::host::ServeOptions::on(settings, listener)
             };
             async move { crate::host::serve_with(&data, options, shutdown).await }
         });

@@ -320,10 +320,11 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
         else {
             bail!("bench turn {n} was not queued ({})", res.status.as_str());
         };
+        let id = SpaceId::parse(space)?;
         if res.created_space {
-            ensure_workspace(&paths, &SpaceId::parse(space)?)?;
+            ensure_workspace(&paths, &id)?;
         }
-        spaces.wake(space).await?;
+        spaces.wake(&id).await?;
         tokio::time::timeout(Duration::from_secs(60), done)
             .await
             .with_context(|| format!("bench turn {n} did not end within 60 s"))?

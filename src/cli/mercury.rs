@@ -1,9 +1,13 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench turns|sandbox|links|ask|review`, `review redact|gate`. Data goes to
+//! `bench turns|sandbox|links|ask|review`, `review redact|gate|intake|approve`. Data goes to
 //! stdout, diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
-//! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers.
+//! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers
+//! or `status` found no host running (see `cli::ops` for status and doctor).
+//!
+//! The log goes to stderr: `MERCURY_LOG` is its filter (default `info`),
+//! `log.format` (`MERCURY_LOG_FORMAT`) text or json; colour only on a terminal.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +43,21 @@ enum Command {
         /// ADDR:PORT to listen on (overrides `bind` in mercury.yaml).
         #[arg(long)]
         bind: Option<String>,
+    },
+    /// Is the host running? Version, uptime, spaces, queue, turns, adapters,
+    /// next review (exit 0 running, 3 not running, 2 usage, 1 error).
+    Status {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Print the host's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check what a host needs: config, Docker engine, image, bubblewrap,
+    /// model keys, data-dir modes, free disk (exit 0 fine, 1 a check failed, 2 usage).
+    Doctor {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
     },
     /// Run a short scripted conversation against a real host on a temp data dir.
     Demo {
@@ -76,6 +95,9 @@ enum ImageCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// The review pipeline's recall and precision on the planted-finding set
+    /// (tests/review-quality) with its scripted judge.
+    ReviewQuality,
     /// Ingest throughput and per-turn orchestration overhead, beside plain SQLite inserts.
     Turns {
         /// Ingest calls to make (about one in ten is a replay).
@@ -153,11 +175,43 @@ enum ReviewCommand {
         #[arg(long)]
         names_file: Option<PathBuf>,
     },
+    /// Pull the daily reports of each bot, re-gate them, and triage their
+    /// findings into `<intake_dir>/triage.md` (nothing is applied).
+    Intake {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// `[NAME=]DATA_DIR` or `[NAME=]http://HOST:PORT` (repeatable; default: this data dir).
+        #[arg(long = "from")]
+        from: Vec<String>,
+        /// Only reports of this date (YYYY-MM-DD) or later.
+        #[arg(long)]
+        since: Option<String>,
+        /// The review.read token for URL sources (default: MERCURY_INTAKE_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
+    /// Apply the approved rows of the pending triage; every row goes to ledger.json.
+    Approve {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Approve every row as proposed.
+        #[arg(long)]
+        all: bool,
+        /// Approve these rows as proposed, e.g. 1,3.
+        #[arg(long)]
+        rows: Option<String>,
+        /// Approve a row with another decision, e.g. 2=new (repeatable).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        /// Who approves (recorded in the ledger).
+        #[arg(long, default_value = "owner")]
+        by: String,
+    },
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(log_format(&cli));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -171,13 +225,37 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
-fn init_tracing() {
+/// `log.format` of the data dir `serve` runs on (an unreadable config is
+/// reported by `serve` itself; the log is text until then).
+fn log_format(cli: &Cli) -> crate::config::LogFormat {
+    match &cli.command {
+        Command::Serve { data_dir, .. } => crate::config::load(
+            &crate::workspace::DataPaths::new(data_dir).config,
+            &crate::config::process_env(),
+        )
+        .map(|s| s.log.format)
+        .unwrap_or_default(),
+        _ => match std::env::var("MERCURY_LOG_FORMAT").as_deref() {
+            Ok("json") => crate::config::LogFormat::Json,
+            _ => crate::config::LogFormat::Text,
+        },
+    }
+}
+
+fn init_tracing(format: crate::config::LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        crate::config::LogFormat::Json => builder.json().with_ansi(false).try_init(),
+        // Escape codes only for a person at a terminal, never in a journal or a file.
+        crate::config::LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -209,6 +287,8 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Status { data_dir, json } => crate::cli::ops::status(&data_dir, json).await,
+        Command::Doctor { data_dir } => crate::cli::ops::doctor(&data_dir).await,
         Command::Demo { keep } => match crate::host::demo::run(keep).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -277,6 +357,45 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Bench {
+            command: BenchCommand::ReviewQuality,
+        } => match crate::bench::review_quality::run().await {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury bench review-quality: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Review {
+            command:
+                ReviewCommand::Intake {
+                    data_dir,
+                    from,
+                    since,
+                    token_file,
+                },
+        } => {
+            crate::cli::review_intake::intake(
+                &data_dir,
+                &from,
+                since.as_deref(),
+                token_file.as_deref(),
+            )
+            .await
+        }
+        Command::Review {
+            command:
+                ReviewCommand::Approve {
+                    data_dir,
+                    all,
+                    rows,
+                    sets,
+                    by,
+                },
+        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by),
         Command::Review { command } => review(command),
         Command::Bench {
             command:
@@ -376,6 +495,10 @@ fn review(cmd: ReviewCommand) -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        ReviewCommand::Intake { .. } | ReviewCommand::Approve { .. } => {
+            // Dispatched (async) in `run` before this.
+            ExitCode::from(1)
         }
         ReviewCommand::Gate { names, names_file } => {
             let list = match names_list(names, names_file) {

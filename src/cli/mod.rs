@@ -2,3 +2,5 @@
 
 pub mod mercury;
 pub mod mrctl;
+pub mod ops;
+pub mod review_intake;

@@ -301,7 +301,18 @@ pub async fn request(
     path: &str,
     body: Option<Value>,
 ) -> Result<(u16, Value), ClientError> {
-    let req = build_request(conn, method, path, body)?;
+    request_with_headers(conn, method, path, body, &[]).await
+}
+
+/// [`request`] with extra headers (such as `If-Match`).
+pub async fn request_with_headers(
+    conn: &Connection,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+    headers: &[(&str, String)],
+) -> Result<(u16, Value), ClientError> {
+    let req = build_request(conn, method, path, body, headers)?;
     let addr = conn.endpoint.describe();
     let exchange_fut = async {
         match &conn.endpoint {
@@ -359,6 +370,7 @@ fn build_request(
     method: Method,
     path: &str,
     body: Option<Value>,
+    headers: &[(&str, String)],
 ) -> Result<Request<Full<Bytes>>, ClientError> {
     let mut builder = Request::builder()
         .method(method)
@@ -383,6 +395,9 @@ fn build_request(
     }
     if let Some(other) = &conn.act_as {
         builder = builder.header(ACT_AS_HEADER, header_value("--space value", other, false)?);
+    }
+    for (name, value) in headers {
+        builder = builder.header(*name, header_value(name, value, false)?);
     }
     let bytes = match body {
         Some(v) => {
@@ -588,7 +603,7 @@ mod tests {
         let conn = Connection::new(Endpoint::Unix("/s".into())).with_token("sekret-123");
         assert!(!format!("{conn:?}").contains("sekret"));
         let conn = conn.with_token("bad\ntoken-sekret");
-        match build_request(&conn, Method::GET, "/api/whoami", None) {
+        match build_request(&conn, Method::GET, "/api/whoami", None, &[]) {
             Err(e) => assert!(!e.to_string().contains("sekret"), "{e}"),
             Ok(_) => panic!("a newline in the token must be refused"),
         }

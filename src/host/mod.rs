@@ -25,6 +25,7 @@ use crate::actors::supervisor::SupervisorArgs;
 use crate::actors::{RootSupervisor, SpaceDirectory, SpaceMap};
 use crate::app::{App, CallerLimits};
 use crate::config::{self, SandboxChoice, Settings};
+use crate::ids::SpaceId;
 use crate::ingress;
 use crate::model::gate::{Admission, ModelGate};
 use crate::model::scripted::ScriptedPolicy;
@@ -38,23 +39,38 @@ use crate::workspace::DataPaths;
 /// How `serve` runs, beyond the data dir's config.
 #[derive(Debug)]
 pub struct ServeOptions {
-    /// ADDR:PORT to listen on instead of `bind`.
-    pub bind: Option<String>,
+    /// What to serve with, already read and validated by the caller
+    /// ([`settings_of`] reads `mercury.yaml` and the environment).
+    pub settings: Settings,
     /// A listener the caller bound already (tests and the temp host bind
-    /// port 0): used instead of binding `bind`, so no port is ever guessed.
+    /// port 0): used instead of binding `settings.bind`, so no port is guessed.
     pub tcp: Option<std::net::TcpListener>,
     /// Admission of background model calls; `Open` only for `mercury bench review`.
     pub review_admission: Admission,
 }
 
-impl Default for ServeOptions {
-    fn default() -> Self {
+impl ServeOptions {
+    pub fn new(settings: Settings) -> Self {
         Self {
-            bind: None,
+            settings,
             tcp: None,
             review_admission: Admission::Gated,
         }
     }
+
+    /// Serves on `listener` (bound by the caller).
+    pub fn on(settings: Settings, listener: std::net::TcpListener) -> Self {
+        Self {
+            tcp: Some(listener),
+            ..Self::new(settings)
+        }
+    }
+}
+
+/// The settings of the data dir at `data_dir`: its `mercury.yaml` with the
+/// `MERCURY_*` environment on top, validated.
+pub fn settings_of(data_dir: &Path) -> anyhow::Result<Settings> {
+    load_settings(&DataPaths::new(data_dir))
 }
 
 /// Writes a fresh data dir. Refuses (exit code 2 at the CLI) if it exists.
@@ -132,7 +148,8 @@ pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
     Ok(config::load(&paths.config, &config::process_env())?)
 }
 
-fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
+/// The model providers' settings of a config (also what `mercury review intake` verifies with).
+pub fn provider_settings(s: &Settings, env: &BTreeMap<String, String>) -> ProviderSettings {
     ProviderSettings {
         openai_base_url: s.providers.openai_base_url.clone(),
         openai_api_key: env.get("MERCURY_OPENAI_API_KEY").cloned(),
@@ -154,6 +171,7 @@ fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
         .model_chain()
         .into_iter()
         .chain(std::iter::once(s.review.model.clone()))
+        .chain(std::iter::once(s.review.weekly_model.clone()))
         .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
     ScriptedPolicy::new(roots, configured)
 }
@@ -250,6 +268,7 @@ pub async fn build_runtime(
         waiters: TurnWaiters::default(),
         live_runs: Mutex::new(Default::default()),
         ask_refusals: Mutex::new(Default::default()),
+        metrics: Arc::default(),
     }))
 }
 
@@ -286,11 +305,12 @@ pub async fn serve(
     bind_override: Option<String>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let options = ServeOptions {
-        bind: bind_override,
-        ..ServeOptions::default()
-    };
-    serve_with(data_dir, options, shutdown).await
+    let mut settings = settings_of(data_dir)?;
+    if let Some(b) = bind_override {
+        settings.bind = b;
+        settings.validate()?;
+    }
+    serve_with(data_dir, ServeOptions::new(settings), shutdown).await
 }
 
 /// [`serve`] with every option.
@@ -299,7 +319,6 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let bind_override = options.bind;
     let bound = options.tcp;
     let data_dir = std::fs::canonicalize(data_dir).with_context(|| {
         format!(
@@ -325,10 +344,14 @@ pub async fn serve_with(
     for loose in data_dir::loose_modes(&paths) {
         eprintln!("mercury: warning: {loose}");
     }
-    let mut settings = load_settings(&paths)?;
-    if let Some(b) = bind_override {
-        settings.bind = b;
-        settings.validate()?;
+    let env = config::process_env();
+    for unknown in config::unknown_vars(&env) {
+        tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
+    }
+    let settings = options.settings;
+    config::check_scripted_files(&settings)?;
+    for (spec, var) in config::missing_keys(&settings, &env) {
+        tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
     }
     let store = Store::open(&paths.db)?;
     // What a killed host left: layers still mounted, ask copies.
@@ -366,13 +389,33 @@ pub async fn serve_with(
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
     for space in pending {
-        if let Err(e) = app.spaces.wake(&space).await {
+        let Ok(id) = SpaceId::parse(&space) else {
+            tracing::error!(space = %space, "a space with pending messages has an invalid id");
+            continue;
+        };
+        if let Err(e) = app.spaces.wake(&id).await {
             tracing::error!(space = %space, error = %e, "cannot resume pending messages");
         }
     }
     let background = tokio_util::task::TaskTracker::new();
     if !rt.settings.webhook.url.is_empty() {
         background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
+        rt.metrics.set_adapter_up("webhook", true);
+    }
+    if !rt.settings.metrics.bind.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&rt.settings.metrics.bind)
+            .await
+            .with_context(|| format!("binding metrics.bind {}", rt.settings.metrics.bind))?;
+        let router = crate::api::ops::metrics_only(app.clone());
+        let stop = shutdown.clone();
+        background.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        });
     }
     background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
@@ -411,6 +454,7 @@ pub async fn serve_with(
         },
         rt.settings.sandbox.workspace_mb
     );
+    startup_summary(&rt, &tcp.local_addr()?.to_string());
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     let tcp_server =
         axum::serve(tcp, router.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
@@ -433,6 +477,37 @@ pub async fn serve_with(
     let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
     let _ = std::fs::remove_file(&paths.socket);
     Ok(())
+}
+
+/// One INFO line an operator reads first: what this host runs with.
+fn startup_summary(rt: &Runtime, bind: &str) {
+    let s = &rt.settings;
+    let sandbox_why = match (s.sandbox.backend, rt.sandbox.unavailable_reason()) {
+        (_, Some(reason)) => format!("no isolating backend: {reason}"),
+        (SandboxChoice::Auto, None) => format!("sandbox.backend auto chose {}", rt.sandbox.name()),
+        (choice, None) => format!("sandbox.backend is {choice:?}").to_lowercase(),
+    };
+    let next_review = crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
+        .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+    let adapters = if s.webhook.url.is_empty() {
+        "none (pull from /api/outbox)".to_owned()
+    } else {
+        "webhook".to_owned()
+    };
+    tracing::info!(
+        target: "mercury::startup",
+        version = env!("CARGO_PKG_VERSION"),
+        bind,
+        model_chain = %s.model_chain().join(","),
+        sandbox = rt.sandbox.name(),
+        sandbox_why = %sandbox_why,
+        owner = %s.owner,
+        review = if s.review.enabled { "on" } else { "off" },
+        next_review = %next_review,
+        adapters = %adapters,
+        metrics_bind = if s.metrics.bind.is_empty() { "-" } else { s.metrics.bind.as_str() },
+        "mercury started"
+    );
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

@@ -105,10 +105,7 @@ impl TempHost {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            let options = crate::host::ServeOptions {
-                tcp: Some(listener),
-                ..crate::host::ServeOptions::default()
-            };
+            let options = crate::host::ServeOptions::on(crate::host::settings_of(&data)?, listener);
             async move { crate::host::serve_with(&data, options, shutdown).await }
         });
         let owner_token = std::fs::read_to_string(data.join("global/owner.token"))?

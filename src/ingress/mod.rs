@@ -134,14 +134,26 @@ pub enum IngressError {
 pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, IngressError> {
     let settings = app.rt.settings.clone();
     let limits = app.limits.clone();
+    let (platform, external) = (m.platform.clone(), m.message_id.clone());
     let res = app
         .rt
         .store
         .write(move |tx| ingest_tx(tx, &settings, &limits, &m))
         .await?;
+    app.rt.metrics.ingress(res.status.as_str());
+    tracing::debug!(
+        target: "mercury::ingress",
+        platform = %platform,
+        platform_message = %external,
+        space = res.space_id.as_deref().unwrap_or("-"),
+        message = res.message_id.unwrap_or_default(),
+        decision = res.status.as_str(),
+        created_space = res.created_space,
+        "ingress decision"
+    );
     if let Some(space) = &res.space_id {
+        let id = SpaceId::parse(space).map_err(|_| IngressError::SpaceId(space.clone()))?;
         if res.created_space {
-            let id = SpaceId::parse(space).map_err(|_| IngressError::SpaceId(space.clone()))?;
             crate::workspace::ensure_workspace(&app.rt.paths, &id).map_err(|source| {
                 IngressError::Workspace {
                     space: space.clone(),
@@ -150,7 +162,7 @@ pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, Ingres
             })?;
         }
         if res.status == IngestStatus::Queued {
-            app.spaces.wake(space).await?;
+            app.spaces.wake(&id).await?;
         }
     }
     Ok(res)

@@ -12,17 +12,9 @@ pub struct TriggerRule {
 
 impl TriggerRule {
     pub fn new(mode: &str, patterns: &str, case_sensitive: bool) -> Self {
-        let mut patterns: Vec<String> = patterns
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned)
-            .collect();
-        // Longest first, so "@mercury" wins over "mercury".
-        patterns.sort_by_key(|p| std::cmp::Reverse(p.len()));
         Self {
             mode: mode.to_owned(),
-            patterns,
+            patterns: crate::config::trigger_patterns(patterns),
             case_sensitive,
         }
     }

@@ -237,86 +237,56 @@ fn decode_tool_use(index: usize, block: &Value) -> Result<ToolCall, ModelError> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use axum::response::{IntoResponse, Response};
-    use axum::routing::post;
-    use axum::{Json, Router};
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
     use super::*;
     use crate::model::{ChatMessage, Purpose, ToolSpec};
 
     const KEY: &str = "sk-ant-test-456";
+    const ROUTE: &str = "/v1/messages";
 
-    /// A local Messages endpoint. It answers the queued failures first, then
-    /// like the real API: `tool_use` for a fresh question, and text quoting
-    /// every tool result once the last user turn carries them.
-    #[derive(Default)]
-    struct Server {
-        failures: Mutex<VecDeque<(u16, Option<&'static str>)>>,
-        requests: Mutex<Vec<Value>>,
+    fn api_error(status: u16, kind: &str, message: &str) -> ResponseTemplate {
+        ResponseTemplate::new(status)
+            .set_body_json(json!({"type": "error", "error": {"type": kind, "message": message}}))
     }
 
-    fn api_error(status: StatusCode, kind: &str, message: &str) -> Response {
-        let body = json!({"type": "error", "error": {"type": kind, "message": message}});
-        (status, Json(body)).into_response()
+    fn header<'r>(req: &'r Request, name: &str) -> Option<&'r str> {
+        req.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
-    async fn handle(
-        State(server): State<Arc<Server>>,
-        headers: HeaderMap,
-        Json(body): Json<Value>,
-    ) -> Response {
-        server.requests.lock().unwrap().push(body.clone());
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        if header("x-api-key") != Some(KEY) {
-            return api_error(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "invalid x-api-key",
-            );
-        }
-        if header("anthropic-version") != Some("2023-06-01") {
-            return api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "anthropic-version: header is required",
-            );
-        }
-        let failure = server.failures.lock().unwrap().pop_front();
-        if let Some((status, retry_after)) = failure {
-            let code = StatusCode::from_u16(status).unwrap();
-            let mut response = api_error(code, "overloaded_error", &format!("synthetic {status}"));
-            if let Some(value) = retry_after {
-                response
-                    .headers_mut()
-                    .insert("retry-after", value.parse().unwrap());
-            }
-            return response;
-        }
+    /// The 400 the real API sends for a body it refuses, or `None` for a
+    /// body it takes.
+    fn refusal(body: &Value) -> Option<String> {
         if !body["max_tokens"].is_u64() {
-            return api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "max_tokens: Field required",
-            );
+            return Some("max_tokens: Field required".into());
         }
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         // The real API insists on alternation starting with a user turn.
         for (i, m) in messages.iter().enumerate() {
             let expected = if i % 2 == 0 { "user" } else { "assistant" };
             if m["role"] != expected {
-                return api_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    &format!("messages: roles must alternate; message {i} should be {expected}"),
-                );
+                return Some(format!(
+                    "messages: roles must alternate; message {i} should be {expected}"
+                ));
             }
         }
+        None
+    }
+
+    /// Answers like the real API: the 400 for a refused body, `tool_use` for
+    /// a fresh question, and text quoting every tool result once the last
+    /// user turn carries them.
+    fn answer(req: &Request) -> ResponseTemplate {
+        let Ok(body) = req.body_json::<Value>() else {
+            return api_error(400, "invalid_request_error", "body is not JSON");
+        };
+        if let Some(message) = refusal(&body) {
+            return api_error(400, "invalid_request_error", &message);
+        }
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let last_blocks = messages
             .last()
             .and_then(|m| m["content"].as_array().cloned())
@@ -338,27 +308,58 @@ mod tests {
                 {"type": "text", "text": results.join(" + ")}
             ])
         };
-        Json(json!({
+        ResponseTemplate::new(200).set_body_json(json!({
             "id": "msg_01", "type": "message", "role": "assistant", "model": body["model"],
             "content": content, "stop_reason": "end_turn",
             "usage": {"input_tokens": 33, "output_tokens": 11}
         }))
-        .into_response()
     }
 
-    async fn start(failures: Vec<(u16, Option<&'static str>)>) -> (Arc<Server>, ProviderSettings) {
-        let server = Arc::new(Server {
-            failures: Mutex::new(failures.into()),
-            ..Server::default()
-        });
-        let app = Router::new()
-            .route("/v1/messages", post(handle))
-            .with_state(server.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    /// A local Messages endpoint. Mocks are tried by priority, then in
+    /// mounting order: a wrong key (401) and a missing version header (400)
+    /// come first; then the queued failures, each answering exactly once and
+    /// in order; then [`answer`].
+    async fn start(failures: Vec<(u16, Option<&'static str>)>) -> (MockServer, ProviderSettings) {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .and(|req: &Request| header(req, "x-api-key") != Some(KEY))
+            .respond_with(api_error(401, "authentication_error", "invalid x-api-key"))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .and(|req: &Request| header(req, "anthropic-version") != Some("2023-06-01"))
+            .respond_with(api_error(
+                400,
+                "invalid_request_error",
+                "anthropic-version: header is required",
+            ))
+            .with_priority(2)
+            .mount(&server)
+            .await;
+        for (status, retry_after) in failures {
+            let mut failure = api_error(status, "overloaded_error", &format!("synthetic {status}"));
+            if let Some(value) = retry_after {
+                failure = failure.insert_header("retry-after", value);
+            }
+            Mock::given(method("POST"))
+                .and(path(ROUTE))
+                .respond_with(failure)
+                .up_to_n_times(1)
+                .with_priority(3)
+                .mount(&server)
+                .await;
+        }
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(answer)
+            .with_priority(4)
+            .mount(&server)
+            .await;
         let settings = ProviderSettings {
-            anthropic_base_url: format!("http://{addr}"),
+            anthropic_base_url: server.uri(),
             anthropic_api_key: Some(KEY.into()),
             request_timeout: Duration::from_secs(10),
             max_retries: 3,
@@ -367,6 +368,16 @@ mod tests {
             ..ProviderSettings::default()
         };
         (server, settings)
+    }
+
+    /// The JSON bodies the endpoint received, in order.
+    async fn requests(server: &MockServer) -> Vec<Value> {
+        let received = server.received_requests().await.unwrap();
+        received.iter().map(|r| r.body_json().unwrap()).collect()
+    }
+
+    async fn hits(server: &MockServer) -> usize {
+        server.received_requests().await.unwrap().len()
     }
 
     fn request(messages: Vec<ChatMessage>) -> ModelRequest {
@@ -381,10 +392,6 @@ mod tests {
             }],
             max_tokens: 512,
         }
-    }
-
-    fn hits(server: &Server) -> usize {
-        server.requests.lock().unwrap().len()
     }
 
     #[tokio::test]
@@ -431,7 +438,7 @@ mod tests {
         assert_eq!(second.text, "Files say: alpha + beta");
         assert!(second.tool_calls.is_empty());
 
-        let requests = server.requests.lock().unwrap();
+        let requests = requests(&server).await;
         assert_eq!(requests.len(), 2);
         let body = &requests[1];
         assert_eq!(body["model"], "claude-test");
@@ -490,7 +497,7 @@ mod tests {
             }
             other => panic!("unexpected error: {other:?}"),
         }
-        assert_eq!(hits(&server), 1);
+        assert_eq!(hits(&server).await, 1);
         assert!(!format!("{provider:?}").contains("sk-ant-wrong"));
     }
 
@@ -503,7 +510,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.tool_calls.len(), 2);
-        assert_eq!(hits(&server), 2, "the 429 must have been retried once");
+        assert_eq!(
+            hits(&server).await,
+            2,
+            "the 429 must have been retried once"
+        );
     }
 
     #[tokio::test]
@@ -515,7 +526,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.text, "Let me look.");
-        assert_eq!(hits(&server), 3);
+        assert_eq!(hits(&server).await, 3);
     }
 
     #[tokio::test]
@@ -526,7 +537,7 @@ mod tests {
             .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
             .await
             .unwrap();
-        assert_eq!(hits(&server), 2);
+        assert_eq!(hits(&server).await, 2);
     }
 
     #[tokio::test]
@@ -541,7 +552,7 @@ mod tests {
             matches!(err, ModelError::Http { status: 400, .. }),
             "{err:?}"
         );
-        assert_eq!(hits(&server), 1);
+        assert_eq!(hits(&server).await, 1);
     }
 
     #[tokio::test]
@@ -560,7 +571,7 @@ mod tests {
             }
             other => panic!("unexpected error: {other:?}"),
         }
-        assert_eq!(hits(&server), 3);
+        assert_eq!(hits(&server).await, 3);
     }
 
     #[test]

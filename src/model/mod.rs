@@ -31,6 +31,8 @@ pub enum Purpose {
     Judge,
     Compact,
     Ask,
+    /// The review intake re-judging a finding (M2.1).
+    Intake,
 }
 
 impl Purpose {
@@ -40,6 +42,7 @@ impl Purpose {
             Purpose::Judge => "judge",
             Purpose::Compact => "compact",
             Purpose::Ask => "ask",
+            Purpose::Intake => "intake",
         }
     }
 }

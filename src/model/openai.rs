@@ -252,60 +252,46 @@ fn decode_tool_call(index: usize, call: &Value) -> Result<ToolCall, ModelError> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use axum::response::{IntoResponse, Response};
-    use axum::routing::post;
-    use axum::{Json, Router};
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
     use super::*;
     use crate::model::{Purpose, ToolSpec};
 
     const KEY: &str = "sk-test-123";
+    const ROUTE: &str = "/v1/chat/completions";
 
-    /// A local chat-completions endpoint. It answers the queued failures
-    /// first, then like the real API: a tool call for a fresh question, and
-    /// a text answer quoting the tool output once a tool result is present.
-    #[derive(Default)]
-    struct Server {
-        failures: Mutex<VecDeque<(u16, Option<&'static str>)>>,
-        requests: Mutex<Vec<Value>>,
+    fn api_error(status: u16, kind: &str, message: &str) -> ResponseTemplate {
+        ResponseTemplate::new(status)
+            .set_body_json(json!({"error": {"message": message, "type": kind}}))
     }
 
-    async fn handle(
-        State(server): State<Arc<Server>>,
-        headers: HeaderMap,
-        Json(body): Json<Value>,
-    ) -> Response {
-        server.requests.lock().unwrap().push(body.clone());
-        let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
-        if auth != Some(format!("Bearer {KEY}").as_str()) {
-            let err = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
-            return (StatusCode::UNAUTHORIZED, Json(err)).into_response();
-        }
-        let failure = server.failures.lock().unwrap().pop_front();
-        if let Some((status, retry_after)) = failure {
-            let status = StatusCode::from_u16(status).unwrap();
-            let err = json!({"error": {"message": format!("synthetic {status}"), "type": "server_error"}});
-            let mut response = (status, Json(err)).into_response();
-            if let Some(value) = retry_after {
-                response
-                    .headers_mut()
-                    .insert("retry-after", value.parse().unwrap());
-            }
-            return response;
-        }
-        if body["model"].as_str().is_none()
+    /// True when the request does not carry the test key the way the real
+    /// API wants it (`Authorization: Bearer <key>`).
+    fn unauthorised(req: &Request) -> bool {
+        let auth = req
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        auth != Some(format!("Bearer {KEY}").as_str())
+    }
+
+    /// True when the body lacks what the real API requires.
+    fn malformed(req: &Request) -> bool {
+        let Ok(body) = req.body_json::<Value>() else {
+            return true;
+        };
+        body["model"].as_str().is_none()
             || !body["messages"].is_array()
             || !body["max_tokens"].is_u64()
-        {
-            let err = json!({"error": {"message": "missing model, messages or max_tokens", "type": "invalid_request_error"}});
-            return (StatusCode::BAD_REQUEST, Json(err)).into_response();
-        }
+    }
+
+    /// Answers like the real API: a tool call for a fresh question, and a
+    /// text answer quoting the tool output once a tool result is present.
+    fn answer(req: &Request) -> ResponseTemplate {
+        let body: Value = req.body_json().unwrap();
         let messages = body["messages"].as_array().unwrap();
         let last = messages.last().unwrap();
         let message = if last["role"] == "tool" {
@@ -321,28 +307,63 @@ mod tests {
                 }]
             })
         };
-        Json(json!({
+        ResponseTemplate::new(200).set_body_json(json!({
             "id": "chatcmpl-1",
             "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28}
         }))
-        .into_response()
     }
 
-    async fn start(failures: Vec<(u16, Option<&'static str>)>) -> (Arc<Server>, ProviderSettings) {
-        let server = Arc::new(Server {
-            failures: Mutex::new(failures.into()),
-            ..Server::default()
-        });
-        let app = Router::new()
-            .route("/v1/chat/completions", post(handle))
-            .with_state(server.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    /// A local chat-completions endpoint. Mocks are tried by priority, then
+    /// in mounting order: a wrong key is a 401 before anything else; then the
+    /// queued failures, each answering exactly once and in order; then the
+    /// body check (400) and the answer.
+    async fn start(failures: Vec<(u16, Option<&'static str>)>) -> (MockServer, ProviderSettings) {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .and(unauthorised)
+            .respond_with(api_error(
+                401,
+                "invalid_request_error",
+                "Incorrect API key provided",
+            ))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        for (status, retry_after) in failures {
+            let mut failure = api_error(status, "server_error", &format!("synthetic {status}"));
+            if let Some(value) = retry_after {
+                failure = failure.insert_header("retry-after", value);
+            }
+            Mock::given(method("POST"))
+                .and(path(ROUTE))
+                .respond_with(failure)
+                .up_to_n_times(1)
+                .with_priority(2)
+                .mount(&server)
+                .await;
+        }
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .and(malformed)
+            .respond_with(api_error(
+                400,
+                "invalid_request_error",
+                "missing model, messages or max_tokens",
+            ))
+            .with_priority(3)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(answer)
+            .with_priority(4)
+            .mount(&server)
+            .await;
         let settings = ProviderSettings {
-            openai_base_url: format!("http://{addr}/v1/"),
+            openai_base_url: format!("{}/v1/", server.uri()),
             openai_api_key: Some(KEY.into()),
             request_timeout: Duration::from_secs(10),
             max_retries: 3,
@@ -351,6 +372,16 @@ mod tests {
             ..ProviderSettings::default()
         };
         (server, settings)
+    }
+
+    /// The JSON bodies the endpoint received, in order.
+    async fn requests(server: &MockServer) -> Vec<Value> {
+        let received = server.received_requests().await.unwrap();
+        received.iter().map(|r| r.body_json().unwrap()).collect()
+    }
+
+    async fn hits(server: &MockServer) -> usize {
+        server.received_requests().await.unwrap().len()
     }
 
     fn request(messages: Vec<ChatMessage>) -> ModelRequest {
@@ -365,10 +396,6 @@ mod tests {
             }],
             max_tokens: 256,
         }
-    }
-
-    fn hits(server: &Server) -> usize {
-        server.requests.lock().unwrap().len()
     }
 
     #[tokio::test]
@@ -407,7 +434,7 @@ mod tests {
         assert_eq!(second.text, "the file says: buy milk");
         assert!(second.tool_calls.is_empty());
 
-        let requests = server.requests.lock().unwrap();
+        let requests = requests(&server).await;
         assert_eq!(requests.len(), 2);
         let body = &requests[1];
         assert_eq!(body["model"], "gpt-test");
@@ -441,7 +468,7 @@ mod tests {
         let mut req = request(vec![ChatMessage::text(Role::User, "hi")]);
         req.tools.clear();
         provider.complete(&req).await.unwrap();
-        let requests = server.requests.lock().unwrap();
+        let requests = requests(&server).await;
         assert!(requests[0].get("tools").is_none(), "{}", requests[0]);
     }
 
@@ -462,7 +489,7 @@ mod tests {
             }
             other => panic!("unexpected error: {other:?}"),
         }
-        assert_eq!(hits(&server), 1);
+        assert_eq!(hits(&server).await, 1);
         assert!(!format!("{provider:?}").contains("sk-wrong"));
     }
 
@@ -475,7 +502,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.tool_calls.len(), 1);
-        assert_eq!(hits(&server), 2, "the 429 must have been retried once");
+        assert_eq!(
+            hits(&server).await,
+            2,
+            "the 429 must have been retried once"
+        );
     }
 
     #[tokio::test]
@@ -487,7 +518,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.tool_calls[0].name, "read_file");
-        assert_eq!(hits(&server), 3);
+        assert_eq!(hits(&server).await, 3);
     }
 
     #[tokio::test]
@@ -502,7 +533,7 @@ mod tests {
             matches!(err, ModelError::Http { status: 400, .. }),
             "{err:?}"
         );
-        assert_eq!(hits(&server), 1);
+        assert_eq!(hits(&server).await, 1);
     }
 
     #[tokio::test]
@@ -521,7 +552,7 @@ mod tests {
             }
             other => panic!("unexpected error: {other:?}"),
         }
-        assert_eq!(hits(&server), 4);
+        assert_eq!(hits(&server).await, 4);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!
 //! ```json
 //! {"rules": [
-//!   {"match": "REGEX", "match_any": "REGEX", "purpose": "turn|judge|compact|ask",
+//!   {"match": "REGEX", "match_any": "REGEX", "purpose": "turn|judge|compact|ask|intake",
 //!    "reply": "TEXT", "tool_calls": [{"name": "NAME", "arguments": {}}],
 //!    "latency_ms": 0}
 //! ]}
@@ -372,7 +372,7 @@ fn compile_rule(raw: Value) -> Result<Rule, String> {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             Purpose::deserialize(v)
-                .map_err(|_| "`purpose` must be turn, judge, compact or ask".to_string())?,
+                .map_err(|_| "`purpose` must be turn, judge, compact, ask or intake".to_string())?,
         ),
     };
     let latency = match raw.get("latency_ms") {
@@ -724,7 +724,7 @@ mod tests {
             (r#"{"rules": [{"tool_calls": []}]}"#, "rule 0: has neither"),
             (
                 r#"{"rules": [{"purpose": "chat", "reply": "x"}]}"#,
-                "rule 0: `purpose` must be turn, judge, compact or ask",
+                "rule 0: `purpose` must be turn, judge, compact, ask or intake",
             ),
             (
                 r#"{"rules": [{"tool_calls": [{"name": "shell", "arguments": [1]}]}]}"#,

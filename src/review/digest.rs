@@ -141,10 +141,13 @@ pub async fn deliver(
     };
     let queued = match space {
         // One writer per space: the outbox item of a space goes through its actor.
-        Some(space) => spaces
-            .write_in_space(&space, Box::new(enqueue))
-            .await
-            .map_err(|e| e.to_string()),
+        Some(space) => match crate::ids::SpaceId::parse(&space) {
+            Ok(id) => spaces
+                .write_in_space(&id, Box::new(enqueue))
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
         None => rt.store.write(enqueue).await.map_err(|e| e.to_string()),
     };
     match queued {

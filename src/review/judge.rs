@@ -148,6 +148,33 @@ placeholders exactly as they are and never guess or write a real name, number or
     )
 }
 
+/// Counter-examples put in the judge's instructions at most (M3.2).
+pub const MAX_COUNTER_EXAMPLES: usize = 5;
+/// Characters kept of one counter-example.
+pub const COUNTER_EXAMPLE_CAP: usize = 200;
+
+/// The instructions with the owner's rejected findings as counter-examples
+/// (each already redacted and gated by the caller; bounded here).
+pub fn instructions_with(counter_examples: &[String]) -> String {
+    let mut text = instructions();
+    if counter_examples.is_empty() {
+        return text;
+    }
+    text.push_str(
+        "\nThe owner reviewed these earlier findings and judged them NOT to be problems; \
+do not raise findings like them:\n",
+    );
+    for c in counter_examples.iter().take(MAX_COUNTER_EXAMPLES) {
+        let one: String = c
+            .chars()
+            .map(|ch| if ch.is_control() { ' ' } else { ch })
+            .take(COUNTER_EXAMPLE_CAP)
+            .collect();
+        text.push_str(&format!("- {one}\n"));
+    }
+    text
+}
+
 /// The batch as one user message: each exchange opens with `[msg N]`.
 pub fn render_batch(batch: &[JudgeExchange]) -> String {
     let mut out = String::new();
@@ -167,11 +194,21 @@ pub fn render_batch(batch: &[JudgeExchange]) -> String {
 
 /// The judge request for a batch: instructions, the batch, no tools.
 pub fn build_request(model: &str, batch: &[JudgeExchange], max_tokens: u32) -> ModelRequest {
+    build_request_with(model, batch, max_tokens, &[])
+}
+
+/// [`build_request`] with counter-examples in the instructions.
+pub fn build_request_with(
+    model: &str,
+    batch: &[JudgeExchange],
+    max_tokens: u32,
+    counter_examples: &[String],
+) -> ModelRequest {
     ModelRequest {
         model: model.to_owned(),
         purpose: Purpose::Judge,
         messages: vec![
-            ChatMessage::text(Role::System, instructions()),
+            ChatMessage::text(Role::System, instructions_with(counter_examples)),
             ChatMessage::text(Role::User, render_batch(batch)),
         ],
         tools: Vec::new(),
@@ -300,6 +337,8 @@ pub struct JudgeJob {
     pub gate: Arc<IdentifierGate>,
     /// Judge model specs, tried in order.
     pub chain: Arc<Vec<String>>,
+    /// The owner's rejected findings, redacted, for the instructions.
+    pub counter_examples: Arc<Vec<String>>,
 }
 
 /// What became of one batch.
@@ -403,8 +442,22 @@ async fn call_chain(
                 continue;
             }
         };
-        let req = build_request(&model.model, &job.batch, rt.settings.turn.max_tokens);
-        match model.provider.complete(&req).await {
+        let req = build_request_with(
+            &model.model,
+            &job.batch,
+            rt.settings.turn.max_tokens,
+            &job.counter_examples,
+        );
+        let started = std::time::Instant::now();
+        let answer = model.provider.complete(&req).await;
+        let tokens = answer
+            .as_ref()
+            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
+        rt.metrics
+            .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
+        rt.metrics
+            .judge_call(if answer.is_ok() { "ok" } else { "error" });
+        match answer {
             Ok(resp) => return Ok((spec.clone(), resp)),
             Err(e) => {
                 tracing::warn!(spec = %spec, error = %e, "judge call failed");
@@ -506,6 +559,22 @@ mod tests {
             "[msg 10]\ncontext: [PERSON_2]: hi\nuser [PERSON_1]: q\nassistant: a\n\n\
              [msg 20]\ncontext: [PERSON_2]: hi\nuser [PERSON_1]: q\nassistant: a\n"
         );
+        let with = instructions_with(
+            &(0..9)
+                .map(|i| format!("tone: curt reply {i}\nx"))
+                .collect::<Vec<_>>(),
+        );
+        assert!(with.starts_with(&instructions()));
+        assert_eq!(
+            with.matches("\n- tone: curt reply").count(),
+            MAX_COUNTER_EXAMPLES,
+            "{with}"
+        );
+        assert!(
+            with.contains("- tone: curt reply 0 x\n"),
+            "control characters flattened"
+        );
+        assert_eq!(instructions_with(&[]), instructions());
         let req = build_request("m", &[e(10)], 100);
         assert_eq!(req.purpose, Purpose::Judge);
         assert!(req.tools.is_empty());

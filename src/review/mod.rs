@@ -8,6 +8,13 @@
 //! - [`report`]: `report.md` + `report.json`, gated, written atomically.
 //! - [`digest`]: the owner's DM.
 //! - [`scan`]: one scan end to end, recorded as a `review` run.
+//! - [`fingerprint`]: what makes two findings the same across days and wording.
+//! - [`relate`]: known items of the intake directory ranked for a finding (BM25).
+//! - [`intake`]: pull, re-gate and triage other hosts' reports (M2.1).
+//! - [`ledger`]: owner approval, applying rows, `ledger.json`.
+//! - [`weekly`]: the weekly synthesis (clusters, recall, verdicts); [`stats`] its figures.
+//! - [`catalog`]: the reports on the box, listed and read back (the API's
+//!   `GET /api/review/reports`).
 //!
 //! The actors that run it (`ReviewScheduler`, `JudgePool`) live in
 //! `crate::actors`, above this module: review reaches them only through the
@@ -19,11 +26,18 @@
 //! or write to the database except the run row, token usage and the digest's
 //! outbox item.
 
+pub mod catalog;
 pub mod digest;
+pub mod fingerprint;
+pub mod intake;
 pub mod judge;
+pub mod ledger;
 pub mod reader;
+pub mod relate;
 pub mod report;
 pub mod scan;
+pub mod stats;
+pub mod weekly;
 
 use std::time::Duration;
 
@@ -47,7 +61,7 @@ pub struct SpaceWriteError(pub String);
 pub trait SpaceWriter: Send + Sync {
     async fn write_in_space(
         &self,
-        space: &str,
+        space: &crate::ids::SpaceId,
         write: SpaceWrite,
     ) -> Result<Value, SpaceWriteError>;
 }

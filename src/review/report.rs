@@ -59,6 +59,9 @@ pub struct Footer {
     pub skipped: Vec<Skip>,
     /// Reason → judge items dropped by validation.
     pub dropped_findings: BTreeMap<String, u32>,
+    /// Findings dropped because the owner rejected the same finding before
+    /// (its fingerprint is a `reject` in the intake ledger, M3.2).
+    pub suppressed_rejected: u64,
     /// Model calls of the judge (each a spawn of the judge), retries included.
     pub judge_calls: u64,
     pub wall_clock_ms: u64,
@@ -158,6 +161,12 @@ impl Report {
             for (reason, n) in &ft.dropped_findings {
                 md.push_str(&format!("  - {reason}: {}\n", count(u64::from(*n))));
             }
+        }
+        if ft.suppressed_rejected > 0 {
+            md.push_str(&format!(
+                "- findings rejected at intake before (dropped): {}\n",
+                count(ft.suppressed_rejected)
+            ));
         }
         md.push_str(&format!(
             "- judge calls (spawns): {}\n",
@@ -322,6 +331,7 @@ mod tests {
                     count: 0,
                 }],
                 dropped_findings: [("unknown kind".to_owned(), 2)].into_iter().collect(),
+                suppressed_rejected: 3,
                 judge_calls: 123_457,
                 wall_clock_ms: 12_345_678,
                 tokens_in: 98_765_432,
@@ -351,6 +361,7 @@ mod tests {
             "- exchanges judged: 1,234,567",
             "  - client-x: tagged client",
             "  - unknown kind: 2",
+            "- findings rejected at intake before (dropped): 3",
             "- judge calls (spawns): 123,457",
             "- wall clock: 12,345.6 s",
             "- tokens: 98,765,432 in, 5 out",

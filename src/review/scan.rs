@@ -27,6 +27,7 @@ use crate::config::{ReviewConfig, Settings};
 use crate::model::gate::{Admission, ModelGate};
 use crate::redaction::{IdentifierGate, IdentifierKind, RedactionList, Redactor};
 use crate::review::digest::{self, DigestOutcome};
+use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{self, BatchVerdict, JudgeExchange, JudgeJob};
 use crate::review::reader::{Exchange, ExchangeReader, Window};
 use crate::review::report::{self, Footer, Report, ReportFinding, Skip};
@@ -390,6 +391,32 @@ struct Judged {
     leak: BTreeSet<IdentifierKind>,
 }
 
+/// The ledger's feedback for this scan: rejected fingerprints, and the
+/// counter-examples through the scan's redactor and gate (one that would
+/// still hold an identifier is left out). A ledger that cannot be read
+/// gives no feedback and is logged: the scan itself does not depend on it.
+fn feedback(
+    intake_dir: &std::path::Path,
+    redactor: &mut Redactor,
+    gate: &IdentifierGate,
+) -> crate::review::ledger::Feedback {
+    let ledger = match crate::review::ledger::read(intake_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "the intake ledger cannot be read; no verdict feedback this scan");
+            return Default::default();
+        }
+    };
+    let mut fb = ledger.feedback(judge::MAX_COUNTER_EXAMPLES);
+    fb.counter_examples = fb
+        .counter_examples
+        .iter()
+        .map(|c| redactor.redact_identifiers(c))
+        .filter(|c| gate.check(c).is_ok())
+        .collect();
+    fb
+}
+
 /// Spaces with traffic in the window that the config lets the review read,
 /// and the ones it does not, with the reason.
 pub fn choose_spaces(
@@ -416,7 +443,7 @@ pub fn choose_spaces(
     (chosen, skipped)
 }
 
-fn redaction_list(
+pub(super) fn redaction_list(
     cfg: &ReviewConfig,
     ids: crate::review::reader::WindowIdentifiers,
 ) -> RedactionList {
@@ -547,7 +574,8 @@ async fn judge_window(
     let rt = &ctx.rt;
     let cfg = rt.settings.review.clone();
     let db = rt.store.path().to_owned();
-    let (stage, chosen, skipped_spaces, gate) = worker
+    let intake_dir = crate::review::ledger::intake_dir(&rt.paths.reviews, &cfg);
+    let (stage, chosen, skipped_spaces, gate, feedback) = worker
         .run(move || {
             let reader = ExchangeReader::open(&db, window)?;
             let active = reader.active_spaces()?;
@@ -555,14 +583,17 @@ async fn judge_window(
             let list = redaction_list(&cfg, reader.identifiers(&chosen)?);
             let mut redactor = Redactor::new(list)?;
             let gate = redactor.identifier_gate();
+            let feedback = feedback(&intake_dir, &mut redactor, &gate);
             let skipped: Vec<(String, &'static str)> = skipped
                 .into_iter()
                 .map(|(space, reason)| (redactor.redact_identifiers(&space), reason))
                 .collect();
-            Ok((Stage { reader, redactor }, chosen, skipped, gate))
+            Ok((Stage { reader, redactor }, chosen, skipped, gate, feedback))
         })
         .await?;
     let gate = Arc::new(gate);
+    let counter_examples = Arc::new(feedback.counter_examples);
+    let rejected = feedback.rejected;
     let mut stage = Some(stage);
     let mut footer = Footer::default();
     let mut skips: BTreeMap<(String, String), u64> = skipped_spaces
@@ -602,6 +633,12 @@ async fn judge_window(
             *footer.dropped_findings.entry(reason).or_default() += n;
         }
         for f in v.findings {
+            // Verdict feedback: the owner rejected this finding before.
+            let fp = Fingerprint::new(&label, f.kind.as_str(), f.target_layer.as_str(), &f.summary);
+            if rejected.iter().any(|r| r.same_finding(&fp)) {
+                footer.suppressed_rejected += 1;
+                continue;
+            }
             findings.push(ReportFinding {
                 space: label.clone(),
                 message_id: f.message_id,
@@ -671,6 +708,7 @@ async fn judge_window(
                 batch,
                 gate: gate.clone(),
                 chain: chain.clone(),
+                counter_examples: counter_examples.clone(),
             };
             let (pool, label) = (ctx.pool.clone(), label.clone());
             in_flight.push(Box::pin(async move {

@@ -218,7 +218,7 @@ async fn build_from_context(
     Ok(())
 }
 
-async fn image_exists(docker: &Docker, tag: &str) -> Result<bool, SandboxError> {
+pub async fn image_exists(docker: &Docker, tag: &str) -> Result<bool, SandboxError> {
     match docker.inspect_image(tag).await {
         Ok(_) => Ok(true),
         Err(bollard::errors::Error::DockerResponseServerError {

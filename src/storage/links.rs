@@ -211,30 +211,78 @@ pub fn revoke_touching(conn: &Connection, space: &str, by: &str) -> StoreResult<
 
 /// Audit rows where `space` is the holder or the target, newest first.
 pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<AuditRow>> {
-    let mut stmt = conn.prepare(
-        "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value
-         FROM space_link_audit WHERE holder_space_id = ?1 OR target_space_id = ?1 ORDER BY id DESC LIMIT ?2",
-    )?;
-    let rows = stmt.query_map(params![space, limit], |r| {
-        Ok(AuditRow {
-            id: r.get(0)?,
-            at: r.get(1)?,
-            caller_id: r.get(2)?,
-            action: r.get(3)?,
-            holder_space_id: r.get(4)?,
-            target_space_id: r.get(5)?,
-            link_id: r.get(6)?,
-            level: r.get(7)?,
-            method: r.get(8)?,
-            route: r.get(9)?,
-            body_summary: r.get(10)?,
-            status: r.get(11)?,
-            detail: r.get(12)?,
-            path: r.get(13)?,
-            run_id: r.get(14)?,
-            before_value: r.get(15)?,
-            after_value: r.get(16)?,
-        })
-    })?;
+    audit_query(
+        conn,
+        "holder_space_id = ?1 OR target_space_id = ?1",
+        Some(space),
+        limit,
+    )
+}
+
+/// The active edge with exactly this holder, target and conversation
+/// filter, if there is one (a second would be a duplicate).
+pub fn active_duplicate(
+    conn: &Connection,
+    holder: &str,
+    target: &str,
+    conversation: Option<i64>,
+) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .query_row(
+            "SELECT id FROM space_links
+             WHERE holder_space_id = ?1 AND target_space_id = ?2
+               AND target_conversation_id IS ?3 AND revoked_at IS NULL
+             ORDER BY id LIMIT 1",
+            params![holder, target, conversation],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
+/// Every edge of the instance, active or revoked (global admins).
+pub fn all(conn: &Connection) -> StoreResult<Vec<SpaceLink>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLS} FROM space_links ORDER BY id"))?;
+    let rows = stmt.query_map([], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Every audit row of the instance, newest first (global admins).
+pub fn audit_all(conn: &Connection, limit: u32) -> StoreResult<Vec<AuditRow>> {
+    audit_query(conn, "1 = 1", None, limit)
+}
+
+fn audit_query(
+    conn: &Connection,
+    filter: &str,
+    space: Option<&str>,
+    limit: u32,
+) -> StoreResult<Vec<AuditRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value
+         FROM space_link_audit WHERE {filter} ORDER BY id DESC LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![space, limit], audit_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn audit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        id: r.get(0)?,
+        at: r.get(1)?,
+        caller_id: r.get(2)?,
+        action: r.get(3)?,
+        holder_space_id: r.get(4)?,
+        target_space_id: r.get(5)?,
+        link_id: r.get(6)?,
+        level: r.get(7)?,
+        method: r.get(8)?,
+        route: r.get(9)?,
+        body_summary: r.get(10)?,
+        status: r.get(11)?,
+        detail: r.get(12)?,
+        path: r.get(13)?,
+        run_id: r.get(14)?,
+        before_value: r.get(15)?,
+        after_value: r.get(16)?,
+    })
 }

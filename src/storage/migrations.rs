@@ -253,6 +253,33 @@ ALTER TABLE space_link_audit ADD COLUMN run_id TEXT;
 ALTER TABLE space_link_audit ADD COLUMN before_value TEXT;
 ALTER TABLE space_link_audit ADD COLUMN after_value TEXT;
 "#,
+    // issue 18: run traces (one row per model call and tool call of a run).
+    r#"
+CREATE TABLE run_steps (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN ('model','tool')),
+  name TEXT NOT NULL,
+  arguments TEXT,
+  exit_code INTEGER,
+  tokens_in INTEGER NOT NULL DEFAULT 0,
+  tokens_out INTEGER NOT NULL DEFAULT 0,
+  duration_ms INTEGER NOT NULL DEFAULT 0,
+  output_bytes INTEGER,
+  output TEXT,
+  error TEXT,
+  started_at INTEGER NOT NULL,
+  UNIQUE (run_id, seq)
+);
+CREATE INDEX run_steps_started ON run_steps (started_at);
+"#,
+    // 7: token scopes (issue 15). A scoped token may call only the routes
+    // of its scope (`review.read`: reading review reports), whatever its
+    // caller could otherwise do.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN scope TEXT;
+"#,
 ];
 
 pub fn apply(conn: &mut Connection) -> StoreResult<()> {

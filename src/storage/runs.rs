@@ -121,7 +121,7 @@ pub fn record_usage(conn: &Connection, u: &UsageRow<'_>) -> StoreResult<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct UsageTotals {
     pub tokens_in: u64,
     pub tokens_out: u64,
@@ -140,4 +140,85 @@ pub fn usage_for_run(conn: &Connection, run_id: &str) -> StoreResult<UsageTotals
             })
         },
     )?)
+}
+
+/// One step of a run's trace (`run_steps`): a model call or a tool call.
+#[derive(Debug, Clone, Serialize, PartialEq, Default, utoipa::ToSchema)]
+pub struct RunStep {
+    /// 1, 2, … in the order the turn took them.
+    pub seq: u32,
+    /// `model` or `tool`.
+    pub kind: String,
+    /// The model spec that answered (or was tried), or the tool's name.
+    pub name: String,
+    /// A tool call's arguments (compact JSON, capped).
+    pub arguments: Option<String>,
+    /// A tool call's exit code (file tools: 0 done, 1 refused).
+    pub exit_code: Option<i64>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub duration_ms: u64,
+    /// How long the tool's whole output was, in bytes.
+    pub output_bytes: Option<u64>,
+    /// The start of that output (`runs.step_output_bytes`).
+    pub output: Option<String>,
+    /// Why the step failed (a model that did not answer, a bad tool call).
+    pub error: Option<String>,
+    pub started_at: i64,
+}
+
+/// Records a run's steps (once, when the run is committed).
+pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> StoreResult<()> {
+    for s in steps {
+        conn.execute_cached(
+            "INSERT INTO run_steps (run_id, seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            params![
+                run_id,
+                s.seq,
+                s.kind,
+                s.name,
+                s.arguments,
+                s.exit_code,
+                s.tokens_in as i64,
+                s.tokens_out as i64,
+                s.duration_ms as i64,
+                s.output_bytes.map(|b| b as i64),
+                s.output,
+                s.error,
+                s.started_at
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// A run's steps, in order.
+pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at
+         FROM run_steps WHERE run_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([run_id], |r| {
+        Ok(RunStep {
+            seq: r.get(0)?,
+            kind: r.get(1)?,
+            name: r.get(2)?,
+            arguments: r.get(3)?,
+            exit_code: r.get(4)?,
+            tokens_in: r.get::<_, i64>(5)? as u64,
+            tokens_out: r.get::<_, i64>(6)? as u64,
+            duration_ms: r.get::<_, i64>(7)? as u64,
+            output_bytes: r.get::<_, Option<i64>>(8)?.map(|b| b as u64),
+            output: r.get(9)?,
+            error: r.get(10)?,
+            started_at: r.get(11)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Deletes the steps recorded before `before_ms` (`runs.keep_days`).
+pub fn prune_steps(conn: &Connection, before_ms: i64) -> StoreResult<usize> {
+    Ok(conn.execute_cached("DELETE FROM run_steps WHERE started_at < ?1", [before_ms])?)
 }

@@ -53,7 +53,16 @@ pub struct TokenGrant {
     pub read_only: bool,
     /// The one platform an adapter token may post and pull for.
     pub platform: Option<String>,
+    /// A scope limits the token to its routes (see [`REVIEW_READ_SCOPE`]).
+    pub scope: Option<String>,
 }
+
+/// The scope of a token that may only read review reports
+/// (`GET /api/review/reports*`): what another host's intake pulls with.
+pub const REVIEW_READ_SCOPE: &str = "review.read";
+
+/// The scopes a token may carry.
+pub const SCOPES: &[&str] = &[REVIEW_READ_SCOPE];
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct TokenInfo {
@@ -63,6 +72,7 @@ pub struct TokenInfo {
     pub space_id: Option<String>,
     pub platform: Option<String>,
     pub label: Option<String>,
+    pub scope: Option<String>,
     pub created_by: Option<String>,
     pub created_at: i64,
     pub expires_at: Option<i64>,
@@ -121,7 +131,7 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
         .query_row_cached(
-            "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform FROM api_tokens
+            "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform, scope FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
             |r| {
@@ -134,12 +144,13 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                     r.get::<_, Option<String>>(5)?,
                     r.get::<_, bool>(6)?,
                     r.get::<_, Option<String>>(7)?,
+                    r.get::<_, Option<String>>(8)?,
                 ))
             },
         )
         .optional()?;
     Ok(row.and_then(
-        |(id, caller_id, kind, space_id, run_id, role, read_only, platform)| {
+        |(id, caller_id, kind, space_id, run_id, role, read_only, platform, scope)| {
             TokenKind::parse(&kind).map(|kind| TokenGrant {
                 id,
                 caller_id,
@@ -149,9 +160,23 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                 role,
                 read_only,
                 platform,
+                scope,
             })
         },
     ))
+}
+
+/// Limits a freshly minted user token to a scope (same transaction as the
+/// mint). A scoped token is read-only.
+pub fn bind_scope(conn: &Connection, id: &str, scope: &str) -> StoreResult<()> {
+    let n = conn.execute_cached(
+        "UPDATE api_tokens SET scope = ?2, read_only = 1 WHERE id = ?1 AND kind = 'user'",
+        params![id, scope],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("user token {id}")));
+    }
+    Ok(())
 }
 
 /// Binds a freshly minted adapter token to its platform (same transaction as
@@ -169,7 +194,7 @@ pub fn bind_platform(conn: &Connection, id: &str, platform: &str) -> StoreResult
 
 pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at, platform
+        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at, platform, scope
          FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -180,6 +205,7 @@ pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
             space_id: r.get(3)?,
             platform: r.get(9)?,
             label: r.get(4)?,
+            scope: r.get(10)?,
             created_by: r.get(5)?,
             created_at: r.get(6)?,
             expires_at: r.get(7)?,

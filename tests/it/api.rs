@@ -733,7 +733,11 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
         .iter()
         .map(|p| p.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(valid.len(), 28, "18 built-in names plus the 10 new ones");
+    assert_eq!(
+        valid.len(),
+        30,
+        "18 built-in names plus the 10 new ones plus files.read and files.write"
+    );
     let cron = |c: &str| json!({"cron": c, "prompt": "x"});
     let past = "2001-01-01T00:00:00Z";
     let big = "x".repeat(LIMIT + 1);
@@ -1049,6 +1053,17 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
             vec![],
             405,
             &["PATCH"],
+        ),
+        // Refused inside the space's write (apply_with): the rule's own
+        // 400, and the transaction rolled back.
+        case(
+            "send with no platform conversation",
+            post.clone(),
+            "/api/send",
+            a,
+            j(json!({"text": "hello"})),
+            400,
+            &["no platform conversation"],
         ),
     ];
     let mut unknown_perm = case(

@@ -46,6 +46,8 @@ pub struct TestHost {
     child: Option<Child>,
     /// The child-process host's extra environment, kept for restarts.
     env: Vec<(&'static str, String)>,
+    /// Where a captured child-process host's stderr goes.
+    stderr_file: Option<PathBuf>,
 }
 
 pub fn free_port() -> u16 {
@@ -84,10 +86,8 @@ impl TestHost {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.clone(), shutdown.clone());
-            let options = mercury::host::ServeOptions {
-                tcp: Some(listener),
-                ..Default::default()
-            };
+            let settings = mercury::host::settings_of(&data).expect("settings");
+            let options = mercury::host::ServeOptions::on(settings, listener);
             async move { mercury::host::serve_with(&data, options, shutdown).await }
         });
         let host = Self::finish(dir, data, port, shutdown, Some(task), None);
@@ -98,11 +98,31 @@ impl TestHost {
     /// A host running as a child process (`mercury serve`), for crash tests.
     pub async fn start_process(opts: HostOptions) -> TestHost {
         let (dir, data, port) = prepare(&opts).await;
-        let child = spawn_serve(&data, &opts.env);
+        let child = spawn_serve(&data, &opts.env, None);
         let mut host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
         host.env = opts.env;
         host.wait_ready().await;
         host
+    }
+
+    /// [`Self::start_process`] with the host's stderr written to a file
+    /// (read it with [`Self::stderr`]); its log level is `opts.env`'s
+    /// `MERCURY_LOG`, else `warn`.
+    pub async fn start_process_captured(opts: HostOptions) -> TestHost {
+        let (dir, data, port) = prepare(&opts).await;
+        let file = dir.path().join("host.stderr");
+        let child = spawn_serve(&data, &opts.env, Some(&file));
+        let mut host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+        host.env = opts.env;
+        host.stderr_file = Some(file);
+        host.wait_ready().await;
+        host
+    }
+
+    /// What the captured child-process host wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        let file = self.stderr_file.as_ref().expect("a captured host");
+        std::fs::read_to_string(file).unwrap_or_default()
     }
 
     fn finish(
@@ -130,11 +150,14 @@ impl TestHost {
             task,
             child,
             env: Vec::new(),
+            stderr_file: None,
         }
     }
 
+    /// Waits for `/healthz`. Generous: a restart sweeps containers and the
+    /// machine may be loaded; readiness is waited for, never timed.
     pub async fn wait_ready(&self) {
-        for _ in 0..300 {
+        for _ in 0..1200 {
             if let Ok(r) = self.http.get(format!("{}/healthz", self.url)).send().await {
                 if r.status().is_success() {
                     return;
@@ -155,7 +178,7 @@ impl TestHost {
 
     /// Starts the child-process host again on the same data dir.
     pub async fn restart_process(&mut self) {
-        self.child = Some(spawn_serve(&self.data, &self.env));
+        self.child = Some(spawn_serve(&self.data, &self.env, None));
         self.wait_ready().await;
     }
 
@@ -564,16 +587,18 @@ impl Drop for TestHost {
     }
 }
 
-fn spawn_serve(data: &Path, env: &[(&'static str, String)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mercury"))
+fn spawn_serve(data: &Path, env: &[(&'static str, String)], stderr: Option<&Path>) -> Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env("MERCURY_LOG", "warn")
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .arg("serve")
         .arg("--data-dir")
         .arg(data)
-        .env("MERCURY_LOG", "warn")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn mercury serve")
+        .stdout(Stdio::null());
+    match stderr {
+        Some(path) => c.stderr(std::fs::File::create(path).expect("the stderr file")),
+        None => c.stderr(Stdio::inherit()),
+    };
+    c.spawn().expect("spawn mercury serve")
 }

@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["links", "perms", "redaction", "runtime"],
     &["model", "sandbox", "storage", "client", "workspace"],
     &["config"],
-    &["ids", "clock", "schedule"],
+    &["ids", "clock", "schedule", "telemetry"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

@@ -215,6 +215,27 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
     };
     match (route.method, route.path) {
         ("GET", "/api/messages") => ("/api/messages?q=hello".into(), None, 200),
+        ("GET", "/api/files/{*path}") => ("/api/files/AGENTS.md".into(), None, 200),
+        ("PUT", "/api/files/{*path}") => (
+            "/api/files/notes/matrix.md".into(),
+            Some(json!({"content": "from the matrix"})),
+            200,
+        ),
+        ("DELETE", "/api/files/{*path}") => {
+            std::fs::create_dir_all(w.host.data.join("spaces/t/notes")).unwrap();
+            std::fs::write(w.host.data.join("spaces/t/notes/gone.md"), "x").unwrap();
+            ("/api/files/notes/gone.md".into(), None, 200)
+        }
+        ("GET", "/api/runs/{id}") => {
+            w.host
+                .db_writer()
+                .execute(
+                    "INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)",
+                    [],
+                )
+                .unwrap();
+            ("/api/runs/matrix-run".into(), None, 200)
+        }
         ("GET", p) => (p.into(), None, 200),
         ("PUT", "/api/spaces/current/name") => {
             (route.path.into(), Some(json!({"name": "Target"})), 200)
@@ -480,13 +501,22 @@ async fn reads_through_a_link_leave_the_target_byte_identical() {
     let w = world().await;
     w.host.link("h", "t", "read").await;
     let alice = &w.tokens[0].1;
+    // A run of t, for its trace.
+    w.host
+        .db_writer()
+        .execute(
+            "INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)",
+            [],
+        )
+        .unwrap();
     let rows_before = w.host.rows_mentioning("t", &["space_link_audit"]);
     let files_before = w.host.workspace_hashes("t");
     for route in ACT_AS_ROUTES.iter().filter(|r| r.level == LinkLevel::Read) {
-        let path = if route.path == "/api/messages" {
-            "/api/messages?q=a"
-        } else {
-            route.path
+        let path = match route.path {
+            "/api/messages" => "/api/messages?q=a",
+            "/api/files/{*path}" => "/api/files/AGENTS.md",
+            "/api/runs/{id}" => "/api/runs/r1",
+            p => p,
         };
         let (st, v) = w
             .host

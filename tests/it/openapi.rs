@@ -58,6 +58,12 @@ fn undocumented_registrations() -> Vec<String> {
         let text = std::fs::read_to_string(entry.path()).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
+            // The one exclusion: the optional `metrics.bind` listener
+            // (api/ops.rs `metrics_only`) is its own router on its own
+            // port, serving the same `/metrics` the API documents.
+            if code.contains("get(open_metrics)") {
+                continue;
+            }
             for needle in [".route(", ".route_service(", ".nest(", ".nest_service("] {
                 if code.contains(needle) {
                     found.push(format!(
@@ -133,7 +139,12 @@ async fn openapi_document_lists_every_route_of_the_router() {
     //    answers in the one ErrorBody schema (413/415 where a body is taken).
     let allow: BTreeSet<(String, String)> = ACT_AS_ROUTES
         .iter()
-        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .map(|r| {
+            (
+                r.method.to_string(),
+                mercury::api::openapi::openapi_path(r.path),
+            )
+        })
         .collect();
     assert!(
         allow.is_subset(&ops),

@@ -185,12 +185,18 @@ async fn a_fifo_under_models_fails_its_turn_and_the_host_keeps_answering() {
         .expect("the chat answers, it does not hang");
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["status"], "failed", "{v}");
-    let reply = v["reply"].as_str().unwrap();
-    assert!(reply.contains("not a regular file"), "{reply}");
+    // The participant reads the generic sentence; the reason is the run's.
+    assert_eq!(v["reply"], mercury::config::DEFAULT_FAILURE_REPLY, "{v}");
+    let run = v["run_id"].as_str().unwrap();
+    let error: String = h
+        .db()
+        .query_row("SELECT error FROM runs WHERE id = ?1", [run], |r| r.get(0))
+        .unwrap();
+    assert!(error.contains("not a regular file"), "{error}");
     // Twice: the first failure did not wedge anything either.
-    let (status, reply, _) = owner_chat(&h, "team", "again").await;
+    let (status, _, error) = owner_chat(&h, "team", "again").await;
     assert_eq!(status, "failed");
-    assert!(reply.contains("not a regular file"), "{reply}");
+    assert!(error.contains("not a regular file"), "{error}");
     let (st, _) = h.send(Method::GET, "/healthz", None, &[], None).await;
     assert_eq!(st, 200);
     h.stop().await;
@@ -220,9 +226,10 @@ async fn a_model_file_that_is_not_a_rules_file_is_never_quoted() {
         assert_eq!(st, 200, "{v}");
         let (status, reply, error) = owner_chat(&h, "team", "hello").await;
         assert_eq!(status, "failed", "{text}: {reply}");
+        assert_eq!(reply, mercury::config::DEFAULT_FAILURE_REPLY);
         assert!(
-            reply.contains(&format!("case{i}.json")),
-            "names the file: {reply}"
+            error.contains(&format!("case{i}.json")),
+            "the run's error names the file: {error}"
         );
         assert!(!reply.contains(canary), "{text}: {reply}");
         assert!(!error.contains(canary), "{text}: {error}");
@@ -244,10 +251,14 @@ async fn a_stored_chain_naming_a_file_outside_the_roots_is_refused_at_use() {
             [format!("scripted:{}", outside.display())],
         )
         .unwrap();
-    let (status, reply, _) = owner_chat(&h, "team", "hello").await;
+    let (status, reply, error) = owner_chat(&h, "team", "hello").await;
     assert_eq!(status, "failed", "{reply}");
     assert!(!reply.contains("PLANTED-CANARY"), "{reply}");
-    assert!(reply.contains("models/"), "names the rule: {reply}");
+    assert!(!error.contains("PLANTED-CANARY"), "{error}");
+    assert!(
+        error.contains("models/"),
+        "the run's error names the rule: {error}"
+    );
     h.stop().await;
 }
 

@@ -185,10 +185,19 @@ async fn a_turn_past_the_quota_fails_and_leaves_the_workspace_as_it_was(sandbox:
     let before = host.workspace_hashes("alpha");
     let v = chat(&host, "alpha", "fill").await;
     assert_eq!(v["status"], "failed", "{v}");
+    let error: String = host
+        .db()
+        .query_row(
+            "SELECT error FROM runs WHERE id = ?1",
+            [v["run_id"].as_str().unwrap()],
+            |r| r.get(0),
+        )
+        .unwrap();
     assert!(
-        reply(&v).contains("workspace quota (sandbox.workspace_mb = 2)"),
-        "{v}"
+        error.contains("workspace quota (sandbox.workspace_mb = 2)"),
+        "{error}"
     );
+    assert_eq!(reply(&v), mercury::config::DEFAULT_FAILURE_REPLY);
     assert_eq!(host.workspace_hashes("alpha"), before);
     assert!(!host.data.join("spaces/alpha/big").exists());
     // Within the quota, a turn's writes are kept.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, State};
-use ractor::Actor;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 use utoipa::ToSchema;
@@ -13,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{body, text_field, Body, Json};
-use crate::actors::ask::{AskArgs, AskError, AskOutcome, AskSandbox};
+use crate::actors::ask::{AskArgs, AskError, AskOutcome};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
@@ -71,9 +70,7 @@ pub async fn ask(
         caller_id: auth.caller.caller_id.clone(),
         reply: tx,
     };
-    Actor::spawn_linked(None, AskSandbox, args, app.spaces.supervisor().get_cell())
-        .await
-        .map_err(|e| ApiError::unavailable(format!("cannot start the ask sandbox: {e}")))?;
+    app.spaces.spawn_ask(args).await?;
     let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs * 2 + 60);
     let outcome = tokio::time::timeout(wait, rx)
         .await

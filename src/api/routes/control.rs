@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{path_arg, Json, PathArg};
+use crate::perms::Permission;
 use crate::actors::ControlAction;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
@@ -73,16 +74,16 @@ pub async fn control(
 ) -> ApiResult<Json<ControlOutcome>> {
     let action = path_arg(action)?;
     let (action, perm) = match action.as_str() {
-        "stop" => (ControlAction::Stop, "stop"),
-        "compact" => (ControlAction::Compact, "compact"),
-        "clear" => (ControlAction::Clear, "compact"),
+        "stop" => (ControlAction::Stop, Permission::Stop),
+        "compact" => (ControlAction::Compact, Permission::Compact),
+        "clear" => (ControlAction::Clear, Permission::Compact),
         other => {
             return Err(ApiError::not_found(format!(
                 "unknown control action {other:?}; use stop, compact or clear"
             )))
         }
     };
-    let space = auth.require(perm)?.space.to_string();
+    let space = auth.require(perm)?.space.clone();
     let done = app.spaces.control(&space, action).await?;
     // The actor answers JSON; its shape is the contract's, checked here.
     let outcome = serde_json::from_value(done).map_err(ApiError::internal)?;
@@ -104,7 +105,7 @@ pub async fn inject_panic(
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Injected>> {
     auth.require_global_admin()?;
-    let space = auth.space()?.space.to_string();
+    let space = auth.space()?.space.clone();
     app.spaces.inject_panic(&space).await?;
     Ok(Json(Injected { injected: true }))
 }

@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{apply, body, params, path_arg, Body, Json, Params, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -60,7 +61,7 @@ pub async fn list(
         auth.require_global_admin()?;
         None
     } else {
-        Some(auth.require("spaces.list")?.space.to_string())
+        Some(auth.require(Permission::SpacesList)?.space.to_string())
     };
     let only = auth.via.as_ref().and_then(|v| v.conversation);
     let list: Vec<_> = app
@@ -100,7 +101,7 @@ pub async fn link(
     b: Body<LinkBody>,
 ) -> ApiResult<Json<ConversationSpace>> {
     let id = path_arg(id)?;
-    let ctx = auth.require("spaces.rename")?;
+    let ctx = auth.require(Permission::SpacesRename)?;
     let target =
         SpaceId::parse(&body(b)?.space_id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if target != ctx.space && !auth.caller.global_admin {
@@ -109,7 +110,7 @@ pub async fn link(
         ));
     }
     let t = target.to_string();
-    let out = apply(&app, target.as_str(), move |tx| {
+    let out = apply(&app, &target, move |tx| {
             if !spaces::space_exists(tx, &t)? {
                 return Err(crate::storage::StoreError::NotFound(format!("space {t}")));
             }
@@ -135,10 +136,11 @@ pub async fn unlink(
     id: PathArg<i64>,
 ) -> ApiResult<Json<ConversationSpace>> {
     let id = path_arg(id)?;
-    let ctx = auth.require("spaces.rename")?;
-    let space = ctx.space.to_string();
+    let ctx = auth.require(Permission::SpacesRename)?;
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let global = auth.caller.global_admin;
-    let out = apply(&app, &space.clone(), move |tx| {
+    let out = apply(&app, &sid, move |tx| {
             let conv = conversations::get(tx, id)?.ok_or_else(|| {
                 crate::storage::StoreError::NotFound(format!("conversation {id}"))
             })?;

@@ -11,8 +11,10 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{apply, body, params, text_field, Body, Json, Params};
+use super::{body, params, text_field, Body, Json, Params};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::actors::Refusal;
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::ingress::{self, IngestStatus, IngressMessage};
@@ -123,7 +125,8 @@ pub async fn chat(
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
 ) -> ApiResult<Json<ChatReply>> {
-    let space = auth.require("prompt")?.space.to_string();
+    let sid = auth.require(Permission::Prompt)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let conversation = b
@@ -147,7 +150,7 @@ pub async fn chat(
         .write(move |tx| ingress::chat_tx(tx, &sp, &caller, &conversation, &text))
         .await?;
     let done = app.rt.waiters.register(message_id);
-    app.spaces.wake(&space).await?;
+    app.spaces.wake(&sid).await?;
     let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs + 30);
     let _ = tokio::time::timeout(wait, done).await;
     let (msg, reply) = app
@@ -202,11 +205,14 @@ pub async fn send(
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
 ) -> ApiResult<(StatusCode, Json<Sent>)> {
-    let space = auth.require("send")?.space.to_string();
+    let sid = auth.require(Permission::Send)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let text = text_field("text", &b.text, 32_000)?;
     let by = auth.caller.caller_id.clone();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let out = app
+        .spaces
+        .apply_with(&sid, move |tx| {
             let convs: Vec<_> = conversations::list(tx, Some(&space))?
                 .into_iter()
                 .filter(|c| c.platform != "console")
@@ -216,7 +222,9 @@ pub async fn send(
                     StoreError::NotFound(format!("conversation {id} in this space"))
                 })?,
                 None => convs.into_iter().next().ok_or_else(|| {
-                    StoreError::Invalid("this space has no platform conversation to send to".into())
+                    Refusal::Refused(ApiError::bad_request(
+                        "this space has no platform conversation to send to",
+                    ))
                 })?,
             };
             let mid = messages::insert(

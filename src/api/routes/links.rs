@@ -2,16 +2,18 @@
 //! update and revoke edges; `links.list` in a space shows the edges that
 //! touch it, its inbound and outbound reach, and its audit trail.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{body, params, path_arg, AuditQuery, Body, Json, Params, PathArg};
+use super::{body, params, path_arg, Body, Json, Params, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -72,6 +74,8 @@ pub struct Reach {
     pub link_id: i64,
     pub conversation_id: Option<i64>,
     pub wildcard: bool,
+    /// The other space's name (none for `*` or a deleted space).
+    pub name: Option<String>,
 }
 
 /// The links touching this space (revoked ones included), and its active reach.
@@ -81,6 +85,41 @@ pub struct SpaceLinks {
     pub links: Vec<SpaceLink>,
     pub inbound: Vec<Reach>,
     pub outbound: Vec<Reach>,
+    /// The names of the spaces these links name, by id.
+    pub space_names: BTreeMap<String, String>,
+}
+
+/// Every link of the instance (`?all=true`, global admins).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AllLinks {
+    /// `true`.
+    pub all: bool,
+    pub links: Vec<SpaceLink>,
+    pub space_names: BTreeMap<String, String>,
+}
+
+/// `GET /api/links`: this space's links, or every link with `all=true`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum LinkListing {
+    Space(SpaceLinks),
+    All(AllLinks),
+}
+
+/// Every audit row of the instance (`?all=true`, global admins).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AllAudit {
+    /// `true`.
+    pub all: bool,
+    pub audit: Vec<AuditRow>,
+}
+
+/// `GET /api/links/audit`: this space's audit, or every row with `all=true`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum LinkAudit {
+    Space(LinkAuditList),
+    All(AllAudit),
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -180,6 +219,17 @@ pub async fn create(
             let mut pairs = vec![(h.clone(), t.clone())];
             if b.both {
                 pairs.push((t.clone(), h.clone()));
+            }
+            // One active edge per holder, target and filter: a second
+            // would make "revoke the link" ambiguous (D-003: one row each).
+            for (holder, target) in &pairs {
+                let conv = if *holder == h { b.conversation_id } else { None };
+                if let Some(id) = links::active_duplicate(tx, holder, target, conv)? {
+                    return Err(StoreError::Conflict(format!(
+                        "link {id} already joins {holder} -> {target}{}; update or revoke it instead",
+                        conv.map(|c| format!(" (conversation {c})")).unwrap_or_default()
+                    )));
+                }
             }
             let mut out = Vec::new();
             for (holder, target) in pairs {
@@ -307,18 +357,89 @@ fn reach_entry(l: &SpaceLink, other: &str) -> Reach {
         link_id: l.id,
         conversation_id: l.target_conversation_id,
         wildcard: l.target_space_id == "*",
+        name: None,
     }
 }
 
-#[utoipa::path(get, path = "/api/links", tag = "links",
-    responses((status = 200, description = "The links touching this space", body = SpaceLinks)))]
+/// `?all=true` (global admins): every link of the instance.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Every link of the instance (global admins only).
+    all: Option<bool>,
+}
+
+/// `?limit=N&all=true` of the link audit.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditListQuery {
+    /// Rows to answer, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// Every audit row of the instance (global admins only).
+    all: Option<bool>,
+}
+
+/// The names of the spaces the links name (`*` and deleted spaces have none).
+fn names_of(
+    c: &rusqlite::Connection,
+    links: &[SpaceLink],
+) -> Result<BTreeMap<String, String>, StoreError> {
+    let mut names = BTreeMap::new();
+    for l in links {
+        for id in [&l.holder_space_id, &l.target_space_id] {
+            if id != "*" && !names.contains_key(id.as_str()) {
+                if let Some(s) = spaces::get_space(c, id)? {
+                    names.insert(id.clone(), s.name);
+                }
+            }
+        }
+    }
+    Ok(names)
+}
+
+#[utoipa::path(get, path = "/api/links", tag = "links", params(ListQuery),
+    responses((status = 200, description = "The links touching this space, or with `all=true` every link", body = LinkListing)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<SpaceLinks>> {
-    let space = auth.require("links.list")?.space.to_string();
+    q: Params<ListQuery>,
+) -> ApiResult<Json<LinkListing>> {
+    if params(q)?.all == Some(true) {
+        auth.require_global_admin()?;
+        let (all, names) = app
+            .rt
+            .store
+            .read(|c| {
+                let all = links::all(c)?;
+                let names = names_of(c, &all)?;
+                Ok((all, names))
+            })
+            .await?;
+        return Ok(Json(LinkListing::All(AllLinks {
+            all: true,
+            links: all,
+            space_names: names,
+        })));
+    }
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let sp = space.clone();
-    let all = app.rt.store.read(move |c| links::touching(c, &sp)).await?;
+    let (all, names) = app
+        .rt
+        .store
+        .read(move |c| {
+            let all = links::touching(c, &sp)?;
+            let names = names_of(c, &all)?;
+            Ok((all, names))
+        })
+        .await?;
+    let reach_entry = |l: &SpaceLink, other: &str| {
+        let mut e = reach_entry(l, other);
+        e.name = names.get(other).cloned();
+        e
+    };
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
     let inbound: Vec<Reach> = active
         .iter()
@@ -330,12 +451,13 @@ pub async fn list(
         .filter(|l| l.holder_space_id == space)
         .map(|l| reach_entry(l, &l.target_space_id))
         .collect();
-    Ok(Json(SpaceLinks {
+    Ok(Json(LinkListing::Space(SpaceLinks {
         space_id: space,
         links: all,
         inbound,
         outbound,
-    }))
+        space_names: names,
+    })))
 }
 
 #[utoipa::path(get, path = "/api/links/{id}", tag = "links",
@@ -347,7 +469,7 @@ pub async fn inspect(
     id: PathArg<i64>,
 ) -> ApiResult<Json<LinkDetail>> {
     let id = path_arg(id)?;
-    let space = auth.require("links.list")?.space.to_string();
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let (link, roles) = app
         .rt
         .store
@@ -367,19 +489,29 @@ pub async fn inspect(
     }))
 }
 
-#[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditQuery),
-    responses((status = 200, description = "This space's link audit, newest first", body = LinkAuditList)))]
+#[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditListQuery),
+    responses((status = 200, description = "This space's link audit (with `all=true` every row), newest first", body = LinkAudit)))]
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<AuditQuery>,
-) -> ApiResult<Json<LinkAuditList>> {
-    let space = auth.require("links.list")?.space.to_string();
-    let limit = params(q)?.limit()?;
+    q: Params<AuditListQuery>,
+) -> ApiResult<Json<LinkAudit>> {
+    let q = params(q)?;
+    let limit = super::AuditQuery { limit: q.limit }.limit()?;
+    if q.all == Some(true) {
+        auth.require_global_admin()?;
+        let rows = app
+            .rt
+            .store
+            .read(move |c| links::audit_all(c, limit))
+            .await?;
+        return Ok(Json(LinkAudit::All(AllAudit { all: true, audit: rows })));
+    }
+    let space = auth.require(Permission::LinksList)?.space.to_string();
     let rows = app
         .rt
         .store
         .read(move |c| links::audit_for(c, &space, limit))
         .await?;
-    Ok(Json(LinkAuditList { audit: rows }))
+    Ok(Json(LinkAudit::Space(LinkAuditList { audit: rows })))
 }

@@ -1,5 +1,5 @@
 //! Reading a space's history: search, and `recent` (a time range, oldest
-//! first, paged with a cursor), plus the runs list.
+//! first, paged with a cursor), plus the runs list and one run's trace.
 
 use std::sync::Arc;
 
@@ -9,7 +9,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{params, Json, Params};
+use super::{params, path_arg, Json, Params, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_time_arg};
@@ -24,6 +25,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(search))
         .routes(routes!(recent))
         .routes(routes!(runs))
+        .routes(routes!(run_trace))
 }
 
 /// Across a link: all three reads; the two message reads also serve a
@@ -32,6 +34,7 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::conversation_read("GET", "/api/messages"),
     ActAsRoute::conversation_read("GET", "/api/messages/recent"),
     ActAsRoute::new("GET", "/api/runs", Read),
+    ActAsRoute::new("GET", "/api/runs/{id}", Read),
 ];
 
 #[derive(Deserialize, IntoParams)]
@@ -57,7 +60,7 @@ pub async fn search(
     Extension(auth): Extension<Auth>,
     q: Params<SearchQuery>,
 ) -> ApiResult<Json<MessageList>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let limit = q.limit.unwrap_or(50);
     if limit == 0 || limit > 200 {
@@ -104,7 +107,7 @@ pub async fn recent(
     Extension(auth): Extension<Auth>,
     q: Params<RecentQuery>,
 ) -> ApiResult<Json<RecentPage>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let now = now_ms();
     let since = parse_time_arg(q.since.as_deref().unwrap_or("24h"), now)
@@ -157,7 +160,7 @@ pub async fn runs(
     Extension(auth): Extension<Auth>,
     q: Params<RunsQuery>,
 ) -> ApiResult<Json<RunList>> {
-    let ctx = auth.require("messages.read")?;
+    let ctx = auth.require(Permission::MessagesRead)?;
     let limit = params(q)?.limit.unwrap_or(20).clamp(1, 500);
     let space = ctx.space.to_string();
     let list = app
@@ -166,4 +169,43 @@ pub async fn runs(
         .read(move |c| runs::list(c, &space, limit))
         .await?;
     Ok(Json(RunList { runs: list }))
+}
+
+/// One run with its trace: which model calls and tool calls it made, with
+/// each tool call's arguments and exit code (D-017: the trace shows which
+/// command the agent chose).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunTrace {
+    pub run: runs::Run,
+    pub usage: runs::UsageTotals,
+    pub steps: Vec<runs::RunStep>,
+}
+
+#[utoipa::path(get, path = "/api/runs/{id}", tag = "messages",
+    params(("id" = String, Path, description = "The run")),
+    responses((status = 200, description = "The run, its usage and its steps", body = RunTrace),
+        (status = 404, description = "No such run in this space", body = crate::api::error::ErrorBody)))]
+pub async fn run_trace(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    id: PathArg<String>,
+) -> ApiResult<Json<RunTrace>> {
+    let ctx = auth.require(Permission::MessagesRead)?;
+    let id = path_arg(id)?;
+    let space = ctx.space.to_string();
+    let found = app
+        .rt
+        .store
+        .read(move |c| {
+            let Some(run) = runs::get(c, &id)?.filter(|r| r.space_id == space) else {
+                return Ok(None);
+            };
+            let usage = runs::usage_for_run(c, &run.id)?;
+            let steps = runs::steps_for(c, &run.id)?;
+            Ok(Some(RunTrace { run, usage, steps }))
+        })
+        .await?;
+    found
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no such run in this space"))
 }

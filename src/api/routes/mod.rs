@@ -28,6 +28,7 @@ use super::error::{ApiError, ApiResult};
 use super::AuditChange;
 use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
+use crate::ids::SpaceId;
 use crate::links::ActAsRoute;
 use crate::storage::StoreError;
 
@@ -68,6 +69,7 @@ resources![
     links,
     ask,
     review,
+    files,
 ];
 
 /// A JSON body, taken as a `Result` so a handler checks the caller's
@@ -117,7 +119,7 @@ pub fn audited<T: Serialize>(before: Value, after: T) -> (Extension<AuditChange>
 
 /// Runs `write` in the space's actor (`SpaceDirectory::apply_with`, one
 /// transaction) and answers its typed result; a store error rolls it back.
-pub async fn apply<T, F>(app: &App, space: &str, write: F) -> ApiResult<T>
+pub async fn apply<T, F>(app: &App, space: &SpaceId, write: F) -> ApiResult<T>
 where
     T: Send + 'static,
     F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError> + Send + 'static,

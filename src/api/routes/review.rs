@@ -2,8 +2,14 @@
 //! the running one) and answers with its summary when it ends. Global admins
 //! only: a scan reads every space.
 //!
-//! Must never: start a scan for anyone else, or hold the request past the
-//! host's shutdown.
+//! `GET /api/review/reports` lists the reports on the box (daily and weekly,
+//! by date) and `GET /api/review/reports/{name}` answers one `report.json`
+//! (`name` is `YYYY-MM-DD` or `YYYY-MM-DD-weekly`): for global admins and
+//! for `review.read` tokens, which another host's intake pulls with. The
+//! reports were gated when written; they hold no identifier.
+//!
+//! Must never: start a scan for anyone else, hold the request past the
+//! host's shutdown, or build a report path from anything but a parsed name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +17,13 @@ use std::time::Duration;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use serde::Serialize;
+use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Json;
+use super::{path_arg, Json, PathArg};
+use crate::review::catalog::{self, ReportEntry, ReportKind, ReportName};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
@@ -23,7 +31,114 @@ use crate::review::scan::ScanSummary;
 
 /// `POST /api/review/run`.
 pub fn router() -> OpenApiRouter<Arc<App>> {
-    OpenApiRouter::new().routes(routes!(run))
+    OpenApiRouter::new()
+        .routes(routes!(run))
+        .routes(routes!(reports))
+        .routes(routes!(report))
+        .routes(routes!(weekly))
+        .routes(routes!(ledger))
+}
+
+/// `POST /api/review/weekly`: runs the weekly synthesis now and answers its
+/// summary (global admins: it reads every space).
+#[utoipa::path(post, path = "/api/review/weekly", tag = "review",
+    responses((status = 200, description = "The weekly synthesis ran", body = crate::review::weekly::WeeklySummary),
+        (status = 503, description = "It could not run", body = crate::api::error::ErrorBody)))]
+pub async fn weekly(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<crate::review::weekly::WeeklySummary>> {
+    auth.require_global_admin()?;
+    let rt = app.rt.clone();
+    tokio::select! {
+        _ = app.shutdown.cancelled() => Err(ApiError::unavailable(
+            "the host is shutting down; the weekly synthesis was stopped",
+        )),
+        done = crate::review::weekly::run(rt) => done
+            .map(Json)
+            .map_err(|e| ApiError::unavailable(e.to_string())),
+    }
+}
+
+/// `GET /api/review/ledger`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LedgerView {
+    /// Rows by approved decision (`unapproved` when none).
+    pub counts: std::collections::BTreeMap<String, u64>,
+    pub rows: Vec<crate::review::ledger::LedgerRow>,
+}
+
+#[utoipa::path(get, path = "/api/review/ledger", tag = "review",
+    responses((status = 200, description = "The intake ledger", body = LedgerView)))]
+pub async fn ledger(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<LedgerView>> {
+    auth.require_global_admin()?;
+    let dir = crate::review::ledger::intake_dir(&app.rt.paths.reviews, &app.rt.settings.review);
+    let l = tokio::task::spawn_blocking(move || crate::review::ledger::read(&dir))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
+    Ok(Json(LedgerView {
+        counts: crate::review::weekly::ledger_counts(&l),
+        rows: l.rows,
+    }))
+}
+
+/// `GET /api/review/reports`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReportList {
+    /// Oldest first.
+    pub reports: Vec<ReportEntry>,
+}
+
+/// `GET /api/review/reports/{name}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReportBody {
+    pub date: String,
+    pub kind: ReportKind,
+    /// The report's `report.json`, as written.
+    #[schema(value_type = Object)]
+    pub report: Value,
+}
+
+#[utoipa::path(get, path = "/api/review/reports", tag = "review",
+    responses((status = 200, description = "The reports on the box, oldest first", body = ReportList)))]
+pub async fn reports(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<ReportList>> {
+    auth.require_review_read()?;
+    let dir = app.rt.paths.reviews.clone();
+    let reports = tokio::task::spawn_blocking(move || catalog::list(&dir))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(Json(ReportList { reports }))
+}
+
+#[utoipa::path(get, path = "/api/review/reports/{name}", tag = "review",
+    params(("name" = String, Path, description = "`YYYY-MM-DD`, `YYYY-MM-DD-daily` or `YYYY-MM-DD-weekly`")),
+    responses((status = 200, description = "The report's report.json", body = ReportBody),
+        (status = 400, description = "Not a report name", body = crate::api::error::ErrorBody),
+        (status = 404, description = "No such report", body = crate::api::error::ErrorBody)))]
+pub async fn report(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    name: PathArg<String>,
+) -> ApiResult<Json<ReportBody>> {
+    auth.require_review_read()?;
+    let name = ReportName::parse(&path_arg(name)?)?;
+    let dir = app.rt.paths.reviews.clone();
+    let n = name.clone();
+    let report = tokio::task::spawn_blocking(move || catalog::read(&dir, &n))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(Json(ReportBody {
+        date: name.date,
+        kind: name.kind,
+        report,
+    }))
 }
 
 /// None on purpose: a scan reads every space, so it is for global admins only.

@@ -18,7 +18,7 @@ use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
-use crate::perms::{self, ALL_PERMISSIONS};
+use crate::perms::{self, Permission};
 use crate::storage::spaces::{self, KvTable, RoleGrant};
 use crate::storage::StoreError;
 
@@ -50,7 +50,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<RoleList>> {
-    let space = auth.require("roles.list")?.space.to_string();
+    let space = auth.require(Permission::RolesList)?.space.to_string();
     let roles = app
         .rt
         .store
@@ -137,18 +137,19 @@ pub async fn grant(
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Granted>)> {
-    let ctx = auth.require("roles.grant")?.clone();
+    let ctx = auth.require(Permission::RolesGrant)?.clone();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let role = b.role.unwrap_or_else(|| perms::ROLE_ADMIN.into());
     perms::validate_role_name(&role).map_err(ApiError::bad_request)?;
-    let space = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let granter_perms = ctx.perms.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = app
         .spaces
-        .apply_with(&space.clone(), move |tx| {
+        .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
                 return Err(Refusal::Refused(why));
             }
@@ -190,8 +191,9 @@ pub async fn revoke(
     caller: PathArg<String>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Revoked>)> {
     let caller = path_arg(caller)?;
-    let space = auth.require("roles.revoke")?.space.to_string();
-    let (before, out) = apply(&app, &space.clone(), move |tx| {
+    let sid = auth.require(Permission::RolesRevoke)?.space.clone();
+    let space = sid.to_string();
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::stored_role(tx, &space, &caller)?;
         let revoked = spaces::revoke_role(tx, &space, &caller)?;
         Ok((
@@ -241,8 +243,8 @@ pub enum PermissionsView {
     Space(SpacePermissions),
 }
 
-fn names<'a>(perms: impl IntoIterator<Item = &'a &'a str>) -> Vec<String> {
-    perms.into_iter().map(|p| p.to_string()).collect()
+fn names<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Vec<String> {
+    perms.into_iter().map(|p| p.as_str().to_owned()).collect()
 }
 
 #[utoipa::path(get, path = "/api/permissions", tag = "roles", params(PermQuery),
@@ -252,7 +254,7 @@ pub async fn permissions_get(
     Extension(auth): Extension<Auth>,
     q: Params<PermQuery>,
 ) -> ApiResult<Json<PermissionsView>> {
-    let space = auth.require("permissions.get")?.space.to_string();
+    let space = auth.require(Permission::PermissionsGet)?.space.to_string();
     let q = params(q)?;
     let out = app
         .rt
@@ -272,7 +274,7 @@ pub async fn permissions_get(
             }
             Ok(PermissionsView::Space(SpacePermissions {
                 roles,
-                available: names(ALL_PERMISSIONS),
+                available: names(Permission::ALL),
             }))
         })
         .await?;
@@ -295,7 +297,7 @@ pub async fn permissions_set(
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,
 ) -> ApiResult<(Extension<AuditChange>, Json<RolePermissions>)> {
-    let ctx = auth.require("permissions.set")?.clone();
+    let ctx = auth.require(Permission::PermissionsSet)?.clone();
     let b = body(b)?;
     perms::validate_role_name(&b.role).map_err(ApiError::bad_request)?;
     // Found by the API fuzz: narrowing `admin` locked a space for good.
@@ -310,20 +312,22 @@ pub async fn permissions_set(
         .permissions
         .iter()
         .map(String::as_str)
-        .filter(|p| !perms::is_known(p))
+        .filter(|p| Permission::parse(p).is_none())
         .collect();
     if !unknown.is_empty() {
+        let valid: Vec<&str> = Permission::ALL.iter().map(|p| p.as_str()).collect();
         return Err(ApiError::bad_request(format!(
             "unknown permission(s): {}; valid ones: {}",
             unknown.join(", "),
-            ALL_PERMISSIONS.join(", ")
+            valid.join(", ")
         )));
     }
-    if let Some(p) = b
+    let wanted: Vec<Permission> = b
         .permissions
         .iter()
-        .find(|p| !ctx.perms.contains(p.as_str()))
-    {
+        .filter_map(|p| Permission::parse(p))
+        .collect();
+    if let Some(p) = wanted.iter().find(|p| !ctx.perms.contains(p)) {
         return Err(ApiError::forbidden(format!(
             "you cannot give '{p}', which you do not hold"
         )));
@@ -331,12 +335,13 @@ pub async fn permissions_set(
     let mut list: Vec<String> = b.permissions.clone();
     list.sort();
     list.dedup();
-    let space = ctx.space.to_string();
+    let sid = ctx.space.clone();
+    let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let role = b.role.clone();
     let (before, out) = app
         .spaces
-        .apply_with(&space.clone(), move |tx| {
+        .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
                 return Err(Refusal::Refused(why));
             }

@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{apply, audited, body, path_arg, text_field, Body, Json, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
@@ -95,7 +96,7 @@ pub async fn prefs_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<PreferenceList>> {
-    let space = auth.require("prefs.get")?.space.to_string();
+    let space = auth.require(Permission::PrefsGet)?.space.to_string();
     let list = app
         .rt
         .store
@@ -111,7 +112,8 @@ pub async fn prefs_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<KeySet>)> {
-    let space = auth.require("prefs.set")?.space.to_string();
+    let sid = auth.require(Permission::PrefsSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let key = pref_key(&b.key)?;
     if b.value.chars().count() > 4000 {
@@ -120,7 +122,7 @@ pub async fn prefs_set(
         ));
     }
     let by = auth.caller.caller_id.clone();
-    let (before, out) = apply(&app, &space.clone(), move |tx| {
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
         spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
         Ok((before, KeySet { key, value: b.value }))
@@ -138,9 +140,10 @@ pub async fn prefs_delete(
     key: PathArg<String>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<KeyDeleted>)> {
     let key = path_arg(key)?;
-    let space = auth.require("prefs.set")?.space.to_string();
+    let sid = auth.require(Permission::PrefsSet)?.space.clone();
+    let space = sid.to_string();
     let key = pref_key(&key)?;
-    let (before, out) = apply(&app, &space.clone(), move |tx| {
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
         let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
         Ok((before, KeyDeleted { key, deleted }))
@@ -210,7 +213,7 @@ pub async fn config_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<ConfigList>> {
-    let space = auth.require("config.get")?.space.to_string();
+    let space = auth.require(Permission::ConfigGet)?.space.to_string();
     let list = app
         .rt
         .store
@@ -236,11 +239,12 @@ pub async fn config_set(
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<KeySet>)> {
-    let space = auth.require("config.set")?.space.to_string();
+    let sid = auth.require(Permission::ConfigSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
-    let (before, out) = apply(&app, &space.clone(), move |tx| {
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
         spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
         Ok((
@@ -279,7 +283,7 @@ pub async fn model_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<ModelChain>> {
-    let space = auth.require("model.get")?.space.to_string();
+    let space = auth.require(Permission::ModelGet)?.space.to_string();
     let stored = app
         .rt
         .store
@@ -307,7 +311,8 @@ pub async fn model_set(
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
 ) -> ApiResult<(axum::Extension<AuditChange>, Json<ModelChain>)> {
-    let space = auth.require("model.set")?.space.to_string();
+    let sid = auth.require(Permission::ModelSet)?.space.clone();
+    let space = sid.to_string();
     let chain: Vec<String> = body(b)?
         .chain
         .into_iter()
@@ -341,7 +346,7 @@ pub async fn model_set(
     }
     let by = auth.caller.caller_id.clone();
     let default = app.rt.settings.model_chain();
-    let (before, out) = apply(&app, &space.clone(), move |tx| {
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
         let before = json!({"chain": before.map(|c| split_chain(&c))});
         if chain.is_empty() {
@@ -367,7 +372,7 @@ pub async fn mutes_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<MuteList>> {
-    let space = auth.require("mutes.list")?.space.to_string();
+    let space = auth.require(Permission::MutesList)?.space.to_string();
     let list = app
         .rt
         .store
@@ -419,7 +424,8 @@ pub async fn mutes_set(
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
 ) -> ApiResult<Json<MuteReply>> {
-    let space = auth.require("mutes.set")?.space.to_string();
+    let sid = auth.require(Permission::MutesSet)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let now = now_ms();
@@ -447,7 +453,7 @@ pub async fn mutes_set(
         .map(|r| text_field("reason", r, 500))
         .transpose()?;
     let by = auth.caller.caller_id.clone();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let out = apply(&app, &sid, move |tx| {
         spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
         Ok(MuteReply {
             mute: MuteSet {
@@ -470,8 +476,9 @@ pub async fn mutes_delete(
     caller: PathArg<String>,
 ) -> ApiResult<Json<MuteDeleted>> {
     let caller = path_arg(caller)?;
-    let space = auth.require("mutes.set")?.space.to_string();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let sid = auth.require(Permission::MutesSet)?.space.clone();
+    let space = sid.to_string();
+    let out = apply(&app, &sid, move |tx| {
         let deleted = spaces::delete_mute(tx, &space, &caller)?;
         Ok(MuteDeleted {
             caller_id: caller,

@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{apply, audited, body, name_field, Body, Json};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
@@ -217,10 +218,11 @@ pub async fn rename(
     Extension(auth): Extension<Auth>,
     b: Body<Rename>,
 ) -> ApiResult<(Extension<AuditChange>, Json<Renamed>)> {
-    let ctx = auth.require("spaces.rename")?;
+    let ctx = auth.require(Permission::SpacesRename)?;
     let name = name_field("name", &body(b)?.name, 200)?;
-    let id = ctx.space.to_string();
-    let (before, out) = apply(&app, &id.clone(), move |tx| {
+    let sid = ctx.space.clone();
+    let id = sid.to_string();
+    let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::get_space(tx, &id)?.map(|s| s.name);
         spaces::rename_space(tx, &id, &name)?;
         Ok((before, Renamed { space_id: id, name }))
@@ -250,11 +252,11 @@ pub async fn delete_current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<SpaceDeleted>> {
-    let ctx = auth.require("spaces.delete")?;
+    let ctx = auth.require(Permission::SpacesDelete)?;
     let space = ctx.space.clone();
     let id = space.to_string();
     let by = auth.caller.caller_id.clone();
-    let mut out = apply(&app, &id.clone(), move |tx| {
+    let mut out = apply(&app, &space, move |tx| {
             let removed = spaces::delete_space(tx, &id)?;
             let mut revoked = Vec::new();
             let mut roles = Vec::new();

@@ -10,7 +10,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{apply, body, path_arg, text_field, Body, Json, PathArg};
+use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
+use crate::actors::Refusal;
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::links::ActAsRoute;
@@ -72,7 +74,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<TaskList>> {
-    let space = auth.require("tasks.list")?.space.to_string();
+    let space = auth.require(Permission::TasksList)?.space.to_string();
     let list = app.rt.store.read(move |c| tasks::list(c, &space)).await?;
     Ok(Json(TaskList { tasks: list }))
 }
@@ -98,7 +100,8 @@ pub async fn create(
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
 ) -> ApiResult<(StatusCode, Json<TaskReply>)> {
-    let space = auth.require("tasks.create")?.space.to_string();
+    let sid = auth.require(Permission::TasksCreate)?.space.clone();
+    let space = sid.to_string();
     let b = body(b)?;
     let prompt = text_field("prompt", &b.prompt, 8000)?;
     let now = now_ms();
@@ -115,7 +118,7 @@ pub async fn create(
         _ => return Err(ApiError::bad_request("give exactly one of cron and at")),
     };
     let by = auth.caller.caller_id.clone();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let out = apply(&app, &sid, move |tx| {
             let task = tasks::create(
                 tx,
                 &NewTask {
@@ -137,12 +140,13 @@ pub async fn create(
 async fn set_active(
     app: &App,
     auth: &Auth,
-    perm: &str,
+    perm: Permission,
     id: i64,
     active: bool,
 ) -> ApiResult<Json<TaskReply>> {
-    let space = auth.require(perm)?.space.to_string();
-    let out = apply(app, &space.clone(), move |tx| {
+    let sid = auth.require(perm)?.space.clone();
+    let space = sid.to_string();
+    let out = app.spaces.apply_with(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             // A resumed cron task fires at its next time from now, not at once for every miss.
@@ -150,14 +154,14 @@ async fn set_active(
                 (Some(c), true) => Some(
                     parse_cron(c)
                         .and_then(|c| next_fire(&c, now_ms()))
-                        .map_err(StoreError::Invalid)?,
+                        .map_err(|e| Refusal::Refused(ApiError::bad_request(e)))?,
                 ),
                 _ => None,
             };
             if active && task.cron.is_none() && task.next_run_at.is_none_or(|t| t <= now_ms()) {
-                return Err(StoreError::Invalid(format!(
+                return Err(Refusal::Refused(ApiError::bad_request(format!(
                     "task {id} was a one-shot task whose time has passed"
-                )));
+                ))));
             }
             tasks::set_active(tx, &space, id, active, next)?;
             let task = tasks::get(tx, &space, id)?
@@ -177,7 +181,7 @@ pub async fn pause(
     id: PathArg<i64>,
 ) -> ApiResult<Json<TaskReply>> {
     let id = path_arg(id)?;
-    set_active(&app, &auth, "tasks.pause", id, false).await
+    set_active(&app, &auth, Permission::TasksPause, id, false).await
 }
 
 #[utoipa::path(post, path = "/api/tasks/{id}/resume", tag = "tasks",
@@ -189,7 +193,7 @@ pub async fn resume(
     id: PathArg<i64>,
 ) -> ApiResult<Json<TaskReply>> {
     let id = path_arg(id)?;
-    set_active(&app, &auth, "tasks.resume", id, true).await
+    set_active(&app, &auth, Permission::TasksResume, id, true).await
 }
 
 #[utoipa::path(delete, path = "/api/tasks/{id}", tag = "tasks",
@@ -201,8 +205,9 @@ pub async fn delete(
     id: PathArg<i64>,
 ) -> ApiResult<Json<TaskDeleted>> {
     let id = path_arg(id)?;
-    let space = auth.require("tasks.delete")?.space.to_string();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let sid = auth.require(Permission::TasksDelete)?.space.clone();
+    let space = sid.to_string();
+    let out = apply(&app, &sid, move |tx| {
         tasks::delete(tx, &space, id)?;
         Ok(TaskDeleted {
             task_id: id,
@@ -222,8 +227,9 @@ pub async fn run_now(
     id: PathArg<i64>,
 ) -> ApiResult<(StatusCode, Json<TaskQueued>)> {
     let id = path_arg(id)?;
-    let space = auth.require("tasks.create")?.space.to_string();
-    let out = apply(&app, &space.clone(), move |tx| {
+    let sid = auth.require(Permission::TasksCreate)?.space.clone();
+    let space = sid.to_string();
+    let out = apply(&app, &sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             let message_id = queue_firing(tx, &task)?;
@@ -233,6 +239,6 @@ pub async fn run_now(
             })
         })
         .await?;
-    app.spaces.wake(auth.space()?.space.as_str()).await?;
+    app.spaces.wake(&auth.space()?.space).await?;
     Ok((StatusCode::ACCEPTED, Json(out)))
 }

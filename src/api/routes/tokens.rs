@@ -40,6 +40,9 @@ pub struct CreateToken {
     label: Option<String>,
     /// A duration (`30d`); default: never expires.
     expires_in: Option<String>,
+    /// Limits a user token to one scope (`review.read`); it is then read-only.
+    #[schema(pattern = "^review\\.read$")]
+    scope: Option<String>,
 }
 
 /// A minted token: `token` is the secret, shown this once.
@@ -50,6 +53,8 @@ pub struct Minted {
     pub caller_id: String,
     pub kind: TokenKind,
     pub platform: Option<String>,
+    /// `review.read` limits the token to the review reports.
+    pub scope: Option<String>,
     pub expires_at: Option<i64>,
 }
 
@@ -113,9 +118,23 @@ pub async fn create(
     if let Some(l) = &b.label {
         super::name_field("label", l, 200)?;
     }
+    let scope = match (kind, b.scope.as_deref()) {
+        (_, None) => None,
+        (TokenKind::User, Some(s)) if tokens::SCOPES.contains(&s) => Some(s.to_owned()),
+        (TokenKind::User, Some(_)) => {
+            return Err(ApiError::bad_request(format!(
+                "scope must be one of: {}",
+                tokens::SCOPES.join(", ")
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::bad_request("scope applies to user tokens only"))
+        }
+    };
     let by = auth.caller.caller_id.clone();
     let caller = b.caller_id.clone();
     let bound = platform.clone();
+    let scoped = scope.clone();
     let (id, secret) = app
         .rt
         .store
@@ -137,6 +156,9 @@ pub async fn create(
             if let Some(p) = &bound {
                 tokens::bind_platform(tx, &minted.0, p)?;
             }
+            if let Some(s) = &scoped {
+                tokens::bind_scope(tx, &minted.0, s)?;
+            }
             Ok(minted)
         })
         .await?;
@@ -148,6 +170,7 @@ pub async fn create(
             caller_id: b.caller_id,
             kind,
             platform,
+            scope,
             expires_at,
         }),
     ))

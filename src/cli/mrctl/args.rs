@@ -8,15 +8,17 @@ use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 ///
 /// Connection: MERCURY_SOCKET (a Unix socket path) or MERCURY_URL (default
 /// http://127.0.0.1:8787). Token: --token-file, else MERCURY_TOKEN, else
-/// $MERCURY_DATA_DIR/global/owner.token. Space: MERCURY_SPACE.
+/// $MERCURY_DATA_DIR/global/owner.token. Space: MERCURY_SPACE names the space
+/// a command works in (inside a turn, the run token names it).
 #[derive(Debug, Parser)]
 #[command(
     name = "mrctl",
     version,
-    after_help = "Exit status: 0 success, 1 the server refused, 2 usage, token or connection problem."
+    after_help = EXAMPLES
 )]
 pub struct Cli {
-    /// Print the server's JSON answer as is (pretty-printed).
+    /// Print the server's JSON answer as is (pretty-printed); errors become
+    /// `{"error": {...}}` on stderr.
     #[arg(long, global = true)]
     pub json: bool,
 
@@ -24,12 +26,39 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
-    /// Act in another space through a space link (sends x-mercury-act-as).
+    /// Act in SPACE through a space link held by the space in MERCURY_SPACE
+    /// (the holder); the link's level decides what is allowed.
     #[arg(long, global = true, value_name = "SPACE")]
     pub space: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The examples and exit codes under `mrctl --help`.
+pub const EXAMPLES: &str = "\
+Examples:
+  MERCURY_SPACE=family mrctl whoami            who am I in the space family
+  MERCURY_SPACE=family mrctl chat 'what is on today?'
+  MERCURY_SPACE=family mrctl tasks create --cron '0 9 * * 1-5' --prompt 'standup notes'
+  MERCURY_SPACE=family mrctl tasks list
+  mrctl links create family work --level read --disclosure 'told in #general'
+  MERCURY_SPACE=family mrctl links list
+  MERCURY_SPACE=family mrctl --space work messages recent --since 24h
+  MERCURY_SPACE=family mrctl --space work ask 'what did we decide about the release?'
+  mrctl completions bash > /etc/bash_completion.d/mrctl
+
+--space TARGET acts in TARGET through a space link held by the space in
+MERCURY_SPACE (the holder): both are needed, and the link decides what is allowed.
+
+Exit status: 0 done; 1 the server refused; 2 usage, connection or token (401);
+3 it ran but ended failed or blocked (a failed chat turn, a failed ask, a blocked review).";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Debug, Subcommand)]
@@ -83,7 +112,10 @@ pub enum Command {
     /// Map platform senders to operators (global admins).
     #[command(subcommand)]
     Identities(IdentitiesCmd),
-    /// Run an agent turn with this prompt and print the reply.
+    /// Run an agent turn with this prompt and print the reply (exit 3 if the turn failed).
+    #[command(
+        after_help = "Example: MERCURY_SPACE=family mrctl chat 'what is on the shopping list?'"
+    )]
     Chat {
         /// The prompt; `-` reads it from stdin.
         text: String,
@@ -97,7 +129,11 @@ pub enum Command {
     /// Space links: which spaces this one may reach or is reached by.
     #[command(subcommand)]
     Links(LinksCmd),
-    /// Run one turn of the space's agent on a throwaway copy (use with --space X).
+    /// Ask another space's agent, on a throwaway copy of its workspace:
+    /// nothing it does is kept (use with --space TARGET; exit 3 if it failed).
+    #[command(
+        after_help = "Example: MERCURY_SPACE=family mrctl --space work ask 'when is the release?' --as member"
+    )]
     Ask {
         /// The message the agent answers; `-` reads it from stdin.
         message: String,
@@ -108,6 +144,66 @@ pub enum Command {
     /// Conversation review (global admins).
     #[command(subcommand)]
     Review(ReviewCmd),
+    /// Workspace files of the space (AGENTS.md, MEMORY.md, knowledge/...).
+    #[command(subcommand)]
+    Files(FilesCmd),
+    /// Print a shell completion script (bash, zsh or fish) to stdout.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Write man pages (mrctl.1 and one per subcommand) into a directory.
+    Man {
+        /// Where the pages go (created if absent), e.g. deploy/man.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCmd {
+    /// List a directory of the workspace (default: its top).
+    Ls {
+        /// A directory inside the workspace, e.g. knowledge.
+        path: Option<String>,
+    },
+    /// Print a file.
+    Cat {
+        /// A file inside the workspace, e.g. MEMORY.md.
+        path: String,
+    },
+    /// Write a file from a local file (`--from FILE`, `-` for stdin) or from `--text`.
+    #[command(group(ArgGroup::new("source").required(true).args(["from", "text"])))]
+    Put {
+        /// The file to write, inside the workspace.
+        path: String,
+        /// Read the new content from this local file (`-`: stdin).
+        #[arg(long, value_name = "FILE")]
+        from: Option<String>,
+        /// The whole new content, given inline (handy inside a turn's tool call).
+        #[arg(long, value_name = "TEXT")]
+        text: Option<String>,
+        /// Write only if the file still has this hash (from `ls` or `cat --json`).
+        #[arg(long, value_name = "HASH")]
+        if_match: Option<String>,
+        /// Filled from --from before the request is planned.
+        #[arg(skip)]
+        content: Option<String>,
+    },
+    /// Delete a file.
+    Rm {
+        /// The file to delete, inside the workspace.
+        path: String,
+        /// Delete only if the file still has this hash.
+        #[arg(long, value_name = "HASH")]
+        if_match: Option<String>,
+    },
+    /// Open a copy of a file in $EDITOR, then write it back if it did not change meanwhile.
+    Edit {
+        /// The file to edit, inside the workspace (it must exist; `put` makes new ones).
+        path: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -134,9 +230,15 @@ impl LinkLevelArg {
 #[derive(Debug, Subcommand)]
 pub enum LinksCmd {
     /// Create a link HOLDER -> TARGET (TARGET may be '*'); global admins.
+    #[command(
+        after_help = "Example: mrctl links create family work --level read --disclosure 'told in #general on 1 May'"
+    )]
     Create {
+        /// The space that gets the reach.
         holder: String,
+        /// The space reached, or '*' for every space.
         target: String,
+        /// read: look at the target; admin: also act there.
         #[arg(long, value_enum)]
         level: LinkLevelArg,
         /// Also create TARGET -> HOLDER with the same level, in one transaction.
@@ -151,22 +253,39 @@ pub enum LinksCmd {
     },
     /// Change a link's level or disclosure; global admins.
     Update {
+        /// The link's id (see `links list`).
         id: i64,
+        /// The new level.
         #[arg(long, value_enum)]
         level: Option<LinkLevelArg>,
+        /// How and when the target side was told.
         #[arg(long)]
         disclosure: Option<String>,
     },
     /// Revoke a link; global admins.
-    Revoke { id: i64 },
+    Revoke {
+        /// The link's id (see `links list`).
+        id: i64,
+    },
     /// Links touching this space, with its inbound and outbound reach.
-    List,
+    List {
+        /// Every link of the instance (global admins).
+        #[arg(long)]
+        all: bool,
+    },
     /// One link.
-    Inspect { id: i64 },
+    Inspect {
+        /// The link's id (see `links list`).
+        id: i64,
+    },
     /// The audit trail of links touching this space, newest first.
     Audit {
+        /// At most this many rows (1-1000).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: Option<u32>,
+        /// The audit trail of the whole instance (global admins).
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -178,6 +297,7 @@ pub enum SpacesCmd {
     Create {
         /// 1-63 characters of a-z, 0-9 and '-'.
         id: String,
+        /// A display name (default: the id).
         #[arg(long)]
         name: Option<String>,
         /// Comma-separated tags.
@@ -187,7 +307,10 @@ pub enum SpacesCmd {
     /// Show the space named by MERCURY_SPACE (or the run token).
     Current,
     /// Rename the current space.
-    Rename { name: String },
+    Rename {
+        /// The new display name.
+        name: String,
+    },
     /// Delete the current space and everything in it.
     Delete,
 }
@@ -202,18 +325,24 @@ pub enum ConversationsCmd {
     },
     /// Route a conversation's messages to a space.
     Link {
+        /// The conversation's id (see `conversations list`).
         id: String,
+        /// The space that gets its messages.
         #[arg(value_name = "SPACE")]
         space_id: String,
     },
     /// Detach a conversation from its space.
-    Unlink { id: String },
+    Unlink {
+        /// The conversation's id (see `conversations list`).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum MessagesCmd {
     /// Full-text search, newest first.
     Search {
+        /// Words to find (SQLite FTS syntax).
         query: String,
         /// At most this many (1-200).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=200))]
@@ -241,28 +370,51 @@ pub enum MessagesCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum PrefsCmd {
+    /// Every preference of the space.
     List,
-    Get { key: String },
-    Set { key: String, value: String },
-    Delete { key: String },
+    /// One preference's value, bare (for `$(mrctl prefs get lang)`).
+    Get {
+        /// The preference's name.
+        key: String,
+    },
+    /// Set a preference.
+    Set {
+        /// The preference's name.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// Delete a preference.
+    Delete {
+        /// The preference's name.
+        key: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCmd {
     /// Show every key (with its description), or one key's value.
     Get {
+        /// One key (e.g. trigger.match); none: every key.
         key: Option<String>,
     },
+    /// Set a key of the space's settings.
     Set {
+        /// The key (see `config get`).
         key: String,
+        /// Its value.
         value: String,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TasksCmd {
+    /// Every task of the space with its next run.
     List,
     /// Schedule a prompt: repeating (--cron) or once (--at).
+    #[command(
+        after_help = "Examples:\n  mrctl tasks create --cron '0 9 * * 1-5' --prompt 'summarise yesterday'\n  mrctl tasks create --at 2030-01-01T08:00:00Z --prompt 'happy new year' --silent"
+    )]
     #[command(group(ArgGroup::new("when").required(true).args(["cron", "at"])))]
     Create {
         /// Five-field cron expression (minute hour day month weekday).
@@ -278,31 +430,43 @@ pub enum TasksCmd {
         #[arg(long)]
         silent: bool,
     },
+    /// Stop a task from firing until it is resumed.
     Pause {
+        /// The task's id (see `tasks list`).
         id: String,
     },
+    /// Let a paused task fire again.
     Resume {
+        /// The task's id (see `tasks list`).
         id: String,
     },
     /// Fire the task now.
     Run {
+        /// The task's id (see `tasks list`).
         id: String,
     },
+    /// Delete a task.
     Delete {
+        /// The task's id (see `tasks list`).
         id: String,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum RolesCmd {
+    /// Every granted role in the space.
     List,
+    /// Grant a role to a caller in the space.
     Grant {
+        /// The caller id (e.g. telegram:12345 or an operator's id).
         caller: String,
         /// Role to grant (server default: admin).
         #[arg(long)]
         role: Option<String>,
     },
+    /// Take a caller's granted role away.
     Revoke {
+        /// The caller id.
         caller: String,
     },
 }
@@ -311,18 +475,26 @@ pub enum RolesCmd {
 pub enum PermissionsCmd {
     /// Every role's permissions, or one role's.
     Show {
+        /// Only this role.
         #[arg(long)]
         role: Option<String>,
     },
     /// Replace a role's permissions with a comma-separated list.
-    Set { role: String, permissions: String },
+    Set {
+        /// The role.
+        role: String,
+        /// Comma-separated permissions (e.g. chat,tasks.write).
+        permissions: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum MutesCmd {
+    /// Every muted caller of the space.
     List,
     /// Mute a caller (indefinitely unless --for or --until).
     Set {
+        /// The caller id.
         caller: String,
         /// A duration such as 2h or 7d.
         #[arg(long = "for", value_name = "DURATION", conflicts_with = "until")]
@@ -330,16 +502,20 @@ pub enum MutesCmd {
         /// An RFC 3339 time.
         #[arg(long, value_name = "TIME")]
         until: Option<String>,
+        /// Why (shown in `mutes list`).
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Unmute a caller.
     Delete {
+        /// The caller id.
         caller: String,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ModelCmd {
+    /// The space's chain and where it comes from.
     Get,
     /// Set the chain (first spec first, the rest as fallbacks), or --default.
     Set {
@@ -385,20 +561,29 @@ impl TokenKind {
 pub enum TokensCmd {
     /// Mint a token; it is printed once, alone on stdout.
     Create {
+        /// Whose token it is (a caller id).
         caller: String,
+        /// user: an operator's token; adapter: a platform bridge's.
         #[arg(long, value_enum, default_value_t = TokenKind::User)]
         kind: TokenKind,
         /// The one platform an adapter token may post and pull for (required with --kind adapter).
         #[arg(long)]
         platform: Option<String>,
+        /// A note shown in `tokens list`.
         #[arg(long)]
         label: Option<String>,
         /// A duration such as 30d.
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
+        /// Limit a user token to one scope: `review.read` (read review reports only).
+        #[arg(long)]
+        scope: Option<String>,
     },
+    /// Every token (never the secrets).
     List,
+    /// Revoke a token.
     Revoke {
+        /// The token's id (see `tokens list`).
         id: String,
     },
 }
@@ -406,13 +591,22 @@ pub enum TokensCmd {
 #[derive(Debug, Subcommand)]
 pub enum IdentitiesCmd {
     /// Let a platform sender (telegram:123456) act with an operator's rights (owner).
-    Link { platform_id: String, caller: String },
+    Link {
+        /// The platform sender, e.g. telegram:123456.
+        platform_id: String,
+        /// The operator it acts as.
+        caller: String,
+    },
     /// Remove a mapping.
-    Unlink { platform_id: String },
+    Unlink {
+        /// The platform sender, e.g. telegram:123456.
+        platform_id: String,
+    },
     /// Every mapping.
     List,
     /// The audit trail of mappings, newest first.
     Audit {
+        /// At most this many rows (1-1000).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: Option<u32>,
     },
@@ -422,12 +616,30 @@ pub enum IdentitiesCmd {
 pub enum ReviewCmd {
     /// Scan the review window now and wait for the report (set MERCURY_TIMEOUT_SECS for long scans).
     RunNow,
+    /// The review reports on the host, daily and weekly, oldest first.
+    Reports,
+    /// One report's JSON: DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
+    Report {
+        /// YYYY-MM-DD for a daily report, YYYY-MM-DD-weekly for a weekly one.
+        date: String,
+    },
+    /// The intake ledger: every triaged row and its decisions.
+    Ledger,
+    /// Run the weekly synthesis now and wait for its report.
+    WeeklyNow,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum RunsCmd {
+    /// Recent runs of the space, newest first.
     List {
+        /// At most this many.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         limit: Option<u32>,
+    },
+    /// One run and its trace: each model call, and each tool call with its arguments and exit code.
+    Show {
+        /// The run's id (from `runs list`, or a turn's answer).
+        id: String,
     },
 }

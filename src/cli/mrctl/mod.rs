@@ -15,8 +15,9 @@
 //! anything but the one configured address; read the token from a flag value
 //! (it would show in `ps`), only from a file or the environment.
 //!
-//! Exit codes: 0 success, 1 the server said no, 2 usage, setup or connection
-//! problem.
+//! Exit codes: 0 success, 1 the server said no, 2 usage, setup, connection
+//! or token (a 401), 3 it ran but ended failed or blocked (a failed chat
+//! turn, a failed ask, a blocked review).
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -24,9 +25,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{json, Value};
 
-use crate::client::{request, ClientError, Connection};
+use crate::client::{request_with_headers, ClientError, Connection};
 
 mod args;
+mod files;
+mod guide;
 mod plan;
 mod render;
 
@@ -59,12 +62,25 @@ enum Failure {
     Stdin(std::io::Error),
     #[error("cannot write the output: {0}")]
     Output(std::io::Error),
+    /// A local file (`files put --from`, `files edit`'s copy or editor).
+    #[error("{0}")]
+    Local(String),
+    /// The request went through but what it ran ended failed or blocked.
+    #[error("{0}")]
+    Ended(String),
 }
 
 fn exit_code(failure: &Failure) -> u8 {
     match failure {
+        // A bad token is a setup problem, like a wrong URL.
+        Failure::Api { status: 401, .. } => 2,
+        Failure::Ended(_) => 3,
         Failure::Api { .. } | Failure::Missing(_) => 1,
-        Failure::Usage(_) | Failure::Client(_) | Failure::Stdin(_) | Failure::Output(_) => 2,
+        Failure::Usage(_)
+        | Failure::Client(_)
+        | Failure::Stdin(_)
+        | Failure::Output(_)
+        | Failure::Local(_) => 2,
     }
 }
 
@@ -82,6 +98,7 @@ fn api_failure(status: u16, body: &Value) -> Failure {
             _ => format!("the server answered with status {status}"),
         },
     };
+    message = guide::rewrite_header_message(&message);
     if status == 401 {
         message.push_str("; check the token (--token-file, MERCURY_TOKEN or $MERCURY_DATA_DIR/global/owner.token)");
     }
@@ -93,8 +110,15 @@ fn api_failure(status: u16, body: &Value) -> Failure {
 }
 
 async fn call(conn: &Connection, plan: &RequestPlan) -> Result<Value, Failure> {
-    let (status, value) =
-        request(conn, plan.method.clone(), &plan.target(), plan.body.clone()).await?;
+    let headers: Vec<(&str, String)> = plan.headers.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let (status, value) = request_with_headers(
+        conn,
+        plan.method.clone(),
+        &plan.target(),
+        plan.body.clone(),
+        &headers,
+    )
+    .await?;
     if (200..300).contains(&status) {
         Ok(value)
     } else {
@@ -204,10 +228,27 @@ async fn execute(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Completions { shell } => {
+            guide::completions(*shell, out);
+            return Ok(());
+        }
+        Command::Man { dir } => {
+            let n = guide::man_pages(dir).map_err(Failure::Output)?;
+            let _ = writeln!(err, "wrote {n} man pages to {}", dir.display());
+            return Ok(());
+        }
+        _ => {}
+    }
     read_stdin_args(&mut cli, stdin)?;
+    files::read_put_content(&mut cli, stdin)?;
     // Planned before the connection is set up: a usage error needs no token.
     let plan = plan(&cli)?;
     let conn = Connection::from_env(env, cli.token_file.as_deref(), cli.space.clone())?;
+    if let Command::Files(FilesCmd::Edit { path }) = &cli.command {
+        let text = files::edit(&conn, &plan, path, env).await?;
+        return write_all(out, &text);
+    }
     let value = if plan.then == Then::FollowCursor {
         call_all_pages(&conn, &plan).await?
     } else {
@@ -219,14 +260,21 @@ async fn execute(
         (format!("{pretty}\n"), None)
     } else {
         let (text, note) = render(&cli.command, &value);
-        (tag_source(&cli.command, &value, text), note)
+        let text = guide::with_header(&cli.command, text);
+        (
+            tag_source(&cli.command, &value, text),
+            note.or_else(|| guide::paging_hint(&cli.command, &value)),
+        )
     };
     write_all(out, &text)?;
     if let Some(note) = note {
         // A note is for the person, not for a pipe; losing it is not worth failing over.
         let _ = writeln!(err, "{note}");
     }
-    Ok(())
+    match guide::ended_badly(&cli.command, &value) {
+        Some(why) => Err(Failure::Ended(why)),
+        None => Ok(()),
+    }
 }
 
 /// Text that came from another space through a link (`source_space` in the
@@ -265,11 +313,27 @@ async fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    let json = cli.json;
     match execute(cli, env, stdin, out, err).await {
         Ok(()) => 0,
         Err(failure) => {
-            let _ = writeln!(err, "mrctl: {failure}");
-            exit_code(&failure)
+            let code = exit_code(&failure);
+            if json {
+                let (status, api_code) = match &failure {
+                    Failure::Api { status, code, .. } => (Some(*status), code.clone()),
+                    _ => (None, None),
+                };
+                let body = json!({"error": {
+                    "message": failure.to_string(),
+                    "exit_code": code,
+                    "status": status,
+                    "code": api_code,
+                }});
+                let _ = writeln!(err, "{body}");
+            } else {
+                let _ = writeln!(err, "mrctl: {failure}");
+            }
+            code
         }
     }
 }
@@ -316,7 +380,7 @@ mod tests {
 
     use hyper::Method;
 
-    use crate::client::Endpoint;
+    use crate::client::{request, Endpoint};
 
     use axum::body::Bytes as AxumBytes;
     use axum::http::{HeaderMap, Method as AxumMethod, StatusCode, Uri};
@@ -332,7 +396,11 @@ mod tests {
     }
 
     fn planned(args: &[&str]) -> RequestPlan {
-        match plan(&parse(args)) {
+        let mut cli = parse(args);
+        if let Err(e) = files::read_put_content(&mut cli, &mut std::io::empty()) {
+            panic!("{args:?}: {e}");
+        }
+        match plan(&cli) {
             Ok(p) => p,
             Err(e) => panic!("{args:?} did not plan: {e}"),
         }
@@ -516,7 +584,26 @@ mod tests {
             ),
             (vec!["runs", "list"], Method::GET, "/api/runs", None),
             (vec!["runs", "list", "--limit", "3"], Method::GET, "/api/runs?limit=3", None),
+            (vec!["runs", "show", "r 1"], Method::GET, "/api/runs/r%201", None),
             (vec!["review", "run-now"], Method::POST, "/api/review/run", None),
+            (vec!["files", "ls"], Method::GET, "/api/files", None),
+            (vec!["files", "ls", "knowledge"], Method::GET, "/api/files?path=knowledge", None),
+            (vec!["files", "cat", "knowledge/a b.md"], Method::GET, "/api/files/knowledge/a%20b.md", None),
+            (vec!["files", "cat", "../x"], Method::GET, "/api/files/%2E%2E/x", None),
+            (vec!["files", "edit", "AGENTS.md"], Method::GET, "/api/files/AGENTS.md", None),
+            (
+                vec!["files", "put", "AGENTS.md", "--text", "be kind"],
+                Method::PUT,
+                "/api/files/AGENTS.md",
+                Some(json!({"content": "be kind"})),
+            ),
+            (vec!["files", "rm", "notes/x.md"], Method::DELETE, "/api/files/notes/x.md", None),
+            (vec!["links", "list", "--all"], Method::GET, "/api/links?all=true", None),
+            (vec!["links", "audit", "--all"], Method::GET, "/api/links/audit?all=true", None),
+            (vec!["review", "reports"], Method::GET, "/api/review/reports", None),
+            (vec!["review", "report", "2026-09-28-weekly"], Method::GET, "/api/review/reports/2026-09-28-weekly", None),
+            (vec!["review", "ledger"], Method::GET, "/api/review/ledger", None),
+            (vec!["review", "weekly-now"], Method::POST, "/api/review/weekly", None),
         ];
         for (args, method, target, body) in cases {
             let p = planned(&args);
@@ -524,6 +611,19 @@ mod tests {
             assert_eq!(p.target(), target, "{args:?}");
             assert_eq!(p.body, body, "{args:?}");
         }
+    }
+
+    #[test]
+    fn files_writes_carry_if_match_and_bad_hashes_are_usage_errors() {
+        let p = planned(&["files", "rm", "a.md", "--if-match", "\"ABC123\""]);
+        assert_eq!(p.headers, vec![("if-match", "ABC123".to_owned())]);
+        let p = planned(&["files", "put", "a.md", "--text", "x", "--if-match", "abc"]);
+        assert_eq!(p.headers, vec![("if-match", "abc".to_owned())]);
+        assert!(usage_err(&["files", "rm", "a.md", "--if-match", "not-hex"])
+            .contains("not a file hash"));
+        assert!(usage_err(&["files", "cat", ""]).contains("must not be empty"));
+        clap_rejects(&["files", "put", "a.md"]);
+        clap_rejects(&["files", "put", "a.md", "--text", "x", "--from", "f"]);
     }
 
     #[test]
@@ -791,6 +891,31 @@ mod tests {
             secs: 1,
         };
         assert_eq!(exit_code(&Failure::Client(timeout)), 2);
+        let unauthorized = Failure::Api {
+            status: 401,
+            code: None,
+            message: "bad token".into(),
+        };
+        assert_eq!(exit_code(&unauthorized), 2, "a token problem is setup");
+        assert_eq!(
+            exit_code(&Failure::Ended("the turn ended failed".into())),
+            3
+        );
+    }
+
+    #[test]
+    fn header_errors_say_what_to_set() {
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "this route needs the x-mercury-space header naming a space"}}),
+        );
+        assert!(f.to_string().contains("set MERCURY_SPACE="), "{f}");
+        assert!(!f.to_string().contains("x-mercury"), "{f}");
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "acting in another space needs a holder: send x-mercury-space (or use a run token)"}}),
+        );
+        assert!(f.to_string().contains("--space acts through a link"), "{f}");
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(super) struct RequestPlan {
     pub(super) query: Vec<(&'static str, String)>,
     pub(super) body: Option<Value>,
     pub(super) then: Then,
+    /// Extra request headers (`If-Match`).
+    pub(super) headers: Vec<(&'static str, String)>,
 }
 
 impl RequestPlan {
@@ -44,7 +46,21 @@ impl RequestPlan {
             query: Vec::new(),
             body: None,
             then: Then::Show,
+            headers: Vec::new(),
         }
+    }
+    /// `If-Match: HASH` (a file hash as the files API gives it: hex).
+    pub(super) fn if_match(mut self, hash: Option<&str>) -> Result<Self, UsageError> {
+        if let Some(h) = hash {
+            let h = h.trim().trim_matches('"');
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(UsageError(format!(
+                    "--if-match {h:?} is not a file hash (hex, as `files ls` shows it)"
+                )));
+            }
+            self.headers.push(("if-match", h.to_owned()));
+        }
+        Ok(self)
     }
     pub(super) fn get(path: impl Into<String>) -> Self {
         Self::new(Method::GET, path)
@@ -108,6 +124,9 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
     }
     let p = match &cli.command {
         Command::Whoami => RequestPlan::get("/api/whoami"),
+        Command::Completions { .. } | Command::Man { .. } => {
+            return Err(UsageError("this command makes no request".into()))
+        }
         Command::Spaces(cmd) => match cmd {
             SpacesCmd::List => RequestPlan::get("/api/spaces"),
             SpacesCmd::Create { id, name, tags } => {
@@ -336,6 +355,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 platform,
                 label,
                 expires_in,
+                scope,
             } => {
                 non_empty("the caller id", caller)?;
                 if let Some(d) = expires_in {
@@ -360,6 +380,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                     ("platform", platform.as_ref().map(|p| json!(p))),
                     ("label", label.as_ref().map(|l| json!(l))),
                     ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
+                    ("scope", scope.as_ref().map(|s| json!(s.trim()))),
                 ]);
                 RequestPlan::post("/api/tokens").body(body)
             }
@@ -398,6 +419,30 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         Command::Runs(RunsCmd::List { limit }) => {
             RequestPlan::get("/api/runs").query("limit", limit.map(|l| l.to_string()))
         }
+        Command::Runs(RunsCmd::Show { id }) => {
+            non_empty("the run id", id)?;
+            RequestPlan::get(format!("/api/runs/{}", encode(id)))
+        }
+        Command::Files(cmd) => match cmd {
+            FilesCmd::Ls { path } => RequestPlan::get("/api/files").query("path", path.clone()),
+            FilesCmd::Cat { path } | FilesCmd::Edit { path } => RequestPlan::get(file_route(path)?),
+            FilesCmd::Put {
+                path,
+                if_match,
+                content,
+                ..
+            } => {
+                let content = content.as_ref().ok_or_else(|| {
+                    UsageError("the content to write was not read (give --from FILE or -)".into())
+                })?;
+                RequestPlan::put(file_route(path)?)
+                    .body(json!({ "content": content }))
+                    .if_match(if_match.as_deref())?
+            }
+            FilesCmd::Rm { path, if_match } => {
+                RequestPlan::delete(file_route(path)?).if_match(if_match.as_deref())?
+            }
+        },
         Command::Links(cmd) => match cmd {
             LinksCmd::Create {
                 holder,
@@ -436,11 +481,13 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 ]))
             }
             LinksCmd::Revoke { id } => RequestPlan::new(Method::DELETE, format!("/api/links/{id}")),
-            LinksCmd::List => RequestPlan::get("/api/links"),
-            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
-            LinksCmd::Audit { limit } => {
-                RequestPlan::get("/api/links/audit").query("limit", limit.map(|l| l.to_string()))
+            LinksCmd::List { all } => {
+                RequestPlan::get("/api/links").query("all", all.then(|| "true".to_owned()))
             }
+            LinksCmd::Inspect { id } => RequestPlan::get(format!("/api/links/{id}")),
+            LinksCmd::Audit { limit, all } => RequestPlan::get("/api/links/audit")
+                .query("limit", limit.map(|l| l.to_string()))
+                .query("all", all.then(|| "true".to_owned())),
         },
         Command::Ask { message, as_role } => {
             // `-` is read from stdin by the caller before sending.
@@ -452,8 +499,23 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             RequestPlan::post("/api/ask").body(json!({"message": message, "as": role}))
         }
         Command::Review(ReviewCmd::RunNow) => RequestPlan::post("/api/review/run"),
+        Command::Review(ReviewCmd::Reports) => RequestPlan::get("/api/review/reports"),
+        Command::Review(ReviewCmd::Report { date }) => {
+            non_empty("the report date", date)?;
+            RequestPlan::get(format!("/api/review/reports/{}", encode(date.trim())))
+        }
+        Command::Review(ReviewCmd::Ledger) => RequestPlan::get("/api/review/ledger"),
+        Command::Review(ReviewCmd::WeeklyNow) => RequestPlan::post("/api/review/weekly"),
     };
     Ok(p)
+}
+
+/// `/api/files/<path>`, each segment encoded (so `/` stays the separator
+/// and nothing in a name can become a query or a fragment).
+pub(super) fn file_route(path: &str) -> Result<String, UsageError> {
+    non_empty("the file path", path)?;
+    let segments: Vec<String> = path.split('/').map(encode).collect();
+    Ok(format!("/api/files/{}", segments.join("/")))
 }
 
 pub(super) fn task_action(id: &str, action: &str) -> Result<RequestPlan, UsageError> {

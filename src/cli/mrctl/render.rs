@@ -410,25 +410,32 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             }
         },
         Command::Links(cmd) => match cmd {
-            LinksCmd::List => {
-                let reach = |key: &str, arrow: &str| -> String {
-                    items(v, key)
-                        .iter()
-                        .map(|r| {
-                            row(&[
-                                arrow.to_owned(),
-                                cell(field(r, "space")),
-                                cell(field(r, "level")),
-                                format!("link {}", cell(field(r, "link_id"))),
-                            ])
-                        })
-                        .collect()
-                };
-                format!(
-                    "{}{}",
-                    reach("outbound", "reaches"),
-                    reach("inbound", "reached by")
-                )
+            LinksCmd::List { all: true } => {
+                let names = field(v, "space_names");
+                let named = |id: &Value| named_space(&cell(id), names.get(cell(id)));
+                items(v, "links")
+                    .iter()
+                    .map(|l| {
+                        row(&[
+                            format!("link {}", cell(field(l, "id"))),
+                            format!(
+                                "{} -> {}",
+                                named(field(l, "holder_space_id")),
+                                named(field(l, "target_space_id"))
+                            ),
+                            cell(field(l, "level")),
+                            if field(l, "revoked_at").is_null() {
+                                "active".to_owned()
+                            } else {
+                                "revoked".to_owned()
+                            },
+                        ])
+                    })
+                    .collect()
+            }
+            LinksCmd::List { all: false } => super::guide::render_links_list(v),
+            LinksCmd::Create { .. } | LinksCmd::Inspect { .. } => {
+                super::guide::render_links_detail(cmd, v)
             }
             LinksCmd::Audit { .. } => items(v, "audit")
                 .iter()
@@ -472,10 +479,11 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 }
                 out
             }
-            _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
         },
         Command::Ask { .. } => render_ask(v),
-        Command::Runs(_) => items(v, "runs")
+        Command::Runs(RunsCmd::Show { .. }) => render_run_trace(v),
+        Command::Files(cmd) => render_files(cmd, v),
+        Command::Runs(RunsCmd::List { .. }) => items(v, "runs")
             .iter()
             .map(|r| {
                 let ended = [field(r, "finished_at"), field(r, "ended_at")]
@@ -492,8 +500,154 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             })
             .collect(),
         Command::Review(ReviewCmd::RunNow) => render_review_run(v),
+        Command::Completions { .. } | Command::Man { .. } => String::new(),
+        Command::Review(ReviewCmd::Reports) => items(v, "reports")
+            .iter()
+            .map(|r| row(&[cell(field(r, "name")), cell(field(r, "kind"))]))
+            .collect(),
+        // A report is for tools: its JSON, pretty.
+        Command::Review(ReviewCmd::Report { .. }) => {
+            format!(
+                "{}\n",
+                serde_json::to_string_pretty(field(v, "report")).unwrap_or_default()
+            )
+        }
+        Command::Review(ReviewCmd::Ledger) => items(v, "rows")
+            .iter()
+            .map(|r| {
+                row(&[
+                    cell(field(r, "id")),
+                    cell(field(r, "bot")),
+                    cell(field(r, "date")),
+                    format!("[msg {}]", cell(field(r, "message_id"))),
+                    cell(field(r, "proposed")),
+                    if field(r, "approved").is_null() {
+                        "-".to_owned()
+                    } else {
+                        cell(field(r, "approved"))
+                    },
+                    cell(field(r, "summary")),
+                ])
+            })
+            .collect(),
+        Command::Review(ReviewCmd::WeeklyNow) => kv_lines(&[
+            ("report", cell(field(v, "report_path"))),
+            ("clusters", cell(field(v, "clusters"))),
+            ("promoted to global", cell(field(v, "promoted"))),
+            ("recall", cell(field(field(v, "recall"), "estimate"))),
+            ("verdicts", cell(field(field(v, "verdicts"), "n"))),
+            ("cost", cell(field(v, "cost"))),
+        ]),
     };
     (out, note)
+}
+
+/// A space id with its name beside it, when it has one other than the id.
+pub(super) fn named_space(id: &str, name: Option<&Value>) -> String {
+    match name.and_then(Value::as_str) {
+        Some(n) if n != id => format!("{id} ({n})"),
+        _ => id.to_owned(),
+    }
+}
+
+/// `runs show`: the run, then one line per step (a tool call with its
+/// arguments and exit code, its output indented below).
+pub(super) fn render_run_trace(v: &Value) -> String {
+    let r = field(v, "run");
+    let u = field(v, "usage");
+    let mut out = kv_lines(&[
+        ("run", cell(field(r, "id"))),
+        ("space", cell(field(r, "space_id"))),
+        (
+            "kind",
+            format!("{}, {}", cell(field(r, "kind")), cell(field(r, "status"))),
+        ),
+        ("started", time_cell(field(r, "started_at"))),
+        ("finished", time_cell(field(r, "finished_at"))),
+        (
+            "tokens",
+            format!(
+                "{} in, {} out",
+                cell(field(u, "tokens_in")),
+                cell(field(u, "tokens_out"))
+            ),
+        ),
+    ]);
+    if let Some(e) = field(r, "error").as_str() {
+        out.push_str(&format!(
+            "error: {e}
+"
+        ));
+    }
+    for s in items(v, "steps") {
+        let head = match field(s, "kind").as_str() {
+            Some("tool") => format!(
+                "#{} tool {} {} exit {} ({} ms, {} bytes out)",
+                cell(field(s, "seq")),
+                cell(field(s, "name")),
+                field(s, "arguments").as_str().unwrap_or("{}"),
+                cell(field(s, "exit_code")),
+                cell(field(s, "duration_ms")),
+                cell(field(s, "output_bytes")),
+            ),
+            _ => format!(
+                "#{} model {} ({} in, {} out, {} ms)",
+                cell(field(s, "seq")),
+                cell(field(s, "name")),
+                cell(field(s, "tokens_in")),
+                cell(field(s, "tokens_out")),
+                cell(field(s, "duration_ms")),
+            ),
+        };
+        out.push_str(&head);
+        out.push('\n');
+        if let Some(e) = field(s, "error").as_str() {
+            out.push_str(&format!("    error: {e}\n"));
+        }
+        if let Some(o) = field(s, "output").as_str().filter(|o| !o.is_empty()) {
+            for line in o.lines() {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// `files ls|cat|put|rm` (`edit` prints its own line).
+pub(super) fn render_files(cmd: &FilesCmd, v: &Value) -> String {
+    match cmd {
+        FilesCmd::Ls { .. } => items(v, "entries")
+            .iter()
+            .map(|e| {
+                let name = match field(e, "kind").as_str() {
+                    Some("dir") => format!("{}/", cell(field(e, "name"))),
+                    _ => cell(field(e, "name")),
+                };
+                row(&[
+                    cell(field(e, "kind")),
+                    cell(field(e, "size")),
+                    super::files::short_hash(field(e, "hash")),
+                    time_cell(field(e, "modified")),
+                    name,
+                ])
+            })
+            .collect(),
+        FilesCmd::Cat { .. } | FilesCmd::Edit { .. } => {
+            field(v, "content").as_str().unwrap_or_default().to_owned()
+        }
+        FilesCmd::Put { .. } => format!(
+            "wrote {} ({} bytes, hash {}){}\n",
+            cell(field(v, "path")),
+            cell(field(v, "size")),
+            super::files::short_hash(field(v, "hash")),
+            if field(v, "created").as_bool() == Some(true) {
+                ", new file"
+            } else {
+                ""
+            }
+        ),
+        FilesCmd::Rm { .. } => format!("deleted {}\n", cell(field(v, "path"))),
+    }
 }
 
 /// `ask`: the reply labelled with the space, then the refusals, then the cost.

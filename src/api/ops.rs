@@ -1,0 +1,173 @@
+//! The operator's routes: `GET /metrics` (Prometheus text) and
+//! `GET /api/status` (what `mercury status` prints), both for the owner and
+//! the global admins only; and the router of the optional `metrics.bind`
+//! listener, which serves `/metrics` alone without a token (bind it where
+//! only the scraper reaches).
+//!
+//! Must never: answer anyone but a global admin on the API listener, or put
+//! a caller id, a message or more than [`crate::telemetry::TOP_SPACES`]
+//! spaces in a metric.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::Auth;
+use super::error::ApiResult;
+use super::extract::Json;
+use crate::app::App;
+use crate::telemetry::{Snapshot, TOP_SPACES};
+
+/// The routes behind the token (merged under the auth step).
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(metrics))
+        .routes(routes!(status))
+}
+
+/// The `metrics.bind` listener: `/metrics` only, no token.
+pub fn metrics_only(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/metrics", get(open_metrics))
+        .with_state(app)
+}
+
+async fn snapshot(app: &App) -> ApiResult<Snapshot> {
+    let (total, top) = app
+        .rt
+        .store
+        .read(|c| {
+            let total: i64 = c.query_row(
+                "SELECT COUNT(*) FROM messages WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )?;
+            let mut stmt = c.prepare_cached(
+                "SELECT space_id, COUNT(*) FROM messages WHERE status = 'pending' \
+                 GROUP BY space_id ORDER BY 2 DESC, 1 LIMIT ?1",
+            )?;
+            let top = stmt
+                .query_map([TOP_SPACES as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<Vec<(String, i64)>, _>>()?;
+            Ok((total, top))
+        })
+        .await?;
+    Ok(Snapshot {
+        queue_total: total,
+        queue_top: top,
+        active_spaces: i64::try_from(app.spaces.active_count()).unwrap_or(i64::MAX),
+        running_turns: i64::try_from(app.rt.live_run_ids().len()).unwrap_or(i64::MAX),
+        held_back: app.rt.model_gate.deferrals(),
+    })
+}
+
+async fn render(app: &App) -> ApiResult<Response> {
+    let now = snapshot(app).await?;
+    let body = app.rt.metrics.encode(&now);
+    Ok(([(CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], body).into_response())
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text exposition (bounded labels)",
+        content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
+async fn metrics(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Response> {
+    auth.require_global_admin()?;
+    render(&app).await
+}
+
+async fn open_metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
+    render(&app).await
+}
+
+/// `GET /api/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Status {
+    pub version: &'static str,
+    pub uptime_secs: u64,
+    pub spaces_active: usize,
+    pub queue: QueueStatus,
+    /// Turns running now; each holds at most one container or sandbox.
+    pub running_turns: usize,
+    pub sandbox: SandboxStatus,
+    pub adapters: Vec<AdapterStatus>,
+    pub review: ReviewStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueueStatus {
+    pub pending: i64,
+    /// The busiest spaces (at most five): `[space, pending]`.
+    #[schema(value_type = Vec<Vec<serde_json::Value>>)]
+    pub top: Vec<(String, i64)>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxStatus {
+    pub backend: &'static str,
+    pub isolated: bool,
+    /// Why tool calls are refused, when no backend is usable.
+    pub unavailable: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdapterStatus {
+    pub name: String,
+    pub state: &'static str,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReviewStatus {
+    pub enabled: bool,
+    /// RFC 3339, UTC; absent when review is off.
+    pub next_run: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/status", tag = "ops",
+    responses((status = 200, description = "What `mercury status` prints", body = Status)))]
+async fn status(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<Status>> {
+    auth.require_global_admin()?;
+    let now = snapshot(&app).await?;
+    let s = &app.rt.settings;
+    let mut adapters = Vec::new();
+    if !s.webhook.url.is_empty() {
+        adapters.push(AdapterStatus {
+            name: "webhook".into(),
+            state: "running",
+        });
+    }
+    Ok(Json(Status {
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_secs: app.rt.metrics.uptime().as_secs(),
+        spaces_active: app.spaces.active_count(),
+        queue: QueueStatus {
+            pending: now.queue_total,
+            top: now.queue_top,
+        },
+        running_turns: app.rt.live_run_ids().len(),
+        sandbox: SandboxStatus {
+            backend: app.rt.sandbox.name(),
+            isolated: app.rt.sandbox.isolation() != crate::sandbox::Isolation::None,
+            unavailable: app.rt.sandbox.unavailable_reason(),
+        },
+        adapters,
+        review: ReviewStatus {
+            enabled: s.review.enabled,
+            next_run: crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
+                .map(|t| t.to_rfc3339()),
+        },
+    }))
+}

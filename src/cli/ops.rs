@@ -1,0 +1,376 @@
+//! `mercury status` (asks the running host through its socket) and
+//! `mercury doctor` (checks what a host needs, without starting one).
+//!
+//! Exit codes, `status`: 0 the host runs and answered, 1 it answered with an
+//! error, 2 usage (no data dir, no owner token), 3 no host is running.
+//! `doctor`: 0 every check passed (warnings allowed), 1 a check failed,
+//! 2 usage (no data dir).
+//!
+//! Must never: print a token, or change anything in the data dir.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::client::{self, ClientError, Connection, Endpoint};
+use crate::config::{self, SandboxChoice, Settings};
+use crate::workspace::{data_dir, DataPaths};
+
+/// `mercury status`.
+pub async fn status(data: &Path, json: bool) -> ExitCode {
+    let paths = DataPaths::new(data);
+    if !paths.db.exists() {
+        eprintln!(
+            "mercury status: {} is not a data dir (run `mercury init` first)",
+            data.display()
+        );
+        return ExitCode::from(2);
+    }
+    let token = match std::fs::read_to_string(paths.owner_token()) {
+        Ok(t) => t.trim().to_owned(),
+        Err(e) => {
+            eprintln!(
+                "mercury status: cannot read the owner token {} ({e}); run as the user that owns the data dir",
+                paths.owner_token().display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let conn = Connection::new(Endpoint::Unix(paths.socket.clone())).with_token(token);
+    match client::request(&conn, Method::GET, "/api/status", None).await {
+        Ok((200, v)) => {
+            if json {
+                println!("{v}");
+            } else {
+                print!("{}", render_status(&v));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok((code, v)) => {
+            let msg = v["error"]["message"]
+                .as_str()
+                .or_else(|| v["message"].as_str())
+                .unwrap_or("no message");
+            eprintln!("mercury status: the host answered {code}: {msg}");
+            ExitCode::from(1)
+        }
+        Err(ClientError::Connect { .. }) => {
+            if json {
+                println!("{}", serde_json::json!({"running": false}));
+            } else {
+                println!(
+                    "running: no (nothing answers on {})",
+                    paths.socket.display()
+                );
+            }
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            eprintln!("mercury status: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn render_status(v: &Value) -> String {
+    let s = |k: &str| v[k].to_string().trim_matches('"').to_owned();
+    let mut out = String::new();
+    out.push_str("running: yes\n");
+    out.push_str(&format!("version: {}\n", s("version")));
+    out.push_str(&format!("uptime: {} s\n", s("uptime_secs")));
+    out.push_str(&format!("active spaces: {}\n", s("spaces_active")));
+    out.push_str(&format!("queue: {} pending", v["queue"]["pending"]));
+    let top: Vec<String> = v["queue"]["top"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{} {}", p[0].as_str().unwrap_or("?"), p[1]))
+        .collect();
+    if !top.is_empty() {
+        out.push_str(&format!(" (busiest: {})", top.join(", ")));
+    }
+    out.push('\n');
+    out.push_str(&format!(
+        "running turns (containers/sandboxes): {}\n",
+        s("running_turns")
+    ));
+    let sb = &v["sandbox"];
+    out.push_str(&format!(
+        "sandbox: {}{}\n",
+        sb["backend"].as_str().unwrap_or("?"),
+        match sb["unavailable"].as_str() {
+            Some(why) => format!(" (tool calls refused: {why})"),
+            None if sb["isolated"] == Value::Bool(false) => " (NOT isolated)".into(),
+            None => String::new(),
+        }
+    ));
+    let adapters: Vec<String> = v["adapters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            format!(
+                "{} {}",
+                a["name"].as_str().unwrap_or("?"),
+                a["state"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    out.push_str(&format!(
+        "adapters: {}\n",
+        if adapters.is_empty() {
+            "(none)".to_owned()
+        } else {
+            adapters.join(", ")
+        }
+    ));
+    let review = &v["review"];
+    out.push_str(&format!(
+        "review: {}\n",
+        match (review["enabled"].as_bool(), review["next_run"].as_str()) {
+            (Some(true), Some(next)) => format!("on, next run {next}"),
+            (Some(true), None) => "on".to_owned(),
+            _ => "off".to_owned(),
+        }
+    ));
+    out
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+struct Check {
+    level: Level,
+    what: &'static str,
+    detail: String,
+}
+
+fn check(level: Level, what: &'static str, detail: impl Into<String>) -> Check {
+    Check {
+        level,
+        what,
+        detail: detail.into(),
+    }
+}
+
+/// Below these, `doctor` warns and then fails: a full disk stops SQLite's
+/// writes and every turn's layer.
+const DISK_WARN_BYTES: u64 = 1 << 30;
+const DISK_FAIL_BYTES: u64 = 100 << 20;
+
+/// `mercury doctor`.
+pub async fn doctor(data: &Path) -> ExitCode {
+    let paths = DataPaths::new(data);
+    if !paths.config.exists() && !paths.db.exists() {
+        eprintln!(
+            "mercury doctor: {} is not a data dir (run `mercury init` first)",
+            data.display()
+        );
+        return ExitCode::from(2);
+    }
+    let env = config::process_env();
+    let checks = run_checks(&paths, &env).await;
+    for c in &checks {
+        let tag = match c.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        println!("{tag} {}: {}", c.what, c.detail);
+    }
+    let failed = checks.iter().filter(|c| c.level == Level::Fail).count();
+    if failed > 0 {
+        eprintln!("mercury doctor: {failed} check(s) failed");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn run_checks(paths: &DataPaths, env: &BTreeMap<String, String>) -> Vec<Check> {
+    let mut out = Vec::new();
+    for u in config::unknown_vars(env) {
+        out.push(check(Level::Warn, "environment", u.to_string()));
+    }
+    let settings = match config::load(&paths.config, env) {
+        Ok(s) => {
+            out.push(check(
+                Level::Ok,
+                "config",
+                format!("{} is valid", paths.config.display()),
+            ));
+            s
+        }
+        Err(e) => {
+            out.push(check(Level::Fail, "config", e.to_string()));
+            // The defaults stand in so the other checks still say something.
+            Settings::default()
+        }
+    };
+    match config::check_scripted_files(&settings) {
+        Ok(()) => {}
+        Err(e) => out.push(check(Level::Fail, "models", e.to_string())),
+    }
+    out.extend(key_checks(&settings, env));
+    out.extend(sandbox_checks(&settings).await);
+    let loose = data_dir::loose_modes(paths);
+    if loose.is_empty() {
+        out.push(check(
+            Level::Ok,
+            "data dir",
+            format!("{} and its files are private", paths.root.display()),
+        ));
+    }
+    for l in loose {
+        out.push(check(Level::Fail, "data dir", l.to_string()));
+    }
+    out.push(disk_check(&paths.root));
+    out
+}
+
+fn key_checks(s: &Settings, env: &BTreeMap<String, String>) -> Vec<Check> {
+    let defaults = config::ProviderConfig::default();
+    let missing = config::missing_keys(s, env);
+    let mut out: Vec<Check> = missing
+        .iter()
+        .map(|(spec, var)| {
+            // A key is optional only for a server of the operator's own
+            // (an OpenAI-compatible Ollama, say), never for the public APIs.
+            let own_server = match config::key_var_of(spec).map(|(p, _)| p) {
+                Some("openai") => s.providers.openai_base_url != defaults.openai_base_url,
+                Some("anthropic") => s.providers.anthropic_base_url != defaults.anthropic_base_url,
+                _ => false,
+            };
+            check(
+                if own_server { Level::Warn } else { Level::Fail },
+                "model keys",
+                format!("{spec} is in the chain but {var} is not set"),
+            )
+        })
+        .collect();
+    if missing.is_empty() {
+        out.push(check(
+            Level::Ok,
+            "model keys",
+            format!("every provider of {} has a key", s.model),
+        ));
+    }
+    out
+}
+
+async fn sandbox_checks(s: &Settings) -> Vec<Check> {
+    let mut out = Vec::new();
+    let choice = s.sandbox.backend;
+    let docker = crate::sandbox::docker::DockerBackend::connect(String::new()).await;
+    let docker_ok = docker.is_ok();
+    match &docker {
+        Ok(_) => out.push(check(Level::Ok, "docker", "the engine answers")),
+        Err(e) => out.push(check(
+            if choice == SandboxChoice::Docker {
+                Level::Fail
+            } else {
+                Level::Warn
+            },
+            "docker",
+            e.to_string(),
+        )),
+    }
+    if let Ok(d) = &docker {
+        let tag = if s.sandbox.image.is_empty() {
+            crate::host::containers::mrctl_path()
+                .and_then(|m| {
+                    crate::sandbox::image::agent_image_tag(env!("CARGO_PKG_VERSION"), &m)
+                        .map_err(anyhow::Error::from)
+                })
+                .map_err(|e| e.to_string())
+        } else {
+            Ok(s.sandbox.image.clone())
+        };
+        match tag {
+            Ok(tag) => match crate::sandbox::image::image_exists(d.docker(), &tag).await {
+                Ok(true) => out.push(check(Level::Ok, "image", format!("{tag} is present"))),
+                Ok(false) if s.sandbox.image.is_empty() => out.push(check(
+                    Level::Warn,
+                    "image",
+                    format!(
+                        "{tag} is absent; `mercury serve` builds it (or run `mercury image build`)"
+                    ),
+                )),
+                Ok(false) => out.push(check(
+                    Level::Fail,
+                    "image",
+                    format!("sandbox.image {tag} is not on the engine"),
+                )),
+                Err(e) => out.push(check(Level::Warn, "image", e.to_string())),
+            },
+            Err(e) => out.push(check(Level::Warn, "image", e)),
+        }
+    }
+    let bwrap = match s.sandbox.bwrap.as_str() {
+        "" => crate::sandbox::process::ProcessBackend::find_bwrap(),
+        p => Some(std::path::PathBuf::from(p)).filter(|p| p.is_file()),
+    };
+    match &bwrap {
+        Some(p) => out.push(check(Level::Ok, "bubblewrap", format!("{}", p.display()))),
+        None => out.push(check(
+            if choice == SandboxChoice::Process && !s.sandbox.allow_unisolated {
+                Level::Fail
+            } else {
+                Level::Warn
+            },
+            "bubblewrap",
+            "bwrap is not installed (Debian: apt-get install bubblewrap)",
+        )),
+    }
+    if choice == SandboxChoice::Auto && !docker_ok && bwrap.is_none() {
+        out.push(check(
+            Level::Fail,
+            "sandbox",
+            "auto finds neither Docker nor bubblewrap: every tool call would be refused",
+        ));
+    }
+    out
+}
+
+fn disk_check(root: &Path) -> Check {
+    match free_bytes(root) {
+        Some(free) => {
+            let mb = free >> 20;
+            let level = if free < DISK_FAIL_BYTES {
+                Level::Fail
+            } else if free < DISK_WARN_BYTES {
+                Level::Warn
+            } else {
+                Level::Ok
+            };
+            check(
+                level,
+                "disk",
+                format!("{mb} MB free under {}", root.display()),
+            )
+        }
+        None => check(Level::Warn, "disk", "cannot read the free space"),
+    }
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return None;
+    }
+    // The field types differ between targets (u32 or u64).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
+}

@@ -1,0 +1,245 @@
+//! `mercury review intake` and `mercury review approve`: the operator's side
+//! of the review intake (M2.1), run against this host's data dir (its
+//! config names the intake dir, the redaction names and the model).
+//!
+//! Exit codes: 0 done, 1 failure while running, 2 usage (a bad argument,
+//! a pending triage, nothing to approve).
+//!
+//! Must never: print a token, or apply a row the owner did not approve.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::config::Settings;
+use crate::redaction::{IdentifierGate, RedactionList};
+use crate::review::intake::{self, IntakeError, IntakeRun, Source, Verifier};
+use crate::review::ledger::{self, Approval};
+use crate::review::scan;
+use crate::workspace::DataPaths;
+
+/// The token `--from URL` sources pull with, when no --token-file is given.
+pub const TOKEN_ENV: &str = "MERCURY_INTAKE_TOKEN";
+
+/// `review.intake_dir`, or `<data_dir>/reviews/intake`.
+pub fn intake_dir(paths: &DataPaths, s: &Settings) -> PathBuf {
+    ledger::intake_dir(&paths.reviews, &s.review)
+}
+
+/// The gate of everything the intake writes: the identifier patterns and
+/// this host's `review.owner_names`.
+pub fn intake_gate(s: &Settings) -> Result<IdentifierGate, String> {
+    let list = RedactionList::new().with_names(s.review.owner_names.iter().cloned());
+    IdentifierGate::new(&list).map_err(|e| e.to_string())
+}
+
+fn settings(data_dir: &Path) -> Result<(DataPaths, Settings), String> {
+    let paths = DataPaths::new(data_dir);
+    let s = crate::host::load_settings(&paths).map_err(|e| format!("{e:#}"))?;
+    Ok((paths, s))
+}
+
+fn fail(cmd: &str, e: &IntakeError) -> ExitCode {
+    eprintln!("mercury review {cmd}: {e}");
+    match e {
+        IntakeError::Usage(_) => ExitCode::from(2),
+        _ => ExitCode::from(1),
+    }
+}
+
+pub async fn intake(
+    data_dir: &Path,
+    from: &[String],
+    since: Option<&str>,
+    token_file: Option<&Path>,
+) -> ExitCode {
+    let (paths, s) = match settings(data_dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("mercury review intake: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let since = match since.map(|d| crate::review::catalog::parse_date(d).ok_or(d)) {
+        None => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(raw)) => {
+            eprintln!("mercury review intake: --since {raw:?} is not a date YYYY-MM-DD");
+            return ExitCode::from(2);
+        }
+    };
+    let token = match token_file {
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) => Some(t.trim().to_owned()),
+            Err(e) => {
+                eprintln!("mercury review intake: cannot read {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => std::env::var(TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty()),
+    };
+    let sources: Result<Vec<Source>, IntakeError> = if from.is_empty() {
+        intake::parse_source(&format!("local={}", data_dir.display()), None).map(|s| vec![s])
+    } else {
+        from.iter()
+            .map(|f| intake::parse_source(f, token.as_deref()))
+            .collect()
+    };
+    let sources = match sources {
+        Ok(s) => s,
+        Err(e) => return fail("intake", &e),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for src in &sources {
+        if !seen.insert(src.bot.clone()) {
+            eprintln!(
+                "mercury review intake: two sources are both named {:?}; name them with NAME=DATA_DIR|URL",
+                src.bot
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let gate = match intake_gate(&s) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("mercury review intake: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let spec = scan::judge_chain(&s).into_iter().next().unwrap_or_default();
+    let env = crate::config::process_env();
+    let resolved =
+        match crate::model::resolve_model(&spec, &crate::host::provider_settings(&s, &env)) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("mercury review intake: the verify model: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    let verifier = Verifier {
+        provider: resolved.provider,
+        model: resolved.model,
+    };
+    let dir = intake_dir(&paths, &s);
+    let run = IntakeRun {
+        intake_dir: &dir,
+        sources: &sources,
+        since,
+        gate: &gate,
+        verifier: &verifier,
+        review: &s.review,
+    };
+    match intake::run(&run).await {
+        Ok(t) => {
+            for r in &t.refused {
+                eprintln!("not taken in: {} {}: {}", r.bot, r.date, r.reason);
+            }
+            let counts: Vec<String> = intake::counts(&t)
+                .into_iter()
+                .map(|(d, n)| format!("{d} {n}"))
+                .collect();
+            println!(
+                "took in {} report(s), refused {}; {} finding(s) to triage{}",
+                t.taken_in.len(),
+                t.refused.len(),
+                t.rows.len(),
+                if counts.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", counts.join(", "))
+                }
+            );
+            println!("triage: {}", dir.join("triage.md").display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("intake", &e),
+    }
+}
+
+pub fn approve(
+    data_dir: &Path,
+    all: bool,
+    rows: Option<&str>,
+    sets: &[String],
+    by: &str,
+) -> ExitCode {
+    let (paths, s) = match settings(data_dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("mercury review approve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let dir = intake_dir(&paths, &s);
+    let gate = match intake_gate(&s) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("mercury review approve: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let approval = match ledger::parse_approval(all, rows, sets) {
+        Ok(Some(a)) => a,
+        Ok(None) if std::io::stdin().is_terminal() => match ask(&dir) {
+            Ok(a) => a,
+            Err(e) => return fail("approve", &e),
+        },
+        Ok(None) => {
+            eprintln!("mercury review approve: give --all, --rows 1,3 or --set 2=new (or run it on a terminal to be asked)");
+            return ExitCode::from(2);
+        }
+        Err(e) => return fail("approve", &e),
+    };
+    match ledger::approve(&dir, &approval, by, &gate) {
+        Ok(a) => {
+            println!(
+                "{} of {} row(s) approved and applied; every row is in {}",
+                a.applied,
+                a.rows,
+                dir.join("ledger.json").display()
+            );
+            for w in &a.written {
+                println!("wrote {w}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("approve", &e),
+    }
+}
+
+/// On a terminal: each row, then `y` (as proposed), `n`, or a decision.
+fn ask(dir: &Path) -> Result<Approval, IntakeError> {
+    let t = ledger::pending(dir)?.ok_or_else(|| {
+        IntakeError::Usage("no triage is waiting: run `mercury review intake` first".into())
+    })?;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut chosen = Vec::new();
+    for r in &t.rows {
+        println!("{}", ledger::describe_row(r));
+        loop {
+            print!("approve? [y]es as proposed / [n]o / a decision: ");
+            let _ = std::io::stdout().flush();
+            let Some(Ok(line)) = lines.next() else {
+                return Ok(Approval::Rows(chosen));
+            };
+            match line.trim() {
+                "y" | "yes" | "" => {
+                    chosen.push((r.row, None));
+                    break;
+                }
+                "n" | "no" => break,
+                other => match intake::Decision::parse(other) {
+                    Some(d) => {
+                        chosen.push((r.row, Some(d)));
+                        break;
+                    }
+                    None => println!("not a decision: {other}"),
+                },
+            }
+        }
+    }
+    Ok(Approval::Rows(chosen))
+}

@@ -1,0 +1,977 @@
+//! The intake (M2.1): bring the daily reports of any number of Mercury hosts
+//! into the operator's review directory and triage each finding before any
+//! of it becomes work.
+//!
+//! Steps, per run of `mercury review intake`:
+//! 1. **pull**: each source's daily reports not yet taken in (a data dir is
+//!    read through [`catalog`]; a URL through `GET /api/review/reports`
+//!    with a `review.read` token), from `--since` on;
+//! 2. **re-gate**: every report goes through the identifier gate again
+//!    (fail closed: one that fails is not taken in, and the outcome names
+//!    the bot, the date and the kinds found); the rest are stored under
+//!    `<intake_dir>/reports/<bot>/<date>/report.json`;
+//! 3. per finding: **duplicate** when its fingerprint is the same finding as
+//!    an earlier one (in the ledger or earlier in this triage: it follows
+//!    that decision); else **verify** (the finding re-judged, model purpose
+//!    `intake`, with the redacted exchange when the source is a data dir;
+//!    "fine" proposes `reject`); else **relate** ([`relate`]) and
+//!    **decide**: a landed item not deployed → `fixed-not-deployed`, a
+//!    deployed one → `revisit`, an open idea or bug → `attach`, else `new`.
+//! 4. the triage table, `triage.md` and `triage.json`, gated and written
+//!    atomically. Nothing is applied here: see [`ledger`](super::ledger).
+//!
+//! Must never: store or write anything the gate has not passed, build a
+//! path from a bot name or date it has not validated, or apply a decision.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::client::{self, Connection};
+use crate::model::{ChatMessage, ModelProvider, ModelRequest, Purpose, Role};
+use crate::redaction::IdentifierGate;
+use crate::review::catalog::{self, ReportKind, ReportName};
+use crate::review::fingerprint::Fingerprint;
+use crate::review::judge::{FindingKind, Scope, TargetLayer};
+use crate::review::relate::{ItemKind, Match, Ranker};
+use crate::review::report;
+
+/// Tokens of a verify answer.
+const VERIFY_MAX_TOKENS: u32 = 400;
+/// Characters kept of a verify reason.
+const REASON_CAP: usize = 300;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("reading the reports of {bot}: {detail}")]
+    Source { bot: String, detail: String },
+    #[error("{what} in {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON of the intake ({reason})")]
+    Invalid { path: String, reason: String },
+    #[error("the {what} would hold an identifier ({kinds}); nothing was written")]
+    Gated { what: &'static str, kinds: String },
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> IntakeError + 'a {
+    move |source| IntakeError::Io {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Where a bot's reports come from.
+#[derive(Debug, Clone)]
+pub enum SourceKind {
+    DataDir(PathBuf),
+    Url(Connection),
+}
+
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// A validated bot name ([`validate_bot`]).
+    pub bot: String,
+    pub kind: SourceKind,
+}
+
+/// A bot name is a path segment under `reports/`: 1–40 of `a-z 0-9 - _ .`,
+/// not starting with a dot.
+pub fn validate_bot(raw: &str) -> Result<String, IntakeError> {
+    let ok = !raw.is_empty()
+        && raw.len() <= 40
+        && !raw.starts_with('.')
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if ok {
+        Ok(raw.to_owned())
+    } else {
+        Err(IntakeError::Usage(format!(
+            "bot name {:?} must be 1 to 40 of a-z, 0-9, '-', '_', '.' (not starting with '.')",
+            raw.chars().take(40).collect::<String>()
+        )))
+    }
+}
+
+/// `--from [NAME=]DATA_DIR|URL`: a URL starts with `http://`; the name
+/// defaults to the data dir's last component or the URL's `host-port`.
+pub fn parse_source(raw: &str, token: Option<&str>) -> Result<Source, IntakeError> {
+    let (name, target) = match raw.split_once('=') {
+        Some((n, t)) if !n.contains('/') && !n.contains(':') => (Some(n), t),
+        _ => (None, raw),
+    };
+    if target.to_ascii_lowercase().starts_with("http://") {
+        let endpoint =
+            client::Endpoint::parse_url(target).map_err(|e| IntakeError::Usage(e.to_string()))?;
+        let default_name = match &endpoint {
+            client::Endpoint::Http { host, port, .. } => format!("{host}-{port}"),
+            client::Endpoint::Unix(_) => "socket".to_owned(),
+        };
+        let token = token.ok_or_else(|| {
+            IntakeError::Usage(format!(
+                "{target} needs a review.read token: give --token-file (or MERCURY_INTAKE_TOKEN)"
+            ))
+        })?;
+        let bot = validate_bot(&name.map_or(default_name.replace(':', "-"), str::to_owned))?;
+        return Ok(Source {
+            bot,
+            kind: SourceKind::Url(Connection::new(endpoint).with_token(token)),
+        });
+    }
+    let dir = PathBuf::from(target);
+    let default_name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("local")
+        .to_ascii_lowercase();
+    let bot = validate_bot(name.unwrap_or(&default_name))?;
+    Ok(Source {
+        bot,
+        kind: SourceKind::DataDir(dir),
+    })
+}
+
+/// One finding as the intake reads it from a report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntakeFinding {
+    pub bot: String,
+    pub date: String,
+    pub space: String,
+    pub message_id: i64,
+    pub kind: FindingKind,
+    pub scope: Scope,
+    pub target_layer: TargetLayer,
+    pub severity: u8,
+    pub summary: String,
+    pub evidence: String,
+    pub suggestion: String,
+}
+
+impl IntakeFinding {
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::new(
+            &self.space,
+            self.kind.as_str(),
+            self.target_layer.as_str(),
+            &self.summary,
+        )
+    }
+
+    /// What the ranker is asked with.
+    pub fn query(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.kind.as_str().replace('_', " "),
+            self.target_layer.as_str().replace('_', " "),
+            self.summary,
+            self.suggestion
+        )
+    }
+}
+
+/// The findings of a report's JSON; items that do not hold are counted.
+pub fn findings_of(bot: &str, date: &str, json: &Value) -> (Vec<IntakeFinding>, u32) {
+    let mut out = Vec::new();
+    let mut bad = 0;
+    for f in json["findings"].as_array().into_iter().flatten() {
+        let s = |k: &str| f[k].as_str().map(str::to_owned);
+        let parsed = (|| {
+            Some(IntakeFinding {
+                bot: bot.to_owned(),
+                date: date.to_owned(),
+                space: s("space")?,
+                message_id: f["message_id"].as_i64()?,
+                kind: FindingKind::parse(f["kind"].as_str()?)?,
+                scope: Scope::parse(f["scope"].as_str()?)?,
+                target_layer: TargetLayer::parse(f["target_layer"].as_str()?)?,
+                severity: u8::try_from(f["severity"].as_u64()?).ok()?,
+                summary: s("summary")?,
+                evidence: s("evidence").unwrap_or_default(),
+                suggestion: s("suggestion").unwrap_or_default(),
+            })
+        })();
+        match parsed {
+            Some(p) => out.push(p),
+            None => bad += 1,
+        }
+    }
+    (out, bad)
+}
+
+/// The decisions a triage row can propose or an owner approve.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    Reject,
+    Attach,
+    FixedNotDeployed,
+    Revisit,
+    Duplicate,
+    New,
+}
+
+impl Decision {
+    pub const ALL: [Decision; 6] = [
+        Decision::Reject,
+        Decision::Attach,
+        Decision::FixedNotDeployed,
+        Decision::Revisit,
+        Decision::Duplicate,
+        Decision::New,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Reject => "reject",
+            Decision::Attach => "attach",
+            Decision::FixedNotDeployed => "fixed-not-deployed",
+            Decision::Revisit => "revisit",
+            Decision::Duplicate => "duplicate",
+            Decision::New => "new",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.as_str() == raw.trim())
+    }
+}
+
+/// What a duplicate follows: an earlier ledger row or an earlier row of
+/// this triage, and that row's decision and paths as known now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Follows {
+    /// The earlier row's ledger id, when it is in the ledger.
+    pub ledger_id: Option<String>,
+    /// The earlier row's number in this triage, when it is here.
+    pub row: Option<usize>,
+    pub decision: Option<Decision>,
+    pub paths: Vec<String>,
+}
+
+/// One row of the triage table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TriageRow {
+    /// 1-based, as `approve --rows` names it.
+    pub row: usize,
+    pub finding: IntakeFinding,
+    pub fingerprint: Fingerprint,
+    pub proposed: Decision,
+    pub reason: String,
+    /// Known items matched, best first (relative to the intake dir).
+    pub paths: Vec<String>,
+    pub follows: Option<Follows>,
+}
+
+/// A report that was not taken in, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    pub bot: String,
+    pub date: String,
+    pub reason: String,
+}
+
+/// `triage.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Triage {
+    /// RFC 3339, UTC.
+    pub made_at: String,
+    /// Reports taken in by this intake, as `<bot>/<date>`.
+    pub taken_in: Vec<String>,
+    pub refused: Vec<Refused>,
+    /// Findings of taken-in reports that did not validate.
+    pub invalid_findings: u32,
+    pub rows: Vec<TriageRow>,
+    /// Set by `approve` once the rows are in the ledger.
+    pub approved_at: Option<String>,
+}
+
+/// The verify step's model (the CLI resolves it from the config).
+#[derive(Clone)]
+pub struct Verifier {
+    pub provider: Arc<dyn ModelProvider>,
+    pub model: String,
+}
+
+/// The intake's whole context.
+pub struct IntakeRun<'a> {
+    pub intake_dir: &'a Path,
+    pub sources: &'a [Source],
+    pub since: Option<chrono::NaiveDate>,
+    pub gate: &'a IdentifierGate,
+    pub verifier: &'a Verifier,
+    /// This host's review config: the redaction of a data dir source's
+    /// exchanges for the verify step.
+    pub review: &'a crate::config::ReviewConfig,
+}
+
+/// The instructions of a verify call.
+pub fn verify_instructions() -> &'static str {
+    "You double-check a finding another reviewer raised about a chat assistant's reply. \
+You get the finding's kind, its summary, the quoted evidence from the exchange and the \
+suggested fix. Decide whether the assistant's reply was really wrong. Answer with JSON only: \
+{\"real\": true|false, \"reason\": \"one sentence\"}. Personal identifiers were replaced by \
+placeholders such as [PERSON_1]; keep them as they are and never write a real name or number."
+}
+
+fn verify_prompt(f: &IntakeFinding, exchange: Option<&str>) -> String {
+    format!(
+        "kind: {}\nscope: {}\ntarget layer: {}\nseverity: {}\nsummary: {}\nevidence: {}\nsuggestion: {}\nexchange:\n{}\n",
+        f.kind.as_str(),
+        f.scope.as_str(),
+        f.target_layer.as_str(),
+        f.severity,
+        f.summary,
+        f.evidence,
+        f.suggestion,
+        exchange.unwrap_or("(not available: the report was pulled over HTTP)")
+    )
+}
+
+/// The exchange of a finding from a data dir source (its user message and
+/// the bot's reply), redacted with that space's identifiers and gated by
+/// both gates: what the verify step re-judges. `None` when it cannot be
+/// read or would not pass (the verify then works from the finding alone).
+pub fn redacted_exchange(
+    db: &Path,
+    cfg: &crate::config::ReviewConfig,
+    message_id: i64,
+    gate: &IdentifierGate,
+) -> Option<String> {
+    let conn = crate::storage::open_read_only(db).ok()?;
+    let (space, text): (String, String) = conn
+        .query_row(
+            "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
+            [message_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()?;
+    let reply: String = conn
+        .query_row(
+            "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
+            [message_id],
+            |r| r.get(0),
+        )
+        .ok()?;
+    drop(conn);
+    // Every identifier the source ever saw, not only today's.
+    let window = crate::review::reader::Window::hours_before(crate::clock::now_ms(), 24 * 3650);
+    let reader = crate::review::reader::ExchangeReader::open(db, window).ok()?;
+    let list = super::scan::redaction_list(cfg, reader.identifiers(&[space]).ok()?);
+    let mut redactor = crate::redaction::Redactor::new(list).ok()?;
+    let out = format!(
+        "user: {}\nassistant: {}",
+        redactor.redact_identifiers(&text),
+        redactor.redact_identifiers(&reply)
+    );
+    let theirs = redactor.identifier_gate();
+    (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
+}
+
+/// The verdict of a verify call: `Some(false)` is "re-judged fine".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    pub real: Option<bool>,
+    pub reason: String,
+}
+
+pub async fn verify(
+    v: &Verifier,
+    gate: &IdentifierGate,
+    f: &IntakeFinding,
+    exchange: Option<&str>,
+) -> Verified {
+    let req = ModelRequest {
+        model: v.model.clone(),
+        purpose: Purpose::Intake,
+        messages: vec![
+            ChatMessage::text(Role::System, verify_instructions()),
+            ChatMessage::text(Role::User, verify_prompt(f, exchange)),
+        ],
+        tools: Vec::new(),
+        max_tokens: VERIFY_MAX_TOKENS,
+    };
+    let unverified = |why: &str| Verified {
+        real: None,
+        reason: format!("not verified ({why}); kept as real"),
+    };
+    let answer = match v.provider.complete(&req).await {
+        Ok(a) => a.text,
+        Err(e) => {
+            tracing::warn!(error = %e, "intake verify call failed");
+            return unverified("the model call failed");
+        }
+    };
+    // Fail closed: an answer with an identifier is not used at all.
+    if gate.check(&answer).is_err() {
+        return unverified("the answer held an identifier");
+    }
+    let Some(start) = answer.find('{') else {
+        return unverified("the answer was not JSON");
+    };
+    let mut values = serde_json::Deserializer::from_str(&answer[start..]).into_iter::<Value>();
+    let Some(Ok(v)) = values.next() else {
+        return unverified("the answer was not JSON");
+    };
+    let Some(real) = v["real"].as_bool() else {
+        return unverified("the answer had no `real`");
+    };
+    let reason: String = v["reason"]
+        .as_str()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(REASON_CAP)
+        .collect();
+    Verified {
+        real: Some(real),
+        reason,
+    }
+}
+
+/// Lists a source's daily reports from `since` on.
+async fn list_source(src: &Source) -> Result<Vec<ReportName>, IntakeError> {
+    let err = |detail: String| IntakeError::Source {
+        bot: src.bot.clone(),
+        detail,
+    };
+    let entries: Vec<(String, String)> = match &src.kind {
+        SourceKind::DataDir(dir) => {
+            let reviews = crate::workspace::DataPaths::new(dir).reviews;
+            catalog::list(&reviews)
+                .map_err(|e| err(e.to_string()))?
+                .into_iter()
+                .filter(|e| e.kind == ReportKind::Daily)
+                .map(|e| (e.name, e.date))
+                .collect()
+        }
+        SourceKind::Url(conn) => {
+            let (st, v) = client::request(conn, hyper::Method::GET, "/api/review/reports", None)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+            if st != 200 {
+                return Err(err(format!(
+                    "GET /api/review/reports answered {st}: {}",
+                    v["error"]["message"]
+                        .as_str()
+                        .or(v["message"].as_str())
+                        .unwrap_or("")
+                )));
+            }
+            v["reports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["kind"] == "daily")
+                .filter_map(|e| {
+                    Some((
+                        e["name"].as_str()?.to_owned(),
+                        e["date"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect()
+        }
+    };
+    let mut out = Vec::new();
+    for (name, _) in entries {
+        // Names from a remote host are parsed like any client input.
+        let Ok(n) = ReportName::parse(&name) else {
+            continue;
+        };
+        out.push(n);
+    }
+    Ok(out)
+}
+
+async fn fetch_report(src: &Source, name: &ReportName) -> Result<Value, String> {
+    match &src.kind {
+        SourceKind::DataDir(dir) => {
+            let reviews = crate::workspace::DataPaths::new(dir).reviews;
+            catalog::read(&reviews, name).map_err(|e| e.to_string())
+        }
+        SourceKind::Url(conn) => {
+            let path = format!("/api/review/reports/{}", name.date);
+            let (st, v) = client::request(conn, hyper::Method::GET, &path, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            if st != 200 {
+                return Err(format!("GET {path} answered {st}"));
+            }
+            Ok(v["report"].clone())
+        }
+    }
+}
+
+/// Where a taken-in report is stored.
+pub fn stored_dir(intake_dir: &Path, bot: &str, date: &str) -> PathBuf {
+    intake_dir.join("reports").join(bot).join(date)
+}
+
+/// Every stored finding, oldest first (for the weekly and the duplicates).
+pub fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, IntakeError> {
+    let root = intake_dir.join("reports");
+    let mut out = Vec::new();
+    let Ok(bots) = std::fs::read_dir(&root) else {
+        return Ok(out);
+    };
+    let mut bots: Vec<String> = bots
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|b| validate_bot(b).is_ok())
+        .collect();
+    bots.sort();
+    for bot in bots {
+        let Ok(days) = std::fs::read_dir(root.join(&bot)) else {
+            continue;
+        };
+        let mut days: Vec<String> = days
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|d| catalog::parse_date(d).is_some())
+            .collect();
+        days.sort();
+        for day in days {
+            let p = stored_dir(intake_dir, &bot, &day).join("report.json");
+            let Ok(text) = std::fs::read_to_string(&p) else {
+                continue;
+            };
+            let json: Value = serde_json::from_str(&text).map_err(|e| IntakeError::Invalid {
+                path: p.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            out.extend(findings_of(&bot, &day, &json).0);
+        }
+    }
+    Ok(out)
+}
+
+/// An earlier decision a duplicate can follow.
+#[derive(Debug, Clone)]
+pub struct Earlier {
+    pub fingerprint: Fingerprint,
+    pub ledger_id: Option<String>,
+    pub row: Option<usize>,
+    pub decision: Option<Decision>,
+    pub paths: Vec<String>,
+    pub what: String,
+}
+
+/// Runs pull, re-gate, store, verify, relate and decide; writes the triage.
+pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
+    let pending = ctx.intake_dir.join("triage.json");
+    if let Some(t) = read_triage(ctx.intake_dir)? {
+        if t.approved_at.is_none() && !t.rows.is_empty() {
+            return Err(IntakeError::Usage(format!(
+                "{} still has {} rows waiting for approval: run `mercury review approve` first",
+                pending.display(),
+                t.rows.len()
+            )));
+        }
+    }
+    let mut taken_in = Vec::new();
+    let mut refused = Vec::new();
+    let mut findings = Vec::new();
+    let mut invalid = 0;
+    // Stored only once the triage is written: a report stored but never
+    // triaged would be skipped by the next intake and its findings lost.
+    let mut to_store: Vec<(PathBuf, String)> = Vec::new();
+    for src in ctx.sources {
+        for name in list_source(src).await? {
+            let date = name.date.clone();
+            if ctx
+                .since
+                .is_some_and(|s| catalog::parse_date(&date).is_some_and(|d| d < s))
+            {
+                continue;
+            }
+            let dir = stored_dir(ctx.intake_dir, &src.bot, &date);
+            if dir.join("report.json").exists() {
+                continue;
+            }
+            let json = match fetch_report(src, &name).await {
+                Ok(j) => j,
+                Err(e) => {
+                    refused.push(Refused {
+                        bot: src.bot.clone(),
+                        date,
+                        reason: format!("could not be read: {e}"),
+                    });
+                    continue;
+                }
+            };
+            // Re-gate: the report was gated where it was written, but that
+            // host's list is not ours, and the file crossed a boundary.
+            if let Err(g) = report::gate("", &json, ctx.gate) {
+                let kinds: Vec<&str> = g.kinds.iter().map(|k| k.as_str()).collect();
+                refused.push(Refused {
+                    bot: src.bot.clone(),
+                    date,
+                    reason: format!(
+                        "blocked by the identifier gate ({} found); not taken in",
+                        kinds.join(", ")
+                    ),
+                });
+                continue;
+            }
+            let text = serde_json::to_string_pretty(&json).map_err(|e| IntakeError::Invalid {
+                path: dir.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            to_store.push((dir, text));
+            let (f, bad) = findings_of(&src.bot, &date, &json);
+            invalid += bad;
+            findings.extend(f);
+            taken_in.push(format!("{}/{date}", src.bot));
+        }
+    }
+    findings.sort_by(|a, b| {
+        (a.date.as_str(), a.bot.as_str(), a.message_id).cmp(&(
+            b.date.as_str(),
+            b.bot.as_str(),
+            b.message_id,
+        ))
+    });
+    let mut earlier: Vec<Earlier> = super::ledger::read(ctx.intake_dir)?
+        .rows
+        .into_iter()
+        .map(|r| Earlier {
+            what: format!("{} {} [msg {}]", r.bot, r.date, r.message_id),
+            fingerprint: r.fingerprint,
+            ledger_id: Some(r.id),
+            row: None,
+            decision: r.approved.or(Some(r.proposed)),
+            paths: r.paths,
+        })
+        .collect();
+    let items = super::relate::load_items(ctx.intake_dir)
+        .map_err(io("reading the known items", ctx.intake_dir))?;
+    let ranker = Ranker::new(items);
+    let mut rows = Vec::new();
+    for f in findings {
+        let row = rows.len() + 1;
+        let fp = f.fingerprint();
+        let dup = earlier
+            .iter()
+            .find(|e| e.fingerprint.same_finding(&fp))
+            .cloned();
+        let (proposed, reason, paths, follows) = match dup {
+            Some(e) => (
+                Decision::Duplicate,
+                format!(
+                    "same finding as {} (decided {}); follows that decision",
+                    e.what,
+                    e.decision.map_or("nothing yet", Decision::as_str)
+                ),
+                e.paths.clone(),
+                Some(Follows {
+                    ledger_id: e.ledger_id.clone(),
+                    row: e.row,
+                    decision: e.decision,
+                    paths: e.paths.clone(),
+                }),
+            ),
+            None => {
+                let db = ctx
+                    .sources
+                    .iter()
+                    .find(|s| s.bot == f.bot)
+                    .and_then(|s| match &s.kind {
+                        SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir).db),
+                        SourceKind::Url(_) => None,
+                    });
+                let exchange = db
+                    .filter(|db| db.is_file())
+                    .and_then(|db| redacted_exchange(&db, ctx.review, f.message_id, ctx.gate));
+                let v = verify(ctx.verifier, ctx.gate, &f, exchange.as_deref()).await;
+                if v.real == Some(false) {
+                    (
+                        Decision::Reject,
+                        format!("re-judged fine: {}", v.reason),
+                        Vec::new(),
+                        None,
+                    )
+                } else {
+                    let matches = ranker.relate(&fp, &f.query());
+                    let (d, why) = decide(&ranker, &matches);
+                    let note = if v.real.is_none() {
+                        format!("; {}", v.reason)
+                    } else {
+                        String::new()
+                    };
+                    (
+                        d,
+                        format!("{why}{note}"),
+                        matches.iter().map(|m| m.path.clone()).collect(),
+                        None,
+                    )
+                }
+            }
+        };
+        if proposed != Decision::Duplicate {
+            earlier.push(Earlier {
+                what: format!("row {row}"),
+                fingerprint: fp.clone(),
+                ledger_id: None,
+                row: Some(row),
+                decision: Some(proposed),
+                paths: paths.clone(),
+            });
+        }
+        rows.push(TriageRow {
+            row,
+            finding: f,
+            fingerprint: fp,
+            proposed,
+            reason,
+            paths,
+            follows,
+        });
+    }
+    let triage = Triage {
+        made_at: crate::clock::ms_to_rfc3339(crate::clock::now_ms()),
+        taken_in,
+        refused,
+        invalid_findings: invalid,
+        rows,
+        approved_at: None,
+    };
+    write_triage(ctx.intake_dir, &triage, ctx.gate)?;
+    for (dir, text) in to_store {
+        persist(&dir, "report.json", text.as_bytes())?;
+    }
+    Ok(triage)
+}
+
+/// The decision the best related item implies.
+fn decide(ranker: &Ranker, matches: &[Match]) -> (Decision, String) {
+    let Some(best) = matches.first() else {
+        return (Decision::New, "no known item matches".into());
+    };
+    let Some(item) = ranker.items().get(best.item) else {
+        return (Decision::New, "no known item matches".into());
+    };
+    let by = match best.by {
+        super::relate::MatchedBy::Fingerprint => "its fingerprint",
+        super::relate::MatchedBy::Bm25 => "its text",
+    };
+    match (item.kind, item.deployed) {
+        (ItemKind::Landed, Some(true)) => (
+            Decision::Revisit,
+            format!(
+                "matches landed item {} by {by}, deployed and still recurring",
+                item.path
+            ),
+        ),
+        (ItemKind::Landed, _) => (
+            Decision::FixedNotDeployed,
+            format!(
+                "matches landed item {} by {by}, not deployed yet",
+                item.path
+            ),
+        ),
+        _ => (
+            Decision::Attach,
+            format!("matches open item {} by {by}", item.path),
+        ),
+    }
+}
+
+pub fn read_triage(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
+    let p = intake_dir.join("triage.json");
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("reading the triage", &p)(e)),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| IntakeError::Invalid {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The message ids a triage may name (the gate lets exactly these through).
+fn triage_ids(t: &Triage) -> BTreeSet<i64> {
+    t.rows.iter().map(|r| r.finding.message_id).collect()
+}
+
+pub fn triage_markdown(t: &Triage) -> String {
+    let mut md = format!("# Review intake triage ({})\n\n", t.made_at);
+    md.push_str(&format!(
+        "Reports taken in: {}.\n\n",
+        if t.taken_in.is_empty() {
+            "none".to_owned()
+        } else {
+            t.taken_in.join(", ")
+        }
+    ));
+    if !t.refused.is_empty() {
+        md.push_str("Reports not taken in:\n\n");
+        for r in &t.refused {
+            md.push_str(&format!("- {} {}: {}\n", r.bot, r.date, r.reason));
+        }
+        md.push('\n');
+    }
+    if t.invalid_findings > 0 {
+        md.push_str(&format!(
+            "Findings that did not validate: {}.\n\n",
+            t.invalid_findings
+        ));
+    }
+    md.push_str("| row | bot | date | message | space | kind | proposed | reason | paths |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for r in &t.rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | [msg {}] | {} | {} | {} | {} | {} |\n",
+            r.row,
+            r.finding.bot,
+            r.finding.date,
+            r.finding.message_id,
+            cell(&r.finding.space),
+            r.finding.kind.as_str(),
+            r.proposed.as_str(),
+            cell(&r.reason),
+            if r.paths.is_empty() {
+                "-".to_owned()
+            } else {
+                r.paths.join(", ")
+            }
+        ));
+    }
+    md.push_str("\nSummaries:\n\n");
+    for r in &t.rows {
+        md.push_str(&format!("{}. {}\n", r.row, cell(&r.finding.summary)));
+    }
+    md.push_str(
+        "\nApprove with `mercury review approve --all`, `--rows 1,3` or `--set 2=new`; \
+         nothing is applied before.\n",
+    );
+    md
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "/").replace(['\n', '\r'], " ")
+}
+
+/// Gates and writes `triage.json` and `triage.md`.
+pub fn write_triage(
+    intake_dir: &Path,
+    t: &Triage,
+    gate: &IdentifierGate,
+) -> Result<(), IntakeError> {
+    let md = triage_markdown(t);
+    let json = serde_json::to_value(t).map_err(|e| IntakeError::Invalid {
+        path: "triage".into(),
+        reason: e.to_string(),
+    })?;
+    gate_text("triage", &md, &json, &triage_ids(t), gate)?;
+    let text = serde_json::to_string_pretty(&json).map_err(|e| IntakeError::Invalid {
+        path: "triage".into(),
+        reason: e.to_string(),
+    })?;
+    persist(intake_dir, "triage.json", text.as_bytes())?;
+    persist(intake_dir, "triage.md", md.as_bytes())
+}
+
+/// The gate over a file the intake writes: the whole text (markdown) and
+/// every string of the JSON.
+pub fn gate_text(
+    what: &'static str,
+    text: &str,
+    json: &Value,
+    ids: &BTreeSet<i64>,
+    gate: &IdentifierGate,
+) -> Result<(), IntakeError> {
+    let mut strings = String::new();
+    collect_strings(json, &mut strings);
+    gate.check_with_ids(text, ids)
+        .and_then(|()| gate.check_with_ids(&strings, ids))
+        .map_err(|g| IntakeError::Gated {
+            what,
+            kinds: g
+                .kinds
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+fn collect_strings(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|i| collect_strings(i, out)),
+        Value::Object(map) => map.values().for_each(|i| collect_strings(i, out)),
+        _ => {}
+    }
+}
+
+/// Writes `dir/name` atomically (a temp file in `dir`, then a rename).
+pub fn persist(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IntakeError> {
+    std::fs::create_dir_all(dir).map_err(io("creating the directory", dir))?;
+    let target = dir.join(name);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".intake-")
+        .tempfile_in(dir)
+        .map_err(io("writing", dir))?;
+    tmp.write_all(bytes).map_err(io("writing", &target))?;
+    tmp.as_file().sync_all().map_err(io("writing", &target))?;
+    tmp.persist(&target)
+        .map_err(|e| io("writing", &target)(e.error))?;
+    Ok(())
+}
+
+/// Counts of a triage by proposed decision (for the CLI's summary line).
+pub fn counts(t: &Triage) -> BTreeMap<&'static str, usize> {
+    let mut m = BTreeMap::new();
+    for r in &t.rows {
+        *m.entry(r.proposed.as_str()).or_default() += 1;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn review_intake_sources_and_bot_names_are_validated() {
+        let s = parse_source("/srv/bots/tagula", None).unwrap();
+        assert_eq!(s.bot, "tagula");
+        let s = parse_source("second=/srv/x", None).unwrap();
+        assert_eq!(s.bot, "second");
+        assert!(
+            parse_source("http://127.0.0.1:9", None).is_err(),
+            "a URL needs a token"
+        );
+        let s = parse_source("http://127.0.0.1:9", Some("t")).unwrap();
+        assert_eq!(s.bot, "127.0.0.1-9");
+        for bad in ["Bad Name=/srv", "Upper=/srv", ".hidden=/srv"] {
+            assert!(parse_source(bad, None).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Decision::parse("fixed-not-deployed"),
+            Some(Decision::FixedNotDeployed)
+        );
+        assert_eq!(Decision::parse("maybe"), None);
+    }
+}

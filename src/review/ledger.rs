@@ -1,0 +1,655 @@
+//! Owner approval and the ledger (M2.1): `mercury review approve` takes the
+//! pending triage, applies only the rows the owner approved, and appends
+//! **every** row, applied or not, to `<intake_dir>/ledger.json`.
+//!
+//! Applying a row: `new` writes a pre-filled bug (a wrong answer, refusal,
+//! ignored instruction, hallucination, tool failure or privacy finding) or
+//! idea (tone, other) under `bugs/` or `ideas/`, carrying the finding's
+//! fingerprint line so a later finding relates to it; `attach`,
+//! `fixed-not-deployed` and `revisit` append a reference to the matched
+//! item; `reject` changes no item (the ledger row is what suppresses the
+//! finding from then on); `duplicate` does what the row it follows did.
+//!
+//! Must never: apply a row the owner did not approve, write an item or the
+//! ledger the gate has not passed, or lose a ledger row (the file is read,
+//! extended and replaced atomically).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::redaction::IdentifierGate;
+use crate::review::fingerprint::{self, Fingerprint};
+use crate::review::intake::{self, Decision, IntakeError, Triage, TriageRow};
+use crate::review::judge::FindingKind;
+use crate::review::relate;
+
+/// `review.intake_dir`, or `<reviews>/intake` (`reviews` is the data
+/// dir's `reviews/`).
+pub fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> std::path::PathBuf {
+    if cfg.intake_dir.trim().is_empty() {
+        reviews.join("intake")
+    } else {
+        std::path::PathBuf::from(cfg.intake_dir.trim())
+    }
+}
+
+/// What the ledger feeds back to the daily judge (M3.2).
+#[derive(Debug, Clone, Default)]
+pub struct Feedback {
+    /// Fingerprints of findings the owner rejected: a finding that is the
+    /// same is dropped and counted.
+    pub rejected: Vec<Fingerprint>,
+    /// The most recent rejected findings as `kind: summary`, not yet redacted.
+    pub counter_examples: Vec<String>,
+}
+
+impl Ledger {
+    pub fn feedback(&self, max_examples: usize) -> Feedback {
+        let rejected = self.rejected();
+        let mut seen = BTreeSet::new();
+        let counter_examples = rejected
+            .iter()
+            .rev()
+            .map(|r| format!("{}: {}", r.kind.as_str(), one_line(&r.summary)))
+            .filter(|t| seen.insert(t.clone()))
+            .take(max_examples)
+            .collect();
+        Feedback {
+            rejected: rejected.iter().map(|r| r.fingerprint.clone()).collect(),
+            counter_examples,
+        }
+    }
+}
+
+/// One ledger row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LedgerRow {
+    /// 12 letters, unique per row.
+    pub id: String,
+    pub fingerprint: Fingerprint,
+    pub bot: String,
+    pub date: String,
+    pub message_id: i64,
+    pub space: String,
+    #[schema(value_type = String)]
+    pub kind: FindingKind,
+    pub summary: String,
+    pub proposed: Decision,
+    /// What the owner approved; `None` when the row was not approved.
+    pub approved: Option<Decision>,
+    /// Whether the approved decision was carried out.
+    pub applied: bool,
+    pub who: String,
+    /// RFC 3339, UTC.
+    pub when: String,
+    /// Items matched or written.
+    pub paths: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ledger {
+    pub rows: Vec<LedgerRow>,
+}
+
+impl Ledger {
+    /// Fingerprints the owner rejected (a finding that matches one is dropped
+    /// from the daily report).
+    pub fn rejected(&self) -> Vec<&LedgerRow> {
+        self.rows
+            .iter()
+            .filter(|r| r.approved == Some(Decision::Reject))
+            .collect()
+    }
+}
+
+pub fn read(intake_dir: &Path) -> Result<Ledger, IntakeError> {
+    let p = intake_dir.join("ledger.json");
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Ledger::default()),
+        Err(source) => {
+            return Err(IntakeError::Io {
+                what: "reading the ledger",
+                path: p.display().to_string(),
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text).map_err(|e| IntakeError::Invalid {
+        path: p.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Which rows the owner approved, and with what decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approval {
+    All,
+    /// Row number → decision (`None`: as proposed).
+    Rows(Vec<(usize, Option<Decision>)>),
+}
+
+/// `--rows 1,3` and `--set 2=new` into one approval.
+pub fn parse_approval(
+    all: bool,
+    rows: Option<&str>,
+    sets: &[String],
+) -> Result<Option<Approval>, IntakeError> {
+    let usage = |m: String| IntakeError::Usage(m);
+    if all && (rows.is_some() || !sets.is_empty()) {
+        return Err(usage(
+            "--all approves every row as proposed; give it alone".into(),
+        ));
+    }
+    if all {
+        return Ok(Some(Approval::All));
+    }
+    let mut out: Vec<(usize, Option<Decision>)> = Vec::new();
+    for part in rows
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let n = part
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| usage(format!("--rows: {part:?} is not a row number")))?;
+        out.push((n, None));
+    }
+    for s in sets {
+        let (n, d) = s
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--set {s:?}: write ROW=DECISION, e.g. 2=new")))?;
+        let n = n
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| usage(format!("--set {s:?}: {n:?} is not a row number")))?;
+        let d = Decision::parse(d).ok_or_else(|| {
+            usage(format!(
+                "--set {s:?}: the decision must be one of {}",
+                Decision::ALL.map(Decision::as_str).join(", ")
+            ))
+        })?;
+        out.retain(|(r, _)| *r != n);
+        out.push((n, Some(d)));
+    }
+    Ok(if out.is_empty() {
+        None
+    } else {
+        Some(Approval::Rows(out))
+    })
+}
+
+/// What `approve` did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Approved {
+    pub rows: usize,
+    pub approved: usize,
+    pub applied: usize,
+    /// Items written or extended.
+    pub written: Vec<String>,
+}
+
+/// Applies the approved rows of the pending triage and appends every row
+/// to the ledger.
+pub fn approve(
+    intake_dir: &Path,
+    approval: &Approval,
+    who: &str,
+    gate: &IdentifierGate,
+) -> Result<Approved, IntakeError> {
+    let mut triage = intake::read_triage(intake_dir)?
+        .filter(|t| t.approved_at.is_none())
+        .ok_or_else(|| {
+            IntakeError::Usage(format!(
+                "no triage is waiting in {}: run `mercury review intake` first",
+                intake_dir.display()
+            ))
+        })?;
+    let chosen: Vec<(usize, Option<Decision>)> = match approval {
+        Approval::All => triage.rows.iter().map(|r| (r.row, None)).collect(),
+        Approval::Rows(r) => r.clone(),
+    };
+    for (n, _) in &chosen {
+        if !triage.rows.iter().any(|r| r.row == *n) {
+            return Err(IntakeError::Usage(format!(
+                "row {n} is not in the triage (it has {} rows)",
+                triage.rows.len()
+            )));
+        }
+    }
+    // Refused before anything is written: an attach-like decision needs an
+    // item to attach to (a duplicate follows its row's item instead).
+    for (n, d) in &chosen {
+        let Some(row) = triage.rows.iter().find(|r| r.row == *n) else {
+            continue;
+        };
+        let decision = d.unwrap_or(row.proposed);
+        let needs_item = matches!(
+            decision,
+            Decision::Attach | Decision::FixedNotDeployed | Decision::Revisit
+        );
+        if needs_item && row.paths.is_empty() {
+            return Err(IntakeError::Usage(format!(
+                "row {n} matched no item to {}: approve it as new (--set {n}=new) or leave it out",
+                decision.as_str()
+            )));
+        }
+        if decision == Decision::Duplicate && row.follows.is_none() {
+            return Err(IntakeError::Usage(format!(
+                "row {n} follows no earlier finding, so it cannot be a duplicate"
+            )));
+        }
+    }
+    let mut ledger = read(intake_dir)?;
+    let now = crate::clock::ms_to_rfc3339(crate::clock::now_ms());
+    let mut out = Approved {
+        rows: triage.rows.len(),
+        approved: 0,
+        applied: 0,
+        written: Vec::new(),
+    };
+    // (row, final decision, paths) of rows already handled, for duplicates.
+    let mut done: Vec<(usize, Option<Decision>, Vec<String>)> = Vec::new();
+    for row in &triage.rows {
+        let approved = chosen
+            .iter()
+            .find(|(n, _)| *n == row.row)
+            .map(|(_, d)| d.unwrap_or(row.proposed));
+        let mut paths = row.paths.clone();
+        let mut applied = false;
+        if let Some(decision) = approved {
+            out.approved += 1;
+            let (effect, target) = effect_of(row, decision, &done);
+            if let Some(p) = apply(intake_dir, row, effect, target.as_deref(), gate)? {
+                out.written.push(p.clone());
+                if !paths.contains(&p) {
+                    paths.insert(0, p);
+                }
+            }
+            applied = true;
+            out.applied += 1;
+            let final_decision = if decision == Decision::Duplicate {
+                effect
+            } else {
+                Some(decision)
+            };
+            done.push((row.row, final_decision, paths.clone()));
+        } else {
+            done.push((row.row, None, paths.clone()));
+        }
+        ledger.rows.push(LedgerRow {
+            id: row_id(),
+            fingerprint: row.fingerprint.clone(),
+            bot: row.finding.bot.clone(),
+            date: row.finding.date.clone(),
+            message_id: row.finding.message_id,
+            space: row.finding.space.clone(),
+            kind: row.finding.kind,
+            summary: row.finding.summary.clone(),
+            proposed: row.proposed,
+            approved,
+            applied,
+            who: who.to_owned(),
+            when: now.clone(),
+            paths,
+        });
+    }
+    write_ledger(intake_dir, &ledger, gate)?;
+    triage.approved_at = Some(now);
+    intake::write_triage(intake_dir, &triage, gate)?;
+    Ok(out)
+}
+
+/// What an approved decision does, and to which item: a duplicate does what
+/// the row it follows did (or, for an earlier ledger row, what that row's
+/// decision does to its paths).
+fn effect_of(
+    row: &TriageRow,
+    decision: Decision,
+    done: &[(usize, Option<Decision>, Vec<String>)],
+) -> (Option<Decision>, Option<String>) {
+    if decision != Decision::Duplicate {
+        return (Some(decision), row.paths.first().cloned());
+    }
+    let Some(f) = &row.follows else {
+        return (None, None);
+    };
+    let (d, paths) = match f.row.and_then(|n| done.iter().find(|(r, _, _)| *r == n)) {
+        Some((_, d, p)) => (*d, p.clone()),
+        None => (f.decision, f.paths.clone()),
+    };
+    // Following a `new` means attaching to the item it wrote.
+    let d = match d {
+        Some(Decision::New) => Some(Decision::Attach),
+        other => other,
+    };
+    (d, paths.first().cloned())
+}
+
+/// Carries out one decision; the path of the item written or extended.
+fn apply(
+    intake_dir: &Path,
+    row: &TriageRow,
+    effect: Option<Decision>,
+    target: Option<&str>,
+    gate: &IdentifierGate,
+) -> Result<Option<String>, IntakeError> {
+    match effect {
+        None | Some(Decision::Reject) | Some(Decision::Duplicate) => Ok(None),
+        Some(Decision::New) => write_new_item(intake_dir, row, gate).map(Some),
+        Some(Decision::Attach | Decision::FixedNotDeployed | Decision::Revisit) => {
+            let Some(rel) = target else {
+                return Err(IntakeError::Usage(format!(
+                    "row {} has no matched item to attach to: approve it as new (--set {}=new)",
+                    row.row, row.row
+                )));
+            };
+            append_reference(intake_dir, rel, row, gate).map(Some)
+        }
+    }
+}
+
+fn is_bug(kind: FindingKind) -> bool {
+    !matches!(kind, FindingKind::Tone | FindingKind::Other)
+}
+
+/// `bugs/<slug>.md` or `ideas/<slug>.md`, pre-filled from the finding.
+fn write_new_item(
+    intake_dir: &Path,
+    row: &TriageRow,
+    gate: &IdentifierGate,
+) -> Result<String, IntakeError> {
+    let f = &row.finding;
+    let kind = if is_bug(f.kind) {
+        relate::ItemKind::Bug
+    } else {
+        relate::ItemKind::Idea
+    };
+    let dir = intake_dir.join(kind.dir());
+    let base = slug(&f.summary);
+    let mut name = format!("{base}.md");
+    let mut n = 2;
+    while dir.join(&name).exists() {
+        name = format!("{base}-{}.md", letters_of(n));
+        n += 1;
+    }
+    let body = format!(
+        "# {title}\n\n\
+         {fp}\n\n\
+         - kind: {kind}\n- scope: {scope}\n- target layer: {layer}\n- severity: {sev}\n\
+         - first seen: {bot} {date} [msg {msg}] in space {space}\n\n\
+         ## Summary\n\n{summary}\n\n## Evidence\n\n{evidence}\n\n## Suggestion\n\n{suggestion}\n\n\
+         ## Findings\n\n- {date} {bot} [msg {msg}]: {summary}\n",
+        title = one_line(&f.summary),
+        fp = relate::fingerprint_line(&row.fingerprint),
+        kind = f.kind.as_str(),
+        scope = f.scope.as_str(),
+        layer = f.target_layer.as_str(),
+        sev = f.severity,
+        bot = f.bot,
+        date = f.date,
+        msg = f.message_id,
+        space = f.space,
+        summary = one_line(&f.summary),
+        evidence = one_line(&f.evidence),
+        suggestion = one_line(&f.suggestion),
+    );
+    let ids: BTreeSet<i64> = [f.message_id].into();
+    intake::gate_text("new item", &body, &Value::Null, &ids, gate)?;
+    intake::persist(&dir, &name, body.as_bytes())?;
+    Ok(format!("{}/{name}", kind.dir()))
+}
+
+/// Appends `- <date> <bot> [msg N] (<decision>): <summary>` to an item.
+fn append_reference(
+    intake_dir: &Path,
+    rel: &str,
+    row: &TriageRow,
+    gate: &IdentifierGate,
+) -> Result<String, IntakeError> {
+    // Only a path the intake itself listed: `<folder>/<name>.md`.
+    let (folder, name) = rel
+        .split_once('/')
+        .filter(|(d, n)| {
+            relate::ItemKind::ALL.iter().any(|k| k.dir() == *d)
+                && n.ends_with(".md")
+                && !n.contains('/')
+                && !n.starts_with('.')
+        })
+        .ok_or_else(|| IntakeError::Usage(format!("{rel:?} is not a known item path")))?;
+    let dir = intake_dir.join(folder);
+    let path = dir.join(name);
+    let meta = std::fs::symlink_metadata(&path).map_err(|source| IntakeError::Io {
+        what: "reading the item",
+        path: path.display().to_string(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(IntakeError::Usage(format!("{rel} is not a plain file")));
+    }
+    let mut body = std::fs::read_to_string(&path).map_err(|source| IntakeError::Io {
+        what: "reading the item",
+        path: path.display().to_string(),
+        source,
+    })?;
+    if !body.contains("\n## Findings\n") {
+        if !body.ends_with('\n') {
+            body.push('\n');
+        }
+        body.push_str("\n## Findings\n\n");
+    }
+    let f = &row.finding;
+    let line = format!(
+        "- {} {} [msg {}] in space {} ({}): {} (fingerprint {})\n",
+        f.date,
+        f.bot,
+        f.message_id,
+        f.space,
+        row.proposed.as_str(),
+        one_line(&f.summary),
+        row.fingerprint.short_id()
+    );
+    let ids: BTreeSet<i64> = [f.message_id].into();
+    // The line is ours to gate; the operator's own text around it is theirs.
+    intake::gate_text("item reference", &line, &Value::Null, &ids, gate)?;
+    body.push_str(&line);
+    intake::persist(&dir, name, body.as_bytes())?;
+    Ok(rel.to_owned())
+}
+
+fn write_ledger(
+    intake_dir: &Path,
+    ledger: &Ledger,
+    gate: &IdentifierGate,
+) -> Result<(), IntakeError> {
+    let json = serde_json::to_value(ledger).map_err(|e| IntakeError::Invalid {
+        path: "ledger".into(),
+        reason: e.to_string(),
+    })?;
+    // Message ids are JSON numbers (not gated); every string is.
+    intake::gate_text("ledger", "", &json, &BTreeSet::new(), gate)?;
+    let text = serde_json::to_string_pretty(&json).map_err(|e| IntakeError::Invalid {
+        path: "ledger".into(),
+        reason: e.to_string(),
+    })?;
+    intake::persist(intake_dir, "ledger.json", text.as_bytes())
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ").trim().to_owned()
+}
+
+/// A file name from a summary's words: at most six, joined with `-`.
+fn slug(summary: &str) -> String {
+    let words: Vec<String> = fingerprint::words(summary)
+        .into_iter()
+        .map(|w| {
+            w.chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .collect::<String>()
+        })
+        .filter(|w| !w.is_empty() && !w.chars().any(|c| c.is_ascii_digit()))
+        .take(6)
+        .collect();
+    if words.is_empty() {
+        "finding".to_owned()
+    } else {
+        words.join("-")
+    }
+}
+
+/// `2` → `b`, `27` → `ab`: suffixes without digits.
+fn letters_of(mut n: usize) -> String {
+    let mut out = Vec::new();
+    while n > 0 {
+        out.push(char::from(b'a' + ((n - 1) % 26) as u8));
+        n = (n - 1) / 26;
+    }
+    out.iter().rev().collect()
+}
+
+fn row_id() -> String {
+    let v: u64 = rand::random();
+    (0..12)
+        .map(|i| char::from(b'a' + ((v >> (4 * i)) & 0xf) as u8))
+        .collect()
+}
+
+/// `triage` rows approved as asked: for the interactive prompt.
+pub fn describe_row(r: &TriageRow) -> String {
+    format!(
+        "{}. {} {} [msg {}] {}: {} -> {} ({}){}",
+        r.row,
+        r.finding.bot,
+        r.finding.date,
+        r.finding.message_id,
+        r.finding.kind.as_str(),
+        one_line(&r.finding.summary),
+        r.proposed.as_str(),
+        r.reason,
+        if r.paths.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", r.paths.join(", "))
+        }
+    )
+}
+
+/// The pending triage (for `approve` on a TTY).
+pub fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
+    Ok(intake::read_triage(intake_dir)?.filter(|t| t.approved_at.is_none()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(n: usize, summary: &str, proposed: Decision) -> TriageRow {
+        let finding = intake::IntakeFinding {
+            bot: "local".into(),
+            date: "2026-09-28".into(),
+            space: "family".into(),
+            message_id: 10 + n as i64,
+            kind: FindingKind::Tone,
+            scope: crate::review::judge::Scope::Space,
+            target_layer: crate::review::judge::TargetLayer::Character,
+            severity: 1,
+            summary: summary.into(),
+            evidence: "e".into(),
+            suggestion: "s".into(),
+        };
+        TriageRow {
+            row: n,
+            fingerprint: finding.fingerprint(),
+            finding,
+            proposed,
+            reason: "r".into(),
+            paths: Vec::new(),
+            follows: None,
+        }
+    }
+
+    #[test]
+    fn review_ledger_refuses_an_impossible_approval_before_writing_anything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gate = IdentifierGate::new(&crate::redaction::RedactionList::new()).unwrap();
+        let triage = Triage {
+            made_at: "2026-09-28T05:00:00Z".into(),
+            taken_in: vec!["local/2026-09-28".into()],
+            refused: Vec::new(),
+            invalid_findings: 0,
+            rows: vec![
+                row(1, "a curt reply", Decision::New),
+                row(2, "a rude greeting", Decision::New),
+            ],
+            approved_at: None,
+        };
+        intake::write_triage(tmp.path(), &triage, &gate).unwrap();
+        // Row 1 as new would be written first; row 2 cannot attach to nothing.
+        let err = approve(
+            tmp.path(),
+            &Approval::Rows(vec![(1, None), (2, Some(Decision::Attach))]),
+            "owner",
+            &gate,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("row 2 matched no item"), "{err}");
+        assert!(!tmp.path().join("ledger.json").exists());
+        assert!(!tmp.path().join("ideas").exists(), "nothing applied");
+        assert!(
+            pending(tmp.path()).unwrap().is_some(),
+            "the triage still waits"
+        );
+        // Approved as asked, both rows land in the ledger and the idea is written.
+        let done = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap();
+        assert_eq!((done.rows, done.applied, done.written.len()), (2, 2, 2));
+        assert_eq!(read(tmp.path()).unwrap().rows.len(), 2);
+        assert!(pending(tmp.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn review_ledger_approval_arguments() {
+        assert_eq!(
+            parse_approval(true, None, &[]).unwrap(),
+            Some(Approval::All)
+        );
+        assert_eq!(parse_approval(false, None, &[]).unwrap(), None);
+        assert_eq!(
+            parse_approval(false, Some("1, 3"), &["3=new".into(), "2=reject".into()]).unwrap(),
+            Some(Approval::Rows(vec![
+                (1, None),
+                (3, Some(Decision::New)),
+                (2, Some(Decision::Reject))
+            ]))
+        );
+        for (rows, sets) in [
+            (Some("0"), vec![]),
+            (Some("x"), vec![]),
+            (None, vec!["2".to_owned()]),
+            (None, vec!["2=maybe".to_owned()]),
+        ] {
+            assert!(
+                parse_approval(false, rows, &sets).is_err(),
+                "{rows:?} {sets:?}"
+            );
+        }
+        assert!(parse_approval(true, Some("1"), &[]).is_err());
+        assert_eq!(
+            slug("The [PERSON_1] got 12 wrong capitals!"),
+            "person-got-wrong-capital"
+        );
+        assert_eq!(
+            (letters_of(2), letters_of(27)),
+            ("b".to_owned(), "aa".to_owned())
+        );
+        assert!(row_id().bytes().all(|b| (b'a'..=b'p').contains(&b)));
+    }
+}

@@ -1,0 +1,636 @@
+//! Issue 17, the operator's view, from the outside: what a participant reads
+//! when a turn fails, the trigger word kept out of the prompt, `/metrics`
+//! after a real turn, the host's log lines, `mercury status` and `doctor`,
+//! start-up validation and mrctl's exit codes and help.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+
+use crate::common::{free_port, prepare, HostOptions, TestHost};
+
+fn mercury_cli() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_remove("MERCURY_DATA_DIR").stdin(Stdio::null());
+    c
+}
+
+/// GET `path` on `base` with an optional token: (status, content type, body).
+async fn get_text(
+    h: &TestHost,
+    base: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String, String) {
+    let mut req = h.http.get(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, ct, r.text().await.unwrap_or_default())
+}
+
+/// The value of the sample `series` (name and labels exactly) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits for the reply to stored message `mid`; returns its text.
+async fn reply_to(h: &TestHost, mid: i64) -> String {
+    let sql = format!("SELECT COUNT(*) FROM messages WHERE reply_to = {mid}");
+    assert_eq!(h.wait_count(&sql, 1, 60).await, 1, "a reply to {mid}");
+    h.db()
+        .query_row(
+            "SELECT text FROM messages WHERE reply_to = ?1",
+            [mid],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+async fn ingest_dm(h: &TestHost, adapter: &str, text: &str, id: &str) -> i64 {
+    let (st, v) = h.ingest(adapter, "ops-dm", "pat", text, id, false).await;
+    assert_eq!((st, v["status"].as_str()), (202, Some("queued")), "{v}");
+    v["message_id"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn ops_a_failed_turn_answers_the_configured_sentence_and_keeps_the_reason() {
+    let h = TestHost::start(HostOptions {
+        model: json!({"rules": [{"match": "^user: hello$", "reply": "hi"}]}),
+        config: vec![(
+            "turn.failure_reply",
+            Yaml::String("That did not work, sorry.".into()),
+        )],
+        ..Default::default()
+    })
+    .await;
+    let adapter = h.token("bridge", "adapter").await;
+    let mid = ingest_dm(&h, &adapter, "/etc/passwd please", "f-1").await;
+    assert_eq!(reply_to(&h, mid).await, "That did not work, sorry.");
+    let error: String = h
+        .db()
+        .query_row(
+            "SELECT error FROM runs WHERE trigger_message_id = ?1",
+            [mid],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        error.contains("no rule matches"),
+        "the reason stays: {error}"
+    );
+    let outbox: String = h
+        .db()
+        .query_row(
+            "SELECT text FROM outbox ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        outbox, "That did not work, sorry.",
+        "delivered as configured"
+    );
+    // The console reads the same sentence, not the reason.
+    h.create_space("ops-console").await;
+    let v = h.chat("ops-console", "anything at all").await;
+    assert_eq!(
+        v["reply"].as_str(),
+        Some("That did not work, sorry."),
+        "{v}"
+    );
+    assert!(!v.to_string().contains("no rule matches"), "{v}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ops_the_trigger_word_does_not_reach_the_model() {
+    let h = TestHost::start(HostOptions {
+        model: json!({"rules": [
+            {"match": "^user: what is the time\\?$", "reply": "stripped"},
+            {"reply": "not stripped"}
+        ]}),
+        ..Default::default()
+    })
+    .await;
+    let adapter = h.token("bridge", "adapter").await;
+    let mid = ingest_dm(&h, &adapter, "@mercury what is the time?", "t-1").await;
+    assert_eq!(reply_to(&h, mid).await, "stripped");
+    let mid = ingest_dm(&h, &adapter, "Mercury, what is the time?", "t-2").await;
+    assert_eq!(reply_to(&h, mid).await, "stripped");
+    // A mention inside the text is the participant's words: kept.
+    let mid = ingest_dm(&h, &adapter, "is mercury what is the time?", "t-3").await;
+    assert_eq!(reply_to(&h, mid).await, "not stripped");
+    // The stored message keeps what was said.
+    let stored: String = h
+        .db()
+        .query_row(
+            "SELECT text FROM messages WHERE platform_message_id = 't-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, "@mercury what is the time?");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ops_metrics_count_a_real_turn_behind_an_admin_token() {
+    let metrics_port = free_port();
+    let h = TestHost::start(HostOptions {
+        model: json!({"rules": [
+            {"purpose": "turn", "match": "^tool_result\\(shell\\): ", "reply": "ran it"},
+            {"purpose": "turn", "match": "^user: run it$",
+             "tool_calls": [{"name": "shell", "arguments": {"command": "echo hi"}}]},
+            {"purpose": "turn", "reply": "ok"}
+        ]}),
+        config: vec![(
+            "metrics.bind",
+            Yaml::String(format!("127.0.0.1:{metrics_port}")),
+        )],
+        ..Default::default()
+    })
+    .await;
+    h.create_space("ops-metrics").await;
+    assert_eq!(h.chat("ops-metrics", "run it").await["reply"], "ran it");
+    let adapter = h.token("bridge", "adapter").await;
+    let mid = ingest_dm(&h, &adapter, "hello", "m-1").await;
+    reply_to(&h, mid).await;
+    let (st, v) = h
+        .ingest(&adapter, "ops-dm", "pat", "hello", "m-1", false)
+        .await;
+    assert_eq!((st, v["status"].as_str()), (200, Some("duplicate")), "{v}");
+
+    let (st, ct, text) = get_text(&h, &h.url, "/metrics", Some(&h.owner_token)).await;
+    assert_eq!(st, 200, "{text}");
+    assert!(ct.starts_with("text/plain"), "{ct}");
+    let want = [
+        ("mercury_turns_total{kind=\"live\",status=\"done\"}", 2.0),
+        ("mercury_turn_duration_seconds_count{kind=\"live\"}", 2.0),
+        (
+            "mercury_model_calls_total{provider=\"scripted\",outcome=\"ok\"}",
+            3.0,
+        ),
+        (
+            "mercury_model_call_duration_seconds_count{provider=\"scripted\",outcome=\"ok\"}",
+            3.0,
+        ),
+        ("mercury_ingress_messages_total{decision=\"queued\"}", 1.0),
+        (
+            "mercury_ingress_messages_total{decision=\"duplicate\"}",
+            1.0,
+        ),
+        ("mercury_queue_depth", 0.0),
+        ("mercury_running_turns", 0.0),
+        ("mercury_build_info{version=\"0.1.0\"}", 1.0),
+    ];
+    for (series, value) in want {
+        assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
+    }
+    for series in [
+        "mercury_model_tokens_total{provider=\"scripted\",direction=\"input\"}",
+        "mercury_judge_held_back_total",
+        "mercury_active_spaces",
+        "mercury_uptime_seconds",
+    ] {
+        assert!(sample(&text, series).is_some(), "{series} in:\n{text}");
+    }
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("mercury_sandbox_start_duration_seconds_count{backend=")
+            && l.ends_with(" 1")),
+        "one sandbox start:\n{text}"
+    );
+    assert!(
+        !text.contains("ops-dm") && !text.contains("pat"),
+        "no caller or conversation in a label"
+    );
+
+    // Only the owner and global admins read it on the API listener.
+    let member = h.token("mallory", "user").await;
+    let (st, _, _) = get_text(&h, &h.url, "/metrics", Some(&member)).await;
+    assert_eq!(st, 403);
+    let (st, _, _) = get_text(&h, &h.url, "/metrics", None).await;
+    assert_eq!(st, 401);
+    // metrics.bind serves it alone, without a token.
+    let open = format!("http://127.0.0.1:{metrics_port}");
+    let (st, _, text) = get_text(&h, &open, "/metrics", None).await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        sample(&text, "mercury_turns_total{kind=\"live\",status=\"done\"}"),
+        Some(2.0)
+    );
+    let (st, _, _) = get_text(&h, &open, "/api/spaces", Some(&h.owner_token)).await;
+    assert_eq!(st, 404, "the metrics listener serves nothing else");
+    h.stop().await;
+}
+
+/// Waits until the captured stderr holds `needle` (the host logs asynchronously).
+async fn wait_log(h: &TestHost, needle: &str) -> String {
+    for _ in 0..200 {
+        let text = h.stderr();
+        if text.contains(needle) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{needle:?} never appeared in:\n{}", h.stderr());
+}
+
+#[tokio::test]
+async fn ops_log_lines_for_turns_act_as_ingress_and_start_up_without_ansi() {
+    let h = TestHost::start_process_captured(HostOptions {
+        env: vec![
+            ("MERCURY_LOG", "info,mercury::ingress=debug".into()),
+            ("MERCURY_SANDBOX", "docker".into()),
+            ("MERCURY_REVIEW_MODEL", "anthropic:claude-x".into()),
+            ("MERCURY_ANTHROPIC_API_KEY", String::new()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    h.create_space("ops-logs").await;
+    h.create_space("ops-other").await;
+    h.chat("ops-logs", "hello").await;
+    h.link("ops-logs", "ops-other", "read").await;
+    let (st, v) = h
+        .act_as(
+            Method::GET,
+            "/api/runs",
+            &h.owner_token,
+            "ops-logs",
+            "ops-other",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let adapter = h.token("bridge", "adapter").await;
+    let mid = ingest_dm(&h, &adapter, "hello", "l-1").await;
+    reply_to(&h, mid).await;
+    wait_log(&h, "act-as request").await;
+    let log = wait_log(&h, "ingress decision").await;
+
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI escapes on a non-terminal:\n{log}"
+    );
+    let line = |needle: &str| -> String {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{log}"))
+            .to_owned()
+    };
+    let start = line("mercury started");
+    for part in [
+        "model_chain=scripted:",
+        "sandbox=",
+        "sandbox_why=",
+        "owner=owner",
+        "review=\"off\"",
+        "adapters=",
+    ] {
+        assert!(start.contains(part), "{part} in {start}");
+    }
+    let unknown = line("MERCURY_SANDBOX is not a Mercury variable");
+    assert!(
+        unknown.contains("did you mean MERCURY_SANDBOX_BACKEND?"),
+        "{unknown}"
+    );
+    assert!(unknown.contains("WARN"), "{unknown}");
+    let key = line("MERCURY_ANTHROPIC_API_KEY is not set");
+    assert!(key.contains("anthropic:claude-x"), "{key}");
+    let turn = log
+        .lines()
+        .find(|l| l.contains(" turn ") && l.contains("space=ops-logs"))
+        .unwrap_or_else(|| panic!("no turn line in:\n{log}"));
+    for part in [
+        "INFO",
+        "run=",
+        "kind=\"live\"",
+        "status=\"done\"",
+        "ms=",
+        "tokens_in=",
+        "tokens_out=",
+        "sandbox=\"none\"",
+    ] {
+        assert!(turn.contains(part), "{part} in {turn}");
+    }
+    let act = line("act-as request");
+    for part in [
+        "holder=\"ops-logs\"",
+        "target_space=ops-other",
+        "caller=owner",
+        "route=/api/runs",
+        "level=\"read\"",
+        "status=200",
+    ] {
+        assert!(act.contains(part), "{part} in {act}");
+    }
+    let ingress = line("ingress decision");
+    assert!(
+        ingress.contains("DEBUG") && ingress.contains("decision=\"queued\""),
+        "{ingress}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ops_log_format_json_writes_one_object_per_line() {
+    let h = TestHost::start_process_captured(HostOptions {
+        env: vec![
+            ("MERCURY_LOG", "info".into()),
+            ("MERCURY_LOG_FORMAT", "json".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    h.create_space("ops-json").await;
+    h.chat("ops-json", "hello").await;
+    let log = wait_log(&h, "\"turn\"").await;
+    let mut turn = None;
+    for l in log.lines().filter(|l| l.starts_with('{')) {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        if v["fields"]["message"] == "turn" {
+            turn = Some(v);
+        }
+    }
+    let turn = turn.expect("a turn line");
+    assert_eq!(turn["level"], "INFO");
+    assert_eq!(turn["fields"]["space"], "ops-json");
+    assert_eq!(turn["fields"]["status"], "done");
+    assert!(turn["fields"]["ms"].is_u64(), "{turn}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ops_a_missing_scripted_file_is_refused_at_start_up() {
+    let (_dir, data, _) = prepare(&HostOptions::default()).await;
+    let out = mercury_cli()
+        .args(["serve", "--data-dir"])
+        .arg(&data)
+        .env("MERCURY_MODEL", "scripted:/nonexistent/ops-model.json")
+        .env("MERCURY_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/nonexistent/ops-model.json") && err.contains("does not exist"),
+        "{err}"
+    );
+}
+
+// A child process talks to the in-process host: the test's own thread
+// blocks on it, so the host needs worker threads of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_status_says_running_or_not_with_its_exit_codes() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("ops-status").await;
+    let out = mercury_cli()
+        .args(["status", "--data-dir"])
+        .arg(&h.data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        "running: yes",
+        "version: 0.1.0",
+        "uptime: ",
+        "queue: 0 pending",
+        "sandbox: ",
+        "adapters: (none)",
+        "review: off",
+    ] {
+        assert!(text.contains(part), "{part} in:\n{text}");
+    }
+    let out = mercury_cli()
+        .args(["status", "--json", "--data-dir"])
+        .arg(&h.data)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["version"], "0.1.0");
+    assert_eq!(v["review"]["enabled"], false);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ops_status_exit_codes_when_no_host_runs() {
+    let (_dir, data, _) = prepare(&HostOptions::default()).await;
+    let out = mercury_cli()
+        .args(["status", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("running: no"));
+    let out = mercury_cli()
+        .args(["status", "--data-dir", "/nonexistent/ops-data"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn ops_doctor_passes_a_good_data_dir_and_fails_a_bad_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, data, _) = prepare(&HostOptions::default()).await;
+    let doctor = || {
+        mercury_cli()
+            .args(["doctor", "--data-dir"])
+            .arg(&data)
+            .env_remove("MERCURY_SANDBOX_BACKEND")
+            .output()
+            .unwrap()
+    };
+    let out = doctor();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for part in [
+        "ok   config:",
+        "ok   model keys:",
+        "bubblewrap:",
+        "docker:",
+        "ok   data dir:",
+        "disk:",
+    ] {
+        assert!(text.contains(part), "{part} in:\n{text}");
+    }
+    // A data dir others can read fails.
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = doctor();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("FAIL data dir:"), "{text}");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // So does a config with an unknown key.
+    let cfg = data.join("mercury.yaml");
+    let mut yaml = std::fs::read_to_string(&cfg).unwrap();
+    yaml.push_str("\nfrobnicate: 1\n");
+    std::fs::write(&cfg, yaml).unwrap();
+    let out = doctor();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL config:") && text.contains("frobnicate"),
+        "{text}"
+    );
+    // No data dir at all is a usage error.
+    let out = mercury_cli()
+        .args(["doctor", "--data-dir", "/nonexistent/ops-data"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+// A child process talks to the in-process host: the test's own thread
+// blocks on it, so the host needs worker threads of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_mrctl_exit_codes_json_errors_and_header_hints() {
+    let h = TestHost::start(HostOptions {
+        model: json!({"rules": [{"match": "^user: hello$", "reply": "hi"}]}),
+        ..Default::default()
+    })
+    .await;
+    h.create_space("ops-cli").await;
+    let run = |args: &[&str], token: &str, space: Option<&str>| {
+        let out = h.mrctl(token, space).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let owner = h.owner_token.clone();
+    let (code, out, _) = run(&["chat", "hello"], &owner, Some("ops-cli"));
+    assert_eq!((code, out.as_str()), (Some(0), "hi\n"));
+    // The turn ran and failed: 3, with the generic reply shown.
+    let (code, out, err) = run(&["chat", "no rule for this"], &owner, Some("ops-cli"));
+    assert_eq!(code, Some(3), "{out} {err}");
+    assert!(err.contains("the turn ended failed"), "{err}");
+    // Refused by the server: 1; as JSON under --json.
+    let (code, _, err) = run(&["--json", "spaces", "create", "ops-cli"], &owner, None);
+    assert_eq!(code, Some(1), "{err}");
+    let v: Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(v["error"]["exit_code"], 1);
+    assert_eq!(v["error"]["status"], 409, "{v}");
+    // A bad token: 2.
+    let (code, _, err) = run(&["whoami"], "not-a-token", None);
+    assert_eq!(code, Some(2), "{err}");
+    // A space header the server asked for, said as what to set.
+    let (code, _, err) = run(&["prefs", "list"], &owner, None);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("set MERCURY_SPACE="), "{err}");
+    assert!(!err.contains("x-mercury-space"), "{err}");
+    // Lists have headers, and an empty one says so.
+    let (code, out, _) = run(&["tasks", "list"], &owner, Some("ops-cli"));
+    assert_eq!((code, out.as_str()), (Some(0), "(none)\n"));
+    let (code, out, _) = run(&["spaces", "list"], &owner, None);
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("ID\tNAME\tTAGS\n"), "{out}");
+    h.stop().await;
+}
+
+#[test]
+fn ops_mrctl_completions_and_man_pages_are_generated() {
+    let mrctl = env!("CARGO_BIN_EXE_mrctl");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(mrctl)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("mrctl") && text.contains("links"),
+            "{shell}: {text}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(mrctl)
+        .arg("man")
+        .arg(dir.path().join("man"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for page in ["mrctl.1", "mrctl-links-create.1", "mrctl-review-run-now.1"] {
+        let text = std::fs::read_to_string(dir.path().join("man").join(page)).unwrap();
+        assert!(text.contains(".TH"), "{page}");
+    }
+}
+
+/// Every command and argument of mrctl has a description, and each
+/// command's --help is a reviewed snapshot (tests/it/snapshots/).
+#[test]
+fn ops_mrctl_help_of_every_command() {
+    use clap::CommandFactory;
+    fn walk(
+        cmd: &clap::Command,
+        path: Vec<String>,
+        out: &mut Vec<(String, String)>,
+        missing: &mut Vec<String>,
+    ) {
+        let name = path.join(" ");
+        if cmd.get_about().is_none() && path.len() > 1 {
+            missing.push(format!("command `{name}`"));
+        }
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id != "help"
+                && id != "version"
+                && a.get_help().is_none()
+                && a.get_long_help().is_none()
+            {
+                missing.push(format!("argument {id} of `{name}`"));
+            }
+        }
+        let mut c = cmd.clone();
+        out.push((path.join("_"), c.render_long_help().to_string()));
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut p = path.clone();
+            p.push(sub.get_name().to_owned());
+            walk(sub, p, out, missing);
+        }
+    }
+    let mut root = mercury::cli::mrctl::Cli::command();
+    root.build();
+    let (mut helps, mut missing) = (Vec::new(), Vec::new());
+    walk(&root, vec!["mrctl".into()], &mut helps, &mut missing);
+    assert!(missing.is_empty(), "no description: {missing:#?}");
+    assert!(helps.len() > 60, "{} commands", helps.len());
+    for (name, help) in helps {
+        insta::assert_snapshot!(name, help);
+    }
+}
