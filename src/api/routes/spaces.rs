@@ -46,9 +46,11 @@ pub struct WhoAmI {
     pub caller_id: String,
     pub token_kind: TokenKind,
     pub global_admin: bool,
-    /// The platform id this caller was mapped from (never set through a link).
+    /// The platform id this caller was mapped from (`null`: none). Absent
+    /// through a link, where the caller's own identity is not the point.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub identity: Option<Option<String>>,
     pub space_id: Option<String>,
     /// `null` through a link: the caller holds the link's level there, not a role.
     pub role: Option<String>,
@@ -102,7 +104,7 @@ pub async fn whoami(Extension(auth): Extension<Auth>) -> Json<WhoAmI> {
         caller_id: auth.caller.caller_id.clone(),
         token_kind: auth.caller.kind,
         global_admin: auth.caller.global_admin,
-        identity: auth.caller.identity.clone(),
+        identity: Some(auth.caller.identity.clone()),
         space_id: space,
         role,
         permissions: perms,
