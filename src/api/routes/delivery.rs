@@ -119,6 +119,7 @@ pub struct ChatReply {
 
 #[utoipa::path(post, path = "/api/chat", tag = "delivery", request_body = ChatBody,
     responses((status = 200, description = "The turn ended", body = ChatReply),
+        (status = 409, description = "The caller's console conversation was linked to another space", body = crate::api::error::ErrorBody),
         (status = 429, description = "The caller is slowed down", body = crate::api::error::ErrorBody)))]
 pub async fn chat(
     State(app): State<Arc<App>>,

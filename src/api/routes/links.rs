@@ -80,6 +80,8 @@ pub struct Reach {
 
 /// The links touching this space (revoked ones included), and its active reach.
 #[derive(Debug, Serialize, ToSchema)]
+// No other key: what tells this answer from the `all=true` one in the document.
+#[serde(deny_unknown_fields)]
 pub struct SpaceLinks {
     pub space_id: String,
     pub links: Vec<SpaceLink>,
@@ -129,6 +131,8 @@ pub struct LinkDetail {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+// No other key: what tells this answer from the `all=true` one in the document.
+#[serde(deny_unknown_fields)]
 pub struct LinkAuditList {
     pub audit: Vec<AuditRow>,
 }
