@@ -138,7 +138,7 @@ impl Outbound {
 }
 
 /// One write an `ask` turn tried and was refused (D-016).
-#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, PartialEq, utoipa::ToSchema)]
 pub struct AskRefusal {
     pub method: String,
     pub route: String,

@@ -26,7 +26,7 @@ use crate::runtime::{AskRefusal, Runtime};
 use crate::sandbox::RunKind;
 use crate::storage::tokens;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AskOutcome {
     pub space_id: String,
     pub run_id: String,

@@ -8,7 +8,8 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::perms::Permission;
 use crate::storage::StoreError;
@@ -124,9 +125,33 @@ impl ApiError {
     }
 }
 
+/// The body of every error answer, documented once in the OpenAPI
+/// document (`#/components/schemas/ErrorBody`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, one per kind of failure: `bad_request`, `unauthorized`,
+    /// `forbidden`, `not_found`, `method_not_allowed`, `conflict`,
+    /// `too_large`, `uri_too_long`, `bad_content_type`, `slow_down`,
+    /// `unavailable`, `model_failed`, `internal`.
+    #[schema(value_type = String)]
+    pub code: &'static str,
+    /// A sentence for the client (never internal detail).
+    pub message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code(), "message": self.message()}});
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message: self.message().to_owned(),
+            },
+        };
         (self.status(), Json(body)).into_response()
     }
 }

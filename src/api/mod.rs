@@ -1,7 +1,8 @@
 //! The HTTP API (axum): router, auth step, one error type, and one module per
 //! resource under `routes/`, each with its router and its act-as entries
 //! (merged here; their union is [`ACT_AS_ROUTES`]). See `docs/api.md` for the
-//! route table.
+//! route table. The same routers carry the OpenAPI document served at
+//! `GET /api/openapi.json` (see `openapi.rs` and docs/api.md).
 //!
 //! Must never: mutate a space outside that space's actor (writes go through
 //! `SpaceDirectory::apply`), or answer a client error with a 5xx.
@@ -10,16 +11,22 @@ mod act_as;
 mod ask_guard;
 pub mod auth;
 pub mod error;
+pub mod extract;
+pub mod openapi;
 pub mod ops;
 mod platform_webhooks;
 mod routes;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
-use axum::{middleware, Json, Router};
-use serde_json::json;
+use axum::extract::{DefaultBodyLimit, Extension};
+use axum::{middleware, Router};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use extract::Json;
 
 pub use act_as::{AuditChange, ACT_AS_ROUTES};
 pub use auth::{Auth, SpaceCtx};
@@ -27,22 +34,50 @@ pub use error::{ApiError, ApiResult};
 
 use crate::app::App;
 
-pub fn router(app: Arc<App>) -> Router {
-    let api = routes::RESOURCES
+/// The routers and the document they carry: `public` needs no token,
+/// `api` is every resource's routes (behind the auth step).
+struct Parts {
+    public: Router<Arc<App>>,
+    api: Router<Arc<App>>,
+    doc: utoipa::openapi::OpenApi,
+}
+
+fn parts() -> Parts {
+    let (api, api_doc) = routes::RESOURCES
         .iter()
-        .fold(Router::new(), |api, resource| {
+        .fold(OpenApiRouter::new(), |api, resource| {
             api.merge((resource.router)())
         })
-        .merge(ops::router());
+        .merge(ops::router())
+        .split_for_parts();
+    let (public, public_doc) = OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
+        // Authenticated by the platform's secret header, not a bearer token.
+        .merge(platform_webhooks::router())
+        .split_for_parts();
+    Parts {
+        public,
+        api,
+        doc: openapi::contract(api_doc, public_doc),
+    }
+}
+
+/// The OpenAPI document of [`router`], as `GET /api/openapi.json` serves it.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    parts().doc
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let Parts { public, api, doc } = parts();
     let api = api.route_layer(middleware::from_fn_with_state(
         app.clone(),
         auth::authenticate,
     ));
+    let public = public.layer(Extension(Arc::new(doc)));
     let limit = app.rt.settings.http.body_limit_bytes;
     Router::new()
-        .route("/healthz", get(healthz))
-        // Authenticated by the platform's secret header, not a bearer token.
-        .merge(platform_webhooks::router())
+        .merge(public)
         .merge(api)
         // Without these, axum answers 404/405 with an empty body, not our error shape.
         .method_not_allowed_fallback(
@@ -76,16 +111,46 @@ async fn uri_limit(
     next.run(req).await
 }
 
-async fn healthz(
-    axum::extract::State(app): axum::extract::State<Arc<App>>,
-) -> Json<serde_json::Value> {
-    Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "spaces_active": app.spaces.active_count(),
-        "sandbox": app.rt.sandbox.name(),
-        "adapters": app.adapters.statuses(),
-        "shadow": app.rt.outbound.is_shadow(),
-        "mode": if app.rt.outbound.is_shadow() { "shadow" } else { "live" },
-    }))
+/// The host is up.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    pub version: String,
+    /// Space actors running now.
+    pub spaces_active: u64,
+    /// The sandbox backend: `docker`, `bubblewrap` or `process`.
+    pub sandbox: String,
+    /// Each in-process chat adapter's state, by name (docs/adapters.md).
+    #[schema(value_type = Object)]
+    pub adapters: std::collections::BTreeMap<String, crate::actors::adapter::AdapterStatus>,
+    /// True on a shadow copy (docs/shadow.md): nothing it sends leaves the host.
+    pub shadow: bool,
+    /// `live` or `shadow`.
+    pub mode: String,
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "host",
+    responses((status = 200, description = "The host is up", body = Health)))]
+async fn healthz(axum::extract::State(app): axum::extract::State<Arc<App>>) -> Json<Health> {
+    let shadow = app.rt.outbound.is_shadow();
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        spaces_active: app.spaces.active_count() as u64,
+        sandbox: app.rt.sandbox.name().to_owned(),
+        adapters: app.adapters.statuses(),
+        shadow,
+        mode: if shadow { "shadow" } else { "live" }.into(),
+    })
+}
+
+/// This document. No token: it describes the API, it gives no access.
+#[utoipa::path(get, path = "/api/openapi.json", tag = "host",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
+async fn openapi_json(
+    Extension(doc): Extension<Arc<utoipa::openapi::OpenApi>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    axum::Json(&*doc).into_response()
 }

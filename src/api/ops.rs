@@ -14,19 +14,23 @@ use axum::extract::{Extension, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::auth::Auth;
 use super::error::ApiResult;
+use super::extract::Json;
 use crate::app::App;
 use crate::telemetry::{Snapshot, TOP_SPACES};
 
 /// The routes behind the token (merged under the auth step).
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/api/status", get(status))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(metrics))
+        .routes(routes!(status))
 }
 
 /// The `metrics.bind` listener: `/metrics` only, no token.
@@ -75,6 +79,9 @@ async fn render(app: &App) -> ApiResult<Response> {
     Ok(([(CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], body).into_response())
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text exposition (bounded labels)",
+        content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -88,7 +95,7 @@ async fn open_metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
 }
 
 /// `GET /api/status`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Status {
     pub version: &'static str,
     pub uptime_secs: u64,
@@ -101,14 +108,15 @@ pub struct Status {
     pub review: ReviewStatus,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct QueueStatus {
     pub pending: i64,
     /// The busiest spaces (at most five): `[space, pending]`.
+    #[schema(value_type = Vec<Vec<serde_json::Value>>)]
     pub top: Vec<(String, i64)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SandboxStatus {
     pub backend: &'static str,
     pub isolated: bool,
@@ -116,19 +124,21 @@ pub struct SandboxStatus {
     pub unavailable: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AdapterStatus {
     pub name: String,
     pub state: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReviewStatus {
     pub enabled: bool,
     /// RFC 3339, UTC; absent when review is off.
     pub next_run: Option<String>,
 }
 
+#[utoipa::path(get, path = "/api/status", tag = "ops",
+    responses((status = 200, description = "What `mercury status` prints", body = Status)))]
 async fn status(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{ApiError, ApiResult};
 use crate::actors::adapter::WebhookCall;
@@ -25,8 +26,8 @@ use crate::app::App;
 
 pub const TELEGRAM_SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
 
-pub fn router() -> Router<Arc<App>> {
-    Router::new().route("/api/adapters/telegram/webhook", post(telegram))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new().routes(routes!(telegram))
 }
 
 /// Equal secrets, compared through their digests so the time taken does not
@@ -39,6 +40,18 @@ fn same_secret(given: &[u8], expected: &str) -> bool {
         == 0
 }
 
+/// A Telegram `Update`, posted by Telegram to a webhook-mode adapter.
+#[utoipa::path(post, path = "/api/adapters/telegram/webhook", tag = "adapters",
+    params(("x-telegram-bot-api-secret-token" = String, Header,
+        description = "The secret the adapter gave setWebhook; checked before the body is read")),
+    request_body(content = Object, description = "A Telegram Update (Bot API JSON)"),
+    responses(
+        (status = 200, description = "The update is stored", body = Object),
+        (status = 400, description = "Not a JSON update", body = super::error::ErrorBody),
+        (status = 401, description = "Missing or wrong secret", body = super::error::ErrorBody),
+        (status = 404, description = "The adapter is not in webhook mode", body = super::error::ErrorBody),
+        (status = 503, description = "Not stored; Telegram resends", body = super::error::ErrorBody),
+    ))]
 async fn telegram(
     State(app): State<Arc<App>>,
     headers: HeaderMap,

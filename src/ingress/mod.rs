@@ -27,7 +27,7 @@ use crate::storage::{conversations, StoreError, StoreResult};
 pub const SLOW_DOWN_REPLY: &str =
     "You are sending messages faster than I can answer. Please slow down and try again in a minute.";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngressMessage {
     pub platform: String,

@@ -18,7 +18,7 @@ use serde_json::Value;
 /// Largest `report.json` read back (a day's report is far smaller).
 pub const MAX_REPORT_BYTES: u64 = 16 * 1024 * 1024;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReportKind {
     Daily,
@@ -92,7 +92,7 @@ pub fn parse_date(raw: &str) -> Option<chrono::NaiveDate> {
 }
 
 /// One report on the box.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ReportEntry {
     pub date: String,
     pub kind: ReportKind,

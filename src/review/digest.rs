@@ -30,7 +30,7 @@ pub const NO_SPACE: &str = "(review)";
 pub const TOP: usize = 3;
 
 /// What became of the digest.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DigestOutcome {
     pub sent: bool,
     /// The digest says the report was blocked.

@@ -193,7 +193,7 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// What identifies a finding across days and wording.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Fingerprint {
     pub space: String,
     pub kind: String,

@@ -211,7 +211,9 @@ pub fn findings_of(bot: &str, date: &str, json: &Value) -> (Vec<IntakeFinding>, 
 }
 
 /// The decisions a triage row can propose or an owner approve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Decision {
     Reject,

@@ -65,7 +65,7 @@ impl Ledger {
 }
 
 /// One ledger row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerRow {
     /// 12 letters, unique per row.
     pub id: String,
@@ -74,6 +74,7 @@ pub struct LedgerRow {
     pub date: String,
     pub message_id: i64,
     pub space: String,
+    #[schema(value_type = String)]
     pub kind: FindingKind,
     pub summary: String,
     pub proposed: Decision,

@@ -43,7 +43,7 @@ pub struct ReportFinding {
 }
 
 /// Something the scan did not judge, and why.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
 pub struct Skip {
     /// What was skipped: a (redacted) space, or `exchanges` of one.
     pub what: String,

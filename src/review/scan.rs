@@ -56,7 +56,7 @@ pub struct ScanContext {
     pub pool: Arc<dyn super::BatchJudge>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ScanStatus {
     Done,
@@ -77,7 +77,7 @@ impl ScanStatus {
 }
 
 /// The outcome of a scan, as `POST /api/review/run` answers it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ScanSummary {
     pub run_id: String,
     pub status: ScanStatus,

@@ -31,7 +31,7 @@ pub fn wilson(k: u64, n: u64, z: f64) -> Option<(f64, f64)> {
 
 /// The recall spot check: exchanges the daily judge flagged, the ones it
 /// did not, and of a sample of the latter how many the weekly judge flagged.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Recall {
     pub flagged: u64,
     pub unflagged: u64,
@@ -79,7 +79,7 @@ pub fn recall(flagged: u64, unflagged: u64, sampled: u64, missed: u64) -> Recall
 
 /// Judge against owner, over the ledger's approved rows: "real" is any
 /// decision but `reject`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Confusion {
     /// Judge real, owner real.
     pub both_real: u64,
@@ -117,7 +117,7 @@ impl Confusion {
 
 /// Precision of the daily judge: findings the owner approved as real over
 /// findings judged (every ledger row with an owner verdict).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Precision {
     pub real: u64,
     pub judged: u64,

@@ -71,7 +71,7 @@ pub struct Cluster {
     pub members: Vec<Member>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Verdicts {
     pub n: u64,
     pub min: u64,
@@ -106,7 +106,7 @@ pub struct WeeklyReport {
 }
 
 /// What `POST /api/review/weekly` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct WeeklySummary {
     pub date: String,
     pub report_path: String,

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Conversation {
     pub id: i64,
     pub platform: String,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Identity {
     pub platform_id: String,
     pub caller_id: String,
@@ -18,7 +18,7 @@ pub struct Identity {
     pub created_at: i64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct IdentityAudit {
     pub id: i64,
     pub at: i64,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct SpaceLink {
     pub id: i64,
     pub holder_space_id: String,
@@ -126,7 +126,7 @@ pub fn revoke(conn: &Connection, id: i64, by: &str) -> StoreResult<SpaceLink> {
     get(conn, id)?.ok_or_else(|| StoreError::NotFound(format!("link {id}")))
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct AuditRow {
     pub id: i64,
     pub at: i64,

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{Cached, StoreError, StoreResult};
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Message {
     pub id: i64,
     pub space_id: String,

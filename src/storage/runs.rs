@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{Cached, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Run {
     pub id: String,
     pub space_id: String,
@@ -121,7 +121,7 @@ pub fn record_usage(conn: &Connection, u: &UsageRow<'_>) -> StoreResult<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct UsageTotals {
     pub tokens_in: u64,
     pub tokens_out: u64,
@@ -143,7 +143,7 @@ pub fn usage_for_run(conn: &Connection, run_id: &str) -> StoreResult<UsageTotals
 }
 
 /// One step of a run's trace (`run_steps`): a model call or a tool call.
-#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default, utoipa::ToSchema)]
 pub struct RunStep {
     /// 1, 2, … in the order the turn took them.
     pub seq: u32,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Space {
     pub id: String,
     pub name: String,
@@ -95,7 +95,7 @@ pub fn rename_space(conn: &Connection, id: &str, name: &str) -> StoreResult<()> 
     Ok(())
 }
 
-#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Serialize, Default, PartialEq, utoipa::ToSchema)]
 pub struct DeletedCounts {
     pub messages: usize,
     pub tasks: usize,
@@ -169,7 +169,7 @@ pub fn list_members(conn: &Connection, space: &str) -> StoreResult<Vec<Member>> 
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct RoleGrant {
     pub caller_id: String,
     pub role: String,
@@ -231,7 +231,7 @@ pub fn set_role(
 }
 
 /// A role granted through a space link.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct LinkRole {
     pub space_id: String,
     pub caller_id: String,
@@ -306,7 +306,7 @@ impl KvTable {
     }
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct KvEntry {
     pub key: String,
     pub value: String,
@@ -372,7 +372,7 @@ pub fn kv_delete(conn: &Connection, table: KvTable, space: &str, key: &str) -> S
     Ok(conn.execute_cached(&sql, [space, key])? > 0)
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Mute {
     pub caller_id: String,
     pub until: Option<i64>,

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenKind {
     User,
@@ -64,7 +64,7 @@ pub const REVIEW_READ_SCOPE: &str = "review.read";
 /// The scopes a token may carry.
 pub const SCOPES: &[&str] = &[REVIEW_READ_SCOPE];
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct TokenInfo {
     pub id: String,
     pub caller_id: String,

@@ -54,10 +54,11 @@ pub enum FilesError {
 pub type FilesResult<T> = Result<T, FilesError>;
 
 /// One entry of a listing.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct FileEntry {
     pub name: String,
     /// `file`, `dir`, `symlink` (never followed) or `other` (FIFO, socket, device).
+    #[schema(value_type = String)]
     pub kind: &'static str,
     pub size: u64,
     /// sha256 of a regular file's bytes (lower-case hex); none for the rest.
@@ -67,7 +68,7 @@ pub struct FileEntry {
 }
 
 /// A file read whole.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct FileContent {
     pub path: String,
     pub content: String,
@@ -77,7 +78,7 @@ pub struct FileContent {
 }
 
 /// What a write or a delete did.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct FileChange {
     pub path: String,
     /// The hash before (none: the file did not exist).

@@ -14,6 +14,7 @@ mod files;
 mod layers;
 mod links;
 mod live;
+mod openapi;
 mod ops;
 mod redaction;
 mod review;

@@ -5,41 +5,45 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, State};
-use axum::Json;
-use axum::routing::post;
-use axum::Router;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use tokio::sync::oneshot;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, text_field, Body};
-use crate::actors::ask::{AskArgs, AskError};
+use super::{body, text_field, Body, Json};
+use crate::actors::ask::{AskArgs, AskError, AskOutcome};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Admin;
 
 /// `POST /api/ask`.
-pub fn router() -> Router<Arc<App>> {
-    Router::new().route("/api/ask", post(ask))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new().routes(routes!(ask))
 }
 
 /// `ask` exists to be called across a link (D-016), at `admin`.
 pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/ask", Admin)];
 
-#[derive(Deserialize)]
+/// One message (at most 32,000 characters) for the target's agent.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AskBody {
+    #[schema(min_length = 1, max_length = 32000)]
     message: String,
+    /// The turn's role in the target: `member` (default) or `admin`.
     #[serde(rename = "as")]
     as_role: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/ask", tag = "ask", request_body = AskBody,
+    responses((status = 200, description = "The turn's outcome", body = AskOutcome)))]
 pub async fn ask(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<AskBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<AskOutcome>> {
     if auth.via.is_none() {
         return Err(ApiError::bad_request(
             "ask runs another space's agent: call it through a space link (mrctl --space X ask \"...\")",
@@ -78,5 +82,5 @@ pub async fn ask(
             AskError::Store(e) => e.into(),
             view @ AskError::View(_) => ApiError::internal(view),
         })?;
-    Ok(Json(json!(outcome)))
+    Ok(Json(outcome))
 }

@@ -3,44 +3,53 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, State};
-use axum::Json;
-use axum::routing::{get, post};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use super::{apply, body, params, path_arg, Body, Json, Params, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::ActAsRoute;
-use crate::storage::{conversations, spaces};
+use crate::storage::conversations::{self, Conversation};
+use crate::storage::spaces;
 
 /// The space's conversations, and linking a chat to a space.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/conversations", get(list))
-        .route("/api/conversations/{id}/link", post(link))
-        .route("/api/conversations/{id}/unlink", post(unlink))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(link))
+        .routes(routes!(unlink))
 }
 
 /// Across a link: the list (also for a conversation-filtered edge; `?all=true`
 /// is 403 through a link, D-005). Relinking a conversation is absent on purpose.
 pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::conversation_read("GET", "/api/conversations")];
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Every space's conversations (global admin; 403 through a link).
     #[serde(default)]
     all: bool,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConversationList {
+    pub conversations: Vec<Conversation>,
+}
+
+#[utoipa::path(get, path = "/api/conversations", tag = "conversations", params(ListQuery),
+    responses((status = 200, description = "The space's conversations", body = ConversationList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ConversationList>> {
     let q = params(q)?;
     if q.all && auth.via.is_some() {
         // D-005: the instance-wide views are out of a link's reach.
@@ -63,21 +72,34 @@ pub async fn list(
         .into_iter()
         .filter(|c| only.is_none_or(|id| c.id == id))
         .collect();
-    Ok(Json(json!({ "conversations": list })))
+    Ok(Json(ConversationList {
+        conversations: list,
+    }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkBody {
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     space_id: String,
 }
 
+/// A conversation and the space it belongs to now (`null`: none).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConversationSpace {
+    pub conversation_id: i64,
+    pub space_id: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/conversations/{id}/link", tag = "conversations",
+    params(("id" = i64, Path, description = "The conversation")), request_body = LinkBody,
+    responses((status = 200, description = "Linked", body = ConversationSpace)))]
 pub async fn link(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
     b: Body<LinkBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ConversationSpace>> {
     let id = path_arg(id)?;
     let ctx = auth.require(Permission::SpacesRename)?;
     let target =
@@ -88,9 +110,7 @@ pub async fn link(
         ));
     }
     let t = target.to_string();
-    let out = app
-        .spaces
-        .apply(&target, move |tx| {
+    let out = apply(&app, &target, move |tx| {
             if !spaces::space_exists(tx, &t)? {
                 return Err(crate::storage::StoreError::NotFound(format!("space {t}")));
             }
@@ -98,25 +118,29 @@ pub async fn link(
                 crate::storage::StoreError::NotFound(format!("conversation {id}"))
             })?;
             conversations::set_space(tx, id, Some(&t))?;
-            Ok(json!({"conversation_id": id, "space_id": t}))
+            Ok(ConversationSpace {
+                conversation_id: id,
+                space_id: Some(t),
+            })
         })
         .await?;
     Ok(Json(out))
 }
 
+#[utoipa::path(post, path = "/api/conversations/{id}/unlink", tag = "conversations",
+    params(("id" = i64, Path, description = "The conversation")),
+    responses((status = 200, description = "Unlinked", body = ConversationSpace)))]
 pub async fn unlink(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ConversationSpace>> {
     let id = path_arg(id)?;
     let ctx = auth.require(Permission::SpacesRename)?;
     let sid = ctx.space.clone();
     let space = sid.to_string();
     let global = auth.caller.global_admin;
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
+    let out = apply(&app, &sid, move |tx| {
             let conv = conversations::get(tx, id)?.ok_or_else(|| {
                 crate::storage::StoreError::NotFound(format!("conversation {id}"))
             })?;
@@ -126,7 +150,10 @@ pub async fn unlink(
                 )));
             }
             conversations::set_space(tx, id, None)?;
-            Ok(json!({"conversation_id": id, "space_id": null}))
+            Ok(ConversationSpace {
+                conversation_id: id,
+                space_id: None,
+            })
         })
         .await?;
     Ok(Json(out))

@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{get, post};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, text_field, Body, Params};
+use super::{body, params, text_field, Body, Json, Params};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::actors::Refusal;
@@ -23,15 +22,16 @@ use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Admin;
 use crate::storage::messages::{self, NewMessage};
 use crate::storage::tokens::TokenKind;
-use crate::storage::{conversations, outbox, StoreError};
+use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::{conversations, StoreError};
 
 /// Ingress, console chat, operator sends and the outbox.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/ingress", post(ingress))
-        .route("/api/chat", post(chat))
-        .route("/api/send", post(send))
-        .route("/api/outbox", get(outbox))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(ingress))
+        .routes(routes!(chat))
+        .routes(routes!(send))
+        .routes(routes!(outbox))
 }
 
 /// Across a link: an operator send, at `admin`. Absent on purpose: ingress and
@@ -39,11 +39,25 @@ pub fn router() -> Router<Arc<App>> {
 /// link would write the target's history; `ask` is the way).
 pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/send", Admin)];
 
+/// What became of a platform message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ingested {
+    /// The ingress decision: `queued`, `duplicate`, `ambient`, `muted`,
+    /// `rate_limited` or `unlinked`.
+    pub status: String,
+    pub duplicate: bool,
+    pub message_id: Option<i64>,
+    pub space_id: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/ingress", tag = "delivery", request_body = IngressMessage,
+    responses((status = 202, description = "Taken in", body = Ingested),
+        (status = 200, description = "A duplicate of a message already taken in", body = Ingested)))]
 pub async fn ingress(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<IngressMessage>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Ingested>)> {
     if auth.caller.kind != TokenKind::Adapter {
         return Err(ApiError::forbidden(
             "only an adapter token may post platform messages",
@@ -73,27 +87,45 @@ pub async fn ingress(
     };
     Ok((
         status,
-        Json(json!({
-            "status": res.status.as_str(),
-            "duplicate": res.status == IngestStatus::Duplicate,
-            "message_id": res.message_id,
-            "space_id": res.space_id,
-        })),
+        Json(Ingested {
+            status: res.status.as_str().to_owned(),
+            duplicate: res.status == IngestStatus::Duplicate,
+            message_id: res.message_id,
+            space_id: res.space_id,
+        }),
     ))
 }
 
-#[derive(Deserialize)]
+/// A console message (at most 32,000 characters) in a console
+/// conversation (1-128 characters; default: the caller's id).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatBody {
+    #[schema(min_length = 1, max_length = 32000)]
     text: String,
+    #[schema(min_length = 1, max_length = 128)]
     conversation: Option<String>,
 }
 
+/// The turn's outcome.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatReply {
+    pub message_id: i64,
+    /// The message's status: `done`, `failed`, `dropped`, …
+    pub status: String,
+    pub run_id: Option<String>,
+    pub reply: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/chat", tag = "delivery", request_body = ChatBody,
+    responses((status = 200, description = "The turn ended", body = ChatReply),
+        (status = 409, description = "The caller's console conversation was linked to another space", body = crate::api::error::ErrorBody),
+        (status = 429, description = "The caller is slowed down", body = crate::api::error::ErrorBody)))]
 pub async fn chat(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ChatReply>> {
     let sid = auth.require(Permission::Prompt)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
@@ -141,26 +173,42 @@ pub async fn chat(
             "the turn has not finished yet; its reply will be stored for message {message_id}"
         )));
     }
-    Ok(Json(json!({
-        "message_id": message_id,
-        "status": status,
-        "run_id": msg.and_then(|m| m.run_id),
-        "reply": reply.map(|r| r.text),
-    })))
+    Ok(Json(ChatReply {
+        message_id,
+        status,
+        run_id: msg.and_then(|m| m.run_id),
+        reply: reply.map(|r| r.text),
+    }))
 }
 
-#[derive(Deserialize)]
+/// An operator message (at most 32,000 characters) to a platform
+/// conversation of the space (default: its first).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendBody {
+    #[schema(min_length = 1, max_length = 32000)]
     text: String,
     conversation_id: Option<i64>,
 }
 
+/// The message as stored and queued for its adapter.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Sent {
+    /// The outbox item (`null` on a shadow copy: nothing is queued to go out).
+    pub outbox_id: Option<i64>,
+    pub conversation_id: i64,
+    pub message_id: Option<i64>,
+    /// True on a shadow copy: the send went to the transcript, not out.
+    pub shadow: bool,
+}
+
+#[utoipa::path(post, path = "/api/send", tag = "delivery", request_body = SendBody,
+    responses((status = 202, description = "Queued for delivery", body = Sent)))]
 pub async fn send(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Sent>)> {
     let sid = auth.require(Permission::Send)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
@@ -210,29 +258,41 @@ pub async fn send(
                     source: "send",
                 },
             )?;
-            Ok(json!({
-                "outbox_id": oid,
-                "conversation_id": conv.id,
-                "message_id": mid,
-                "shadow": outbound.is_shadow(),
-            }))
+            Ok(Sent {
+                outbox_id: oid,
+                conversation_id: conv.id,
+                message_id: mid,
+                shadow: outbound.is_shadow(),
+            })
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(out)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct OutboxQuery {
+    /// Items after this id (`next_after` of the previous pull; default 0).
     after: Option<i64>,
+    /// Clamped to 1-1000 (default 100).
     limit: Option<u32>,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutboxPage {
+    pub items: Vec<OutboxItem>,
+    /// Give it as `after` for the next pull.
+    pub next_after: i64,
+}
+
+#[utoipa::path(get, path = "/api/outbox", tag = "delivery", params(OutboxQuery),
+    responses((status = 200, description = "Replies to deliver", body = OutboxPage)))]
 pub async fn outbox(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<OutboxQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<OutboxPage>> {
     if auth.caller.kind != TokenKind::Adapter && !auth.caller.global_admin {
         return Err(ApiError::forbidden(
             "the outbox is for adapter tokens and global admins",
@@ -269,5 +329,8 @@ pub async fn outbox(
         .read(move |c| outbox::after(c, after, limit, platform.as_deref()))
         .await?;
     let next = items.last().map_or(after, |i| i.id);
-    Ok(Json(json!({"items": items, "next_after": next})))
+    Ok(Json(OutboxPage {
+        items,
+        next_after: next,
+    }))
 }

@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use super::{body, params, path_arg, Body, Json, Params, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
@@ -36,13 +37,10 @@ use crate::workspace::safe::SafePathError;
 /// unwritten (a turn's tool calls time out after 60 s by default).
 const WRITE_WAIT: Duration = Duration::from_secs(60);
 
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/files", get(list))
-        .route(
-            "/api/files/{*path}",
-            get(read).put(write).delete(remove),
-        )
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(read, write, remove))
 }
 
 /// Across a link: list and get are reads (D-005 "list and read workspace
@@ -55,21 +53,21 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("DELETE", "/api/files/{*path}", Admin),
 ];
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FileList {
     pub space_id: String,
     pub path: String,
     pub entries: Vec<FileEntry>,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FileRead {
     pub space_id: String,
     #[serde(flatten)]
     pub file: FileContent,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FileWritten {
     pub space_id: String,
     #[serde(flatten)]
@@ -78,7 +76,7 @@ pub struct FileWritten {
     pub created: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FileDeleted {
     pub space_id: String,
     #[serde(flatten)]
@@ -86,13 +84,16 @@ pub struct FileDeleted {
     pub deleted: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// A directory of the workspace, relative (default: its root).
     path: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// The whole new text of the file (at most `files.max_bytes` bytes).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteBody {
     content: String,
@@ -168,6 +169,10 @@ fn refuse_own_turn(auth: &Auth) -> ApiResult<()> {
     Ok(())
 }
 
+#[utoipa::path(get, path = "/api/files", tag = "files", params(ListQuery),
+    responses((status = 200, description = "The directory's entries", body = FileList),
+        (status = 400, description = "Not a directory path of the workspace", body = crate::api::error::ErrorBody),
+        (status = 404, description = "No such directory", body = crate::api::error::ErrorBody)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -187,6 +192,12 @@ pub async fn list(
     }))
 }
 
+#[utoipa::path(get, path = "/api/files/{*path}", tag = "files",
+    params(("path" = String, Path, description = "A file of the workspace, relative")),
+    responses((status = 200, description = "The file, whole", body = FileRead),
+        (status = 404, description = "No such file", body = crate::api::error::ErrorBody),
+        (status = 413, description = "Larger than files.max_bytes", body = crate::api::error::ErrorBody),
+        (status = 415, description = "Not a text file", body = crate::api::error::ErrorBody)))]
 pub async fn read(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -210,6 +221,13 @@ fn audit_of(change: &FileChange) -> AuditChange {
     }
 }
 
+#[utoipa::path(put, path = "/api/files/{*path}", tag = "files", request_body = WriteBody,
+    params(("path" = String, Path, description = "A file of the workspace, relative"),
+        ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)")),
+    responses((status = 200, description = "Written", body = FileWritten),
+        (status = 409, description = "A turn's own token, or a turn kept the space busy", body = crate::api::error::ErrorBody),
+        (status = 412, description = "The file's hash is not If-Match", body = crate::api::error::ErrorBody),
+        (status = 413, description = "Larger than files.max_bytes or the workspace quota", body = crate::api::error::ErrorBody)))]
 pub async fn write(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -248,6 +266,13 @@ pub async fn write(
     ))
 }
 
+#[utoipa::path(delete, path = "/api/files/{*path}", tag = "files",
+    params(("path" = String, Path, description = "A file of the workspace, relative"),
+        ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)")),
+    responses((status = 200, description = "Deleted", body = FileDeleted),
+        (status = 404, description = "No such file", body = crate::api::error::ErrorBody),
+        (status = 409, description = "A turn's own token, or a turn kept the space busy", body = crate::api::error::ErrorBody),
+        (status = 412, description = "The file's hash is not If-Match", body = crate::api::error::ErrorBody)))]
 pub async fn remove(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,

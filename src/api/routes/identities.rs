@@ -9,35 +9,60 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{delete, get};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use super::{body, params, path_arg, AuditQuery, Body, Json, Params, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids;
 use crate::links::ActAsRoute;
-use crate::storage::identities;
+use crate::storage::identities::{self, Identity, IdentityAudit};
 
 /// The identity mappings and their audit.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/identities", get(list).post(link))
-        .route("/api/identities/audit", get(audit))
-        .route("/api/identities/{platform_id}", delete(unlink))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, link))
+        .routes(routes!(audit))
+        .routes(routes!(unlink))
 }
 
 /// None on purpose: the mappings are instance-wide and for global admins only.
 pub const ACT_AS: &[ActAsRoute] = &[];
 
-#[derive(Deserialize)]
+/// Maps a platform sender (`telegram:123456`) to an operator (`owner`).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkIdentity {
+    #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)]
     platform_id: String,
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IdentityReply {
+    pub identity: Identity,
+}
+
+/// A mapping as removed: `caller_id` is the operator it mapped to.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Unlinked {
+    pub platform_id: String,
+    pub caller_id: String,
+    pub unlinked: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IdentityList {
+    pub identities: Vec<Identity>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IdentityAuditList {
+    pub audit: Vec<IdentityAudit>,
 }
 
 fn platform_id(raw: &str) -> ApiResult<()> {
@@ -50,11 +75,14 @@ fn platform_id(raw: &str) -> ApiResult<()> {
     Ok(())
 }
 
+#[utoipa::path(post, path = "/api/identities", tag = "identities", request_body = LinkIdentity,
+    responses((status = 201, description = "Mapped", body = IdentityReply),
+        (status = 409, description = "The platform id is mapped already", body = crate::api::error::ErrorBody)))]
 pub async fn link(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<LinkIdentity>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<IdentityReply>)> {
     auth.require_global_admin()?;
     let b = body(b)?;
     platform_id(&b.platform_id)?;
@@ -65,14 +93,18 @@ pub async fn link(
         .store
         .write(move |tx| identities::link(tx, &b.platform_id, &b.caller_id, &by))
         .await?;
-    Ok((StatusCode::CREATED, Json(json!({ "identity": identity }))))
+    Ok((StatusCode::CREATED, Json(IdentityReply { identity })))
 }
 
+#[utoipa::path(delete, path = "/api/identities/{platform_id}", tag = "identities",
+    params(("platform_id" = String, Path, description = "`<platform>:<sender id>`",
+        pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)),
+    responses((status = 200, description = "Unmapped", body = Unlinked)))]
 pub async fn unlink(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Unlinked>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     platform_id(&id)?;
@@ -83,25 +115,31 @@ pub async fn unlink(
         .store
         .write(move |tx| identities::unlink(tx, &p, &by))
         .await?;
-    Ok(Json(
-        json!({"platform_id": id, "caller_id": was, "unlinked": true}),
-    ))
+    Ok(Json(Unlinked {
+        platform_id: id,
+        caller_id: was,
+        unlinked: true,
+    }))
 }
 
+#[utoipa::path(get, path = "/api/identities", tag = "identities",
+    responses((status = 200, description = "Every mapping", body = IdentityList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<IdentityList>> {
     auth.require_global_admin()?;
     let list = app.rt.store.read(identities::list).await?;
-    Ok(Json(json!({ "identities": list })))
+    Ok(Json(IdentityList { identities: list }))
 }
 
+#[utoipa::path(get, path = "/api/identities/audit", tag = "identities", params(AuditQuery),
+    responses((status = 200, description = "The mappings' audit, newest first", body = IdentityAuditList)))]
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-    q: Params<super::AuditQuery>,
-) -> ApiResult<Json<Value>> {
+    q: Params<AuditQuery>,
+) -> ApiResult<Json<IdentityAuditList>> {
     auth.require_global_admin()?;
     let limit = params(q)?.limit()?;
     let rows = app
@@ -109,5 +147,5 @@ pub async fn audit(
         .store
         .read(move |c| identities::audit_log(c, limit))
         .await?;
-    Ok(Json(json!({ "audit": rows })))
+    Ok(Json(IdentityAuditList { audit: rows }))
 }

@@ -2,17 +2,17 @@
 //! update and revoke edges; `links.list` in a space shows the edges that
 //! touch it, its inbound and outbound reach, and its audit trail.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::get;
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use super::{body, params, path_arg, Body, Json, Params, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
@@ -23,28 +23,121 @@ use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
 
 /// Link administration, listings and the audit trail.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/links", get(list).post(create))
-        .route("/api/links/audit", get(audit))
-        .route("/api/links/{id}", get(inspect).patch(update).delete(revoke))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(audit))
+        .routes(routes!(inspect, update, revoke))
 }
 
 /// None on purpose: links are administered by global admins (D-006), and a
 /// link never reaches the target's own links (no chains, D-003).
 pub const ACT_AS: &[ActAsRoute] = &[];
 
-#[derive(Deserialize)]
+/// An edge from `holder` to `target` (a space id, or `*` for every space).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLink {
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     holder: String,
+    /// A space id, or `*`.
+    #[schema(pattern = r"^([a-z0-9][a-z0-9-]{0,62}|\*)$")]
     target: String,
+    #[schema(pattern = "^(read|admin)$")]
     level: String,
+    /// Also the edge back (a named target only).
     #[serde(default)]
     both: bool,
+    /// Reach only this conversation of the target.
     conversation_id: Option<i64>,
+    /// At most 2000 characters.
     disclosure: Option<String>,
 }
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinksCreated {
+    pub links: Vec<SpaceLink>,
+}
+
+/// A link after an update or revoke, with the roles it gave that went.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinkChanged {
+    pub link: SpaceLink,
+    pub removed_roles: Vec<LinkRole>,
+}
+
+/// One space this space reaches, or is reached by.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Reach {
+    pub space: String,
+    pub level: String,
+    pub link_id: i64,
+    pub conversation_id: Option<i64>,
+    pub wildcard: bool,
+    /// The other space's name (none for `*` or a deleted space).
+    pub name: Option<String>,
+}
+
+/// The links touching this space (revoked ones included), and its active reach.
+#[derive(Debug, Serialize, ToSchema)]
+// No other key: what tells this answer from the `all=true` one in the document.
+#[serde(deny_unknown_fields)]
+pub struct SpaceLinks {
+    pub space_id: String,
+    pub links: Vec<SpaceLink>,
+    pub inbound: Vec<Reach>,
+    pub outbound: Vec<Reach>,
+    /// The names of the spaces these links name, by id.
+    pub space_names: BTreeMap<String, String>,
+}
+
+/// Every link of the instance (`?all=true`, global admins).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AllLinks {
+    /// `true`.
+    pub all: bool,
+    pub links: Vec<SpaceLink>,
+    pub space_names: BTreeMap<String, String>,
+}
+
+/// `GET /api/links`: this space's links, or every link with `all=true`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum LinkListing {
+    Space(SpaceLinks),
+    All(AllLinks),
+}
+
+/// Every audit row of the instance (`?all=true`, global admins).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AllAudit {
+    /// `true`.
+    pub all: bool,
+    pub audit: Vec<AuditRow>,
+}
+
+/// `GET /api/links/audit`: this space's audit, or every row with `all=true`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum LinkAudit {
+    Space(LinkAuditList),
+    All(AllAudit),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LinkDetail {
+    pub link: SpaceLink,
+    pub granted_roles: Vec<LinkRole>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+// No other key: what tells this answer from the `all=true` one in the document.
+#[serde(deny_unknown_fields)]
+pub struct LinkAuditList {
+    pub audit: Vec<AuditRow>,
+}
+
+const LINK_ID: &str = "The link";
 
 fn level(raw: &str) -> ApiResult<LinkLevel> {
     LinkLevel::parse(raw)
@@ -72,11 +165,14 @@ fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
     }
 }
 
+#[utoipa::path(post, path = "/api/links", tag = "links", request_body = CreateLink,
+    responses((status = 201, description = "Created (two with both)", body = LinksCreated),
+        (status = 409, description = "Such a link exists", body = crate::api::error::ErrorBody)))]
 pub async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateLink>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<LinksCreated>)> {
     auth.require_global_admin()?;
     let b = body(b)?;
     let lvl = level(&b.level)?;
@@ -158,22 +254,27 @@ pub async fn create(
             Ok(out)
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(json!({ "links": created }))))
+    Ok((StatusCode::CREATED, Json(LinksCreated { links: created })))
 }
 
-#[derive(Deserialize)]
+/// At least one of the two.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateLink {
+    /// `read` or `admin` (a downgrade to read removes the roles it gave).
     level: Option<String>,
     disclosure: Option<String>,
 }
 
+#[utoipa::path(patch, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)), request_body = UpdateLink,
+    responses((status = 200, description = "Updated", body = LinkChanged)))]
 pub async fn update(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
     b: Body<UpdateLink>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkChanged>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let b = body(b)?;
@@ -206,8 +307,11 @@ pub async fn update(
             Ok((link, removed))
         })
         .await?;
-    let (link, removed) = link;
-    Ok(Json(json!({ "link": link, "removed_roles": removed })))
+    let (link, removed_roles) = link;
+    Ok(Json(LinkChanged {
+        link,
+        removed_roles,
+    }))
 }
 
 fn removed_detail(removed: &[LinkRole]) -> Option<String> {
@@ -220,11 +324,14 @@ fn removed_detail(removed: &[LinkRole]) -> Option<String> {
     })
 }
 
+#[utoipa::path(delete, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)),
+    responses((status = 200, description = "Revoked, with the roles it gave", body = LinkChanged)))]
 pub async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkChanged>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let by = auth.caller.caller_id.clone();
@@ -241,47 +348,69 @@ pub async fn revoke(
             Ok((link, removed))
         })
         .await?;
-    Ok(Json(json!({ "link": link, "removed_roles": removed })))
+    Ok(Json(LinkChanged {
+        link,
+        removed_roles: removed,
+    }))
 }
 
-fn reach_entry(l: &SpaceLink, other: &str) -> Value {
-    json!({"space": other, "level": l.level, "link_id": l.id, "conversation_id": l.target_conversation_id, "wildcard": l.target_space_id == "*"})
+fn reach_entry(l: &SpaceLink, other: &str) -> Reach {
+    Reach {
+        space: other.to_owned(),
+        level: l.level.clone(),
+        link_id: l.id,
+        conversation_id: l.target_conversation_id,
+        wildcard: l.target_space_id == "*",
+        name: None,
+    }
 }
 
-/// `?all=true` (global admins): every link, or every audit row, of the instance.
-#[derive(Deserialize)]
+/// `?all=true` (global admins): every link of the instance.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Every link of the instance (global admins only).
     all: Option<bool>,
 }
 
-#[derive(Deserialize)]
+/// `?limit=N&all=true` of the link audit.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditListQuery {
+    /// Rows to answer, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+    /// Every audit row of the instance (global admins only).
     all: Option<bool>,
 }
 
 /// The names of the spaces the links name (`*` and deleted spaces have none).
-fn names_of(c: &rusqlite::Connection, links: &[SpaceLink]) -> Result<Value, StoreError> {
-    let mut names = serde_json::Map::new();
+fn names_of(
+    c: &rusqlite::Connection,
+    links: &[SpaceLink],
+) -> Result<BTreeMap<String, String>, StoreError> {
+    let mut names = BTreeMap::new();
     for l in links {
         for id in [&l.holder_space_id, &l.target_space_id] {
             if id != "*" && !names.contains_key(id.as_str()) {
                 if let Some(s) = spaces::get_space(c, id)? {
-                    names.insert(id.clone(), Value::String(s.name));
+                    names.insert(id.clone(), s.name);
                 }
             }
         }
     }
-    Ok(Value::Object(names))
+    Ok(names)
 }
 
+#[utoipa::path(get, path = "/api/links", tag = "links", params(ListQuery),
+    responses((status = 200, description = "The links touching this space, or with `all=true` every link", body = LinkListing)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkListing>> {
     if params(q)?.all == Some(true) {
         auth.require_global_admin()?;
         let (all, names) = app
@@ -293,7 +422,11 @@ pub async fn list(
                 Ok((all, names))
             })
             .await?;
-        return Ok(Json(json!({"all": true, "links": all, "space_names": names})));
+        return Ok(Json(LinkListing::All(AllLinks {
+            all: true,
+            links: all,
+            space_names: names,
+        })));
     }
     let space = auth.require(Permission::LinksList)?.space.to_string();
     let sp = space.clone();
@@ -308,30 +441,37 @@ pub async fn list(
         .await?;
     let reach_entry = |l: &SpaceLink, other: &str| {
         let mut e = reach_entry(l, other);
-        e["name"] = names.get(other).cloned().unwrap_or(Value::Null);
+        e.name = names.get(other).cloned();
         e
     };
     let active: Vec<&SpaceLink> = all.iter().filter(|l| l.revoked_at.is_none()).collect();
-    let inbound: Vec<Value> = active
+    let inbound: Vec<Reach> = active
         .iter()
         .filter(|l| l.holder_space_id != space)
         .map(|l| reach_entry(l, &l.holder_space_id))
         .collect();
-    let outbound: Vec<Value> = active
+    let outbound: Vec<Reach> = active
         .iter()
         .filter(|l| l.holder_space_id == space)
         .map(|l| reach_entry(l, &l.target_space_id))
         .collect();
-    Ok(Json(
-        json!({"space_id": space, "links": all, "inbound": inbound, "outbound": outbound, "space_names": names}),
-    ))
+    Ok(Json(LinkListing::Space(SpaceLinks {
+        space_id: space,
+        links: all,
+        inbound,
+        outbound,
+        space_names: names,
+    })))
 }
 
+#[utoipa::path(get, path = "/api/links/{id}", tag = "links",
+    params(("id" = i64, Path, description = LINK_ID)),
+    responses((status = 200, description = "The link and the roles it gave", body = LinkDetail)))]
 pub async fn inspect(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkDetail>> {
     let id = path_arg(id)?;
     let space = auth.require(Permission::LinksList)?.space.to_string();
     let (link, roles) = app
@@ -347,14 +487,19 @@ pub async fn inspect(
                 || l.target_space_id == "*"
         })
         .ok_or_else(|| ApiError::not_found(format!("link {id} does not touch this space")))?;
-    Ok(Json(json!({ "link": link, "granted_roles": roles })))
+    Ok(Json(LinkDetail {
+        link,
+        granted_roles: roles,
+    }))
 }
 
+#[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditListQuery),
+    responses((status = 200, description = "This space's link audit (with `all=true` every row), newest first", body = LinkAudit)))]
 pub async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<AuditListQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<LinkAudit>> {
     let q = params(q)?;
     let limit = super::AuditQuery { limit: q.limit }.limit()?;
     if q.all == Some(true) {
@@ -364,7 +509,7 @@ pub async fn audit(
             .store
             .read(move |c| links::audit_all(c, limit))
             .await?;
-        return Ok(Json(json!({ "all": true, "audit": rows })));
+        return Ok(Json(LinkAudit::All(AllAudit { all: true, audit: rows })));
     }
     let space = auth.require(Permission::LinksList)?.space.to_string();
     let rows = app
@@ -372,5 +517,5 @@ pub async fn audit(
         .store
         .read(move |c| links::audit_for(c, &space, limit))
         .await?;
-    Ok(Json(json!({ "audit": rows })))
+    Ok(Json(LinkAudit::Space(LinkAuditList { audit: rows })))
 }

@@ -4,29 +4,28 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, State};
-use axum::Json;
-use axum::routing::get;
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{params, path_arg, Params, PathArg};
+use super::{params, path_arg, Json, Params, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_time_arg};
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Read;
-use crate::storage::messages::{self, Cursor};
-use crate::storage::runs;
+use crate::storage::messages::{self, Cursor, Message};
+use crate::storage::runs::{self, Run};
 
 /// Search, the recent range, and the runs list.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/messages", get(search))
-        .route("/api/messages/recent", get(recent))
-        .route("/api/runs", get(runs))
-        .route("/api/runs/{id}", get(run_trace))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(search))
+        .routes(routes!(recent))
+        .routes(routes!(runs))
+        .routes(routes!(run_trace))
 }
 
 /// Across a link: all three reads; the two message reads also serve a
@@ -38,18 +37,29 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/runs/{id}", Read),
 ];
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct SearchQuery {
+    /// The words to look for.
     q: String,
+    /// 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageList {
+    pub messages: Vec<Message>,
+}
+
+#[utoipa::path(get, path = "/api/messages", tag = "messages", params(SearchQuery),
+    responses((status = 200, description = "Matching messages of the space", body = MessageList)))]
 pub async fn search(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<SearchQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<MessageList>> {
     let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let limit = q.limit.unwrap_or(50);
@@ -63,23 +73,40 @@ pub async fn search(
         .store
         .read(move |c| messages::search(c, &space, conv, &q.q, limit))
         .await?;
-    Ok(Json(json!({ "messages": found })))
+    Ok(Json(MessageList { messages: found }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct RecentQuery {
+    /// A duration back from now (`24h`, the default) or an RFC 3339 time.
     since: Option<String>,
+    /// As `since`; default: now.
     until: Option<String>,
+    /// 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
+/// A page of the time range, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecentPage {
+    pub space_id: String,
+    pub messages: Vec<Message>,
+    /// Give it as `cursor` for the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/messages/recent", tag = "messages", params(RecentQuery),
+    responses((status = 200, description = "A page of the range", body = RecentPage)))]
 pub async fn recent(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RecentQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RecentPage>> {
     let ctx = auth.require(Permission::MessagesRead)?;
     let q = params(q)?;
     let now = now_ms();
@@ -106,24 +133,33 @@ pub async fn recent(
         .store
         .read(move |c| messages::recent(c, &space, conv, since, until, limit, cursor))
         .await?;
-    Ok(Json(json!({
-        "space_id": ctx.space,
-        "messages": page,
-        "next_cursor": next.map(Cursor::encode),
-    })))
+    Ok(Json(RecentPage {
+        space_id: ctx.space.to_string(),
+        messages: page,
+        next_cursor: next.map(Cursor::encode),
+    }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct RunsQuery {
+    /// Runs to answer, newest first (clamped to 1-500, default 20).
     limit: Option<u32>,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunList {
+    pub runs: Vec<Run>,
+}
+
+#[utoipa::path(get, path = "/api/runs", tag = "messages", params(RunsQuery),
+    responses((status = 200, description = "The space's latest runs", body = RunList)))]
 pub async fn runs(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RunsQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RunList>> {
     let ctx = auth.require(Permission::MessagesRead)?;
     let limit = params(q)?.limit.unwrap_or(20).clamp(1, 500);
     let space = ctx.space.to_string();
@@ -132,19 +168,23 @@ pub async fn runs(
         .store
         .read(move |c| runs::list(c, &space, limit))
         .await?;
-    Ok(Json(json!({ "runs": list })))
+    Ok(Json(RunList { runs: list }))
 }
 
 /// One run with its trace: which model calls and tool calls it made, with
 /// each tool call's arguments and exit code (D-017: the trace shows which
 /// command the agent chose).
-#[derive(serde::Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct RunTrace {
     pub run: runs::Run,
     pub usage: runs::UsageTotals,
     pub steps: Vec<runs::RunStep>,
 }
 
+#[utoipa::path(get, path = "/api/runs/{id}", tag = "messages",
+    params(("id" = String, Path, description = "The run")),
+    responses((status = 200, description = "The run, its usage and its steps", body = RunTrace),
+        (status = 404, description = "No such run in this space", body = crate::api::error::ErrorBody)))]
 pub async fn run_trace(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,

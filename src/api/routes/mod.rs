@@ -5,26 +5,39 @@
 //! bottom: extract, check the permission with `Auth::require`, read from
 //! storage or write through the space's actor, answer JSON.
 //!
+//! Every handler carries `#[utoipa::path(...)]` and is registered with
+//! `.routes(routes!(handler))`: the route and its entry in
+//! `GET /api/openapi.json` come from that one annotation, so a route cannot
+//! be served without being documented (tests/it/openapi.rs refuses a plain
+//! `.route(` here). Answers are typed structs beside their handlers, deriving
+//! `ToSchema`.
+//!
 //! Must never: register a route outside its resource's `router()`, or allow
 //! a route across a link anywhere but in its own resource's `ACT_AS`.
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Extension, Json, Path, Query};
-use axum::Router;
+use axum::extract::Extension;
+use serde::Serialize;
 use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+
+pub use super::extract::{Json, Path, Query};
 
 use super::error::{ApiError, ApiResult};
 use super::AuditChange;
+use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
+use crate::ids::SpaceId;
 use crate::links::ActAsRoute;
+use crate::storage::StoreError;
 
 /// One resource: its routes and the entries of the act-as allowlist that
 /// belong to them. Listed together so a route and its act-as policy are
 /// registered in one place.
 pub struct Resource {
-    pub router: fn() -> Router<Arc<App>>,
+    /// The resource's routes with their OpenAPI paths (one source for both).
+    pub router: fn() -> OpenApiRouter<Arc<App>>,
     pub act_as: &'static [ActAsRoute],
 }
 
@@ -59,12 +72,12 @@ resources![
     files,
 ];
 
-/// A JSON body, with axum's rejection mapped to our error shape.
-pub type Body<T> = Result<Json<T>, JsonRejection>;
-pub type Params<T> = Result<Query<T>, QueryRejection>;
-/// A path segment (`/api/tasks/{id}`); a bad one is a 400 in our error shape,
-/// not axum's plain-text rejection.
-pub type PathArg<T> = Result<Path<T>, PathRejection>;
+/// A JSON body, taken as a `Result` so a handler checks the caller's
+/// permission before it looks at the body (a 403 stays a 403 whatever the body).
+pub type Body<T> = Result<Json<T>, ApiError>;
+pub type Params<T> = Result<Query<T>, ApiError>;
+/// A path segment (`/api/tasks/{id}`); a bad one is a 400 in our error shape.
+pub type PathArg<T> = Result<Path<T>, ApiError>;
 
 pub fn body<T>(b: Body<T>) -> ApiResult<T> {
     Ok(b?.0)
@@ -94,16 +107,32 @@ pub fn text_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
     Ok(v.to_owned())
 }
 
-/// Splits a write's answer into the client's JSON and the audit's
-/// before/after (D-008): `out["before"]` is taken out for the audit, and the
-/// rest of the answer is the after.
-pub fn audited(mut out: Value) -> (Extension<AuditChange>, Json<Value>) {
-    let before = out.as_object_mut().and_then(|m| m.remove("before"));
+/// A write's answer with the audit's before/after (D-008): `before` is what
+/// the write replaced, and the answer itself is the after.
+pub fn audited<T: Serialize>(before: Value, after: T) -> (Extension<AuditChange>, Json<T>) {
     let change = AuditChange {
-        before,
-        after: Some(out.clone()),
+        before: Some(before),
+        after: serde_json::to_value(&after).ok(),
     };
-    (Extension(change), Json(out))
+    (Extension(change), Json(after))
+}
+
+/// Runs `write` in the space's actor (`SpaceDirectory::apply_with`, one
+/// transaction) and answers its typed result; a store error rolls it back.
+pub async fn apply<T, F>(app: &App, space: &SpaceId, write: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+{
+    app.spaces
+        .apply_with(space, move |tx| {
+            write(tx).map_err(Refusal::<std::convert::Infallible>::Store)
+        })
+        .await
+        .map_err(|e| match e {
+            ApplyError::Refused(never) => match never {},
+            ApplyError::Actor(e) => e.into(),
+        })
 }
 
 /// A one-line name from a client (space names, sender names, titles, labels):
@@ -119,9 +148,12 @@ pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
 }
 
 /// `?limit=N` of an audit listing (identities, links): 1 to 1000, default 50.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
+    /// Rows to answer, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 

@@ -16,31 +16,34 @@ use std::time::Duration;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{get, post};
-use axum::Router;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{path_arg, PathArg};
+use super::{path_arg, Json, PathArg};
 use crate::review::catalog::{self, ReportEntry, ReportKind, ReportName};
-
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::links::ActAsRoute;
+use crate::review::scan::ScanSummary;
 
 /// `POST /api/review/run`.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/review/run", post(run))
-        .route("/api/review/reports", get(reports))
-        .route("/api/review/reports/{name}", get(report))
-        .route("/api/review/weekly", post(weekly))
-        .route("/api/review/ledger", get(ledger))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(run))
+        .routes(routes!(reports))
+        .routes(routes!(report))
+        .routes(routes!(weekly))
+        .routes(routes!(ledger))
 }
 
 /// `POST /api/review/weekly`: runs the weekly synthesis now and answers its
 /// summary (global admins: it reads every space).
+#[utoipa::path(post, path = "/api/review/weekly", tag = "review",
+    responses((status = 200, description = "The weekly synthesis ran", body = crate::review::weekly::WeeklySummary),
+        (status = 503, description = "It could not run", body = crate::api::error::ErrorBody)))]
 pub async fn weekly(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -58,13 +61,15 @@ pub async fn weekly(
 }
 
 /// `GET /api/review/ledger`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerView {
     /// Rows by approved decision (`unapproved` when none).
     pub counts: std::collections::BTreeMap<String, u64>,
     pub rows: Vec<crate::review::ledger::LedgerRow>,
 }
 
+#[utoipa::path(get, path = "/api/review/ledger", tag = "review",
+    responses((status = 200, description = "The intake ledger", body = LedgerView)))]
 pub async fn ledger(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -82,21 +87,24 @@ pub async fn ledger(
 }
 
 /// `GET /api/review/reports`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReportList {
     /// Oldest first.
     pub reports: Vec<ReportEntry>,
 }
 
 /// `GET /api/review/reports/{name}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReportBody {
     pub date: String,
     pub kind: ReportKind,
     /// The report's `report.json`, as written.
+    #[schema(value_type = Object)]
     pub report: Value,
 }
 
+#[utoipa::path(get, path = "/api/review/reports", tag = "review",
+    responses((status = 200, description = "The reports on the box, oldest first", body = ReportList)))]
 pub async fn reports(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -109,6 +117,11 @@ pub async fn reports(
     Ok(Json(ReportList { reports }))
 }
 
+#[utoipa::path(get, path = "/api/review/reports/{name}", tag = "review",
+    params(("name" = String, Path, description = "`YYYY-MM-DD`, `YYYY-MM-DD-daily` or `YYYY-MM-DD-weekly`")),
+    responses((status = 200, description = "The report's report.json", body = ReportBody),
+        (status = 400, description = "Not a report name", body = crate::api::error::ErrorBody),
+        (status = 404, description = "No such report", body = crate::api::error::ErrorBody)))]
 pub async fn report(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -135,10 +148,29 @@ pub const ACT_AS: &[ActAsRoute] = &[];
 /// the run id, and the report and digest still arrive when the scan ends.
 pub const WAIT: Duration = Duration::from_secs(3600);
 
+/// The scan goes on after the request stopped waiting.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScanRunning {
+    pub run_id: String,
+    /// `running`.
+    pub status: String,
+}
+
+/// The scan's summary when it ended, or that it is still running.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ScanAnswer {
+    Ended(Box<ScanSummary>),
+    Running(ScanRunning),
+}
+
+#[utoipa::path(post, path = "/api/review/run", tag = "review",
+    responses((status = 200, description = "The scan ended", body = ScanSummary),
+        (status = 202, description = "Still running after the wait", body = ScanRunning)))]
 pub async fn run(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<ScanAnswer>)> {
     auth.require_global_admin()?;
     let ticket = app
         .review
@@ -152,15 +184,15 @@ pub async fn run(
         )),
         done = tokio::time::timeout(WAIT, ticket.finished()) => match done {
             Ok(Some(summary)) => {
-                let body = serde_json::to_value(&*summary).map_err(ApiError::internal)?;
-                Ok((StatusCode::OK, Json(body)))
+                let summary = Box::new((*summary).clone());
+                Ok((StatusCode::OK, Json(ScanAnswer::Ended(summary))))
             }
             Ok(None) => Err(ApiError::unavailable(
                 "the scan stopped before it finished (its actor restarted or the host is stopping)",
             )),
             Err(_) => Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"run_id": run_id, "status": "running"})),
+                Json(ScanAnswer::Running(ScanRunning { run_id, status: "running".into() })),
             )),
         },
     }

@@ -2,30 +2,32 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, State};
-use axum::Json;
-use axum::routing::{delete, get};
-use axum::Router;
-use rusqlite::Connection;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
-use super::{body, params, path_arg, Body, Params, PathArg};
+use axum::extract::{Extension, State};
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{apply, body, params, path_arg, Body, Json, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::actors::{ApplyError, Refusal};
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
 use crate::perms::{self, Permission};
-use crate::storage::spaces::{self, KvTable};
+use crate::storage::spaces::{self, KvTable, RoleGrant};
 use crate::storage::StoreError;
 
 /// Roles and the permission sets of a space.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/roles", get(list).post(grant))
-        .route("/api/roles/{caller}", delete(revoke))
-        .route("/api/permissions", get(permissions_get).put(permissions_set))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, grant))
+        .routes(routes!(revoke))
+        .routes(routes!(permissions_get, permissions_set))
 }
 
 /// Across a link: every route, reads at `read`, writes at `admin`.
@@ -37,24 +39,47 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("PUT", "/api/permissions", Admin),
 ];
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoleList {
+    pub roles: Vec<RoleGrant>,
+}
+
+#[utoipa::path(get, path = "/api/roles", tag = "roles",
+    responses((status = 200, description = "The roles granted in the space", body = RoleList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RoleList>> {
     let space = auth.require(Permission::RolesList)?.space.to_string();
     let roles = app
         .rt
         .store
         .read(move |c| spaces::list_roles(c, &space))
         .await?;
-    Ok(Json(json!({ "roles": roles })))
+    Ok(Json(RoleList { roles }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrantBody {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
+    /// Default `admin`.
     role: Option<String>,
+}
+
+/// A role as granted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Granted {
+    pub caller_id: String,
+    pub role: String,
+}
+
+/// A role as revoked (`revoked`: there was one).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Revoked {
+    pub caller_id: String,
+    pub revoked: bool,
 }
 
 /// The rule of issue 11 (D-003: every access is one visible row): a role or
@@ -105,11 +130,13 @@ fn link_self_grant(
     Ok(None)
 }
 
+#[utoipa::path(post, path = "/api/roles", tag = "roles", request_body = GrantBody,
+    responses((status = 200, description = "Granted", body = Granted)))]
 pub async fn grant(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
-) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(Extension<AuditChange>, Json<Granted>)> {
     let ctx = auth.require(Permission::RolesGrant)?.clone();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
@@ -120,7 +147,7 @@ pub async fn grant(
     let by = auth.caller.caller_id.clone();
     let granter_perms = ctx.perms.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
-    let out = app
+    let (before, out) = app
         .spaces
         .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
@@ -135,7 +162,13 @@ pub async fn grant(
             }
             let before = spaces::stored_role(tx, &space, &b.caller_id)?;
             spaces::set_role(tx, &space, &b.caller_id, &role, &by, link)?;
-            Ok(json!({"caller_id": b.caller_id, "role": role, "before": before, "link_id": link}))
+            Ok((
+                before,
+                Granted {
+                    caller_id: b.caller_id,
+                    role,
+                },
+            ))
         })
         .await
         .map_err(|e| match e {
@@ -143,52 +176,84 @@ pub async fn grant(
             ApplyError::Actor(e) => e.into(),
         })?;
     let change = AuditChange {
-        before: Some(json!({"role": out["before"]})),
-        after: Some(json!({"role": out["role"], "caller_id": out["caller_id"]})),
+        before: Some(json!({ "role": before })),
+        after: Some(json!({"role": out.role, "caller_id": out.caller_id})),
     };
-    Ok((
-        Extension(change),
-        Json(json!({"caller_id": out["caller_id"], "role": out["role"]})),
-    ))
+    Ok((Extension(change), Json(out)))
 }
 
+#[utoipa::path(delete, path = "/api/roles/{caller}", tag = "roles",
+    params(("caller" = String, Path, description = "The caller whose role goes")),
+    responses((status = 200, description = "Revoked (or had none)", body = Revoked)))]
 pub async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
-) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(Extension<AuditChange>, Json<Revoked>)> {
     let caller = path_arg(caller)?;
     let sid = auth.require(Permission::RolesRevoke)?.space.clone();
     let space = sid.to_string();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::stored_role(tx, &space, &caller)?;
-            let revoked = spaces::revoke_role(tx, &space, &caller)?;
-            Ok(json!({"caller_id": caller, "revoked": revoked, "before": before}))
-        })
-        .await?;
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::stored_role(tx, &space, &caller)?;
+        let revoked = spaces::revoke_role(tx, &space, &caller)?;
+        Ok((
+            before,
+            Revoked {
+                caller_id: caller,
+                revoked,
+            },
+        ))
+    })
+    .await?;
     let change = AuditChange {
-        before: Some(json!({"role": out["before"]})),
+        before: Some(json!({ "role": before })),
         after: Some(json!({"role": null})),
     };
-    Ok((
-        Extension(change),
-        Json(json!({"caller_id": out["caller_id"], "revoked": out["revoked"]})),
-    ))
+    Ok((Extension(change), Json(out)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PermQuery {
+    /// Only this role's permissions.
     role: Option<String>,
 }
 
+/// One role's permission set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RolePermissions {
+    pub role: String,
+    pub permissions: Vec<String>,
+}
+
+/// Every role of the space with its permission set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpacePermissions {
+    pub roles: BTreeMap<String, Vec<String>>,
+    /// Every permission there is.
+    pub available: Vec<String>,
+}
+
+/// `?role=R`: that role's set; else every role's.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum PermissionsView {
+    Role(RolePermissions),
+    Space(SpacePermissions),
+}
+
+fn names<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Vec<String> {
+    perms.into_iter().map(|p| p.as_str().to_owned()).collect()
+}
+
+#[utoipa::path(get, path = "/api/permissions", tag = "roles", params(PermQuery),
+    responses((status = 200, description = "Permission sets", body = PermissionsView)))]
 pub async fn permissions_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<PermQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<PermissionsView>> {
     let space = auth.require(Permission::PermissionsGet)?.space.to_string();
     let q = params(q)?;
     let out = app
@@ -197,34 +262,52 @@ pub async fn permissions_get(
         .read(move |c| {
             if let Some(role) = q.role {
                 let p = perms::role_permissions(c, &space, &role)?;
-                return Ok(json!({"role": role, "permissions": p}));
+                return Ok(PermissionsView::Role(RolePermissions {
+                    role,
+                    permissions: names(&p),
+                }));
             }
-            let mut roles = serde_json::Map::new();
+            let mut roles = BTreeMap::new();
             for role in perms::roles_in_space(c, &space)? {
                 let p = perms::role_permissions(c, &space, &role)?;
-                roles.insert(role, json!(p));
+                roles.insert(role, names(&p));
             }
-            Ok(json!({"roles": roles, "available": Permission::ALL}))
+            Ok(PermissionsView::Space(SpacePermissions {
+                roles,
+                available: names(Permission::ALL),
+            }))
         })
         .await?;
     Ok(Json(out))
 }
 
-#[derive(Deserialize)]
+/// Sets a role's permission set in this space (only permissions the caller
+/// holds; never the `admin` role's, which always holds every permission).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PermBody {
     role: String,
     permissions: Vec<String>,
 }
 
+#[utoipa::path(put, path = "/api/permissions", tag = "roles", request_body = PermBody,
+    responses((status = 200, description = "The role's set now", body = RolePermissions)))]
 pub async fn permissions_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,
-) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(Extension<AuditChange>, Json<RolePermissions>)> {
     let ctx = auth.require(Permission::PermissionsSet)?.clone();
     let b = body(b)?;
     perms::validate_role_name(&b.role).map_err(ApiError::bad_request)?;
+    // Found by the API fuzz: narrowing `admin` locked a space for good.
+    // Every global admin is `admin` in every space, so an `admin` without
+    // `permissions.set` (or `spaces.delete`) left no caller able to undo it.
+    if b.role == perms::ROLE_ADMIN {
+        return Err(ApiError::bad_request(
+            "the admin role always holds every permission (it is how global admins manage a space);              give a narrower set to another role and grant that",
+        ));
+    }
     let unknown: Vec<&str> = b
         .permissions
         .iter()
@@ -256,7 +339,7 @@ pub async fn permissions_set(
     let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let role = b.role.clone();
-    let out = app
+    let (before, out) = app
         .spaces
         .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
@@ -271,7 +354,13 @@ pub async fn permissions_set(
                 &list.join(","),
                 &by,
             )?;
-            Ok(json!({"role": role, "permissions": list, "before": before}))
+            Ok((
+                names(&before),
+                RolePermissions {
+                    role,
+                    permissions: list,
+                },
+            ))
         })
         .await
         .map_err(|e| match e {
@@ -279,11 +368,8 @@ pub async fn permissions_set(
             ApplyError::Actor(e) => e.into(),
         })?;
     let change = AuditChange {
-        before: Some(json!({"role": out["role"], "permissions": out["before"]})),
-        after: Some(json!({"role": out["role"], "permissions": out["permissions"]})),
+        before: Some(json!({"role": out.role, "permissions": before})),
+        after: Some(json!({"role": out.role, "permissions": out.permissions})),
     };
-    Ok((
-        Extension(change),
-        Json(json!({"role": out["role"], "permissions": out["permissions"]})),
-    ))
+    Ok((Extension(change), Json(out)))
 }

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, State};
-use axum::Json;
-use axum::routing::{delete, get};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{audited, body, path_arg, text_field, Body, PathArg};
+use super::{apply, audited, body, path_arg, text_field, Body, Json, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
@@ -18,17 +18,17 @@ use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
-use crate::storage::spaces::{self, KvTable};
+use crate::storage::spaces::{self, KvEntry, KvTable, Mute};
 
 /// Preferences, config, the model chain and mutes.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/prefs", get(prefs_list).put(prefs_set))
-        .route("/api/prefs/{key}", delete(prefs_delete))
-        .route("/api/config", get(config_get).put(config_set))
-        .route("/api/model", get(model_get).put(model_set))
-        .route("/api/mutes", get(mutes_list).post(mutes_set))
-        .route("/api/mutes/{caller}", delete(mutes_delete))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(prefs_list, prefs_set))
+        .routes(routes!(prefs_delete))
+        .routes(routes!(config_get, config_set))
+        .routes(routes!(model_get, model_set))
+        .routes(routes!(mutes_list, mutes_set))
+        .routes(routes!(mutes_delete))
 }
 
 /// Across a link: every settings route, reads at `read`, writes at `admin`.
@@ -45,11 +45,34 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("DELETE", "/api/mutes/{caller}", Admin),
 ];
 
-#[derive(Deserialize)]
+/// A preference (key: 1-64 letters, digits, `.`, `_`, `-`; value at most
+/// 4000 characters) or a config key of `available`.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KeyValue {
+    #[schema(min_length = 1, max_length = 64)]
     key: String,
+    #[schema(max_length = 4000)]
     value: String,
+}
+
+/// A key as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeySet {
+    pub key: String,
+    pub value: String,
+}
+
+/// A key as deleted (`deleted`: it existed).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeyDeleted {
+    pub key: String,
+    pub deleted: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreferenceList {
+    pub preferences: Vec<KvEntry>,
 }
 
 fn pref_key(raw: &str) -> ApiResult<String> {
@@ -67,24 +90,28 @@ fn pref_key(raw: &str) -> ApiResult<String> {
     }
 }
 
+#[utoipa::path(get, path = "/api/prefs", tag = "settings",
+    responses((status = 200, description = "The space's preferences", body = PreferenceList)))]
 pub async fn prefs_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<PreferenceList>> {
     let space = auth.require(Permission::PrefsGet)?.space.to_string();
     let list = app
         .rt
         .store
         .read(move |c| spaces::kv_list(c, KvTable::Preferences, &space))
         .await?;
-    Ok(Json(json!({ "preferences": list })))
+    Ok(Json(PreferenceList { preferences: list }))
 }
 
+#[utoipa::path(put, path = "/api/prefs", tag = "settings", request_body = KeyValue,
+    responses((status = 200, description = "Set", body = KeySet)))]
 pub async fn prefs_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
-) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<KeySet>)> {
     let sid = auth.require(Permission::PrefsSet)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
@@ -95,35 +122,34 @@ pub async fn prefs_set(
         ));
     }
     let by = auth.caller.caller_id.clone();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
-            spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
-            Ok(json!({"key": key, "value": b.value, "before": {"value": before}}))
-        })
-        .await?;
-    Ok(audited(out))
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
+        spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
+        Ok((before, KeySet { key, value: b.value }))
+    })
+    .await?;
+    Ok(audited(json!({ "value": before }), out))
 }
 
+#[utoipa::path(delete, path = "/api/prefs/{key}", tag = "settings",
+    params(("key" = String, Path, description = "The preference key")),
+    responses((status = 200, description = "Deleted (or was absent)", body = KeyDeleted)))]
 pub async fn prefs_delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     key: PathArg<String>,
-) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<KeyDeleted>)> {
     let key = path_arg(key)?;
     let sid = auth.require(Permission::PrefsSet)?.space.clone();
     let space = sid.to_string();
     let key = pref_key(&key)?;
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
-            let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
-            Ok(json!({"key": key, "deleted": deleted, "before": {"value": before}}))
-        })
-        .await?;
-    Ok(audited(out))
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
+        let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
+        Ok((before, KeyDeleted { key, deleted }))
+    })
+    .await?;
+    Ok(audited(json!({ "value": before }), out))
 }
 
 /// Config keys the host interprets, with their validation.
@@ -166,48 +192,97 @@ fn validate_config(key: &str, value: &str) -> ApiResult<()> {
     }
 }
 
+/// A config key the host interprets.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConfigKey {
+    pub key: String,
+    pub description: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConfigList {
+    /// The keys set in this space.
+    pub config: Vec<KvEntry>,
+    /// Every key `PUT /api/config` takes.
+    pub available: Vec<ConfigKey>,
+}
+
+#[utoipa::path(get, path = "/api/config", tag = "settings",
+    responses((status = 200, description = "The space's config", body = ConfigList)))]
 pub async fn config_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ConfigList>> {
     let space = auth.require(Permission::ConfigGet)?.space.to_string();
     let list = app
         .rt
         .store
         .read(move |c| spaces::kv_list(c, KvTable::Config, &space))
         .await?;
-    let available: Vec<Value> = CONFIG_KEYS
+    let available = CONFIG_KEYS
         .iter()
-        .map(|(k, d)| json!({"key": k, "description": d}))
+        .map(|(k, d)| ConfigKey {
+            key: (*k).to_owned(),
+            description: (*d).to_owned(),
+        })
         .collect();
-    Ok(Json(json!({ "config": list, "available": available })))
+    Ok(Json(ConfigList {
+        config: list,
+        available,
+    }))
 }
 
+#[utoipa::path(put, path = "/api/config", tag = "settings", request_body = KeyValue,
+    responses((status = 200, description = "Set", body = KeySet)))]
 pub async fn config_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
-) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<KeySet>)> {
     let sid = auth.require(Permission::ConfigSet)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
-            spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
-            Ok(json!({"key": b.key, "value": b.value, "before": {"value": before}}))
-        })
-        .await?;
-    Ok(audited(out))
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
+        spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
+        Ok((
+            before,
+            KeySet {
+                key: b.key,
+                value: b.value,
+            },
+        ))
+    })
+    .await?;
+    Ok(audited(json!({ "value": before }), out))
 }
 
+/// The model chain a turn of this space uses.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelChain {
+    /// `provider:model` specs, tried in order.
+    pub chain: Vec<String>,
+    /// `space` (set here) or `default` (the host's chain).
+    pub source: String,
+}
+
+impl ModelChain {
+    fn of(chain: Vec<String>, source: &str) -> Self {
+        Self {
+            chain,
+            source: source.to_owned(),
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/api/model", tag = "settings",
+    responses((status = 200, description = "The space's model chain", body = ModelChain)))]
 pub async fn model_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ModelChain>> {
     let space = auth.require(Permission::ModelGet)?.space.to_string();
     let stored = app
         .rt
@@ -216,23 +291,26 @@ pub async fn model_get(
         .await?;
     Ok(Json(
         match stored.map(|s| split_chain(&s)).filter(|c| !c.is_empty()) {
-            Some(chain) => json!({"chain": chain, "source": "space"}),
-            None => json!({"chain": app.rt.settings.model_chain(), "source": "default"}),
+            Some(chain) => ModelChain::of(chain, "space"),
+            None => ModelChain::of(app.rt.settings.model_chain(), "default"),
         },
     ))
 }
 
-#[derive(Deserialize)]
+/// At most 8 `provider:model` specs; empty: back to the host's chain.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelBody {
     chain: Vec<String>,
 }
 
+#[utoipa::path(put, path = "/api/model", tag = "settings", request_body = ModelBody,
+    responses((status = 200, description = "The chain now in force", body = ModelChain)))]
 pub async fn model_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
-) -> ApiResult<(axum::Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(axum::Extension<AuditChange>, Json<ModelChain>)> {
     let sid = auth.require(Permission::ModelSet)?.space.clone();
     let space = sid.to_string();
     let chain: Vec<String> = body(b)?
@@ -268,51 +346,84 @@ pub async fn model_set(
     }
     let by = auth.caller.caller_id.clone();
     let default = app.rt.settings.model_chain();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
-            let before = json!({"chain": before.map(|c| split_chain(&c))});
-            if chain.is_empty() {
-                spaces::kv_delete(tx, KvTable::Config, &space, "model")?;
-                Ok(json!({"chain": default, "source": "default", "before": before}))
-            } else {
-                spaces::kv_set(tx, KvTable::Config, &space, "model", &chain.join(","), &by)?;
-                Ok(json!({"chain": chain, "source": "space", "before": before}))
-            }
-        })
-        .await?;
-    Ok(audited(out))
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
+        let before = json!({"chain": before.map(|c| split_chain(&c))});
+        if chain.is_empty() {
+            spaces::kv_delete(tx, KvTable::Config, &space, "model")?;
+            Ok((before, ModelChain::of(default, "default")))
+        } else {
+            spaces::kv_set(tx, KvTable::Config, &space, "model", &chain.join(","), &by)?;
+            Ok((before, ModelChain::of(chain, "space")))
+        }
+    })
+    .await?;
+    Ok(audited(before, out))
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MuteList {
+    pub mutes: Vec<Mute>,
+}
+
+#[utoipa::path(get, path = "/api/mutes", tag = "settings",
+    responses((status = 200, description = "The space's mutes", body = MuteList)))]
 pub async fn mutes_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<MuteList>> {
     let space = auth.require(Permission::MutesList)?.space.to_string();
     let list = app
         .rt
         .store
         .read(move |c| spaces::list_mutes(c, &space))
         .await?;
-    Ok(Json(json!({ "mutes": list })))
+    Ok(Json(MuteList { mutes: list }))
 }
 
-#[derive(Deserialize)]
+/// Mutes a caller: for a duration (`for`, e.g. `2h`), until an RFC 3339
+/// time, or (neither) until unmuted.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MuteBody {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     #[serde(rename = "for")]
     duration: Option<String>,
     until: Option<String>,
+    /// At most 500 characters.
+    #[schema(max_length = 500)]
     reason: Option<String>,
 }
 
+/// A mute as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MuteSet {
+    pub caller_id: String,
+    /// Unix ms; `null`: until unmuted.
+    pub until: Option<i64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MuteReply {
+    pub mute: MuteSet,
+}
+
+/// A mute as removed (`deleted`: there was one).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MuteDeleted {
+    pub caller_id: String,
+    pub deleted: bool,
+}
+
+#[utoipa::path(post, path = "/api/mutes", tag = "settings", request_body = MuteBody,
+    responses((status = 200, description = "Muted", body = MuteReply)))]
 pub async fn mutes_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<MuteReply>> {
     let sid = auth.require(Permission::MutesSet)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
@@ -342,30 +453,38 @@ pub async fn mutes_set(
         .map(|r| text_field("reason", r, 500))
         .transpose()?;
     let by = auth.caller.caller_id.clone();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
-            Ok(json!({"mute": {"caller_id": b.caller_id, "until": until, "reason": reason}}))
+    let out = apply(&app, &sid, move |tx| {
+        spaces::set_mute(tx, &space, &b.caller_id, until, reason.as_deref(), &by)?;
+        Ok(MuteReply {
+            mute: MuteSet {
+                caller_id: b.caller_id,
+                until,
+                reason,
+            },
         })
-        .await?;
+    })
+    .await?;
     Ok(Json(out))
 }
 
+#[utoipa::path(delete, path = "/api/mutes/{caller}", tag = "settings",
+    params(("caller" = String, Path, description = "The muted caller")),
+    responses((status = 200, description = "Unmuted (or was not muted)", body = MuteDeleted)))]
 pub async fn mutes_delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<MuteDeleted>> {
     let caller = path_arg(caller)?;
     let sid = auth.require(Permission::MutesSet)?.space.clone();
     let space = sid.to_string();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let deleted = spaces::delete_mute(tx, &space, &caller)?;
-            Ok(json!({"caller_id": caller, "deleted": deleted}))
+    let out = apply(&app, &sid, move |tx| {
+        let deleted = spaces::delete_mute(tx, &space, &caller)?;
+        Ok(MuteDeleted {
+            caller_id: caller,
+            deleted,
         })
-        .await?;
+    })
+    .await?;
     Ok(Json(out))
 }

@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{get, put};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{audited, body, name_field, Body};
+use super::{apply, audited, body, name_field, Body, Json};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
@@ -18,16 +18,17 @@ use crate::ids::SpaceId;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
 use crate::storage::links::{self as link_store, AuditRow};
-use crate::storage::spaces;
+use crate::storage::spaces::{self, DeletedCounts, LinkRole, Space};
+use crate::storage::tokens::TokenKind;
 use crate::workspace::DataPaths;
 
 /// whoami and the spaces resource.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/whoami", get(whoami))
-        .route("/api/spaces", get(list).post(create))
-        .route("/api/spaces/current", get(current).delete(delete_current))
-        .route("/api/spaces/current/name", put(rename))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(whoami))
+        .routes(routes!(list, create))
+        .routes(routes!(current, delete_current))
+        .routes(routes!(rename))
 }
 
 /// Across a link: whoami, the target's own record, and a rename. Absent on
@@ -39,51 +40,99 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("PUT", "/api/spaces/current/name", Admin),
 ];
 
-pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<Value> {
+/// Who the token is, and its role and permissions in the space it names.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WhoAmI {
+    pub caller_id: String,
+    pub token_kind: TokenKind,
+    pub global_admin: bool,
+    /// The platform id this caller was mapped from (`null`: none). Absent
+    /// through a link, where the caller's own identity is not the point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub identity: Option<Option<String>>,
+    pub space_id: Option<String>,
+    /// True on a shadow copy (docs/shadow.md).
+    pub shadow: bool,
+    /// `null` through a link: the caller holds the link's level there, not a role.
+    pub role: Option<String>,
+    pub permissions: Vec<String>,
+    /// Set when the request acts in this space through a space link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<ViaLink>,
+}
+
+/// The link a request acts through.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ViaLink {
+    pub holder: String,
+    /// `read` or `admin`.
+    pub level: String,
+    pub link_id: i64,
+    pub conversation_id: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/api/whoami", tag = "spaces",
+    responses((status = 200, description = "The caller", body = WhoAmI)))]
+pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<WhoAmI> {
     let shadow = app.rt.outbound.is_shadow();
     // Through a link the caller holds the link's level, not a role of the
     // target: show that and where it comes from, not the target's admin set.
     if let (Some(s), Some(via)) = (&auth.space, &auth.via) {
-        return Json(json!({
-            "caller_id": auth.caller.caller_id,
-            "token_kind": auth.caller.kind,
-            "global_admin": auth.caller.global_admin,
-            "space_id": s.space,
-            "shadow": shadow,
-            "role": null,
-            "permissions": [],
-            "via": {
-                "holder": via.holder,
-                "level": via.level,
-                "link_id": via.edge_id,
-                "conversation_id": via.conversation,
-            },
-        }));
+        return Json(WhoAmI {
+            caller_id: auth.caller.caller_id.clone(),
+            token_kind: auth.caller.kind,
+            global_admin: auth.caller.global_admin,
+            identity: None,
+            space_id: Some(s.space.to_string()),
+            shadow,
+            role: None,
+            permissions: Vec::new(),
+            via: Some(ViaLink {
+                holder: via.holder.to_string(),
+                level: via.level.as_str().to_owned(),
+                link_id: via.edge_id,
+                conversation_id: via.conversation,
+            }),
+        });
     }
     let (space, role, perms) = match &auth.space {
         Some(s) => (
             Some(s.space.to_string()),
             Some(s.role.clone()),
-            s.perms.iter().copied().collect::<Vec<_>>(),
+            s.perms.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         ),
         None => (None, None, Vec::new()),
     };
-    Json(json!({
-        "caller_id": auth.caller.caller_id,
-        "token_kind": auth.caller.kind,
-        "global_admin": auth.caller.global_admin,
-        "identity": auth.caller.identity,
-        "space_id": space,
-        "shadow": shadow,
-        "role": role,
-        "permissions": perms,
-    }))
+    Json(WhoAmI {
+        caller_id: auth.caller.caller_id.clone(),
+        token_kind: auth.caller.kind,
+        global_admin: auth.caller.global_admin,
+        identity: Some(auth.caller.identity.clone()),
+        space_id: space,
+        shadow,
+        role,
+        permissions: perms,
+        via: None,
+    })
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpaceList {
+    pub spaces: Vec<Space>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpaceReply {
+    pub space: Space,
+}
+
+#[utoipa::path(get, path = "/api/spaces", tag = "spaces",
+    responses((status = 200, description = "Every space for a global admin; else the spaces where the caller holds a role", body = SpaceList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<SpaceList>> {
     // Every space for a global admin; for anyone else only the spaces where
     // they hold a role (the list itself must not reveal other spaces).
     let list = if auth.caller.global_admin {
@@ -95,23 +144,31 @@ pub async fn list(
             .read(move |c| spaces::spaces_of_caller(c, &caller))
             .await?
     };
-    Ok(Json(json!({ "spaces": list })))
+    Ok(Json(SpaceList { spaces: list }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSpace {
+    /// 1-63 of `a-z`, `0-9` and `-`, starting with a letter or digit.
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     id: String,
+    /// At most 200 characters, no control character (default: the id).
+    #[schema(max_length = 200)]
     name: Option<String>,
+    /// Each 1-40 characters without commas.
     #[serde(default)]
     tags: Vec<String>,
 }
 
+#[utoipa::path(post, path = "/api/spaces", tag = "spaces", request_body = CreateSpace,
+    responses((status = 201, description = "Created", body = SpaceReply),
+        (status = 409, description = "The space exists", body = crate::api::error::ErrorBody)))]
 pub async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateSpace>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<SpaceReply>)> {
     auth.require_global_admin()?;
     let b = body(b)?;
     let id = SpaceId::parse(&b.id).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -127,13 +184,15 @@ pub async fn create(
         }
     }
     let space = app.create_space(&id, &name, &b.tags).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "space": space }))))
+    Ok((StatusCode::CREATED, Json(SpaceReply { space })))
 }
 
+#[utoipa::path(get, path = "/api/spaces/current", tag = "spaces",
+    responses((status = 200, description = "The space of the request", body = SpaceReply)))]
 pub async fn current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<SpaceReply>> {
     let ctx = auth.space()?;
     let id = ctx.space.to_string();
     let space = app
@@ -142,50 +201,69 @@ pub async fn current(
         .read(move |c| spaces::get_space(c, &id))
         .await?
         .ok_or_else(|| ApiError::not_found("space not found"))?;
-    Ok(Json(json!({ "space": space })))
+    Ok(Json(SpaceReply { space }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rename {
+    /// At most 200 characters, no control character.
+    #[schema(min_length = 1, max_length = 200)]
     name: String,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Renamed {
+    pub space_id: String,
+    pub name: String,
+}
+
+#[utoipa::path(put, path = "/api/spaces/current/name", tag = "spaces", request_body = Rename,
+    responses((status = 200, description = "Renamed", body = Renamed)))]
 pub async fn rename(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<Rename>,
-) -> ApiResult<(Extension<AuditChange>, Json<Value>)> {
+) -> ApiResult<(Extension<AuditChange>, Json<Renamed>)> {
     let ctx = auth.require(Permission::SpacesRename)?;
     let name = name_field("name", &body(b)?.name, 200)?;
     let sid = ctx.space.clone();
     let id = sid.to_string();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            let before = spaces::get_space(tx, &id)?.map(|s| s.name);
-            spaces::rename_space(tx, &id, &name)?;
-            Ok(json!({"space_id": id, "name": name, "before": {"name": before}}))
-        })
-        .await?;
-    Ok(audited(out))
+    let (before, out) = apply(&app, &sid, move |tx| {
+        let before = spaces::get_space(tx, &id)?.map(|s| s.name);
+        spaces::rename_space(tx, &id, &name)?;
+        Ok((before, Renamed { space_id: id, name }))
+    })
+    .await?;
+    Ok(audited(json!({ "name": before }), out))
+}
+
+/// What deleting a space removed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpaceDeleted {
+    pub space_id: String,
+    pub deleted: bool,
+    pub removed: DeletedCounts,
+    pub links_revoked: Vec<i64>,
+    pub roles_removed: Vec<LinkRole>,
+    pub workspace_removed: bool,
 }
 
 /// Deletes the space: its rows, every link where it is holder or target
 /// (revoked and audited, with the roles those links granted), and its
 /// workspace, so a space re-created with the same id starts from the
 /// templates with no link and no file of the old one.
+#[utoipa::path(delete, path = "/api/spaces/current", tag = "spaces",
+    responses((status = 200, description = "Deleted, with every link touching it revoked", body = SpaceDeleted)))]
 pub async fn delete_current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<SpaceDeleted>> {
     let ctx = auth.require(Permission::SpacesDelete)?;
     let space = ctx.space.clone();
     let id = space.to_string();
     let by = auth.caller.caller_id.clone();
-    let mut out = app
-        .spaces
-        .apply(&space, move |tx| {
+    let mut out = apply(&app, &space, move |tx| {
             let removed = spaces::delete_space(tx, &id)?;
             let mut revoked = Vec::new();
             let mut roles = Vec::new();
@@ -206,8 +284,14 @@ pub async fn delete_current(
                 )?;
                 revoked.push(link.id);
             }
-            Ok(json!({"space_id": id, "deleted": true, "removed": removed,
-                      "links_revoked": revoked, "roles_removed": roles}))
+            Ok(SpaceDeleted {
+                space_id: id,
+                deleted: true,
+                removed,
+                links_revoked: revoked,
+                roles_removed: roles,
+                workspace_removed: false,
+            })
         })
         .await?;
     let buried = bury_workspace(&app.rt.paths, &space).map_err(|e| {
@@ -215,9 +299,7 @@ pub async fn delete_current(
             "space {space} was deleted but its workspace could not be removed: {e}"
         ))
     })?;
-    if let Value::Object(m) = &mut out {
-        m.insert("workspace_removed".into(), json!(buried));
-    }
+    out.workspace_removed = buried;
     Ok(Json(out))
 }
 

@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{self, get, post};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, path_arg, text_field, Body, PathArg};
+use super::{apply, body, path_arg, text_field, Body, Json, PathArg};
 use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::actors::Refusal;
@@ -20,17 +19,17 @@ use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
 use crate::schedule::{next_fire, parse_at, parse_cron};
 use crate::storage::tasks::queue_firing;
-use crate::storage::tasks::{self, NewTask};
+use crate::storage::tasks::{self, NewTask, Task};
 use crate::storage::StoreError;
 
 /// Scheduled tasks: list, create, delete, pause, resume, run now.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/tasks", get(list).post(create))
-        .route("/api/tasks/{id}", routing::delete(delete))
-        .route("/api/tasks/{id}/pause", post(pause))
-        .route("/api/tasks/{id}/resume", post(resume))
-        .route("/api/tasks/{id}/run", post(run_now))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(delete))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(run_now))
 }
 
 /// Across a link: every route, the list at `read`, the rest at `admin`.
@@ -43,30 +42,64 @@ pub const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("POST", "/api/tasks/{id}/run", Admin),
 ];
 
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList {
+    pub tasks: Vec<Task>,
+}
+
+/// One task as it stands after the change.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskReply {
+    pub task: Task,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskDeleted {
+    pub task_id: i64,
+    pub deleted: bool,
+}
+
+/// A firing queued now; the turn's reply arrives as for any message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskQueued {
+    pub task_id: i64,
+    pub message_id: i64,
+}
+
+const TASK_ID: &str = "The task";
+
+#[utoipa::path(get, path = "/api/tasks", tag = "tasks",
+    responses((status = 200, description = "The space's tasks", body = TaskList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskList>> {
     let space = auth.require(Permission::TasksList)?.space.to_string();
     let list = app.rt.store.read(move |c| tasks::list(c, &space)).await?;
-    Ok(Json(json!({ "tasks": list })))
+    Ok(Json(TaskList { tasks: list }))
 }
 
-#[derive(Deserialize)]
+/// Exactly one of `cron` (a 5-field cron line) and `at` (a duration from
+/// now or an RFC 3339 time); `prompt` at most 8000 characters.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTask {
     cron: Option<String>,
     at: Option<String>,
+    #[schema(min_length = 1, max_length = 8000)]
     prompt: String,
+    /// Run without posting the reply.
     #[serde(default)]
     silent: bool,
 }
 
+#[utoipa::path(post, path = "/api/tasks", tag = "tasks", request_body = CreateTask,
+    responses((status = 201, description = "Created", body = TaskReply)))]
 pub async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<TaskReply>)> {
     let sid = auth.require(Permission::TasksCreate)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
@@ -85,9 +118,7 @@ pub async fn create(
         _ => return Err(ApiError::bad_request("give exactly one of cron and at")),
     };
     let by = auth.caller.caller_id.clone();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
+    let out = apply(&app, &sid, move |tx| {
             let task = tasks::create(
                 tx,
                 &NewTask {
@@ -100,7 +131,7 @@ pub async fn create(
                     created_by: &by,
                 },
             )?;
-            Ok(json!({ "task": task }))
+            Ok(TaskReply { task })
         })
         .await?;
     Ok((StatusCode::CREATED, Json(out)))
@@ -112,12 +143,10 @@ async fn set_active(
     perm: Permission,
     id: i64,
     active: bool,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskReply>> {
     let sid = auth.require(perm)?.space.clone();
     let space = sid.to_string();
-    let out = app
-        .spaces
-        .apply_with(&sid, move |tx| {
+    let out = app.spaces.apply_with(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             // A resumed cron task fires at its next time from now, not at once for every miss.
@@ -135,64 +164,79 @@ async fn set_active(
                 ))));
             }
             tasks::set_active(tx, &space, id, active, next)?;
-            let task = tasks::get(tx, &space, id)?;
-            Ok(json!({ "task": task }))
+            let task = tasks::get(tx, &space, id)?
+                .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+            Ok(TaskReply { task })
         })
         .await?;
     Ok(Json(out))
 }
 
+#[utoipa::path(post, path = "/api/tasks/{id}/pause", tag = "tasks",
+    params(("id" = i64, Path, description = TASK_ID)),
+    responses((status = 200, description = "Paused", body = TaskReply)))]
 pub async fn pause(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskReply>> {
     let id = path_arg(id)?;
     set_active(&app, &auth, Permission::TasksPause, id, false).await
 }
 
+#[utoipa::path(post, path = "/api/tasks/{id}/resume", tag = "tasks",
+    params(("id" = i64, Path, description = TASK_ID)),
+    responses((status = 200, description = "Resumed at its next time from now", body = TaskReply)))]
 pub async fn resume(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskReply>> {
     let id = path_arg(id)?;
     set_active(&app, &auth, Permission::TasksResume, id, true).await
 }
 
+#[utoipa::path(delete, path = "/api/tasks/{id}", tag = "tasks",
+    params(("id" = i64, Path, description = TASK_ID)),
+    responses((status = 200, description = "Deleted", body = TaskDeleted)))]
 pub async fn delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskDeleted>> {
     let id = path_arg(id)?;
     let sid = auth.require(Permission::TasksDelete)?.space.clone();
     let space = sid.to_string();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
-            tasks::delete(tx, &space, id)?;
-            Ok(json!({"task_id": id, "deleted": true}))
+    let out = apply(&app, &sid, move |tx| {
+        tasks::delete(tx, &space, id)?;
+        Ok(TaskDeleted {
+            task_id: id,
+            deleted: true,
         })
-        .await?;
+    })
+    .await?;
     Ok(Json(out))
 }
 
+#[utoipa::path(post, path = "/api/tasks/{id}/run", tag = "tasks",
+    params(("id" = i64, Path, description = TASK_ID)),
+    responses((status = 202, description = "A firing is queued", body = TaskQueued)))]
 pub async fn run_now(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<TaskQueued>)> {
     let id = path_arg(id)?;
     let sid = auth.require(Permission::TasksCreate)?.space.clone();
     let space = sid.to_string();
-    let out = app
-        .spaces
-        .apply(&sid, move |tx| {
+    let out = apply(&app, &sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
             let message_id = queue_firing(tx, &task)?;
-            Ok(json!({"task_id": id, "message_id": message_id}))
+            Ok(TaskQueued {
+                task_id: id,
+                message_id,
+            })
         })
         .await?;
     app.spaces.wake(&auth.space()?.space).await?;

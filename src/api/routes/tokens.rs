@@ -5,47 +5,77 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::Json;
-use axum::routing::{delete, get};
-use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{body, path_arg, Body, PathArg};
+use super::{body, path_arg, Body, Json, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::links::ActAsRoute;
-use crate::storage::tokens::{self, NewToken, TokenKind};
+use crate::storage::tokens::{self, NewToken, TokenInfo, TokenKind};
 
 /// Minting, listing and revoking tokens.
-pub fn router() -> Router<Arc<App>> {
-    Router::new()
-        .route("/api/tokens", get(list).post(create))
-        .route("/api/tokens/{id}", delete(revoke))
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(revoke))
 }
 
 /// None on purpose: tokens are instance-wide and for global admins only.
 pub const ACT_AS: &[ActAsRoute] = &[];
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
+    #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
+    /// `user` (default) or `adapter`.
     kind: Option<String>,
     /// The platform an adapter token is bound to (required for adapters).
     platform: Option<String>,
+    /// At most 200 characters, no control character.
     label: Option<String>,
+    /// A duration (`30d`); default: never expires.
     expires_in: Option<String>,
     /// Limits a user token to one scope (`review.read`); it is then read-only.
+    #[schema(pattern = "^review\\.read$")]
     scope: Option<String>,
 }
 
+/// A minted token: `token` is the secret, shown this once.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Minted {
+    pub id: String,
+    pub token: String,
+    pub caller_id: String,
+    pub kind: TokenKind,
+    pub platform: Option<String>,
+    /// `review.read` limits the token to the review reports.
+    pub scope: Option<String>,
+    pub expires_at: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenList {
+    pub tokens: Vec<TokenInfo>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenRevoked {
+    pub id: String,
+    pub revoked: bool,
+}
+
+#[utoipa::path(post, path = "/api/tokens", tag = "tokens", request_body = CreateToken,
+    responses((status = 201, description = "Minted", body = Minted)))]
 pub async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateToken>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Minted>)> {
     auth.require_global_admin()?;
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
@@ -146,26 +176,37 @@ pub async fn create(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(
-            json!({"id": id, "token": secret, "caller_id": b.caller_id, "kind": kind, "platform": platform, "scope": scope, "expires_at": expires_at}),
-        ),
+        Json(Minted {
+            id,
+            token: secret,
+            caller_id: b.caller_id,
+            kind,
+            platform,
+            scope,
+            expires_at,
+        }),
     ))
 }
 
+#[utoipa::path(get, path = "/api/tokens", tag = "tokens",
+    responses((status = 200, description = "Every token, without secrets", body = TokenList)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TokenList>> {
     auth.require_global_admin()?;
     let list = app.rt.store.read(tokens::list).await?;
-    Ok(Json(json!({ "tokens": list })))
+    Ok(Json(TokenList { tokens: list }))
 }
 
+#[utoipa::path(delete, path = "/api/tokens/{id}", tag = "tokens",
+    params(("id" = String, Path, description = "The token's id (not its secret)")),
+    responses((status = 200, description = "Revoked", body = TokenRevoked)))]
 pub async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TokenRevoked>> {
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let id2 = id.clone();
@@ -173,5 +214,5 @@ pub async fn revoke(
         .store
         .write(move |tx| tokens::revoke(tx, &id2))
         .await?;
-    Ok(Json(json!({"id": id, "revoked": true})))
+    Ok(Json(TokenRevoked { id, revoked: true }))
 }
