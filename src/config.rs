@@ -676,7 +676,7 @@ fn merge(base: &mut Value, over: Value, path: &str) -> Result<(), ConfigError> {
                 let full = join(path, &key);
                 match b.get_mut(k.clone()) {
                     Some(slot) if slot.is_mapping() && path != "prices" && key != "prices" => {
-                        merge(slot, v, &full)?
+                        merge(slot, v, &full)?;
                     }
                     Some(slot) => *slot = v,
                     None => return Err(key_err(&full, "unknown key")),

@@ -55,18 +55,14 @@ impl fmt::Display for SpaceId {
 /// A run (one agent turn, task firing, ask or review) id: a UUIDv7, so ids sort by time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct RunId(String);
+pub(crate) struct RunId(String);
 
 impl RunId {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(uuid::Uuid::now_v7().simple().to_string())
     }
 
-    pub fn from_stored(raw: String) -> Self {
-        Self(raw)
-    }
-
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -84,11 +80,11 @@ impl fmt::Display for RunId {
 }
 
 /// The reserved caller id of the host's own calls. No token can name it.
-pub const SYSTEM_CALLER: &str = "system";
+pub(crate) const SYSTEM_CALLER: &str = "system";
 
 /// Caller ids are free-form platform ids (`whatsapp:123@s.whatsapp.net`,
 /// `api:alice`, `owner`) but bounded, printable and never `system`.
-pub fn validate_caller_id(raw: &str) -> Result<(), String> {
+pub(crate) fn validate_caller_id(raw: &str) -> Result<(), String> {
     if raw.is_empty() || raw.len() > 200 {
         return Err("caller id must be 1-200 characters".into());
     }
@@ -103,10 +99,10 @@ pub fn validate_caller_id(raw: &str) -> Result<(), String> {
 
 /// Platforms an adapter may not claim: `console` is the API chat and `api`
 /// is the one prefix operator ids may use (`api:alice`).
-pub const RESERVED_PLATFORMS: &[&str] = &["console", "api"];
+pub(crate) const RESERVED_PLATFORMS: &[&str] = &["console", "api"];
 
 /// A platform name: 1-32 of a-z, 0-9, '-', not reserved.
-pub fn validate_platform(p: &str) -> Result<(), String> {
+pub(crate) fn validate_platform(p: &str) -> Result<(), String> {
     if p.is_empty()
         || p.len() > 32
         || !p
@@ -123,7 +119,7 @@ pub fn validate_platform(p: &str) -> Result<(), String> {
 
 /// The platform of a caller id in a platform's namespace (`telegram:123` →
 /// `telegram`), or `None` for an operator id.
-pub fn platform_of(caller: &str) -> Option<&str> {
+pub(crate) fn platform_of(caller: &str) -> Option<&str> {
     let (head, rest) = caller.split_once(':')?;
     (!rest.is_empty() && validate_platform(head).is_ok()).then_some(head)
 }
@@ -131,7 +127,7 @@ pub fn platform_of(caller: &str) -> Option<&str> {
 /// The caller id of a platform sender: always in its platform's namespace,
 /// so no adapter can name an operator (`owner` from telegram is
 /// `telegram:owner`). A sender id that already carries the prefix keeps it.
-pub fn platform_caller_id(platform: &str, sender: &str) -> String {
+pub(crate) fn platform_caller_id(platform: &str, sender: &str) -> String {
     match sender
         .strip_prefix(platform)
         .and_then(|r| r.strip_prefix(':'))
@@ -143,7 +139,7 @@ pub fn platform_caller_id(platform: &str, sender: &str) -> String {
 
 /// An operator's caller id (user tokens, `owner`, `admins`): a caller id that
 /// can never equal a platform sender's, i.e. not `<platform>:…`.
-pub fn validate_operator_id(raw: &str) -> Result<(), String> {
+pub(crate) fn validate_operator_id(raw: &str) -> Result<(), String> {
     validate_caller_id(raw)?;
     if let Some(p) = platform_of(raw) {
         return Err(format!(

@@ -32,27 +32,27 @@
 //! - [`telemetry`]: the Prometheus metrics of a host (bounded labels).
 
 pub mod actors;
-pub mod adapters;
-pub mod agent;
+pub(crate) mod adapters;
+pub(crate) mod agent;
 pub mod api;
-pub mod app;
-pub mod bench;
+pub(crate) mod app;
+pub(crate) mod bench;
 pub mod cli;
-pub mod client;
+pub(crate) mod client;
 pub mod clock;
 pub mod config;
 pub mod host;
-pub mod ids;
+pub(crate) mod ids;
 pub mod ingress;
 pub mod links;
 pub mod model;
-pub mod perms;
+pub(crate) mod perms;
 pub mod redaction;
-pub mod review;
+pub(crate) mod review;
 pub mod runtime;
 pub mod sandbox;
-pub mod schedule;
+pub(crate) mod schedule;
 pub mod shadow;
 pub mod storage;
-pub mod telemetry;
+pub(crate) mod telemetry;
 pub mod workspace;

@@ -185,16 +185,16 @@ impl Serialize for Permission {
     }
 }
 
-pub const ROLE_ADMIN: &str = "admin";
-pub const ROLE_MEMBER: &str = "member";
-pub const ROLE_SYSTEM: &str = "system";
+pub(crate) const ROLE_ADMIN: &str = "admin";
+pub(crate) const ROLE_MEMBER: &str = "member";
+pub(crate) const ROLE_SYSTEM: &str = "system";
 /// A caller with a valid token but no role or membership in the space.
-pub const ROLE_NONE: &str = "none";
+pub(crate) const ROLE_NONE: &str = "none";
 
-pub type PermSet = BTreeSet<Permission>;
+pub(crate) type PermSet = BTreeSet<Permission>;
 
 /// Checks a role name given to `roles grant` or `permissions set`.
-pub fn validate_role_name(role: &str) -> Result<(), String> {
+pub(crate) fn validate_role_name(role: &str) -> Result<(), String> {
     if role == ROLE_SYSTEM {
         return Err("the system role is reserved for the host and cannot be granted".into());
     }
@@ -224,12 +224,12 @@ fn defaults(role: &str) -> PermSet {
     }
 }
 
-pub fn override_key(role: &str) -> String {
+pub(crate) fn override_key(role: &str) -> String {
     format!("role.{role}.permissions")
 }
 
 /// The effective permission set of `role` in `space`.
-pub fn role_permissions(conn: &Connection, space: &str, role: &str) -> StoreResult<PermSet> {
+pub(crate) fn role_permissions(conn: &Connection, space: &str, role: &str) -> StoreResult<PermSet> {
     if role == ROLE_SYSTEM {
         return Ok(defaults(ROLE_SYSTEM));
     }
@@ -248,7 +248,7 @@ pub fn role_permissions(conn: &Connection, space: &str, role: &str) -> StoreResu
 /// The role a caller holds in a space, without writing anything: global
 /// admins are `admin` everywhere; then a granted role; then `member` for a
 /// caller who has spoken there; else `none`.
-pub fn resolve_role(
+pub(crate) fn resolve_role(
     conn: &Connection,
     space: &str,
     caller: &str,
@@ -275,7 +275,7 @@ pub fn resolve_role(
 }
 
 /// Every role that has a grant or an override in the space, plus admin and member.
-pub fn roles_in_space(conn: &Connection, space: &str) -> StoreResult<BTreeSet<String>> {
+pub(crate) fn roles_in_space(conn: &Connection, space: &str) -> StoreResult<BTreeSet<String>> {
     let mut roles: BTreeSet<String> = [ROLE_ADMIN.to_string(), ROLE_MEMBER.to_string()].into();
     for g in spaces::list_roles(conn, space)? {
         roles.insert(g.role);

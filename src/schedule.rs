@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use croner::Cron;
 
-pub fn parse_cron(expr: &str) -> Result<Cron, String> {
+pub(crate) fn parse_cron(expr: &str) -> Result<Cron, String> {
     let fields = expr.split_whitespace().count();
     if fields != 5 {
         return Err(format!(
@@ -19,7 +19,7 @@ pub fn parse_cron(expr: &str) -> Result<Cron, String> {
 }
 
 /// The first fire time strictly after `after_ms`.
-pub fn next_fire(cron: &Cron, after_ms: i64) -> Result<i64, String> {
+pub(crate) fn next_fire(cron: &Cron, after_ms: i64) -> Result<i64, String> {
     let start: DateTime<Utc> =
         DateTime::from_timestamp_millis(after_ms).ok_or_else(|| "time out of range".to_string())?;
     cron.find_next_occurrence(&start, false)
@@ -28,7 +28,7 @@ pub fn next_fire(cron: &Cron, after_ms: i64) -> Result<i64, String> {
 }
 
 /// Parses an `at` time (RFC 3339) that must lie in the future.
-pub fn parse_at(raw: &str, now_ms: i64) -> Result<i64, String> {
+pub(crate) fn parse_at(raw: &str, now_ms: i64) -> Result<i64, String> {
     let t = DateTime::parse_from_rfc3339(raw.trim())
         .map_err(|_| format!("at {raw:?} is not an RFC 3339 time (e.g. 2026-12-01T09:00:00Z)"))?
         .timestamp_millis();

@@ -24,10 +24,10 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// How many of the busiest spaces get their own queue-depth series.
-pub const TOP_SPACES: usize = 5;
+pub(crate) const TOP_SPACES: usize = 5;
 
 /// The content type of the text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindStatus {

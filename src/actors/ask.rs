@@ -140,7 +140,6 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         run_id: run_id.clone(),
         kind: RunKind::Ask,
         caller_id: args.caller_id.clone(),
-        trigger_message_id: None,
         user_text: args.message.clone(),
         workspace: copy.clone(),
         prompt: PromptInputs {

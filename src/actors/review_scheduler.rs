@@ -86,7 +86,7 @@ impl Actor for ReviewScheduler {
         match msg {
             ReviewSchedulerMsg::Tick => {
                 weekly_tick(state);
-                tick(&myself, state).await
+                tick(&myself, state).await;
             }
             ReviewSchedulerMsg::RunNow(caller, reply) => {
                 let ticket = match &state.running {
@@ -164,7 +164,7 @@ fn weekly_tick(state: &mut ReviewSchedulerState) {
     tokio::spawn(async move {
         match crate::review::weekly::run(rt).await {
             Ok(s) => {
-                tracing::info!(report = %s.report_path, clusters = s.clusters, "weekly review written")
+                tracing::info!(report = %s.report_path, clusters = s.clusters, "weekly review written");
             }
             Err(e) => tracing::error!(error = %e, "weekly review failed"),
         }

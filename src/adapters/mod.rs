@@ -12,7 +12,7 @@
 //! platform secret from anywhere but the environment, or acknowledge a
 //! platform update before its row is committed.
 
-pub mod telegram;
+pub(crate) mod telegram;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,10 +26,10 @@ use crate::ingress::{IngestResult, IngressError, IngressMessage};
 use crate::storage::StoreResult;
 
 /// The environment variable the Telegram bot token is read from (only).
-pub const TELEGRAM_TOKEN_ENV: &str = "MERCURY_TELEGRAM_BOT_TOKEN";
+pub(crate) const TELEGRAM_TOKEN_ENV: &str = "MERCURY_TELEGRAM_BOT_TOKEN";
 
 #[derive(Debug, thiserror::Error)]
-pub enum AdapterError {
+pub(crate) enum AdapterError {
     #[error("{adapter} is enabled but {env} is not set")]
     MissingSecret {
         adapter: &'static str,
@@ -54,22 +54,18 @@ pub enum AdapterError {
 /// platform's namespace (`telegram:123`); it has no caller id of its own, so
 /// it can never act as an operator or a global admin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdapterIdentity {
+pub(crate) struct AdapterIdentity {
     platform: &'static str,
 }
 
 impl AdapterIdentity {
-    pub const fn bound_to(platform: &'static str) -> Self {
+    pub(crate) const fn bound_to(platform: &'static str) -> Self {
         Self { platform }
-    }
-
-    pub fn platform(&self) -> &'static str {
-        self.platform
     }
 
     /// Ingests `m` (which must be of this identity's platform), running
     /// `also` in the same transaction as its row.
-    pub async fn ingest<F>(
+    pub(crate) async fn ingest<F>(
         &self,
         app: &App,
         m: IngressMessage,
@@ -92,7 +88,7 @@ impl AdapterIdentity {
 /// environment) and nowhere else. The host reads them before it starts
 /// anything, so a missing one stops start-up with a sentence naming it.
 #[derive(Clone, Default)]
-pub struct AdapterSecrets {
+pub(crate) struct AdapterSecrets {
     telegram: Option<String>,
 }
 
@@ -106,7 +102,7 @@ impl std::fmt::Debug for AdapterSecrets {
 }
 
 impl AdapterSecrets {
-    pub fn from_env(
+    pub(crate) fn from_env(
         settings: &Settings,
         env: &BTreeMap<String, String>,
     ) -> Result<Self, AdapterError> {
@@ -129,7 +125,7 @@ impl AdapterSecrets {
 /// Starts every adapter that has its secret under the root supervisor. The
 /// host calls this once, after the actors and before serving; shadow mode
 /// must not.
-pub async fn start(
+pub(crate) async fn start(
     app: &Arc<App>,
     supervisor: &ActorRef<SupervisorMsg>,
     secrets: AdapterSecrets,
@@ -160,7 +156,7 @@ pub async fn start(
 /// anywhere between characters. Nothing is lost: the pieces, joined with the
 /// breaks they were cut at, are the text (trailing whitespace of a piece
 /// aside).
-pub fn split_reply(text: &str, max: usize) -> Vec<String> {
+pub(crate) fn split_reply(text: &str, max: usize) -> Vec<String> {
     let max = max.max(1);
     let len = |s: &str| s.encode_utf16().count();
     let mut out = Vec::new();

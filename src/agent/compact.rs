@@ -25,7 +25,7 @@ pub enum CompactError {
 
 /// Summarises the history above the boundary through the model, then moves
 /// the boundary so later turns see the summary instead of the old messages.
-pub async fn compact(rt: &Arc<Runtime>, space: &str) -> Result<Value, CompactError> {
+pub(crate) async fn compact(rt: &Arc<Runtime>, space: &str) -> Result<Value, CompactError> {
     let rt = rt.clone();
     let space = space.to_owned();
     let limit = rt.settings.turn.history_limit.max(100);

@@ -25,7 +25,7 @@ use crate::storage::spaces::{self, KvTable};
 use crate::storage::{conversations, runs, tasks, StoreResult};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
-pub fn model_chain(
+pub(crate) fn model_chain(
     conn: &rusqlite::Connection,
     rt: &Runtime,
     space: &str,
@@ -54,7 +54,7 @@ fn trigger_words(
 }
 
 /// Runs the turn that answers `message` and commits it.
-pub async fn run_and_commit(
+pub(crate) async fn run_and_commit(
     rt: &Arc<Runtime>,
     space: &SpaceId,
     message: Message,
@@ -121,7 +121,6 @@ pub async fn run_and_commit(
         run_id: run_id.clone(),
         kind,
         caller_id: caller,
-        trigger_message_id: Some(message.id),
         // The model reads the request, not the word that addressed it.
         user_text: super::prompt::strip_trigger(&message.text, &patterns, case_sensitive)
             .to_owned(),

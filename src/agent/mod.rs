@@ -16,10 +16,10 @@
 //! failure, timeout or cancellation), merge a layer while its sandbox still
 //! runs, or put a host credential in the sandbox env.
 
-pub mod compact;
-pub mod live;
-pub mod prompt;
-pub mod tools;
+pub(crate) mod compact;
+pub(crate) mod live;
+pub(crate) mod prompt;
+pub(crate) mod tools;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +39,7 @@ use crate::workspace::layer::{LayerBudget, LayerError, TurnLayer};
 /// What a turn is asked to do.
 /// What happens to the layer a turn's tools write in.
 #[derive(Debug)]
-pub enum LayerPlan {
+pub(crate) enum LayerPlan {
     /// A live or task turn: a layer is laid over `workspace` at the first
     /// tool call and merged into it if the turn succeeds.
     MergeOnSuccess,
@@ -49,15 +49,14 @@ pub enum LayerPlan {
 }
 
 #[derive(Debug)]
-pub struct TurnRequest {
+pub(crate) struct TurnRequest {
     pub space_id: SpaceId,
     pub run_id: RunId,
     pub kind: RunKind,
     /// The caller whose role the run token carries (the triggering user, or
     /// the task's creator).
     pub caller_id: String,
-    /// The message being answered, and the history before it.
-    pub trigger_message_id: Option<i64>,
+    /// The message being answered (the history before it is read from the store).
     pub user_text: String,
     /// Where tools run (the live workspace, or a throwaway copy).
     pub workspace: PathBuf,
@@ -72,14 +71,14 @@ pub struct TurnRequest {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TurnStatus {
+pub(crate) enum TurnStatus {
     Done,
     Failed,
     Stopped,
 }
 
 impl TurnStatus {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TurnStatus::Done => "done",
             TurnStatus::Failed => "failed",
@@ -89,7 +88,7 @@ impl TurnStatus {
 }
 
 #[derive(Debug, Clone)]
-pub struct TurnOutcome {
+pub(crate) struct TurnOutcome {
     pub status: TurnStatus,
     /// The text to deliver: the model's answer, or a visible failure reply.
     pub reply: Option<String>,
@@ -132,7 +131,7 @@ struct SessionSlot {
 
 /// Runs one turn. The run row is started here and left `running`; the caller
 /// closes it together with the reply, in one transaction.
-pub async fn run_turn(
+pub(crate) async fn run_turn(
     rt: &Arc<Runtime>,
     mut req: TurnRequest,
     cancel: CancellationToken,
@@ -506,7 +505,7 @@ async fn call_model(
 }
 
 /// An answer from a model chain: which spec gave it and what it cost.
-pub struct ChainAnswer {
+pub(crate) struct ChainAnswer {
     pub response: ModelResponse,
     pub spec: String,
     pub cost: f64,
@@ -515,7 +514,7 @@ pub struct ChainAnswer {
 /// Tries each spec of `chain` in order until one answers (live work: it
 /// counts against the model gate so background review calls hold back).
 /// Recording the usage is the caller's, so it can share its transaction.
-pub async fn complete_with_chain(
+pub(crate) async fn complete_with_chain(
     rt: &Arc<Runtime>,
     chain: &[String],
     purpose: Purpose,

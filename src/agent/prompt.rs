@@ -17,7 +17,7 @@ use crate::workspace::read_capped;
 const FILE_CAP: usize = 32 * 1024;
 
 #[derive(Debug, Clone)]
-pub struct PromptInputs {
+pub(crate) struct PromptInputs {
     pub space_id: String,
     /// Directory holding `AGENTS.md` and `MEMORY.md` (the workspace or its copy).
     pub files_dir: PathBuf,
@@ -27,7 +27,7 @@ pub struct PromptInputs {
     pub links_paragraph: bool,
 }
 
-pub fn platform_block(space_id: &str, now: &str) -> String {
+pub(crate) fn platform_block(space_id: &str, now: &str) -> String {
     format!(
         "You are Mercury, an assistant serving the space `{space_id}`. The time is {now}.\n\
          Your tools run in the space's workspace (the current directory): `shell`, `read_file`, \
@@ -41,7 +41,11 @@ pub fn platform_block(space_id: &str, now: &str) -> String {
 /// `@mercury what is…` → `what is…`. Only a leading trigger word (standing
 /// alone, with the punctuation that follows it) is cut; a mention inside the
 /// text stays, and a message that is nothing but the word stays whole.
-pub fn strip_trigger<'a>(text: &'a str, patterns: &[String], case_sensitive: bool) -> &'a str {
+pub(crate) fn strip_trigger<'a>(
+    text: &'a str,
+    patterns: &[String],
+    case_sensitive: bool,
+) -> &'a str {
     let trimmed = text.trim_start();
     for p in patterns {
         let Some(head) = trimmed.get(..p.len()) else {
@@ -68,7 +72,7 @@ pub fn strip_trigger<'a>(text: &'a str, patterns: &[String], case_sensitive: boo
     text
 }
 
-pub async fn build(
+pub(crate) async fn build(
     rt: &Arc<Runtime>,
     inputs: &PromptInputs,
     user_text: &str,

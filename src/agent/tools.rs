@@ -18,7 +18,7 @@ use crate::model::{ToolCall, ToolSpec};
 use crate::sandbox::{ExecOutput, ExecRequest};
 use crate::workspace::safe::{EntryKind, SafePathError, WorkspaceRoot};
 
-pub fn tool_specs() -> Vec<ToolSpec> {
+pub(crate) fn tool_specs() -> Vec<ToolSpec> {
     let obj = |props: Value, required: &[&str]| json!({"type": "object", "properties": props, "required": required});
     vec![
         ToolSpec {
@@ -55,7 +55,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
 /// A tool call the model made that cannot be run as asked; the model is told
 /// why (as the tool's result) rather than the turn failing.
 #[derive(Debug)]
-pub struct BadToolCall(pub String);
+pub(crate) struct BadToolCall(pub String);
 
 fn str_arg<'a>(call: &'a ToolCall, key: &str) -> Result<&'a str, BadToolCall> {
     call.arguments
@@ -71,7 +71,7 @@ fn str_arg<'a>(call: &'a ToolCall, key: &str) -> Result<&'a str, BadToolCall> {
 
 /// How a tool call is carried out.
 #[derive(Debug)]
-pub enum ToolPlan {
+pub(crate) enum ToolPlan {
     /// A command in the sandbox.
     Exec(ExecRequest),
     /// A file operation on the host, through the safe-path function.
@@ -79,14 +79,18 @@ pub enum ToolPlan {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FileOp {
+pub(crate) enum FileOp {
     Read { path: String },
     Write { path: String, content: String },
     List { path: String },
 }
 
 /// Turns a tool call into what to run.
-pub fn plan(call: &ToolCall, timeout: Duration, cap: usize) -> Result<ToolPlan, BadToolCall> {
+pub(crate) fn plan(
+    call: &ToolCall,
+    timeout: Duration,
+    cap: usize,
+) -> Result<ToolPlan, BadToolCall> {
     let exec = |argv: Vec<String>| {
         Ok(ToolPlan::Exec(ExecRequest {
             argv,
@@ -145,7 +149,7 @@ const LIST_DEPTH: usize = 3;
 
 /// Runs a file tool on `root` (the turn's layer) and says what happened, as
 /// the model reads it. Blocking: call it off the async runtime.
-pub fn run_file_op(root: &Path, op: FileOp, cap: usize) -> String {
+pub(crate) fn run_file_op(root: &Path, op: FileOp, cap: usize) -> String {
     let ws = match WorkspaceRoot::open(root) {
         Ok(ws) => ws,
         Err(e) => return format!("error: the workspace cannot be opened: {e}"),
@@ -233,7 +237,7 @@ fn list_into(
 }
 
 /// What the model reads back from a tool.
-pub fn render_output(out: &ExecOutput) -> String {
+pub(crate) fn render_output(out: &ExecOutput) -> String {
     let mut s = String::new();
     if out.exit_code != 0 {
         s.push_str(&format!("exit code {}\n", out.exit_code));

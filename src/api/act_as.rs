@@ -77,7 +77,7 @@ const fn union_of<const N: usize>(resources: &[Resource]) -> [ActAsRoute; N] {
 }
 
 /// The allowlist entry for this method and route pattern.
-pub fn find_route(method: &str, path: &str) -> Option<&'static ActAsRoute> {
+pub(super) fn find_route(method: &str, path: &str) -> Option<&'static ActAsRoute> {
     ACT_AS_ROUTES
         .iter()
         .find(|r| r.method == method && r.path == path)
@@ -99,14 +99,14 @@ pub struct AuditChange {
 
 /// What the act-as step needs from the database, read in the same
 /// connection checkout as the caller's token (one read per request).
-pub struct ActAsLookup {
+pub(super) struct ActAsLookup {
     exists: bool,
     edges: Vec<links::LinkGrant>,
     target_perms: perms::PermSet,
 }
 
 /// Reads the target's existence, the edges and the target's admin set.
-pub fn lookup(
+pub(super) fn lookup(
     c: &rusqlite::Connection,
     holder: &str,
     target: &str,
@@ -209,7 +209,7 @@ fn queue(
     }
 }
 
-pub async fn act_as(
+pub(super) async fn act_as(
     app: Arc<App>,
     auth: Auth,
     target_raw: String,
@@ -423,7 +423,7 @@ fn decide(
 
 /// A short, redacted view of a request body for the audit: top-level keys,
 /// values cut to 60 characters, identifiers replaced, secrets hidden.
-pub fn summarize_body(bytes: &[u8]) -> Option<String> {
+pub(super) fn summarize_body(bytes: &[u8]) -> Option<String> {
     if bytes.is_empty() {
         return None;
     }

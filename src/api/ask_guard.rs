@@ -12,7 +12,7 @@ use super::error::ApiError;
 use crate::app::App;
 use crate::runtime::AskRefusal;
 
-pub async fn refuse(app: &App, auth: &Auth, req: Request) -> Response {
+pub(super) async fn refuse(app: &App, auth: &Auth, req: Request) -> Response {
     let method = req.method().as_str().to_owned();
     let route = req
         .extensions()
@@ -64,7 +64,7 @@ fn s<'a>(v: &'a Value, k: &str) -> &'a str {
 }
 
 /// A sentence a person reads: what the write would have done.
-pub fn would_have(method: &str, route: &str, body: &Value) -> String {
+pub(super) fn would_have(method: &str, route: &str, body: &Value) -> String {
     match (method, route) {
         ("POST", "/api/send") => format!("would have sent \"{}\"", s(body, "text")),
         ("PUT", "/api/prefs") => format!(

@@ -74,7 +74,7 @@ const WRITE_ERRORS: &[(&str, &str)] =
 /// The whole document: `api` (the authenticated routes) decorated with what
 /// they share, and `public` (health, this document) as they are.
 pub fn contract(mut api: OpenApi, public: OpenApi) -> OpenApi {
-    for (path, item) in api.paths.paths.iter_mut() {
+    for (path, item) in &mut api.paths.paths {
         for (method, op) in operations(item) {
             decorate(path, method, op);
         }

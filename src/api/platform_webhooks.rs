@@ -24,9 +24,9 @@ use super::{ApiError, ApiResult};
 use crate::actors::adapter::WebhookCall;
 use crate::app::App;
 
-pub const TELEGRAM_SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+pub(super) const TELEGRAM_SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
 
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(super) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new().routes(routes!(telegram))
 }
 
@@ -62,7 +62,9 @@ async fn telegram(
             "the telegram adapter is not running in webhook mode",
         ));
     };
-    let given = headers.get(TELEGRAM_SECRET_HEADER).map(|v| v.as_bytes());
+    let given = headers
+        .get(TELEGRAM_SECRET_HEADER)
+        .map(reqwest::header::HeaderValue::as_bytes);
     if !given.is_some_and(|g| same_secret(g, &inbox.secret)) {
         return Err(ApiError::Unauthorized(
             "missing or wrong X-Telegram-Bot-Api-Secret-Token".into(),

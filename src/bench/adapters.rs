@@ -31,7 +31,7 @@ use crate::storage::Store;
 const TOKEN: &str = "1:bench";
 
 #[derive(Debug, Clone)]
-pub struct AdaptersOptions {
+pub(crate) struct AdaptersOptions {
     pub messages: usize,
     /// Group chats the messages are spread over (each gets a space).
     pub chats: usize,
@@ -47,7 +47,7 @@ impl Default for AdaptersOptions {
 }
 
 #[derive(Debug, Clone)]
-pub struct AdaptersFigures {
+pub(crate) struct AdaptersFigures {
     pub messages: usize,
     pub chats: usize,
     pub telegram: Duration,
@@ -55,12 +55,12 @@ pub struct AdaptersFigures {
 }
 
 impl AdaptersFigures {
-    pub fn per_second(d: Duration, n: usize) -> f64 {
+    pub(crate) fn per_second(d: Duration, n: usize) -> f64 {
         n as f64 / d.as_secs_f64().max(1e-9)
     }
 
     /// Telegram-path time over ingress-alone time (1.0: the adapter adds nothing).
-    pub fn ratio(&self) -> f64 {
+    pub(crate) fn ratio(&self) -> f64 {
         self.telegram.as_secs_f64() / self.ingress.as_secs_f64().max(1e-9)
     }
 }
@@ -198,7 +198,7 @@ async fn ingress_path(opts: &AdaptersOptions) -> anyhow::Result<Duration> {
     Ok(start.elapsed())
 }
 
-pub async fn run(opts: &AdaptersOptions) -> anyhow::Result<AdaptersFigures> {
+pub(crate) async fn run(opts: &AdaptersOptions) -> anyhow::Result<AdaptersFigures> {
     let opts = AdaptersOptions {
         messages: opts.messages.max(1),
         chats: opts.chats.max(1),
@@ -213,7 +213,7 @@ pub async fn run(opts: &AdaptersOptions) -> anyhow::Result<AdaptersFigures> {
     })
 }
 
-pub fn print(f: &AdaptersFigures) {
+pub(crate) fn print(f: &AdaptersFigures) {
     let build = if cfg!(debug_assertions) {
         "debug build (unoptimised: build with --release for real figures)"
     } else {

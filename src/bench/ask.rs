@@ -14,7 +14,7 @@ use crate::sandbox::{ExecRequest, RunKind, SandboxBackend, SandboxLimits, Sandbo
 use crate::workspace::layer::{LayerBudget, TurnLayer};
 use crate::workspace::DataPaths;
 
-pub struct AskOptions {
+pub(crate) struct AskOptions {
     pub files: usize,
     pub file_bytes: usize,
     pub runs: usize,
@@ -30,7 +30,7 @@ impl Default for AskOptions {
     }
 }
 
-pub struct AskFigures {
+pub(crate) struct AskFigures {
     pub cp_a: Vec<Duration>,
     pub copy: Vec<Duration>,
     pub container: Vec<Duration>,
@@ -43,7 +43,7 @@ fn median(v: &mut [Duration]) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-pub async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
+pub(crate) async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
     let tmp = tempfile::Builder::new()
         .prefix("mercury-bench-ask-")
         .tempdir()?;
@@ -132,7 +132,7 @@ fn generate(root: &Path, files: usize, size: usize) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-pub fn print(f: &mut AskFigures) {
+pub(crate) fn print(f: &mut AskFigures) {
     let cp = median(&mut f.cp_a);
     let copy = median(&mut f.copy);
     let container = median(&mut f.container);

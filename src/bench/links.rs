@@ -12,7 +12,7 @@ use serde_json::json;
 use super::percentile;
 use crate::host::temp_host::TempHost;
 
-pub struct LinksOptions {
+pub(crate) struct LinksOptions {
     /// Requests per route and per side.
     pub requests: usize,
     /// Messages seeded in the target (the `messages recent` page size is 50).
@@ -28,14 +28,14 @@ impl Default for LinksOptions {
     }
 }
 
-pub struct RouteFigures {
+pub(crate) struct RouteFigures {
     pub route: &'static str,
     pub direct: Vec<Duration>,
     pub act_as: Vec<Duration>,
 }
 
 impl RouteFigures {
-    pub fn ratio_p50(&self) -> f64 {
+    pub(crate) fn ratio_p50(&self) -> f64 {
         let d = percentile(&self.direct, 50.0).as_secs_f64();
         let a = percentile(&self.act_as, 50.0).as_secs_f64();
         if d > 0.0 {
@@ -46,7 +46,7 @@ impl RouteFigures {
     }
 }
 
-pub async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
+pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
     let host = TempHost::start(r#"{"rules":[{"reply":"ok"}]}"#, "process").await?;
     let owner = host.connection(None);
     for id in ["mgmt", "client"] {
@@ -161,7 +161,7 @@ fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn print(figs: &[RouteFigures]) {
+pub(crate) fn print(figs: &[RouteFigures]) {
     println!("bench links: the same route, direct vs through a space link (act-as)");
     for f in figs {
         println!(

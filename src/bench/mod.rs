@@ -11,14 +11,17 @@
 //! a network model (the scripted model answers), or pass or fail on a
 //! number (targets are reported, never asserted).
 
-pub mod adapters;
-pub mod ask;
-pub mod links;
-pub mod review;
-pub mod review_quality;
-pub mod sandbox;
-pub mod shadow;
-pub mod turns;
+// A bench prints its figures.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+pub(crate) mod adapters;
+pub(crate) mod ask;
+pub(crate) mod links;
+pub(crate) mod review;
+pub(crate) mod review_quality;
+pub(crate) mod sandbox;
+pub(crate) mod shadow;
+pub(crate) mod turns;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -28,7 +31,7 @@ use rusqlite::params;
 use crate::storage;
 
 /// Nearest-rank percentile of durations sorted ascending (`p` in 0..=100).
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -39,7 +42,7 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// The baseline: `n` single-row inserts, one transaction each (as the store
 /// commits one message per transaction), on a fresh file opened with the
 /// store's own settings. Returns the total time and each insert's time.
-pub fn plain_inserts(path: &Path, n: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
+pub(crate) fn plain_inserts(path: &Path, n: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
     let mut conn = storage::open_plain(path)?;
     conn.execute_batch(
         "CREATE TABLE plain (id INTEGER PRIMARY KEY, conversation TEXT NOT NULL,
@@ -65,7 +68,7 @@ pub fn plain_inserts(path: &Path, n: usize) -> anyhow::Result<(Duration, Vec<Dur
 }
 
 /// Milliseconds with three decimals.
-pub fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
 

@@ -37,7 +37,7 @@ use crate::storage::messages::{self, NewMessage};
 use crate::storage::{spaces, Store};
 
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     pub exchanges: usize,
     pub spaces: usize,
     pub live_samples: usize,
@@ -69,7 +69,7 @@ impl Default for BenchOptions {
 
 /// Live round trips of one admission mode: without, then with a scan.
 #[derive(Debug, Clone, Default)]
-pub struct Phase {
+pub(crate) struct Phase {
     pub idle_p99_ms: f64,
     pub scan_p99_ms: f64,
     pub idle_p50_ms: f64,
@@ -84,7 +84,7 @@ pub struct Phase {
 }
 
 impl Phase {
-    pub fn ratio(&self) -> f64 {
+    pub(crate) fn ratio(&self) -> f64 {
         if self.idle_p99_ms > 0.0 {
             self.scan_p99_ms / self.idle_p99_ms
         } else {
@@ -94,7 +94,7 @@ impl Phase {
 }
 
 #[derive(Debug, Clone)]
-pub struct BenchReport {
+pub(crate) struct BenchReport {
     pub options: BenchOptions,
     pub gated: Phase,
     pub open: Phase,
@@ -181,7 +181,7 @@ impl fmt::Display for BenchReport {
     }
 }
 
-pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
+pub(crate) async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     if opts.exchanges == 0 || opts.spaces == 0 || opts.live_samples == 0 {
         bail!("--exchanges, --spaces and --live-samples must be greater than 0");
     }
@@ -513,7 +513,7 @@ async fn live_round_trips(conn: &Connection, n: usize) -> anyhow::Result<Vec<f64
 }
 
 /// The `p` quantile (nearest rank).
-pub fn percentile(samples: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(samples: &[f64], p: f64) -> f64 {
     if samples.is_empty() {
         return f64::NAN;
     }

@@ -43,7 +43,7 @@ struct PlantedExchange {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct QualityReport {
+pub(crate) struct QualityReport {
     pub exchanges: usize,
     pub planted: usize,
     pub flagged: usize,
@@ -80,7 +80,7 @@ impl fmt::Display for QualityReport {
     }
 }
 
-pub async fn run() -> anyhow::Result<QualityReport> {
+pub(crate) async fn run() -> anyhow::Result<QualityReport> {
     let set: PlantedSet = serde_json::from_str(SET).context("tests/review-quality/set.json")?;
     let (dir, data) = TempHost::builder()
         .model(JUDGE)

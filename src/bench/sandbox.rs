@@ -22,7 +22,7 @@ use crate::sandbox::{ExecRequest, RunKind, SandboxBackend, SandboxLimits, Sandbo
 
 /// Timings of one bench, one entry per run.
 #[derive(Debug, Default)]
-pub struct SandboxFigures {
+pub(crate) struct SandboxFigures {
     pub image: String,
     /// The bench's instance id (its containers carry it as `mercury.instance`).
     pub instance: String,
@@ -32,7 +32,7 @@ pub struct SandboxFigures {
 }
 
 /// Runs the bench: one unmeasured warm-up of each path, then `runs` of each.
-pub async fn run(runs: usize) -> anyhow::Result<SandboxFigures> {
+pub(crate) async fn run(runs: usize) -> anyhow::Result<SandboxFigures> {
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -149,7 +149,7 @@ async fn docker_run(image: &str, no_network: bool) -> anyhow::Result<Duration> {
 }
 
 /// The middle value (the upper middle one for an even count).
-pub fn median(values: &[Duration]) -> Duration {
+pub(crate) fn median(values: &[Duration]) -> Duration {
     let mut sorted = values.to_vec();
     sorted.sort();
     sorted.get(sorted.len() / 2).copied().unwrap_or_default()
@@ -160,7 +160,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The report `mercury bench sandbox` prints (data, so stdout).
-pub fn report(f: &SandboxFigures) -> String {
+pub(crate) fn report(f: &SandboxFigures) -> String {
     let line = |name: &str, v: &[Duration]| {
         let min = v.iter().min().copied().unwrap_or_default();
         let max = v.iter().max().copied().unwrap_or_default();

@@ -16,7 +16,7 @@ use rusqlite::params;
 use crate::shadow::snapshot::{take, SnapshotOptions};
 
 #[derive(Debug, Clone)]
-pub struct ShadowBenchOptions {
+pub(crate) struct ShadowBenchOptions {
     pub messages: usize,
     pub spaces: usize,
     /// Bytes of workspace files per space (AGENTS.md, MEMORY.md, knowledge/).
@@ -25,7 +25,7 @@ pub struct ShadowBenchOptions {
 
 impl ShadowBenchOptions {
     /// The case: 1M messages, 1,000 spaces, about 1 GB.
-    pub fn full() -> Self {
+    pub(crate) fn full() -> Self {
         Self {
             messages: 1_000_000,
             spaces: 1_000,
@@ -45,7 +45,7 @@ impl Default for ShadowBenchOptions {
 }
 
 #[derive(Debug, Clone)]
-pub struct ShadowFigures {
+pub(crate) struct ShadowFigures {
     pub source_bytes: u64,
     pub snapshot: Duration,
     pub snapshot_bytes: u64,
@@ -111,7 +111,7 @@ fn generate(data: &Path, opts: &ShadowBenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigures> {
+pub(crate) async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigures> {
     let tmp = tempfile::Builder::new()
         .prefix("mercury-bench-shadow-")
         .tempdir()?;
@@ -162,7 +162,7 @@ pub async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigures> {
     })
 }
 
-pub fn report(opts: &ShadowBenchOptions, f: &ShadowFigures) -> String {
+pub(crate) fn report(opts: &ShadowBenchOptions, f: &ShadowFigures) -> String {
     let mb = |b: u64| b as f64 / (1 << 20) as f64;
     let ratio = f.snapshot.as_secs_f64() / f.cp_a.as_secs_f64().max(1e-9);
     let build = if cfg!(debug_assertions) {

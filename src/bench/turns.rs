@@ -35,10 +35,10 @@ use crate::storage::Store;
 use crate::workspace::{ensure_workspace, DataPaths};
 
 /// Turns run and thrown away before the measured ones.
-pub const WARMUP_TURNS: usize = 20;
+pub(crate) const WARMUP_TURNS: usize = 20;
 
 #[derive(Debug, Clone)]
-pub struct TurnsOptions {
+pub(crate) struct TurnsOptions {
     /// Ingest calls (about one in ten is a replay).
     pub messages: usize,
     /// Measured turns.
@@ -61,7 +61,7 @@ impl Default for TurnsOptions {
 }
 
 #[derive(Debug, Clone)]
-pub struct IngestFigures {
+pub(crate) struct IngestFigures {
     pub messages: usize,
     pub duplicates: usize,
     pub conversations: usize,
@@ -71,19 +71,19 @@ pub struct IngestFigures {
 }
 
 impl IngestFigures {
-    pub fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.messages as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
-    pub fn baseline_per_second(&self) -> f64 {
+    pub(crate) fn baseline_per_second(&self) -> f64 {
         self.messages as f64 / self.baseline.as_secs_f64().max(1e-9)
     }
-    pub fn ratio(&self) -> f64 {
+    pub(crate) fn ratio(&self) -> f64 {
         self.elapsed.as_secs_f64() / self.baseline.as_secs_f64().max(1e-9)
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct TurnFigures {
+pub(crate) struct TurnFigures {
     pub turns: usize,
     pub p50: Duration,
     pub p99: Duration,
@@ -93,7 +93,7 @@ pub struct TurnFigures {
 }
 
 #[derive(Debug, Clone)]
-pub struct TurnsReport {
+pub(crate) struct TurnsReport {
     pub ingest: IngestFigures,
     pub turns: TurnFigures,
 }
@@ -109,7 +109,7 @@ impl fmt::Display for TurnsReport {
         } else {
             "release build"
         };
-        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
         let (i, t) = (&self.ingest, &self.turns);
         writeln!(f, "mercury bench turns: {build}, {cpus} CPUs")?;
         writeln!(
@@ -173,7 +173,7 @@ impl fmt::Display for TurnsReport {
 }
 
 /// Runs both measurements in a temp dir and returns the figures.
-pub async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsReport> {
+pub(crate) async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsReport> {
     if opts.messages == 0 || opts.turns == 0 || opts.concurrency == 0 || opts.conversations == 0 {
         bail!("--messages, --turns, --concurrency and --conversations must be at least 1");
     }

@@ -1,5 +1,8 @@
 //! Command lines: `mercury` (the host) and `mrctl` (the API client).
 
+// The command lines' output is what they are for.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod mercury;
 pub mod mrctl;
 pub mod ops;

@@ -22,14 +22,14 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use url::{Host, Url};
 
-pub const DEFAULT_URL: &str = "http://127.0.0.1:8787";
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:8787";
 /// Chat turns run a whole agent turn before answering, so the default wait is long.
-pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
+pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 600;
 /// No route answers anything near this; a bigger body means something is wrong,
 /// and refusing it keeps a confused peer from filling memory.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
-pub const SPACE_HEADER: &str = "x-mercury-space";
-pub const ACT_AS_HEADER: &str = "x-mercury-act-as";
+pub(crate) const SPACE_HEADER: &str = "x-mercury-space";
+pub(crate) const ACT_AS_HEADER: &str = "x-mercury-act-as";
 
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,7 +295,7 @@ pub enum ClientError {
 /// is empty comes back as `Value::Null`, one that is not JSON as a
 /// `Value::String` of its text, so non-JSON error pages can still be shown.
 /// Statuses are not judged here: a 4xx is `Ok`, the caller decides.
-pub async fn request(
+pub(crate) async fn request(
     conn: &Connection,
     method: Method,
     path: &str,
@@ -305,7 +305,7 @@ pub async fn request(
 }
 
 /// [`request`] with extra headers (such as `If-Match`).
-pub async fn request_with_headers(
+pub(crate) async fn request_with_headers(
     conn: &Connection,
     method: Method,
     path: &str,

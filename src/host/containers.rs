@@ -118,7 +118,7 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
                 tracing::warn!(
                     count = removed.len(),
                     "removed orphan containers of this instance"
-                )
+                );
             }
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "orphan sweep failed"),

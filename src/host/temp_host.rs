@@ -147,7 +147,11 @@ impl TempHost {
             if request(&probe, Method::GET, "/healthz", None).await.is_ok() {
                 return Ok(host);
             }
-            if host.task.as_ref().is_some_and(|t| t.is_finished()) {
+            if host
+                .task
+                .as_ref()
+                .is_some_and(tokio::task::JoinHandle::is_finished)
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -157,7 +161,7 @@ impl TempHost {
 
     /// The temporary directory holding the data dir (and the model file).
     pub fn dir(&self) -> Option<&std::path::Path> {
-        self.dir.as_ref().map(|d| d.path())
+        self.dir.as_ref().map(tempfile::TempDir::path)
     }
 
     /// An API connection with the owner's token and an optional space.

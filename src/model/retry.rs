@@ -29,7 +29,7 @@ pub(super) struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    pub fn from_settings(settings: &ProviderSettings) -> Self {
+    pub(super) fn from_settings(settings: &ProviderSettings) -> Self {
         Self {
             max_retries: settings.max_retries,
             base: settings.retry_base,

@@ -526,7 +526,7 @@ fn plain_key(kind: IdentifierKind, raw: &str) -> String {
                     let local = match local.split_once(':') {
                         Some((platform, rest))
                             if !platform.is_empty()
-                                && platform.chars().all(|c| c.is_alphabetic()) =>
+                                && platform.chars().all(char::is_alphabetic) =>
                         {
                             rest
                         }
@@ -1214,7 +1214,7 @@ mod tests {
                     match (p.kind, &p.configured) {
                         (IdentifierKind::Name, Some(n)) => list = list.with_name(n.clone()),
                         (IdentifierKind::SenderId, Some(s)) => {
-                            list = list.with_sender_id(s.clone())
+                            list = list.with_sender_id(s.clone());
                         }
                         _ => {}
                     }

@@ -94,7 +94,7 @@ fn alternation(mut alts: Vec<String>) -> Result<Option<Regex>, ()> {
 }
 
 impl NameMatcher {
-    pub fn build(names: &[String]) -> Result<Self, ()> {
+    pub(super) fn build(names: &[String]) -> Result<Self, ()> {
         let mut bounded = Vec::new();
         let mut anywhere = Vec::new();
         let mut owners: HashMap<String, BTreeSet<String>> = HashMap::new();
@@ -162,7 +162,7 @@ impl NameMatcher {
     }
 
     /// Ranges of the folded view holding a listed name, at name boundaries.
-    pub fn spans(&self, views: &Views) -> Vec<Range<usize>> {
+    pub(super) fn spans(&self, views: &Views) -> Vec<Range<usize>> {
         let Some(re) = &self.bounded else {
             return Vec::new();
         };
@@ -202,14 +202,14 @@ impl NameMatcher {
     }
 
     /// Does any long listed part appear anywhere, even inside a word?
-    pub fn anywhere(&self, views: &Views) -> bool {
+    pub(super) fn anywhere(&self, views: &Views) -> bool {
         self.anywhere
             .as_ref()
             .is_some_and(|re| re.is_match(&views.folded.text))
     }
 
     /// The placeholder key of a matched name (folded text).
-    pub fn key(&self, folded: &str) -> String {
+    pub(super) fn key(&self, folded: &str) -> String {
         let c = compact(folded);
         self.keys.get(&c).cloned().unwrap_or(c)
     }
@@ -236,8 +236,13 @@ mod tests {
     use super::*;
 
     fn found(names: &[&str], text: &str) -> Vec<String> {
-        let m = NameMatcher::build(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .expect("names compile");
+        let m = NameMatcher::build(
+            &names
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect::<Vec<_>>(),
+        )
+        .expect("names compile");
         let v = normalise::normalise(text);
         m.spans(&v)
             .into_iter()

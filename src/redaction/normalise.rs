@@ -182,7 +182,7 @@ impl View {
     }
 
     /// The original bytes behind a (non-empty, char-aligned) range of the view.
-    pub fn original(&self, r: Range<usize>) -> Range<usize> {
+    pub(super) fn original(&self, r: Range<usize>) -> Range<usize> {
         let first = self
             .starts
             .partition_point(|&s| s <= r.start)
@@ -213,7 +213,7 @@ impl Views {
     /// byte `at - 1` and `at`? A boundary is the start or end of the text, a
     /// non-letter on either side, or a change from lower to upper case in the
     /// original (`OliviaBakker`).
-    pub fn name_boundary(&self, at: usize) -> bool {
+    pub(super) fn name_boundary(&self, at: usize) -> bool {
         if at == 0 || at >= self.folded.text.len() {
             return true;
         }

@@ -10,23 +10,23 @@
 //! Must never: build a path from unvalidated text, follow a symlink out of
 //! the reviews directory, or return a file that is not a report's JSON.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value;
 
 /// Largest `report.json` read back (a day's report is far smaller).
-pub const MAX_REPORT_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_REPORT_BYTES: u64 = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum ReportKind {
+pub(crate) enum ReportKind {
     Daily,
     Weekly,
 }
 
 impl ReportKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReportKind::Daily => "daily",
             ReportKind::Weekly => "weekly",
@@ -36,7 +36,7 @@ impl ReportKind {
 
 /// A report's name: `2026-09-28` (the daily) or `2026-09-28-weekly`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ReportName {
+pub(crate) struct ReportName {
     /// `YYYY-MM-DD`, a real calendar date.
     pub date: String,
     pub kind: ReportKind,
@@ -60,7 +60,7 @@ pub enum CatalogError {
 
 impl ReportName {
     /// Parses `YYYY-MM-DD`, `YYYY-MM-DD-daily` or `YYYY-MM-DD-weekly`.
-    pub fn parse(raw: &str) -> Result<Self, CatalogError> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, CatalogError> {
         let bad = || CatalogError::BadName(raw.chars().take(40).collect());
         let (date, kind) = match raw.len() {
             10 => (raw, ReportKind::Daily),
@@ -78,13 +78,13 @@ impl ReportName {
     }
 
     /// The directory name, `<date>-<kind>`.
-    pub fn dir_name(&self) -> String {
+    pub(crate) fn dir_name(&self) -> String {
         format!("{}-{}", self.date, self.kind.as_str())
     }
 }
 
 /// A strict `YYYY-MM-DD` that is a real date.
-pub fn parse_date(raw: &str) -> Option<chrono::NaiveDate> {
+pub(crate) fn parse_date(raw: &str) -> Option<chrono::NaiveDate> {
     if raw.len() != 10 || !raw.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
         return None;
     }
@@ -93,7 +93,7 @@ pub fn parse_date(raw: &str) -> Option<chrono::NaiveDate> {
 
 /// One report on the box.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct ReportEntry {
+pub(crate) struct ReportEntry {
     pub date: String,
     pub kind: ReportKind,
     /// What `GET /api/review/reports/{name}` takes.
@@ -102,7 +102,7 @@ pub struct ReportEntry {
 
 /// Every report under `reviews`, oldest first (daily before weekly on a
 /// date). A missing directory is an empty list.
-pub fn list(reviews: &Path) -> Result<Vec<ReportEntry>, CatalogError> {
+pub(crate) fn list(reviews: &Path) -> Result<Vec<ReportEntry>, CatalogError> {
     let read = match std::fs::read_dir(reviews) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -148,13 +148,8 @@ fn is_plain_file(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
 }
 
-/// The path of a report's JSON (built only from a parsed name).
-pub fn json_path(reviews: &Path, name: &ReportName) -> PathBuf {
-    reviews.join(name.dir_name()).join("report.json")
-}
-
 /// Reads one report's JSON.
-pub fn read(reviews: &Path, name: &ReportName) -> Result<Value, CatalogError> {
+pub(crate) fn read(reviews: &Path, name: &ReportName) -> Result<Value, CatalogError> {
     let dir = reviews.join(name.dir_name());
     let path = dir.join("report.json");
     let not_found = || CatalogError::NotFound {

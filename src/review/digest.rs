@@ -24,10 +24,10 @@ use crate::runtime::Runtime;
 use crate::storage::conversations;
 
 /// The outbox `space_id` of a digest whose DM conversation feeds no space.
-pub const NO_SPACE: &str = "(review)";
+pub(crate) const NO_SPACE: &str = "(review)";
 
 /// Findings listed in the digest.
-pub const TOP: usize = 3;
+pub(crate) const TOP: usize = 3;
 
 /// What became of the digest.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
@@ -51,7 +51,7 @@ impl DigestOutcome {
 }
 
 /// The digest of a written report. `Err` when its content fails the gate.
-pub fn report_digest(
+pub(crate) fn report_digest(
     report: &Report,
     report_path: &Path,
     gate: &IdentifierGate,
@@ -94,7 +94,7 @@ pub fn report_digest(
 }
 
 /// The digest of a blocked report: the fact and the kinds, no content.
-pub fn blocked_digest(date: &str, kinds: &BTreeSet<IdentifierKind>, run_id: &str) -> String {
+pub(crate) fn blocked_digest(date: &str, kinds: &BTreeSet<IdentifierKind>, run_id: &str) -> String {
     let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     format!(
         "Conversation review {date}: blocked by the identifier gate ({} found in the text to be \
@@ -104,7 +104,7 @@ pub fn blocked_digest(date: &str, kinds: &BTreeSet<IdentifierKind>, run_id: &str
 }
 
 /// Queues `text` for the DM conversation of `owner`.
-pub async fn deliver(
+pub(crate) async fn deliver(
     rt: &Runtime,
     spaces: &dyn super::SpaceWriter,
     owner: &str,

@@ -36,10 +36,10 @@ use sha2::{Digest, Sha256};
 use unicode_normalization::UnicodeNormalization;
 
 /// Slots of a MinHash signature.
-pub const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 32;
 /// Estimated Jaccard similarity at or above which two summaries (with the
 /// same space, kind and layer) are the same finding.
-pub const SAME_FINDING: f64 = 0.5;
+pub(crate) const SAME_FINDING: f64 = 0.5;
 
 /// Words that carry no meaning of their own in a finding's summary.
 const STOP_WORDS: &[&str] = &[
@@ -51,7 +51,7 @@ const STOP_WORDS: &[&str] = &[
 ];
 
 /// A finding's summary as its normalised words, in order.
-pub fn words(text: &str) -> Vec<String> {
+pub(crate) fn words(text: &str) -> Vec<String> {
     let folded: String = text.nfkc().flat_map(char::to_lowercase).collect();
     let folded = placeholders().replace_all(&folded, " $kind ");
     folded
@@ -72,7 +72,7 @@ fn placeholders() -> &'static regex::Regex {
 
 fn normalise_word(raw: &str) -> Option<String> {
     let w = raw.strip_suffix("'s").unwrap_or(raw).replace('\'', "");
-    if w.chars().count() < 2 || w.chars().all(|c| c.is_numeric()) {
+    if w.chars().count() < 2 || w.chars().all(char::is_numeric) {
         return None;
     }
     if STOP_WORDS.binary_search(&w.as_str()).is_ok() {
@@ -103,10 +103,10 @@ fn stem(w: &str) -> String {
 
 /// A MinHash signature of a word set.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct MinHash(pub [u32; SLOTS]);
+pub(crate) struct MinHash(pub [u32; SLOTS]);
 
 impl MinHash {
-    pub fn of_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Self {
+    pub(crate) fn of_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Self {
         let mut slots = [u32::MAX; SLOTS];
         let set: BTreeSet<&str> = words.into_iter().collect();
         for w in set {
@@ -122,13 +122,13 @@ impl MinHash {
         Self(slots)
     }
 
-    pub fn of_text(text: &str) -> Self {
+    pub(crate) fn of_text(text: &str) -> Self {
         let w = words(text);
         Self::of_words(w.iter().map(String::as_str))
     }
 
     /// Estimated Jaccard similarity of the two word sets (0 to 1).
-    pub fn similarity(&self, other: &MinHash) -> f64 {
+    pub(crate) fn similarity(&self, other: &MinHash) -> f64 {
         let same = self
             .0
             .iter()
@@ -141,11 +141,11 @@ impl MinHash {
     /// Eight letters `a`–`p` per slot (hex with letters for digits, so a
     /// signature never holds a digit run the identifier gate would take for
     /// a phone number).
-    pub fn to_hex(&self) -> String {
+    pub(crate) fn to_hex(&self) -> String {
         self.0.iter().map(|s| letters(u64::from(*s), 8)).collect()
     }
 
-    pub fn from_hex(raw: &str) -> Option<Self> {
+    pub(crate) fn from_hex(raw: &str) -> Option<Self> {
         if raw.len() != SLOTS * 8 || !raw.bytes().all(|b| (b'a'..=b'p').contains(&b)) {
             return None;
         }
@@ -194,7 +194,7 @@ fn splitmix64(mut z: u64) -> u64 {
 
 /// What identifies a finding across days and wording.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Fingerprint {
+pub(crate) struct Fingerprint {
     pub space: String,
     pub kind: String,
     pub target_layer: String,
@@ -203,7 +203,7 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    pub fn new(space: &str, kind: &str, target_layer: &str, summary: &str) -> Self {
+    pub(crate) fn new(space: &str, kind: &str, target_layer: &str, summary: &str) -> Self {
         Self {
             space: space.to_owned(),
             kind: kind.to_owned(),
@@ -214,7 +214,7 @@ impl Fingerprint {
 
     /// How alike the two summaries are (0 to 1), when space, kind and layer
     /// are equal; `None` when they differ or a signature is unreadable.
-    pub fn similarity(&self, other: &Fingerprint) -> Option<f64> {
+    pub(crate) fn similarity(&self, other: &Fingerprint) -> Option<f64> {
         if self.space != other.space
             || self.kind != other.kind
             || self.target_layer != other.target_layer
@@ -227,12 +227,12 @@ impl Fingerprint {
     }
 
     /// The same finding: equal exact parts and alike summaries.
-    pub fn same_finding(&self, other: &Fingerprint) -> bool {
+    pub(crate) fn same_finding(&self, other: &Fingerprint) -> bool {
         self.similarity(other).is_some_and(|s| s >= SAME_FINDING)
     }
 
     /// Summaries alike regardless of space (the weekly clusters across spaces).
-    pub fn summary_similarity(&self, other: &Fingerprint) -> f64 {
+    pub(crate) fn summary_similarity(&self, other: &Fingerprint) -> f64 {
         match (
             MinHash::from_hex(&self.summary_minhash),
             MinHash::from_hex(&other.summary_minhash),
@@ -245,7 +245,7 @@ impl Fingerprint {
     /// A short stable id: 12 letters (`a`–`p`) of SHA-256 over the exact
     /// parts and the signature (two wordings of one finding may have
     /// different ids; compare with [`Fingerprint::same_finding`]).
-    pub fn short_id(&self) -> String {
+    pub(crate) fn short_id(&self) -> String {
         let mut h = Sha256::new();
         for part in [
             &self.space,

@@ -46,7 +46,7 @@ const VERIFY_MAX_TOKENS: u32 = 400;
 const REASON_CAP: usize = 300;
 
 #[derive(Debug, thiserror::Error)]
-pub enum IntakeError {
+pub(crate) enum IntakeError {
     #[error("{0}")]
     Usage(String),
     #[error("reading the reports of {bot}: {detail}")]
@@ -74,13 +74,13 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 
 /// Where a bot's reports come from.
 #[derive(Debug, Clone)]
-pub enum SourceKind {
+pub(crate) enum SourceKind {
     DataDir(PathBuf),
     Url(Connection),
 }
 
 #[derive(Debug, Clone)]
-pub struct Source {
+pub(crate) struct Source {
     /// A validated bot name ([`validate_bot`]).
     pub bot: String,
     pub kind: SourceKind,
@@ -88,7 +88,7 @@ pub struct Source {
 
 /// A bot name is a path segment under `reports/`: 1–40 of `a-z 0-9 - _ .`,
 /// not starting with a dot.
-pub fn validate_bot(raw: &str) -> Result<String, IntakeError> {
+pub(crate) fn validate_bot(raw: &str) -> Result<String, IntakeError> {
     let ok = !raw.is_empty()
         && raw.len() <= 40
         && !raw.starts_with('.')
@@ -107,7 +107,7 @@ pub fn validate_bot(raw: &str) -> Result<String, IntakeError> {
 
 /// `--from [NAME=]DATA_DIR|URL`: a URL starts with `http://`; the name
 /// defaults to the data dir's last component or the URL's `host-port`.
-pub fn parse_source(raw: &str, token: Option<&str>) -> Result<Source, IntakeError> {
+pub(crate) fn parse_source(raw: &str, token: Option<&str>) -> Result<Source, IntakeError> {
     let (name, target) = match raw.split_once('=') {
         Some((n, t)) if !n.contains('/') && !n.contains(':') => (Some(n), t),
         _ => (None, raw),
@@ -145,7 +145,7 @@ pub fn parse_source(raw: &str, token: Option<&str>) -> Result<Source, IntakeErro
 
 /// One finding as the intake reads it from a report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IntakeFinding {
+pub(crate) struct IntakeFinding {
     pub bot: String,
     pub date: String,
     pub space: String,
@@ -160,7 +160,7 @@ pub struct IntakeFinding {
 }
 
 impl IntakeFinding {
-    pub fn fingerprint(&self) -> Fingerprint {
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
         Fingerprint::new(
             &self.space,
             self.kind.as_str(),
@@ -170,7 +170,7 @@ impl IntakeFinding {
     }
 
     /// What the ranker is asked with.
-    pub fn query(&self) -> String {
+    pub(crate) fn query(&self) -> String {
         format!(
             "{} {} {} {}",
             self.kind.as_str().replace('_', " "),
@@ -182,7 +182,7 @@ impl IntakeFinding {
 }
 
 /// The findings of a report's JSON; items that do not hold are counted.
-pub fn findings_of(bot: &str, date: &str, json: &Value) -> (Vec<IntakeFinding>, u32) {
+pub(crate) fn findings_of(bot: &str, date: &str, json: &Value) -> (Vec<IntakeFinding>, u32) {
     let mut out = Vec::new();
     let mut bad = 0;
     for f in json["findings"].as_array().into_iter().flatten() {
@@ -215,7 +215,7 @@ pub fn findings_of(bot: &str, date: &str, json: &Value) -> (Vec<IntakeFinding>, 
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
 )]
 #[serde(rename_all = "kebab-case")]
-pub enum Decision {
+pub(crate) enum Decision {
     Reject,
     Attach,
     FixedNotDeployed,
@@ -225,7 +225,7 @@ pub enum Decision {
 }
 
 impl Decision {
-    pub const ALL: [Decision; 6] = [
+    pub(crate) const ALL: [Decision; 6] = [
         Decision::Reject,
         Decision::Attach,
         Decision::FixedNotDeployed,
@@ -234,7 +234,7 @@ impl Decision {
         Decision::New,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Decision::Reject => "reject",
             Decision::Attach => "attach",
@@ -245,7 +245,7 @@ impl Decision {
         }
     }
 
-    pub fn parse(raw: &str) -> Option<Self> {
+    pub(crate) fn parse(raw: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|d| d.as_str() == raw.trim())
     }
 }
@@ -253,7 +253,7 @@ impl Decision {
 /// What a duplicate follows: an earlier ledger row or an earlier row of
 /// this triage, and that row's decision and paths as known now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Follows {
+pub(crate) struct Follows {
     /// The earlier row's ledger id, when it is in the ledger.
     pub ledger_id: Option<String>,
     /// The earlier row's number in this triage, when it is here.
@@ -264,7 +264,7 @@ pub struct Follows {
 
 /// One row of the triage table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TriageRow {
+pub(crate) struct TriageRow {
     /// 1-based, as `approve --rows` names it.
     pub row: usize,
     pub finding: IntakeFinding,
@@ -278,7 +278,7 @@ pub struct TriageRow {
 
 /// A report that was not taken in, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Refused {
+pub(crate) struct Refused {
     pub bot: String,
     pub date: String,
     pub reason: String,
@@ -286,7 +286,7 @@ pub struct Refused {
 
 /// `triage.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Triage {
+pub(crate) struct Triage {
     /// RFC 3339, UTC.
     pub made_at: String,
     /// Reports taken in by this intake, as `<bot>/<date>`.
@@ -301,13 +301,13 @@ pub struct Triage {
 
 /// The verify step's model (the CLI resolves it from the config).
 #[derive(Clone)]
-pub struct Verifier {
+pub(crate) struct Verifier {
     pub provider: Arc<dyn ModelProvider>,
     pub model: String,
 }
 
 /// The intake's whole context.
-pub struct IntakeRun<'a> {
+pub(crate) struct IntakeRun<'a> {
     pub intake_dir: &'a Path,
     pub sources: &'a [Source],
     pub since: Option<chrono::NaiveDate>,
@@ -319,7 +319,7 @@ pub struct IntakeRun<'a> {
 }
 
 /// The instructions of a verify call.
-pub fn verify_instructions() -> &'static str {
+pub(crate) fn verify_instructions() -> &'static str {
     "You double-check a finding another reviewer raised about a chat assistant's reply. \
 You get the finding's kind, its summary, the quoted evidence from the exchange and the \
 suggested fix. Decide whether the assistant's reply was really wrong. Answer with JSON only: \
@@ -345,7 +345,7 @@ fn verify_prompt(f: &IntakeFinding, exchange: Option<&str>) -> String {
 /// the bot's reply), redacted with that space's identifiers and gated by
 /// both gates: what the verify step re-judges. `None` when it cannot be
 /// read or would not pass (the verify then works from the finding alone).
-pub fn redacted_exchange(
+pub(crate) fn redacted_exchange(
     db: &Path,
     cfg: &crate::config::ReviewConfig,
     message_id: i64,
@@ -383,12 +383,12 @@ pub fn redacted_exchange(
 
 /// The verdict of a verify call: `Some(false)` is "re-judged fine".
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verified {
+pub(crate) struct Verified {
     pub real: Option<bool>,
     pub reason: String,
 }
 
-pub async fn verify(
+pub(crate) async fn verify(
     v: &Verifier,
     gate: &IdentifierGate,
     f: &IntakeFinding,
@@ -516,12 +516,12 @@ async fn fetch_report(src: &Source, name: &ReportName) -> Result<Value, String> 
 }
 
 /// Where a taken-in report is stored.
-pub fn stored_dir(intake_dir: &Path, bot: &str, date: &str) -> PathBuf {
+pub(crate) fn stored_dir(intake_dir: &Path, bot: &str, date: &str) -> PathBuf {
     intake_dir.join("reports").join(bot).join(date)
 }
 
 /// Every stored finding, oldest first (for the weekly and the duplicates).
-pub fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, IntakeError> {
+pub(crate) fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, IntakeError> {
     let root = intake_dir.join("reports");
     let mut out = Vec::new();
     let Ok(bots) = std::fs::read_dir(&root) else {
@@ -562,7 +562,7 @@ pub fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, IntakeEr
 
 /// An earlier decision a duplicate can follow.
 #[derive(Debug, Clone)]
-pub struct Earlier {
+pub(crate) struct Earlier {
     pub fingerprint: Fingerprint,
     pub ledger_id: Option<String>,
     pub row: Option<usize>,
@@ -572,7 +572,7 @@ pub struct Earlier {
 }
 
 /// Runs pull, re-gate, store, verify, relate and decide; writes the triage.
-pub async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
+pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let pending = ctx.intake_dir.join("triage.json");
     if let Some(t) = read_triage(ctx.intake_dir)? {
         if t.approved_at.is_none() && !t.rows.is_empty() {
@@ -791,7 +791,7 @@ fn decide(ranker: &Ranker, matches: &[Match]) -> (Decision, String) {
     }
 }
 
-pub fn read_triage(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
+pub(crate) fn read_triage(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
     let p = intake_dir.join("triage.json");
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,
@@ -811,7 +811,7 @@ fn triage_ids(t: &Triage) -> BTreeSet<i64> {
     t.rows.iter().map(|r| r.finding.message_id).collect()
 }
 
-pub fn triage_markdown(t: &Triage) -> String {
+pub(crate) fn triage_markdown(t: &Triage) -> String {
     let mut md = format!("# Review intake triage ({})\n\n", t.made_at);
     md.push_str(&format!(
         "Reports taken in: {}.\n\n",
@@ -870,7 +870,7 @@ fn cell(s: &str) -> String {
 }
 
 /// Gates and writes `triage.json` and `triage.md`.
-pub fn write_triage(
+pub(crate) fn write_triage(
     intake_dir: &Path,
     t: &Triage,
     gate: &IdentifierGate,
@@ -891,7 +891,7 @@ pub fn write_triage(
 
 /// The gate over a file the intake writes: the whole text (markdown) and
 /// every string of the JSON.
-pub fn gate_text(
+pub(crate) fn gate_text(
     what: &'static str,
     text: &str,
     json: &Value,
@@ -926,7 +926,7 @@ fn collect_strings(v: &Value, out: &mut String) {
 }
 
 /// Writes `dir/name` atomically (a temp file in `dir`, then a rename).
-pub fn persist(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IntakeError> {
+pub(crate) fn persist(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IntakeError> {
     std::fs::create_dir_all(dir).map_err(io("creating the directory", dir))?;
     let target = dir.join(name);
     let mut tmp = tempfile::Builder::new()
@@ -941,7 +941,7 @@ pub fn persist(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IntakeError> 
 }
 
 /// Counts of a triage by proposed decision (for the CLI's summary line).
-pub fn counts(t: &Triage) -> BTreeMap<&'static str, usize> {
+pub(crate) fn counts(t: &Triage) -> BTreeMap<&'static str, usize> {
     let mut m = BTreeMap::new();
     for r in &t.rows {
         *m.entry(r.proposed.as_str()).or_default() += 1;

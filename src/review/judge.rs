@@ -30,13 +30,13 @@ use crate::runtime::Runtime;
 use crate::storage::runs;
 
 /// Characters kept of a finding's free-text field.
-pub const FIELD_CAP: usize = 600;
+pub(crate) const FIELD_CAP: usize = 600;
 /// Findings kept per exchange of a batch; more is noise or a runaway answer.
-pub const MAX_FINDINGS_PER_EXCHANGE: usize = 3;
+pub(crate) const MAX_FINDINGS_PER_EXCHANGE: usize = 3;
 /// Attempts per batch when the answer cannot be parsed.
-pub const ATTEMPTS: u32 = 2;
+pub(crate) const ATTEMPTS: u32 = 2;
 /// The `token_usage.kind` of judge calls.
-pub const USAGE_KIND: &str = "review";
+pub(crate) const USAGE_KIND: &str = "review";
 
 macro_rules! string_enum {
     ($(#[$m:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -127,7 +127,7 @@ pub struct JudgeExchange {
 }
 
 /// The instructions of every judge call.
-pub fn instructions() -> String {
+pub(crate) fn instructions() -> String {
     format!(
         "You review the replies of a chat assistant. Below are exchanges from one chat space. \
 Each exchange starts with a line [msg N], where N is its message id, then up to a few \
@@ -149,13 +149,13 @@ placeholders exactly as they are and never guess or write a real name, number or
 }
 
 /// Counter-examples put in the judge's instructions at most (M3.2).
-pub const MAX_COUNTER_EXAMPLES: usize = 5;
+pub(crate) const MAX_COUNTER_EXAMPLES: usize = 5;
 /// Characters kept of one counter-example.
-pub const COUNTER_EXAMPLE_CAP: usize = 200;
+pub(crate) const COUNTER_EXAMPLE_CAP: usize = 200;
 
 /// The instructions with the owner's rejected findings as counter-examples
 /// (each already redacted and gated by the caller; bounded here).
-pub fn instructions_with(counter_examples: &[String]) -> String {
+pub(crate) fn instructions_with(counter_examples: &[String]) -> String {
     let mut text = instructions();
     if counter_examples.is_empty() {
         return text;
@@ -176,7 +176,7 @@ do not raise findings like them:\n",
 }
 
 /// The batch as one user message: each exchange opens with `[msg N]`.
-pub fn render_batch(batch: &[JudgeExchange]) -> String {
+pub(crate) fn render_batch(batch: &[JudgeExchange]) -> String {
     let mut out = String::new();
     for (i, e) in batch.iter().enumerate() {
         if i > 0 {
@@ -193,12 +193,12 @@ pub fn render_batch(batch: &[JudgeExchange]) -> String {
 }
 
 /// The judge request for a batch: instructions, the batch, no tools.
-pub fn build_request(model: &str, batch: &[JudgeExchange], max_tokens: u32) -> ModelRequest {
+pub(crate) fn build_request(model: &str, batch: &[JudgeExchange], max_tokens: u32) -> ModelRequest {
     build_request_with(model, batch, max_tokens, &[])
 }
 
 /// [`build_request`] with counter-examples in the instructions.
-pub fn build_request_with(
+pub(crate) fn build_request_with(
     model: &str,
     batch: &[JudgeExchange],
     max_tokens: u32,
@@ -218,7 +218,7 @@ pub fn build_request_with(
 
 /// What survived validation, and why the rest did not.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ParsedOutput {
+pub(crate) struct ParsedOutput {
     pub findings: Vec<Finding>,
     /// Reason → items dropped for it.
     pub dropped: BTreeMap<String, u32>,
@@ -227,10 +227,13 @@ pub struct ParsedOutput {
 /// The answer is not JSON of the agreed shape at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Unparsable(pub String);
+pub(crate) struct Unparsable(pub String);
 
 /// Parses and validates the judge's answer against the batch's message ids.
-pub fn parse_output(text: &str, batch_ids: &BTreeSet<i64>) -> Result<ParsedOutput, Unparsable> {
+pub(crate) fn parse_output(
+    text: &str,
+    batch_ids: &BTreeSet<i64>,
+) -> Result<ParsedOutput, Unparsable> {
     let items = match first_json_value(text)? {
         Value::Array(items) => items,
         Value::Object(mut map) => match map.remove("findings") {
@@ -370,7 +373,7 @@ impl BatchVerdict {
 
 /// Judges one batch: waits for a background permit for each call, records
 /// the usage of every answer, retries an unparsable answer once.
-pub async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
+pub(crate) async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
     let mut verdict = BatchVerdict {
         exchanges: job.batch.len(),
         ..Default::default()

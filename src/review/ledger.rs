@@ -28,7 +28,7 @@ use crate::review::relate;
 
 /// `review.intake_dir`, or `<reviews>/intake` (`reviews` is the data
 /// dir's `reviews/`).
-pub fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> std::path::PathBuf {
+pub(crate) fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> std::path::PathBuf {
     if cfg.intake_dir.trim().is_empty() {
         reviews.join("intake")
     } else {
@@ -38,7 +38,7 @@ pub fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> std::pat
 
 /// What the ledger feeds back to the daily judge (M3.2).
 #[derive(Debug, Clone, Default)]
-pub struct Feedback {
+pub(crate) struct Feedback {
     /// Fingerprints of findings the owner rejected: a finding that is the
     /// same is dropped and counted.
     pub rejected: Vec<Fingerprint>,
@@ -47,7 +47,7 @@ pub struct Feedback {
 }
 
 impl Ledger {
-    pub fn feedback(&self, max_examples: usize) -> Feedback {
+    pub(crate) fn feedback(&self, max_examples: usize) -> Feedback {
         let rejected = self.rejected();
         let mut seen = BTreeSet::new();
         let counter_examples = rejected
@@ -66,7 +66,7 @@ impl Ledger {
 
 /// One ledger row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct LedgerRow {
+pub(crate) struct LedgerRow {
     /// 12 letters, unique per row.
     pub id: String,
     pub fingerprint: Fingerprint,
@@ -90,14 +90,14 @@ pub struct LedgerRow {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     pub rows: Vec<LedgerRow>,
 }
 
 impl Ledger {
     /// Fingerprints the owner rejected (a finding that matches one is dropped
     /// from the daily report).
-    pub fn rejected(&self) -> Vec<&LedgerRow> {
+    pub(crate) fn rejected(&self) -> Vec<&LedgerRow> {
         self.rows
             .iter()
             .filter(|r| r.approved == Some(Decision::Reject))
@@ -105,7 +105,7 @@ impl Ledger {
     }
 }
 
-pub fn read(intake_dir: &Path) -> Result<Ledger, IntakeError> {
+pub(crate) fn read(intake_dir: &Path) -> Result<Ledger, IntakeError> {
     let p = intake_dir.join("ledger.json");
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,
@@ -126,14 +126,14 @@ pub fn read(intake_dir: &Path) -> Result<Ledger, IntakeError> {
 
 /// Which rows the owner approved, and with what decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Approval {
+pub(crate) enum Approval {
     All,
     /// Row number → decision (`None`: as proposed).
     Rows(Vec<(usize, Option<Decision>)>),
 }
 
 /// `--rows 1,3` and `--set 2=new` into one approval.
-pub fn parse_approval(
+pub(crate) fn parse_approval(
     all: bool,
     rows: Option<&str>,
     sets: &[String],
@@ -189,7 +189,7 @@ pub fn parse_approval(
 
 /// What `approve` did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Approved {
+pub(crate) struct Approved {
     pub rows: usize,
     pub approved: usize,
     pub applied: usize,
@@ -199,7 +199,7 @@ pub struct Approved {
 
 /// Applies the approved rows of the pending triage and appends every row
 /// to the ledger.
-pub fn approve(
+pub(crate) fn approve(
     intake_dir: &Path,
     approval: &Approval,
     who: &str,
@@ -493,7 +493,7 @@ fn slug(summary: &str) -> String {
         .into_iter()
         .map(|w| {
             w.chars()
-                .filter(|c| c.is_ascii_alphanumeric())
+                .filter(char::is_ascii_alphanumeric)
                 .collect::<String>()
         })
         .filter(|w| !w.is_empty() && !w.chars().any(|c| c.is_ascii_digit()))
@@ -524,7 +524,7 @@ fn row_id() -> String {
 }
 
 /// `triage` rows approved as asked: for the interactive prompt.
-pub fn describe_row(r: &TriageRow) -> String {
+pub(crate) fn describe_row(r: &TriageRow) -> String {
     format!(
         "{}. {} {} [msg {}] {}: {} -> {} ({}){}",
         r.row,
@@ -544,7 +544,7 @@ pub fn describe_row(r: &TriageRow) -> String {
 }
 
 /// The pending triage (for `approve` on a TTY).
-pub fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
+pub(crate) fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
     Ok(intake::read_triage(intake_dir)?.filter(|t| t.approved_at.is_none()))
 }
 

@@ -26,18 +26,18 @@
 //! or write to the database except the run row, token usage and the digest's
 //! outbox item.
 
-pub mod catalog;
-pub mod digest;
-pub mod fingerprint;
-pub mod intake;
-pub mod judge;
-pub mod ledger;
-pub mod reader;
-pub mod relate;
-pub mod report;
-pub mod scan;
-pub mod stats;
-pub mod weekly;
+pub(crate) mod catalog;
+pub(crate) mod digest;
+pub(crate) mod fingerprint;
+pub(crate) mod intake;
+pub(crate) mod judge;
+pub(crate) mod ledger;
+pub(crate) mod reader;
+pub(crate) mod relate;
+pub(crate) mod report;
+pub(crate) mod scan;
+pub(crate) mod stats;
+pub(crate) mod weekly;
 
 use std::time::Duration;
 
@@ -47,7 +47,7 @@ use serde_json::Value;
 use crate::storage::StoreError;
 
 /// A write a space's one writer runs in its mailbox order.
-pub type SpaceWrite =
+pub(crate) type SpaceWrite =
     Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static>;
 
 /// Why a write through a space's writer did not happen.

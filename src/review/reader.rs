@@ -21,28 +21,28 @@ use crate::storage::spaces::{self, Space};
 use crate::storage::{open_read_only, StoreResult};
 
 /// Rows per page.
-pub const PAGE_SIZE: u32 = 500;
+pub(crate) const PAGE_SIZE: u32 = 500;
 /// Messages before a user message given to the judge as its context.
-pub const CONTEXT_MESSAGES: usize = 4;
+pub(crate) const CONTEXT_MESSAGES: usize = 4;
 /// Characters kept of a user message or a reply.
-pub const TEXT_CAP: usize = 4000;
+pub(crate) const TEXT_CAP: usize = 4000;
 /// Characters kept of one context line.
-pub const CONTEXT_CAP: usize = 300;
+pub(crate) const CONTEXT_CAP: usize = 300;
 /// The sender id and name the host writes on the bot's own replies
 /// (`actors::space::commit`): the bot is not a person to redact.
-pub const BOT_SENDER_ID: &str = "mercury";
-pub const BOT_SENDER_NAME: &str = "Mercury";
+pub(crate) const BOT_SENDER_ID: &str = "mercury";
+pub(crate) const BOT_SENDER_NAME: &str = "Mercury";
 
 /// `since <= created_at < until`, epoch milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
+pub(crate) struct Window {
     pub since_ms: i64,
     pub until_ms: i64,
 }
 
 impl Window {
     /// The `hours` before `until_ms`.
-    pub fn hours_before(until_ms: i64, hours: u32) -> Self {
+    pub(crate) fn hours_before(until_ms: i64, hours: u32) -> Self {
         Self {
             since_ms: until_ms - i64::from(hours) * 3_600_000,
             until_ms,
@@ -52,7 +52,7 @@ impl Window {
 
 /// One message before an exchange, as context.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ContextLine {
+pub(crate) struct ContextLine {
     pub message_id: i64,
     /// `user`, `assistant` or `ambient`.
     pub role: String,
@@ -63,7 +63,7 @@ pub struct ContextLine {
 
 /// A user message and the reply that answered it (raw: redact before use).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exchange {
+pub(crate) struct Exchange {
     pub space_id: String,
     pub message_id: i64,
     pub reply_id: i64,
@@ -77,7 +77,7 @@ pub struct Exchange {
 
 /// The exchanges of one space in the window.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpaceWindow {
+pub(crate) struct SpaceWindow {
     pub space_id: String,
     pub exchanges: Vec<Exchange>,
     /// User messages in the window with no reply (muted, dropped, still
@@ -87,7 +87,7 @@ pub struct SpaceWindow {
 
 /// What the redaction list of a scan is built from.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct WindowIdentifiers {
+pub(crate) struct WindowIdentifiers {
     /// Every sender id seen in the window, in any space, except the bot's.
     pub sender_ids: BTreeSet<String>,
     /// Sender names seen in the window and the members' display names of the
@@ -95,7 +95,7 @@ pub struct WindowIdentifiers {
     pub names: BTreeSet<String>,
 }
 
-pub struct ExchangeReader {
+pub(crate) struct ExchangeReader {
     conn: Connection,
     window: Window,
     page_size: u32,
@@ -103,7 +103,7 @@ pub struct ExchangeReader {
 
 impl ExchangeReader {
     /// Opens its own read-only connection to the database at `db`.
-    pub fn open(db: &Path, window: Window) -> StoreResult<Self> {
+    pub(crate) fn open(db: &Path, window: Window) -> StoreResult<Self> {
         Ok(Self {
             conn: open_read_only(db)?,
             window,
@@ -111,21 +111,19 @@ impl ExchangeReader {
         })
     }
 
-    pub fn with_page_size(mut self, rows: u32) -> Self {
+    /// Small pages, so a test crosses page boundaries.
+    #[cfg(test)]
+    pub(crate) fn with_page_size(mut self, rows: u32) -> Self {
         self.page_size = rows.max(1);
         self
     }
 
-    pub fn window(&self) -> Window {
-        self.window
-    }
-
-    pub fn spaces(&self) -> StoreResult<Vec<Space>> {
+    pub(crate) fn spaces(&self) -> StoreResult<Vec<Space>> {
         spaces::list_spaces(&self.conn)
     }
 
     /// Spaces with at least one message in the window.
-    pub fn active_spaces(&self) -> StoreResult<BTreeSet<String>> {
+    pub(crate) fn active_spaces(&self) -> StoreResult<BTreeSet<String>> {
         let mut stmt = self.conn.prepare(
             "SELECT DISTINCT space_id FROM messages WHERE created_at >= ?1 AND created_at < ?2",
         )?;
@@ -137,7 +135,7 @@ impl ExchangeReader {
 
     /// Sender ids and names of the window, plus the display names of the
     /// members of `member_spaces`.
-    pub fn identifiers(&self, member_spaces: &[String]) -> StoreResult<WindowIdentifiers> {
+    pub(crate) fn identifiers(&self, member_spaces: &[String]) -> StoreResult<WindowIdentifiers> {
         let mut out = WindowIdentifiers::default();
         let mut stmt = self.conn.prepare(
             "SELECT DISTINCT sender_id, sender_name FROM messages
@@ -169,7 +167,7 @@ impl ExchangeReader {
     }
 
     /// Every exchange of `space` in the window, in message order.
-    pub fn read_space(&self, space: &str) -> StoreResult<SpaceWindow> {
+    pub(crate) fn read_space(&self, space: &str) -> StoreResult<SpaceWindow> {
         let mut recent: VecDeque<ContextLine> = VecDeque::with_capacity(CONTEXT_MESSAGES + 1);
         // User messages waiting for their reply, in order; index by id.
         let mut open: Vec<(Message, Vec<ContextLine>, Option<Message>)> = Vec::new();
@@ -262,7 +260,7 @@ fn push_context(recent: &mut VecDeque<ContextLine>, m: &Message) {
 }
 
 /// The first `max` characters, with an ellipsis when something was cut.
-pub fn cap(text: &str, max: usize) -> String {
+pub(crate) fn cap(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_owned(),

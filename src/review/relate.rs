@@ -26,23 +26,23 @@ use serde::Serialize;
 use crate::review::fingerprint::{self, Fingerprint, MinHash};
 
 /// Distinct normalised words a BM25 hit must share with the query.
-pub const MIN_SHARED_WORDS: usize = 3;
+pub(crate) const MIN_SHARED_WORDS: usize = 3;
 /// Largest known-item file read.
-pub const MAX_ITEM_BYTES: u64 = 256 * 1024;
+pub(crate) const MAX_ITEM_BYTES: u64 = 256 * 1024;
 
 /// Where a known item sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ItemKind {
+pub(crate) enum ItemKind {
     Idea,
     Bug,
     Landed,
 }
 
 impl ItemKind {
-    pub const ALL: [ItemKind; 3] = [ItemKind::Idea, ItemKind::Bug, ItemKind::Landed];
+    pub(crate) const ALL: [ItemKind; 3] = [ItemKind::Idea, ItemKind::Bug, ItemKind::Landed];
 
-    pub fn dir(self) -> &'static str {
+    pub(crate) fn dir(self) -> &'static str {
         match self {
             ItemKind::Idea => "ideas",
             ItemKind::Bug => "bugs",
@@ -53,7 +53,7 @@ impl ItemKind {
 
 /// One known item.
 #[derive(Debug, Clone, PartialEq)]
-pub struct KnownItem {
+pub(crate) struct KnownItem {
     pub kind: ItemKind,
     /// Relative to the intake dir, e.g. `bugs/wrong-capital.md`.
     pub path: String,
@@ -65,7 +65,7 @@ pub struct KnownItem {
 }
 
 impl KnownItem {
-    pub fn parse(kind: ItemKind, path: String, body: &str) -> Self {
+    pub(crate) fn parse(kind: ItemKind, path: String, body: &str) -> Self {
         let mut title = None;
         let mut deployed = None;
         let mut fp = None;
@@ -111,7 +111,7 @@ impl KnownItem {
 }
 
 /// The `fingerprint:` line an item written for a finding carries.
-pub fn fingerprint_line(fp: &Fingerprint) -> String {
+pub(crate) fn fingerprint_line(fp: &Fingerprint) -> String {
     format!(
         "fingerprint: {} {} {} {}",
         fp.space, fp.kind, fp.target_layer, fp.summary_minhash
@@ -120,7 +120,7 @@ pub fn fingerprint_line(fp: &Fingerprint) -> String {
 
 /// Every known item under `intake_dir`, in path order. Missing folders are
 /// empty; symlinks and files that are not UTF-8 or too large are skipped.
-pub fn load_items(intake_dir: &Path) -> std::io::Result<Vec<KnownItem>> {
+pub(crate) fn load_items(intake_dir: &Path) -> std::io::Result<Vec<KnownItem>> {
     let mut items = Vec::new();
     for kind in ItemKind::ALL {
         let dir = intake_dir.join(kind.dir());
@@ -170,14 +170,14 @@ impl Tokenizer for Words {
 /// Why an item matched.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum MatchedBy {
+pub(crate) enum MatchedBy {
     Fingerprint,
     Bm25,
 }
 
 /// One matched item, best first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Match {
+pub(crate) struct Match {
     /// Index into the items given to [`relate`].
     #[serde(skip)]
     pub item: usize,
@@ -188,13 +188,13 @@ pub struct Match {
 }
 
 /// The ranked known items over one intake's item set.
-pub struct Ranker {
+pub(crate) struct Ranker {
     engine: bm25::SearchEngine<usize, u32, Words>,
     items: Vec<KnownItem>,
 }
 
 impl Ranker {
-    pub fn new(items: Vec<KnownItem>) -> Self {
+    pub(crate) fn new(items: Vec<KnownItem>) -> Self {
         let docs: Vec<Document<usize>> = items
             .iter()
             .enumerate()
@@ -206,13 +206,13 @@ impl Ranker {
         Self { engine, items }
     }
 
-    pub fn items(&self) -> &[KnownItem] {
+    pub(crate) fn items(&self) -> &[KnownItem] {
         &self.items
     }
 
     /// The items a finding matches, best first: fingerprint matches, then
     /// BM25 hits sharing enough words.
-    pub fn relate(&self, fp: &Fingerprint, query: &str) -> Vec<Match> {
+    pub(crate) fn relate(&self, fp: &Fingerprint, query: &str) -> Vec<Match> {
         let mut out: Vec<Match> = Vec::new();
         for (i, it) in self.items.iter().enumerate() {
             if let Some(sim) = it.fingerprint.as_ref().and_then(|f| f.similarity(fp)) {

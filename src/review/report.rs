@@ -26,7 +26,7 @@ use crate::review::judge::{FindingKind, Scope, TargetLayer};
 
 /// One finding as reported: the judge's validated fields plus where it is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ReportFinding {
+pub(crate) struct ReportFinding {
     /// The space, as the redactor left its id.
     pub space: String,
     /// The user message of the exchange.
@@ -53,7 +53,7 @@ pub struct Skip {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Footer {
+pub(crate) struct Footer {
     pub spaces_judged: u64,
     pub exchanges_judged: u64,
     pub skipped: Vec<Skip>,
@@ -71,7 +71,7 @@ pub struct Footer {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// `YYYY-MM-DD` in `review.timezone`: the day the scan ran.
     pub date: String,
     pub kind: &'static str,
@@ -85,12 +85,12 @@ pub struct Report {
 }
 
 /// Where a day's report lives.
-pub fn report_dir(reviews: &Path, date: &str) -> PathBuf {
+pub(crate) fn report_dir(reviews: &Path, date: &str) -> PathBuf {
     reviews.join(format!("{date}-daily"))
 }
 
 impl Report {
-    pub fn sort_findings(&mut self) {
+    pub(crate) fn sort_findings(&mut self) {
         self.findings.sort_by(|a, b| {
             b.severity
                 .cmp(&a.severity)
@@ -99,7 +99,7 @@ impl Report {
         });
     }
 
-    pub fn to_markdown(&self) -> String {
+    pub(crate) fn to_markdown(&self) -> String {
         let mut md = String::new();
         md.push_str(&format!("# Conversation review, {} (daily)\n\n", self.date));
         md.push_str(&format!(
@@ -182,7 +182,7 @@ impl Report {
         md
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         // Serialising plain data with string keys cannot fail; Null would
         // still be gated and written, so nothing unchecked gets out.
         serde_json::to_value(self).unwrap_or(Value::Null)
@@ -193,7 +193,7 @@ impl Report {
 /// string in the JSON.
 /// The findings' message and reply ids (numbers the host validated against
 /// the batch) are the only `[msg N]` the gate lets through.
-pub fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Result<(), GateFailure> {
+pub(crate) fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Result<(), GateFailure> {
     let ids = finding_ids(json);
     gate.check_with_ids(markdown, &ids)?;
     let mut strings = String::new();
@@ -225,14 +225,18 @@ fn collect_strings(v: &Value, out: &mut String) {
 
 /// Paths of a written report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
+pub(crate) struct Written {
     pub markdown: PathBuf,
     pub json: PathBuf,
 }
 
 /// Writes both files atomically into `dir` (created if needed). Call only
 /// after [`gate`] passed on exactly this text.
-pub fn write_atomically(dir: &Path, markdown: &str, json: &Value) -> std::io::Result<Written> {
+pub(crate) fn write_atomically(
+    dir: &Path,
+    markdown: &str,
+    json: &Value,
+) -> std::io::Result<Written> {
     std::fs::create_dir_all(dir)?;
     let json_text = serde_json::to_string_pretty(json).map_err(std::io::Error::other)?;
     let written = Written {
@@ -255,7 +259,7 @@ fn persist(dir: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// `1234567` → `1,234,567`: no run of seven digits for the phone matcher.
-pub fn count(n: u64) -> String {
+pub(crate) fn count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
@@ -268,12 +272,12 @@ pub fn count(n: u64) -> String {
 }
 
 /// Milliseconds as seconds with one decimal, e.g. `12.3 s`.
-pub fn seconds(ms: u64) -> String {
+pub(crate) fn seconds(ms: u64) -> String {
     format!("{}.{} s", count(ms / 1000), (ms % 1000) / 100)
 }
 
 /// Dollars: four decimals under one dollar, cents above.
-pub fn dollars(cost: f64) -> String {
+pub(crate) fn dollars(cost: f64) -> String {
     if !cost.is_finite() || cost <= 0.0 {
         return "$0.00".into();
     }

@@ -37,9 +37,9 @@ use crate::storage::{runs, spaces::Space};
 
 /// The `runs.space_id` of a review run: it belongs to no one space (and no
 /// space id can take this form).
-pub const RUN_SPACE: &str = "(review)";
+pub(crate) const RUN_SPACE: &str = "(review)";
 /// The `runs.kind` of a review run.
-pub const RUN_KIND: &str = "review";
+pub(crate) const RUN_KIND: &str = "review";
 /// Batches in flight when the gate is open (bench only): effectively all.
 const OPEN_IN_FLIGHT: usize = 1024;
 /// Sender ids shorter than this identify no one and would match inside
@@ -122,7 +122,7 @@ impl ScanTicket {
 
 /// Who started a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScanTrigger {
+pub(crate) enum ScanTrigger {
     Schedule,
     RunNow { caller: String },
 }
@@ -137,7 +137,7 @@ impl ScanTrigger {
 }
 
 /// The judge's model chain: `review.model`, else the default chain.
-pub fn judge_chain(settings: &Settings) -> Vec<String> {
+pub(crate) fn judge_chain(settings: &Settings) -> Vec<String> {
     if settings.review.model.trim().is_empty() {
         settings.model_chain()
     } else {
@@ -148,7 +148,7 @@ pub fn judge_chain(settings: &Settings) -> Vec<String> {
 /// How long the scan waits for the pool to judge one batch: two attempts,
 /// each a whole provider retry budget, behind the limiter's spacing for the
 /// batches ahead of it and the live-first deferral.
-pub fn judge_call_timeout(settings: &Settings, gate: &ModelGate) -> Duration {
+pub(crate) fn judge_call_timeout(settings: &Settings, gate: &ModelGate) -> Duration {
     let p = &settings.providers;
     let retries = u64::from(p.max_retries);
     let per_call = p.request_timeout_secs * (retries + 1) + p.retry_after_cap_secs * retries;
@@ -165,7 +165,7 @@ pub fn judge_call_timeout(settings: &Settings, gate: &ModelGate) -> Duration {
 
 /// Runs one scan to its end and records it. Never panics, never returns an
 /// error: every outcome is a summary (and a run row).
-pub async fn run(
+pub(crate) async fn run(
     ctx: &ScanContext,
     run_id: &str,
     trigger: &ScanTrigger,
@@ -419,7 +419,7 @@ fn feedback(
 
 /// Spaces with traffic in the window that the config lets the review read,
 /// and the ones it does not, with the reason.
-pub fn choose_spaces(
+pub(crate) fn choose_spaces(
     all: &[Space],
     active: &BTreeSet<String>,
     cfg: &ReviewConfig,
@@ -468,7 +468,7 @@ fn speaker(r: &mut Redactor, s: &Option<String>) -> String {
 }
 
 /// An exchange as the judge sees it: every text and speaker through the redactor.
-pub fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange {
+pub(crate) fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange {
     let who = speaker(r, &e.speaker);
     let context = e
         .context
@@ -753,7 +753,7 @@ mod tests {
         Space {
             id: id.into(),
             name: id.into(),
-            tags: tags.iter().map(|t| t.to_string()).collect(),
+            tags: tags.iter().map(std::string::ToString::to_string).collect(),
             created_at: 0,
             updated_at: 0,
         }
@@ -767,7 +767,10 @@ mod tests {
             space("c", &["client"]),
             space("idle", &[]),
         ];
-        let active: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let active: BTreeSet<String> = ["a", "b", "c"]
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
         let mut cfg = ReviewConfig::default();
         let (chosen, skipped) = choose_spaces(&all, &active, &cfg);
         assert_eq!(chosen, vec!["a", "b"]);
@@ -803,7 +806,7 @@ mod tests {
         let ids = crate::review::reader::WindowIdentifiers {
             sender_ids: ["a", "wa:31612345678@s.whatsapp.net"]
                 .iter()
-                .map(|s| s.to_string())
+                .map(std::string::ToString::to_string)
                 .collect(),
             names: ["Anna de Vries".to_owned()].into_iter().collect(),
         };

@@ -11,12 +11,12 @@ use serde::Serialize;
 /// Verdicts needed before precision and κ are stated; below it the weekly
 /// report says "not enough verdicts". Ten keeps a one-verdict swing under
 /// ten points of precision.
-pub const MIN_VERDICTS: u64 = 10;
+pub(crate) const MIN_VERDICTS: u64 = 10;
 /// z for a 95 % interval.
-pub const Z95: f64 = 1.959_963_984_540_054;
+pub(crate) const Z95: f64 = 1.959_963_984_540_054;
 
 /// Wilson score interval of `k` successes in `n` trials; `None` for n = 0.
-pub fn wilson(k: u64, n: u64, z: f64) -> Option<(f64, f64)> {
+pub(crate) fn wilson(k: u64, n: u64, z: f64) -> Option<(f64, f64)> {
     if n == 0 || k > n {
         return None;
     }
@@ -32,7 +32,7 @@ pub fn wilson(k: u64, n: u64, z: f64) -> Option<(f64, f64)> {
 /// The recall spot check: exchanges the daily judge flagged, the ones it
 /// did not, and of a sample of the latter how many the weekly judge flagged.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Recall {
+pub(crate) struct Recall {
     pub flagged: u64,
     pub unflagged: u64,
     pub sampled: u64,
@@ -44,7 +44,7 @@ pub struct Recall {
     pub interval: Option<(f64, f64)>,
 }
 
-pub fn recall(flagged: u64, unflagged: u64, sampled: u64, missed: u64) -> Recall {
+pub(crate) fn recall(flagged: u64, unflagged: u64, sampled: u64, missed: u64) -> Recall {
     let at = |miss_rate: f64| {
         let missed_total = miss_rate * unflagged as f64;
         let denom = flagged as f64 + missed_total;
@@ -80,7 +80,7 @@ pub fn recall(flagged: u64, unflagged: u64, sampled: u64, missed: u64) -> Recall
 /// Judge against owner, over the ledger's approved rows: "real" is any
 /// decision but `reject`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Confusion {
+pub(crate) struct Confusion {
     /// Judge real, owner real.
     pub both_real: u64,
     /// Judge real, owner fine.
@@ -92,13 +92,13 @@ pub struct Confusion {
 }
 
 impl Confusion {
-    pub fn n(&self) -> u64 {
+    pub(crate) fn n(&self) -> u64 {
         self.both_real + self.judge_only + self.owner_only + self.both_fine
     }
 
     /// Cohen's κ; `None` below [`MIN_VERDICTS`] or when chance agreement is
     /// total (both raters used one class only).
-    pub fn kappa(&self) -> Option<f64> {
+    pub(crate) fn kappa(&self) -> Option<f64> {
         let n = self.n();
         if n < MIN_VERDICTS {
             return None;
@@ -118,14 +118,14 @@ impl Confusion {
 /// Precision of the daily judge: findings the owner approved as real over
 /// findings judged (every ledger row with an owner verdict).
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Precision {
+pub(crate) struct Precision {
     pub real: u64,
     pub judged: u64,
     /// `None` below [`MIN_VERDICTS`].
     pub value: Option<f64>,
 }
 
-pub fn precision(real: u64, judged: u64) -> Precision {
+pub(crate) fn precision(real: u64, judged: u64) -> Precision {
     Precision {
         real,
         judged,

@@ -42,13 +42,13 @@ use crate::review::{ledger, scan, ReviewError};
 use crate::runtime::Runtime;
 
 /// Days a weekly report covers.
-pub const DAYS: i64 = 7;
+pub(crate) const DAYS: i64 = 7;
 /// The bot name of this host's own findings.
-pub const LOCAL_BOT: &str = "local";
+pub(crate) const LOCAL_BOT: &str = "local";
 
 /// One member of a cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Member {
+pub(crate) struct Member {
     pub bot: String,
     pub date: String,
     pub space: String,
@@ -56,7 +56,7 @@ pub struct Member {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub kind: String,
     pub target_layer: String,
     /// `global` when promoted, else the members' scope.
@@ -72,7 +72,7 @@ pub struct Cluster {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Verdicts {
+pub(crate) struct Verdicts {
     pub n: u64,
     pub min: u64,
     pub enough: bool,
@@ -82,7 +82,7 @@ pub struct Verdicts {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct WeeklyFooter {
+pub(crate) struct WeeklyFooter {
     pub findings_considered: u64,
     pub judge_calls: u64,
     pub tokens_in: u64,
@@ -93,7 +93,7 @@ pub struct WeeklyFooter {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WeeklyReport {
+pub(crate) struct WeeklyReport {
     pub date: String,
     pub kind: &'static str,
     /// First and last day covered (`YYYY-MM-DD`).
@@ -107,7 +107,7 @@ pub struct WeeklyReport {
 
 /// What `POST /api/review/weekly` answers.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct WeeklySummary {
+pub(crate) struct WeeklySummary {
     pub date: String,
     pub report_path: String,
     pub report_json_path: String,
@@ -120,7 +120,7 @@ pub struct WeeklySummary {
 
 /// Clusters findings: each joins the first cluster of its kind and layer
 /// whose first member's summary is alike, else starts one.
-pub fn cluster(findings: &[IntakeFinding]) -> Vec<Cluster> {
+pub(crate) fn cluster(findings: &[IntakeFinding]) -> Vec<Cluster> {
     let mut out: Vec<(Fingerprint, Cluster, BTreeSet<String>)> = Vec::new();
     for f in findings {
         let fp = f.fingerprint();
@@ -186,9 +186,9 @@ pub fn cluster(findings: &[IntakeFinding]) -> Vec<Cluster> {
 /// Precision and κ from the ledger's rows with an owner verdict: the judge
 /// said "real" unless the intake proposed `reject`; the owner said "real"
 /// unless they approved `reject`.
-pub fn verdicts(l: &ledger::Ledger) -> Verdicts {
+pub(crate) fn verdicts(l: &ledger::Ledger) -> Verdicts {
     let mut c = Confusion::default();
-    for r in l.rows.iter() {
+    for r in &l.rows {
         let Some(owner) = r.approved else { continue };
         let judge_real = r.proposed != Decision::Reject;
         let owner_real = owner != Decision::Reject;
@@ -216,7 +216,7 @@ fn ratio(v: f64) -> String {
 }
 
 impl WeeklyReport {
-    pub fn to_markdown(&self) -> String {
+    pub(crate) fn to_markdown(&self) -> String {
         let mut md = format!("# Conversation review, {} (weekly)\n\n", self.date);
         // Dates end their line: a number right after one would read as
         // one long digit run to the gate.
@@ -433,7 +433,7 @@ fn sample(
 }
 
 /// The weekly judge's chain: `review.weekly_model`, else the daily judge's.
-pub fn weekly_chain(settings: &crate::config::Settings) -> Vec<String> {
+pub(crate) fn weekly_chain(settings: &crate::config::Settings) -> Vec<String> {
     let m = settings.review.weekly_model.trim();
     if m.is_empty() {
         scan::judge_chain(settings)
@@ -444,7 +444,7 @@ pub fn weekly_chain(settings: &crate::config::Settings) -> Vec<String> {
 
 /// Runs the weekly synthesis for the week ending today (in
 /// `review.timezone`) and writes its report.
-pub async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> {
+pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> {
     let started = Instant::now();
     let tz: chrono_tz::Tz = rt
         .settings
@@ -600,7 +600,7 @@ pub async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> {
 }
 
 /// Counts by decision in the ledger (for the API's ledger view).
-pub fn ledger_counts(l: &ledger::Ledger) -> BTreeMap<String, u64> {
+pub(crate) fn ledger_counts(l: &ledger::Ledger) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for r in &l.rows {
         *m.entry(r.approved.map_or("unapproved", Decision::as_str).to_owned())

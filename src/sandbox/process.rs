@@ -319,7 +319,9 @@ pub struct ProcessSession {
 impl ProcessSession {
     fn groups(&self) -> MutexGuard<'_, HashSet<u32>> {
         // A poisoned set is still the right set of pids to kill.
-        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+        self.groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn command(&self, req: &ExecRequest) -> Option<tokio::process::Command> {
@@ -682,7 +684,7 @@ mod tests {
 
     fn req(argv: &[&str]) -> ExecRequest {
         ExecRequest {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
+            argv: argv.iter().map(std::string::ToString::to_string).collect(),
             stdin: None,
             timeout: Duration::from_secs(30),
             output_cap: 64 * 1024,

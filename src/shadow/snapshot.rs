@@ -201,6 +201,8 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
 }
 
 /// Database, files, config and the shadow's owner token; the marks and sizes.
+// The issue asks for progress on stderr while a large snapshot is taken.
+#[allow(clippy::print_stderr)]
 fn fill(
     opts: &SnapshotOptions,
     live: &DataPaths,
@@ -295,6 +297,8 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 
 /// Copies every entry of `from` into the empty `to` through the safe-path
 /// copy, one top-level entry at a time (for progress on large trees).
+// Progress on stderr for large copies (issue 14).
+#[allow(clippy::print_stderr)]
 fn copy_dirs(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult<u64> {
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;

@@ -294,7 +294,7 @@ CREATE INDEX outbox_undelivered_platform ON outbox (platform, id) WHERE delivere
 "#,
 ];
 
-pub fn apply(conn: &mut Connection) -> StoreResult<()> {
+pub(super) fn apply(conn: &mut Connection) -> StoreResult<()> {
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let version = i as i64 + 1;

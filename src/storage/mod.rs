@@ -149,7 +149,7 @@ where
 fn run_batch(conn: &mut Connection, mut jobs: Vec<WriteJob>) {
     let failure = (|| -> rusqlite::Result<()> {
         let txn = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        for job in jobs.iter_mut() {
+        for job in &mut jobs {
             txn.execute_cached("SAVEPOINT write", [])?;
             if !job.run(&txn) {
                 txn.execute_cached("ROLLBACK TO write", [])?;

@@ -476,7 +476,7 @@ impl WorkspaceRoot {
     /// modification time of `like`. Best effort: a host that may not chown
     /// keeps its own ownership.
     pub(crate) fn set_meta(&self, file: Option<&File>, like: &Entry) {
-        let fd = file.map_or(self.dir.as_raw_fd(), |f| f.as_raw_fd());
+        let fd = file.map_or(self.dir.as_raw_fd(), std::os::fd::AsRawFd::as_raw_fd);
         chown_fd(fd, like.uid, like.gid);
         // SAFETY: a valid descriptor; failures are ignored on purpose.
         unsafe {

@@ -758,7 +758,7 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
         content_type: "application/json",
         body,
         status,
-        words: words.iter().map(|w| w.to_string()).collect(),
+        words: words.iter().map(std::string::ToString::to_string).collect(),
     };
     let (get, post, put) = (Method::GET, Method::POST, Method::PUT);
     let a = Some("alpha");

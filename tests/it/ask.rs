@@ -102,7 +102,9 @@ async fn an_adversarial_ask_changes_nothing_in_the_target_and_lists_its_refusals
     // No copy and no container remain.
     let tmp = host.data.join("tmp");
     assert_eq!(
-        std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0),
+        std::fs::read_dir(&tmp)
+            .map(std::iter::Iterator::count)
+            .unwrap_or(0),
         0,
         "ask copies left in {}",
         tmp.display()

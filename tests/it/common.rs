@@ -12,7 +12,7 @@ use serde_yaml_ng::Value as Yaml;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
-pub struct HostOptions {
+pub(crate) struct HostOptions {
     /// The scripted model's rules (`{"rules": [...]}`).
     pub model: Value,
     /// `process` or `docker`.
@@ -35,7 +35,7 @@ impl Default for HostOptions {
     }
 }
 
-pub struct TestHost {
+pub(crate) struct TestHost {
     pub dir: TempDir,
     pub data: PathBuf,
     pub url: String,
@@ -50,7 +50,7 @@ pub struct TestHost {
     stderr_file: Option<PathBuf>,
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
@@ -59,7 +59,7 @@ pub fn free_port() -> u16 {
 /// one config writer, `mercury::config::set_keys`). `bind` is set to a free
 /// port for hosts run as a child process, which cannot be handed a listener;
 /// an in-process host ignores it and serves a listener bound to port 0.
-pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
+pub(crate) async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
     let port = free_port();
     let mut builder = mercury::host::temp_host::TempHost::builder()
         .model(&opts.model.to_string())
@@ -74,7 +74,7 @@ pub async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
 
 impl TestHost {
     /// A host running inside this test process.
-    pub async fn start(opts: HostOptions) -> TestHost {
+    pub(crate) async fn start(opts: HostOptions) -> TestHost {
         assert!(
             opts.env.is_empty(),
             "HostOptions::env applies to start_process only"
@@ -96,7 +96,7 @@ impl TestHost {
     }
 
     /// A host running as a child process (`mercury serve`), for crash tests.
-    pub async fn start_process(opts: HostOptions) -> TestHost {
+    pub(crate) async fn start_process(opts: HostOptions) -> TestHost {
         let (dir, data, port) = prepare(&opts).await;
         let child = spawn_serve(&data, &opts.env, None);
         let mut host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
@@ -108,7 +108,7 @@ impl TestHost {
     /// [`Self::start_process`] with the host's stderr written to a file
     /// (read it with [`Self::stderr`]); its log level is `opts.env`'s
     /// `MERCURY_LOG`, else `warn`.
-    pub async fn start_process_captured(opts: HostOptions) -> TestHost {
+    pub(crate) async fn start_process_captured(opts: HostOptions) -> TestHost {
         let (dir, data, port) = prepare(&opts).await;
         let file = dir.path().join("host.stderr");
         let child = spawn_serve(&data, &opts.env, Some(&file));
@@ -120,7 +120,7 @@ impl TestHost {
     }
 
     /// What the captured child-process host wrote to stderr so far.
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         let file = self.stderr_file.as_ref().expect("a captured host");
         std::fs::read_to_string(file).unwrap_or_default()
     }
@@ -156,7 +156,7 @@ impl TestHost {
 
     /// Waits for `/healthz`. Generous: a restart sweeps containers and the
     /// machine may be loaded; readiness is waited for, never timed.
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         for _ in 0..1200 {
             if let Ok(r) = self.http.get(format!("{}/healthz", self.url)).send().await {
                 if r.status().is_success() {
@@ -169,7 +169,7 @@ impl TestHost {
     }
 
     /// Kills the child-process host with SIGKILL (crash test).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().expect("kill");
             c.wait().expect("wait");
@@ -177,12 +177,12 @@ impl TestHost {
     }
 
     /// Starts the child-process host again on the same data dir.
-    pub async fn restart_process(&mut self) {
+    pub(crate) async fn restart_process(&mut self) {
         self.child = Some(spawn_serve(&self.data, &self.env, None));
         self.wait_ready().await;
     }
 
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(t) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
@@ -198,7 +198,7 @@ impl TestHost {
 
     /// Sends a request with these headers; returns the status and the JSON
     /// body (Null if none).
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -223,7 +223,7 @@ impl TestHost {
     }
 
     /// A request in `space` (when given).
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -237,7 +237,7 @@ impl TestHost {
     }
 
     /// A request in `holder` that acts in `target` through a space link.
-    pub async fn act_as(
+    pub(crate) async fn act_as(
         &self,
         method: Method,
         path: &str,
@@ -253,7 +253,7 @@ impl TestHost {
     /// Gives `space` a platform conversation `external` (a first message
     /// through ingress with a fresh adapter token, then linked by the owner);
     /// returns the conversation id. Later messages to it land in `space`.
-    pub async fn platform_conversation(&self, external: &str, space: &str) -> i64 {
+    pub(crate) async fn platform_conversation(&self, external: &str, space: &str) -> i64 {
         let adapter = self.token(&format!("adapter:{external}"), "adapter").await;
         let (st, v) = self
             .ingest(
@@ -287,7 +287,7 @@ impl TestHost {
     }
 
     /// Chats in `space` as the owner (`POST /api/chat`) and expects 200.
-    pub async fn chat(&self, space: &str, text: &str) -> Value {
+    pub(crate) async fn chat(&self, space: &str, text: &str) -> Value {
         let (st, v) = self
             .owner(
                 Method::POST,
@@ -301,7 +301,7 @@ impl TestHost {
     }
 
     /// Grants `role` to `caller` in `space` (as the owner).
-    pub async fn grant(&self, space: &str, caller: &str, role: &str) {
+    pub(crate) async fn grant(&self, space: &str, caller: &str, role: &str) {
         let (st, v) = self
             .owner(
                 Method::POST,
@@ -314,7 +314,7 @@ impl TestHost {
     }
 
     /// Creates a space link as the owner; returns the first edge's id.
-    pub async fn link(&self, holder: &str, target: &str, level: &str) -> i64 {
+    pub(crate) async fn link(&self, holder: &str, target: &str, level: &str) -> i64 {
         let (st, v) = self
             .owner(
                 Method::POST,
@@ -329,7 +329,7 @@ impl TestHost {
 
     /// Every row of every table (but `except`) that mentions `space` in any
     /// column, as text: a fingerprint of what a space holds in the database.
-    pub fn rows_mentioning(&self, space: &str, except: &[&str]) -> Vec<String> {
+    pub(crate) fn rows_mentioning(&self, space: &str, except: &[&str]) -> Vec<String> {
         let db = self.db();
         let mut stmt = db
             .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
@@ -367,7 +367,7 @@ impl TestHost {
     /// (relative path, sha256) of every file under the space's workspace.
     /// A file a running turn wrote: turns write in their layer
     /// (`tmp/turn-<run>/merged/`) until they commit.
-    pub fn in_turn_layer(&self, name: &str) -> Option<PathBuf> {
+    pub(crate) fn in_turn_layer(&self, name: &str) -> Option<PathBuf> {
         std::fs::read_dir(self.data.join("tmp"))
             .ok()?
             .filter_map(Result::ok)
@@ -377,7 +377,7 @@ impl TestHost {
     }
 
     /// Mount points below the data dir (turn layers left mounted).
-    pub fn mounts_below_data(&self) -> Vec<String> {
+    pub(crate) fn mounts_below_data(&self) -> Vec<String> {
         let data = std::fs::canonicalize(&self.data).unwrap_or(self.data.clone());
         mercury::workspace::layer::mount_points()
             .unwrap_or_default()
@@ -387,7 +387,7 @@ impl TestHost {
             .collect()
     }
 
-    pub fn workspace_hashes(&self, space: &str) -> Vec<(String, String)> {
+    pub(crate) fn workspace_hashes(&self, space: &str) -> Vec<(String, String)> {
         use sha2::{Digest, Sha256};
         let root = self.data.join("spaces").join(space);
         let mut out: Vec<(String, String)> = walkdir::WalkDir::new(&root)
@@ -406,7 +406,7 @@ impl TestHost {
         out
     }
 
-    pub async fn owner(
+    pub(crate) async fn owner(
         &self,
         method: Method,
         path: &str,
@@ -417,7 +417,7 @@ impl TestHost {
             .await
     }
 
-    pub async fn create_space(&self, id: &str) {
+    pub(crate) async fn create_space(&self, id: &str) {
         let (st, v) = self
             .owner(Method::POST, "/api/spaces", None, Some(json!({"id": id})))
             .await;
@@ -426,7 +426,7 @@ impl TestHost {
 
     /// Mints a token for `caller` of kind user/adapter through the API (an
     /// adapter is bound to the platform `test`, which `ingest` posts for).
-    pub async fn token(&self, caller: &str, kind: &str) -> String {
+    pub(crate) async fn token(&self, caller: &str, kind: &str) -> String {
         if kind == "adapter" {
             return self.adapter_token(caller, "test").await;
         }
@@ -443,7 +443,7 @@ impl TestHost {
     }
 
     /// Mints an adapter token bound to `platform`.
-    pub async fn adapter_token(&self, caller: &str, platform: &str) -> String {
+    pub(crate) async fn adapter_token(&self, caller: &str, platform: &str) -> String {
         let (st, v) = self
             .owner(
                 Method::POST,
@@ -457,7 +457,7 @@ impl TestHost {
     }
 
     /// A read-only connection to the real database file.
-    pub fn db(&self) -> rusqlite::Connection {
+    pub(crate) fn db(&self) -> rusqlite::Connection {
         rusqlite::Connection::open_with_flags(
             self.data.join("state.db"),
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -465,12 +465,12 @@ impl TestHost {
         .unwrap()
     }
 
-    pub fn count(&self, sql: &str) -> i64 {
+    pub(crate) fn count(&self, sql: &str) -> i64 {
         self.db().query_row(sql, [], |r| r.get(0)).unwrap()
     }
 
     /// Total rows of every table (to prove a request wrote nothing).
-    pub fn all_row_counts(&self) -> Vec<(String, i64)> {
+    pub(crate) fn all_row_counts(&self) -> Vec<(String, i64)> {
         let db = self.db();
         let mut stmt = db.prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name").unwrap();
         let names: Vec<String> = stmt
@@ -490,7 +490,7 @@ impl TestHost {
     }
 
     /// `mrctl` as a process, with this host's URL and the given token.
-    pub fn mrctl(&self, token: &str, space: Option<&str>) -> Command {
+    pub(crate) fn mrctl(&self, token: &str, space: Option<&str>) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_mrctl"));
         c.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -504,7 +504,7 @@ impl TestHost {
     }
 
     /// Posts a platform message with an adapter token.
-    pub async fn ingest(
+    pub(crate) async fn ingest(
         &self,
         adapter: &str,
         conversation: &str,
@@ -527,7 +527,7 @@ impl TestHost {
     }
 
     /// Waits until `sql` (a COUNT) reaches `want`, up to `secs`.
-    pub async fn wait_count(&self, sql: &str, want: i64, secs: u64) -> i64 {
+    pub(crate) async fn wait_count(&self, sql: &str, want: i64, secs: u64) -> i64 {
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let n = self.count(sql);
@@ -541,7 +541,7 @@ impl TestHost {
 
 impl TestHost {
     /// Sends a signal (`TERM`, `INT`, `KILL`) to the child-process host.
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("a child-process host").id();
         let st = Command::new("kill")
             .arg(format!("-{sig}"))
@@ -553,7 +553,7 @@ impl TestHost {
 
     /// Waits up to `secs` for the child-process host to exit; its exit status
     /// (None if it is still running then).
-    pub async fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+    pub(crate) async fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let c = self.child.as_mut().expect("a child-process host");
@@ -570,7 +570,7 @@ impl TestHost {
 
     /// A writer connection to the real database file (seeding data the way
     /// a second process would: WAL, with a busy timeout).
-    pub fn db_writer(&self) -> rusqlite::Connection {
+    pub(crate) fn db_writer(&self) -> rusqlite::Connection {
         let c = rusqlite::Connection::open(self.data.join("state.db")).unwrap();
         c.busy_timeout(Duration::from_secs(10)).unwrap();
         c

@@ -110,7 +110,7 @@ async fn exec_stdout(docker: &Docker, id: &str, argv: &[&str]) -> String {
         .create_exec(
             id,
             CreateExecOptions {
-                cmd: Some(argv.iter().map(|s| s.to_string()).collect()),
+                cmd: Some(argv.iter().map(std::string::ToString::to_string).collect()),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 ..Default::default()
@@ -831,7 +831,7 @@ async fn a_restarted_host_sweeps_its_own_leftovers_and_spares_other_containers()
     assert_eq!(host.mounts_below_data(), Vec::<String>::new());
     assert_eq!(
         std::fs::read_dir(host.data.join("tmp"))
-            .map(|d| d.count())
+            .map(std::iter::Iterator::count)
             .unwrap_or(0),
         0
     );

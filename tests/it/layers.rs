@@ -148,6 +148,9 @@ fn the_scanner_sees_paths_groups_and_skips_tests_and_comments() {
     );
     assert_eq!(
         imported(&code),
-        ["a", "c", "d", "g"].iter().map(|s| s.to_string()).collect()
+        ["a", "c", "d", "g"]
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect()
     );
 }

@@ -2,7 +2,12 @@
 //! file, real HTTP server on a loopback port, real Docker engine where the
 //! module says so) through its public interfaces.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 mod act_as_routes;
 mod api;

@@ -249,7 +249,7 @@ fn digit_of(c: char) -> Option<char> {
         return Some(c);
     }
     let n: String = std::iter::once(c).nfkc().collect();
-    n.chars().next().filter(|d| d.is_ascii_digit())
+    n.chars().next().filter(char::is_ascii_digit)
 }
 
 /// What of the seeded values `text` holds: digit runs once every separator

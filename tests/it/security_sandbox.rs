@@ -265,7 +265,7 @@ async fn bubblewrap_an_ask_leaves_the_target_byte_identical() {
     assert!(!host.data.join("spaces/x/evil").exists());
     assert_eq!(
         std::fs::read_dir(host.data.join("tmp"))
-            .map(|d| d.count())
+            .map(std::iter::Iterator::count)
             .unwrap_or(0),
         0,
         "the ask's layer is gone"
@@ -383,7 +383,7 @@ async fn a_host_killed_mid_ask_leaves_no_scratch_and_no_live_token_after_restart
     assert_eq!(host.mounts_below_data(), Vec::<String>::new());
     assert_eq!(
         std::fs::read_dir(host.data.join("tmp"))
-            .map(|d| d.count())
+            .map(std::iter::Iterator::count)
             .unwrap_or(0),
         0,
         "no scratch directory is left"

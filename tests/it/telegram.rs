@@ -19,13 +19,13 @@ use tokio::sync::Notify;
 
 use crate::common::{HostOptions, TestHost};
 
-pub const TOKEN: &str = "123456:TEST-token_abc";
-pub const BOT_ID: u64 = 999;
-pub const BOT_NAME: &str = "mercury_test_bot";
+pub(crate) const TOKEN: &str = "123456:TEST-token_abc";
+pub(crate) const BOT_ID: u64 = 999;
+pub(crate) const BOT_NAME: &str = "mercury_test_bot";
 
 /// One call the fake received.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub(crate) struct Call {
     pub method: String,
     pub params: Value,
     /// When the call arrived.
@@ -35,7 +35,7 @@ pub struct Call {
 }
 
 #[derive(Default)]
-pub struct FakeState {
+pub(crate) struct FakeState {
     /// Updates not yet confirmed (Telegram forgets one once a getUpdates
     /// asks for an offset past it).
     pending: Mutex<Vec<Value>>,
@@ -49,7 +49,7 @@ pub struct FakeState {
 }
 
 #[derive(Clone)]
-pub struct FakeBotApi {
+pub(crate) struct FakeBotApi {
     pub url: String,
     pub state: Arc<FakeState>,
 }
@@ -144,7 +144,7 @@ async fn answer(st: &Arc<FakeState>, name: &str, params: &Value) -> (StatusCode,
 }
 
 impl FakeBotApi {
-    pub async fn start() -> FakeBotApi {
+    pub(crate) async fn start() -> FakeBotApi {
         let state = Arc::new(FakeState::default());
         let app = Router::new()
             .route("/{bot}/{method}", post(method))
@@ -155,20 +155,20 @@ impl FakeBotApi {
         FakeBotApi { url, state }
     }
 
-    pub fn push(&self, update: Value) {
+    pub(crate) fn push(&self, update: Value) {
         self.state.pending.lock().unwrap().push(update);
         self.state.arrived.notify_waiters();
     }
 
-    pub fn throttle_next_sends(&self, n: u32) {
+    pub(crate) fn throttle_next_sends(&self, n: u32) {
         *self.state.throttle.lock().unwrap() = n;
     }
 
-    pub fn batch(&self, n: usize) {
+    pub(crate) fn batch(&self, n: usize) {
         *self.state.batch.lock().unwrap() = n;
     }
 
-    pub fn calls(&self, method: &str) -> Vec<Call> {
+    pub(crate) fn calls(&self, method: &str) -> Vec<Call> {
         self.state
             .calls
             .lock()
@@ -179,12 +179,12 @@ impl FakeBotApi {
             .collect()
     }
 
-    pub fn all_calls(&self) -> usize {
+    pub(crate) fn all_calls(&self) -> usize {
         self.state.calls.lock().unwrap().len()
     }
 
     /// Successful sendMessage calls, by the message id they reply to.
-    pub fn replies(&self) -> BTreeMap<i64, Vec<Value>> {
+    pub(crate) fn replies(&self) -> BTreeMap<i64, Vec<Value>> {
         let mut out: BTreeMap<i64, Vec<Value>> = BTreeMap::new();
         for c in self.calls("sendMessage") {
             if c.status == 200 {
@@ -198,7 +198,7 @@ impl FakeBotApi {
     }
 
     /// Waits until `f` holds, up to `secs`.
-    pub async fn until(&self, secs: u64, what: &str, f: impl Fn(&FakeBotApi) -> bool) {
+    pub(crate) async fn until(&self, secs: u64, what: &str, f: impl Fn(&FakeBotApi) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while !f(self) {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -211,21 +211,21 @@ fn user(id: u64, name: &str) -> Value {
     json!({"id": id, "is_bot": false, "first_name": name})
 }
 
-pub fn dm(update_id: i64, message_id: i64, from: u64, text: &str) -> Value {
+pub(crate) fn dm(update_id: i64, message_id: i64, from: u64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {
         "message_id": message_id, "date": 1700000000,
         "chat": {"id": from, "type": "private", "first_name": "U"},
         "from": user(from, "U"), "text": text}})
 }
 
-pub fn group(update_id: i64, message_id: i64, chat: i64, from: u64, text: &str) -> Value {
+pub(crate) fn group(update_id: i64, message_id: i64, chat: i64, from: u64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {
         "message_id": message_id, "date": 1700000000,
         "chat": {"id": chat, "type": "supergroup", "title": "Team"},
         "from": user(from, "G"), "text": text}})
 }
 
-pub fn host_options(
+pub(crate) fn host_options(
     fake: &FakeBotApi,
     model: Value,
     extra: Vec<(&'static str, Yaml)>,

@@ -12,11 +12,11 @@ use frankenstein::updates::{Update, UpdateContent};
 
 use crate::ingress::IngressMessage;
 
-pub const PLATFORM: &str = "telegram";
+pub(crate) const PLATFORM: &str = "telegram";
 
 /// The bot itself, from `getMe`.
 #[derive(Debug, Clone)]
-pub struct BotSelf {
+pub(crate) struct BotSelf {
     pub id: u64,
     /// Without the `@`.
     pub username: String,
@@ -24,7 +24,7 @@ pub struct BotSelf {
 
 /// What an update is to Mercury.
 #[derive(Debug)]
-pub enum Inbound {
+pub(crate) enum Inbound {
     /// A message to store (and maybe answer).
     Message(Box<IngressMessage>),
     /// Acknowledged and not stored: an edit (the first version stays as it
@@ -34,7 +34,7 @@ pub enum Inbound {
 }
 
 /// Reads one update.
-pub fn inbound(update: &Update, bot: &BotSelf) -> Inbound {
+pub(crate) fn inbound(update: &Update, bot: &BotSelf) -> Inbound {
     match &update.content {
         UpdateContent::Message(m) => message(m, bot),
         UpdateContent::EditedMessage(_) => Inbound::Skip("edited message"),
@@ -88,7 +88,7 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
 /// (`/cmd@botname`), anywhere in the text; case-insensitive as Telegram's
 /// usernames are. A bare `/cmd` in a group may be meant for another bot and
 /// does not count.
-pub fn mentions(text: &str, username: &str) -> bool {
+pub(crate) fn mentions(text: &str, username: &str) -> bool {
     if username.is_empty() {
         return false;
     }

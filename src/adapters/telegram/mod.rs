@@ -15,7 +15,7 @@
 //! of every request path; errors are built without the URL), or act as
 //! anything but its platform-bound [`AdapterIdentity`].
 
-pub mod convert;
+pub(crate) mod convert;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,16 +44,16 @@ use crate::storage::outbox::{self, OutboxItem};
 use crate::storage::{adapters, messages, StoreError};
 
 /// The name on the board and in `adapter_positions`.
-pub const ADAPTER: &str = "telegram";
+pub(crate) const ADAPTER: &str = "telegram";
 /// Telegram's longest message, in UTF-16 code units.
-pub const MAX_MESSAGE: usize = 4096;
+pub(crate) const MAX_MESSAGE: usize = 4096;
 /// Delivery attempts of one outbox item before it is left undelivered.
 const MAX_ATTEMPTS: u32 = 5;
 /// The longest `retry_after` waited out; a longer one is waited in steps.
 const RETRY_AFTER_CAP_SECS: u64 = 3600;
 
 #[derive(Debug, thiserror::Error)]
-pub enum TelegramError {
+pub(crate) enum TelegramError {
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
     #[error(transparent)]
@@ -100,13 +100,13 @@ impl Backoff {
 }
 
 /// The supervisor's handle on the adapter: how to (re)start it.
-pub struct TelegramChild {
+pub(crate) struct TelegramChild {
     app: Arc<App>,
     token: String,
 }
 
 impl TelegramChild {
-    pub fn new(app: Arc<App>, token: String) -> Self {
+    pub(crate) fn new(app: Arc<App>, token: String) -> Self {
         Self { app, token }
     }
 }
@@ -127,20 +127,20 @@ impl SupervisedChild for TelegramChild {
     }
 }
 
-pub struct TelegramActor;
+pub(crate) struct TelegramActor;
 
-pub struct TelegramArgs {
+pub(crate) struct TelegramArgs {
     app: Arc<App>,
     token: String,
 }
 
-pub enum TelegramMsg {
+pub(crate) enum TelegramMsg {
     /// The adapter's loop ended with an error: the actor fails, and the
     /// supervisor restarts it.
     Failed(String),
 }
 
-pub struct TelegramState {
+pub(crate) struct TelegramState {
     cancel: CancellationToken,
     board: AdapterBoard,
 }

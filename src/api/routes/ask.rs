@@ -19,17 +19,17 @@ use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Admin;
 
 /// `POST /api/ask`.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new().routes(routes!(ask))
 }
 
 /// `ask` exists to be called across a link (D-016), at `admin`.
-pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/ask", Admin)];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/ask", Admin)];
 
 /// One message (at most 32,000 characters) for the target's agent.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AskBody {
+pub(crate) struct AskBody {
     #[schema(min_length = 1, max_length = 32000)]
     message: String,
     /// The turn's role in the target: `member` (default) or `admin`.
@@ -39,7 +39,7 @@ pub struct AskBody {
 
 #[utoipa::path(post, path = "/api/ask", tag = "ask", request_body = AskBody,
     responses((status = 200, description = "The turn's outcome", body = AskOutcome)))]
-pub async fn ask(
+pub(crate) async fn ask(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<AskBody>,

@@ -18,7 +18,7 @@ use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Admin;
 
 /// Control actions (and, built with `test-hooks`, the panic injection).
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     let router = OpenApiRouter::new().routes(routes!(control));
     #[cfg(feature = "test-hooks")]
     let router = router.routes(routes!(inject_panic));
@@ -26,19 +26,19 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 }
 
 /// Across a link: the control actions (stop, compact, clear), at `admin`.
-pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/control/{action}", Admin)];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/control/{action}", Admin)];
 
 /// `stop`: the running turn was stopped (if any) and `dropped` queued
 /// messages were dropped.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Stopped {
+pub(crate) struct Stopped {
     pub stopped: bool,
     pub dropped: u64,
 }
 
 /// `clear`: the session starts after message `boundary`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Cleared {
+pub(crate) struct Cleared {
     pub cleared: bool,
     pub boundary: i64,
 }
@@ -46,7 +46,7 @@ pub struct Cleared {
 /// `compact`: the history up to `boundary` became `summary` (or, with
 /// `compacted: false`, there was nothing to compact: `reason`).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Compacted {
+pub(crate) struct Compacted {
     pub compacted: bool,
     pub boundary: i64,
     pub summary: Option<String>,
@@ -57,7 +57,7 @@ pub struct Compacted {
 /// What a control action did, by action.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
-pub enum ControlOutcome {
+pub(crate) enum ControlOutcome {
     Stopped(Stopped),
     Cleared(Cleared),
     Compacted(Compacted),
@@ -67,7 +67,7 @@ pub enum ControlOutcome {
     params(("action" = String, Path, description = "stop, compact or clear")),
     responses((status = 200, description = "Done", body = ControlOutcome),
         (status = 502, description = "compact: the model did not answer", body = crate::api::error::ErrorBody)))]
-pub async fn control(
+pub(crate) async fn control(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     action: PathArg<String>,
@@ -92,7 +92,7 @@ pub async fn control(
 
 #[cfg(feature = "test-hooks")]
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Injected {
+pub(crate) struct Injected {
     pub injected: bool,
 }
 
@@ -100,7 +100,7 @@ pub struct Injected {
 #[cfg(feature = "test-hooks")]
 #[utoipa::path(post, path = "/api/test/panic", tag = "test-hooks",
     responses((status = 200, description = "The space's actor panicked (and restarts)", body = Injected)))]
-pub async fn inject_panic(
+pub(crate) async fn inject_panic(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<Injected>> {

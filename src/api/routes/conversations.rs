@@ -18,7 +18,7 @@ use crate::storage::conversations::{self, Conversation};
 use crate::storage::spaces;
 
 /// The space's conversations, and linking a chat to a space.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(link))
@@ -27,25 +27,25 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 
 /// Across a link: the list (also for a conversation-filtered edge; `?all=true`
 /// is 403 through a link, D-005). Relinking a conversation is absent on purpose.
-pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::conversation_read("GET", "/api/conversations")];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[ActAsRoute::conversation_read("GET", "/api/conversations")];
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Every space's conversations (global admin; 403 through a link).
     #[serde(default)]
     all: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ConversationList {
+pub(crate) struct ConversationList {
     pub conversations: Vec<Conversation>,
 }
 
 #[utoipa::path(get, path = "/api/conversations", tag = "conversations", params(ListQuery),
     responses((status = 200, description = "The space's conversations", body = ConversationList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
@@ -79,14 +79,14 @@ pub async fn list(
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct LinkBody {
+pub(crate) struct LinkBody {
     #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     space_id: String,
 }
 
 /// A conversation and the space it belongs to now (`null`: none).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ConversationSpace {
+pub(crate) struct ConversationSpace {
     pub conversation_id: i64,
     pub space_id: Option<String>,
 }
@@ -94,7 +94,7 @@ pub struct ConversationSpace {
 #[utoipa::path(post, path = "/api/conversations/{id}/link", tag = "conversations",
     params(("id" = i64, Path, description = "The conversation")), request_body = LinkBody,
     responses((status = 200, description = "Linked", body = ConversationSpace)))]
-pub async fn link(
+pub(crate) async fn link(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -130,7 +130,7 @@ pub async fn link(
 #[utoipa::path(post, path = "/api/conversations/{id}/unlink", tag = "conversations",
     params(("id" = i64, Path, description = "The conversation")),
     responses((status = 200, description = "Unlinked", body = ConversationSpace)))]
-pub async fn unlink(
+pub(crate) async fn unlink(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,

@@ -26,7 +26,7 @@ use crate::storage::outbox::{self, OutboxItem};
 use crate::storage::{conversations, StoreError};
 
 /// Ingress, console chat, operator sends and the outbox.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(ingress))
         .routes(routes!(chat))
@@ -37,11 +37,11 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 /// Across a link: an operator send, at `admin`. Absent on purpose: ingress and
 /// the outbox (adapters, instance-wide) and `POST /api/chat` (a turn through a
 /// link would write the target's history; `ask` is the way).
-pub const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/send", Admin)];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/send", Admin)];
 
 /// What became of a platform message.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Ingested {
+pub(crate) struct Ingested {
     /// The ingress decision: `queued`, `duplicate`, `ambient`, `muted`,
     /// `rate_limited` or `unlinked`.
     pub status: String,
@@ -53,7 +53,7 @@ pub struct Ingested {
 #[utoipa::path(post, path = "/api/ingress", tag = "delivery", request_body = IngressMessage,
     responses((status = 202, description = "Taken in", body = Ingested),
         (status = 200, description = "A duplicate of a message already taken in", body = Ingested)))]
-pub async fn ingress(
+pub(crate) async fn ingress(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<IngressMessage>,
@@ -100,7 +100,7 @@ pub async fn ingress(
 /// conversation (1-128 characters; default: the caller's id).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ChatBody {
+pub(crate) struct ChatBody {
     #[schema(min_length = 1, max_length = 32000)]
     text: String,
     #[schema(min_length = 1, max_length = 128)]
@@ -109,7 +109,7 @@ pub struct ChatBody {
 
 /// The turn's outcome.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ChatReply {
+pub(crate) struct ChatReply {
     pub message_id: i64,
     /// The message's status: `done`, `failed`, `dropped`, …
     pub status: String,
@@ -121,7 +121,7 @@ pub struct ChatReply {
     responses((status = 200, description = "The turn ended", body = ChatReply),
         (status = 409, description = "The caller's console conversation was linked to another space", body = crate::api::error::ErrorBody),
         (status = 429, description = "The caller is slowed down", body = crate::api::error::ErrorBody)))]
-pub async fn chat(
+pub(crate) async fn chat(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ChatBody>,
@@ -185,7 +185,7 @@ pub async fn chat(
 /// conversation of the space (default: its first).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SendBody {
+pub(crate) struct SendBody {
     #[schema(min_length = 1, max_length = 32000)]
     text: String,
     conversation_id: Option<i64>,
@@ -193,7 +193,7 @@ pub struct SendBody {
 
 /// The message as stored and queued for its adapter.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Sent {
+pub(crate) struct Sent {
     /// The outbox item (`null` on a shadow copy: nothing is queued to go out).
     pub outbox_id: Option<i64>,
     pub conversation_id: i64,
@@ -204,7 +204,7 @@ pub struct Sent {
 
 #[utoipa::path(post, path = "/api/send", tag = "delivery", request_body = SendBody,
     responses((status = 202, description = "Queued for delivery", body = Sent)))]
-pub async fn send(
+pub(crate) async fn send(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<SendBody>,
@@ -272,7 +272,7 @@ pub async fn send(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct OutboxQuery {
+pub(crate) struct OutboxQuery {
     /// Items after this id (`next_after` of the previous pull; default 0).
     after: Option<i64>,
     /// Clamped to 1-1000 (default 100).
@@ -280,7 +280,7 @@ pub struct OutboxQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct OutboxPage {
+pub(crate) struct OutboxPage {
     pub items: Vec<OutboxItem>,
     /// Give it as `after` for the next pull.
     pub next_after: i64,
@@ -288,7 +288,7 @@ pub struct OutboxPage {
 
 #[utoipa::path(get, path = "/api/outbox", tag = "delivery", params(OutboxQuery),
     responses((status = 200, description = "Replies to deliver", body = OutboxPage)))]
-pub async fn outbox(
+pub(crate) async fn outbox(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<OutboxQuery>,

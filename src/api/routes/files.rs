@@ -37,7 +37,7 @@ use crate::workspace::safe::SafePathError;
 /// unwritten (a turn's tool calls time out after 60 s by default).
 const WRITE_WAIT: Duration = Duration::from_secs(60);
 
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(read, write, remove))
@@ -46,7 +46,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 /// Across a link: list and get are reads (D-005 "list and read workspace
 /// files"); put and delete need an `admin` link and are audited with the
 /// path and the before/after hash.
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/files", Read),
     ActAsRoute::new("GET", "/api/files/{*path}", Read),
     ActAsRoute::new("PUT", "/api/files/{*path}", Admin),
@@ -54,21 +54,21 @@ pub const ACT_AS: &[ActAsRoute] = &[
 ];
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FileList {
+pub(crate) struct FileList {
     pub space_id: String,
     pub path: String,
     pub entries: Vec<FileEntry>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FileRead {
+pub(crate) struct FileRead {
     pub space_id: String,
     #[serde(flatten)]
     pub file: FileContent,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FileWritten {
+pub(crate) struct FileWritten {
     pub space_id: String,
     #[serde(flatten)]
     pub change: FileChange,
@@ -77,7 +77,7 @@ pub struct FileWritten {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FileDeleted {
+pub(crate) struct FileDeleted {
     pub space_id: String,
     #[serde(flatten)]
     pub change: FileChange,
@@ -87,7 +87,7 @@ pub struct FileDeleted {
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// A directory of the workspace, relative (default: its root).
     path: Option<String>,
 }
@@ -95,7 +95,7 @@ pub struct ListQuery {
 /// The whole new text of the file (at most `files.max_bytes` bytes).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WriteBody {
+pub(crate) struct WriteBody {
     content: String,
 }
 
@@ -173,7 +173,7 @@ fn refuse_own_turn(auth: &Auth) -> ApiResult<()> {
     responses((status = 200, description = "The directory's entries", body = FileList),
         (status = 400, description = "Not a directory path of the workspace", body = crate::api::error::ErrorBody),
         (status = 404, description = "No such directory", body = crate::api::error::ErrorBody)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
@@ -198,7 +198,7 @@ pub async fn list(
         (status = 404, description = "No such file", body = crate::api::error::ErrorBody),
         (status = 413, description = "Larger than files.max_bytes", body = crate::api::error::ErrorBody),
         (status = 415, description = "Not a text file", body = crate::api::error::ErrorBody)))]
-pub async fn read(
+pub(crate) async fn read(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     p: PathArg<String>,
@@ -228,7 +228,7 @@ fn audit_of(change: &FileChange) -> AuditChange {
         (status = 409, description = "A turn's own token, or a turn kept the space busy", body = crate::api::error::ErrorBody),
         (status = 412, description = "The file's hash is not If-Match", body = crate::api::error::ErrorBody),
         (status = 413, description = "Larger than files.max_bytes or the workspace quota", body = crate::api::error::ErrorBody)))]
-pub async fn write(
+pub(crate) async fn write(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     headers: HeaderMap,
@@ -273,7 +273,7 @@ pub async fn write(
         (status = 404, description = "No such file", body = crate::api::error::ErrorBody),
         (status = 409, description = "A turn's own token, or a turn kept the space busy", body = crate::api::error::ErrorBody),
         (status = 412, description = "The file's hash is not If-Match", body = crate::api::error::ErrorBody)))]
-pub async fn remove(
+pub(crate) async fn remove(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     headers: HeaderMap,

@@ -22,7 +22,7 @@ use crate::links::ActAsRoute;
 use crate::storage::identities::{self, Identity, IdentityAudit};
 
 /// The identity mappings and their audit.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list, link))
         .routes(routes!(audit))
@@ -30,12 +30,12 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 }
 
 /// None on purpose: the mappings are instance-wide and for global admins only.
-pub const ACT_AS: &[ActAsRoute] = &[];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[];
 
 /// Maps a platform sender (`telegram:123456`) to an operator (`owner`).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct LinkIdentity {
+pub(crate) struct LinkIdentity {
     #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)]
     platform_id: String,
     #[schema(min_length = 1, max_length = 200)]
@@ -43,25 +43,25 @@ pub struct LinkIdentity {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct IdentityReply {
+pub(crate) struct IdentityReply {
     pub identity: Identity,
 }
 
 /// A mapping as removed: `caller_id` is the operator it mapped to.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Unlinked {
+pub(crate) struct Unlinked {
     pub platform_id: String,
     pub caller_id: String,
     pub unlinked: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct IdentityList {
+pub(crate) struct IdentityList {
     pub identities: Vec<Identity>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct IdentityAuditList {
+pub(crate) struct IdentityAuditList {
     pub audit: Vec<IdentityAudit>,
 }
 
@@ -78,7 +78,7 @@ fn platform_id(raw: &str) -> ApiResult<()> {
 #[utoipa::path(post, path = "/api/identities", tag = "identities", request_body = LinkIdentity,
     responses((status = 201, description = "Mapped", body = IdentityReply),
         (status = 409, description = "The platform id is mapped already", body = crate::api::error::ErrorBody)))]
-pub async fn link(
+pub(crate) async fn link(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<LinkIdentity>,
@@ -100,7 +100,7 @@ pub async fn link(
     params(("platform_id" = String, Path, description = "`<platform>:<sender id>`",
         pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)),
     responses((status = 200, description = "Unmapped", body = Unlinked)))]
-pub async fn unlink(
+pub(crate) async fn unlink(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,
@@ -124,7 +124,7 @@ pub async fn unlink(
 
 #[utoipa::path(get, path = "/api/identities", tag = "identities",
     responses((status = 200, description = "Every mapping", body = IdentityList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<IdentityList>> {
@@ -135,7 +135,7 @@ pub async fn list(
 
 #[utoipa::path(get, path = "/api/identities/audit", tag = "identities", params(AuditQuery),
     responses((status = 200, description = "The mappings' audit, newest first", body = IdentityAuditList)))]
-pub async fn audit(
+pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<AuditQuery>,

@@ -23,7 +23,7 @@ use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
 
 /// Link administration, listings and the audit trail.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
         .routes(routes!(audit))
@@ -32,12 +32,12 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 
 /// None on purpose: links are administered by global admins (D-006), and a
 /// link never reaches the target's own links (no chains, D-003).
-pub const ACT_AS: &[ActAsRoute] = &[];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[];
 
 /// An edge from `holder` to `target` (a space id, or `*` for every space).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateLink {
+pub(crate) struct CreateLink {
     #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     holder: String,
     /// A space id, or `*`.
@@ -55,20 +55,20 @@ pub struct CreateLink {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LinksCreated {
+pub(crate) struct LinksCreated {
     pub links: Vec<SpaceLink>,
 }
 
 /// A link after an update or revoke, with the roles it gave that went.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LinkChanged {
+pub(crate) struct LinkChanged {
     pub link: SpaceLink,
     pub removed_roles: Vec<LinkRole>,
 }
 
 /// One space this space reaches, or is reached by.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Reach {
+pub(crate) struct Reach {
     pub space: String,
     pub level: String,
     pub link_id: i64,
@@ -82,7 +82,7 @@ pub struct Reach {
 #[derive(Debug, Serialize, ToSchema)]
 // No other key: what tells this answer from the `all=true` one in the document.
 #[serde(deny_unknown_fields)]
-pub struct SpaceLinks {
+pub(crate) struct SpaceLinks {
     pub space_id: String,
     pub links: Vec<SpaceLink>,
     pub inbound: Vec<Reach>,
@@ -93,7 +93,7 @@ pub struct SpaceLinks {
 
 /// Every link of the instance (`?all=true`, global admins).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct AllLinks {
+pub(crate) struct AllLinks {
     /// `true`.
     pub all: bool,
     pub links: Vec<SpaceLink>,
@@ -103,14 +103,14 @@ pub struct AllLinks {
 /// `GET /api/links`: this space's links, or every link with `all=true`.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
-pub enum LinkListing {
+pub(crate) enum LinkListing {
     Space(SpaceLinks),
     All(AllLinks),
 }
 
 /// Every audit row of the instance (`?all=true`, global admins).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct AllAudit {
+pub(crate) struct AllAudit {
     /// `true`.
     pub all: bool,
     pub audit: Vec<AuditRow>,
@@ -119,13 +119,13 @@ pub struct AllAudit {
 /// `GET /api/links/audit`: this space's audit, or every row with `all=true`.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
-pub enum LinkAudit {
+pub(crate) enum LinkAudit {
     Space(LinkAuditList),
     All(AllAudit),
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LinkDetail {
+pub(crate) struct LinkDetail {
     pub link: SpaceLink,
     pub granted_roles: Vec<LinkRole>,
 }
@@ -133,7 +133,7 @@ pub struct LinkDetail {
 #[derive(Debug, Serialize, ToSchema)]
 // No other key: what tells this answer from the `all=true` one in the document.
 #[serde(deny_unknown_fields)]
-pub struct LinkAuditList {
+pub(crate) struct LinkAuditList {
     pub audit: Vec<AuditRow>,
 }
 
@@ -168,7 +168,7 @@ fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
 #[utoipa::path(post, path = "/api/links", tag = "links", request_body = CreateLink,
     responses((status = 201, description = "Created (two with both)", body = LinksCreated),
         (status = 409, description = "Such a link exists", body = crate::api::error::ErrorBody)))]
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateLink>,
@@ -260,7 +260,7 @@ pub async fn create(
 /// At least one of the two.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct UpdateLink {
+pub(crate) struct UpdateLink {
     /// `read` or `admin` (a downgrade to read removes the roles it gave).
     level: Option<String>,
     disclosure: Option<String>,
@@ -269,7 +269,7 @@ pub struct UpdateLink {
 #[utoipa::path(patch, path = "/api/links/{id}", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)), request_body = UpdateLink,
     responses((status = 200, description = "Updated", body = LinkChanged)))]
-pub async fn update(
+pub(crate) async fn update(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -327,7 +327,7 @@ fn removed_detail(removed: &[LinkRole]) -> Option<String> {
 #[utoipa::path(delete, path = "/api/links/{id}", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)),
     responses((status = 200, description = "Revoked, with the roles it gave", body = LinkChanged)))]
-pub async fn revoke(
+pub(crate) async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -369,7 +369,7 @@ fn reach_entry(l: &SpaceLink, other: &str) -> Reach {
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Every link of the instance (global admins only).
     all: Option<bool>,
 }
@@ -378,7 +378,7 @@ pub struct ListQuery {
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct AuditListQuery {
+pub(crate) struct AuditListQuery {
     /// Rows to answer, 1 to 1000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
@@ -406,7 +406,7 @@ fn names_of(
 
 #[utoipa::path(get, path = "/api/links", tag = "links", params(ListQuery),
     responses((status = 200, description = "The links touching this space, or with `all=true` every link", body = LinkListing)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<ListQuery>,
@@ -467,7 +467,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/api/links/{id}", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)),
     responses((status = 200, description = "The link and the roles it gave", body = LinkDetail)))]
-pub async fn inspect(
+pub(crate) async fn inspect(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -495,7 +495,7 @@ pub async fn inspect(
 
 #[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditListQuery),
     responses((status = 200, description = "This space's link audit (with `all=true` every row), newest first", body = LinkAudit)))]
-pub async fn audit(
+pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<AuditListQuery>,

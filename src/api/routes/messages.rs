@@ -20,7 +20,7 @@ use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::runs::{self, Run};
 
 /// Search, the recent range, and the runs list.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(search))
         .routes(routes!(recent))
@@ -30,7 +30,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 
 /// Across a link: all three reads; the two message reads also serve a
 /// conversation-filtered edge (restricted to its conversation).
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::conversation_read("GET", "/api/messages"),
     ActAsRoute::conversation_read("GET", "/api/messages/recent"),
     ActAsRoute::new("GET", "/api/runs", Read),
@@ -40,7 +40,7 @@ pub const ACT_AS: &[ActAsRoute] = &[
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct SearchQuery {
+pub(crate) struct SearchQuery {
     /// The words to look for.
     q: String,
     /// 1 to 200 (default 50).
@@ -49,13 +49,13 @@ pub struct SearchQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MessageList {
+pub(crate) struct MessageList {
     pub messages: Vec<Message>,
 }
 
 #[utoipa::path(get, path = "/api/messages", tag = "messages", params(SearchQuery),
     responses((status = 200, description = "Matching messages of the space", body = MessageList)))]
-pub async fn search(
+pub(crate) async fn search(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<SearchQuery>,
@@ -79,7 +79,7 @@ pub async fn search(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct RecentQuery {
+pub(crate) struct RecentQuery {
     /// A duration back from now (`24h`, the default) or an RFC 3339 time.
     since: Option<String>,
     /// As `since`; default: now.
@@ -93,7 +93,7 @@ pub struct RecentQuery {
 
 /// A page of the time range, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RecentPage {
+pub(crate) struct RecentPage {
     pub space_id: String,
     pub messages: Vec<Message>,
     /// Give it as `cursor` for the next page; `null` on the last one.
@@ -102,7 +102,7 @@ pub struct RecentPage {
 
 #[utoipa::path(get, path = "/api/messages/recent", tag = "messages", params(RecentQuery),
     responses((status = 200, description = "A page of the range", body = RecentPage)))]
-pub async fn recent(
+pub(crate) async fn recent(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RecentQuery>,
@@ -143,19 +143,19 @@ pub async fn recent(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct RunsQuery {
+pub(crate) struct RunsQuery {
     /// Runs to answer, newest first (clamped to 1-500, default 20).
     limit: Option<u32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RunList {
+pub(crate) struct RunList {
     pub runs: Vec<Run>,
 }
 
 #[utoipa::path(get, path = "/api/runs", tag = "messages", params(RunsQuery),
     responses((status = 200, description = "The space's latest runs", body = RunList)))]
-pub async fn runs(
+pub(crate) async fn runs(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<RunsQuery>,
@@ -175,7 +175,7 @@ pub async fn runs(
 /// each tool call's arguments and exit code (D-017: the trace shows which
 /// command the agent chose).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RunTrace {
+pub(crate) struct RunTrace {
     pub run: runs::Run,
     pub usage: runs::UsageTotals,
     pub steps: Vec<runs::RunStep>,
@@ -185,7 +185,7 @@ pub struct RunTrace {
     params(("id" = String, Path, description = "The run")),
     responses((status = 200, description = "The run, its usage and its steps", body = RunTrace),
         (status = 404, description = "No such run in this space", body = crate::api::error::ErrorBody)))]
-pub async fn run_trace(
+pub(crate) async fn run_trace(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,

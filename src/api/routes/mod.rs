@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use super::extract::{Json, Path, Query};
+pub(super) use super::extract::{Json, Path, Query};
 
 use super::error::{ApiError, ApiResult};
 use super::AuditChange;
@@ -35,7 +35,7 @@ use crate::storage::StoreError;
 /// One resource: its routes and the entries of the act-as allowlist that
 /// belong to them. Listed together so a route and its act-as policy are
 /// registered in one place.
-pub struct Resource {
+pub(super) struct Resource {
     /// The resource's routes with their OpenAPI paths (one source for both).
     pub router: fn() -> OpenApiRouter<Arc<App>>,
     pub act_as: &'static [ActAsRoute],
@@ -45,10 +45,10 @@ pub struct Resource {
 /// resource module cannot exist without being served and allowlisted.
 macro_rules! resources {
     ($($name:ident),* $(,)?) => {
-        $(pub mod $name;)*
+        $(pub(crate) mod $name;)*
 
         /// Every resource the API serves.
-        pub const RESOURCES: &[Resource] = &[$(Resource {
+        pub(crate) const RESOURCES: &[Resource] = &[$(Resource {
             router: $name::router,
             act_as: $name::ACT_AS,
         }),*];
@@ -74,25 +74,25 @@ resources![
 
 /// A JSON body, taken as a `Result` so a handler checks the caller's
 /// permission before it looks at the body (a 403 stays a 403 whatever the body).
-pub type Body<T> = Result<Json<T>, ApiError>;
-pub type Params<T> = Result<Query<T>, ApiError>;
+pub(super) type Body<T> = Result<Json<T>, ApiError>;
+pub(super) type Params<T> = Result<Query<T>, ApiError>;
 /// A path segment (`/api/tasks/{id}`); a bad one is a 400 in our error shape.
-pub type PathArg<T> = Result<Path<T>, ApiError>;
+pub(super) type PathArg<T> = Result<Path<T>, ApiError>;
 
-pub fn body<T>(b: Body<T>) -> ApiResult<T> {
+pub(super) fn body<T>(b: Body<T>) -> ApiResult<T> {
     Ok(b?.0)
 }
 
-pub fn params<T>(q: Params<T>) -> ApiResult<T> {
+pub(super) fn params<T>(q: Params<T>) -> ApiResult<T> {
     Ok(q?.0)
 }
 
-pub fn path_arg<T>(p: PathArg<T>) -> ApiResult<T> {
+pub(super) fn path_arg<T>(p: PathArg<T>) -> ApiResult<T> {
     Ok(p?.0)
 }
 
 /// Non-empty, bounded free text from a client.
-pub fn text_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
+pub(super) fn text_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
     let v = value.trim();
     if v.is_empty() {
         return Err(super::ApiError::bad_request(format!(
@@ -109,7 +109,7 @@ pub fn text_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
 
 /// A write's answer with the audit's before/after (D-008): `before` is what
 /// the write replaced, and the answer itself is the after.
-pub fn audited<T: Serialize>(before: Value, after: T) -> (Extension<AuditChange>, Json<T>) {
+pub(super) fn audited<T: Serialize>(before: Value, after: T) -> (Extension<AuditChange>, Json<T>) {
     let change = AuditChange {
         before: Some(before),
         after: serde_json::to_value(&after).ok(),
@@ -119,7 +119,7 @@ pub fn audited<T: Serialize>(before: Value, after: T) -> (Extension<AuditChange>
 
 /// Runs `write` in the space's actor (`SpaceDirectory::apply_with`, one
 /// transaction) and answers its typed result; a store error rolls it back.
-pub async fn apply<T, F>(app: &App, space: &SpaceId, write: F) -> ApiResult<T>
+pub(super) async fn apply<T, F>(app: &App, space: &SpaceId, write: F) -> ApiResult<T>
 where
     T: Send + 'static,
     F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
@@ -137,7 +137,7 @@ where
 
 /// A one-line name from a client (space names, sender names, titles, labels):
 /// non-empty, at most `max` characters, no control character (NUL, newline, …).
-pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
+pub(super) fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
     let v = text_field(name, value, max)?;
     if v.chars().any(char::is_control) {
         return Err(super::ApiError::bad_request(format!(
@@ -151,14 +151,14 @@ pub fn name_field(name: &str, value: &str, max: usize) -> ApiResult<String> {
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct AuditQuery {
+pub(super) struct AuditQuery {
     /// Rows to answer, 1 to 1000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
 impl AuditQuery {
-    pub fn limit(&self) -> ApiResult<u32> {
+    pub(super) fn limit(&self) -> ApiResult<u32> {
         match self.limit.unwrap_or(50) {
             n @ 1..=1000 => Ok(n),
             _ => Err(ApiError::bad_request("limit must be between 1 and 1000")),

@@ -30,7 +30,7 @@ use crate::links::ActAsRoute;
 use crate::review::scan::ScanSummary;
 
 /// `POST /api/review/run`.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(run))
         .routes(routes!(reports))
@@ -44,7 +44,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[utoipa::path(post, path = "/api/review/weekly", tag = "review",
     responses((status = 200, description = "The weekly synthesis ran", body = crate::review::weekly::WeeklySummary),
         (status = 503, description = "It could not run", body = crate::api::error::ErrorBody)))]
-pub async fn weekly(
+pub(crate) async fn weekly(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<crate::review::weekly::WeeklySummary>> {
@@ -62,7 +62,7 @@ pub async fn weekly(
 
 /// `GET /api/review/ledger`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LedgerView {
+pub(crate) struct LedgerView {
     /// Rows by approved decision (`unapproved` when none).
     pub counts: std::collections::BTreeMap<String, u64>,
     pub rows: Vec<crate::review::ledger::LedgerRow>,
@@ -70,7 +70,7 @@ pub struct LedgerView {
 
 #[utoipa::path(get, path = "/api/review/ledger", tag = "review",
     responses((status = 200, description = "The intake ledger", body = LedgerView)))]
-pub async fn ledger(
+pub(crate) async fn ledger(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<LedgerView>> {
@@ -88,14 +88,14 @@ pub async fn ledger(
 
 /// `GET /api/review/reports`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ReportList {
+pub(crate) struct ReportList {
     /// Oldest first.
     pub reports: Vec<ReportEntry>,
 }
 
 /// `GET /api/review/reports/{name}`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ReportBody {
+pub(crate) struct ReportBody {
     pub date: String,
     pub kind: ReportKind,
     /// The report's `report.json`, as written.
@@ -105,7 +105,7 @@ pub struct ReportBody {
 
 #[utoipa::path(get, path = "/api/review/reports", tag = "review",
     responses((status = 200, description = "The reports on the box, oldest first", body = ReportList)))]
-pub async fn reports(
+pub(crate) async fn reports(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<ReportList>> {
@@ -122,7 +122,7 @@ pub async fn reports(
     responses((status = 200, description = "The report's report.json", body = ReportBody),
         (status = 400, description = "Not a report name", body = crate::api::error::ErrorBody),
         (status = 404, description = "No such report", body = crate::api::error::ErrorBody)))]
-pub async fn report(
+pub(crate) async fn report(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     name: PathArg<String>,
@@ -142,15 +142,15 @@ pub async fn report(
 }
 
 /// None on purpose: a scan reads every space, so it is for global admins only.
-pub const ACT_AS: &[ActAsRoute] = &[];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[];
 
 /// How long the request waits for the scan; after that it answers 202 with
 /// the run id, and the report and digest still arrive when the scan ends.
-pub const WAIT: Duration = Duration::from_secs(3600);
+pub(crate) const WAIT: Duration = Duration::from_secs(3600);
 
 /// The scan goes on after the request stopped waiting.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ScanRunning {
+pub(crate) struct ScanRunning {
     pub run_id: String,
     /// `running`.
     pub status: String,
@@ -159,7 +159,7 @@ pub struct ScanRunning {
 /// The scan's summary when it ended, or that it is still running.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
-pub enum ScanAnswer {
+pub(crate) enum ScanAnswer {
     Ended(Box<ScanSummary>),
     Running(ScanRunning),
 }
@@ -167,7 +167,7 @@ pub enum ScanAnswer {
 #[utoipa::path(post, path = "/api/review/run", tag = "review",
     responses((status = 200, description = "The scan ended", body = ScanSummary),
         (status = 202, description = "Still running after the wait", body = ScanRunning)))]
-pub async fn run(
+pub(crate) async fn run(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<(StatusCode, Json<ScanAnswer>)> {

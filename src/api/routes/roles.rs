@@ -23,7 +23,7 @@ use crate::storage::spaces::{self, KvTable, RoleGrant};
 use crate::storage::StoreError;
 
 /// Roles and the permission sets of a space.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list, grant))
         .routes(routes!(revoke))
@@ -31,7 +31,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 }
 
 /// Across a link: every route, reads at `read`, writes at `admin`.
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/roles", Read),
     ActAsRoute::new("GET", "/api/permissions", Read),
     ActAsRoute::new("POST", "/api/roles", Admin),
@@ -40,13 +40,13 @@ pub const ACT_AS: &[ActAsRoute] = &[
 ];
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RoleList {
+pub(crate) struct RoleList {
     pub roles: Vec<RoleGrant>,
 }
 
 #[utoipa::path(get, path = "/api/roles", tag = "roles",
     responses((status = 200, description = "The roles granted in the space", body = RoleList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<RoleList>> {
@@ -61,7 +61,7 @@ pub async fn list(
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct GrantBody {
+pub(crate) struct GrantBody {
     #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     /// Default `admin`.
@@ -70,14 +70,14 @@ pub struct GrantBody {
 
 /// A role as granted.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Granted {
+pub(crate) struct Granted {
     pub caller_id: String,
     pub role: String,
 }
 
 /// A role as revoked (`revoked`: there was one).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Revoked {
+pub(crate) struct Revoked {
     pub caller_id: String,
     pub revoked: bool,
 }
@@ -132,7 +132,7 @@ fn link_self_grant(
 
 #[utoipa::path(post, path = "/api/roles", tag = "roles", request_body = GrantBody,
     responses((status = 200, description = "Granted", body = Granted)))]
-pub async fn grant(
+pub(crate) async fn grant(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<GrantBody>,
@@ -185,7 +185,7 @@ pub async fn grant(
 #[utoipa::path(delete, path = "/api/roles/{caller}", tag = "roles",
     params(("caller" = String, Path, description = "The caller whose role goes")),
     responses((status = 200, description = "Revoked (or had none)", body = Revoked)))]
-pub async fn revoke(
+pub(crate) async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,
@@ -215,21 +215,21 @@ pub async fn revoke(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct PermQuery {
+pub(crate) struct PermQuery {
     /// Only this role's permissions.
     role: Option<String>,
 }
 
 /// One role's permission set.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RolePermissions {
+pub(crate) struct RolePermissions {
     pub role: String,
     pub permissions: Vec<String>,
 }
 
 /// Every role of the space with its permission set.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SpacePermissions {
+pub(crate) struct SpacePermissions {
     pub roles: BTreeMap<String, Vec<String>>,
     /// Every permission there is.
     pub available: Vec<String>,
@@ -238,7 +238,7 @@ pub struct SpacePermissions {
 /// `?role=R`: that role's set; else every role's.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
-pub enum PermissionsView {
+pub(crate) enum PermissionsView {
     Role(RolePermissions),
     Space(SpacePermissions),
 }
@@ -249,7 +249,7 @@ fn names<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Vec<String> {
 
 #[utoipa::path(get, path = "/api/permissions", tag = "roles", params(PermQuery),
     responses((status = 200, description = "Permission sets", body = PermissionsView)))]
-pub async fn permissions_get(
+pub(crate) async fn permissions_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     q: Params<PermQuery>,
@@ -285,14 +285,14 @@ pub async fn permissions_get(
 /// holds; never the `admin` role's, which always holds every permission).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PermBody {
+pub(crate) struct PermBody {
     role: String,
     permissions: Vec<String>,
 }
 
 #[utoipa::path(put, path = "/api/permissions", tag = "roles", request_body = PermBody,
     responses((status = 200, description = "The role's set now", body = RolePermissions)))]
-pub async fn permissions_set(
+pub(crate) async fn permissions_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<PermBody>,

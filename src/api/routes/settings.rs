@@ -21,7 +21,7 @@ use crate::links::LinkLevel::{Admin, Read};
 use crate::storage::spaces::{self, KvEntry, KvTable, Mute};
 
 /// Preferences, config, the model chain and mutes.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(prefs_list, prefs_set))
         .routes(routes!(prefs_delete))
@@ -32,7 +32,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 }
 
 /// Across a link: every settings route, reads at `read`, writes at `admin`.
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/prefs", Read),
     ActAsRoute::new("GET", "/api/config", Read),
     ActAsRoute::new("GET", "/api/model", Read),
@@ -49,7 +49,7 @@ pub const ACT_AS: &[ActAsRoute] = &[
 /// 4000 characters) or a config key of `available`.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct KeyValue {
+pub(crate) struct KeyValue {
     #[schema(min_length = 1, max_length = 64)]
     key: String,
     #[schema(max_length = 4000)]
@@ -58,20 +58,20 @@ pub struct KeyValue {
 
 /// A key as set.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct KeySet {
+pub(crate) struct KeySet {
     pub key: String,
     pub value: String,
 }
 
 /// A key as deleted (`deleted`: it existed).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct KeyDeleted {
+pub(crate) struct KeyDeleted {
     pub key: String,
     pub deleted: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PreferenceList {
+pub(crate) struct PreferenceList {
     pub preferences: Vec<KvEntry>,
 }
 
@@ -92,7 +92,7 @@ fn pref_key(raw: &str) -> ApiResult<String> {
 
 #[utoipa::path(get, path = "/api/prefs", tag = "settings",
     responses((status = 200, description = "The space's preferences", body = PreferenceList)))]
-pub async fn prefs_list(
+pub(crate) async fn prefs_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<PreferenceList>> {
@@ -107,7 +107,7 @@ pub async fn prefs_list(
 
 #[utoipa::path(put, path = "/api/prefs", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
-pub async fn prefs_set(
+pub(crate) async fn prefs_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
@@ -134,7 +134,7 @@ pub async fn prefs_set(
 #[utoipa::path(delete, path = "/api/prefs/{key}", tag = "settings",
     params(("key" = String, Path, description = "The preference key")),
     responses((status = 200, description = "Deleted (or was absent)", body = KeyDeleted)))]
-pub async fn prefs_delete(
+pub(crate) async fn prefs_delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     key: PathArg<String>,
@@ -153,7 +153,7 @@ pub async fn prefs_delete(
 }
 
 /// Config keys the host interprets, with their validation.
-pub const CONFIG_KEYS: &[(&str, &str)] = &[
+pub(crate) const CONFIG_KEYS: &[(&str, &str)] = &[
     ("trigger.match", "group trigger: mention, prefix or always"),
     (
         "trigger.patterns",
@@ -194,13 +194,13 @@ fn validate_config(key: &str, value: &str) -> ApiResult<()> {
 
 /// A config key the host interprets.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ConfigKey {
+pub(crate) struct ConfigKey {
     pub key: String,
     pub description: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ConfigList {
+pub(crate) struct ConfigList {
     /// The keys set in this space.
     pub config: Vec<KvEntry>,
     /// Every key `PUT /api/config` takes.
@@ -209,7 +209,7 @@ pub struct ConfigList {
 
 #[utoipa::path(get, path = "/api/config", tag = "settings",
     responses((status = 200, description = "The space's config", body = ConfigList)))]
-pub async fn config_get(
+pub(crate) async fn config_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<ConfigList>> {
@@ -234,7 +234,7 @@ pub async fn config_get(
 
 #[utoipa::path(put, path = "/api/config", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
-pub async fn config_set(
+pub(crate) async fn config_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<KeyValue>,
@@ -261,7 +261,7 @@ pub async fn config_set(
 
 /// The model chain a turn of this space uses.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ModelChain {
+pub(crate) struct ModelChain {
     /// `provider:model` specs, tried in order.
     pub chain: Vec<String>,
     /// `space` (set here) or `default` (the host's chain).
@@ -279,7 +279,7 @@ impl ModelChain {
 
 #[utoipa::path(get, path = "/api/model", tag = "settings",
     responses((status = 200, description = "The space's model chain", body = ModelChain)))]
-pub async fn model_get(
+pub(crate) async fn model_get(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<ModelChain>> {
@@ -300,13 +300,13 @@ pub async fn model_get(
 /// At most 8 `provider:model` specs; empty: back to the host's chain.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ModelBody {
+pub(crate) struct ModelBody {
     chain: Vec<String>,
 }
 
 #[utoipa::path(put, path = "/api/model", tag = "settings", request_body = ModelBody,
     responses((status = 200, description = "The chain now in force", body = ModelChain)))]
-pub async fn model_set(
+pub(crate) async fn model_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<ModelBody>,
@@ -362,13 +362,13 @@ pub async fn model_set(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MuteList {
+pub(crate) struct MuteList {
     pub mutes: Vec<Mute>,
 }
 
 #[utoipa::path(get, path = "/api/mutes", tag = "settings",
     responses((status = 200, description = "The space's mutes", body = MuteList)))]
-pub async fn mutes_list(
+pub(crate) async fn mutes_list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<MuteList>> {
@@ -385,7 +385,7 @@ pub async fn mutes_list(
 /// time, or (neither) until unmuted.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct MuteBody {
+pub(crate) struct MuteBody {
     #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     #[serde(rename = "for")]
@@ -398,7 +398,7 @@ pub struct MuteBody {
 
 /// A mute as set.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MuteSet {
+pub(crate) struct MuteSet {
     pub caller_id: String,
     /// Unix ms; `null`: until unmuted.
     pub until: Option<i64>,
@@ -406,20 +406,20 @@ pub struct MuteSet {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MuteReply {
+pub(crate) struct MuteReply {
     pub mute: MuteSet,
 }
 
 /// A mute as removed (`deleted`: there was one).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MuteDeleted {
+pub(crate) struct MuteDeleted {
     pub caller_id: String,
     pub deleted: bool,
 }
 
 #[utoipa::path(post, path = "/api/mutes", tag = "settings", request_body = MuteBody,
     responses((status = 200, description = "Muted", body = MuteReply)))]
-pub async fn mutes_set(
+pub(crate) async fn mutes_set(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<MuteBody>,
@@ -470,7 +470,7 @@ pub async fn mutes_set(
 #[utoipa::path(delete, path = "/api/mutes/{caller}", tag = "settings",
     params(("caller" = String, Path, description = "The muted caller")),
     responses((status = 200, description = "Unmuted (or was not muted)", body = MuteDeleted)))]
-pub async fn mutes_delete(
+pub(crate) async fn mutes_delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     caller: PathArg<String>,

@@ -23,7 +23,7 @@ use crate::storage::tokens::TokenKind;
 use crate::workspace::DataPaths;
 
 /// whoami and the spaces resource.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(whoami))
         .routes(routes!(list, create))
@@ -34,7 +34,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 /// Across a link: whoami, the target's own record, and a rename. Absent on
 /// purpose: the spaces list and create (instance-wide) and
 /// `DELETE /api/spaces/current` (D-005 lists rename, not delete).
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/whoami", Read),
     ActAsRoute::new("GET", "/api/spaces/current", Read),
     ActAsRoute::new("PUT", "/api/spaces/current/name", Admin),
@@ -42,7 +42,7 @@ pub const ACT_AS: &[ActAsRoute] = &[
 
 /// Who the token is, and its role and permissions in the space it names.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct WhoAmI {
+pub(crate) struct WhoAmI {
     pub caller_id: String,
     pub token_kind: TokenKind,
     pub global_admin: bool,
@@ -64,7 +64,7 @@ pub struct WhoAmI {
 
 /// The link a request acts through.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ViaLink {
+pub(crate) struct ViaLink {
     pub holder: String,
     /// `read` or `admin`.
     pub level: String,
@@ -74,7 +74,7 @@ pub struct ViaLink {
 
 #[utoipa::path(get, path = "/api/whoami", tag = "spaces",
     responses((status = 200, description = "The caller", body = WhoAmI)))]
-pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<WhoAmI> {
+pub(crate) async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<WhoAmI> {
     let shadow = app.rt.outbound.is_shadow();
     // Through a link the caller holds the link's level, not a role of the
     // target: show that and where it comes from, not the target's admin set.
@@ -100,7 +100,7 @@ pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth
         Some(s) => (
             Some(s.space.to_string()),
             Some(s.role.clone()),
-            s.perms.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            s.perms.iter().map(std::string::ToString::to_string).collect::<Vec<_>>(),
         ),
         None => (None, None, Vec::new()),
     };
@@ -118,18 +118,18 @@ pub async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SpaceList {
+pub(crate) struct SpaceList {
     pub spaces: Vec<Space>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SpaceReply {
+pub(crate) struct SpaceReply {
     pub space: Space,
 }
 
 #[utoipa::path(get, path = "/api/spaces", tag = "spaces",
     responses((status = 200, description = "Every space for a global admin; else the spaces where the caller holds a role", body = SpaceList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<SpaceList>> {
@@ -149,7 +149,7 @@ pub async fn list(
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateSpace {
+pub(crate) struct CreateSpace {
     /// 1-63 of `a-z`, `0-9` and `-`, starting with a letter or digit.
     #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     id: String,
@@ -164,7 +164,7 @@ pub struct CreateSpace {
 #[utoipa::path(post, path = "/api/spaces", tag = "spaces", request_body = CreateSpace,
     responses((status = 201, description = "Created", body = SpaceReply),
         (status = 409, description = "The space exists", body = crate::api::error::ErrorBody)))]
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateSpace>,
@@ -189,7 +189,7 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/api/spaces/current", tag = "spaces",
     responses((status = 200, description = "The space of the request", body = SpaceReply)))]
-pub async fn current(
+pub(crate) async fn current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<SpaceReply>> {
@@ -206,21 +206,21 @@ pub async fn current(
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Rename {
+pub(crate) struct Rename {
     /// At most 200 characters, no control character.
     #[schema(min_length = 1, max_length = 200)]
     name: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Renamed {
+pub(crate) struct Renamed {
     pub space_id: String,
     pub name: String,
 }
 
 #[utoipa::path(put, path = "/api/spaces/current/name", tag = "spaces", request_body = Rename,
     responses((status = 200, description = "Renamed", body = Renamed)))]
-pub async fn rename(
+pub(crate) async fn rename(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<Rename>,
@@ -240,7 +240,7 @@ pub async fn rename(
 
 /// What deleting a space removed.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SpaceDeleted {
+pub(crate) struct SpaceDeleted {
     pub space_id: String,
     pub deleted: bool,
     pub removed: DeletedCounts,
@@ -255,7 +255,7 @@ pub struct SpaceDeleted {
 /// templates with no link and no file of the old one.
 #[utoipa::path(delete, path = "/api/spaces/current", tag = "spaces",
     responses((status = 200, description = "Deleted, with every link touching it revoked", body = SpaceDeleted)))]
-pub async fn delete_current(
+pub(crate) async fn delete_current(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<SpaceDeleted>> {

@@ -23,7 +23,7 @@ use crate::storage::tasks::{self, NewTask, Task};
 use crate::storage::StoreError;
 
 /// Scheduled tasks: list, create, delete, pause, resume, run now.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
         .routes(routes!(delete))
@@ -33,7 +33,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 }
 
 /// Across a link: every route, the list at `read`, the rest at `admin`.
-pub const ACT_AS: &[ActAsRoute] = &[
+pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/tasks", Read),
     ActAsRoute::new("POST", "/api/tasks", Admin),
     ActAsRoute::new("DELETE", "/api/tasks/{id}", Admin),
@@ -43,25 +43,25 @@ pub const ACT_AS: &[ActAsRoute] = &[
 ];
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TaskList {
+pub(crate) struct TaskList {
     pub tasks: Vec<Task>,
 }
 
 /// One task as it stands after the change.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TaskReply {
+pub(crate) struct TaskReply {
     pub task: Task,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TaskDeleted {
+pub(crate) struct TaskDeleted {
     pub task_id: i64,
     pub deleted: bool,
 }
 
 /// A firing queued now; the turn's reply arrives as for any message.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TaskQueued {
+pub(crate) struct TaskQueued {
     pub task_id: i64,
     pub message_id: i64,
 }
@@ -70,7 +70,7 @@ const TASK_ID: &str = "The task";
 
 #[utoipa::path(get, path = "/api/tasks", tag = "tasks",
     responses((status = 200, description = "The space's tasks", body = TaskList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<TaskList>> {
@@ -83,7 +83,7 @@ pub async fn list(
 /// now or an RFC 3339 time); `prompt` at most 8000 characters.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateTask {
+pub(crate) struct CreateTask {
     cron: Option<String>,
     at: Option<String>,
     #[schema(min_length = 1, max_length = 8000)]
@@ -95,7 +95,7 @@ pub struct CreateTask {
 
 #[utoipa::path(post, path = "/api/tasks", tag = "tasks", request_body = CreateTask,
     responses((status = 201, description = "Created", body = TaskReply)))]
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateTask>,
@@ -175,7 +175,7 @@ async fn set_active(
 #[utoipa::path(post, path = "/api/tasks/{id}/pause", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Paused", body = TaskReply)))]
-pub async fn pause(
+pub(crate) async fn pause(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -187,7 +187,7 @@ pub async fn pause(
 #[utoipa::path(post, path = "/api/tasks/{id}/resume", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Resumed at its next time from now", body = TaskReply)))]
-pub async fn resume(
+pub(crate) async fn resume(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -199,7 +199,7 @@ pub async fn resume(
 #[utoipa::path(delete, path = "/api/tasks/{id}", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Deleted", body = TaskDeleted)))]
-pub async fn delete(
+pub(crate) async fn delete(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,
@@ -221,7 +221,7 @@ pub async fn delete(
 #[utoipa::path(post, path = "/api/tasks/{id}/run", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 202, description = "A firing is queued", body = TaskQueued)))]
-pub async fn run_now(
+pub(crate) async fn run_now(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<i64>,

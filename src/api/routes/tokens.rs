@@ -18,18 +18,18 @@ use crate::links::ActAsRoute;
 use crate::storage::tokens::{self, NewToken, TokenInfo, TokenKind};
 
 /// Minting, listing and revoking tokens.
-pub fn router() -> OpenApiRouter<Arc<App>> {
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
         .routes(routes!(revoke))
 }
 
 /// None on purpose: tokens are instance-wide and for global admins only.
-pub const ACT_AS: &[ActAsRoute] = &[];
+pub(crate) const ACT_AS: &[ActAsRoute] = &[];
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateToken {
+pub(crate) struct CreateToken {
     #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
     /// `user` (default) or `adapter`.
@@ -47,7 +47,7 @@ pub struct CreateToken {
 
 /// A minted token: `token` is the secret, shown this once.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Minted {
+pub(crate) struct Minted {
     pub id: String,
     pub token: String,
     pub caller_id: String,
@@ -59,19 +59,19 @@ pub struct Minted {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TokenList {
+pub(crate) struct TokenList {
     pub tokens: Vec<TokenInfo>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct TokenRevoked {
+pub(crate) struct TokenRevoked {
     pub id: String,
     pub revoked: bool,
 }
 
 #[utoipa::path(post, path = "/api/tokens", tag = "tokens", request_body = CreateToken,
     responses((status = 201, description = "Minted", body = Minted)))]
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     b: Body<CreateToken>,
@@ -190,7 +190,7 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/api/tokens", tag = "tokens",
     responses((status = 200, description = "Every token, without secrets", body = TokenList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<TokenList>> {
@@ -202,7 +202,7 @@ pub async fn list(
 #[utoipa::path(delete, path = "/api/tokens/{id}", tag = "tokens",
     params(("id" = String, Path, description = "The token's id (not its secret)")),
     responses((status = 200, description = "Revoked", body = TokenRevoked)))]
-pub async fn revoke(
+pub(crate) async fn revoke(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     id: PathArg<String>,

@@ -11,7 +11,7 @@ use crate::clock;
 /// Input the server would refuse anyway, caught before anything is sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(pub String);
+pub(super) struct UsageError(pub String);
 
 /// What to do with the answer beyond showing it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -627,7 +627,7 @@ const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
 /// Percent-encodes everything but RFC 3986 unreserved characters (UTF-8
 /// bytes, upper-case hex), so caller ids such as `whatsapp:1@s.whatsapp.net`
 /// stay one path segment and query values cannot smuggle `&` or `#`.
-pub fn encode(raw: &str) -> String {
+pub(super) fn encode(raw: &str) -> String {
     // "." and ".." are path navigation to some proxies; encoded they stay data.
     if !raw.is_empty() && raw.bytes().all(|b| b == b'.') {
         return "%2E".repeat(raw.len());

@@ -175,7 +175,7 @@ impl DockerSession {
             while let Some(item) = output.next().await {
                 match item {
                     Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                        stdout.push(&message)
+                        stdout.push(&message);
                     }
                     Ok(LogOutput::StdErr { message }) => stderr.push(&message),
                     Ok(LogOutput::StdIn { .. }) => {}

@@ -44,7 +44,12 @@ pub(super) fn create_body(
     let limits = &spec.limits;
     ContainerCreateBody {
         image: Some(image.to_string()),
-        cmd: Some(KEEPALIVE_CMD.iter().map(|s| s.to_string()).collect()),
+        cmd: Some(
+            KEEPALIVE_CMD
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
+        ),
         labels: Some(labels),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         user: Some(user),

@@ -151,7 +151,7 @@ impl Fixture {
 
 fn req(argv: &[&str]) -> ExecRequest {
     ExecRequest {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
+        argv: argv.iter().map(std::string::ToString::to_string).collect(),
         stdin: None,
         timeout: Duration::from_secs(30),
         output_cap: 64 * 1024,
@@ -693,7 +693,12 @@ async fn starting_the_same_run_again_replaces_its_leftover() {
 async fn bare_container(docker: &Docker, image: &str, labels: HashMap<String, String>) -> String {
     let body = ContainerCreateBody {
         image: Some(image.to_string()),
-        cmd: Some(KEEPALIVE_CMD.iter().map(|s| s.to_string()).collect()),
+        cmd: Some(
+            KEEPALIVE_CMD
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
+        ),
         labels: Some(labels),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),

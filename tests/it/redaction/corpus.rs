@@ -14,14 +14,14 @@ use unicode_normalization::char::is_combining_mark;
 use unicode_normalization::UnicodeNormalization;
 
 /// splitmix64: small, seedable, good enough to draw test values.
-pub struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(super) fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -29,19 +29,19 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+    pub(super) fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + self.below(hi - lo + 1)
     }
 
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    pub(super) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
     }
 
-    pub fn chance(&mut self, percent: usize) -> bool {
+    pub(super) fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
     }
 
@@ -64,7 +64,7 @@ impl Rng {
 
 /// The people of the redaction list: realistic names (diacritics, particles,
 /// hyphens, non-decomposing letters) and random ones.
-pub const PEOPLE: &[&str] = &[
+pub(super) const PEOPLE: &[&str] = &[
     "Olivia Bakker",
     "Anna de Vries",
     "Łukasz Wróbel",
@@ -79,8 +79,11 @@ pub const PEOPLE: &[&str] = &[
     "Siobhán Murphy",
 ];
 
-pub fn people(rng: &mut Rng, random: usize) -> Vec<String> {
-    let mut all: Vec<String> = PEOPLE.iter().map(|s| s.to_string()).collect();
+pub(super) fn people(rng: &mut Rng, random: usize) -> Vec<String> {
+    let mut all: Vec<String> = PEOPLE
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
     while all.len() < PEOPLE.len() + random {
         let name = format!("{} {}", syllable_name(rng), syllable_name(rng));
         if !VOCABULARY
@@ -112,7 +115,7 @@ fn syllable_name(rng: &mut Rng) -> String {
 }
 
 /// Ordinary words: none of them is, or holds, a name part of [`PEOPLE`].
-pub const VOCABULARY: &[&str] = &[
+pub(super) const VOCABULARY: &[&str] = &[
     "the",
     "bot",
     "answered",
@@ -409,7 +412,7 @@ fn capitalise(s: &str) -> String {
 const PARTICLES: &[&str] = &["de", "van", "der"];
 
 /// Every class of identifier the corpus plants.
-pub const CLASSES: &[&str] = &[
+pub(super) const CLASSES: &[&str] = &[
     "phone: unicode separators",
     "phone: fullwidth or other digits",
     "phone: [msg N] disguise",
@@ -438,7 +441,7 @@ pub const CLASSES: &[&str] = &[
 /// One planted identifier: its class, the raw text, and what of it may stay
 /// (the `@` of a handle, the `Mr.` of `Mr. X`: context, not identifier).
 #[derive(Debug, Clone)]
-pub struct Planted {
+pub(super) struct Planted {
     pub class: &'static str,
     pub raw: String,
     pub context_before: String,
@@ -455,7 +458,7 @@ fn planted(class: &'static str, raw: String) -> Planted {
 }
 
 /// A value of `class`, with a person drawn from `people` for names.
-pub fn identifier(rng: &mut Rng, class: &'static str, people: &[String]) -> Planted {
+pub(super) fn identifier(rng: &mut Rng, class: &'static str, people: &[String]) -> Planted {
     let person = rng.pick(people).clone();
     let parts: Vec<&str> = person.split(' ').collect();
     let first = parts[0].to_owned();
@@ -647,7 +650,7 @@ fn marker(rng: &mut Rng) -> String {
 
 /// One line of the corpus and what was planted where.
 #[derive(Debug, Clone)]
-pub struct Line {
+pub(super) struct Line {
     pub text: String,
     /// Each planted identifier with its decorations and the markers around it.
     pub planted: Vec<Slot>,
@@ -656,7 +659,7 @@ pub struct Line {
 }
 
 #[derive(Debug, Clone)]
-pub struct Slot {
+pub(super) struct Slot {
     pub id: Planted,
     pub left: String,
     pub right: String,
@@ -666,7 +669,7 @@ pub struct Slot {
 
 /// A line of `words` ordinary tokens with the given identifiers planted at
 /// random places, each between two marker words.
-pub fn line(rng: &mut Rng, ids: Vec<Planted>, words: usize) -> Line {
+pub(super) fn line(rng: &mut Rng, ids: Vec<Planted>, words: usize) -> Line {
     let mut pieces: Vec<(bool, String)> = (0..words).map(|_| (true, ordinary(rng))).collect();
     let mut slots = Vec::new();
     for id in ids {
@@ -709,7 +712,7 @@ pub fn line(rng: &mut Rng, ids: Vec<Planted>, words: usize) -> Line {
 }
 
 /// The corpus: `per_class` lines for each class, each planting one value.
-pub fn corpus(rng: &mut Rng, people: &[String], per_class: usize) -> Vec<Line> {
+pub(super) fn corpus(rng: &mut Rng, people: &[String], per_class: usize) -> Vec<Line> {
     let mut out = Vec::new();
     for class in CLASSES {
         for _ in 0..per_class {
@@ -731,7 +734,7 @@ fn is_placeholder_at(s: &str) -> Option<usize> {
 }
 
 /// `text` with every placeholder replaced by `with`.
-pub fn without_placeholders(text: &str, with: &str) -> String {
+pub(super) fn without_placeholders(text: &str, with: &str) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < text.len() {
@@ -758,7 +761,7 @@ fn squeeze(s: &str) -> String {
 /// Is every planted identifier of `line` gone from `out`? Per slot: the text
 /// between its two markers, placeholders removed, must be exactly its
 /// decorations and context.
-pub fn slot_redacted(slot: &Slot, out: &str) -> bool {
+pub(super) fn slot_redacted(slot: &Slot, out: &str) -> bool {
     let clean = without_placeholders(out, "");
     let Some(a) = clean.find(&slot.before) else {
         return false;
@@ -776,7 +779,7 @@ pub fn slot_redacted(slot: &Slot, out: &str) -> bool {
 }
 
 /// How many ordinary tokens of `line` are in `out`, verbatim and in order.
-pub fn kept_tokens(line: &Line, out: &str) -> usize {
+pub(super) fn kept_tokens(line: &Line, out: &str) -> usize {
     let clean = without_placeholders(out, "\u{1}");
     let mut at = 0;
     let mut kept = 0;
@@ -791,7 +794,7 @@ pub fn kept_tokens(line: &Line, out: &str) -> usize {
 
 /// Figures of one run over a corpus.
 #[derive(Debug, Default, Clone)]
-pub struct Figures {
+pub(super) struct Figures {
     /// class → (planted, redacted by the redactor, flagged by the gate raw)
     pub per_class: BTreeMap<&'static str, (usize, usize, usize)>,
     pub ordinary: usize,
@@ -802,26 +805,26 @@ pub struct Figures {
 }
 
 impl Figures {
-    pub fn planted(&self) -> usize {
+    pub(super) fn planted(&self) -> usize {
         self.per_class.values().map(|v| v.0).sum()
     }
-    pub fn redacted(&self) -> usize {
+    pub(super) fn redacted(&self) -> usize {
         self.per_class.values().map(|v| v.1).sum()
     }
-    pub fn gated(&self) -> usize {
+    pub(super) fn gated(&self) -> usize {
         self.per_class.values().map(|v| v.2).sum()
     }
-    pub fn recall(&self) -> f64 {
+    pub(super) fn recall(&self) -> f64 {
         self.redacted() as f64 / self.planted().max(1) as f64
     }
-    pub fn gate_recall(&self) -> f64 {
+    pub(super) fn gate_recall(&self) -> f64 {
         self.gated() as f64 / self.planted().max(1) as f64
     }
-    pub fn kept_ratio(&self) -> f64 {
+    pub(super) fn kept_ratio(&self) -> f64 {
         self.kept as f64 / self.ordinary.max(1) as f64
     }
 
-    pub fn report(&self, title: &str) -> String {
+    pub(super) fn report(&self, title: &str) -> String {
         let mut s = format!(
             "{title}: {} lines, {} identifiers; redactor recall {:.1}% ({}/{}), gate on raw lines {:.1}% ({}/{}), ordinary tokens kept {:.1}% ({}/{}), redacted lines the gate blocks {}\n",
             self.lines,
@@ -849,7 +852,7 @@ impl Figures {
 /// Scores a redactor (`redact`: line → output) and a gate (`blocks`: text →
 /// flagged) on `lines`; `blocks_redacted` gates the redactor's output (only
 /// for the figure of redacted lines still blocked).
-pub fn evaluate(
+pub(super) fn evaluate(
     lines: &[Line],
     mut redact: impl FnMut(&str) -> String,
     mut blocks: impl FnMut(&str) -> bool,
