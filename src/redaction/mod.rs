@@ -488,14 +488,18 @@ fn merge(mut found: Vec<(Range<usize>, IdentifierKind, String)>) -> Vec<Hit> {
     for (range, kind, key) in found {
         if let Some(last) = out.last_mut() {
             if range.start < last.range.end {
-                // A platform-id shape (`@handle`) over a configured name
-                // yields to it, range and all, so the `@` of a name's handle
-                // stays the text around that name.
+                // A platform-id shape (`@handle`) that is exactly a
+                // configured name's handle yields to the name, so its `@`
+                // stays the text around that name. Any more of the handle
+                // than the name is the union below: `@anna_smith_x` is one
+                // id, never `@[PERSON_1]_smith_x`.
                 let (platform, name) = (IdentifierKind::PlatformId, IdentifierKind::Name);
-                if kind == platform && last.kind == name {
+                let is_handle_of =
+                    |n: &Range<usize>, p: &Range<usize>| n.start <= p.start + 1 && n.end >= p.end;
+                if kind == platform && last.kind == name && is_handle_of(&last.range, &range) {
                     continue;
                 }
-                if last.kind == platform && kind == name {
+                if last.kind == platform && kind == name && is_handle_of(&range, &last.range) {
                     *last = Hit { range, kind, key };
                     continue;
                 }
@@ -634,6 +638,19 @@ mod tests {
             kinds("ping @alice_smith", &list),
             BTreeSet::from([IdentifierKind::PlatformId])
         );
+    }
+
+    #[test]
+    fn a_handle_longer_than_a_configured_name_is_redacted_whole() {
+        let list = RedactionList::new().with_name("Anna");
+        let mut r = redactor(list.clone());
+        assert_eq!(
+            r.redact_identifiers("ping @anna now"),
+            "ping @[PERSON_1] now"
+        );
+        let out = r.redact_identifiers("ping @anna_smith_x now");
+        assert!(!out.contains("smith"), "{out}");
+        assert_eq!(assert_no_identifiers(&out, &list), Ok(()));
     }
 
     #[test]
