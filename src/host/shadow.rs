@@ -370,13 +370,13 @@ pub async fn down(root: &Path) -> ShadowResult<DownReport> {
         )));
     }
     let _ = std::fs::remove_file(Running::path(root));
-    let report = crate::shadow::diff::diff(&rec.data_dir, None)?;
+    let runs = crate::shadow::diff::cost_of(&rec.data_dir)?;
     Ok(DownReport {
         snapshot: rec.snapshot,
-        runs: report.runs.runs,
-        tokens_in: report.runs.tokens_in,
-        tokens_out: report.runs.tokens_out,
-        cost: report.runs.cost,
+        runs: runs.runs,
+        tokens_in: runs.tokens_in,
+        tokens_out: runs.tokens_out,
+        cost: runs.cost,
     })
 }
 

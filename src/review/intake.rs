@@ -24,7 +24,6 @@
 //! path from a bot name or date it has not validated, or apply a decision.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -898,46 +897,22 @@ pub(crate) fn gate_text(
     ids: &BTreeSet<i64>,
     gate: &IdentifierGate,
 ) -> Result<(), IntakeError> {
-    let mut strings = String::new();
-    collect_strings(json, &mut strings);
-    gate.check_with_ids(text, ids)
-        .and_then(|()| gate.check_with_ids(&strings, ids))
-        .map_err(|g| IntakeError::Gated {
-            what,
-            kinds: g
-                .kinds
-                .iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-}
-
-fn collect_strings(v: &Value, out: &mut String) {
-    match v {
-        Value::String(s) => {
-            out.push_str(s);
-            out.push('\n');
-        }
-        Value::Array(items) => items.iter().for_each(|i| collect_strings(i, out)),
-        Value::Object(map) => map.values().for_each(|i| collect_strings(i, out)),
-        _ => {}
-    }
+    super::report::gate_with_ids(text, json, ids, gate).map_err(|g| IntakeError::Gated {
+        what,
+        kinds: g
+            .kinds
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
 }
 
 /// Writes `dir/name` atomically (a temp file in `dir`, then a rename).
 pub(crate) fn persist(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IntakeError> {
     std::fs::create_dir_all(dir).map_err(io("creating the directory", dir))?;
     let target = dir.join(name);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".intake-")
-        .tempfile_in(dir)
-        .map_err(io("writing", dir))?;
-    tmp.write_all(bytes).map_err(io("writing", &target))?;
-    tmp.as_file().sync_all().map_err(io("writing", &target))?;
-    tmp.persist(&target)
-        .map_err(|e| io("writing", &target)(e.error))?;
-    Ok(())
+    super::report::persist(dir, &target, bytes).map_err(io("writing", &target))
 }
 
 /// Counts of a triage by proposed decision (for the CLI's summary line).

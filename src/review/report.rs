@@ -194,11 +194,21 @@ impl Report {
 /// The findings' message and reply ids (numbers the host validated against
 /// the batch) are the only `[msg N]` the gate lets through.
 pub(crate) fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Result<(), GateFailure> {
-    let ids = finding_ids(json);
-    gate.check_with_ids(markdown, &ids)?;
+    gate_with_ids(markdown, json, &finding_ids(json), gate)
+}
+
+/// [`gate`] for any written text and JSON (the intake's triage, ledger and
+/// items, the weekly report), with the `[msg N]` ids it may carry.
+pub(crate) fn gate_with_ids(
+    text: &str,
+    json: &Value,
+    ids: &BTreeSet<i64>,
+    gate: &IdentifierGate,
+) -> Result<(), GateFailure> {
+    gate.check_with_ids(text, ids)?;
     let mut strings = String::new();
     collect_strings(json, &mut strings);
-    gate.check_with_ids(&strings, &ids)
+    gate.check_with_ids(&strings, ids)
 }
 
 fn finding_ids(json: &Value) -> BTreeSet<i64> {
@@ -248,7 +258,9 @@ pub(crate) fn write_atomically(
     Ok(written)
 }
 
-fn persist(dir: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `target` (inside `dir`) atomically: a synced temp file in `dir`,
+/// then a rename.
+pub(crate) fn persist(dir: &Path, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(".report-")
         .tempfile_in(dir)?;

@@ -11,7 +11,6 @@
 //! message line the review redactor has not passed, or write to either side.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -129,19 +128,9 @@ fn walk(dir: &WorkspaceRoot, prefix: &str, out: &mut BTreeMap<String, String>) -
                 walk(&child, &rel, out)?;
             }
             EntryKind::File => {
-                let mut f = dir
-                    .open_file(&name)
+                let hash = crate::workspace::files::hash_file(dir, &name)
                     .map_err(|er| ShadowError::Invalid(format!("reading {rel}: {er}")))?;
-                let mut h = Sha256::new();
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = f.read(&mut buf).map_err(io_err(format!("reading {rel}")))?;
-                    if n == 0 {
-                        break;
-                    }
-                    h.update(&buf[..n]);
-                }
-                out.insert(rel, base16ct::lower::encode_string(&h.finalize()));
+                out.insert(rel, hash);
             }
             EntryKind::Symlink => {
                 let target = dir
@@ -213,6 +202,44 @@ fn rows(db: &rusqlite::Connection, sql: &str) -> ShadowResult<Rows> {
 fn open_ro(path: &Path) -> ShadowResult<rusqlite::Connection> {
     rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(sql_err(format!("opening {}", path.display())))
+}
+
+/// The shadow's runs, tokens and cost since its snapshot (what `down` prints,
+/// without the rest of the diff).
+pub fn runs_and_cost(
+    now_db: &rusqlite::Connection,
+    manifest: &Manifest,
+    space: Option<&str>,
+) -> ShadowResult<RunsAndCost> {
+    let mut runs = RunsAndCost::default();
+    let (sql_runs, sql_usage) = (
+        "SELECT COUNT(*) FROM runs WHERE started_at > ?1 AND (?2 IS NULL OR space_id = ?2)",
+        "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2)",
+    );
+    runs.runs = now_db
+        .query_row(
+            sql_runs,
+            rusqlite::params![manifest.marks.run_started_at_ms, space],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(sql_err("counting the shadow's runs"))? as u64;
+    let (i, o, c): (i64, i64, f64) = now_db
+        .query_row(
+            sql_usage,
+            rusqlite::params![manifest.marks.token_usage_id, space],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map_err(sql_err("summing the shadow's token usage"))?;
+    runs.tokens_in = i as u64;
+    runs.tokens_out = o as u64;
+    runs.cost = c;
+    Ok(runs)
+}
+
+/// [`runs_and_cost`] of the shadow data dir `dir`.
+pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
+    let manifest = Manifest::read(dir)?;
+    runs_and_cost(&open_ro(&dir.join("state.db"))?, &manifest, None)
 }
 
 /// The diff of the snapshot at `dir`, for one space or all.
@@ -290,30 +317,7 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         });
     }
 
-    let mut runs = RunsAndCost::default();
-    {
-        let (sql_runs, sql_usage) = (
-            "SELECT COUNT(*) FROM runs WHERE started_at > ?1 AND (?2 IS NULL OR space_id = ?2)",
-            "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2)",
-        );
-        runs.runs = now_db
-            .query_row(
-                sql_runs,
-                rusqlite::params![manifest.marks.run_started_at_ms, space],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(sql_err("counting the shadow's runs"))? as u64;
-        let (i, o, c): (i64, i64, f64) = now_db
-            .query_row(
-                sql_usage,
-                rusqlite::params![manifest.marks.token_usage_id, space],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .map_err(sql_err("summing the shadow's token usage"))?;
-        runs.tokens_in = i as u64;
-        runs.tokens_out = o as u64;
-        runs.cost = c;
-    }
+    let runs = runs_and_cost(&now_db, &manifest, space)?;
 
     let base_files: TreeHashes = {
         let p = dir.join(BASELINE_FILES);

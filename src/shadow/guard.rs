@@ -186,19 +186,8 @@ pub fn human_duration(ms: i64) -> String {
 
 /// `24h`, `30m`, `90s`, `2d` → milliseconds.
 pub fn parse_duration(raw: &str) -> Result<i64, String> {
-    let raw = raw.trim();
-    let bad = || format!("{raw:?} is not a duration (use e.g. 30m, 24h, 2d)");
-    let split = raw.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (n, unit) = raw.split_at(split);
-    let n: i64 = n.parse().map_err(|_| bad())?;
-    let mult = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(mult).ok_or_else(bad)
+    // One duration grammar for every flag (`30m`, `24h`, `2d`, `1h30m`).
+    crate::clock::parse_duration_ms(raw)
 }
 
 /// `512M`, `2G`, `100K`, plain bytes → bytes.

@@ -142,7 +142,9 @@ pub fn list(workspace: &Path, dir: &str) -> FilesResult<Vec<FileEntry>> {
     Ok(out)
 }
 
-fn hash_file(root: &WorkspaceRoot, rel: &str) -> FilesResult<String> {
+/// The sha256 of a regular file below `root`, streamed (the `hash` of the
+/// API; the shadow's diff hashes its trees with it too).
+pub(crate) fn hash_file(root: &WorkspaceRoot, rel: &str) -> FilesResult<String> {
     let mut file = root.open_file(rel)?;
     let mut hasher = Sha256::new();
     let mut buf = [0u8; 64 * 1024];

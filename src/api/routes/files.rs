@@ -180,8 +180,6 @@ pub(crate) async fn list(
 ) -> ApiResult<Json<FileList>> {
     let ctx = auth.require(Permission::FilesRead)?;
     let dir = params(q)?.path.unwrap_or_default();
-    // The same checks as a file path, but the root itself is allowed.
-    crate::workspace::safe::components(&dir).map_err(FilesError::from)?;
     let ws = app.rt.paths.workspace(&ctx.space);
     let d = dir.clone();
     let entries = blocking(move || files::list(&ws, &d)).await?;
