@@ -519,8 +519,12 @@ pub(crate) fn stored_dir(intake_dir: &Path, bot: &str, date: &str) -> PathBuf {
     intake_dir.join("reports").join(bot).join(date)
 }
 
-/// Every stored finding, oldest first (for the weekly and the duplicates).
-pub(crate) fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, IntakeError> {
+/// The stored findings of the days in `dates`, oldest first (the weekly's
+/// window: only those days' reports are read).
+pub(crate) fn stored_findings(
+    intake_dir: &Path,
+    dates: &BTreeSet<String>,
+) -> Result<Vec<IntakeFinding>, IntakeError> {
     let root = intake_dir.join("reports");
     let mut out = Vec::new();
     let Ok(bots) = std::fs::read_dir(&root) else {
@@ -541,7 +545,7 @@ pub(crate) fn stored_findings(intake_dir: &Path) -> Result<Vec<IntakeFinding>, I
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-            .filter(|d| catalog::parse_date(d).is_some())
+            .filter(|d| dates.contains(d) && catalog::parse_date(d).is_some())
             .collect();
         days.sort();
         for day in days {

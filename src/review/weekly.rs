@@ -476,10 +476,9 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
                 .iter()
                 .map(|f| (f.date.clone(), f.message_id, f.summary.clone()))
                 .collect();
-            let others: Vec<IntakeFinding> = intake::stored_findings(&intake_dir)
+            let others: Vec<IntakeFinding> = intake::stored_findings(&intake_dir, &dates)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|f| dates.contains(&f.date))
                 .filter(|f| !mine.contains(&(f.date.clone(), f.message_id, f.summary.clone())))
                 .collect();
             let ledger = ledger::read(&intake_dir).unwrap_or_default();

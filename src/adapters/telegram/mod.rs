@@ -462,6 +462,9 @@ async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
         .chat_id(chat)
         .action(ChatAction::Typing)
         .build();
+    // The turn's end wakes this at once; the status read, once per renewal,
+    // covers a message answered without a turn of its own.
+    let mut answered = ctx.app.rt.waiters.register(message);
     while started.elapsed() < limit {
         if let Err(Failure::Api(e) | Failure::Transport(e)) =
             ctx.bot.send_chat_action(&params).await.map_err(classify)
@@ -469,22 +472,22 @@ async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
             // Cosmetic: the reply still goes out.
             tracing::debug!(error = %e, "telegram sendChatAction failed");
         }
-        for _ in 0..8 {
-            if !ctx.pause(Duration::from_millis(500)).await {
-                return;
-            }
-            let pending = ctx
-                .app
-                .rt
-                .store
-                .read(move |c| messages::get(c, message))
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|m| m.status.as_deref() == Some("pending"));
-            if !pending {
-                return;
-            }
+        // Telegram shows "typing" for about 5 s: renew every 4.
+        tokio::select! {
+            _ = &mut answered => return,
+            go_on = ctx.pause(Duration::from_secs(4)) => if !go_on { return },
+        }
+        let pending = ctx
+            .app
+            .rt
+            .store
+            .read(move |c| messages::get(c, message))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.status.as_deref() == Some("pending"));
+        if !pending {
+            return;
         }
     }
 }

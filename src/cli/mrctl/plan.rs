@@ -534,22 +534,14 @@ pub(super) fn non_empty(what: &str, value: &str) -> Result<(), UsageError> {
     }
 }
 
-/// Same rule as the server's space ids, so a typo fails here with a clear
-/// sentence instead of a round trip.
+/// The server's own space-id rule (`SpaceId::parse`), so a typo fails here
+/// with a clear sentence instead of a round trip.
 pub(super) fn check_space_id(what: &str, id: &str) -> Result<(), UsageError> {
-    let b = id.as_bytes();
-    let ok = !b.is_empty()
-        && b.len() <= 63
-        && b[0] != b'-'
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(UsageError(format!(
+    crate::ids::SpaceId::parse(id).map(|_| ()).map_err(|_| {
+        UsageError(format!(
             "{what} {id:?} is not a space id: use 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit"
-        )))
-    }
+        ))
+    })
 }
 
 pub(super) fn check_cron(expr: &str) -> Result<(), UsageError> {
