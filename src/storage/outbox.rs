@@ -23,8 +23,10 @@ pub struct OutboxItem {
 }
 
 /// After the column list; shared with the query-plan test (`storage::migrations`).
+/// `?3`: a platform to leave out (`NULL`: none; `platform` is never NULL).
 pub(crate) const UNDELIVERED_TAIL: &str =
-    "FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 ORDER BY id LIMIT ?2";
+    "FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 \
+     AND platform IS NOT ?3 ORDER BY id LIMIT ?2";
 
 const COLS: &str = "id, space_id, conversation_id, platform, external_id, message_id, text, created_at, delivered_at, attempts";
 
@@ -74,16 +76,6 @@ pub fn after(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-pub fn undelivered(
-    conn: &Connection,
-    max_attempts: u32,
-    limit: u32,
-) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {UNDELIVERED_TAIL}"))?;
-    let rows = stmt.query_map(params![max_attempts, limit], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
 pub fn mark_delivered(conn: &Connection, id: i64) -> StoreResult<()> {
     conn.execute_cached(
         "UPDATE outbox SET delivered_at = ?2, attempts = attempts + 1 WHERE id = ?1",
@@ -100,20 +92,15 @@ pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
     Ok(())
 }
 
-/// [`undelivered`] without `skip`'s items: the webhook adapter leaves the
-/// replies of a platform an in-process adapter delivers to that adapter.
+/// Undelivered items, oldest first, without `skip`'s: the webhook adapter
+/// leaves the replies of a platform an in-process adapter delivers to it.
 pub fn undelivered_except(
     conn: &Connection,
     skip: Option<&str>,
     max_attempts: u32,
     limit: u32,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let Some(skip) = skip else {
-        return undelivered(conn, max_attempts, limit);
-    };
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM outbox WHERE delivered_at IS NULL AND attempts < ?1 AND platform <> ?3 ORDER BY id LIMIT ?2"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {UNDELIVERED_TAIL}"))?;
     let rows = stmt.query_map(params![max_attempts, limit, skip], from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
