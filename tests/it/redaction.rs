@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use mercury::redaction::{assert_no_identifiers, RedactionList, Redactor};
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestRunner};
 use reqwest::Method;
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
@@ -112,13 +112,23 @@ fn redaction_corpus_every_class_is_redacted_and_every_raw_line_gated() {
 /// from the redactor's output, the gate fails on the raw line and on each
 /// identifier alone, and over all cases at least 95 % of ordinary tokens
 /// are kept.
+///
+/// The cases come from a fixed seed, so a CI run tests what the last local
+/// run tested; `PROPTEST_RNG_SEED=<u64>` explores other cases.
 #[test]
 fn redaction_property_random_identifiers_in_random_text() {
     let totals = RefCell::new(Figures::default());
+    let base = Config::default();
+    let rng_seed = if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+        base.rng_seed
+    } else {
+        RngSeed::Fixed(0x1201_2026)
+    };
     let mut runner = TestRunner::new(Config {
         cases: 512,
         failure_persistence: None,
-        ..Config::default()
+        rng_seed,
+        ..base
     });
     let strategy = (proptest::num::u64::ANY, 1usize..=3, 0usize..14, 0usize..6);
     let result = runner.run(&strategy, |(seed, n, words, random_people)| {

@@ -689,8 +689,12 @@ pub(super) fn line(rng: &mut Rng, ids: Vec<Planted>, words: usize) -> Line {
             id,
         };
         let at = rng.below(pieces.len() + 1);
+        // The `;` on each side keeps the markers out of any identifier shape
+        // the ordinary words around them could form (`<marker> at 2018-10-26
+        // dot flight` is a spelled-out email), so a marker always bounds
+        // its slot.
         let text = format!(
-            "{} {}{}{}{}{} {}",
+            "; {} {}{}{}{}{} {};",
             slot.before,
             slot.left,
             slot.id.context_before,
