@@ -128,6 +128,12 @@ pub struct SandboxStatus {
 pub struct AdapterStatus {
     pub name: String,
     pub state: &'static str,
+    /// `polling`, `webhook` or `gateway` (a chat adapter's).
+    pub mode: Option<String>,
+    /// When the last platform update was stored (ms since the epoch).
+    pub last_update_at: Option<i64>,
+    /// The last failure talking to the platform (no secret in it).
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -151,6 +157,9 @@ async fn status(
         adapters.push(AdapterStatus {
             name: "webhook".into(),
             state: "running",
+            mode: None,
+            last_update_at: None,
+            last_error: None,
         });
     }
     for (name, a) in app.adapters.statuses() {
@@ -161,6 +170,9 @@ async fn status(
             } else {
                 "disconnected"
             },
+            mode: Some(a.mode).filter(|m| !m.is_empty()),
+            last_update_at: a.last_update_at,
+            last_error: a.last_error,
         });
     }
     Ok(Json(Status {

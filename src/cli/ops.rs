@@ -112,8 +112,29 @@ fn render_status(v: &Value) -> String {
         .into_iter()
         .flatten()
         .map(|a| {
+            let mut details = Vec::new();
+            if let Some(mode) = a["mode"].as_str() {
+                details.push(mode.to_owned());
+            }
+            if let Some(at) = a["last_update_at"]
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+            {
+                details.push(format!(
+                    "last update {}",
+                    at.format("%Y-%m-%d %H:%M:%S UTC")
+                ));
+            }
+            if let Some(e) = a["last_error"].as_str() {
+                details.push(format!("last error: {e}"));
+            }
+            let details = if details.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", details.join("; "))
+            };
             format!(
-                "{} {}",
+                "{} {}{details}",
                 a["name"].as_str().unwrap_or("?"),
                 a["state"].as_str().unwrap_or("?")
             )
