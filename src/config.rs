@@ -135,11 +135,49 @@ pub struct LogConfig {
 }
 
 /// The in-process chat adapters (`src/adapters`). Their secrets come from the
-/// environment only (`MERCURY_TELEGRAM_BOT_TOKEN`), never from this file.
+/// environment only (`MERCURY_TELEGRAM_BOT_TOKEN`,
+/// `MERCURY_DISCORD_BOT_TOKEN`), never from this file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdaptersConfig {
     pub telegram: TelegramConfig,
+    pub discord: DiscordConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscordConfig {
+    pub enabled: bool,
+    /// The REST API's base URL, version included (a test's fake).
+    pub api_base_url: String,
+    /// The gateway's URL (`ws://` or `wss://`), without query.
+    pub gateway_url: String,
+    /// Ask for the privileged MESSAGE_CONTENT intent: guild messages that do
+    /// not mention the bot keep their text (stored as context). It must be
+    /// switched on in the Developer Portal too, or Discord closes the session.
+    pub message_content: bool,
+}
+
+/// Is `url` a gateway URL the gateway client can take as it is (it panics
+/// on one it cannot parse): `ws://` or `wss://`, a host, no query.
+pub fn is_gateway_url(url: &str) -> bool {
+    let ws = url.trim_end_matches('/');
+    (ws.starts_with("ws://") || ws.starts_with("wss://"))
+        && !ws.contains(['?', '#'])
+        && format!("{ws}/?v=10&encoding=json")
+            .parse::<http::Uri>()
+            .is_ok_and(|u| u.host().is_some_and(|h| !h.is_empty()))
+}
+
+impl Default for DiscordConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            api_base_url: "https://discord.com/api/v10".into(),
+            gateway_url: "wss://gateway.discord.gg".into(),
+            message_content: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -576,6 +614,12 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     api_base_url: "https://api.telegram.org"  # URL of the Bot API (a local Bot API server, a test's fake)
     webhook_url: ""             # URL: webhook mode's public https URL of /api/adapters/telegram/webhook
     poll_timeout_secs: 25       # seconds one getUpdates long poll waits (at most 50)
+  # Discord. The bot token is read from MERCURY_DISCORD_BOT_TOKEN only.
+  discord:
+    enabled: false              # true|false
+    api_base_url: "https://discord.com/api/v10"  # URL of the REST API, version included (a test's fake)
+    gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
+    message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
 # only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
@@ -920,6 +964,20 @@ impl Settings {
                 "must be at most 50",
             ));
         }
+        let dc = &self.adapters.discord;
+        let https = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+        if !https(&dc.api_base_url) || dc.api_base_url.contains(['?', '#']) {
+            return Err(key_err(
+                "adapters.discord.api_base_url",
+                "must start with http:// or https:// and hold no query",
+            ));
+        }
+        if !is_gateway_url(&dc.gateway_url) {
+            return Err(key_err(
+                "adapters.discord.gateway_url",
+                "must be a ws:// or wss:// URL with a host and no query",
+            ));
+        }
         if !(self.shadow_root.is_empty() || self.shadow_root.starts_with('/')) {
             return Err(key_err(
                 "shadow_root",
@@ -989,6 +1047,7 @@ pub const OTHER_ENV: &[&str] = &[
     "MERCURY_OPENAI_API_KEY",
     "MERCURY_ANTHROPIC_API_KEY",
     "MERCURY_TELEGRAM_BOT_TOKEN",
+    "MERCURY_DISCORD_BOT_TOKEN",
     "MERCURY_LOG",
     "MERCURY_DATA_DIR",
     "MERCURY_MRCTL",

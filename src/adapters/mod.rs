@@ -1,8 +1,9 @@
-//! The in-process chat adapters: each one speaks one platform (Telegram
-//! today), feeds its messages to [`crate::ingress`] and delivers that
-//! platform's outbox items. Each runs as an actor under the root supervisor
-//! (restarted on failure) and keeps its position in `adapter_positions`,
-//! written in the same transaction as the message row it covers.
+//! The in-process chat adapters: each one speaks one platform (Telegram,
+//! Discord), feeds its messages to [`crate::ingress`] and delivers that
+//! platform's outbox items. Each runs as an [`AdapterActor`] under the root
+//! supervisor (restarted on failure) and keeps its position in
+//! `adapter_positions`, written in the same transaction as the message row
+//! it covers.
 //!
 //! [`start`] is the one place adapters are constructed; the host calls it
 //! (and must not in shadow mode: a rehearsal copy never talks to a platform).
@@ -12,21 +13,32 @@
 //! platform secret from anywhere but the environment, or acknowledge a
 //! platform update before its row is committed.
 
+pub(crate) mod discord;
 pub(crate) mod telegram;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ractor::{call_t, ActorRef};
+use ractor::{call_t, Actor, ActorCell, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
 
+use crate::actors::adapter::{AdapterBoard, SupervisedChild};
 use crate::actors::SupervisorMsg;
 use crate::app::App;
 use crate::config::Settings;
 use crate::ingress::{IngestResult, IngressError, IngressMessage};
-use crate::storage::StoreResult;
+use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::{messages, StoreError, StoreResult};
 
 /// The environment variable the Telegram bot token is read from (only).
 pub(crate) const TELEGRAM_TOKEN_ENV: &str = "MERCURY_TELEGRAM_BOT_TOKEN";
+/// The environment variable the Discord bot token is read from (only).
+pub(crate) const DISCORD_TOKEN_ENV: &str = "MERCURY_DISCORD_BOT_TOKEN";
+/// Delivery attempts of one outbox item before it is left undelivered.
+pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdapterError {
@@ -84,12 +96,56 @@ impl AdapterIdentity {
     }
 }
 
+/// Stores one platform message through `identity` with `also` (the
+/// adapter's position) in its transaction. `Some(row)` when a turn will
+/// answer it (a typing indicator is due). A message ingress refuses (an
+/// over-long text) is logged by `what` and only `also` is written. Only a
+/// failed store write is an error (the adapter's actor restarts and the
+/// platform gives the message again); a failed wake-up is not: the row is
+/// stored, and pending rows are picked up when the space's actor starts.
+pub(crate) async fn store_message<F>(
+    app: &App,
+    identity: AdapterIdentity,
+    m: IngressMessage,
+    what: &str,
+    also: F,
+) -> Result<Option<i64>, StoreError>
+where
+    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+{
+    if let Err(e) = m.validate() {
+        tracing::warn!(platform = identity.platform, message = what, error = %e, "message refused by ingress");
+        app.rt.store.write(also).await?;
+        return Ok(None);
+    }
+    match identity.ingest(app, m, also).await {
+        Ok(r) => Ok(r
+            .message_id
+            .filter(|_| r.status == crate::ingress::IngestStatus::Queued)),
+        Err(AdapterError::Ingress(IngressError::Store(e))) => Err(e),
+        Err(e) => {
+            tracing::error!(platform = identity.platform, error = %e, "message stored, but its space was not told");
+            Ok(None)
+        }
+    }
+}
+
+/// A display name or title ingress accepts: control characters dropped, at
+/// most 200 characters; `None` if nothing is left (a platform-controlled
+/// name is cleaned, never a reason to lose the message).
+pub(crate) fn clean_name(raw: &str) -> Option<String> {
+    let s: String = raw.chars().filter(|c| !c.is_control()).take(200).collect();
+    let s = s.trim().to_owned();
+    (!s.is_empty()).then_some(s)
+}
+
 /// The enabled adapters' secrets, read from `env` (the process's `MERCURY_*`
 /// environment) and nowhere else. The host reads them before it starts
 /// anything, so a missing one stops start-up with a sentence naming it.
 #[derive(Clone, Default)]
 pub(crate) struct AdapterSecrets {
     telegram: Option<String>,
+    discord: Option<String>,
 }
 
 // Holds bot tokens: a derived Debug would print them.
@@ -97,6 +153,7 @@ impl std::fmt::Debug for AdapterSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdapterSecrets")
             .field("telegram", &self.telegram.is_some())
+            .field("discord", &self.discord.is_some())
             .finish()
     }
 }
@@ -106,19 +163,28 @@ impl AdapterSecrets {
         settings: &Settings,
         env: &BTreeMap<String, String>,
     ) -> Result<Self, AdapterError> {
-        let mut secrets = Self::default();
-        if settings.adapters.telegram.enabled {
-            let token = env
-                .get(TELEGRAM_TOKEN_ENV)
+        let secret = |enabled: bool, adapter: &'static str, var: &'static str| {
+            if !enabled {
+                return Ok(None);
+            }
+            env.get(var)
                 .map(|t| t.trim())
                 .filter(|t| !t.is_empty())
-                .ok_or(AdapterError::MissingSecret {
-                    adapter: "the telegram adapter",
-                    env: TELEGRAM_TOKEN_ENV,
-                })?;
-            secrets.telegram = Some(token.to_owned());
-        }
-        Ok(secrets)
+                .map(|t| Some(t.to_owned()))
+                .ok_or(AdapterError::MissingSecret { adapter, env: var })
+        };
+        Ok(Self {
+            telegram: secret(
+                settings.adapters.telegram.enabled,
+                "the telegram adapter",
+                TELEGRAM_TOKEN_ENV,
+            )?,
+            discord: secret(
+                settings.adapters.discord.enabled,
+                "the discord adapter",
+                DISCORD_TOKEN_ENV,
+            )?,
+        })
     }
 }
 
@@ -130,8 +196,15 @@ pub(crate) async fn start(
     supervisor: &ActorRef<SupervisorMsg>,
     secrets: AdapterSecrets,
 ) -> Result<(), AdapterError> {
+    let mut children = Vec::new();
     if let Some(token) = secrets.telegram {
-        let child = telegram::TelegramChild::new(app.clone(), token);
+        children.push(telegram::child(app.clone(), token));
+    }
+    if let Some(token) = secrets.discord {
+        children.push(discord::child(app.clone(), token));
+    }
+    for child in children {
+        let adapter = child.name;
         call_t!(
             supervisor,
             SupervisorMsg::Supervise,
@@ -139,15 +212,217 @@ pub(crate) async fn start(
             Arc::new(child)
         )
         .map_err(|e| AdapterError::Start {
-            adapter: "telegram adapter",
+            adapter,
             reason: e.to_string(),
         })?
-        .map_err(|reason| AdapterError::Start {
-            adapter: "telegram adapter",
-            reason,
-        })?;
+        .map_err(|reason| AdapterError::Start { adapter, reason })?;
     }
     Ok(())
+}
+
+/// An adapter's loop: runs until the token is cancelled (`Ok`), or fails
+/// with a sentence (no secret in it) and its actor with it.
+pub(crate) type AdapterLoop = Arc<
+    dyn Fn(CancellationToken) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The root supervisor's handle on one adapter: how to (re)start it.
+pub(crate) struct AdapterChild {
+    /// The name on the board and in `adapter_positions` (`telegram`).
+    name: &'static str,
+    board: AdapterBoard,
+    run: AdapterLoop,
+}
+
+impl AdapterChild {
+    pub(crate) fn new(name: &'static str, board: AdapterBoard, run: AdapterLoop) -> Self {
+        Self { name, board, run }
+    }
+}
+
+#[async_trait::async_trait]
+impl SupervisedChild for AdapterChild {
+    fn name(&self) -> String {
+        format!("{} adapter", self.name)
+    }
+
+    async fn spawn(&self, supervisor: ActorCell) -> Result<ActorCell, ActorProcessingErr> {
+        let args = AdapterArgs {
+            name: self.name,
+            board: self.board.clone(),
+            run: self.run.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, AdapterActor, args, supervisor).await?;
+        Ok(actor.get_cell())
+    }
+}
+
+/// One running adapter: its loop runs on a task of its own (a platform call
+/// never blocks the actor); the loop's error, or its panic, fails the actor
+/// and the supervisor starts it again.
+pub(crate) struct AdapterActor;
+
+pub(crate) struct AdapterArgs {
+    name: &'static str,
+    board: AdapterBoard,
+    run: AdapterLoop,
+}
+
+pub(crate) enum AdapterMsg {
+    Failed(String),
+}
+
+pub(crate) struct AdapterState {
+    name: &'static str,
+    cancel: CancellationToken,
+    board: AdapterBoard,
+}
+
+impl Actor for AdapterActor {
+    type Msg = AdapterMsg;
+    type State = AdapterState;
+    type Arguments = AdapterArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AdapterMsg>,
+        args: AdapterArgs,
+    ) -> Result<AdapterState, ActorProcessingErr> {
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn((args.run)(cancel.clone()));
+        tokio::spawn(async move {
+            let failure = match task.await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => e,
+                Err(e) => format!("the adapter's loop panicked: {e}"),
+            };
+            let _ = myself.cast(AdapterMsg::Failed(failure));
+        });
+        Ok(AdapterState {
+            name: args.name,
+            cancel,
+            board: args.board,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<AdapterMsg>,
+        msg: AdapterMsg,
+        state: &mut AdapterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AdapterMsg::Failed(e) => {
+                state.board.failed(state.name, &e);
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<AdapterMsg>,
+        state: &mut AdapterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.cancel.cancel();
+        state.board.remove_webhook(state.name);
+        Ok(())
+    }
+}
+
+/// A growing pause between failed platform calls: 0.5 s doubling to 30 s.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn next(&mut self) -> Duration {
+        self.0 = (self.0 + 1).min(7);
+        Duration::from_millis((250u64 << self.0).min(30_000))
+    }
+}
+
+/// Sleeps `d`; false if `cancel` fired first.
+pub(crate) async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Shows "typing…" while the turn answering row `message` runs: `send`
+/// every `renew` (a platform shows it for a few seconds) until the message
+/// is no longer pending, the turn's time is up, or `cancel` fires. A failed
+/// `send` is the caller's to log: the reply still goes out.
+pub(crate) async fn typing_while_pending<F, Fut>(
+    app: &App,
+    cancel: &CancellationToken,
+    message: i64,
+    renew: Duration,
+    mut send: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let limit = Duration::from_secs(app.rt.settings.turn.timeout_secs + 30);
+    let started = Instant::now();
+    // The turn's end wakes this at once; the status read, once per renewal,
+    // covers a message answered without a turn of its own.
+    let mut answered = app.rt.waiters.register(message);
+    while started.elapsed() < limit {
+        send().await;
+        tokio::select! {
+            _ = &mut answered => return,
+            go_on = pause(cancel, renew) => if !go_on { return },
+        }
+        let pending = app
+            .rt
+            .store
+            .read(move |c| messages::get(c, message))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.status.as_deref() == Some("pending"));
+        if !pending {
+            return;
+        }
+    }
+}
+
+/// Delivers `platform`'s outbox items, oldest first, through `deliver`
+/// (which marks each delivered or failed, and answers false when the
+/// platform could not be reached: the loop then backs off).
+pub(crate) async fn deliver_outbox<F, Fut, E>(
+    app: &App,
+    platform: &'static str,
+    cancel: &CancellationToken,
+    mut deliver: F,
+) -> Result<(), E>
+where
+    F: FnMut(OutboxItem) -> Fut,
+    Fut: Future<Output = Result<bool, E>>,
+    E: From<StoreError>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        let items = app
+            .rt
+            .store
+            .read(move |c| outbox::undelivered_for(c, platform, MAX_ATTEMPTS, 20))
+            .await?;
+        let mut wait = Duration::from_millis(if items.is_empty() { 200 } else { 0 });
+        for item in items {
+            if !deliver(item).await? {
+                wait = backoff.next();
+                break;
+            }
+            backoff = Backoff::default();
+        }
+        if !pause(cancel, wait).await {
+            return Ok(());
+        }
+    }
 }
 
 /// Splits a reply into pieces of at most `max` UTF-16 code units (how

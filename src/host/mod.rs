@@ -342,6 +342,8 @@ pub enum OutboundAdapter {
     Webhook,
     /// `adapters.telegram` (started under the root supervisor).
     Telegram,
+    /// `adapters.discord` (started under the root supervisor).
+    Discord,
 }
 
 /// The one construction point of outbound adapters: what the config asks
@@ -357,6 +359,9 @@ pub fn outbound_adapters(
     }
     if settings.adapters.telegram.enabled {
         wanted.push(OutboundAdapter::Telegram);
+    }
+    if settings.adapters.discord.enabled {
+        wanted.push(OutboundAdapter::Discord);
     }
     if outbound.is_shadow() {
         for a in wanted.drain(..) {
@@ -494,14 +499,17 @@ pub async fn serve_with(
     }
     // The one construction point: in shadow mode `outbound_adapters` is empty.
     let adapters = outbound_adapters(&rt.settings, &rt.outbound);
-    if adapters.contains(&OutboundAdapter::Telegram) {
+    if adapters
+        .iter()
+        .any(|a| matches!(a, OutboundAdapter::Telegram | OutboundAdapter::Discord))
+    {
         crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
     }
     let background = tokio_util::task::TaskTracker::new();
     for adapter in adapters {
         match adapter {
             // Started above, under the root supervisor.
-            OutboundAdapter::Telegram => {}
+            OutboundAdapter::Telegram | OutboundAdapter::Discord => {}
             OutboundAdapter::Webhook => {
                 background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
                 rt.metrics.set_adapter_up("webhook", true);

@@ -14,6 +14,7 @@ mod api;
 mod ask;
 mod bench_sandbox;
 mod common;
+mod discord;
 mod docker_turns;
 mod files;
 mod layers;

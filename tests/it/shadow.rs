@@ -284,26 +284,31 @@ async fn shadow_control_a_live_host_posts_the_send_to_the_webhook() {
 #[tokio::test]
 async fn shadow_adapter_construction_point_builds_none_in_shadow_mode() {
     let t = tempfile::tempdir().unwrap();
-    let settings = mercury::config::Settings {
+    let mut settings = mercury::config::Settings {
         webhook: mercury::config::WebhookConfig {
             url: "http://127.0.0.1:9/hook".into(),
             max_attempts: 1,
         },
         ..Default::default()
     };
+    settings.adapters.telegram.enabled = true;
+    settings.adapters.discord.enabled = true;
     let live = mercury::runtime::Outbound::Live;
+    use mercury::host::OutboundAdapter::{Discord, Telegram, Webhook};
     assert_eq!(
         mercury::host::outbound_adapters(&settings, &live),
-        vec![mercury::host::OutboundAdapter::Webhook]
+        vec![Webhook, Telegram, Discord]
     );
     let shadow = mercury::runtime::Outbound::Shadow(Transcript::of(t.path()));
     assert!(mercury::host::outbound_adapters(&settings, &shadow).is_empty());
     let lines = Transcript::of(t.path()).read_all().unwrap();
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert_eq!(
-        (lines[0].kind.clone(), lines[0].source.as_str()),
-        (TranscriptKind::Refusal, "adapter")
-    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for line in &lines {
+        assert_eq!(
+            (line.kind.clone(), line.source.as_str()),
+            (TranscriptKind::Refusal, "adapter")
+        );
+    }
 }
 
 fn mercury_cmd() -> Command {

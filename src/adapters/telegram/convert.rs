@@ -10,6 +10,7 @@
 use frankenstein::types::{ChatType, Message};
 use frankenstein::updates::{Update, UpdateContent};
 
+use crate::adapters::clean_name;
 use crate::ingress::IngressMessage;
 
 pub(crate) const PLATFORM: &str = "telegram";
@@ -99,14 +100,6 @@ pub(crate) fn mentions(text: &str, username: &str) -> bool {
             .to_lowercase();
         w == at || (w.starts_with('/') && w.ends_with(&at))
     })
-}
-
-/// A display name or title ingress accepts: control characters dropped, at
-/// most 200 characters; `None` if nothing is left.
-fn clean_name(raw: &str) -> Option<String> {
-    let s: String = raw.chars().filter(|c| !c.is_control()).take(200).collect();
-    let s = s.trim().to_owned();
-    (!s.is_empty()).then_some(s)
 }
 
 #[cfg(test)]

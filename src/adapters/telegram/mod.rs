@@ -18,7 +18,7 @@
 pub(crate) mod convert;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use frankenstein::client_reqwest::Bot;
 use frankenstein::methods::{
@@ -29,26 +29,22 @@ use frankenstein::response::MethodResponse;
 use frankenstein::types::{AllowedUpdate, ChatAction, ReplyParameters};
 use frankenstein::updates::Update;
 use frankenstein::AsyncTelegramApi;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
-use super::{split_reply, AdapterError, AdapterIdentity};
-use crate::actors::adapter::{AdapterBoard, SupervisedChild, WebhookCall, WebhookInbox};
+use super::{split_reply, AdapterChild, AdapterIdentity, AdapterLoop, Backoff};
+use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookInbox};
 use crate::app::App;
 use crate::config::TelegramMode;
-use crate::ingress::{IngestStatus, IngressError};
 use crate::storage::outbox::{self, OutboxItem};
-use crate::storage::{adapters, messages, StoreError};
+use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
 pub(crate) const ADAPTER: &str = "telegram";
 /// Telegram's longest message, in UTF-16 code units.
 pub(crate) const MAX_MESSAGE: usize = 4096;
-/// Delivery attempts of one outbox item before it is left undelivered.
-const MAX_ATTEMPTS: u32 = 5;
 /// The longest `retry_after` waited out; a longer one is waited in steps.
 const RETRY_AFTER_CAP_SECS: u64 = 3600;
 
@@ -58,8 +54,6 @@ pub(crate) enum TelegramError {
     Client(String),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error(transparent)]
-    Adapter(#[from] AdapterError),
 }
 
 /// How a Bot API call failed.
@@ -89,106 +83,14 @@ fn classify(e: frankenstein::Error) -> Failure {
     }
 }
 
-/// A growing pause between failed calls: 0.5 s doubling to 30 s.
-struct Backoff(u32);
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        self.0 = (self.0 + 1).min(7);
-        Duration::from_millis((250u64 << self.0).min(30_000))
-    }
-}
-
-/// The supervisor's handle on the adapter: how to (re)start it.
-pub(crate) struct TelegramChild {
-    app: Arc<App>,
-    token: String,
-}
-
-impl TelegramChild {
-    pub(crate) fn new(app: Arc<App>, token: String) -> Self {
-        Self { app, token }
-    }
-}
-
-#[async_trait::async_trait]
-impl SupervisedChild for TelegramChild {
-    fn name(&self) -> String {
-        "telegram adapter".into()
-    }
-
-    async fn spawn(&self, supervisor: ActorCell) -> Result<ActorCell, ActorProcessingErr> {
-        let args = TelegramArgs {
-            app: self.app.clone(),
-            token: self.token.clone(),
-        };
-        let (actor, _) = Actor::spawn_linked(None, TelegramActor, args, supervisor).await?;
-        Ok(actor.get_cell())
-    }
-}
-
-pub(crate) struct TelegramActor;
-
-pub(crate) struct TelegramArgs {
-    app: Arc<App>,
-    token: String,
-}
-
-pub(crate) enum TelegramMsg {
-    /// The adapter's loop ended with an error: the actor fails, and the
-    /// supervisor restarts it.
-    Failed(String),
-}
-
-pub(crate) struct TelegramState {
-    cancel: CancellationToken,
-    board: AdapterBoard,
-}
-
-impl Actor for TelegramActor {
-    type Msg = TelegramMsg;
-    type State = TelegramState;
-    type Arguments = TelegramArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<TelegramMsg>,
-        args: TelegramArgs,
-    ) -> Result<TelegramState, ActorProcessingErr> {
-        let cancel = CancellationToken::new();
-        let board = args.app.adapters.clone();
-        let stop = cancel.clone();
-        tokio::spawn(async move {
-            if let Err(e) = run(args.app, args.token, stop).await {
-                let _ = myself.cast(TelegramMsg::Failed(e.to_string()));
-            }
-        });
-        Ok(TelegramState { cancel, board })
-    }
-
-    async fn handle(
-        &self,
-        _me: ActorRef<TelegramMsg>,
-        msg: TelegramMsg,
-        state: &mut TelegramState,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            TelegramMsg::Failed(e) => {
-                state.board.failed(ADAPTER, &e);
-                Err(e.into())
-            }
-        }
-    }
-
-    async fn post_stop(
-        &self,
-        _me: ActorRef<TelegramMsg>,
-        state: &mut TelegramState,
-    ) -> Result<(), ActorProcessingErr> {
-        state.cancel.cancel();
-        state.board.remove_webhook(ADAPTER);
-        Ok(())
-    }
+/// The supervisor's handle on the adapter: each (re)start runs [`run`] anew.
+pub(crate) fn child(app: Arc<App>, token: String) -> AdapterChild {
+    let board = app.adapters.clone();
+    let run: AdapterLoop = Arc::new(move |cancel| {
+        let (app, token) = (app.clone(), token.clone());
+        Box::pin(async move { run(app, token, cancel).await.map_err(|e| e.to_string()) })
+    });
+    AdapterChild::new(ADAPTER, board, run)
 }
 
 /// What every part of a running adapter shares.
@@ -207,10 +109,7 @@ impl Ctx {
 
     /// Sleeps `d`; false if the adapter is stopping.
     async fn pause(&self, d: Duration) -> bool {
-        tokio::select! {
-            _ = self.cancel.cancelled() => false,
-            _ = tokio::time::sleep(d) => true,
-        }
+        super::pause(&self.cancel, d).await
     }
 }
 
@@ -235,7 +134,7 @@ async fn run(app: Arc<App>, token: String, cancel: CancellationToken) -> Result<
         .api_url(format!("{base}/bot{token}"))
         .client(client)
         .build();
-    let mut backoff = Backoff(0);
+    let mut backoff = Backoff::default();
     let me = loop {
         let res = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
@@ -299,7 +198,7 @@ fn allowed_updates() -> Vec<AllowedUpdate> {
 /// acknowledged once (and only once) its row is committed.
 async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
     let timeout = ctx.app.rt.settings.adapters.telegram.poll_timeout_secs;
-    let mut backoff = Backoff(0);
+    let mut backoff = Backoff::default();
     // getUpdates is refused (409) while a webhook is set.
     let clear = DeleteWebhookParams::builder().build();
     if let Err(f) = ctx.bot.delete_webhook(&clear).await.map_err(classify) {
@@ -331,7 +230,7 @@ async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
         match res.map_err(classify) {
             Ok(r) => {
                 ctx.board().connected(ADAPTER);
-                backoff = Backoff(0);
+                backoff = Backoff::default();
                 for raw in r.result {
                     take_raw(ctx, raw).await?;
                 }
@@ -355,7 +254,7 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
         .secret_token(secret.clone())
         .allowed_updates(allowed_updates())
         .build();
-    let mut backoff = Backoff(0);
+    let mut backoff = Backoff::default();
     loop {
         let res = tokio::select! {
             _ = ctx.cancel.cancelled() => return Ok(()),
@@ -430,90 +329,36 @@ async fn take(ctx: &Arc<Ctx>, update: Update) -> Result<(), TelegramError> {
             return Ok(());
         }
     };
-    if let Err(e) = m.validate() {
-        tracing::warn!(update = update.update_id, error = %e, "telegram message refused by ingress");
-        ctx.app.rt.store.write(advance).await?;
-        return Ok(());
-    }
     let chat = m.conversation.parse::<i64>().ok();
-    match ctx.identity.ingest(&ctx.app, *m, advance).await {
-        Ok(r) => {
-            if let (IngestStatus::Queued, Some(row), Some(chat)) = (r.status, r.message_id, chat) {
-                tokio::spawn(typing(ctx.clone(), chat, row));
-            }
-            Ok(())
-        }
-        Err(AdapterError::Ingress(IngressError::Store(e))) => Err(e.into()),
-        Err(AdapterError::Ingress(e)) => {
-            tracing::error!(error = %e, "telegram message stored, but its space was not told");
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
+    let what = format!("telegram update {}", update.update_id);
+    let queued = super::store_message(&ctx.app, ctx.identity, *m, &what, advance).await?;
+    if let (Some(row), Some(chat)) = (queued, chat) {
+        tokio::spawn(typing(ctx.clone(), chat, row));
     }
+    Ok(())
 }
 
 /// "typing…" in `chat` while the turn answering row `message` runs:
-/// Telegram shows it for five seconds, so it is renewed every four until the
-/// message is no longer pending (or the turn's time is up).
+/// Telegram shows it for five seconds, so it is renewed every four.
 async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
-    let limit = Duration::from_secs(ctx.app.rt.settings.turn.timeout_secs + 30);
-    let started = Instant::now();
     let params = SendChatActionParams::builder()
         .chat_id(chat)
         .action(ChatAction::Typing)
         .build();
-    // The turn's end wakes this at once; the status read, once per renewal,
-    // covers a message answered without a turn of its own.
-    let mut answered = ctx.app.rt.waiters.register(message);
-    while started.elapsed() < limit {
+    let send = || async {
         if let Err(Failure::Api(e) | Failure::Transport(e)) =
             ctx.bot.send_chat_action(&params).await.map_err(classify)
         {
             // Cosmetic: the reply still goes out.
             tracing::debug!(error = %e, "telegram sendChatAction failed");
         }
-        // Telegram shows "typing" for about 5 s: renew every 4.
-        tokio::select! {
-            _ = &mut answered => return,
-            go_on = ctx.pause(Duration::from_secs(4)) => if !go_on { return },
-        }
-        let pending = ctx
-            .app
-            .rt
-            .store
-            .read(move |c| messages::get(c, message))
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|m| m.status.as_deref() == Some("pending"));
-        if !pending {
-            return;
-        }
-    }
+    };
+    super::typing_while_pending(&ctx.app, &ctx.cancel, message, Duration::from_secs(4), send).await;
 }
 
 /// Delivers Telegram's outbox items, oldest first.
 async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
-    let mut backoff = Backoff(0);
-    loop {
-        let items = ctx
-            .app
-            .rt
-            .store
-            .read(|c| outbox::undelivered_for(c, PLATFORM, MAX_ATTEMPTS, 20))
-            .await?;
-        let mut pause = Duration::from_millis(if items.is_empty() { 200 } else { 0 });
-        for item in items {
-            if !deliver(ctx, item).await? {
-                pause = backoff.next();
-                break;
-            }
-            backoff = Backoff(0);
-        }
-        if !ctx.pause(pause).await {
-            return Ok(());
-        }
-    }
+    super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, |item| deliver(ctx, item)).await
 }
 
 /// Sends one outbox item (in pieces if long); marks it delivered or failed.

@@ -1,0 +1,372 @@
+//! The Discord adapter: an actor under the root supervisor that holds one
+//! gateway session (twilight's shard: identify with intents, heartbeat,
+//! resume after a dropped connection), stores each `MESSAGE_CREATE` through
+//! ingress, shows "typing…" while a turn runs, and delivers Discord's outbox
+//! items through [`rest`] (threaded under the message they answer, split at
+//! 2,000 characters, within the per-route and global rate limits).
+//!
+//! The gateway position (session id, sequence, resume URL) is stored in the
+//! same transaction as the message row of the dispatch it follows, and a
+//! start resumes from the stored one: Discord then replays exactly the
+//! dispatches after it, so a restart (of the actor or the host) neither
+//! loses nor repeats a message while Discord still holds the session.
+//!
+//! Must never: put the bot token in a log, an error or a status; let a reply
+//! ping anyone (every send carries `allowed_mentions` that parse nothing: an
+//! adversary could get the agent to write `@everyone`); or act as anything
+//! but its platform-bound [`AdapterIdentity`].
+
+pub(crate) mod convert;
+pub(crate) mod rest;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use twilight_gateway::error::ReceiveMessageErrorType;
+use twilight_gateway::{ConfigBuilder, Intents, Message, Session, Shard, ShardId};
+
+use self::convert::{BotSelf, Inbound, Payload, RawMessage, PLATFORM};
+use self::rest::{DiscordRest, RestError};
+use super::{split_reply, AdapterChild, AdapterIdentity, AdapterLoop, Backoff};
+use crate::app::App;
+use crate::config::DiscordConfig;
+use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::{adapters, StoreError};
+
+/// The name on the board and in `adapter_positions`.
+pub(crate) const ADAPTER: &str = "discord";
+/// Discord's longest message, in characters.
+pub(crate) const MAX_MESSAGE: usize = 2000;
+/// Discord shows "typing…" for 10 s: renewed every 8.
+const TYPING_RENEW: Duration = Duration::from_secs(8);
+/// The pause after Discord closed the session for good (a bad token,
+/// intents not allowed): a new identify, not a hammering loop (identifies
+/// are limited to 1,000 a day).
+const FATAL_PAUSE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DiscordError {
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where the gateway session stands, as stored in `adapter_positions`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct GatewayPosition {
+    pub session_id: String,
+    /// The sequence of the last dispatch whose message is stored.
+    pub sequence: u64,
+    pub resume_url: String,
+}
+
+/// The supervisor's handle on the adapter: each (re)start runs [`run`] anew.
+pub(crate) fn child(app: Arc<App>, token: String) -> AdapterChild {
+    let board = app.adapters.clone();
+    let run: AdapterLoop = Arc::new(move |cancel| {
+        let (app, token) = (app.clone(), token.clone());
+        Box::pin(async move { run(app, token, cancel).await.map_err(|e| e.to_string()) })
+    });
+    AdapterChild::new(ADAPTER, board, run)
+}
+
+/// What every part of a running adapter shares.
+struct Ctx {
+    app: Arc<App>,
+    rest: DiscordRest,
+    me: BotSelf,
+    identity: AdapterIdentity,
+    cancel: CancellationToken,
+}
+
+impl Ctx {
+    fn board(&self) -> &crate::actors::adapter::AdapterBoard {
+        &self.app.adapters
+    }
+}
+
+async fn run(app: Arc<App>, token: String, cancel: CancellationToken) -> Result<(), DiscordError> {
+    let cfg = app.rt.settings.adapters.discord.clone();
+    let board = app.adapters.clone();
+    board.set_mode(ADAPTER, "gateway");
+    let rest = DiscordRest::new(&cfg.api_base_url, &token)
+        .map_err(|e| DiscordError::Client(e.to_string()))?;
+    let mut backoff = Backoff::default();
+    let me = loop {
+        match rest.current_user(&cancel).await {
+            Ok(me) => break me,
+            Err(RestError::Cancelled) => return Ok(()),
+            Err(e) => {
+                let msg = format!("GET /users/@me: {e}");
+                tracing::warn!(error = %msg, "discord call failed");
+                board.failed(ADAPTER, &msg);
+                if !super::pause(&cancel, backoff.next()).await {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    tracing::info!(bot = %me.username, "discord adapter has its bot user");
+    let ctx = Arc::new(Ctx {
+        app,
+        rest,
+        me,
+        identity: AdapterIdentity::bound_to(PLATFORM),
+        cancel,
+    });
+    tokio::select! {
+        r = gateway(&ctx, &token, &cfg) => r,
+        r = deliver_loop(&ctx) => r,
+    }
+}
+
+fn intents(cfg: &DiscordConfig) -> Intents {
+    let base = Intents::GUILD_MESSAGES | Intents::DIRECT_MESSAGES;
+    if cfg.message_content {
+        base | Intents::MESSAGE_CONTENT
+    } else {
+        base
+    }
+}
+
+/// A shard that resumes the stored session if there is one (Discord
+/// answers a stale one with "invalid session", and the shard identifies
+/// anew).
+async fn shard(ctx: &Ctx, token: &str, cfg: &DiscordConfig) -> Result<Shard, DiscordError> {
+    let stored = ctx
+        .app
+        .rt
+        .store
+        .read(|c| adapters::position(c, ADAPTER))
+        .await?
+        .and_then(|p| serde_json::from_str::<GatewayPosition>(&p).ok())
+        // The shard cannot be handed a URL it cannot parse.
+        .filter(|p| crate::config::is_gateway_url(&p.resume_url));
+    let mut builder = ConfigBuilder::new(token.to_owned(), intents(cfg))
+        .proxy_url(cfg.gateway_url.trim_end_matches('/').to_owned());
+    if let Some(p) = stored {
+        tracing::info!(
+            sequence = p.sequence,
+            "discord: resuming the stored gateway session"
+        );
+        builder = builder
+            .session(Session::new(p.sequence, p.session_id))
+            .resume_url(p.resume_url.trim_end_matches('/').to_owned());
+    }
+    Ok(Shard::with_config(ShardId::ONE, builder.build()))
+}
+
+/// The gateway: one shard at a time; the shard reconnects (and resumes) by
+/// itself after a dropped connection, and a session Discord closed for good
+/// is identified again after [`FATAL_PAUSE`].
+async fn gateway(ctx: &Arc<Ctx>, token: &str, cfg: &DiscordConfig) -> Result<(), DiscordError> {
+    loop {
+        let mut shard = shard(ctx, token, cfg).await?;
+        loop {
+            let next = tokio::select! {
+                _ = ctx.cancel.cancelled() => return Ok(()),
+                m = shard.next() => m,
+            };
+            match next {
+                None => break,
+                Some(Ok(Message::Text(json))) => {
+                    // Read before any await: the shard is not shared across one.
+                    let Ok(p) = serde_json::from_str::<Payload>(&json) else {
+                        tracing::warn!("a discord gateway payload Mercury cannot read; skipped");
+                        continue;
+                    };
+                    let pos = p.s.and_then(|s| position_at(&shard, s));
+                    take_payload(ctx, p, pos).await?;
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    let why = frame.map_or_else(
+                        || "the gateway connection closed".to_owned(),
+                        |f| format!("the gateway closed the connection: {} {}", f.code, f.reason),
+                    );
+                    tracing::warn!(error = %why, "discord gateway");
+                    ctx.board().failed(ADAPTER, &why);
+                }
+                Some(Err(e)) => {
+                    // A Deserializing error's text is the raw event (people's messages).
+                    let why = match e.kind() {
+                        ReceiveMessageErrorType::Deserializing { .. } => {
+                            "a gateway event Mercury cannot read".to_owned()
+                        }
+                        _ => e.to_string(),
+                    };
+                    tracing::warn!(error = %why, "discord gateway");
+                    ctx.board().failed(ADAPTER, &why);
+                }
+            }
+        }
+        tracing::error!("discord closed the gateway session for good; identifying again later");
+        if !super::pause(&ctx.cancel, FATAL_PAUSE).await {
+            return Ok(());
+        }
+    }
+}
+
+/// The position after a dispatch with sequence `s`, if the shard has a
+/// session (it has one for every dispatch after READY).
+fn position_at(shard: &Shard, s: u64) -> Option<GatewayPosition> {
+    let session = shard.session()?;
+    Some(GatewayPosition {
+        session_id: session.id().to_owned(),
+        sequence: s,
+        resume_url: shard.resume_url()?.to_owned(),
+    })
+}
+
+/// One gateway payload, with the position after it. The shard has already
+/// acted on the ones about the connection (hello, heartbeats, reconnect,
+/// invalid session); what is left here is dispatches.
+async fn take_payload(
+    ctx: &Arc<Ctx>,
+    p: Payload,
+    pos: Option<GatewayPosition>,
+) -> Result<(), DiscordError> {
+    if p.op != 0 {
+        return Ok(());
+    }
+    match p.t.as_deref() {
+        Some("READY") => {
+            ctx.board().connected(ADAPTER);
+            tracing::info!("discord gateway session identified");
+            if let Some(pos) = pos {
+                let text = serde_json::to_string(&pos).unwrap_or_default();
+                ctx.app
+                    .rt
+                    .store
+                    .write(move |tx| adapters::set_position(tx, ADAPTER, &text))
+                    .await?;
+            }
+        }
+        Some("RESUMED") => {
+            ctx.board().connected(ADAPTER);
+            tracing::info!("discord gateway session resumed");
+        }
+        Some("MESSAGE_CREATE") => match serde_json::from_value::<RawMessage>(p.d) {
+            Ok(m) => take_message(ctx, m, pos).await?,
+            Err(e) => {
+                tracing::warn!(error = %e, "a discord message Mercury cannot read; skipped");
+            }
+        },
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Stores one message together with the gateway position after it.
+async fn take_message(
+    ctx: &Arc<Ctx>,
+    m: RawMessage,
+    pos: Option<GatewayPosition>,
+) -> Result<(), DiscordError> {
+    ctx.board().updated(ADAPTER);
+    let msg = match convert::inbound(&m, &ctx.me) {
+        Inbound::Message(msg) => msg,
+        Inbound::Skip(why) => {
+            // Not stored, so the position need not move: a resume replays it
+            // and it is skipped again.
+            tracing::debug!(why, "discord message skipped");
+            return Ok(());
+        }
+    };
+    let text = pos.and_then(|p| serde_json::to_string(&p).ok());
+    let advance = move |tx: &rusqlite::Transaction<'_>| match &text {
+        Some(t) => adapters::set_position(tx, ADAPTER, t),
+        None => Ok(()),
+    };
+    let what = format!("discord message {}", m.id);
+    let channel = m.channel_id.clone();
+    if let Some(row) = super::store_message(&ctx.app, ctx.identity, *msg, &what, advance).await? {
+        tokio::spawn(typing(ctx.clone(), channel, row));
+    }
+    Ok(())
+}
+
+/// "typing…" in `channel` while the turn answering row `message` runs.
+async fn typing(ctx: Arc<Ctx>, channel: String, message: i64) {
+    let path = format!("/channels/{channel}/typing");
+    let send = || async {
+        if let Err(e) = ctx.rest.call(Method::POST, &path, None, &ctx.cancel).await {
+            // Cosmetic: the reply still goes out.
+            tracing::debug!(error = %e, "discord typing failed");
+        }
+    };
+    super::typing_while_pending(&ctx.app, &ctx.cancel, message, TYPING_RENEW, send).await;
+}
+
+/// Delivers Discord's outbox items, oldest first.
+async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), DiscordError> {
+    super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, |item| deliver(ctx, item)).await
+}
+
+/// Sends one outbox item (in pieces if long); marks it delivered or failed.
+/// False if Discord could not be reached (the caller backs off).
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, DiscordError> {
+    let id = item.id;
+    let store = &ctx.app.rt.store;
+    if !convert::is_snowflake(&item.external_id) {
+        let err = format!("{:?} is not a Discord channel id", item.external_id);
+        store
+            .write(move |tx| outbox::mark_failed(tx, id, &err))
+            .await?;
+        return Ok(true);
+    }
+    let answered = {
+        let item = item.clone();
+        store
+            .read(move |c| outbox::answered_platform_id(c, &item))
+            .await?
+            .filter(|m| convert::is_snowflake(m))
+    };
+    let path = format!("/channels/{}/messages", item.external_id);
+    for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
+        let mut body = json!({
+            "content": part,
+            // Nobody is pinged by what the agent writes, not even the person answered.
+            "allowed_mentions": {"parse": [], "replied_user": false},
+        });
+        // The first piece is threaded under the message it answers; the
+        // answer still goes out if that message was deleted meanwhile.
+        if let Some(m) = answered.as_ref().filter(|_| i == 0) {
+            body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
+        }
+        match ctx
+            .rest
+            .call(Method::POST, &path, Some(&body), &ctx.cancel)
+            .await
+        {
+            Ok(_) => {}
+            Err(RestError::Cancelled) => return Ok(true),
+            Err(RestError::Api { status, message }) => {
+                let e = format!("{status} {message}");
+                tracing::warn!(outbox = id, error = %e, "discord refused a reply");
+                store
+                    .write(move |tx| outbox::mark_failed(tx, id, &e))
+                    .await?;
+                return Ok(true);
+            }
+            Err(RestError::Transport(e)) => {
+                ctx.board()
+                    .failed(ADAPTER, &format!("POST /channels/…/messages: {e}"));
+                store
+                    .write(move |tx| outbox::mark_failed(tx, id, &e))
+                    .await?;
+                return Ok(false);
+            }
+        }
+    }
+    store
+        .write(move |tx| outbox::mark_delivered(tx, id))
+        .await?;
+    ctx.board().connected(ADAPTER);
+    Ok(true)
+}
