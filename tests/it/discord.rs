@@ -49,6 +49,12 @@ struct Gateway {
     resumes: Vec<Value>,
     /// Bumped to drop every open connection.
     epoch: u64,
+    /// While set, a connection is refused before its handshake.
+    down: bool,
+    /// READY payloads sent.
+    readies: u32,
+    /// The message ids a resume's replay delivered.
+    replayed: Vec<String>,
 }
 
 #[derive(Default)]
@@ -217,6 +223,9 @@ fn dispatch(st: &FakeState, t: &str, d: Value) -> String {
 }
 
 async fn connection(st: Arc<FakeState>, tcp: tokio::net::TcpStream) {
+    if st.gw.lock().unwrap().down {
+        return;
+    }
     let Ok((_req, mut ws)) = ServerBuilder::new().accept(tcp).await else {
         return;
     };
@@ -228,6 +237,10 @@ async fn connection(st: Arc<FakeState>, tcp: tokio::net::TcpStream) {
     // The last sequence this connection has delivered; None until identified.
     let mut cursor: Option<u64> = None;
     loop {
+        if st.gw.lock().unwrap().epoch != epoch {
+            // Dropped without a close frame, as a broken connection is.
+            return;
+        }
         if let Some(c) = cursor {
             let due: Vec<(u64, Value)> = st
                 .gw
@@ -244,10 +257,6 @@ async fn connection(st: Arc<FakeState>, tcp: tokio::net::TcpStream) {
                 }
                 cursor = Some(s);
             }
-        }
-        if st.gw.lock().unwrap().epoch != epoch {
-            // Dropped without a close frame, as a broken connection is.
-            return;
         }
         let changed = st.changed.notified();
         let incoming = tokio::select! {
@@ -306,6 +315,7 @@ async fn connection(st: Arc<FakeState>, tcp: tokio::net::TcpStream) {
                 if ws.send(WsMessage::text(ready)).await.is_err() {
                     return;
                 }
+                st.gw.lock().unwrap().readies += 1;
             }
             Some(6) => {
                 let d = p["d"].clone();
@@ -326,6 +336,9 @@ async fn connection(st: Arc<FakeState>, tcp: tokio::net::TcpStream) {
                     for (s, e) in replay {
                         if ws.send(WsMessage::text(e.to_string())).await.is_err() {
                             return;
+                        }
+                        if let Some(id) = e["d"]["id"].as_str() {
+                            st.gw.lock().unwrap().replayed.push(id.to_owned());
                         }
                         cursor = Some(s);
                     }
@@ -374,10 +387,23 @@ impl FakeDiscord {
         push_dispatch(&self.state, d)
     }
 
-    /// Breaks every open gateway connection (no close frame).
+    /// Breaks every open gateway connection (no close frame) and refuses
+    /// new ones until [`FakeDiscord::restore_gateway`].
     pub(crate) fn drop_gateway(&self) {
-        self.state.gw.lock().unwrap().epoch += 1;
+        {
+            let mut g = self.state.gw.lock().unwrap();
+            g.epoch += 1;
+            g.down = true;
+        }
         self.state.changed.notify_waiters();
+    }
+
+    pub(crate) fn restore_gateway(&self) {
+        self.state.gw.lock().unwrap().down = false;
+    }
+
+    pub(crate) fn replayed(&self) -> Vec<String> {
+        self.state.gw.lock().unwrap().replayed.clone()
     }
 
     pub(crate) fn identifies(&self) -> Vec<Value> {
@@ -442,12 +468,11 @@ impl FakeDiscord {
         }
     }
 
-    /// Waits until a client is identified or resumed on the current session.
-    pub(crate) async fn until_identified(&self, n: usize) {
-        self.until(60, "an identify", |f| f.identifies().len() >= n)
+    /// Waits until `n` sessions got their READY: what is pushed from then on
+    /// is theirs.
+    pub(crate) async fn until_identified(&self, n: u32) {
+        self.until(60, "a READY", |f| f.state.gw.lock().unwrap().readies >= n)
             .await;
-        // READY is sent right after the identify is read.
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
@@ -660,6 +685,7 @@ async fn discord_dropped_gateway_resumes_without_a_missed_or_doubled_message() {
     for i in 3..=5u64 {
         fake.push(dm(2000 + i, 500 + i, &format!("message {i}")));
     }
+    fake.restore_gateway();
     fake.until(60, "a reply to each of the five", |f| {
         (2001..=2005).all(|id| f.replies().contains_key(&id.to_string()))
     })
@@ -669,6 +695,13 @@ async fn discord_dropped_gateway_resumes_without_a_missed_or_doubled_message() {
     assert_eq!(resumes[0]["session_id"], "fake-session-1", "{resumes:?}");
     assert!(resumes[0]["seq"].as_u64().unwrap() >= fake.seq_of("2002"));
     assert_eq!(fake.identifies().len(), 1, "resumed, not identified anew");
+    let replayed = fake.replayed();
+    for id in ["2003", "2004", "2005"] {
+        assert!(
+            replayed.iter().any(|r| r == id),
+            "{id} not replayed: {replayed:?}"
+        );
+    }
     host.wait_count(
         "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
         5,
@@ -748,6 +781,11 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     let resumes = fake.resumes();
     assert_eq!(resumes[0]["session_id"], "fake-session-1", "{resumes:?}");
     assert_eq!(resumes[0]["seq"], stored["sequence"], "{resumes:?}");
+    let replayed = fake.replayed();
+    for i in 5..=8u64 {
+        let id = (3000 + i).to_string();
+        assert!(replayed.contains(&id), "{id} not replayed: {replayed:?}");
+    }
     assert_eq!(fake.identifies().len(), 1, "resumed, not identified anew");
     host.stop().await;
 }
