@@ -603,10 +603,20 @@ fn startup_summary(rt: &Runtime, bind: &str) {
     };
     let next_review = crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
         .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
-    let adapters = if s.webhook.url.is_empty() {
+    let enabled: Vec<&str> = [
+        ("webhook", !s.webhook.url.is_empty()),
+        ("telegram", s.adapters.telegram.enabled),
+        ("discord", s.adapters.discord.enabled),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    let adapters = if s.shadow {
+        "none (shadow mode)".to_owned()
+    } else if enabled.is_empty() {
         "none (pull from /api/outbox)".to_owned()
     } else {
-        "webhook".to_owned()
+        enabled.join(",")
     };
     tracing::info!(
         target: "mercury::startup",
