@@ -41,6 +41,37 @@ pub fn advance_offset(conn: &Connection, adapter: &str, next: i64) -> StoreResul
     Ok(())
 }
 
+/// One conversation a backfill covers: its platform id, whether it is a
+/// group, and the largest message id stored in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastSeen {
+    pub conversation: String,
+    pub is_group: bool,
+    pub last_message_id: i64,
+}
+
+/// Each of `platform`'s conversations with the largest numeric platform
+/// message id stored in it (Discord's snowflakes grow with time): where a
+/// backfill after a lost session starts. Ids that are not numbers are left
+/// out.
+pub fn last_seen(conn: &Connection, platform: &str) -> StoreResult<Vec<LastSeen>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT c.external_id, c.kind, MAX(CAST(m.platform_message_id AS INTEGER))
+         FROM conversations c JOIN messages m ON m.conversation_id = c.id
+         WHERE c.platform = ?1 AND m.platform_message_id GLOB '[0-9]*'
+           AND m.platform_message_id NOT GLOB '*[^0-9]*'
+         GROUP BY c.id ORDER BY c.id",
+    )?;
+    let rows = stmt.query_map([platform], |r| {
+        Ok(LastSeen {
+            conversation: r.get(0)?,
+            is_group: r.get::<_, String>(1)? == "group",
+            last_message_id: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +86,37 @@ mod tests {
         assert_eq!(position(&conn, "telegram").unwrap().as_deref(), Some("10"));
         advance_offset(&conn, "telegram", 11).unwrap();
         assert_eq!(position(&conn, "telegram").unwrap().as_deref(), Some("11"));
+    }
+
+    #[test]
+    fn last_seen_is_the_largest_numeric_id_per_conversation() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::storage::migrations::apply(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('s', 's', 0, 0);
+             INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at)
+               VALUES ('discord', '70', 's', 'dm', 0, 0), ('discord', '71', 's', 'group', 0, 0),
+                      ('telegram', '72', 's', 'dm', 0, 0);
+             INSERT INTO messages (space_id, conversation_id, role, text, platform_message_id, created_at)
+               VALUES ('s', 1, 'user', 'a', '900', 0), ('s', 1, 'user', 'b', '1000', 0),
+                      ('s', 1, 'user', 'c', 'x12', 0), ('s', 2, 'ambient', 'd', '5', 0),
+                      ('s', 3, 'user', 'e', '99999', 0);",
+        )
+        .unwrap();
+        assert_eq!(
+            last_seen(&conn, "discord").unwrap(),
+            vec![
+                LastSeen {
+                    conversation: "70".into(),
+                    is_group: false,
+                    last_message_id: 1000
+                },
+                LastSeen {
+                    conversation: "71".into(),
+                    is_group: true,
+                    last_message_id: 5
+                },
+            ]
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -199,6 +199,49 @@ async fn create_message(
     res
 }
 
+/// `GET /channels/{id}/messages?after=&limit=`: newest first, from the
+/// dispatch log, without `guild_id` (REST message objects carry none).
+async fn list_messages(
+    State(st): State<Arc<FakeState>>,
+    Path(channel): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    h: HeaderMap,
+) -> Response {
+    let route = format!("GET /channels/{channel}/messages");
+    if !authorized(&h) {
+        record(&st, route, Value::Null, StatusCode::UNAUTHORIZED);
+        return unauthorized();
+    }
+    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(50);
+    let mut out: Vec<Value> = st
+        .gw
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .map(|(_, e)| e["d"].clone())
+        .filter(|d| d["channel_id"] == channel.as_str())
+        .filter(|d| {
+            d["id"]
+                .as_str()
+                .and_then(|i| i.parse::<u64>().ok())
+                .unwrap_or(0)
+                > after
+        })
+        .collect();
+    out.reverse();
+    out.truncate(limit);
+    for d in &mut out {
+        if let Some(o) = d.as_object_mut() {
+            o.remove("guild_id");
+            o.remove("member");
+        }
+    }
+    record(&st, route, json!({"after": after}), StatusCode::OK);
+    Json(Value::Array(out)).into_response()
+}
+
 /// Appends a MESSAGE_CREATE to the session's log; a connected client gets
 /// it at once, a resuming one in the replay.
 fn push_dispatch(st: &FakeState, d: Value) -> u64 {
@@ -361,7 +404,10 @@ impl FakeDiscord {
         let state = Arc::new(FakeState::default());
         let app = Router::new()
             .route("/api/v10/users/@me", get(me))
-            .route("/api/v10/channels/{id}/messages", post(create_message))
+            .route(
+                "/api/v10/channels/{id}/messages",
+                post(create_message).get(list_messages),
+            )
             .route("/api/v10/channels/{id}/typing", post(typing))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -396,6 +442,11 @@ impl FakeDiscord {
             g.down = true;
         }
         self.state.changed.notify_waiters();
+    }
+
+    /// Discord forgets the session: a resume gets Invalid Session.
+    pub(crate) fn forget_session(&self) {
+        self.state.gw.lock().unwrap().session = None;
     }
 
     pub(crate) fn restore_gateway(&self) {
@@ -449,7 +500,7 @@ impl FakeDiscord {
     pub(crate) fn replies(&self) -> BTreeMap<String, Vec<Call>> {
         let mut out: BTreeMap<String, Vec<Call>> = BTreeMap::new();
         for c in self.calls("/messages") {
-            if c.status == 200 {
+            if c.status == 200 && c.route.starts_with("POST ") {
                 let to = c.body["message_reference"]["message_id"]
                     .as_str()
                     .unwrap_or("")
@@ -817,7 +868,11 @@ async fn discord_429_and_route_limits_are_waited_out_and_a_long_reply_is_split()
             == 2
     })
     .await;
-    let sends = fake.calls("/messages");
+    let sends: Vec<Call> = fake
+        .calls("/messages")
+        .into_iter()
+        .filter(|c| c.route.starts_with("POST "))
+        .collect();
     assert_eq!(sends[0].status, 429);
     let ok: Vec<&Call> = sends.iter().filter(|c| c.status == 200).collect();
     assert_eq!(ok.len(), 2, "{sends:?}");
@@ -911,5 +966,93 @@ async fn discord_without_a_token_refuses_to_start_and_a_wrong_one_shows_on_healt
         "{text}"
     );
     assert!(!text.contains("wrong.discord.token"), "{text}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn discord_a_session_lost_while_down_is_backfilled_over_rest() {
+    let fake = FakeDiscord::start().await;
+    let mut host = TestHost::start_process(host_options(
+        &fake,
+        json!({"rules": [{"reply": "ack"}]}),
+        vec![],
+    ))
+    .await;
+    fake.until_identified(1).await;
+    let (guild, channel) = ("600000000000000009", "610000000000000009");
+    fake.push(dm(5001, 77, "first"));
+    fake.push(message(
+        "5002",
+        channel,
+        Some(guild),
+        "78",
+        &format!("<@{BOT_ID}> hi"),
+    ));
+    fake.until(60, "two replies", |f| f.replies().len() == 2)
+        .await;
+    host.kill();
+    // Down longer than Discord keeps a session: what is sent meanwhile is
+    // in no replay.
+    fake.forget_session();
+    fake.push(dm(5003, 77, "while you were away"));
+    fake.push(dm(5004, 77, "and again"));
+    fake.push(message(
+        "5005",
+        channel,
+        Some(guild),
+        "78",
+        "chatter, not for the bot",
+    ));
+    fake.push(message(
+        "5006",
+        channel,
+        Some(guild),
+        "78",
+        &format!("<@{BOT_ID}> back?"),
+    ));
+    host.restart_process().await;
+    fake.until(60, "replies to the missed DM and mention", |f| {
+        ["5003", "5004", "5006"]
+            .iter()
+            .all(|id| f.replies().contains_key(*id))
+    })
+    .await;
+    assert!(
+        !fake.resumes().is_empty(),
+        "the stored session was tried first"
+    );
+    assert_eq!(fake.identifies().len(), 2, "then a new session");
+    assert!(
+        fake.replayed().is_empty(),
+        "a forgotten session replays nothing"
+    );
+    let lists = fake.calls("/messages");
+    assert!(
+        lists
+            .iter()
+            .any(|c| c.route == "GET /channels/700000000000000077/messages"
+                && c.body["after"] == json!(5001u64)),
+        "the DM was read from its last stored message: {lists:?}"
+    );
+    host.wait_count(
+        "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+        4,
+        60,
+    )
+    .await;
+    assert_eq!(host.count(DISCORD_ROWS), 6, "every message stored once");
+    // The listing carries no guild_id: the stored conversation says it is a group.
+    assert_eq!(
+        host.count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'ambient' AND platform_message_id = '5005'"
+        ),
+        1
+    );
+    assert!(!fake.replies().contains_key("5005"));
+    assert!(
+        fake.replies().values().all(|v| v.len() == 1),
+        "{:?}",
+        fake.replies()
+    );
     host.stop().await;
 }

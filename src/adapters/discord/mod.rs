@@ -9,7 +9,9 @@
 //! same transaction as the message row of the dispatch it follows, and a
 //! start resumes from the stored one: Discord then replays exactly the
 //! dispatches after it, so a restart (of the actor or the host) neither
-//! loses nor repeats a message while Discord still holds the session.
+//! loses nor repeats a message while Discord still holds the session. When
+//! it no longer does (a new session's READY), each known channel is read
+//! over REST from its last stored message on ([`backfill`]).
 //!
 //! Must never: put the bot token in a log, an error or a status; let a reply
 //! ping anyone (every send carries `allowed_mentions` that parse nothing: an
@@ -48,6 +50,8 @@ const TYPING_RENEW: Duration = Duration::from_secs(8);
 /// intents not allowed): a new identify, not a hammering loop (identifies
 /// are limited to 1,000 a day).
 const FATAL_PAUSE: Duration = Duration::from_secs(60);
+/// Pages of 100 messages a backfill reads per channel, at most.
+const BACKFILL_PAGES: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DiscordError {
@@ -246,13 +250,15 @@ async fn take_payload(
                     .write(move |tx| adapters::set_position(tx, ADAPTER, &text))
                     .await?;
             }
+            // Off the gateway loop: the shard must go on being polled (heartbeats).
+            tokio::spawn(backfill(ctx.clone()));
         }
         Some("RESUMED") => {
             ctx.board().connected(ADAPTER);
             tracing::info!("discord gateway session resumed");
         }
         Some("MESSAGE_CREATE") => match serde_json::from_value::<RawMessage>(p.d) {
-            Ok(m) => take_message(ctx, m, pos).await?,
+            Ok(m) => take_message(ctx, m, pos, None).await?,
             Err(e) => {
                 tracing::warn!(error = %e, "a discord message Mercury cannot read; skipped");
             }
@@ -263,14 +269,22 @@ async fn take_payload(
 }
 
 /// Stores one message together with the gateway position after it.
+/// `is_group` overrides the message's own say (REST listings carry no
+/// `guild_id`; the stored conversation knows).
 async fn take_message(
     ctx: &Arc<Ctx>,
     m: RawMessage,
     pos: Option<GatewayPosition>,
+    is_group: Option<bool>,
 ) -> Result<(), DiscordError> {
     ctx.board().updated(ADAPTER);
     let msg = match convert::inbound(&m, &ctx.me) {
-        Inbound::Message(msg) => msg,
+        Inbound::Message(mut msg) => {
+            if let Some(g) = is_group {
+                msg.is_group = g;
+            }
+            msg
+        }
         Inbound::Skip(why) => {
             // Not stored, so the position need not move: a resume replays it
             // and it is skipped again.
@@ -289,6 +303,79 @@ async fn take_message(
         tokio::spawn(typing(ctx.clone(), channel, row));
     }
     Ok(())
+}
+
+/// After a new session (not a resume): Discord replays nothing from before
+/// it, so each known channel's messages after the last one stored are read
+/// over REST (`GET /channels/{id}/messages?after=…`, 100 a page, at most
+/// [`BACKFILL_PAGES`] pages) and stored like live ones, oldest first. One
+/// already stored is a duplicate and changes nothing; the gateway position
+/// does not move (these messages have no sequence).
+async fn backfill(ctx: Arc<Ctx>) {
+    let known = match ctx
+        .app
+        .rt
+        .store
+        .read(|c| adapters::last_seen(c, PLATFORM))
+        .await
+    {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!(error = %e, "discord backfill: cannot read the known channels");
+            return;
+        }
+    };
+    let mut read = 0usize;
+    for seen in known {
+        if !convert::is_snowflake(&seen.conversation) {
+            continue;
+        }
+        let mut after = seen.last_message_id;
+        for _ in 0..BACKFILL_PAGES {
+            let path = format!(
+                "/channels/{}/messages?after={after}&limit=100",
+                seen.conversation
+            );
+            let page = match ctx.rest.call(Method::GET, &path, None, &ctx.cancel).await {
+                Ok(v) => v,
+                Err(RestError::Cancelled) => return,
+                Err(e) => {
+                    // A channel the bot can no longer read is no reason to stop.
+                    tracing::warn!(error = %e, "discord backfill: a channel could not be read");
+                    break;
+                }
+            };
+            let mut page: Vec<RawMessage> = page
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| serde_json::from_value(m.clone()).ok())
+                .collect();
+            let full = page.len() >= 100;
+            page.retain(|m| m.id.parse::<i64>().is_ok_and(|id| id > after));
+            page.sort_by_key(|m| m.id.parse::<i64>().unwrap_or(0));
+            let Some(last) = page.last().and_then(|m| m.id.parse::<i64>().ok()) else {
+                break;
+            };
+            for m in page {
+                if let Err(e) = take_message(&ctx, m, None, Some(seen.is_group)).await {
+                    tracing::error!(error = %e, "discord backfill: a message could not be stored");
+                    return;
+                }
+                read += 1;
+            }
+            after = last;
+            if !full {
+                break;
+            }
+        }
+    }
+    if read > 0 {
+        tracing::info!(
+            messages = read,
+            "discord backfill read what the lost session missed"
+        );
+    }
 }
 
 /// "typing…" in `channel` while the turn answering row `message` runs.

@@ -158,7 +158,8 @@ impl DiscordRest {
         body: Option<&Value>,
         cancel: &CancellationToken,
     ) -> Result<Value, RestError> {
-        let route = format!("{method} {path}");
+        // The query is no part of the route: every page of a listing shares one bucket.
+        let route = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let mut throttled = 0;
         loop {
             let wait = self.wait_for(&route);
