@@ -198,10 +198,20 @@ pub(crate) async fn start(
 ) -> Result<(), AdapterError> {
     let mut children = Vec::new();
     if let Some(token) = secrets.telegram {
-        children.push(telegram::child(app.clone(), token));
+        children.push(AdapterChild::running(
+            telegram::ADAPTER,
+            app,
+            token,
+            telegram::run,
+        ));
     }
     if let Some(token) = secrets.discord {
-        children.push(discord::child(app.clone(), token));
+        children.push(AdapterChild::running(
+            discord::ADAPTER,
+            app,
+            token,
+            discord::run,
+        ));
     }
     for child in children {
         let adapter = child.name;
@@ -237,7 +247,24 @@ pub(crate) struct AdapterChild {
 }
 
 impl AdapterChild {
-    pub(crate) fn new(name: &'static str, board: AdapterBoard, run: AdapterLoop) -> Self {
+    /// The child whose every (re)start runs `run(app, token, cancel)` anew.
+    pub(crate) fn running<F, Fut, E>(
+        name: &'static str,
+        app: &Arc<App>,
+        token: String,
+        run: F,
+    ) -> Self
+    where
+        F: Fn(Arc<App>, String, CancellationToken) -> Fut + Send + Sync + Copy + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let board = app.adapters.clone();
+        let app = app.clone();
+        let run: AdapterLoop = Arc::new(move |cancel| {
+            let fut = run(app.clone(), token.clone(), cancel);
+            Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
+        });
         Self { name, board, run }
     }
 }

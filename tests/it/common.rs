@@ -59,6 +59,33 @@ pub(crate) fn free_port() -> u16 {
 /// one config writer, `mercury::config::set_keys`). `bind` is set to a free
 /// port for hosts run as a child process, which cannot be handed a listener;
 /// an in-process host ignores it and serves a listener bound to port 0.
+/// `mercury serve` on a prepared data dir without the environment variable
+/// `var`, which must refuse to start: its stderr.
+pub(crate) async fn serve_refused_without(opts: &HostOptions, var: &str) -> String {
+    let (_dir, data, _) = prepare(opts).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove(var)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "started without {var}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `mercury status --data-dir <host's>`: its stdout.
+pub(crate) async fn mercury_status(host: &TestHost) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .args(["status", "--data-dir"])
+        .arg(&host.data)
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub(crate) async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
     let port = free_port();
     let mut builder = mercury::host::temp_host::TempHost::builder()

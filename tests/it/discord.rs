@@ -702,13 +702,7 @@ async fn discord_dm_and_guild_mentions_get_threaded_replies() {
     assert_eq!(dc["connected"], true, "{health}");
     assert!(dc["last_update_at"].as_i64().is_some(), "{health}");
     assert!(!health.to_string().contains(TOKEN));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
-        .args(["status", "--data-dir"])
-        .arg(&host.data)
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = crate::common::mercury_status(&host).await;
     assert!(
         text.contains("adapters: discord connected (gateway; last update 20"),
         "{text}"
@@ -908,17 +902,7 @@ async fn discord_without_a_token_refuses_to_start_and_a_wrong_one_shows_on_healt
     let fake = FakeDiscord::start().await;
     let mut opts = host_options(&fake, json!({"rules": [{"reply": "x"}]}), vec![]);
     opts.env.clear();
-    let (_dir, data, _) = crate::common::prepare(&opts).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&data)
-        .env_remove("MERCURY_DISCORD_BOT_TOKEN")
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = crate::common::serve_refused_without(&opts, "MERCURY_DISCORD_BOT_TOKEN").await;
     assert!(err.contains("MERCURY_DISCORD_BOT_TOKEN"), "{err}");
     assert!(fake.calls("").is_empty());
 
@@ -954,13 +938,7 @@ async fn discord_without_a_token_refuses_to_start_and_a_wrong_one_shows_on_healt
         fake.identifies().is_empty(),
         "no identify with a refused token"
     );
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
-        .args(["status", "--data-dir"])
-        .arg(&host.data)
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = crate::common::mercury_status(&host).await;
     assert!(
         text.contains("adapters: discord disconnected (gateway; last error: GET /users/@me: 401"),
         "{text}"

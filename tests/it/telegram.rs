@@ -546,17 +546,7 @@ async fn telegram_enabled_without_a_token_refuses_to_start() {
     let fake = FakeBotApi::start().await;
     let mut opts = host_options(&fake, json!({"rules": [{"reply": "x"}]}), vec![]);
     opts.env.clear();
-    let (_dir, data, _) = crate::common::prepare(&opts).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&data)
-        .env_remove("MERCURY_TELEGRAM_BOT_TOKEN")
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = crate::common::serve_refused_without(&opts, "MERCURY_TELEGRAM_BOT_TOKEN").await;
     assert!(err.contains("MERCURY_TELEGRAM_BOT_TOKEN"), "{err}");
     assert_eq!(fake.all_calls(), 0);
 }

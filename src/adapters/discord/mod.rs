@@ -34,7 +34,7 @@ use twilight_gateway::{ConfigBuilder, Intents, Message, Session, Shard, ShardId}
 
 use self::convert::{BotSelf, Inbound, Payload, RawMessage, PLATFORM};
 use self::rest::{DiscordRest, RestError};
-use super::{split_reply, AdapterChild, AdapterIdentity, AdapterLoop, Backoff};
+use super::{split_reply, AdapterIdentity, Backoff};
 use crate::app::App;
 use crate::config::DiscordConfig;
 use crate::storage::outbox::{self, OutboxItem};
@@ -70,16 +70,6 @@ pub(crate) struct GatewayPosition {
     pub resume_url: String,
 }
 
-/// The supervisor's handle on the adapter: each (re)start runs [`run`] anew.
-pub(crate) fn child(app: Arc<App>, token: String) -> AdapterChild {
-    let board = app.adapters.clone();
-    let run: AdapterLoop = Arc::new(move |cancel| {
-        let (app, token) = (app.clone(), token.clone());
-        Box::pin(async move { run(app, token, cancel).await.map_err(|e| e.to_string()) })
-    });
-    AdapterChild::new(ADAPTER, board, run)
-}
-
 /// What every part of a running adapter shares.
 struct Ctx {
     app: Arc<App>,
@@ -95,7 +85,12 @@ impl Ctx {
     }
 }
 
-async fn run(app: Arc<App>, token: String, cancel: CancellationToken) -> Result<(), DiscordError> {
+/// The adapter's loop, from `GET /users/@me` to the gateway and the outbox.
+pub(crate) async fn run(
+    app: Arc<App>,
+    token: String,
+    cancel: CancellationToken,
+) -> Result<(), DiscordError> {
     let cfg = app.rt.settings.adapters.discord.clone();
     let board = app.adapters.clone();
     board.set_mode(ADAPTER, "gateway");

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
-use super::{split_reply, AdapterChild, AdapterIdentity, AdapterLoop, Backoff};
+use super::{split_reply, AdapterIdentity, Backoff};
 use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookInbox};
 use crate::app::App;
 use crate::config::TelegramMode;
@@ -83,16 +83,6 @@ fn classify(e: frankenstein::Error) -> Failure {
     }
 }
 
-/// The supervisor's handle on the adapter: each (re)start runs [`run`] anew.
-pub(crate) fn child(app: Arc<App>, token: String) -> AdapterChild {
-    let board = app.adapters.clone();
-    let run: AdapterLoop = Arc::new(move |cancel| {
-        let (app, token) = (app.clone(), token.clone());
-        Box::pin(async move { run(app, token, cancel).await.map_err(|e| e.to_string()) })
-    });
-    AdapterChild::new(ADAPTER, board, run)
-}
-
 /// What every part of a running adapter shares.
 struct Ctx {
     app: Arc<App>,
@@ -113,7 +103,12 @@ impl Ctx {
     }
 }
 
-async fn run(app: Arc<App>, token: String, cancel: CancellationToken) -> Result<(), TelegramError> {
+/// The adapter's loop, from `getMe` to polling (or the webhook) and the outbox.
+pub(crate) async fn run(
+    app: Arc<App>,
+    token: String,
+    cancel: CancellationToken,
+) -> Result<(), TelegramError> {
     let cfg = app.rt.settings.adapters.telegram.clone();
     let board = app.adapters.clone();
     board.set_mode(
