@@ -417,34 +417,75 @@ pub(crate) async fn typing_while_pending<F, Fut>(
     }
 }
 
-/// Delivers `platform`'s outbox items, oldest first, through `deliver`
-/// (which marks each delivered or failed, and answers false when the
-/// platform could not be reached: the loop then backs off).
-pub(crate) async fn deliver_outbox<F, Fut, E>(
+/// How sending one outbox item went.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    Delivered,
+    /// The platform refused it (a bad chat, a blocked bot): an attempt.
+    Refused(String),
+    /// The platform could not be reached through `call`: an attempt, and
+    /// the loop backs off.
+    Unreachable {
+        call: &'static str,
+        error: String,
+    },
+    /// The adapter is stopping: nothing recorded.
+    Stopping,
+}
+
+/// Delivers `platform`'s outbox items, oldest first, through `send` (given
+/// each item and the platform id of the message it answers), and records
+/// what became of each: delivered, or a failed attempt (an item is given up
+/// after [`MAX_ATTEMPTS`]).
+pub(crate) async fn deliver_outbox<F, Fut>(
     app: &App,
     platform: &'static str,
     cancel: &CancellationToken,
-    mut deliver: F,
-) -> Result<(), E>
+    mut send: F,
+) -> Result<(), StoreError>
 where
-    F: FnMut(OutboxItem) -> Fut,
-    Fut: Future<Output = Result<bool, E>>,
-    E: From<StoreError>,
+    F: FnMut(OutboxItem, Option<String>) -> Fut,
+    Fut: Future<Output = Sent>,
 {
+    let store = &app.rt.store;
     let mut backoff = Backoff::default();
     loop {
-        let items = app
-            .rt
-            .store
+        let items = store
             .read(move |c| outbox::undelivered_for(c, platform, MAX_ATTEMPTS, 20))
             .await?;
         let mut wait = Duration::from_millis(if items.is_empty() { 200 } else { 0 });
         for item in items {
-            if !deliver(item).await? {
-                wait = backoff.next();
-                break;
+            let id = item.id;
+            let answered = {
+                let item = item.clone();
+                store
+                    .read(move |c| outbox::answered_platform_id(c, &item))
+                    .await?
+            };
+            match send(item, answered).await {
+                Sent::Delivered => {
+                    store
+                        .write(move |tx| outbox::mark_delivered(tx, id))
+                        .await?;
+                    app.adapters.connected(platform);
+                    backoff = Backoff::default();
+                }
+                Sent::Refused(e) => {
+                    tracing::warn!(platform, outbox = id, error = %e, "the platform refused a reply");
+                    store
+                        .write(move |tx| outbox::mark_failed(tx, id, &e))
+                        .await?;
+                }
+                Sent::Unreachable { call, error } => {
+                    app.adapters.failed(platform, &format!("{call}: {error}"));
+                    store
+                        .write(move |tx| outbox::mark_failed(tx, id, &error))
+                        .await?;
+                    wait = backoff.next();
+                    break;
+                }
+                Sent::Stopping => return Ok(()),
             }
-            backoff = Backoff::default();
         }
         if !pause(cancel, wait).await {
             return Ok(());

@@ -586,18 +586,25 @@ pub(crate) fn host_options(
     }
 }
 
-const DISCORD_ROWS: &str = "SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'discord:%'";
-
-#[tokio::test]
-async fn discord_dm_and_guild_mentions_get_threaded_replies() {
+/// A fake Discord and a host whose scripted model always answers `reply`,
+/// once the host's session has its READY.
+async fn connected_host(reply: &str) -> (FakeDiscord, TestHost) {
     let fake = FakeDiscord::start().await;
     let host = TestHost::start_process(host_options(
         &fake,
-        json!({"rules": [{"reply": "pong"}]}),
+        json!({"rules": [{"reply": reply}]}),
         vec![],
     ))
     .await;
     fake.until_identified(1).await;
+    (fake, host)
+}
+
+const DISCORD_ROWS: &str = "SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'discord:%'";
+
+#[tokio::test]
+async fn discord_dm_and_guild_mentions_get_threaded_replies() {
+    let (fake, host) = connected_host("pong").await;
     let identify = fake.identifies().remove(0);
     assert_eq!(identify["intents"], json!(INTENTS), "{identify}");
     let (guild, channel) = ("600000000000000001", "610000000000000001");
@@ -712,14 +719,7 @@ async fn discord_dm_and_guild_mentions_get_threaded_replies() {
 
 #[tokio::test]
 async fn discord_dropped_gateway_resumes_without_a_missed_or_doubled_message() {
-    let fake = FakeDiscord::start().await;
-    let host = TestHost::start_process(host_options(
-        &fake,
-        json!({"rules": [{"reply": "ack"}]}),
-        vec![],
-    ))
-    .await;
-    fake.until_identified(1).await;
+    let (fake, host) = connected_host("ack").await;
     for i in 1..=2u64 {
         fake.push(dm(2000 + i, 500 + i, &format!("message {i}")));
     }
@@ -764,14 +764,7 @@ async fn discord_dropped_gateway_resumes_without_a_missed_or_doubled_message() {
 
 #[tokio::test]
 async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
-    let fake = FakeDiscord::start().await;
-    let mut host = TestHost::start_process(host_options(
-        &fake,
-        json!({"rules": [{"reply": "ack"}]}),
-        vec![],
-    ))
-    .await;
-    fake.until_identified(1).await;
+    let (fake, mut host) = connected_host("ack").await;
     for i in 1..=4u64 {
         fake.push(dm(3000 + i, 600 + i, &format!("message {i}")));
     }
@@ -837,27 +830,20 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
 
 #[tokio::test]
 async fn discord_429_and_route_limits_are_waited_out_and_a_long_reply_is_split() {
-    let fake = FakeDiscord::start().await;
     let long = format!(
         "{}\n\n{}\n\n{}",
         "a".repeat(1500),
         "b".repeat(1500),
         "c".repeat(300)
     );
-    let host = TestHost::start_process(host_options(
-        &fake,
-        json!({"rules": [{"reply": long}]}),
-        vec![],
-    ))
-    .await;
-    fake.until_identified(1).await;
+    let (fake, host) = connected_host(&long).await;
     fake.global_429_next_sends(1);
     fake.exhaust_routes_for(0.8);
     fake.push(dm(4001, 42, "tell me everything"));
     fake.until(60, "the split reply", |f| {
         f.calls("/messages")
             .iter()
-            .filter(|c| c.status == 200)
+            .filter(|c| c.status == 200 && c.route.starts_with("POST "))
             .count()
             == 2
     })
@@ -949,14 +935,7 @@ async fn discord_without_a_token_refuses_to_start_and_a_wrong_one_shows_on_healt
 
 #[tokio::test]
 async fn discord_a_session_lost_while_down_is_backfilled_over_rest() {
-    let fake = FakeDiscord::start().await;
-    let mut host = TestHost::start_process(host_options(
-        &fake,
-        json!({"rules": [{"reply": "ack"}]}),
-        vec![],
-    ))
-    .await;
-    fake.until_identified(1).await;
+    let (fake, mut host) = connected_host("ack").await;
     let (guild, channel) = ("600000000000000009", "610000000000000009");
     fake.push(dm(5001, 77, "first"));
     fake.push(message(

@@ -34,10 +34,10 @@ use twilight_gateway::{ConfigBuilder, Intents, Message, Session, Shard, ShardId}
 
 use self::convert::{BotSelf, Inbound, Payload, RawMessage, PLATFORM};
 use self::rest::{DiscordRest, RestError};
-use super::{split_reply, AdapterIdentity, Backoff};
+use super::{split_reply, AdapterIdentity, Backoff, Sent};
 use crate::app::App;
 use crate::config::DiscordConfig;
-use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::outbox::OutboxItem;
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
@@ -387,28 +387,20 @@ async fn typing(ctx: Arc<Ctx>, channel: String, message: i64) {
 
 /// Delivers Discord's outbox items, oldest first.
 async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), DiscordError> {
-    super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, |item| deliver(ctx, item)).await
+    let send = |item, answered| deliver(ctx, item, answered);
+    Ok(super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, send).await?)
 }
 
-/// Sends one outbox item (in pieces if long); marks it delivered or failed.
-/// False if Discord could not be reached (the caller backs off).
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, DiscordError> {
-    let id = item.id;
-    let store = &ctx.app.rt.store;
+/// Sends one outbox item, in pieces if long, the first threaded under the
+/// message it answers (the rate limits are [`rest`]'s).
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
     if !convert::is_snowflake(&item.external_id) {
-        let err = format!("{:?} is not a Discord channel id", item.external_id);
-        store
-            .write(move |tx| outbox::mark_failed(tx, id, &err))
-            .await?;
-        return Ok(true);
+        return Sent::Refused(format!(
+            "{:?} is not a Discord channel id",
+            item.external_id
+        ));
     }
-    let answered = {
-        let item = item.clone();
-        store
-            .read(move |c| outbox::answered_platform_id(c, &item))
-            .await?
-            .filter(|m| convert::is_snowflake(m))
-    };
+    let answered = answered.filter(|m| convert::is_snowflake(m));
     let path = format!("/channels/{}/messages", item.external_id);
     for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
         let mut body = json!({
@@ -416,8 +408,7 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, DiscordError>
             // Nobody is pinged by what the agent writes, not even the person answered.
             "allowed_mentions": {"parse": [], "replied_user": false},
         });
-        // The first piece is threaded under the message it answers; the
-        // answer still goes out if that message was deleted meanwhile.
+        // The answer still goes out if that message was deleted meanwhile.
         if let Some(m) = answered.as_ref().filter(|_| i == 0) {
             body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
         }
@@ -427,28 +418,17 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, DiscordError>
             .await
         {
             Ok(_) => {}
-            Err(RestError::Cancelled) => return Ok(true),
+            Err(RestError::Cancelled) => return Sent::Stopping,
             Err(RestError::Api { status, message }) => {
-                let e = format!("{status} {message}");
-                tracing::warn!(outbox = id, error = %e, "discord refused a reply");
-                store
-                    .write(move |tx| outbox::mark_failed(tx, id, &e))
-                    .await?;
-                return Ok(true);
+                return Sent::Refused(format!("{status} {message}"))
             }
-            Err(RestError::Transport(e)) => {
-                ctx.board()
-                    .failed(ADAPTER, &format!("POST /channels/…/messages: {e}"));
-                store
-                    .write(move |tx| outbox::mark_failed(tx, id, &e))
-                    .await?;
-                return Ok(false);
+            Err(RestError::Transport(error)) => {
+                return Sent::Unreachable {
+                    call: "POST /channels/…/messages",
+                    error,
+                }
             }
         }
     }
-    store
-        .write(move |tx| outbox::mark_delivered(tx, id))
-        .await?;
-    ctx.board().connected(ADAPTER);
-    Ok(true)
+    Sent::Delivered
 }

@@ -34,11 +34,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
-use super::{split_reply, AdapterIdentity, Backoff};
+use super::{split_reply, AdapterIdentity, Backoff, Sent};
 use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookInbox};
 use crate::app::App;
 use crate::config::TelegramMode;
-use crate::storage::outbox::{self, OutboxItem};
+use crate::storage::outbox::OutboxItem;
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
@@ -129,28 +129,13 @@ pub(crate) async fn run(
         .api_url(format!("{base}/bot{token}"))
         .client(client)
         .build();
-    let mut backoff = Backoff::default();
-    let me = loop {
-        let res = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            r = bot.get_me() => r,
-        };
-        match res.map_err(classify) {
-            Ok(r) => {
-                board.connected(ADAPTER);
-                break BotSelf {
-                    id: r.result.id,
-                    username: r.result.username.unwrap_or_default(),
-                };
-            }
-            Err(f) => {
-                let wait = wait_for(&board, &f, &mut backoff, "getMe");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-        }
+    let Some(r) = until_ok(&board, &cancel, "getMe", || bot.get_me()).await else {
+        return Ok(());
+    };
+    board.connected(ADAPTER);
+    let me = BotSelf {
+        id: r.result.id,
+        username: r.result.username.unwrap_or_default(),
     };
     tracing::info!(bot = %me.username, mode = ?cfg.mode, "telegram adapter connected");
     let ctx = Arc::new(Ctx {
@@ -169,6 +154,37 @@ pub(crate) async fn run(
     tokio::select! {
         r = intake => r,
         r = deliver_loop(&ctx) => r,
+    }
+}
+
+/// Sends the call `f` makes until it succeeds: a 429 is waited out, any
+/// other failure recorded on the board and backed off. `None` if the
+/// adapter is stopping.
+async fn until_ok<T, F, Fut>(
+    board: &AdapterBoard,
+    cancel: &CancellationToken,
+    call: &str,
+    mut f: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, frankenstein::Error>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        let res = tokio::select! {
+            _ = cancel.cancelled() => return None,
+            r = f() => r,
+        };
+        match res.map_err(classify) {
+            Ok(v) => return Some(v),
+            Err(failure) => {
+                let wait = wait_for(board, &failure, &mut backoff, call);
+                if !super::pause(cancel, wait).await {
+                    return None;
+                }
+            }
+        }
     }
 }
 
@@ -218,24 +234,16 @@ async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
             .build();
         // Each update is read on its own: one Mercury cannot read (a newer
         // Bot API shape) is skipped, not allowed to stall every later one.
-        let res = tokio::select! {
-            _ = ctx.cancel.cancelled() => return Ok(()),
-            r = ctx.bot.request::<_, MethodResponse<Vec<serde_json::Value>>>("getUpdates", Some(&params)) => r,
+        let get = || {
+            ctx.bot
+                .request::<_, MethodResponse<Vec<serde_json::Value>>>("getUpdates", Some(&params))
         };
-        match res.map_err(classify) {
-            Ok(r) => {
-                ctx.board().connected(ADAPTER);
-                backoff = Backoff::default();
-                for raw in r.result {
-                    take_raw(ctx, raw).await?;
-                }
-            }
-            Err(f) => {
-                let wait = wait_for(ctx.board(), &f, &mut backoff, "getUpdates");
-                if !ctx.pause(wait).await {
-                    return Ok(());
-                }
-            }
+        let Some(r) = until_ok(ctx.board(), &ctx.cancel, "getUpdates", get).await else {
+            return Ok(());
+        };
+        ctx.board().connected(ADAPTER);
+        for raw in r.result {
+            take_raw(ctx, raw).await?;
         }
     }
 }
@@ -249,21 +257,12 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
         .secret_token(secret.clone())
         .allowed_updates(allowed_updates())
         .build();
-    let mut backoff = Backoff::default();
-    loop {
-        let res = tokio::select! {
-            _ = ctx.cancel.cancelled() => return Ok(()),
-            r = ctx.bot.set_webhook(&params) => r,
-        };
-        match res.map_err(classify) {
-            Ok(_) => break,
-            Err(f) => {
-                let wait = wait_for(ctx.board(), &f, &mut backoff, "setWebhook");
-                if !ctx.pause(wait).await {
-                    return Ok(());
-                }
-            }
-        }
+    let set = || ctx.bot.set_webhook(&params);
+    if until_ok(ctx.board(), &ctx.cancel, "setWebhook", set)
+        .await
+        .is_none()
+    {
+        return Ok(());
     }
     ctx.board().connected(ADAPTER);
     let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
@@ -353,31 +352,19 @@ async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
 
 /// Delivers Telegram's outbox items, oldest first.
 async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
-    super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, |item| deliver(ctx, item)).await
+    let send = |item, answered| deliver(ctx, item, answered);
+    Ok(super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, send).await?)
 }
 
-/// Sends one outbox item (in pieces if long); marks it delivered or failed.
-/// False if Telegram could not be reached (the caller backs off).
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, TelegramError> {
-    let id = item.id;
-    let store = &ctx.app.rt.store;
+/// Sends one outbox item, in pieces if long, the first threaded under the
+/// message it answers; a 429 is waited out and the same piece sent again.
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
     let Ok(chat) = item.external_id.parse::<i64>() else {
-        let err = format!("{:?} is not a Telegram chat id", item.external_id);
-        store
-            .write(move |tx| outbox::mark_failed(tx, id, &err))
-            .await?;
-        return Ok(true);
+        return Sent::Refused(format!("{:?} is not a Telegram chat id", item.external_id));
     };
-    let answered = {
-        let item = item.clone();
-        store
-            .read(move |c| outbox::answered_platform_id(c, &item))
-            .await?
-            .and_then(|m| m.parse::<i32>().ok())
-    };
+    let answered = answered.and_then(|m| m.parse::<i32>().ok());
     for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
-        // The first piece is threaded under the message it answers; the
-        // answer still goes out if that message was deleted meanwhile.
+        // The answer still goes out if that message was deleted meanwhile.
         let reply = answered.filter(|_| i == 0).map(|m| {
             ReplyParameters::builder()
                 .message_id(m)
@@ -391,7 +378,7 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, TelegramError
             .build();
         loop {
             let res = tokio::select! {
-                _ = ctx.cancel.cancelled() => return Ok(true),
+                _ = ctx.cancel.cancelled() => return Sent::Stopping,
                 r = ctx.bot.send_message(&params) => r,
             };
             match res.map_err(classify) {
@@ -400,29 +387,18 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem) -> Result<bool, TelegramError
                     tracing::info!(secs, "telegram asked to wait before sending");
                     let wait = Duration::from_secs(secs.clamp(1, RETRY_AFTER_CAP_SECS));
                     if !ctx.pause(wait).await {
-                        return Ok(true);
+                        return Sent::Stopping;
                     }
                 }
-                Err(Failure::Api(e)) => {
-                    tracing::warn!(outbox = id, error = %e, "telegram refused a reply");
-                    store
-                        .write(move |tx| outbox::mark_failed(tx, id, &e))
-                        .await?;
-                    return Ok(true);
-                }
-                Err(Failure::Transport(e)) => {
-                    ctx.board().failed(ADAPTER, &format!("sendMessage: {e}"));
-                    store
-                        .write(move |tx| outbox::mark_failed(tx, id, &e))
-                        .await?;
-                    return Ok(false);
+                Err(Failure::Api(e)) => return Sent::Refused(e),
+                Err(Failure::Transport(error)) => {
+                    return Sent::Unreachable {
+                        call: "sendMessage",
+                        error,
+                    }
                 }
             }
         }
     }
-    store
-        .write(move |tx| outbox::mark_delivered(tx, id))
-        .await?;
-    ctx.board().connected(ADAPTER);
-    Ok(true)
+    Sent::Delivered
 }
