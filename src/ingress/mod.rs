@@ -212,20 +212,6 @@ pub fn auto_space_id(
     SpaceId::parse(&id)
 }
 
-fn trigger_rule(
-    tx: &rusqlite::Connection,
-    settings: &Settings,
-    space: &str,
-) -> StoreResult<trigger::TriggerRule> {
-    let get = |k: &str| spaces::kv_get(tx, KvTable::Config, space, k);
-    let mode = get("trigger.match")?.unwrap_or_else(|| settings.trigger.mode.clone());
-    let patterns = get("trigger.patterns")?
-        .filter(|p| !p.trim().is_empty())
-        .unwrap_or_else(|| settings.trigger.patterns.clone());
-    let cs = get("trigger.case_sensitive")?.as_deref() == Some("true");
-    Ok(trigger::TriggerRule::new(&mode, &patterns, cs))
-}
-
 /// Stores an inbound platform message and decides what it needs, in one transaction.
 pub fn ingest_tx(
     tx: &rusqlite::Transaction<'_>,
@@ -299,7 +285,7 @@ pub fn ingest_tx(
     }
     let triggered = !m.is_group
         || trigger::group_triggers(
-            &trigger_rule(tx, settings, &space)?,
+            &spaces::trigger_rule(tx, &settings.trigger, &space)?,
             &m.text,
             m.mentions_bot,
             m.reply_to_bot,

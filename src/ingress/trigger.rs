@@ -3,22 +3,8 @@
 //! starts with one) or `always`. A reply to the bot triggers in any mode.
 //! Must never: allocate a regex from user input.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TriggerRule {
-    pub mode: String,
-    pub patterns: Vec<String>,
-    pub case_sensitive: bool,
-}
-
-impl TriggerRule {
-    pub fn new(mode: &str, patterns: &str, case_sensitive: bool) -> Self {
-        Self {
-            mode: mode.to_owned(),
-            patterns: crate::config::trigger_patterns(patterns),
-            case_sensitive,
-        }
-    }
-}
+// A space's rule is read where its settings live (the agent strips the same words).
+pub use crate::storage::spaces::TriggerRule;
 
 fn eq(a: &str, b: &str, cs: bool) -> bool {
     if cs {

@@ -458,3 +458,35 @@ pub fn set_session_boundary(
     )?;
     Ok(())
 }
+/// A space's group trigger: its own `trigger.*` settings, else the host's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerRule {
+    pub mode: String,
+    pub patterns: Vec<String>,
+    pub case_sensitive: bool,
+}
+
+impl TriggerRule {
+    pub fn new(mode: &str, patterns: &str, case_sensitive: bool) -> Self {
+        Self {
+            mode: mode.to_owned(),
+            patterns: crate::config::trigger_patterns(patterns),
+            case_sensitive,
+        }
+    }
+}
+
+/// The trigger rule of `space` (ingress decides by it; a turn strips its words).
+pub fn trigger_rule(
+    conn: &Connection,
+    defaults: &crate::config::TriggerConfig,
+    space: &str,
+) -> StoreResult<TriggerRule> {
+    let get = |k: &str| kv_get(conn, KvTable::Config, space, k);
+    let mode = get("trigger.match")?.unwrap_or_else(|| defaults.mode.clone());
+    let patterns = get("trigger.patterns")?
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| defaults.patterns.clone());
+    let cs = get("trigger.case_sensitive")?.as_deref() == Some("true");
+    Ok(TriggerRule::new(&mode, &patterns, cs))
+}
