@@ -844,11 +844,8 @@ impl Settings {
         if self.model_chain().is_empty() {
             return Err(key_err("model", "at least one model spec is needed"));
         }
-        for spec in self.model_chain() {
-            check_model_spec(&spec).map_err(|m| key_err("model", m))?;
-        }
-        if !self.review.model.is_empty() {
-            check_model_spec(&self.review.model).map_err(|m| key_err("review.model", m))?;
+        for (key, spec) in self.configured_specs() {
+            check_model_spec(&spec).map_err(|m| key_err(key, m))?;
         }
         crate::ids::validate_operator_id(&self.owner).map_err(|m| key_err("owner", m))?;
         for a in &self.admins {
@@ -999,6 +996,26 @@ impl Settings {
         split_chain(&self.model)
     }
 
+    /// Every model spec this file names, with the key that names it: the
+    /// default chain, the daily judge and the weekly judge (each checked,
+    /// keyed and allowed as scripted the same way).
+    pub fn configured_specs(&self) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = self
+            .model_chain()
+            .into_iter()
+            .map(|m| ("model", m))
+            .collect();
+        for (key, spec) in [
+            ("review.model", &self.review.model),
+            ("review.weekly_model", &self.review.weekly_model),
+        ] {
+            if !spec.is_empty() {
+                out.push((key, spec.clone()));
+            }
+        }
+        out
+    }
+
     /// The cost of one model call under `prices` (per million tokens; an
     /// unpriced spec costs 0).
     pub fn cost(&self, spec: &str, tokens_in: u64, tokens_out: u64) -> f64 {
@@ -1145,15 +1162,11 @@ pub fn key_var_of(spec: &str) -> Option<(&'static str, &'static str)> {
     }
 }
 
-/// The specs of the default chain and the judge that have no API key in
-/// `env`: each `(spec, variable)` once.
+/// The configured specs ([`Settings::configured_specs`]) that have no API
+/// key in `env`: each `(spec, variable)` once.
 pub fn missing_keys(s: &Settings, env: &BTreeMap<String, String>) -> Vec<(String, &'static str)> {
     let mut out: Vec<(String, &'static str)> = Vec::new();
-    let specs = s
-        .model_chain()
-        .into_iter()
-        .chain(Some(s.review.model.clone()).filter(|m| !m.is_empty()));
-    for spec in specs {
+    for (_, spec) in s.configured_specs() {
         if let Some((_, var)) = key_var_of(&spec) {
             let set = env.get(var).is_some_and(|v| !v.trim().is_empty());
             if !set && !out.iter().any(|(s, _)| *s == spec) {
@@ -1164,16 +1177,11 @@ pub fn missing_keys(s: &Settings, env: &BTreeMap<String, String>) -> Vec<(String
     out
 }
 
-/// `scripted:PATH` specs that `mercury.yaml` (or its variables) names in
-/// the default chain or as the judge whose file does not exist: start-up
+/// `scripted:PATH` specs that `mercury.yaml` (or its variables) names
+/// ([`Settings::configured_specs`]) whose file does not exist: start-up
 /// refuses them rather than failing every turn.
 pub fn check_scripted_files(s: &Settings) -> Result<(), ConfigError> {
-    let specs = s
-        .model_chain()
-        .into_iter()
-        .map(|m| ("model", m))
-        .chain(Some(("review.model", s.review.model.clone())));
-    for (key, spec) in specs {
+    for (key, spec) in s.configured_specs() {
         if let Some(path) = spec.strip_prefix("scripted:") {
             if !Path::new(path.trim()).is_file() {
                 return Err(key_err(

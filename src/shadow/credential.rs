@@ -92,14 +92,15 @@ pub fn providers_without_key(
     root: Option<&Path>,
     env: &BTreeMap<String, String>,
 ) -> Vec<String> {
-    let mut out: Vec<String> = chain
+    let mut out: Vec<String> = Vec::new();
+    for (p, _) in chain
         .iter()
-        .filter_map(|spec| spec.split_once(':').map(|(p, _)| p))
-        .filter(|p| PROVIDERS.contains(p))
-        .filter(|p| shadow_key(root, p, env).is_none())
-        .map(str::to_owned)
-        .collect();
-    out.dedup();
+        .filter_map(|spec| crate::config::key_var_of(spec))
+    {
+        if !out.iter().any(|o| o == p) && shadow_key(root, p, env).is_none() {
+            out.push(p.to_owned());
+        }
+    }
     out
 }
 
