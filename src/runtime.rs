@@ -39,6 +39,8 @@ pub struct Runtime {
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// Where outbound sends go: the outbox (live) or the shadow transcript.
     pub outbound: Outbound,
+    /// When a turn's commit last deleted expired run traces (ms; 0: never).
+    pub steps_pruned_at: std::sync::atomic::AtomicI64,
 }
 
 /// One send addressed to a platform conversation.

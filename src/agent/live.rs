@@ -38,20 +38,8 @@ pub(crate) fn model_chain(
     )
 }
 
-/// The space's trigger words (its own `trigger.patterns` or the default) and
-/// whether they match case-sensitively: the same rule ingress applies.
-fn trigger_words(
-    conn: &rusqlite::Connection,
-    rt: &Runtime,
-    space: &str,
-) -> StoreResult<(Vec<String>, bool)> {
-    let raw = spaces::kv_get(conn, KvTable::Config, space, "trigger.patterns")?
-        .filter(|p| !p.trim().is_empty())
-        .unwrap_or_else(|| rt.settings.trigger.patterns.clone());
-    let cs = spaces::kv_get(conn, KvTable::Config, space, "trigger.case_sensitive")?.as_deref()
-        == Some("true");
-    Ok((crate::config::trigger_patterns(&raw), cs))
-}
+/// How often a commit deletes expired run traces, at most.
+const PRUNE_EVERY_MS: i64 = 3_600_000;
 
 /// Runs the turn that answers `message` and commits it.
 pub(crate) async fn run_and_commit(
@@ -103,12 +91,13 @@ pub(crate) async fn run_and_commit(
                 let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
                 let links_act = crate::perms::role_permissions(tx, &space_s, &role)?
                     .contains(&Permission::LinksAct);
-                let words = trigger_words(tx, &rt2, &space_s)?;
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act, words))
+                // The same rule ingress applied to let the message in.
+                let rule = spaces::trigger_rule(tx, &rt2.settings.trigger, &space_s)?;
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act, rule))
             })
             .await
     };
-    let (chain, links_paragraph, (patterns, case_sensitive)) = match prep {
+    let (chain, links_paragraph, trigger) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -122,8 +111,12 @@ pub(crate) async fn run_and_commit(
         kind,
         caller_id: caller,
         // The model reads the request, not the word that addressed it.
-        user_text: super::prompt::strip_trigger(&message.text, &patterns, case_sensitive)
-            .to_owned(),
+        user_text: super::prompt::strip_trigger(
+            &message.text,
+            &trigger.patterns,
+            trigger.case_sensitive,
+        )
+        .to_owned(),
         workspace: workspace.clone(),
         prompt: PromptInputs {
             space_id: space.to_string(),
@@ -173,13 +166,24 @@ async fn commit(
     let message = message.clone();
     let run_id = run_id.to_string();
     let keep_ms = i64::from(rt.settings.runs.keep_days) * 86_400_000;
+    // Expired traces are deleted by the first commit after start and then
+    // at most once an hour, not by every turn's write.
+    let now = now_ms();
+    let prune = rt
+        .steps_pruned_at
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            (now - last >= PRUNE_EVERY_MS).then_some(now)
+        })
+        .is_ok();
     let outbound = rt.outbound.clone();
     rt.store
         .write(move |tx| {
             // The trace is kept whatever became of the reply; old traces go
             // (`runs.keep_days`) in the same write, an indexed delete.
             runs::record_steps(tx, &run_id, &outcome.steps)?;
-            runs::prune_steps(tx, now_ms() - keep_ms)?;
+            if prune {
+                runs::prune_steps(tx, now - keep_ms)?;
+            }
             let status = outcome.status.as_str();
             if !messages::settle(tx, message.id, status, &run_id)? {
                 runs::finish(

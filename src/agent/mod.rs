@@ -182,7 +182,7 @@ pub(crate) async fn run_turn(
     };
     let sandboxed = slot.token_minted.load(Ordering::SeqCst);
     let run_id = req.run_id.to_string();
-    if slot.token_minted.load(Ordering::SeqCst) {
+    if sandboxed {
         if let Err(e) = rt
             .store
             .write(move |tx| tokens::revoke_run(tx, &run_id))

@@ -235,11 +235,15 @@ enum ReviewCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let shadow = match &cli.command {
-        Command::Serve { data_dir, .. } => crate::cli::shadow::serves_shadow(data_dir),
-        _ => false,
+    // `serve` reads its config once, before logging starts: every log line
+    // of a shadow host carries `shadow=1` and the log has its format from
+    // the first line (an unreadable config is reported by `serve` itself).
+    let settings = match &cli.command {
+        Command::Serve { data_dir, .. } => Some(crate::host::settings_of(data_dir)),
+        _ => None,
     };
-    init_tracing(log_format(&cli), shadow);
+    let loaded = settings.as_ref().and_then(|r| r.as_ref().ok());
+    init_tracing(log_format(loaded), loaded.is_some_and(|s| s.shadow));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -250,20 +254,15 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(run(cli))
+    runtime.block_on(run(cli, settings))
 }
 
-/// `log.format` of the data dir `serve` runs on (an unreadable config is
-/// reported by `serve` itself; the log is text until then).
-fn log_format(cli: &Cli) -> crate::config::LogFormat {
-    match &cli.command {
-        Command::Serve { data_dir, .. } => crate::config::load(
-            &crate::workspace::DataPaths::new(data_dir).config,
-            &crate::config::process_env(),
-        )
-        .map(|s| s.log.format)
-        .unwrap_or_default(),
-        _ => match std::env::var("MERCURY_LOG_FORMAT").as_deref() {
+/// `log.format` of the config `serve` runs with; for other commands,
+/// `MERCURY_LOG_FORMAT`.
+fn log_format(serve: Option<&crate::config::Settings>) -> crate::config::LogFormat {
+    match serve {
+        Some(s) => s.log.format,
+        None => match std::env::var("MERCURY_LOG_FORMAT").as_deref() {
             Ok("json") => crate::config::LogFormat::Json,
             _ => crate::config::LogFormat::Text,
         },
@@ -311,7 +310,8 @@ where
     }
 }
 
-async fn run(cli: Cli) -> ExitCode {
+/// Runs `cli`; `settings` is `serve`'s config, read once by [`main`].
+async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>) -> ExitCode {
     match cli.command {
         Command::Init { data_dir, owner } => match crate::host::init(&data_dir, &owner).await {
             Ok(token) => {
@@ -327,7 +327,8 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Serve { data_dir, bind } => {
             let token = CancellationToken::new();
             crate::host::cancel_on_signals(token.clone());
-            match crate::host::serve(&data_dir, bind, token).await {
+            let settings = settings.unwrap_or_else(|| crate::host::settings_of(&data_dir));
+            match crate::host::serve(&data_dir, settings, bind, token).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mercury serve: {}{e:#}", crate::host::log_tag());

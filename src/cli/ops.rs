@@ -304,16 +304,7 @@ async fn sandbox_checks(s: &Settings) -> Vec<Check> {
         )),
     }
     if let Ok(d) = &docker {
-        let tag = if s.sandbox.image.is_empty() {
-            crate::host::containers::mrctl_path()
-                .and_then(|m| {
-                    crate::sandbox::image::agent_image_tag(env!("CARGO_PKG_VERSION"), &m)
-                        .map_err(anyhow::Error::from)
-                })
-                .map_err(|e| e.to_string())
-        } else {
-            Ok(s.sandbox.image.clone())
-        };
+        let tag = crate::host::containers::agent_image(s).map_err(|e| format!("{e:#}"));
         match tag {
             Ok(tag) => match crate::sandbox::image::image_exists(d.docker(), &tag).await {
                 Ok(true) => out.push(check(Level::Ok, "image", format!("{tag} is present"))),

@@ -323,10 +323,3 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
         }
     }
 }
-
-/// Is `data_dir` configured as a shadow (file or environment)? Read before
-/// logging starts, so every log line of a shadow host carries `shadow=1`.
-pub fn serves_shadow(data_dir: &std::path::Path) -> bool {
-    let paths = crate::workspace::DataPaths::new(data_dir);
-    crate::config::load(&paths.config, &crate::config::process_env()).is_ok_and(|s| s.shadow)
-}

@@ -67,9 +67,7 @@ pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
 pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend> {
     let probe = DockerBackend::connect(String::new()).await?;
     let image = if settings.sandbox.image.is_empty() {
-        let mrctl = mrctl_path()?;
-        let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)
-            .with_context(|| format!("reading {} and the image's tools", mrctl.display()))?;
+        let tag = agent_image(settings)?;
         // A shadow never builds an image (`shadow up` refuses a missing one
         // first): building would load the live box while it serves.
         if settings.shadow {
@@ -78,7 +76,7 @@ pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend
             }
             tag
         } else {
-            ensure_agent_image(probe.docker(), &tag, &mrctl).await?
+            ensure_agent_image(probe.docker(), &tag, &mrctl_path()?).await?
         }
     } else {
         settings.sandbox.image.clone()

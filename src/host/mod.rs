@@ -187,11 +187,9 @@ fn scripted_policy(s: &Settings, paths: &DataPaths) -> ScriptedPolicy {
     let mut roots = vec![crate::workspace::data_dir::models_dir(paths)];
     roots.extend(s.models.scripted_roots.iter().map(PathBuf::from));
     let configured = s
-        .model_chain()
+        .configured_specs()
         .into_iter()
-        .chain(std::iter::once(s.review.model.clone()))
-        .chain(std::iter::once(s.review.weekly_model.clone()))
-        .filter_map(|spec| spec.strip_prefix("scripted:").map(str::to_owned));
+        .filter_map(|(_, spec)| spec.strip_prefix("scripted:").map(str::to_owned));
     ScriptedPolicy::new(roots, configured)
 }
 
@@ -260,14 +258,33 @@ async fn sandbox_backend(
 }
 
 /// The host's shared services over an open store: models, sandbox backend,
-/// instance id. `serve` and `mercury bench` build theirs here.
+/// instance id, with the model keys of this process's environment.
+/// `mercury bench` builds its runtime here.
 pub async fn build_runtime(
     paths: &DataPaths,
     settings: Settings,
     store: Store,
     review_admission: Admission,
 ) -> anyhow::Result<Arc<Runtime>> {
-    let env = config::process_env();
+    build_runtime_with_env(
+        paths,
+        settings,
+        store,
+        review_admission,
+        &config::process_env(),
+    )
+    .await
+}
+
+/// [`build_runtime`] with the model keys read from `env` (`serve_with`'s,
+/// the same environment its warnings and the adapters' secrets come from).
+async fn build_runtime_with_env(
+    paths: &DataPaths,
+    settings: Settings,
+    store: Store,
+    review_admission: Admission,
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<Arc<Runtime>> {
     let sandbox = sandbox_backend(&settings, paths).await?;
     let instance_id =
         sandbox::docker::instance_id_for(&paths.root).context("deriving the instance id")?;
@@ -280,7 +297,7 @@ pub async fn build_runtime(
     Ok(Arc::new(Runtime {
         outbound,
         models: ModelRegistry::new(
-            provider_settings(&settings, &env),
+            provider_settings(&settings, env),
             scripted_policy(&settings, paths),
         ),
         model_gate,
@@ -293,6 +310,7 @@ pub async fn build_runtime(
         live_runs: Mutex::new(Default::default()),
         ask_refusals: Mutex::new(Default::default()),
         metrics: Arc::default(),
+        steps_pruned_at: std::sync::atomic::AtomicI64::new(0),
     }))
 }
 
@@ -346,6 +364,16 @@ pub enum OutboundAdapter {
     Discord,
 }
 
+impl OutboundAdapter {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Webhook => "webhook",
+            Self::Telegram => "telegram",
+            Self::Discord => "discord",
+        }
+    }
+}
+
 /// The one construction point of outbound adapters: what the config asks
 /// for, or in shadow mode none at all (each one asked for is listed in the
 /// transcript as refused).
@@ -376,13 +404,15 @@ pub fn outbound_adapters(
     wanted
 }
 
-/// Runs the host until SIGTERM/SIGINT (or `shutdown` is cancelled).
+/// Runs the host on `data_dir` with its `settings` (as [`settings_of`] read
+/// them) until SIGTERM/SIGINT (or `shutdown` is cancelled).
 pub async fn serve(
     data_dir: &Path,
+    settings: anyhow::Result<Settings>,
     bind_override: Option<String>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut settings = settings_of(data_dir)?;
+    let mut settings = settings?;
     if let Some(b) = bind_override {
         settings.bind = b;
         settings.validate()?;
@@ -442,8 +472,22 @@ pub async fn serve_with(
         tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
     }
     config::check_scripted_files(&settings)?;
-    for (spec, var) in config::missing_keys(&settings, &env) {
-        tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
+    if settings.shadow {
+        // A shadow calls with its own key only (provider_settings).
+        let specs: Vec<String> = settings
+            .configured_specs()
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect();
+        let root = (!settings.shadow_root.is_empty()).then(|| Path::new(&settings.shadow_root));
+        for p in crate::shadow::credential::providers_without_key(&specs, root, &env) {
+            let var = crate::shadow::credential::env_name(&p);
+            tracing::warn!(provider = %p, variable = %var, "{p} is in the model chain but the shadow has no key of its own ({var} or `mercury shadow auth set-key {p}`): its calls will fail");
+        }
+    } else {
+        for (spec, var) in config::missing_keys(&settings, &env) {
+            tracing::warn!(model = %spec, variable = var, "{spec} is in the model chain but {var} is not set: its calls will fail (a local server that needs no key can ignore this)");
+        }
     }
     // Before anything starts: an enabled adapter without its secret stops
     // here. A shadow constructs no adapter, so it needs (and reads) no secret.
@@ -476,7 +520,8 @@ pub async fn serve_with(
             "run tokens of interrupted runs were retired"
         );
     }
-    let rt = build_runtime(&paths, settings, store, options.review_admission).await?;
+    let rt =
+        build_runtime_with_env(&paths, settings, store, options.review_admission, &env).await?;
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
     let app = Arc::new(App {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
@@ -506,7 +551,7 @@ pub async fn serve_with(
         crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
     }
     let background = tokio_util::task::TaskTracker::new();
-    for adapter in adapters {
+    for &adapter in &adapters {
         match adapter {
             // Started above, under the root supervisor.
             OutboundAdapter::Telegram | OutboundAdapter::Discord => {}
@@ -568,7 +613,7 @@ pub async fn serve_with(
         },
         rt.settings.sandbox.workspace_mb
     );
-    startup_summary(&rt, &tcp.local_addr()?.to_string());
+    startup_summary(&rt, &tcp.local_addr()?.to_string(), &adapters);
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     let tcp_server =
         axum::serve(tcp, router.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
@@ -594,7 +639,7 @@ pub async fn serve_with(
 }
 
 /// One INFO line an operator reads first: what this host runs with.
-fn startup_summary(rt: &Runtime, bind: &str) {
+fn startup_summary(rt: &Runtime, bind: &str, constructed: &[OutboundAdapter]) {
     let s = &rt.settings;
     let sandbox_why = match (s.sandbox.backend, rt.sandbox.unavailable_reason()) {
         (_, Some(reason)) => format!("no isolating backend: {reason}"),
@@ -603,20 +648,13 @@ fn startup_summary(rt: &Runtime, bind: &str) {
     };
     let next_review = crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
         .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
-    let enabled: Vec<&str> = [
-        ("webhook", !s.webhook.url.is_empty()),
-        ("telegram", s.adapters.telegram.enabled),
-        ("discord", s.adapters.discord.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
     let adapters = if s.shadow {
         "none (shadow mode)".to_owned()
-    } else if enabled.is_empty() {
+    } else if constructed.is_empty() {
         "none (pull from /api/outbox)".to_owned()
     } else {
-        enabled.join(",")
+        let names: Vec<&str> = constructed.iter().map(|a| a.name()).collect();
+        names.join(",")
     };
     tracing::info!(
         target: "mercury::startup",

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use super::{apply, body, params, path_arg, Body, Json, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
-use crate::actors::{ApplyError, Refusal};
+use crate::actors::Refusal;
 use crate::app::App;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
@@ -151,14 +151,14 @@ pub(crate) async fn grant(
         .spaces
         .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, Some(&b.caller_id), None)? {
-                return Err(Refusal::Refused(why));
+                return Err(Refusal::Refused(ApiError::Forbidden(why)));
             }
             // A grant never hands out more than the granter holds.
             let wanted = perms::role_permissions(tx, &space, &role)?;
             if let Some(extra) = wanted.iter().find(|p| !granter_perms.contains(*p)) {
-                return Err(Refusal::Refused(format!(
+                return Err(Refusal::Refused(ApiError::Forbidden(format!(
                     "you cannot grant the role {role:?}: it holds '{extra}', which you do not"
-                )));
+                ))));
             }
             let before = spaces::stored_role(tx, &space, &b.caller_id)?;
             spaces::set_role(tx, &space, &b.caller_id, &role, &by, link)?;
@@ -170,11 +170,7 @@ pub(crate) async fn grant(
                 },
             ))
         })
-        .await
-        .map_err(|e| match e {
-            ApplyError::Refused(why) => ApiError::Forbidden(why),
-            ApplyError::Actor(e) => e.into(),
-        })?;
+        .await?;
     let change = AuditChange {
         before: Some(json!({ "role": before })),
         after: Some(json!({"role": out.role, "caller_id": out.caller_id})),
@@ -343,7 +339,7 @@ pub(crate) async fn permissions_set(
         .spaces
         .apply_with(&sid, move |tx| {
             if let Some(why) = link_self_grant(tx, &auth, &space, None, Some(&role))? {
-                return Err(Refusal::Refused(why));
+                return Err(Refusal::Refused(ApiError::Forbidden(why)));
             }
             let before = perms::role_permissions(tx, &space, &role)?;
             spaces::kv_set(
@@ -362,11 +358,7 @@ pub(crate) async fn permissions_set(
                 },
             ))
         })
-        .await
-        .map_err(|e| match e {
-            ApplyError::Refused(why) => ApiError::Forbidden(why),
-            ApplyError::Actor(e) => e.into(),
-        })?;
+        .await?;
     let change = AuditChange {
         before: Some(json!({"role": out.role, "permissions": before})),
         after: Some(json!({"role": out.role, "permissions": out.permissions})),
