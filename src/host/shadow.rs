@@ -119,23 +119,18 @@ async fn live_containers(live: &Path, backend: SandboxChoice) -> Option<usize> {
 /// The earliest due time of an active live task; `Some(None)` when none is
 /// active, `None` when unknown.
 fn live_next_due(live: &Path) -> Option<Option<i64>> {
-    let db = rusqlite::Connection::open_with_flags(
-        DataPaths::new(live).db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .ok()?;
-    let (unknown, min): (i64, Option<i64>) = db
+    let db = crate::storage::open_read_only(&DataPaths::new(live).db).ok()?;
+    let unknown: i64 = db
         .query_row(
-            "SELECT COUNT(*) FILTER (WHERE next_run_at IS NULL), MIN(next_run_at) FROM tasks WHERE active = 1",
+            "SELECT COUNT(*) FROM tasks WHERE active = 1 AND next_run_at IS NULL",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.get(0),
         )
         .ok()?;
     if unknown > 0 {
-        None
-    } else {
-        Some(min)
+        return None;
     }
+    crate::storage::tasks::next_due_at(&db).ok()
 }
 
 /// The image the shadow would run, when its backend is docker.
@@ -166,9 +161,7 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
     if !settings.review.model.is_empty() {
         chain.push(settings.review.model.clone());
     }
-    if let Ok(c) =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-    {
+    if let Ok(c) = crate::storage::open_read_only(db) {
         if let Ok(mut stmt) = c.prepare("SELECT value FROM space_config WHERE key = 'model'") {
             if let Ok(rows) = stmt.query_map([], |r| r.get::<_, String>(0)) {
                 for v in rows.flatten() {

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use super::manifest::Manifest;
 use super::{io_err, sql_err, ShadowError, ShadowResult};
 use crate::redaction::{RedactionList, Redactor};
+use crate::storage::open_read_only;
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 
@@ -199,11 +200,6 @@ fn rows(db: &rusqlite::Connection, sql: &str) -> ShadowResult<Rows> {
         .map_err(sql_err("reading rows for the diff"))
 }
 
-fn open_ro(path: &Path) -> ShadowResult<rusqlite::Connection> {
-    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(sql_err(format!("opening {}", path.display())))
-}
-
 /// The shadow's runs, tokens and cost since its snapshot (what `down` prints,
 /// without the rest of the diff).
 pub fn runs_and_cost(
@@ -239,14 +235,14 @@ pub fn runs_and_cost(
 /// [`runs_and_cost`] of the shadow data dir `dir`.
 pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
     let manifest = Manifest::read(dir)?;
-    runs_and_cost(&open_ro(&dir.join("state.db"))?, &manifest, None)
+    runs_and_cost(&open_read_only(&dir.join("state.db"))?, &manifest, None)
 }
 
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let manifest = Manifest::read(dir)?;
-    let base_db = open_ro(&dir.join(BASELINE_DB))?;
-    let now_db = open_ro(&dir.join("state.db"))?;
+    let base_db = open_read_only(&dir.join(BASELINE_DB))?;
+    let now_db = open_read_only(&dir.join("state.db"))?;
     let wanted = |s: &str| space.is_none_or(|w| w == s);
 
     let mut changes = Vec::new();

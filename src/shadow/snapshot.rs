@@ -213,11 +213,8 @@ fn fill(
         eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
     }
     {
-        let src = rusqlite::Connection::open_with_flags(
-            &live.db,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sql_err(format!("opening {}", live.db.display())))?;
+        let src = crate::storage::open_read_only(&live.db)?;
+        // Longer than the store's own: a large live write may hold the lock.
         src.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(sql_err("setting a busy timeout"))?;
         let target = shadow
