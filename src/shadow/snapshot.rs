@@ -355,75 +355,38 @@ fn copy_file(src: &WorkspaceRoot, name: &OsStr, to_dir: &Path) -> ShadowResult<u
     std::io::copy(&mut from, &mut to).map_err(io_err(format!("copying {}", path.display())))
 }
 
-/// `global/` without anything that holds a secret (tokens, credentials, keys).
+/// `global/` without anything that holds a secret (tokens, credentials,
+/// keys: [`is_secret_name`], at every depth).
 fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
     if !from.is_dir() {
         return Ok(0);
     }
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    let dst = WorkspaceRoot::open(to)
-        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
-    let mut bytes = 0;
-    for e in src
-        .entries()
-        .map_err(io_err(format!("listing {}", from.display())))?
-    {
-        let name = e.name.to_string_lossy();
-        if is_secret_name(&name) || name == "owner.token" {
-            continue;
-        }
-        match e.kind {
-            EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
-            EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700)
-                    .map_err(io_err(format!("creating global/{name}")))?;
-                let s = src
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/{name}")))?;
-                let d = dst
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening the copy of global/{name}")))?;
-                bytes += copy_tree_without_secrets(&s, &d)?;
-            }
-            EntryKind::Symlink | EntryKind::Other => {}
-        }
-    }
-    Ok(bytes)
+    copy_without_secrets(&src, to, "global")
 }
 
-fn copy_tree_without_secrets(src: &WorkspaceRoot, dst: &WorkspaceRoot) -> ShadowResult<u64> {
+/// Every entry of `src` whose name holds no secret into the directory `to`:
+/// a file streamed into a new 0600 file, a directory made private and copied
+/// the same way; links and special files are left out. `rel` names `src` in
+/// errors.
+fn copy_without_secrets(src: &WorkspaceRoot, to: &Path, rel: &str) -> ShadowResult<u64> {
     let mut bytes = 0;
-    for e in src
-        .entries()
-        .map_err(io_err("listing a global/ directory"))?
-    {
-        let name = e.name.to_string_lossy().into_owned();
+    for e in src.entries().map_err(io_err(format!("listing {rel}")))? {
+        let name = e.name.to_string_lossy();
         if is_secret_name(&name) {
             continue;
         }
+        let child = format!("{rel}/{name}");
         match e.kind {
-            EntryKind::File => {
-                let mut from = src
-                    .open_file(&name)
-                    .map_err(|er| ShadowError::Invalid(format!("reading global/…/{name}: {er}")))?;
-                let mut buf = Vec::new();
-                std::io::Read::read_to_end(&mut from, &mut buf)
-                    .map_err(io_err(format!("reading global/…/{name}")))?;
-                dst.write_atomic(&name, &buf)
-                    .map_err(|er| ShadowError::Invalid(format!("writing global/…/{name}: {er}")))?;
-                bytes += buf.len() as u64;
-            }
+            EntryKind::File => bytes += copy_file(src, &e.name, to)?,
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700)
-                    .map_err(io_err(format!("creating global/…/{name}")))?;
+                let d = to.join(&e.name);
+                private_dir(&d).map_err(io_err(format!("creating {}", d.display())))?;
                 let s = src
                     .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/…/{name}")))?;
-                let d = dst
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/…/{name}")))?;
-                bytes += copy_tree_without_secrets(&s, &d)?;
+                    .map_err(io_err(format!("opening {child}")))?;
+                bytes += copy_without_secrets(&s, &d, &child)?;
             }
             EntryKind::Symlink | EntryKind::Other => {}
         }
@@ -527,6 +490,47 @@ mod tests {
         }
         for n in ["notes.md", "model-capabilities.yaml"] {
             assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn global_is_copied_without_secrets_at_every_depth_and_every_file_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (from, to) = (tmp.path().join("from"), tmp.path().join("to"));
+        std::fs::create_dir_all(from.join("sub/deeper")).unwrap();
+        std::fs::create_dir(&to).unwrap();
+        for (p, text) in [
+            ("notes.md", "top"),
+            ("owner.token", "live token"),
+            ("sub/a.md", "nested"),
+            ("sub/x.token", "nested token"),
+            ("sub/deeper/b.md", "deeper"),
+            ("sub/deeper/auth.json", "deeper secret"),
+        ] {
+            std::fs::write(from.join(p), text).unwrap();
+            std::fs::set_permissions(from.join(p), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let bytes = copy_global(&from, &to).unwrap();
+        assert_eq!(
+            bytes,
+            ("top".len() + "nested".len() + "deeper".len()) as u64
+        );
+        for (p, text) in [
+            ("notes.md", "top"),
+            ("sub/a.md", "nested"),
+            ("sub/deeper/b.md", "deeper"),
+        ] {
+            assert_eq!(std::fs::read_to_string(to.join(p)).unwrap(), text);
+            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{p}");
+        }
+        for p in ["sub", "sub/deeper"] {
+            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{p}");
+        }
+        for p in ["owner.token", "sub/x.token", "sub/deeper/auth.json"] {
+            assert!(!to.join(p).exists(), "{p} was copied");
         }
     }
 }
