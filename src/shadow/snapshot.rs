@@ -107,16 +107,13 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
             live_dir.display()
         )));
     }
+    // Refused before anything is created: a root inside the live data dir
+    // must not leave even an empty directory there.
+    refuse_overlap(&resolve_ahead(&opts.root)?, &live_dir)?;
     private_dir(&opts.root).map_err(io_err(format!("creating {}", opts.root.display())))?;
     let root = std::fs::canonicalize(&opts.root)
         .map_err(io_err(format!("resolving {}", opts.root.display())))?;
-    if root.starts_with(&live_dir) || live_dir.starts_with(&root) {
-        return Err(ShadowError::Refused(format!(
-            "the shadow root {} and the live data dir {} must not contain each other",
-            root.display(),
-            live_dir.display()
-        )));
-    }
+    refuse_overlap(&root, &live_dir)?;
     // The live file alone: the environment of this command is not the live host's.
     let live_settings = config::load(&live.config, &Default::default())?;
     let live_bind: std::net::SocketAddr = live_settings.bind.parse().map_err(|_| {
@@ -143,61 +140,132 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
     }
     let dir = root.join(&id);
     private_dir(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-    let shadow = DataPaths::new(&dir);
-    let result = fill(opts, &live, &shadow, &live_settings.owner);
-    let (marks, db_bytes, files_bytes) = match result {
-        Ok(v) => v,
+    let made = make(
+        opts,
+        &live,
+        &live_settings,
+        Place {
+            root: &root,
+            dir: &dir,
+            id: &id,
+            now,
+            shadow_bind,
+        },
+    );
+    match made {
+        Ok(manifest) => Ok(SnapshotOutcome {
+            dir,
+            manifest,
+            seconds: started.elapsed().as_secs_f64(),
+        }),
         Err(e) => {
             // No half snapshot is left to be started.
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
+            Err(e)
         }
-    };
+    }
+}
 
+/// Where a snapshot is being made.
+struct Place<'a> {
+    root: &'a Path,
+    dir: &'a Path,
+    id: &'a str,
+    now: i64,
+    shadow_bind: String,
+}
+
+/// Fills the new snapshot directory, derives its config, writes the
+/// baseline and the manifest and points `current` at it.
+fn make(
+    opts: &SnapshotOptions,
+    live: &DataPaths,
+    live_settings: &config::Settings,
+    at: Place<'_>,
+) -> ShadowResult<Manifest> {
+    let shadow = DataPaths::new(at.dir);
+    let (marks, db_bytes, files_bytes) = fill(opts, live, &shadow, &live_settings.owner)?;
     let admins = Yaml::Sequence(opts.admins.iter().map(|a| Yaml::from(a.as_str())).collect());
     config::set_keys(
         &shadow.config,
         &[
-            ("bind", Yaml::from(shadow_bind.as_str())),
+            ("bind", Yaml::from(at.shadow_bind.as_str())),
             ("shadow", Yaml::Bool(true)),
-            ("shadow_root", Yaml::from(root.display().to_string())),
+            ("shadow_root", Yaml::from(at.root.display().to_string())),
             ("admins", admins),
         ],
     )?;
     // What the diff compares against, before the shadow ever runs.
-    if let Err(e) = super::diff::write_baseline(&dir) {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Err(e);
-    }
+    super::diff::write_baseline(at.dir)?;
     let manifest = Manifest {
-        id: id.clone(),
+        id: at.id.to_owned(),
         product_version: env!("CARGO_PKG_VERSION").to_owned(),
         git_revision: GIT_REVISION.to_owned(),
-        live_data_dir: live_dir.display().to_string(),
-        created_at_ms: now,
-        created_at: chrono::DateTime::from_timestamp_millis(now)
+        live_data_dir: live.root.display().to_string(),
+        created_at_ms: at.now,
+        created_at: chrono::DateTime::from_timestamp_millis(at.now)
             .unwrap_or_default()
             .to_rfc3339(),
         label: opts.label.clone(),
         admin_count: Some(opts.admins.len()),
         live_bind: live_settings.bind.clone(),
-        shadow_bind,
+        shadow_bind: at.shadow_bind,
         marks,
         db_bytes,
         files_bytes,
     };
     let json =
         serde_json::to_string_pretty(&manifest).map_err(|e| ShadowError::Invalid(e.to_string()))?;
-    let mpath = dir.join(MANIFEST_FILE);
+    let mpath = at.dir.join(MANIFEST_FILE);
     private_file(&mpath)
         .and_then(|mut f| f.write_all(json.as_bytes()))
         .map_err(io_err(format!("writing {}", mpath.display())))?;
-    point_current(&root, &id)?;
-    Ok(SnapshotOutcome {
-        dir,
-        manifest,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    point_current(at.root, at.id)?;
+    Ok(manifest)
+}
+
+/// Refuses a shadow root and a live data dir (both resolved) that contain
+/// each other.
+fn refuse_overlap(root: &Path, live_dir: &Path) -> ShadowResult<()> {
+    if root.starts_with(live_dir) || live_dir.starts_with(root) {
+        return Err(ShadowError::Refused(format!(
+            "the shadow root {} and the live data dir {} must not contain each other",
+            root.display(),
+            live_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Where `path` will be once created: its nearest existing ancestor
+/// resolved (links, `..`), the part not yet there joined on as written.
+fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
+    use std::path::Component;
+    let parts: Vec<Component<'_>> = path.components().collect();
+    for n in (1..=parts.len()).rev() {
+        let head: PathBuf = parts[..n].iter().collect();
+        match std::fs::canonicalize(&head) {
+            Ok(mut resolved) => {
+                for c in &parts[n..] {
+                    match c {
+                        // A directory about to be made is no link: `..` leaves it.
+                        Component::ParentDir => {
+                            resolved.pop();
+                        }
+                        Component::Normal(p) => resolved.push(p),
+                        Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                    }
+                }
+                return Ok(resolved);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(format!("resolving {}", head.display()))(e)),
+        }
+    }
+    Err(ShadowError::Refused(format!(
+        "the shadow root {} has no existing ancestor",
+        path.display()
+    )))
 }
 
 /// Database, files, config and the shadow's owner token; the marks and sizes.
@@ -490,6 +558,49 @@ mod tests {
         }
         for n in ["notes.md", "model-capabilities.yaml"] {
             assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_root_inside_the_live_data_dir_is_refused_before_anything_is_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let live = base.join("live");
+        std::fs::create_dir(&live).unwrap();
+        std::fs::write(live.join("state.db"), "").unwrap();
+        std::os::unix::fs::symlink(&live, base.join("via-link")).unwrap();
+        for root in [
+            live.join("shadows"),
+            live.join("a/b/shadows"),
+            base.join("not-yet/../live/shadows"),
+            base.join("via-link/shadows"),
+        ] {
+            let opts = SnapshotOptions {
+                live_data_dir: live.clone(),
+                root: root.clone(),
+                admins: Vec::new(),
+                label: None,
+                port: None,
+                progress: false,
+            };
+            let err = take(&opts).unwrap_err();
+            assert!(
+                matches!(&err, ShadowError::Refused(m) if m.contains("must not contain each other")),
+                "{}: {err}",
+                root.display()
+            );
+            let mut left: Vec<_> = std::fs::read_dir(&live)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            left.sort();
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("state.db")],
+                "{}",
+                root.display()
+            );
+            assert!(!base.join("not-yet").exists());
         }
     }
 
