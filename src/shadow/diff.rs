@@ -89,9 +89,10 @@ pub struct DiffReport {
     pub refusals: Vec<TranscriptEntry>,
 }
 
-/// Every file of every workspace under `spaces_dir`, by hash, read through
-/// the safe-path walk (nothing followed; FIFOs and devices skipped).
-pub fn tree_hashes(spaces_dir: &Path) -> ShadowResult<TreeHashes> {
+/// Every file of every workspace under `spaces_dir` (of the one named
+/// `only`, when given), by hash, read through the safe-path walk (nothing
+/// followed; FIFOs and devices skipped).
+pub fn tree_hashes(spaces_dir: &Path, only: Option<&str>) -> ShadowResult<TreeHashes> {
     let root = WorkspaceRoot::open(spaces_dir)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", spaces_dir.display())))?;
     let mut out = TreeHashes::new();
@@ -99,7 +100,7 @@ pub fn tree_hashes(spaces_dir: &Path) -> ShadowResult<TreeHashes> {
         .entries()
         .map_err(io_err(format!("listing {}", spaces_dir.display())))?
     {
-        if e.kind != EntryKind::Dir {
+        if e.kind != EntryKind::Dir || only.is_some_and(|o| e.name != *o) {
             continue;
         }
         let space = e.name.to_string_lossy().into_owned();
@@ -270,10 +271,12 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let mut per_space: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
     {
         let mut stmt = now_db
-            .prepare("SELECT space_id, role, text FROM messages WHERE id > ?1 ORDER BY id")
+            .prepare(
+                "SELECT space_id, role, text FROM messages WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2) ORDER BY id",
+            )
             .map_err(sql_err("reading the shadow's messages"))?;
         let it = stmt
-            .query_map([mark], |r| {
+            .query_map(rusqlite::params![mark, space], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -283,9 +286,6 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             .map_err(sql_err("reading the shadow's messages"))?;
         for row in it {
             let (s, role, text) = row.map_err(sql_err("reading the shadow's messages"))?;
-            if !wanted(&s) {
-                continue;
-            }
             let e = per_space.entry(s).or_default();
             e.0 += 1;
             if e.1.len() < 5 {
@@ -322,7 +322,7 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         serde_json::from_str(&text)
             .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
     };
-    let now_files = tree_hashes(&dir.join("spaces"))?;
+    let now_files = tree_hashes(&dir.join("spaces"), space)?;
     let mut files = Vec::new();
     let empty = BTreeMap::new();
     let mut spaces: Vec<&String> = base_files.keys().chain(now_files.keys()).collect();
@@ -415,7 +415,7 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
         std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600))
             .map_err(io_err(format!("setting the mode of {}", db.display())))?;
     }
-    let hashes = tree_hashes(&dir.join("spaces"))?;
+    let hashes = tree_hashes(&dir.join("spaces"), None)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_FILES);
     crate::workspace::data_dir::private_file(&p)
