@@ -18,10 +18,13 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::Manifest;
 use super::{io_err, sql_err, ShadowError, ShadowResult};
+use crate::config::{self, ReviewConfig};
 use crate::redaction::{RedactionList, Redactor};
 use crate::storage::open_read_only;
+use crate::storage::spaces::list_members;
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
+use crate::workspace::DataPaths;
 
 pub const BASELINE_DB: &str = "shadow/baseline.db";
 pub const BASELINE_FILES: &str = "shadow/baseline-files.json";
@@ -301,8 +304,10 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         }
     }
     let mut messages = Vec::new();
+    // The shadow's own file: the owner a review of it would redact.
+    let review = config::load(&DataPaths::new(dir).config, &Default::default())?.review;
     for (s, (count, lines)) in per_space {
-        let mut redactor = redactor_for(&now_db, &s)?;
+        let mut redactor = redactor_for(&now_db, &review, &s)?;
         messages.push(MessagesAdded {
             space: s,
             count,
@@ -379,24 +384,26 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     })
 }
 
-/// The review redactor over the space's members (names and sender ids).
-fn redactor_for(db: &rusqlite::Connection, space: &str) -> ShadowResult<Redactor> {
-    let mut stmt = db
-        .prepare("SELECT caller_id, COALESCE(display_name, '') FROM members WHERE space_id = ?1")
-        .map_err(sql_err("reading members"))?;
-    let members: Vec<(String, String)> = stmt
-        .query_map([space], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(sql_err("reading members"))?
-        .collect::<Result<_, _>>()
-        .map_err(sql_err("reading members"))?;
-    let list = RedactionList::new()
-        .with_names(
-            members
-                .iter()
-                .map(|m| m.1.clone())
-                .filter(|n| !n.is_empty()),
-        )
-        .with_sender_ids(members.iter().map(|m| m.0.clone()));
+/// The review redactor over the space's members (names and sender ids),
+/// the owner's id and names, by the review's rule
+/// ([`RedactionList::of_review`]).
+fn redactor_for(
+    db: &rusqlite::Connection,
+    review: &ReviewConfig,
+    space: &str,
+) -> ShadowResult<Redactor> {
+    let members = list_members(db, space)?;
+    let names = review.owner_names.iter().cloned().chain(
+        members
+            .iter()
+            .filter_map(|m| m.display_name.clone())
+            .filter(|n| !n.is_empty()),
+    );
+    let list = RedactionList::of_review(
+        &review.owner,
+        names,
+        members.iter().map(|m| m.caller_id.clone()),
+    );
     Redactor::new(list).map_err(|e| ShadowError::Invalid(format!("building the redactor: {e}")))
 }
 
