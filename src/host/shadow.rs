@@ -420,21 +420,46 @@ pub async fn logs(root: &Path, which: Option<&str>, follow: bool) -> ShadowResul
         (None, None) => snapshot::resolve(root, "current")?,
     };
     let path = log_path(&dir);
-    let mut offset = 0u64;
+    // Opened once (not through a link) and read on from where the last
+    // read ended: a long log is not read again every tick.
+    let mut file: Option<std::fs::File> = None;
+    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        if let Ok(bytes) = std::fs::read(&path) {
-            let start = usize::try_from(offset)
-                .unwrap_or(usize::MAX)
-                .min(bytes.len());
+        if file.is_none() {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => file = Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if !follow {
+                        return Err(ShadowError::Refused(format!(
+                            "{} has no log yet",
+                            dir.display()
+                        )));
+                    }
+                }
+                Err(e) => return Err(io_err(format!("opening {}", path.display()))(e)),
+            }
+        }
+        if let Some(f) = file.as_mut() {
             let mut out = std::io::stdout().lock();
-            let _ = out.write_all(&bytes[start..]);
-            let _ = out.flush();
-            offset = bytes.len() as u64;
-        } else if !follow {
-            return Err(ShadowError::Refused(format!(
-                "{} has no log yet",
-                dir.display()
-            )));
+            loop {
+                let n = match std::io::Read::read(f, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err(format!("reading {}", path.display()))(e)),
+                };
+                // Whoever read the log went away (a closed pipe): done.
+                if out.write_all(&buf[..n]).is_err() {
+                    return Ok(());
+                }
+            }
+            if out.flush().is_err() {
+                return Ok(());
+            }
         }
         if !follow {
             return Ok(());
