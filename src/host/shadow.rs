@@ -17,8 +17,10 @@ use std::time::Duration;
 
 use crate::clock::now_ms;
 use crate::config::{self, SandboxChoice};
+use crate::sandbox::docker::DockerBackend;
+use crate::sandbox::SandboxError;
 use crate::shadow::credential;
-use crate::shadow::guard::{check_up, human_duration, UpFacts};
+use crate::shadow::guard::{check_not_running, check_up, human_duration, UpFacts};
 use crate::shadow::manifest::{Manifest, Running};
 use crate::shadow::{io_err, snapshot, ShadowError, ShadowResult};
 use crate::workspace::DataPaths;
@@ -90,14 +92,18 @@ fn free_disk(path: &Path) -> Option<u64> {
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+/// The one connection to the Docker engine `up` asks both questions on;
+/// None when neither side runs docker.
+type Engine = Option<Result<DockerBackend, SandboxError>>;
+
 /// Containers of the live instance that are running or being created (a
 /// turn in progress). None when it cannot be told.
-async fn live_containers(live: &Path, backend: SandboxChoice) -> Option<usize> {
+async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -> Option<usize> {
     if backend == SandboxChoice::Process {
         return Some(0);
     }
     let id = crate::sandbox::docker::instance_id_for(live).ok()?;
-    let docker = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
+    let docker = match engine.as_ref()? {
         Ok(d) => d,
         // `auto` without an engine runs bubblewrap: no container can exist.
         Err(_) if backend == SandboxChoice::Auto => return Some(0),
@@ -119,31 +125,26 @@ async fn live_containers(live: &Path, backend: SandboxChoice) -> Option<usize> {
 /// The earliest due time of an active live task; `Some(None)` when none is
 /// active, `None` when unknown.
 fn live_next_due(live: &Path) -> Option<Option<i64>> {
-    let db = rusqlite::Connection::open_with_flags(
-        DataPaths::new(live).db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .ok()?;
-    let (unknown, min): (i64, Option<i64>) = db
+    let db = crate::storage::open_read_only(&DataPaths::new(live).db).ok()?;
+    let unknown: i64 = db
         .query_row(
-            "SELECT COUNT(*) FILTER (WHERE next_run_at IS NULL), MIN(next_run_at) FROM tasks WHERE active = 1",
+            "SELECT COUNT(*) FROM tasks WHERE active = 1 AND next_run_at IS NULL",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.get(0),
         )
         .ok()?;
     if unknown > 0 {
-        None
-    } else {
-        Some(min)
+        return None;
     }
+    crate::storage::tasks::next_due_at(&db).ok()
 }
 
 /// The image the shadow would run, when its backend is docker.
-async fn shadow_image(settings: &config::Settings) -> Option<(String, bool)> {
+async fn shadow_image(settings: &config::Settings, engine: &Engine) -> Option<(String, bool)> {
     if settings.sandbox.backend == SandboxChoice::Process {
         return None;
     }
-    let docker = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
+    let docker = match engine.as_ref()? {
         Ok(d) => d,
         Err(_) if settings.sandbox.backend == SandboxChoice::Auto => return None,
         Err(e) => return Some((format!("(the engine did not answer: {e})"), false)),
@@ -166,9 +167,7 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
     if !settings.review.model.is_empty() {
         chain.push(settings.review.model.clone());
     }
-    if let Ok(c) =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-    {
+    if let Ok(c) = crate::storage::open_read_only(db) {
         if let Ok(mut stmt) = c.prepare("SELECT value FROM space_config WHERE key = 'model'") {
             if let Ok(rows) = stmt.query_map([], |r| r.get::<_, String>(0)) {
                 for v in rows.flatten() {
@@ -211,11 +210,16 @@ fn child_env(root: &Path) -> BTreeMap<String, String> {
 pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
     let dir = snapshot::resolve(&opts.root, &opts.snapshot)?;
     let manifest = Manifest::read(&dir)?;
+    // The first refusal of check_up, asked before the engine or a port is.
+    let already_running = running(&opts.root)?.map(|r| r.snapshot);
+    check_not_running(already_running.as_deref())?;
     let paths = DataPaths::new(&dir);
+    let child_env = child_env(&opts.root);
     // The settings the child will have: its file and its own environment.
-    let env: BTreeMap<String, String> = child_env(&opts.root)
-        .into_iter()
+    let env: BTreeMap<String, String> = child_env
+        .iter()
         .filter(|(k, _)| k.starts_with("MERCURY_"))
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let settings = config::load(&paths.config, &env)?;
     let live = PathBuf::from(&manifest.live_data_dir);
@@ -228,6 +232,13 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         .parse()
         .map_err(|_| ShadowError::Invalid(format!("bind {:?} is not ADDR:PORT", settings.bind)))?;
     let port_free = std::net::TcpListener::bind(bind).is_ok();
+    let engine: Engine = if live_backend == SandboxChoice::Process
+        && settings.sandbox.backend == SandboxChoice::Process
+    {
+        None
+    } else {
+        Some(DockerBackend::connect(String::new()).await)
+    };
     let facts = UpFacts {
         now_ms: now_ms(),
         max_age_ms: opts.max_age_ms,
@@ -235,20 +246,22 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         min_free_mem_bytes: opts.min_free_mem,
         free_disk_bytes: free_disk(&opts.root),
         min_free_disk_bytes: opts.min_free_disk,
-        live_containers_running: live_containers(&live, live_backend).await,
+        live_containers_running: live_containers(&live, live_backend, &engine).await,
         live_next_due_ms: live_next_due(&live),
         window_ms: opts.window_ms,
-        image: shadow_image(&settings).await,
+        image: shadow_image(&settings, &engine).await,
         port: bind.port(),
         port_free,
         providers_without_key: credential::providers_without_key(
             &shadow_chains(&settings, &paths.db),
             Some(&opts.root),
-            &child_env(&opts.root),
+            &child_env,
         ),
-        already_running: running(&opts.root)?.map(|r| r.snapshot),
+        already_running,
     };
     check_up(&manifest, &facts)?;
+    // Not held while the child starts.
+    drop(engine);
 
     let exe = std::env::current_exe().map_err(io_err("locating the mercury binary"))?;
     let log = log_path(&dir);
@@ -272,7 +285,7 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         .arg("--data-dir")
         .arg(&dir)
         .env_clear()
-        .envs(child_env(&opts.root))
+        .envs(&child_env)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -427,21 +440,46 @@ pub async fn logs(root: &Path, which: Option<&str>, follow: bool) -> ShadowResul
         (None, None) => snapshot::resolve(root, "current")?,
     };
     let path = log_path(&dir);
-    let mut offset = 0u64;
+    // Opened once (not through a link) and read on from where the last
+    // read ended: a long log is not read again every tick.
+    let mut file: Option<std::fs::File> = None;
+    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        if let Ok(bytes) = std::fs::read(&path) {
-            let start = usize::try_from(offset)
-                .unwrap_or(usize::MAX)
-                .min(bytes.len());
+        if file.is_none() {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => file = Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if !follow {
+                        return Err(ShadowError::Refused(format!(
+                            "{} has no log yet",
+                            dir.display()
+                        )));
+                    }
+                }
+                Err(e) => return Err(io_err(format!("opening {}", path.display()))(e)),
+            }
+        }
+        if let Some(f) = file.as_mut() {
             let mut out = std::io::stdout().lock();
-            let _ = out.write_all(&bytes[start..]);
-            let _ = out.flush();
-            offset = bytes.len() as u64;
-        } else if !follow {
-            return Err(ShadowError::Refused(format!(
-                "{} has no log yet",
-                dir.display()
-            )));
+            loop {
+                let n = match std::io::Read::read(f, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err(format!("reading {}", path.display()))(e)),
+                };
+                // Whoever read the log went away (a closed pipe): done.
+                if out.write_all(&buf[..n]).is_err() {
+                    return Ok(());
+                }
+            }
+            if out.flush().is_err() {
+                return Ok(());
+            }
         }
         if !follow {
             return Ok(());

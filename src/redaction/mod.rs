@@ -33,7 +33,7 @@ mod normalise;
 mod patterns;
 mod platform_ids;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io::{self, BufRead, Read, Write};
 use std::ops::Range;
@@ -155,7 +155,30 @@ impl RedactionList {
     pub fn is_empty(&self) -> bool {
         self.names.is_empty() && self.sender_ids.is_empty()
     }
+
+    /// The list a review report is redacted with (and a shadow diff, with
+    /// the same rule): `names`; `sender_ids` and the owner's id, once each,
+    /// less those shorter than [`MIN_SENDER_ID_CHARS`].
+    pub(crate) fn of_review<N, I>(owner: &str, names: N, sender_ids: I) -> Self
+    where
+        N: IntoIterator<Item = String>,
+        I: IntoIterator<Item = String>,
+    {
+        let mut senders: BTreeSet<String> = sender_ids.into_iter().collect();
+        if !owner.trim().is_empty() {
+            senders.insert(owner.trim().to_owned());
+        }
+        Self::new().with_names(names).with_sender_ids(
+            senders
+                .into_iter()
+                .filter(|s| s.chars().count() >= MIN_SENDER_ID_CHARS),
+        )
+    }
 }
+
+/// Sender ids shorter than this identify no one and would match inside
+/// every word of a report, so [`RedactionList::of_review`] leaves them out.
+pub(crate) const MIN_SENDER_ID_CHARS: usize = 3;
 
 // The list is made of identifiers; a derived Debug would print them into logs.
 impl fmt::Debug for RedactionList {

@@ -42,9 +42,6 @@ pub(crate) const RUN_SPACE: &str = "(review)";
 pub(crate) const RUN_KIND: &str = "review";
 /// Batches in flight when the gate is open (bench only): effectively all.
 const OPEN_IN_FLIGHT: usize = 1024;
-/// Sender ids shorter than this identify no one and would match inside
-/// every word of a report, so they are left out of the redaction list.
-const MIN_SENDER_ID_CHARS: usize = 3;
 
 /// What a scan needs from the host.
 #[derive(Clone)]
@@ -447,17 +444,11 @@ pub(super) fn redaction_list(
     cfg: &ReviewConfig,
     ids: crate::review::reader::WindowIdentifiers,
 ) -> RedactionList {
-    let mut senders: BTreeSet<String> = ids.sender_ids;
-    if !cfg.owner.trim().is_empty() {
-        senders.insert(cfg.owner.trim().to_owned());
-    }
-    RedactionList::new()
-        .with_names(cfg.owner_names.iter().cloned().chain(ids.names))
-        .with_sender_ids(
-            senders
-                .into_iter()
-                .filter(|s| s.chars().count() >= MIN_SENDER_ID_CHARS),
-        )
+    RedactionList::of_review(
+        &cfg.owner,
+        cfg.owner_names.iter().cloned().chain(ids.names),
+        ids.sender_ids,
+    )
 }
 
 fn speaker(r: &mut Redactor, s: &Option<String>) -> String {

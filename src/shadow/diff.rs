@@ -18,9 +18,13 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::Manifest;
 use super::{io_err, sql_err, ShadowError, ShadowResult};
+use crate::config::{self, ReviewConfig};
 use crate::redaction::{RedactionList, Redactor};
+use crate::storage::open_read_only;
+use crate::storage::spaces::list_members;
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
+use crate::workspace::DataPaths;
 
 pub const BASELINE_DB: &str = "shadow/baseline.db";
 pub const BASELINE_FILES: &str = "shadow/baseline-files.json";
@@ -88,9 +92,10 @@ pub struct DiffReport {
     pub refusals: Vec<TranscriptEntry>,
 }
 
-/// Every file of every workspace under `spaces_dir`, by hash, read through
-/// the safe-path walk (nothing followed; FIFOs and devices skipped).
-pub fn tree_hashes(spaces_dir: &Path) -> ShadowResult<TreeHashes> {
+/// Every file of every workspace under `spaces_dir` (of the one named
+/// `only`, when given), by hash, read through the safe-path walk (nothing
+/// followed; FIFOs and devices skipped).
+pub fn tree_hashes(spaces_dir: &Path, only: Option<&str>) -> ShadowResult<TreeHashes> {
     let root = WorkspaceRoot::open(spaces_dir)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", spaces_dir.display())))?;
     let mut out = TreeHashes::new();
@@ -98,7 +103,7 @@ pub fn tree_hashes(spaces_dir: &Path) -> ShadowResult<TreeHashes> {
         .entries()
         .map_err(io_err(format!("listing {}", spaces_dir.display())))?
     {
-        if e.kind != EntryKind::Dir {
+        if e.kind != EntryKind::Dir || only.is_some_and(|o| e.name != *o) {
             continue;
         }
         let space = e.name.to_string_lossy().into_owned();
@@ -199,11 +204,6 @@ fn rows(db: &rusqlite::Connection, sql: &str) -> ShadowResult<Rows> {
         .map_err(sql_err("reading rows for the diff"))
 }
 
-fn open_ro(path: &Path) -> ShadowResult<rusqlite::Connection> {
-    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(sql_err(format!("opening {}", path.display())))
-}
-
 /// The shadow's runs, tokens and cost since its snapshot (what `down` prints,
 /// without the rest of the diff).
 pub fn runs_and_cost(
@@ -239,14 +239,14 @@ pub fn runs_and_cost(
 /// [`runs_and_cost`] of the shadow data dir `dir`.
 pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
     let manifest = Manifest::read(dir)?;
-    runs_and_cost(&open_ro(&dir.join("state.db"))?, &manifest, None)
+    runs_and_cost(&open_read_only(&dir.join("state.db"))?, &manifest, None)
 }
 
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let manifest = Manifest::read(dir)?;
-    let base_db = open_ro(&dir.join(BASELINE_DB))?;
-    let now_db = open_ro(&dir.join("state.db"))?;
+    let base_db = open_read_only(&dir.join(BASELINE_DB))?;
+    let now_db = open_read_only(&dir.join("state.db"))?;
     let wanted = |s: &str| space.is_none_or(|w| w == s);
 
     let mut changes = Vec::new();
@@ -274,10 +274,12 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let mut per_space: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
     {
         let mut stmt = now_db
-            .prepare("SELECT space_id, role, text FROM messages WHERE id > ?1 ORDER BY id")
+            .prepare(
+                "SELECT space_id, role, text FROM messages WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2) ORDER BY id",
+            )
             .map_err(sql_err("reading the shadow's messages"))?;
         let it = stmt
-            .query_map([mark], |r| {
+            .query_map(rusqlite::params![mark, space], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -287,9 +289,6 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             .map_err(sql_err("reading the shadow's messages"))?;
         for row in it {
             let (s, role, text) = row.map_err(sql_err("reading the shadow's messages"))?;
-            if !wanted(&s) {
-                continue;
-            }
             let e = per_space.entry(s).or_default();
             e.0 += 1;
             if e.1.len() < 5 {
@@ -305,8 +304,10 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         }
     }
     let mut messages = Vec::new();
+    // The shadow's own file: the owner a review of it would redact.
+    let review = config::load(&DataPaths::new(dir).config, &Default::default())?.review;
     for (s, (count, lines)) in per_space {
-        let mut redactor = redactor_for(&now_db, &s)?;
+        let mut redactor = redactor_for(&now_db, &review, &s)?;
         messages.push(MessagesAdded {
             space: s,
             count,
@@ -326,7 +327,7 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         serde_json::from_str(&text)
             .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
     };
-    let now_files = tree_hashes(&dir.join("spaces"))?;
+    let now_files = tree_hashes(&dir.join("spaces"), space)?;
     let mut files = Vec::new();
     let empty = BTreeMap::new();
     let mut spaces: Vec<&String> = base_files.keys().chain(now_files.keys()).collect();
@@ -383,24 +384,26 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     })
 }
 
-/// The review redactor over the space's members (names and sender ids).
-fn redactor_for(db: &rusqlite::Connection, space: &str) -> ShadowResult<Redactor> {
-    let mut stmt = db
-        .prepare("SELECT caller_id, COALESCE(display_name, '') FROM members WHERE space_id = ?1")
-        .map_err(sql_err("reading members"))?;
-    let members: Vec<(String, String)> = stmt
-        .query_map([space], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(sql_err("reading members"))?
-        .collect::<Result<_, _>>()
-        .map_err(sql_err("reading members"))?;
-    let list = RedactionList::new()
-        .with_names(
-            members
-                .iter()
-                .map(|m| m.1.clone())
-                .filter(|n| !n.is_empty()),
-        )
-        .with_sender_ids(members.iter().map(|m| m.0.clone()));
+/// The review redactor over the space's members (names and sender ids),
+/// the owner's id and names, by the review's rule
+/// ([`RedactionList::of_review`]).
+fn redactor_for(
+    db: &rusqlite::Connection,
+    review: &ReviewConfig,
+    space: &str,
+) -> ShadowResult<Redactor> {
+    let members = list_members(db, space)?;
+    let names = review.owner_names.iter().cloned().chain(
+        members
+            .iter()
+            .filter_map(|m| m.display_name.clone())
+            .filter(|n| !n.is_empty()),
+    );
+    let list = RedactionList::of_review(
+        &review.owner,
+        names,
+        members.iter().map(|m| m.caller_id.clone()),
+    );
     Redactor::new(list).map_err(|e| ShadowError::Invalid(format!("building the redactor: {e}")))
 }
 
@@ -419,7 +422,7 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
         std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600))
             .map_err(io_err(format!("setting the mode of {}", db.display())))?;
     }
-    let hashes = tree_hashes(&dir.join("spaces"))?;
+    let hashes = tree_hashes(&dir.join("spaces"), None)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_FILES);
     crate::workspace::data_dir::private_file(&p)

@@ -74,14 +74,21 @@ pub struct UpFacts {
     pub already_running: Option<String>,
 }
 
+/// The first refusal of [`check_up`], on its own: `up` asks it before it
+/// gathers the other facts.
+pub fn check_not_running(already_running: Option<&str>) -> ShadowResult<()> {
+    match already_running {
+        Some(id) => Err(ShadowError::Refused(format!(
+            "a shadow is running already (snapshot {id}); run `mercury shadow down` first"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The first refusal of `up` (one sentence), in a fixed order, or Ok.
 pub fn check_up(manifest: &Manifest, facts: &UpFacts) -> ShadowResult<()> {
     let refuse = |s: String| Err(ShadowError::Refused(s));
-    if let Some(id) = &facts.already_running {
-        return refuse(format!(
-            "a shadow is running already (snapshot {id}); run `mercury shadow down` first"
-        ));
-    }
+    check_not_running(facts.already_running.as_deref())?;
     let Some(_) = manifest.admin_count else {
         return refuse(format!(
             "snapshot {} records no admin count; take a new snapshot (`mercury shadow snapshot --admins …`)",

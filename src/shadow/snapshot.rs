@@ -107,16 +107,13 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
             live_dir.display()
         )));
     }
+    // Refused before anything is created: a root inside the live data dir
+    // must not leave even an empty directory there.
+    refuse_overlap(&resolve_ahead(&opts.root)?, &live_dir)?;
     private_dir(&opts.root).map_err(io_err(format!("creating {}", opts.root.display())))?;
     let root = std::fs::canonicalize(&opts.root)
         .map_err(io_err(format!("resolving {}", opts.root.display())))?;
-    if root.starts_with(&live_dir) || live_dir.starts_with(&root) {
-        return Err(ShadowError::Refused(format!(
-            "the shadow root {} and the live data dir {} must not contain each other",
-            root.display(),
-            live_dir.display()
-        )));
-    }
+    refuse_overlap(&root, &live_dir)?;
     // The live file alone: the environment of this command is not the live host's.
     let live_settings = config::load(&live.config, &Default::default())?;
     let live_bind: std::net::SocketAddr = live_settings.bind.parse().map_err(|_| {
@@ -143,61 +140,132 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
     }
     let dir = root.join(&id);
     private_dir(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-    let shadow = DataPaths::new(&dir);
-    let result = fill(opts, &live, &shadow, &live_settings.owner);
-    let (marks, db_bytes, files_bytes) = match result {
-        Ok(v) => v,
+    let made = make(
+        opts,
+        &live,
+        &live_settings,
+        Place {
+            root: &root,
+            dir: &dir,
+            id: &id,
+            now,
+            shadow_bind,
+        },
+    );
+    match made {
+        Ok(manifest) => Ok(SnapshotOutcome {
+            dir,
+            manifest,
+            seconds: started.elapsed().as_secs_f64(),
+        }),
         Err(e) => {
             // No half snapshot is left to be started.
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
+            Err(e)
         }
-    };
+    }
+}
 
+/// Where a snapshot is being made.
+struct Place<'a> {
+    root: &'a Path,
+    dir: &'a Path,
+    id: &'a str,
+    now: i64,
+    shadow_bind: String,
+}
+
+/// Fills the new snapshot directory, derives its config, writes the
+/// baseline and the manifest and points `current` at it.
+fn make(
+    opts: &SnapshotOptions,
+    live: &DataPaths,
+    live_settings: &config::Settings,
+    at: Place<'_>,
+) -> ShadowResult<Manifest> {
+    let shadow = DataPaths::new(at.dir);
+    let (marks, db_bytes, files_bytes) = fill(opts, live, &shadow, &live_settings.owner)?;
     let admins = Yaml::Sequence(opts.admins.iter().map(|a| Yaml::from(a.as_str())).collect());
     config::set_keys(
         &shadow.config,
         &[
-            ("bind", Yaml::from(shadow_bind.as_str())),
+            ("bind", Yaml::from(at.shadow_bind.as_str())),
             ("shadow", Yaml::Bool(true)),
-            ("shadow_root", Yaml::from(root.display().to_string())),
+            ("shadow_root", Yaml::from(at.root.display().to_string())),
             ("admins", admins),
         ],
     )?;
     // What the diff compares against, before the shadow ever runs.
-    if let Err(e) = super::diff::write_baseline(&dir) {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Err(e);
-    }
+    super::diff::write_baseline(at.dir)?;
     let manifest = Manifest {
-        id: id.clone(),
+        id: at.id.to_owned(),
         product_version: env!("CARGO_PKG_VERSION").to_owned(),
         git_revision: GIT_REVISION.to_owned(),
-        live_data_dir: live_dir.display().to_string(),
-        created_at_ms: now,
-        created_at: chrono::DateTime::from_timestamp_millis(now)
+        live_data_dir: live.root.display().to_string(),
+        created_at_ms: at.now,
+        created_at: chrono::DateTime::from_timestamp_millis(at.now)
             .unwrap_or_default()
             .to_rfc3339(),
         label: opts.label.clone(),
         admin_count: Some(opts.admins.len()),
         live_bind: live_settings.bind.clone(),
-        shadow_bind,
+        shadow_bind: at.shadow_bind,
         marks,
         db_bytes,
         files_bytes,
     };
     let json =
         serde_json::to_string_pretty(&manifest).map_err(|e| ShadowError::Invalid(e.to_string()))?;
-    let mpath = dir.join(MANIFEST_FILE);
+    let mpath = at.dir.join(MANIFEST_FILE);
     private_file(&mpath)
         .and_then(|mut f| f.write_all(json.as_bytes()))
         .map_err(io_err(format!("writing {}", mpath.display())))?;
-    point_current(&root, &id)?;
-    Ok(SnapshotOutcome {
-        dir,
-        manifest,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    point_current(at.root, at.id)?;
+    Ok(manifest)
+}
+
+/// Refuses a shadow root and a live data dir (both resolved) that contain
+/// each other.
+fn refuse_overlap(root: &Path, live_dir: &Path) -> ShadowResult<()> {
+    if root.starts_with(live_dir) || live_dir.starts_with(root) {
+        return Err(ShadowError::Refused(format!(
+            "the shadow root {} and the live data dir {} must not contain each other",
+            root.display(),
+            live_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Where `path` will be once created: its nearest existing ancestor
+/// resolved (links, `..`), the part not yet there joined on as written.
+fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
+    use std::path::Component;
+    let parts: Vec<Component<'_>> = path.components().collect();
+    for n in (1..=parts.len()).rev() {
+        let head: PathBuf = parts[..n].iter().collect();
+        match std::fs::canonicalize(&head) {
+            Ok(mut resolved) => {
+                for c in &parts[n..] {
+                    match c {
+                        // A directory about to be made is no link: `..` leaves it.
+                        Component::ParentDir => {
+                            resolved.pop();
+                        }
+                        Component::Normal(p) => resolved.push(p),
+                        Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                    }
+                }
+                return Ok(resolved);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(format!("resolving {}", head.display()))(e)),
+        }
+    }
+    Err(ShadowError::Refused(format!(
+        "the shadow root {} has no existing ancestor",
+        path.display()
+    )))
 }
 
 /// Database, files, config and the shadow's owner token; the marks and sizes.
@@ -213,11 +281,8 @@ fn fill(
         eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
     }
     {
-        let src = rusqlite::Connection::open_with_flags(
-            &live.db,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sql_err(format!("opening {}", live.db.display())))?;
+        let src = crate::storage::open_read_only(&live.db)?;
+        // Longer than the store's own: a large live write may hold the lock.
         src.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(sql_err("setting a busy timeout"))?;
         let target = shadow
@@ -358,75 +423,38 @@ fn copy_file(src: &WorkspaceRoot, name: &OsStr, to_dir: &Path) -> ShadowResult<u
     std::io::copy(&mut from, &mut to).map_err(io_err(format!("copying {}", path.display())))
 }
 
-/// `global/` without anything that holds a secret (tokens, credentials, keys).
+/// `global/` without anything that holds a secret (tokens, credentials,
+/// keys: [`is_secret_name`], at every depth).
 fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
     if !from.is_dir() {
         return Ok(0);
     }
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    let dst = WorkspaceRoot::open(to)
-        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
-    let mut bytes = 0;
-    for e in src
-        .entries()
-        .map_err(io_err(format!("listing {}", from.display())))?
-    {
-        let name = e.name.to_string_lossy();
-        if is_secret_name(&name) || name == "owner.token" {
-            continue;
-        }
-        match e.kind {
-            EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
-            EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700)
-                    .map_err(io_err(format!("creating global/{name}")))?;
-                let s = src
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/{name}")))?;
-                let d = dst
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening the copy of global/{name}")))?;
-                bytes += copy_tree_without_secrets(&s, &d)?;
-            }
-            EntryKind::Symlink | EntryKind::Other => {}
-        }
-    }
-    Ok(bytes)
+    copy_without_secrets(&src, to, "global")
 }
 
-fn copy_tree_without_secrets(src: &WorkspaceRoot, dst: &WorkspaceRoot) -> ShadowResult<u64> {
+/// Every entry of `src` whose name holds no secret into the directory `to`:
+/// a file streamed into a new 0600 file, a directory made private and copied
+/// the same way; links and special files are left out. `rel` names `src` in
+/// errors.
+fn copy_without_secrets(src: &WorkspaceRoot, to: &Path, rel: &str) -> ShadowResult<u64> {
     let mut bytes = 0;
-    for e in src
-        .entries()
-        .map_err(io_err("listing a global/ directory"))?
-    {
-        let name = e.name.to_string_lossy().into_owned();
+    for e in src.entries().map_err(io_err(format!("listing {rel}")))? {
+        let name = e.name.to_string_lossy();
         if is_secret_name(&name) {
             continue;
         }
+        let child = format!("{rel}/{name}");
         match e.kind {
-            EntryKind::File => {
-                let mut from = src
-                    .open_file(&name)
-                    .map_err(|er| ShadowError::Invalid(format!("reading global/…/{name}: {er}")))?;
-                let mut buf = Vec::new();
-                std::io::Read::read_to_end(&mut from, &mut buf)
-                    .map_err(io_err(format!("reading global/…/{name}")))?;
-                dst.write_atomic(&name, &buf)
-                    .map_err(|er| ShadowError::Invalid(format!("writing global/…/{name}: {er}")))?;
-                bytes += buf.len() as u64;
-            }
+            EntryKind::File => bytes += copy_file(src, &e.name, to)?,
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700)
-                    .map_err(io_err(format!("creating global/…/{name}")))?;
+                let d = to.join(&e.name);
+                private_dir(&d).map_err(io_err(format!("creating {}", d.display())))?;
                 let s = src
                     .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/…/{name}")))?;
-                let d = dst
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening global/…/{name}")))?;
-                bytes += copy_tree_without_secrets(&s, &d)?;
+                    .map_err(io_err(format!("opening {child}")))?;
+                bytes += copy_without_secrets(&s, &d, &child)?;
             }
             EntryKind::Symlink | EntryKind::Other => {}
         }
@@ -530,6 +558,90 @@ mod tests {
         }
         for n in ["notes.md", "model-capabilities.yaml"] {
             assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_root_inside_the_live_data_dir_is_refused_before_anything_is_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let live = base.join("live");
+        std::fs::create_dir(&live).unwrap();
+        std::fs::write(live.join("state.db"), "").unwrap();
+        std::os::unix::fs::symlink(&live, base.join("via-link")).unwrap();
+        for root in [
+            live.join("shadows"),
+            live.join("a/b/shadows"),
+            base.join("not-yet/../live/shadows"),
+            base.join("via-link/shadows"),
+        ] {
+            let opts = SnapshotOptions {
+                live_data_dir: live.clone(),
+                root: root.clone(),
+                admins: Vec::new(),
+                label: None,
+                port: None,
+                progress: false,
+            };
+            let err = take(&opts).unwrap_err();
+            assert!(
+                matches!(&err, ShadowError::Refused(m) if m.contains("must not contain each other")),
+                "{}: {err}",
+                root.display()
+            );
+            let mut left: Vec<_> = std::fs::read_dir(&live)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            left.sort();
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("state.db")],
+                "{}",
+                root.display()
+            );
+            assert!(!base.join("not-yet").exists());
+        }
+    }
+
+    #[test]
+    fn global_is_copied_without_secrets_at_every_depth_and_every_file_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (from, to) = (tmp.path().join("from"), tmp.path().join("to"));
+        std::fs::create_dir_all(from.join("sub/deeper")).unwrap();
+        std::fs::create_dir(&to).unwrap();
+        for (p, text) in [
+            ("notes.md", "top"),
+            ("owner.token", "live token"),
+            ("sub/a.md", "nested"),
+            ("sub/x.token", "nested token"),
+            ("sub/deeper/b.md", "deeper"),
+            ("sub/deeper/auth.json", "deeper secret"),
+        ] {
+            std::fs::write(from.join(p), text).unwrap();
+            std::fs::set_permissions(from.join(p), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let bytes = copy_global(&from, &to).unwrap();
+        assert_eq!(
+            bytes,
+            ("top".len() + "nested".len() + "deeper".len()) as u64
+        );
+        for (p, text) in [
+            ("notes.md", "top"),
+            ("sub/a.md", "nested"),
+            ("sub/deeper/b.md", "deeper"),
+        ] {
+            assert_eq!(std::fs::read_to_string(to.join(p)).unwrap(), text);
+            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{p}");
+        }
+        for p in ["sub", "sub/deeper"] {
+            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{p}");
+        }
+        for p in ["owner.token", "sub/x.token", "sub/deeper/auth.json"] {
+            assert!(!to.join(p).exists(), "{p} was copied");
         }
     }
 }
