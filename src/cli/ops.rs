@@ -352,7 +352,7 @@ async fn sandbox_checks(s: &Settings) -> Vec<Check> {
 }
 
 fn disk_check(root: &Path) -> Check {
-    match free_bytes(root) {
+    match crate::workspace::data_dir::free_bytes(root) {
         Some(free) => {
             let mb = free >> 20;
             let level = if free < DISK_FAIL_BYTES {
@@ -370,19 +370,4 @@ fn disk_check(root: &Path) -> Check {
         }
         None => check(Level::Warn, "disk", "cannot read the free space"),
     }
-}
-
-fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    if rc != 0 {
-        return None;
-    }
-    // The field types differ between targets (u32 or u64).
-    #[allow(clippy::unnecessary_cast)]
-    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
-    Some(blocks.saturating_mul(size))
 }

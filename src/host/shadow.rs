@@ -81,17 +81,6 @@ fn free_mem() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn free_disk(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
 /// The one connection to the Docker engine `up` asks both questions on;
 /// None when neither side runs docker.
 type Engine = Option<Result<DockerBackend, SandboxError>>;
@@ -244,7 +233,7 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         max_age_ms: opts.max_age_ms,
         free_mem_bytes: free_mem(),
         min_free_mem_bytes: opts.min_free_mem,
-        free_disk_bytes: free_disk(&opts.root),
+        free_disk_bytes: crate::workspace::data_dir::free_bytes(&opts.root),
         min_free_disk_bytes: opts.min_free_disk,
         live_containers_running: live_containers(&live, live_backend, &engine).await,
         live_next_due_ms: live_next_due(&live),

@@ -158,6 +158,22 @@ impl std::fmt::Display for LooseMode {
     }
 }
 
+/// Bytes free to an unprivileged writer on the file system holding `path`
+/// (`statvfs`); `None` if it cannot be asked.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // The field types differ between targets (u32 or u64).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
+}
+
 /// Paths of the data dir that group or other users can read, write or
 /// enter: the data dir, `state.db` and its WAL/SHM, `mercury.yaml`,
 /// `global/` and its files, `spaces/` and every workspace, `models/`,
