@@ -577,14 +577,12 @@ pub(crate) struct Earlier {
 /// Runs pull, re-gate, store, verify, relate and decide; writes the triage.
 pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let pending = ctx.intake_dir.join("triage.json");
-    if let Some(t) = read_triage(ctx.intake_dir)? {
-        if t.approved_at.is_none() && !t.rows.is_empty() {
-            return Err(IntakeError::Usage(format!(
-                "{} still has {} rows waiting for approval: run `mercury review approve` first",
-                pending.display(),
-                t.rows.len()
-            )));
-        }
+    if let Some(t) = super::ledger::pending(ctx.intake_dir)?.filter(|t| !t.rows.is_empty()) {
+        return Err(IntakeError::Usage(format!(
+            "{} still has {} rows waiting for approval: run `mercury review approve` first",
+            pending.display(),
+            t.rows.len()
+        )));
     }
     let mut taken_in = Vec::new();
     let mut refused = Vec::new();

@@ -205,14 +205,12 @@ pub(crate) fn approve(
     who: &str,
     gate: &IdentifierGate,
 ) -> Result<Approved, IntakeError> {
-    let mut triage = intake::read_triage(intake_dir)?
-        .filter(|t| t.approved_at.is_none())
-        .ok_or_else(|| {
-            IntakeError::Usage(format!(
-                "no triage is waiting in {}: run `mercury review intake` first",
-                intake_dir.display()
-            ))
-        })?;
+    let mut triage = pending(intake_dir)?.ok_or_else(|| {
+        IntakeError::Usage(format!(
+            "no triage is waiting in {}: run `mercury review intake` first",
+            intake_dir.display()
+        ))
+    })?;
     let chosen: Vec<(usize, Option<Decision>)> = match approval {
         Approval::All => triage.rows.iter().map(|r| (r.row, None)).collect(),
         Approval::Rows(r) => r.clone(),
@@ -543,7 +541,8 @@ pub(crate) fn describe_row(r: &TriageRow) -> String {
     )
 }
 
-/// The pending triage (for `approve` on a TTY).
+/// The pending triage: the one not approved yet (`approve` applies it, a
+/// new intake waits for it, the TTY prompt shows it).
 pub(crate) fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
     Ok(intake::read_triage(intake_dir)?.filter(|t| t.approved_at.is_none()))
 }
