@@ -42,6 +42,7 @@ use std::sync::{Arc, LazyLock};
 
 use regex::{Regex, RegexBuilder};
 
+pub(crate) use gate::kind_list;
 pub use gate::{assert_no_identifiers, GateFailure, IdentifierGate};
 
 use names::NameMatcher;

@@ -32,7 +32,7 @@ use serde_json::Value;
 
 use crate::client::{self, Connection};
 use crate::model::{ChatMessage, ModelProvider, ModelRequest, Purpose, Role};
-use crate::redaction::IdentifierGate;
+use crate::redaction::{kind_list, IdentifierGate};
 use crate::review::catalog::{self, ReportKind, ReportName};
 use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
@@ -618,13 +618,12 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             // Re-gate: the report was gated where it was written, but that
             // host's list is not ours, and the file crossed a boundary.
             if let Err(g) = report::gate("", &json, ctx.gate) {
-                let kinds: Vec<&str> = g.kinds.iter().map(|k| k.as_str()).collect();
                 refused.push(Refused {
                     bot: src.bot.clone(),
                     date,
                     reason: format!(
                         "blocked by the identifier gate ({} found); not taken in",
-                        kinds.join(", ")
+                        kind_list(&g.kinds)
                     ),
                 });
                 continue;
@@ -901,12 +900,7 @@ pub(crate) fn gate_text(
 ) -> Result<(), IntakeError> {
     super::report::gate_with_ids(text, json, ids, gate).map_err(|g| IntakeError::Gated {
         what,
-        kinds: g
-            .kinds
-            .iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        kinds: kind_list(&g.kinds),
     })
 }
 

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::ms_to_rfc3339;
 use crate::config::{ReviewConfig, Settings};
 use crate::model::gate::{Admission, ModelGate};
-use crate::redaction::{IdentifierGate, IdentifierKind, RedactionList, Redactor};
+use crate::redaction::{kind_list, IdentifierGate, IdentifierKind, RedactionList, Redactor};
 use crate::review::digest::{self, DigestOutcome};
 use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{self, BatchVerdict, JudgeExchange, JudgeJob};
@@ -291,13 +291,10 @@ pub(crate) async fn run(
         Some(leak)
     };
     if let Some(kinds) = blocked {
-        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-        tracing::error!(run = %run_id, kinds = %names.join(", "), "review report blocked by the identifier gate");
+        let names = kind_list(&kinds);
+        tracing::error!(run = %run_id, kinds = %names, "review report blocked by the identifier gate");
         summary.status = ScanStatus::Blocked;
-        summary.error = Some(format!(
-            "blocked by the identifier gate ({} found)",
-            names.join(", ")
-        ));
+        summary.error = Some(format!("blocked by the identifier gate ({names} found)"));
         summary.digest =
             send_digest(ctx, digest::blocked_digest(&date, &kinds, run_id), true).await;
         finish_run(rt, &summary).await;
