@@ -174,17 +174,7 @@ pub(crate) async fn run(
     let started = Instant::now();
     let rt = &ctx.rt;
     let now = Utc::now();
-    let tz: chrono_tz::Tz = rt
-        .settings
-        .review
-        .timezone
-        .parse()
-        .unwrap_or(chrono_tz::UTC);
-    let date = now
-        .with_timezone(&tz)
-        .date_naive()
-        .format("%Y-%m-%d")
-        .to_string();
+    let date = rt.settings.review.today(now).format("%Y-%m-%d").to_string();
     let window = Window::hours_before(now.timestamp_millis(), rt.settings.review.window_hours);
     let mut summary = ScanSummary {
         run_id: run_id.to_owned(),

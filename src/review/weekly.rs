@@ -446,14 +446,8 @@ pub(crate) fn weekly_chain(settings: &crate::config::Settings) -> Vec<String> {
 /// `review.timezone`) and writes its report.
 pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> {
     let started = Instant::now();
-    let tz: chrono_tz::Tz = rt
-        .settings
-        .review
-        .timezone
-        .parse()
-        .unwrap_or(chrono_tz::UTC);
     let now = chrono::Utc::now();
-    let today = now.with_timezone(&tz).date_naive();
+    let today = rt.settings.review.today(now);
     let dates: BTreeSet<String> = (0..DAYS)
         .map(|i| {
             (today - chrono::Duration::days(i))
