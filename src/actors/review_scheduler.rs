@@ -19,6 +19,7 @@ use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::parse_daily_at;
+use crate::review::catalog::{ReportKind, ReportName};
 use crate::review::scan::{self, ScanContext, ScanTicket, ScanTrigger, RUN_KIND};
 use crate::review::ReviewError;
 
@@ -146,13 +147,12 @@ fn weekly_tick(state: &mut ReviewSchedulerState) {
         return;
     }
     state.weekly_fired_for = Some(date);
-    let report = state
-        .ctx
-        .rt
-        .paths
-        .reviews
-        .join(format!("{}-weekly", date.format("%Y-%m-%d")))
-        .join("report.json");
+    let report = ReportName {
+        date: date.format("%Y-%m-%d").to_string(),
+        kind: ReportKind::Weekly,
+    }
+    .dir(&state.ctx.rt.paths.reviews)
+    .join("report.json");
     if report.exists() {
         return;
     }

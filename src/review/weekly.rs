@@ -569,7 +569,11 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         serde_json::to_value(&report).map_err(|e| ReviewError::Join(e.to_string()))?;
     intake::gate_text("weekly report", &md, &json, &report.ids(), &gate)
         .map_err(|e| ReviewError::Unavailable(e.to_string()))?;
-    let dir = reviews.join(format!("{date}-weekly"));
+    let dir = ReportName {
+        date: date.clone(),
+        kind: ReportKind::Weekly,
+    }
+    .dir(&reviews);
     let written = {
         let target = dir.clone();
         tokio::task::spawn_blocking(move || report::write_atomically(&target, &md, &json))
