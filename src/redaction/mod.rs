@@ -212,6 +212,17 @@ impl Redactor {
         &self.list
     }
 
+    /// A redactor for the same list, sharing the compiled matchers, with no
+    /// placeholder assigned yet: a numbering of its own without compiling
+    /// the list again.
+    pub fn fresh(&self) -> Self {
+        Self {
+            list: self.list.clone(),
+            matchers: self.matchers.clone(),
+            table: PlaceholderTable::default(),
+        }
+    }
+
     /// The gate for this redactor's list, sharing its compiled matchers (so
     /// it flags all the redactor replaces, and more).
     pub fn identifier_gate(&self) -> IdentifierGate {
