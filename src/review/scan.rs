@@ -479,6 +479,43 @@ pub(crate) fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange 
     }
 }
 
+/// What reading a window starts from, for the daily scan and the weekly
+/// recall sample alike.
+pub(super) struct Staged {
+    pub(super) reader: ExchangeReader,
+    /// Spaces with traffic in the window the config lets the review read.
+    pub(super) chosen: Vec<String>,
+    /// The others, with the reason; raw: each caller redacts them where its
+    /// placeholder numbering wants them.
+    pub(super) skipped: Vec<(String, &'static str)>,
+    /// Built from the window's identifiers and the chosen spaces' members.
+    pub(super) redactor: Redactor,
+    /// The redactor's gate.
+    pub(super) gate: IdentifierGate,
+}
+
+/// Opens the window of the database at `db` read-only, chooses its spaces
+/// ([`choose_spaces`]) and builds their redactor and gate.
+pub(super) fn stage(
+    db: &std::path::Path,
+    window: Window,
+    cfg: &ReviewConfig,
+) -> Result<Staged, ReviewError> {
+    let reader = ExchangeReader::open(db, window)?;
+    let active = reader.active_spaces()?;
+    let (chosen, skipped) = choose_spaces(&reader.spaces()?, &active, cfg);
+    let list = redaction_list(cfg, reader.identifiers(&chosen)?);
+    let redactor = Redactor::new(list)?;
+    let gate = redactor.identifier_gate();
+    Ok(Staged {
+        reader,
+        chosen,
+        skipped,
+        redactor,
+        gate,
+    })
+}
+
 /// The SQLite reader and the redactor travel together between blocking tasks.
 struct Stage {
     reader: ExchangeReader,
@@ -564,12 +601,15 @@ async fn judge_window(
     let intake_dir = crate::review::ledger::intake_dir(&rt.paths.reviews, &cfg);
     let (stage, chosen, skipped_spaces, gate, feedback) = worker
         .run(move || {
-            let reader = ExchangeReader::open(&db, window)?;
-            let active = reader.active_spaces()?;
-            let (chosen, skipped) = choose_spaces(&reader.spaces()?, &active, &cfg);
-            let list = redaction_list(&cfg, reader.identifiers(&chosen)?);
-            let mut redactor = Redactor::new(list)?;
-            let gate = redactor.identifier_gate();
+            let Staged {
+                reader,
+                chosen,
+                skipped,
+                mut redactor,
+                gate,
+            } = stage(&db, window, &cfg)?;
+            // The feedback first, then the skipped spaces: placeholders are
+            // numbered in this order.
             let feedback = feedback(&intake_dir, &mut redactor, &gate);
             let skipped: Vec<(String, &'static str)> = skipped
                 .into_iter()
