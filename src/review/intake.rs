@@ -11,9 +11,9 @@
 //!    the bot, the date and the kinds found); the rest are stored under
 //!    `<intake_dir>/reports/<bot>/<date>/report.json`;
 //! 3. per finding: **duplicate** when its fingerprint is the same finding as
-//!    an earlier one (in the ledger or earlier in this triage: it follows
-//!    that decision); else **verify** (the finding re-judged, model purpose
-//!    `intake`, with the redacted exchange when the source is a data dir;
+//!    an earlier one (an approved ledger row, or earlier in this triage: it
+//!    follows that decision); else **verify** (the finding re-judged, model
+//!    purpose `intake`, with the redacted exchange when the source is a data dir;
 //!    "fine" proposes `reject`); else **relate** ([`relate`]) and
 //!    **decide**: a landed item not deployed → `fixed-not-deployed`, a
 //!    deployed one → `revisit`, an open idea or bug → `attach`, else `new`.
@@ -689,15 +689,18 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             b.message_id,
         ))
     });
+    // Only what the owner approved was done, so only that can be followed:
+    // a row left unapproved wrote nothing, and its finding is triaged afresh.
     let mut earlier: Vec<Earlier> = super::ledger::read(ctx.intake_dir)?
         .rows
         .into_iter()
+        .filter(|r| r.approved.is_some())
         .map(|r| Earlier {
             what: format!("{} {} [msg {}]", r.bot, r.date, r.message_id),
             fingerprint: r.fingerprint,
             ledger_id: Some(r.id),
             row: None,
-            decision: r.approved.or(Some(r.proposed)),
+            decision: r.approved,
             paths: r.paths,
         })
         .collect();
