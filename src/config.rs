@@ -466,6 +466,18 @@ impl Default for WebhookConfig {
     }
 }
 
+impl ReviewConfig {
+    /// `review.timezone` (validated at start-up); UTC if it does not parse.
+    pub(crate) fn tz(&self) -> chrono_tz::Tz {
+        self.timezone.parse().unwrap_or(chrono_tz::UTC)
+    }
+
+    /// The local date of `now` in `review.timezone`: the day a review is for.
+    pub(crate) fn today(&self, now: chrono::DateTime<chrono::Utc>) -> chrono::NaiveDate {
+        now.with_timezone(&self.tz()).date_naive()
+    }
+}
+
 impl Default for ReviewConfig {
     fn default() -> Self {
         Self {

@@ -19,6 +19,7 @@ use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::parse_daily_at;
+use crate::review::catalog::{ReportKind, ReportName};
 use crate::review::scan::{self, ScanContext, ScanTicket, ScanTrigger, RUN_KIND};
 use crate::review::ReviewError;
 
@@ -134,14 +135,11 @@ fn weekly_tick(state: &mut ReviewSchedulerState) {
     if !review.enabled || review.weekly_at.trim().is_empty() {
         return;
     }
-    let (Ok((weekday, at)), Ok(tz)) = (
-        crate::config::parse_weekly_at(&review.weekly_at),
-        review.timezone.parse::<chrono_tz::Tz>(),
-    ) else {
+    let Ok((weekday, at)) = crate::config::parse_weekly_at(&review.weekly_at) else {
         return;
     };
     let now = Utc::now();
-    let (date, fire) = todays_fire(now, at, &tz);
+    let (date, fire) = todays_fire(now, at, &review.tz());
     if chrono::Datelike::weekday(&date) != weekday
         || now < fire
         || state.weekly_fired_for == Some(date)
@@ -149,13 +147,12 @@ fn weekly_tick(state: &mut ReviewSchedulerState) {
         return;
     }
     state.weekly_fired_for = Some(date);
-    let report = state
-        .ctx
-        .rt
-        .paths
-        .reviews
-        .join(format!("{}-weekly", date.format("%Y-%m-%d")))
-        .join("report.json");
+    let report = ReportName {
+        date: date.format("%Y-%m-%d").to_string(),
+        kind: ReportKind::Weekly,
+    }
+    .dir(&state.ctx.rt.paths.reviews)
+    .join("report.json");
     if report.exists() {
         return;
     }
@@ -176,15 +173,12 @@ async fn tick(myself: &ActorRef<ReviewSchedulerMsg>, state: &mut ReviewScheduler
     if !review.enabled || state.running.is_some() {
         return;
     }
-    // Both were validated at start-up; a failure here means "never fire".
-    let (Ok(at), Ok(tz)) = (
-        parse_daily_at(&review.daily_at),
-        review.timezone.parse::<chrono_tz::Tz>(),
-    ) else {
+    // Validated at start-up; a failure here means "never fire".
+    let Ok(at) = parse_daily_at(&review.daily_at) else {
         return;
     };
     let now = Utc::now();
-    let (date, fire) = todays_fire(now, at, &tz);
+    let (date, fire) = todays_fire(now, at, &review.tz());
     if now < fire || state.fired_for == Some(date) {
         return;
     }
@@ -233,7 +227,8 @@ pub fn todays_fire<Z: TimeZone>(
 }
 
 /// When the daily scan fires next after `now`; `None` when review is off
-/// (or its time of day or zone does not parse, which start-up refuses).
+/// (or its time of day does not parse, which start-up refuses, as it refuses
+/// a zone that does not parse: `ReviewConfig::tz` would read that as UTC).
 pub fn next_fire(
     review: &crate::config::ReviewConfig,
     now: DateTime<Utc>,
@@ -242,7 +237,7 @@ pub fn next_fire(
         return None;
     }
     let at = parse_daily_at(&review.daily_at).ok()?;
-    let tz: chrono_tz::Tz = review.timezone.parse().ok()?;
+    let tz = review.tz();
     let (_, today) = todays_fire(now, at, &tz);
     if today > now {
         return Some(today);

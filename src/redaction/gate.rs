@@ -31,7 +31,8 @@ pub struct GateFailure {
     pub kinds: BTreeSet<IdentifierKind>,
 }
 
-fn kind_list(kinds: &BTreeSet<IdentifierKind>) -> String {
+/// The kinds as the gate names them: `phone, email`, in kind order.
+pub(crate) fn kind_list(kinds: &BTreeSet<IdentifierKind>) -> String {
     kinds
         .iter()
         .map(|k| k.as_str())

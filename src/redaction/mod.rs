@@ -42,6 +42,7 @@ use std::sync::{Arc, LazyLock};
 
 use regex::{Regex, RegexBuilder};
 
+pub(crate) use gate::kind_list;
 pub use gate::{assert_no_identifiers, GateFailure, IdentifierGate};
 
 use names::NameMatcher;
@@ -232,6 +233,17 @@ impl Redactor {
 
     pub fn list(&self) -> &RedactionList {
         &self.list
+    }
+
+    /// A redactor for the same list, sharing the compiled matchers, with no
+    /// placeholder assigned yet: a numbering of its own without compiling
+    /// the list again.
+    pub fn fresh(&self) -> Self {
+        Self {
+            list: self.list.clone(),
+            matchers: self.matchers.clone(),
+            table: PlaceholderTable::default(),
+        }
     }
 
     /// The gate for this redactor's list, sharing its compiled matchers (so

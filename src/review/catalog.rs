@@ -3,14 +3,16 @@
 //! one of them back. The API serves this to global admins and `review.read`
 //! tokens; the intake reads another host's data dir through it.
 //!
-//! A report is named by a [`ReportName`] (a calendar date and a kind) that is
-//! parsed and validated before any path is built from it: the path is always
+//! A report is named by a [`ReportName`] (a calendar date and a kind); one a
+//! caller gives is parsed and validated before any path is built from it, and
+//! the writers (daily, weekly, the scheduler's check) build theirs through
+//! the same [`ReportName::dir`]: the path is always
 //! `<reviews>/<YYYY-MM-DD>-<kind>/report.json`, never text a caller chose.
 //!
 //! Must never: build a path from unvalidated text, follow a symlink out of
 //! the reviews directory, or return a file that is not a report's JSON.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -81,6 +83,11 @@ impl ReportName {
     pub(crate) fn dir_name(&self) -> String {
         format!("{}-{}", self.date, self.kind.as_str())
     }
+
+    /// The report's directory under `reviews`: `<reviews>/<date>-<kind>`.
+    pub(crate) fn dir(&self, reviews: &Path) -> PathBuf {
+        reviews.join(self.dir_name())
+    }
 }
 
 /// A strict `YYYY-MM-DD` that is a real date.
@@ -150,7 +157,7 @@ fn is_plain_file(p: &Path) -> bool {
 
 /// Reads one report's JSON.
 pub(crate) fn read(reviews: &Path, name: &ReportName) -> Result<Value, CatalogError> {
-    let dir = reviews.join(name.dir_name());
+    let dir = name.dir(reviews);
     let path = dir.join("report.json");
     let not_found = || CatalogError::NotFound {
         date: name.date.clone(),

@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::redaction::{IdentifierGate, IdentifierKind};
+use crate::redaction::{kind_list, IdentifierGate, IdentifierKind};
 use crate::review::report::{count, Report};
 use crate::runtime::Runtime;
 use crate::storage::conversations;
@@ -95,11 +95,10 @@ pub(crate) fn report_digest(
 
 /// The digest of a blocked report: the fact and the kinds, no content.
 pub(crate) fn blocked_digest(date: &str, kinds: &BTreeSet<IdentifierKind>, run_id: &str) -> String {
-    let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     format!(
         "Conversation review {date}: blocked by the identifier gate ({} found in the text to be \
          written). No report was written. Run {run_id}.",
-        kinds.join(", ")
+        kind_list(kinds)
     )
 }
 

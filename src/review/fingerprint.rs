@@ -215,15 +215,19 @@ impl Fingerprint {
     /// How alike the two summaries are (0 to 1), when space, kind and layer
     /// are equal; `None` when they differ or a signature is unreadable.
     pub(crate) fn similarity(&self, other: &Fingerprint) -> Option<f64> {
-        if self.space != other.space
-            || self.kind != other.kind
-            || self.target_layer != other.target_layer
-        {
+        if !self.same_parts(other) {
             return None;
         }
         let a = MinHash::from_hex(&self.summary_minhash)?;
         let b = MinHash::from_hex(&other.summary_minhash)?;
         Some(a.similarity(&b))
+    }
+
+    /// Equal space, kind and layer: the exact parts of [`similarity`](Self::similarity).
+    pub(crate) fn same_parts(&self, other: &Fingerprint) -> bool {
+        self.space == other.space
+            && self.kind == other.kind
+            && self.target_layer == other.target_layer
     }
 
     /// The same finding: equal exact parts and alike summaries.

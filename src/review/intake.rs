@@ -11,9 +11,9 @@
 //!    the bot, the date and the kinds found); the rest are stored under
 //!    `<intake_dir>/reports/<bot>/<date>/report.json`;
 //! 3. per finding: **duplicate** when its fingerprint is the same finding as
-//!    an earlier one (in the ledger or earlier in this triage: it follows
-//!    that decision); else **verify** (the finding re-judged, model purpose
-//!    `intake`, with the redacted exchange when the source is a data dir;
+//!    an earlier one (an approved ledger row, or earlier in this triage: it
+//!    follows that decision); else **verify** (the finding re-judged, model
+//!    purpose `intake`, with the redacted exchange when the source is a data dir;
 //!    "fine" proposes `reject`); else **relate** ([`relate`]) and
 //!    **decide**: a landed item not deployed → `fixed-not-deployed`, a
 //!    deployed one → `revisit`, an open idea or bug → `attach`, else `new`.
@@ -23,7 +23,7 @@
 //! Must never: store or write anything the gate has not passed, build a
 //! path from a bot name or date it has not validated, or apply a decision.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,10 +32,11 @@ use serde_json::Value;
 
 use crate::client::{self, Connection};
 use crate::model::{ChatMessage, ModelProvider, ModelRequest, Purpose, Role};
-use crate::redaction::IdentifierGate;
+use crate::redaction::{kind_list, IdentifierGate, Redactor};
 use crate::review::catalog::{self, ReportKind, ReportName};
 use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
+use crate::review::reader::{ExchangeReader, Window};
 use crate::review::relate::{ItemKind, Match, Ranker};
 use crate::review::report;
 
@@ -340,44 +341,86 @@ fn verify_prompt(f: &IntakeFinding, exchange: Option<&str>) -> String {
     )
 }
 
-/// The exchange of a finding from a data dir source (its user message and
-/// the bot's reply), redacted with that space's identifiers and gated by
-/// both gates: what the verify step re-judges. `None` when it cannot be
-/// read or would not pass (the verify then works from the finding alone).
-pub(crate) fn redacted_exchange(
-    db: &Path,
-    cfg: &crate::config::ReviewConfig,
-    message_id: i64,
-    gate: &IdentifierGate,
-) -> Option<String> {
-    let conn = crate::storage::open_read_only(db).ok()?;
-    let (space, text): (String, String) = conn
-        .query_row(
-            "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
-            [message_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .ok()?;
-    let reply: String = conn
-        .query_row(
-            "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
-            [message_id],
-            |r| r.get(0),
-        )
-        .ok()?;
-    drop(conn);
-    // Every identifier the source ever saw, not only today's.
-    let window = crate::review::reader::Window::hours_before(crate::clock::now_ms(), 24 * 3650);
-    let reader = crate::review::reader::ExchangeReader::open(db, window).ok()?;
-    let list = super::scan::redaction_list(cfg, reader.identifiers(&[space]).ok()?);
-    let mut redactor = crate::redaction::Redactor::new(list).ok()?;
-    let out = format!(
-        "user: {}\nassistant: {}",
-        redactor.redact_identifiers(&text),
-        redactor.redact_identifiers(&reply)
-    );
-    let theirs = redactor.identifier_gate();
-    (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
+/// The exchanges of the data dir sources for the verify step: each source's
+/// database is opened once per run, and each space's redactor and gate are
+/// built once, when a finding of that space first needs them.
+struct Exchanges<'a> {
+    sources: &'a [Source],
+    review: &'a crate::config::ReviewConfig,
+    /// Per bot; `None` when it is no data dir source, has no database, or
+    /// the database does not open.
+    bots: HashMap<String, Option<SourceExchanges>>,
+}
+
+struct SourceExchanges {
+    reader: ExchangeReader,
+    /// Per space: the redactor of its identifiers, never used itself (each
+    /// exchange gets a [`Redactor::fresh`] one, so its placeholders are
+    /// numbered from 1), and that redactor's gate. `None` when the
+    /// identifiers cannot be read or their list does not compile.
+    spaces: HashMap<String, Option<(Redactor, IdentifierGate)>>,
+}
+
+impl<'a> Exchanges<'a> {
+    fn new(sources: &'a [Source], review: &'a crate::config::ReviewConfig) -> Self {
+        Self {
+            sources,
+            review,
+            bots: HashMap::new(),
+        }
+    }
+
+    /// The exchange of a finding from a data dir source (its user message
+    /// and the bot's reply), redacted with that space's identifiers and
+    /// gated by both gates: what the verify step re-judges. `None` when it
+    /// cannot be read or would not pass (the verify then works from the
+    /// finding alone).
+    fn redacted(&mut self, bot: &str, message_id: i64, gate: &IdentifierGate) -> Option<String> {
+        let (sources, review) = (self.sources, self.review);
+        let src = self
+            .bots
+            .entry(bot.to_owned())
+            .or_insert_with(|| open_source(sources, bot))
+            .as_mut()?;
+        let (space, text, reply) = src.reader.exchange(message_id).ok().flatten()?;
+        let reader = &src.reader;
+        let (redactor, theirs) = src
+            .spaces
+            .entry(space.clone())
+            .or_insert_with(|| {
+                let list = super::scan::redaction_list(review, reader.identifiers(&[space]).ok()?);
+                let redactor = Redactor::new(list).ok()?;
+                let gate = redactor.identifier_gate();
+                Some((redactor, gate))
+            })
+            .as_ref()?;
+        let mut redactor = redactor.fresh();
+        let out = format!(
+            "user: {}\nassistant: {}",
+            redactor.redact_identifiers(&text),
+            redactor.redact_identifiers(&reply)
+        );
+        (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
+    }
+}
+
+/// The reader of a data dir source's database, over every identifier the
+/// source ever saw (not only today's).
+fn open_source(sources: &[Source], bot: &str) -> Option<SourceExchanges> {
+    let db = sources
+        .iter()
+        .find(|s| s.bot == bot)
+        .and_then(|s| match &s.kind {
+            SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir).db),
+            SourceKind::Url(_) => None,
+        })
+        .filter(|db| db.is_file())?;
+    let window = Window::hours_before(crate::clock::now_ms(), 24 * 3650);
+    let reader = ExchangeReader::open(&db, window).ok()?;
+    Some(SourceExchanges {
+        reader,
+        spaces: HashMap::new(),
+    })
 }
 
 /// The verdict of a verify call: `Some(false)` is "re-judged fine".
@@ -577,14 +620,12 @@ pub(crate) struct Earlier {
 /// Runs pull, re-gate, store, verify, relate and decide; writes the triage.
 pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let pending = ctx.intake_dir.join("triage.json");
-    if let Some(t) = read_triage(ctx.intake_dir)? {
-        if t.approved_at.is_none() && !t.rows.is_empty() {
-            return Err(IntakeError::Usage(format!(
-                "{} still has {} rows waiting for approval: run `mercury review approve` first",
-                pending.display(),
-                t.rows.len()
-            )));
-        }
+    if let Some(t) = super::ledger::pending(ctx.intake_dir)?.filter(|t| !t.rows.is_empty()) {
+        return Err(IntakeError::Usage(format!(
+            "{} still has {} rows waiting for approval: run `mercury review approve` first",
+            pending.display(),
+            t.rows.len()
+        )));
     }
     let mut taken_in = Vec::new();
     let mut refused = Vec::new();
@@ -620,13 +661,12 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             // Re-gate: the report was gated where it was written, but that
             // host's list is not ours, and the file crossed a boundary.
             if let Err(g) = report::gate("", &json, ctx.gate) {
-                let kinds: Vec<&str> = g.kinds.iter().map(|k| k.as_str()).collect();
                 refused.push(Refused {
                     bot: src.bot.clone(),
                     date,
                     reason: format!(
                         "blocked by the identifier gate ({} found); not taken in",
-                        kinds.join(", ")
+                        kind_list(&g.kinds)
                     ),
                 });
                 continue;
@@ -649,21 +689,25 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             b.message_id,
         ))
     });
+    // Only what the owner approved was done, so only that can be followed:
+    // a row left unapproved wrote nothing, and its finding is triaged afresh.
     let mut earlier: Vec<Earlier> = super::ledger::read(ctx.intake_dir)?
         .rows
         .into_iter()
+        .filter(|r| r.approved.is_some())
         .map(|r| Earlier {
             what: format!("{} {} [msg {}]", r.bot, r.date, r.message_id),
             fingerprint: r.fingerprint,
             ledger_id: Some(r.id),
             row: None,
-            decision: r.approved.or(Some(r.proposed)),
+            decision: r.approved,
             paths: r.paths,
         })
         .collect();
     let items = super::relate::load_items(ctx.intake_dir)
         .map_err(io("reading the known items", ctx.intake_dir))?;
     let ranker = Ranker::new(items);
+    let mut exchanges = Exchanges::new(ctx.sources, ctx.review);
     let mut rows = Vec::new();
     for f in findings {
         let row = rows.len() + 1;
@@ -689,17 +733,7 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 }),
             ),
             None => {
-                let db = ctx
-                    .sources
-                    .iter()
-                    .find(|s| s.bot == f.bot)
-                    .and_then(|s| match &s.kind {
-                        SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir).db),
-                        SourceKind::Url(_) => None,
-                    });
-                let exchange = db
-                    .filter(|db| db.is_file())
-                    .and_then(|db| redacted_exchange(&db, ctx.review, f.message_id, ctx.gate));
+                let exchange = exchanges.redacted(&f.bot, f.message_id, ctx.gate);
                 let v = verify(ctx.verifier, ctx.gate, &f, exchange.as_deref()).await;
                 if v.real == Some(false) {
                     (
@@ -903,12 +937,7 @@ pub(crate) fn gate_text(
 ) -> Result<(), IntakeError> {
     super::report::gate_with_ids(text, json, ids, gate).map_err(|g| IntakeError::Gated {
         what,
-        kinds: g
-            .kinds
-            .iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        kinds: kind_list(&g.kinds),
     })
 }
 

@@ -10,9 +10,11 @@
 //! item; `reject` changes no item (the ledger row is what suppresses the
 //! finding from then on); `duplicate` does what the row it follows did.
 //!
-//! Must never: apply a row the owner did not approve, write an item or the
-//! ledger the gate has not passed, or lose a ledger row (the file is read,
-//! extended and replaced atomically).
+//! Must never: apply a row the owner did not approve, start applying an
+//! approval one of whose rows has nothing to apply to (a dry pass refuses it
+//! before anything is written), write an item or the ledger the gate has not
+//! passed, or lose a ledger row (the file is read, extended and replaced
+//! atomically).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -205,14 +207,12 @@ pub(crate) fn approve(
     who: &str,
     gate: &IdentifierGate,
 ) -> Result<Approved, IntakeError> {
-    let mut triage = intake::read_triage(intake_dir)?
-        .filter(|t| t.approved_at.is_none())
-        .ok_or_else(|| {
-            IntakeError::Usage(format!(
-                "no triage is waiting in {}: run `mercury review intake` first",
-                intake_dir.display()
-            ))
-        })?;
+    let mut triage = pending(intake_dir)?.ok_or_else(|| {
+        IntakeError::Usage(format!(
+            "no triage is waiting in {}: run `mercury review intake` first",
+            intake_dir.display()
+        ))
+    })?;
     let chosen: Vec<(usize, Option<Decision>)> = match approval {
         Approval::All => triage.rows.iter().map(|r| (r.row, None)).collect(),
         Approval::Rows(r) => r.clone(),
@@ -225,28 +225,46 @@ pub(crate) fn approve(
             )));
         }
     }
-    // Refused before anything is written: an attach-like decision needs an
-    // item to attach to (a duplicate follows its row's item instead).
-    for (n, d) in &chosen {
-        let Some(row) = triage.rows.iter().find(|r| r.row == *n) else {
+    let approved_as = |row: &TriageRow| {
+        chosen
+            .iter()
+            .find(|(n, _)| *n == row.row)
+            .map(|(_, d)| d.unwrap_or(row.proposed))
+    };
+    // Refused before anything is written: a dry pass of the loop below, with
+    // the same `effect_of`, in which a `new` row stands for the item it will
+    // write. An effect that attaches needs an item to attach to (for a
+    // duplicate, the one the row it follows wrote or matched).
+    let mut planned: Vec<(usize, Option<Decision>, Vec<String>)> = Vec::new();
+    for row in &triage.rows {
+        let n = row.row;
+        let mut paths = row.paths.clone();
+        let Some(decision) = approved_as(row) else {
+            planned.push((n, None, paths));
             continue;
         };
-        let decision = d.unwrap_or(row.proposed);
-        let needs_item = matches!(
-            decision,
-            Decision::Attach | Decision::FixedNotDeployed | Decision::Revisit
-        );
-        if needs_item && row.paths.is_empty() {
-            return Err(IntakeError::Usage(format!(
-                "row {n} matched no item to {}: approve it as new (--set {n}=new) or leave it out",
-                decision.as_str()
-            )));
-        }
         if decision == Decision::Duplicate && row.follows.is_none() {
             return Err(IntakeError::Usage(format!(
                 "row {n} follows no earlier finding, so it cannot be a duplicate"
             )));
         }
+        let (effect, target) = effect_of(row, decision, &planned);
+        let written = match effect {
+            Some(Decision::New) => Some(PLANNED_ITEM.to_owned()),
+            Some(e @ (Decision::Attach | Decision::FixedNotDeployed | Decision::Revisit)) => {
+                Some(target.ok_or_else(|| {
+                    IntakeError::Usage(format!(
+                        "row {n} matched no item to {}: approve it as new (--set {n}=new) or leave it out",
+                        e.as_str()
+                    ))
+                })?)
+            }
+            None | Some(Decision::Reject | Decision::Duplicate) => None,
+        };
+        if let Some(p) = written.filter(|p| !paths.contains(p)) {
+            paths.insert(0, p);
+        }
+        planned.push((n, final_decision(decision, effect), paths));
     }
     let mut ledger = read(intake_dir)?;
     let now = crate::clock::ms_to_rfc3339(crate::clock::now_ms());
@@ -259,10 +277,7 @@ pub(crate) fn approve(
     // (row, final decision, paths) of rows already handled, for duplicates.
     let mut done: Vec<(usize, Option<Decision>, Vec<String>)> = Vec::new();
     for row in &triage.rows {
-        let approved = chosen
-            .iter()
-            .find(|(n, _)| *n == row.row)
-            .map(|(_, d)| d.unwrap_or(row.proposed));
+        let approved = approved_as(row);
         let mut paths = row.paths.clone();
         let mut applied = false;
         if let Some(decision) = approved {
@@ -276,12 +291,7 @@ pub(crate) fn approve(
             }
             applied = true;
             out.applied += 1;
-            let final_decision = if decision == Decision::Duplicate {
-                effect
-            } else {
-                Some(decision)
-            };
-            done.push((row.row, final_decision, paths.clone()));
+            done.push((row.row, final_decision(decision, effect), paths.clone()));
         } else {
             done.push((row.row, None, paths.clone()));
         }
@@ -306,6 +316,19 @@ pub(crate) fn approve(
     triage.approved_at = Some(now);
     intake::write_triage(intake_dir, &triage, gate)?;
     Ok(out)
+}
+
+/// The item a planned `new` row stands for in `approve`'s dry pass.
+const PLANNED_ITEM: &str = "(the item this row writes)";
+
+/// What a handled row did, for the duplicates that follow it: a duplicate
+/// did what it followed.
+fn final_decision(decision: Decision, effect: Option<Decision>) -> Option<Decision> {
+    if decision == Decision::Duplicate {
+        effect
+    } else {
+        Some(decision)
+    }
 }
 
 /// What an approved decision does, and to which item: a duplicate does what
@@ -543,7 +566,8 @@ pub(crate) fn describe_row(r: &TriageRow) -> String {
     )
 }
 
-/// The pending triage (for `approve` on a TTY).
+/// The pending triage: the one not approved yet (`approve` applies it, a
+/// new intake waits for it, the TTY prompt shows it).
 pub(crate) fn pending(intake_dir: &Path) -> Result<Option<Triage>, IntakeError> {
     Ok(intake::read_triage(intake_dir)?.filter(|t| t.approved_at.is_none()))
 }
@@ -613,6 +637,67 @@ mod tests {
         assert_eq!((done.rows, done.applied, done.written.len()), (2, 2, 2));
         assert_eq!(read(tmp.path()).unwrap().rows.len(), 2);
         assert!(pending(tmp.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn review_ledger_a_duplicate_of_an_unapproved_new_row_is_refused_before_anything_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gate = IdentifierGate::new(&crate::redaction::RedactionList::new()).unwrap();
+        // Row 2 follows a ledger row that was proposed `new` but never
+        // approved, so it wrote no item (a triage the intake made while it
+        // still followed unapproved rows); row 1 would be written first.
+        let mut dup = row(2, "a curt reply again", Decision::Duplicate);
+        dup.follows = Some(intake::Follows {
+            ledger_id: Some("abcdefghijkl".into()),
+            row: None,
+            decision: Some(Decision::New),
+            paths: Vec::new(),
+        });
+        // Row 4 follows row 3 of this triage, a `new` left unapproved: it
+        // does what row 3 did, which is nothing.
+        let mut dup_of_unapproved = row(4, "a rude greeting again", Decision::Duplicate);
+        dup_of_unapproved.follows = Some(intake::Follows {
+            ledger_id: None,
+            row: Some(3),
+            decision: Some(Decision::New),
+            paths: Vec::new(),
+        });
+        let triage = Triage {
+            made_at: "2026-09-28T05:00:00Z".into(),
+            taken_in: vec!["local/2026-09-28".into()],
+            refused: Vec::new(),
+            invalid_findings: 0,
+            rows: vec![
+                row(1, "a curt reply", Decision::New),
+                dup,
+                row(3, "a rude greeting", Decision::New),
+                dup_of_unapproved,
+            ],
+            approved_at: None,
+        };
+        intake::write_triage(tmp.path(), &triage, &gate).unwrap();
+        let err = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap_err();
+        assert!(
+            err.to_string().contains("row 2 matched no item to attach"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("ledger.json").exists());
+        assert!(!tmp.path().join("ideas").exists(), "nothing applied");
+        assert!(pending(tmp.path()).unwrap().is_some());
+
+        let done = approve(
+            tmp.path(),
+            &Approval::Rows(vec![(1, None), (4, None)]),
+            "owner",
+            &gate,
+        )
+        .unwrap();
+        assert_eq!((done.rows, done.approved, done.written.len()), (4, 2, 1));
+        let ledger = read(tmp.path()).unwrap();
+        assert_eq!(ledger.rows.len(), 4);
+        assert!(ledger.rows[3].paths.is_empty(), "{:?}", ledger.rows[3]);
+        let ideas = std::fs::read_dir(tmp.path().join("ideas")).unwrap().count();
+        assert_eq!(ideas, 1, "only row 1 wrote an item");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! messages just before it (ambient lines, earlier turns) as context, and
 //! their message ids. Messages are read in pages in `(created_at, id)` order,
 //! one short statement per page, so no read transaction stays open across the
-//! scan and the host's writer never waits on the review.
+//! scan and the host's writer never waits on the review. One exchange can
+//! also be read by its user message's id (the intake's verify step).
 //!
 //! Must never: write (the connection is opened read-only), hold a statement
 //! or transaction across pages, or return a user message as an exchange
@@ -14,7 +15,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::spaces::{self, Space};
@@ -164,6 +165,36 @@ impl ExchangeReader {
             }
         }
         Ok(out)
+    }
+
+    /// One exchange by its user message's id, whenever it was (the window
+    /// does not apply): `(space, text, reply)` with the first reply to it,
+    /// both capped as in [`read_space`](Self::read_space). `None` when there
+    /// is no such user message or no reply to it.
+    pub(crate) fn exchange(
+        &self,
+        message_id: i64,
+    ) -> StoreResult<Option<(String, String, String)>> {
+        let user: Option<(String, String)> = self
+            .conn
+            .query_row(
+                "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
+                [message_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((space, text)) = user else {
+            return Ok(None);
+        };
+        let reply: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
+                [message_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(reply.map(|reply| (space, cap(&text, TEXT_CAP), cap(&reply, TEXT_CAP))))
     }
 
     /// Every exchange of `space` in the window, in message order.

@@ -191,19 +191,44 @@ pub(crate) struct Match {
 pub(crate) struct Ranker {
     engine: bm25::SearchEngine<usize, u32, Words>,
     items: Vec<KnownItem>,
+    /// Per item, the distinct normalised words of the text it is indexed by.
+    words: Vec<BTreeSet<String>>,
+    /// Per item, its fingerprint's signature, decoded.
+    signatures: Vec<Option<MinHash>>,
 }
 
 impl Ranker {
     pub(crate) fn new(items: Vec<KnownItem>) -> Self {
-        let docs: Vec<Document<usize>> = items
+        let texts: Vec<String> = items
             .iter()
+            .map(|it| format!("{}\n{}", it.title, it.text))
+            .collect();
+        let words = texts
+            .iter()
+            .map(|t| fingerprint::words(t).into_iter().collect())
+            .collect();
+        let signatures = items
+            .iter()
+            .map(|it| {
+                it.fingerprint
+                    .as_ref()
+                    .and_then(|f| MinHash::from_hex(&f.summary_minhash))
+            })
+            .collect();
+        let docs: Vec<Document<usize>> = texts
+            .into_iter()
             .enumerate()
-            .map(|(i, it)| Document::new(i, format!("{}\n{}", it.title, it.text)))
+            .map(|(i, t)| Document::new(i, t))
             .collect();
         let engine =
             SearchEngineBuilder::<usize, u32, Words>::with_tokenizer_and_documents(Words, docs)
                 .build();
-        Self { engine, items }
+        Self {
+            engine,
+            items,
+            words,
+            signatures,
+        }
     }
 
     pub(crate) fn items(&self) -> &[KnownItem] {
@@ -214,8 +239,13 @@ impl Ranker {
     /// BM25 hits sharing enough words.
     pub(crate) fn relate(&self, fp: &Fingerprint, query: &str) -> Vec<Match> {
         let mut out: Vec<Match> = Vec::new();
-        for (i, it) in self.items.iter().enumerate() {
-            if let Some(sim) = it.fingerprint.as_ref().and_then(|f| f.similarity(fp)) {
+        let signature = MinHash::from_hex(&fp.summary_minhash);
+        for (i, (it, sig)) in self.items.iter().zip(&self.signatures).enumerate() {
+            let sim = match (&it.fingerprint, sig, &signature) {
+                (Some(f), Some(a), Some(b)) if f.same_parts(fp) => Some(a.similarity(b)),
+                _ => None,
+            };
+            if let Some(sim) = sim {
                 if sim >= fingerprint::SAME_FINDING {
                     out.push(Match {
                         item: i,
@@ -233,13 +263,10 @@ impl Ranker {
             if out.iter().any(|m| m.item == i) {
                 continue;
             }
-            let Some(it) = self.items.get(i) else {
+            let (Some(it), Some(item_words)) = (self.items.get(i), self.words.get(i)) else {
                 continue;
             };
-            let item_words: BTreeSet<String> = fingerprint::words(&hit.document.contents)
-                .into_iter()
-                .collect();
-            if query_words.intersection(&item_words).count() >= MIN_SHARED_WORDS {
+            if query_words.intersection(item_words).count() >= MIN_SHARED_WORDS {
                 out.push(Match {
                     item: i,
                     path: it.path.clone(),

@@ -22,6 +22,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::redaction::{GateFailure, IdentifierGate};
+use crate::review::catalog::{ReportKind, ReportName};
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
 
 /// One finding as reported: the judge's validated fields plus where it is.
@@ -86,7 +87,11 @@ pub(crate) struct Report {
 
 /// Where a day's report lives.
 pub(crate) fn report_dir(reviews: &Path, date: &str) -> PathBuf {
-    reviews.join(format!("{date}-daily"))
+    ReportName {
+        date: date.to_owned(),
+        kind: ReportKind::Daily,
+    }
+    .dir(reviews)
 }
 
 impl Report {

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::ms_to_rfc3339;
 use crate::config::{ReviewConfig, Settings};
 use crate::model::gate::{Admission, ModelGate};
-use crate::redaction::{IdentifierGate, IdentifierKind, RedactionList, Redactor};
+use crate::redaction::{kind_list, IdentifierGate, IdentifierKind, RedactionList, Redactor};
 use crate::review::digest::{self, DigestOutcome};
 use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{self, BatchVerdict, JudgeExchange, JudgeJob};
@@ -171,17 +171,7 @@ pub(crate) async fn run(
     let started = Instant::now();
     let rt = &ctx.rt;
     let now = Utc::now();
-    let tz: chrono_tz::Tz = rt
-        .settings
-        .review
-        .timezone
-        .parse()
-        .unwrap_or(chrono_tz::UTC);
-    let date = now
-        .with_timezone(&tz)
-        .date_naive()
-        .format("%Y-%m-%d")
-        .to_string();
+    let date = rt.settings.review.today(now).format("%Y-%m-%d").to_string();
     let window = Window::hours_before(now.timestamp_millis(), rt.settings.review.window_hours);
     let mut summary = ScanSummary {
         run_id: run_id.to_owned(),
@@ -288,13 +278,10 @@ pub(crate) async fn run(
         Some(leak)
     };
     if let Some(kinds) = blocked {
-        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-        tracing::error!(run = %run_id, kinds = %names.join(", "), "review report blocked by the identifier gate");
+        let names = kind_list(&kinds);
+        tracing::error!(run = %run_id, kinds = %names, "review report blocked by the identifier gate");
         summary.status = ScanStatus::Blocked;
-        summary.error = Some(format!(
-            "blocked by the identifier gate ({} found)",
-            names.join(", ")
-        ));
+        summary.error = Some(format!("blocked by the identifier gate ({names} found)"));
         summary.digest =
             send_digest(ctx, digest::blocked_digest(&date, &kinds, run_id), true).await;
         finish_run(rt, &summary).await;
@@ -483,6 +470,43 @@ pub(crate) fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange 
     }
 }
 
+/// What reading a window starts from, for the daily scan and the weekly
+/// recall sample alike.
+pub(super) struct Staged {
+    pub(super) reader: ExchangeReader,
+    /// Spaces with traffic in the window the config lets the review read.
+    pub(super) chosen: Vec<String>,
+    /// The others, with the reason; raw: each caller redacts them where its
+    /// placeholder numbering wants them.
+    pub(super) skipped: Vec<(String, &'static str)>,
+    /// Built from the window's identifiers and the chosen spaces' members.
+    pub(super) redactor: Redactor,
+    /// The redactor's gate.
+    pub(super) gate: IdentifierGate,
+}
+
+/// Opens the window of the database at `db` read-only, chooses its spaces
+/// ([`choose_spaces`]) and builds their redactor and gate.
+pub(super) fn stage(
+    db: &std::path::Path,
+    window: Window,
+    cfg: &ReviewConfig,
+) -> Result<Staged, ReviewError> {
+    let reader = ExchangeReader::open(db, window)?;
+    let active = reader.active_spaces()?;
+    let (chosen, skipped) = choose_spaces(&reader.spaces()?, &active, cfg);
+    let list = redaction_list(cfg, reader.identifiers(&chosen)?);
+    let redactor = Redactor::new(list)?;
+    let gate = redactor.identifier_gate();
+    Ok(Staged {
+        reader,
+        chosen,
+        skipped,
+        redactor,
+        gate,
+    })
+}
+
 /// The SQLite reader and the redactor travel together between blocking tasks.
 struct Stage {
     reader: ExchangeReader,
@@ -568,12 +592,15 @@ async fn judge_window(
     let intake_dir = crate::review::ledger::intake_dir(&rt.paths.reviews, &cfg);
     let (stage, chosen, skipped_spaces, gate, feedback) = worker
         .run(move || {
-            let reader = ExchangeReader::open(&db, window)?;
-            let active = reader.active_spaces()?;
-            let (chosen, skipped) = choose_spaces(&reader.spaces()?, &active, &cfg);
-            let list = redaction_list(&cfg, reader.identifiers(&chosen)?);
-            let mut redactor = Redactor::new(list)?;
-            let gate = redactor.identifier_gate();
+            let Staged {
+                reader,
+                chosen,
+                skipped,
+                mut redactor,
+                gate,
+            } = stage(&db, window, &cfg)?;
+            // The feedback first, then the skipped spaces: placeholders are
+            // numbered in this order.
             let feedback = feedback(&intake_dir, &mut redactor, &gate);
             let skipped: Vec<(String, &'static str)> = skipped
                 .into_iter()

@@ -30,12 +30,12 @@ use rand::SeedableRng;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::redaction::{IdentifierGate, Redactor};
+use crate::redaction::IdentifierGate;
 use crate::review::catalog::{self, ReportKind, ReportName};
 use crate::review::fingerprint::{Fingerprint, SAME_FINDING};
 use crate::review::intake::{self, Decision, IntakeFinding};
 use crate::review::judge::{self, JudgeExchange, JudgeJob};
-use crate::review::reader::{Exchange, ExchangeReader, Window};
+use crate::review::reader::{Exchange, Window};
 use crate::review::report::{self, Skip};
 use crate::review::stats::{self, Confusion, Precision, Recall};
 use crate::review::{ledger, scan, ReviewError};
@@ -374,7 +374,7 @@ fn local_findings(reviews: &std::path::Path, dates: &BTreeSet<String>) -> Vec<In
 struct Sample {
     flagged: u64,
     unflagged: u64,
-    batch: Vec<(String, JudgeExchange)>,
+    batch: Vec<JudgeExchange>,
     gate: IdentifierGate,
     skipped: Vec<Skip>,
 }
@@ -386,13 +386,13 @@ fn sample(
     size: usize,
     seed: u64,
 ) -> Result<Sample, ReviewError> {
-    let cfg = &rt.settings.review;
-    let reader = ExchangeReader::open(rt.store.path(), window)?;
-    let active = reader.active_spaces()?;
-    let (chosen, skipped) = scan::choose_spaces(&reader.spaces()?, &active, cfg);
-    let list = scan::redaction_list(cfg, reader.identifiers(&chosen)?);
-    let mut redactor = Redactor::new(list)?;
-    let gate = redactor.identifier_gate();
+    let scan::Staged {
+        reader,
+        chosen,
+        skipped,
+        mut redactor,
+        gate,
+    } = scan::stage(rt.store.path(), window, &rt.settings.review)?;
     let mut flagged = 0u64;
     let mut pool: Vec<Exchange> = Vec::new();
     for space in &chosen {
@@ -410,10 +410,7 @@ fn sample(
     pool.truncate(size);
     let batch = pool
         .iter()
-        .map(|e| {
-            let label = redactor.redact_identifiers(&e.space_id);
-            (label, scan::redact_for_judge(&mut redactor, e))
-        })
+        .map(|e| scan::redact_for_judge(&mut redactor, e))
         .collect();
     let skipped = skipped
         .into_iter()
@@ -446,14 +443,8 @@ pub(crate) fn weekly_chain(settings: &crate::config::Settings) -> Vec<String> {
 /// `review.timezone`) and writes its report.
 pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> {
     let started = Instant::now();
-    let tz: chrono_tz::Tz = rt
-        .settings
-        .review
-        .timezone
-        .parse()
-        .unwrap_or(chrono_tz::UTC);
     let now = chrono::Utc::now();
-    let today = now.with_timezone(&tz).date_naive();
+    let today = rt.settings.review.today(now);
     let dates: BTreeSet<String> = (0..DAYS)
         .map(|i| {
             (today - chrono::Duration::days(i))
@@ -529,7 +520,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         let job = JudgeJob {
             run_id: format!("weekly-{date}"),
             space_id: scan::RUN_SPACE.to_owned(),
-            batch: chunk.iter().map(|(_, e)| e.clone()).collect(),
+            batch: chunk.to_vec(),
             gate: gate.clone(),
             chain: chain.clone(),
             counter_examples: Arc::new(Vec::new()),
@@ -575,7 +566,11 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         serde_json::to_value(&report).map_err(|e| ReviewError::Join(e.to_string()))?;
     intake::gate_text("weekly report", &md, &json, &report.ids(), &gate)
         .map_err(|e| ReviewError::Unavailable(e.to_string()))?;
-    let dir = reviews.join(format!("{date}-weekly"));
+    let dir = ReportName {
+        date: date.clone(),
+        kind: ReportKind::Weekly,
+    }
+    .dir(&reviews);
     let written = {
         let target = dir.clone();
         tokio::task::spawn_blocking(move || report::write_atomically(&target, &md, &json))
