@@ -496,6 +496,21 @@ fn run_steps_of(h: &TestHost, run: &str) -> i64 {
         .unwrap()
 }
 
+/// `mrctl runs show RUN` in `space` as the owner, which must succeed: its output.
+fn runs_show(h: &TestHost, space: &str, run: &str) -> String {
+    let out = h
+        .mrctl(&h.owner_token, Some(space))
+        .args(["runs", "show", run])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 // A child-process host, so the `mrctl` built beside `mercury` is on the tool's PATH.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_management_agent_edits_a_clients_agents_md_and_the_clients_next_turn_follows_it() {
@@ -565,17 +580,7 @@ async fn a_management_agent_edits_a_clients_agents_md_and_the_clients_next_turn_
         "{after}"
     );
     // The trace shows the command the agent chose (D-017).
-    let out = h
-        .mrctl(&h.owner_token, Some("mgmt"))
-        .args(["runs", "show", &mgmt_run])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = runs_show(&h, "mgmt", &mgmt_run);
     assert!(
         text.contains(
             "tool mrctl {\"args\":[\"--space\",\"client\",\"files\",\"put\",\"AGENTS.md\""
@@ -623,17 +628,7 @@ async fn a_turn_with_two_tool_calls_shows_both_in_runs_show_with_arguments_and_e
         "runs.keep_days pruned the old trace"
     );
 
-    let out = h
-        .mrctl(&h.owner_token, Some("s"))
-        .args(["runs", "show", &run])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = runs_show(&h, "s", &run);
     let steps: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
     assert_eq!(steps.len(), 4, "{text}");
     assert!(steps[0].starts_with("#1 model scripted:"), "{text}");
