@@ -292,6 +292,11 @@ CREATE TABLE adapter_positions (
 );
 CREATE INDEX outbox_undelivered_platform ON outbox (platform, id) WHERE delivered_at IS NULL;
 "#,
+    // 9: a message's turn attempts (issue 22): every turn reads the runs a
+    // crash cut short for its message before it runs.
+    r#"
+CREATE INDEX runs_trigger_message ON runs (trigger_message_id, started_at);
+"#,
 ];
 
 pub(super) fn apply(conn: &mut Connection) -> StoreResult<()> {
@@ -336,6 +341,7 @@ mod tests {
             format!("SELECT * {}", messages::REPLY_FOR_TAIL),
             format!("SELECT * {}", outbox::UNDELIVERED_TAIL),
             tokens::REVOKE_RUN_SQL.to_string(),
+            crate::storage::runs::CRASHED_ATTEMPTS_SQL.to_string(),
         ];
         for sql in queries {
             let n = sql.matches('?').count();
