@@ -375,6 +375,11 @@ pub struct ReviewConfig {
     pub recall_sample: u32,
     /// Model spec of the weekly judge; empty means the daily judge's.
     pub weekly_model: String,
+    /// Findings `mercury review intake` takes from one report, and from one
+    /// source in one intake; a report past either is refused by name.
+    pub intake_max_findings: u32,
+    /// Verify calls one intake makes at most; it stops there and says so.
+    pub intake_max_calls: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -526,6 +531,8 @@ impl Default for ReviewConfig {
             weekly_at: String::new(),
             recall_sample: 50,
             weekly_model: String::new(),
+            intake_max_findings: 200,
+            intake_max_calls: 500,
         }
     }
 }
@@ -631,6 +638,8 @@ review:                         # the daily conversation review
   weekly_at: ""                 # weekly synthesis day and HH:MM, e.g. "mon 05:00"; empty: only mrctl review weekly-now
   recall_sample: 50             # count: unflagged exchanges the weekly recall spot check re-judges
   weekly_model: ""              # weekly judge model spec; empty: the daily judge's
+  intake_max_findings: 200      # count: findings the intake takes from one report and from one source
+  intake_max_calls: 500         # count: verify calls one intake makes, then it stops and says so
 http:                           # the HTTP API
   body_limit_bytes: 1048576     # bytes: largest request body
   drain_secs: 10                # seconds in-flight requests get after SIGTERM
@@ -926,6 +935,14 @@ impl Settings {
             (
                 "turn.max_crash_retries",
                 u64::from(self.turn.max_crash_retries),
+            ),
+            (
+                "review.intake_max_findings",
+                u64::from(self.review.intake_max_findings),
+            ),
+            (
+                "review.intake_max_calls",
+                u64::from(self.review.intake_max_calls),
             ),
             ("workspace.max_depth", self.workspace.max_depth as u64),
             ("workspace.max_entries", self.workspace.max_entries),
