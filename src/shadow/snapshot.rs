@@ -51,22 +51,12 @@ pub struct SnapshotOutcome {
     pub seconds: f64,
 }
 
-/// Names in `global/` that hold a secret and are never copied.
-pub fn is_secret_name(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "token",
-        "credential",
-        "auth",
-        "secret",
-        "password",
-        ".key",
-        ".pem",
-        ".env",
-    ]
-    .iter()
-    .any(|bad| n.contains(bad))
-}
+/// What a snapshot copies of `global/`: only files the product itself
+/// writes there and that hold no secret, named one by one (a name
+/// heuristic copied `global/api_key`). Today the product writes only
+/// `owner.token` there, a secret the shadow replaces with its own, so the
+/// list is empty: a file the product starts writing there joins it.
+pub const GLOBAL_COPIED: &[&str] = &[];
 
 fn stamp(now_ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(now_ms)
@@ -308,6 +298,10 @@ fn fill(
         token_usage_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM token_usage")?,
         run_started_at_ms: max_id(&db, "SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
     };
+    // Deleted rows stay in free pages unless overwritten: the live token
+    // hashes must not be readable from the copy's file.
+    db.pragma_update(None, "secure_delete", "ON")
+        .map_err(sql_err("turning secure_delete on"))?;
     let tx = db
         .transaction()
         .map_err(sql_err("starting the token swap"))?;
@@ -329,6 +323,9 @@ fn fill(
         },
     )?;
     tx.commit().map_err(sql_err("committing the token swap"))?;
+    // And the file is rebuilt without free pages at all.
+    db.execute_batch("VACUUM")
+        .map_err(sql_err("compacting the copy after the token swap"))?;
     drop(db);
     let db_bytes = std::fs::metadata(&shadow.db).map(|m| m.len()).unwrap_or(0);
 
@@ -442,40 +439,20 @@ fn copy_file(src: &WorkspaceRoot, name: &OsStr, to_dir: &Path) -> ShadowResult<u
     std::io::copy(&mut from, &mut to).map_err(io_err(format!("copying {}", path.display())))
 }
 
-/// `global/` without anything that holds a secret (tokens, credentials,
-/// keys: [`is_secret_name`], at every depth).
+/// The files of [`GLOBAL_COPIED`] that `global/` holds, each into a new
+/// 0600 file; nothing else (an operator's file, a key someone put there)
+/// crosses.
 fn copy_global(from: &Path, to: &Path) -> ShadowResult<u64> {
     if !from.is_dir() {
         return Ok(0);
     }
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    copy_without_secrets(&src, to, "global")
-}
-
-/// Every entry of `src` whose name holds no secret into the directory `to`:
-/// a file streamed into a new 0600 file, a directory made private and copied
-/// the same way; links and special files are left out. `rel` names `src` in
-/// errors.
-fn copy_without_secrets(src: &WorkspaceRoot, to: &Path, rel: &str) -> ShadowResult<u64> {
     let mut bytes = 0;
-    for e in src.entries().map_err(io_err(format!("listing {rel}")))? {
-        let name = e.name.to_string_lossy();
-        if is_secret_name(&name) {
-            continue;
-        }
-        let child = format!("{rel}/{name}");
-        match e.kind {
-            EntryKind::File => bytes += copy_file(src, &e.name, to)?,
-            EntryKind::Dir => {
-                let d = to.join(&e.name);
-                private_dir(&d).map_err(io_err(format!("creating {}", d.display())))?;
-                let s = src
-                    .child_dir(&e.name)
-                    .map_err(io_err(format!("opening {child}")))?;
-                bytes += copy_without_secrets(&s, &d, &child)?;
-            }
-            EntryKind::Symlink | EntryKind::Other => {}
+    for e in src.entries().map_err(io_err("listing global".to_owned()))? {
+        let known = e.name.to_str().is_some_and(|n| GLOBAL_COPIED.contains(&n));
+        if known && e.kind == EntryKind::File {
+            bytes += copy_file(&src, &e.name, to)?;
         }
     }
     Ok(bytes)
@@ -563,24 +540,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secret_names_are_recognised() {
-        for n in [
-            "owner.token",
-            "auth.json",
-            "credentials",
-            "openai.key",
-            "x.pem",
-            ".env",
-            "Secret.txt",
-        ] {
-            assert!(is_secret_name(n), "{n}");
-        }
-        for n in ["notes.md", "model-capabilities.yaml"] {
-            assert!(!is_secret_name(n), "{n}");
-        }
-    }
-
-    #[test]
     fn a_root_inside_the_live_data_dir_is_refused_before_anything_is_created() {
         let tmp = tempfile::tempdir().unwrap();
         let base = std::fs::canonicalize(tmp.path()).unwrap();
@@ -624,43 +583,15 @@ mod tests {
     }
 
     #[test]
-    fn global_is_copied_without_secrets_at_every_depth_and_every_file_private() {
-        use std::os::unix::fs::PermissionsExt;
+    fn global_copies_only_the_listed_files_never_a_key_or_an_operators_file() {
         let tmp = tempfile::tempdir().unwrap();
         let (from, to) = (tmp.path().join("from"), tmp.path().join("to"));
-        std::fs::create_dir_all(from.join("sub/deeper")).unwrap();
+        std::fs::create_dir_all(from.join("sub")).unwrap();
         std::fs::create_dir(&to).unwrap();
-        for (p, text) in [
-            ("notes.md", "top"),
-            ("owner.token", "live token"),
-            ("sub/a.md", "nested"),
-            ("sub/x.token", "nested token"),
-            ("sub/deeper/b.md", "deeper"),
-            ("sub/deeper/auth.json", "deeper secret"),
-        ] {
-            std::fs::write(from.join(p), text).unwrap();
-            std::fs::set_permissions(from.join(p), std::fs::Permissions::from_mode(0o644)).unwrap();
+        for p in ["owner.token", "api_key", "notes.md", "sub/a.md"] {
+            std::fs::write(from.join(p), "live").unwrap();
         }
-        let bytes = copy_global(&from, &to).unwrap();
-        assert_eq!(
-            bytes,
-            ("top".len() + "nested".len() + "deeper".len()) as u64
-        );
-        for (p, text) in [
-            ("notes.md", "top"),
-            ("sub/a.md", "nested"),
-            ("sub/deeper/b.md", "deeper"),
-        ] {
-            assert_eq!(std::fs::read_to_string(to.join(p)).unwrap(), text);
-            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode, 0o600, "{p}");
-        }
-        for p in ["sub", "sub/deeper"] {
-            let mode = std::fs::metadata(to.join(p)).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode, 0o700, "{p}");
-        }
-        for p in ["owner.token", "sub/x.token", "sub/deeper/auth.json"] {
-            assert!(!to.join(p).exists(), "{p} was copied");
-        }
+        assert_eq!(copy_global(&from, &to).unwrap(), 0);
+        assert_eq!(std::fs::read_dir(&to).unwrap().count(), 0);
     }
 }

@@ -407,6 +407,7 @@ async fn live_with_traffic(host: &TestHost) {
     )
     .unwrap();
     std::fs::write(host.data.join("global/notes.md"), "operator notes").unwrap();
+    std::fs::write(host.data.join("global/api_key"), "sk-live-key").unwrap();
 }
 
 fn snapshot_cli(live: &Path, root: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
@@ -439,6 +440,10 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     })
     .await;
     live_with_traffic(&host).await;
+    // Enough live tokens that their rows fill pages the swap frees.
+    for i in 0..40 {
+        host.token(&format!("api:user{i}"), "user").await;
+    }
     let root = tempfile::tempdir().unwrap();
     let root_path = std::fs::canonicalize(root.path()).unwrap();
     let live_rows = host.all_row_counts();
@@ -497,11 +502,28 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     }
     let shadow_token = std::fs::read_to_string(dir.join("global/owner.token")).unwrap();
     assert_ne!(shadow_token.trim(), host.owner_token);
-    assert!(!dir.join("global/auth.json").exists());
-    assert_eq!(
-        std::fs::read_to_string(dir.join("global/notes.md")).unwrap(),
-        "operator notes"
-    );
+    // global/: only what the product writes there itself, never a name
+    // that merely looks harmless (issue 23 item 10).
+    for p in ["global/auth.json", "global/api_key", "global/notes.md"] {
+        assert!(!dir.join(p).exists(), "{p} was copied");
+    }
+    // No live token hash survives in the copy's free pages either.
+    let raw = std::fs::read(dir.join("state.db")).unwrap();
+    let live_hashes: Vec<String> = host
+        .db()
+        .prepare("SELECT token_hash FROM api_tokens")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(live_hashes.len() > 40, "{}", live_hashes.len());
+    for h in &live_hashes {
+        assert!(
+            !raw.windows(h.len()).any(|w| w == h.as_bytes()),
+            "a live token hash is in the copy's file"
+        );
+    }
     // The symlink is a symlink in the copy, never its target's bytes.
     let link = dir.join("spaces/alpha/knowledge/link");
     assert!(std::fs::symlink_metadata(&link)
