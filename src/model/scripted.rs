@@ -231,7 +231,13 @@ impl ScriptedPolicy {
             )
         };
         let p = Path::new(path);
+        // Read from the string itself: `Path::components` drops a `.` and a
+        // doubled `/`, so `<models>/./x.json` would pass it unseen.
         let plain = p.is_absolute()
+            && path
+                .split('/')
+                .skip(1)
+                .all(|seg| !matches!(seg, "" | "." | ".."))
             && p.components()
                 .skip(1)
                 .all(|c| matches!(c, Component::Normal(_)));

@@ -92,6 +92,9 @@ async fn only_a_global_admin_may_set_a_scripted_model_and_only_under_models() {
         outside.display().to_string(),
         format!("{}/models/../../elsewhere.json", h.data.display()),
         format!("{}/models/out/elsewhere.json", h.data.display()),
+        // Inside models/, but not in the one plain form (issue 23 item 10).
+        format!("{}/models/./rules.json", h.data.display()),
+        format!("{}/models//rules.json", h.data.display()),
         "models/rules.json".to_owned(),
     ] {
         let (st, v) = set_chain(&h, &h.owner_token, "team", &format!("scripted:{path}")).await;
