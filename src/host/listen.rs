@@ -27,7 +27,7 @@ use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -107,6 +107,9 @@ struct Activity {
     last_io: AtomicU64,
     head_started: AtomicU64,
     in_flight: AtomicUsize,
+    /// Told when the deadline moves earlier or away (a head starts, a
+    /// request starts or ends), so the watchdog re-arms.
+    moved: Notify,
 }
 
 impl Activity {
@@ -116,6 +119,7 @@ impl Activity {
             last_io: AtomicU64::new(1),
             head_started: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            moved: Notify::new(),
         }
     }
 
@@ -132,9 +136,13 @@ impl Activity {
     fn read(&self) {
         let now = self.now();
         self.last_io.store(now, Ordering::Relaxed);
-        let _ = self
+        if self
             .head_started
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.moved.notify_one();
+        }
     }
 
     fn wrote(&self) {
@@ -163,6 +171,7 @@ impl InFlight {
         // Its head is complete: what the reader sees next is its body or
         // the next request.
         a.head_started.store(0, Ordering::SeqCst);
+        a.moved.notify_one();
         Self(a.clone())
     }
 }
@@ -173,6 +182,7 @@ impl Drop for InFlight {
         self.0.head_started.store(0, Ordering::SeqCst);
         self.0.last_io.store(self.0.now(), Ordering::SeqCst);
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.moved.notify_one();
     }
 }
 
@@ -281,6 +291,7 @@ where
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
+            _ = activity.moved.notified() => {}
             _ = watchdog => {
                 if activity
                     .deadline(&limits)

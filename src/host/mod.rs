@@ -296,6 +296,15 @@ async fn build_runtime_with_env(
     {
         crate::redaction::secrets::register(key);
     }
+    // A provider URL's `user:password@` is a credential too.
+    for base in [&providers.openai_base_url, &providers.anthropic_base_url] {
+        if let Some(password) = url::Url::parse(base)
+            .ok()
+            .and_then(|u| u.password().map(str::to_owned))
+        {
+            crate::redaction::secrets::register(&password);
+        }
+    }
     let model_gate = Arc::new(ModelGate::with_admission(
         review_admission,
         settings.review.max_concurrency,

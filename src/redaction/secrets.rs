@@ -1,6 +1,7 @@
 //! The one scrubber of stored, served and logged error text: URL userinfo
 //! removed, every secret this process was configured with (model keys,
-//! adapter tokens, the Telegram webhook secret) replaced, `Bearer …` values,
+//! adapter tokens, the Telegram webhook secret, a provider URL's password)
+//! replaced, `Bearer …` and `Basic …` values,
 //! `sk-…` keys and Telegram `bot<id>:<token>` path segments replaced, and
 //! stored errors cut to [`MAX_ERROR_CHARS`].
 //!
@@ -37,6 +38,9 @@ static USERINFO: LazyLock<Regex> =
 /// A bearer credential, in a header dump or a sentence.
 static BEARER: LazyLock<Regex> =
     LazyLock::new(|| super::constant_regex(r"(?i)\b(bearer)(?:\s+|%20)[A-Za-z0-9._~+/=:-]{8,}"));
+/// A basic credential (what a URL's `user:password@` becomes on the wire).
+static BASIC: LazyLock<Regex> =
+    LazyLock::new(|| super::constant_regex(r"\b(Basic)(?:\s+|%20)[A-Za-z0-9+/]{12,}={0,2}"));
 /// OpenAI/Anthropic-shaped keys (`sk-…`, `sk-ant-…`, `sk-proj-…`).
 static SK_KEY: LazyLock<Regex> = LazyLock::new(|| super::constant_regex(r"\bsk-[A-Za-z0-9_-]{8,}"));
 /// A Telegram Bot API path segment: `bot123456:AA…`.
@@ -72,6 +76,7 @@ pub fn scrub(text: &str) -> String {
     }
     let out = USERINFO.replace_all(&out, "${1}");
     let out = BEARER.replace_all(&out, "${1} [redacted]");
+    let out = BASIC.replace_all(&out, "${1} [redacted]");
     let out = SK_KEY.replace_all(&out, REPLACEMENT);
     let out = TELEGRAM_PATH.replace_all(&out, "bot[redacted]");
     out.into_owned()
@@ -96,12 +101,13 @@ mod tests {
         register("local-proxy-key-0123456789");
         register("short");
         let text = "model endpoint answered 401: auth: bad header \
-            Authorization: Bearer abc.DEF-ghi_jkl0123 and key local-proxy-key-0123456789, \
+            Authorization: Bearer abc.DEF-ghi_jkl0123, Basic YWxpY2U6aHVudGVyMnBhc3M= and key local-proxy-key-0123456789, \
             x-api-key: sk-ant-api03-AAAAAAAAAAAA at https://alice:hunter2pass@proxy.example/v1 \
             and http://tok3n@h.example/x, GET /bot123456:ABCdef_ghiJKL/getMe, short";
         let out = scrub(text);
         for gone in [
             "abc.DEF-ghi_jkl0123",
+            "YWxpY2U6aHVudGVyMnBhc3M",
             "local-proxy-key-0123456789",
             "sk-ant-api03",
             "alice",
