@@ -78,7 +78,7 @@ pub fn router(app: Arc<App>) -> Router {
     let public = public
         .layer(Extension(Arc::new(doc)))
         .layer(DefaultBodyLimit::max(
-            app.rt.settings.http.unauthenticated_body_bytes,
+            app.rt.settings.http.unauthenticated_limit(),
         ));
     let limit = app.rt.settings.http.body_limit_bytes;
     Router::new()

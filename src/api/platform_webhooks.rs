@@ -53,7 +53,24 @@ fn same_secret(given: &[u8], expected: &str) -> bool {
         (status = 404, description = "The adapter is not in webhook mode", body = super::error::ErrorBody),
         (status = 503, description = "Not stored; Telegram resends", body = super::error::ErrorBody),
     ))]
-async fn telegram(State(app): State<Arc<App>>, request: Request) -> ApiResult<Json<Value>> {
+async fn telegram(State(app): State<Arc<App>>, request: Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match take_telegram(&app, request).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => {
+            // A refusal may come before the body was read: the connection
+            // cannot carry another request, and the client must not reuse it.
+            let mut answer = e.into_response();
+            answer.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            answer
+        }
+    }
+}
+
+async fn take_telegram(app: &Arc<App>, request: Request) -> ApiResult<Json<Value>> {
     let Some(inbox) = app.adapters.webhook("telegram") else {
         return Err(ApiError::not_found(
             "the telegram adapter is not running in webhook mode",
@@ -68,7 +85,7 @@ async fn telegram(State(app): State<Arc<App>>, request: Request) -> ApiResult<Js
             "missing or wrong X-Telegram-Bot-Api-Secret-Token".into(),
         ));
     }
-    let limit = app.rt.settings.http.unauthenticated_body_bytes;
+    let limit = app.rt.settings.http.unauthenticated_limit();
     let body = read_limited(request, limit).await?;
     let body: Value = serde_json::from_slice(&body)
         .map_err(|_| ApiError::bad_request("the body is not a JSON update"))?;
