@@ -388,6 +388,26 @@ pub struct HttpConfig {
     pub body_limit_bytes: usize,
     /// Seconds in-flight requests get after SIGTERM before the host exits anyway.
     pub drain_secs: u64,
+    /// Seconds a client has to finish a request's headers once it started
+    /// sending them; then the connection is closed.
+    pub header_timeout_secs: u64,
+    /// Seconds a connection may stay silent with no request in flight.
+    pub idle_timeout_secs: u64,
+    /// Open connections per listener (the TCP API, `api.sock` and the
+    /// metrics listener each have their own budget); past it a new client
+    /// waits in the kernel's backlog.
+    pub max_connections: usize,
+    /// Largest body a route without a bearer token reads (the platforms'
+    /// webhook calls); never more than `body_limit_bytes`
+    /// ([`HttpConfig::unauthenticated_limit`]).
+    pub unauthenticated_body_bytes: usize,
+}
+
+impl HttpConfig {
+    /// What a route without a token reads at most: the smaller of the two limits.
+    pub fn unauthenticated_limit(&self) -> usize {
+        self.unauthenticated_body_bytes.min(self.body_limit_bytes)
+    }
 }
 
 impl Default for Settings {
@@ -542,6 +562,10 @@ impl Default for HttpConfig {
         Self {
             body_limit_bytes: 1 << 20,
             drain_secs: 10,
+            header_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            max_connections: 512,
+            unauthenticated_body_bytes: 256 << 10,
         }
     }
 }
@@ -643,6 +667,10 @@ review:                         # the daily conversation review
 http:                           # the HTTP API
   body_limit_bytes: 1048576     # bytes: largest request body
   drain_secs: 10                # seconds in-flight requests get after SIGTERM
+  header_timeout_secs: 10       # seconds a client has to finish a request's headers, then closed
+  idle_timeout_secs: 60         # seconds a connection may be silent with no request in flight
+  max_connections: 512          # connections per listener (TCP API, api.sock and metrics each); keep LimitNOFILE above 2x this + 1024
+  unauthenticated_body_bytes: 262144  # bytes: largest body of a route without a token (webhook calls); at most body_limit_bytes
 models:                         # model files
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
@@ -931,6 +959,13 @@ impl Settings {
             ),
             ("review.window_hours", u64::from(self.review.window_hours)),
             ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
+            ("http.header_timeout_secs", self.http.header_timeout_secs),
+            ("http.idle_timeout_secs", self.http.idle_timeout_secs),
+            ("http.max_connections", self.http.max_connections as u64),
+            (
+                "http.unauthenticated_body_bytes",
+                self.http.unauthenticated_body_bytes as u64,
+            ),
             ("files.max_bytes", self.files.max_bytes as u64),
             (
                 "turn.max_crash_retries",
@@ -956,6 +991,12 @@ impl Settings {
             if v == 0 {
                 return Err(key_err(key, "must be greater than 0"));
             }
+        }
+        if self.http.max_connections > MAX_CONNECTIONS_CEILING {
+            return Err(key_err(
+                "http.max_connections",
+                format!("must be at most {MAX_CONNECTIONS_CEILING}"),
+            ));
         }
         if self.turn.failure_reply.trim().is_empty() {
             return Err(key_err("turn.failure_reply", "must not be empty"));
@@ -1130,6 +1171,10 @@ pub fn parse_daily_at(raw: &str) -> Result<(u32, u32), String> {
     }
     Ok((h, m))
 }
+
+/// The largest `http.max_connections`: each connection is a descriptor, and
+/// three listeners' budgets must fit under the process's `LimitNOFILE`.
+pub const MAX_CONNECTIONS_CEILING: usize = 100_000;
 
 /// `MERCURY_*` variables that are not config keys: secrets, the log filter,
 /// the data dir, and mrctl's and the sandbox's own.
@@ -1415,6 +1460,36 @@ mod tests {
         assert!(e.to_string().contains("review.colour"), "{e}");
         let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_DAILY_AT", "25:00")])).unwrap_err();
         assert!(e.to_string().contains("review.daily_at"), "{e}");
+    }
+
+    #[test]
+    fn http_listener_limits_are_typed_and_validated() {
+        let s = from_value(
+            Value::Null,
+            &env(&[
+                ("MERCURY_HTTP_HEADER_TIMEOUT_SECS", "3"),
+                ("MERCURY_HTTP_MAX_CONNECTIONS", "40"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.http.header_timeout_secs, s.http.max_connections),
+            (3, 40)
+        );
+        for (var, bad) in [
+            ("MERCURY_HTTP_HEADER_TIMEOUT_SECS", "0"),
+            ("MERCURY_HTTP_IDLE_TIMEOUT_SECS", "0"),
+            ("MERCURY_HTTP_MAX_CONNECTIONS", "0"),
+            ("MERCURY_HTTP_MAX_CONNECTIONS", "1000000"),
+            ("MERCURY_HTTP_UNAUTHENTICATED_BODY_BYTES", "0"),
+        ] {
+            let e = from_value(Value::Null, &env(&[(var, bad)])).unwrap_err();
+            let key = var.trim_start_matches("MERCURY_HTTP_").to_lowercase();
+            assert!(
+                e.to_string().contains(&format!("http.{key}")),
+                "{var}={bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -78,10 +78,13 @@ impl AdapterBoard {
         });
     }
 
+    /// Records a failed platform call; the sentence is scrubbed of every
+    /// secret here, once, for `/healthz`, `/api/status` and `mercury status`.
     pub fn failed(&self, adapter: &str, error: &str) {
+        let error = crate::redaction::secrets::scrub_error(error);
         self.update(adapter, |s| {
             s.connected = false;
-            s.last_error = Some(error.to_owned());
+            s.last_error = Some(error);
             s.last_error_at = Some(now_ms());
         });
     }

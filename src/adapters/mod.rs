@@ -170,7 +170,11 @@ impl AdapterSecrets {
             env.get(var)
                 .map(|t| t.trim())
                 .filter(|t| !t.is_empty())
-                .map(|t| Some(t.to_owned()))
+                .map(|t| {
+                    // Never in a stored, served or logged error from here on.
+                    crate::redaction::secrets::register(t);
+                    Some(t.to_owned())
+                })
                 .ok_or(AdapterError::MissingSecret { adapter, env: var })
         };
         Ok(Self {

@@ -198,7 +198,7 @@ pub(crate) async fn run_turn(
         None => (TurnStatus::Stopped, None, Some("stopped".to_string())),
         Some(Ok(text)) => (TurnStatus::Done, Some(text), None),
         Some(Err(e)) => {
-            let msg = e.to_string();
+            let msg = crate::redaction::secrets::scrub_error(&e.to_string());
             tracing::warn!(run = %req.run_id, space = %req.space_id, error = %msg, "turn failed");
             // The reason is for runs.error and the log; the participant
             // reads the configured generic sentence (a model error can
@@ -225,6 +225,13 @@ pub(crate) async fn run_turn(
         sandbox = if sandboxed { rt.sandbox.name() } else { "none" },
         "turn"
     );
+    let mut steps = acc.steps;
+    for step in &mut steps {
+        step.error = step
+            .error
+            .as_deref()
+            .map(crate::redaction::secrets::scrub_error);
+    }
     TurnOutcome {
         status,
         reply,
@@ -232,7 +239,7 @@ pub(crate) async fn run_turn(
         tokens_in: acc.tokens_in,
         tokens_out: acc.tokens_out,
         cost: acc.cost,
-        steps: acc.steps,
+        steps,
     }
 }
 
@@ -567,10 +574,12 @@ pub(crate) async fn complete_with_chain(
     if failures.is_empty() {
         failures.push("no model configured".into());
     }
-    Err(format!(
+    // The one sentence every caller stores or serves (runs.error, the
+    // trace, a compaction's 502): a provider may echo the key or its URL.
+    Err(crate::redaction::secrets::scrub_error(&format!(
         "the model did not answer ({})",
         failures.join("; ")
-    ))
+    )))
 }
 
 async fn start_sandbox(

@@ -2,7 +2,8 @@
 //! once, to a status and a JSON body `{"error":{"code","message"}}`.
 //!
 //! Must never: leak an internal error's details to the client (5xx bodies say
-//! "internal error" and the detail goes to the log).
+//! "internal error" and the detail goes to the log), or serve a message the
+//! secret scrubber has not seen.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
@@ -146,14 +147,61 @@ pub struct ErrorDetail {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // Served errors are scrubbed here, once: a model's or a platform's
+        // sentence may carry a key, a token or a URL's userinfo.
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code(),
-                message: self.message().to_owned(),
+                message: crate::redaction::secrets::scrub_error(self.message()),
             },
         };
         (self.status(), Json(body)).into_response()
     }
+}
+
+/// The JSON error answer of a bare `status` (what a layer or an extractor
+/// answered in plain text): the status kept, its `code` and a sentence.
+pub fn for_status(status: StatusCode) -> Response {
+    let known = match status {
+        StatusCode::BAD_REQUEST => Some(ApiError::bad_request("the request could not be read")),
+        StatusCode::UNAUTHORIZED => Some(ApiError::unauthorized("a valid token is needed")),
+        StatusCode::FORBIDDEN => Some(ApiError::forbidden("not allowed")),
+        StatusCode::NOT_FOUND => Some(ApiError::not_found("no such route")),
+        StatusCode::METHOD_NOT_ALLOWED => Some(ApiError::MethodNotAllowed(
+            "this method is not allowed on this route".into(),
+        )),
+        StatusCode::PAYLOAD_TOO_LARGE => Some(ApiError::TooLarge(
+            "request body is larger than the limit".into(),
+        )),
+        StatusCode::URI_TOO_LONG => {
+            Some(ApiError::UriTooLong("the request path is too long".into()))
+        }
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Some(ApiError::BadContentType(
+            "send the body as JSON with content-type: application/json".into(),
+        )),
+        StatusCode::TOO_MANY_REQUESTS => Some(ApiError::SlowDown("too many requests".into())),
+        StatusCode::SERVICE_UNAVAILABLE => Some(ApiError::unavailable("try again later")),
+        StatusCode::INTERNAL_SERVER_ERROR => Some(ApiError::Internal),
+        _ => None,
+    };
+    if let Some(e) = known {
+        return e.into_response();
+    }
+    let code = if status == StatusCode::REQUEST_TIMEOUT {
+        "timeout"
+    } else if status.is_server_error() {
+        "internal"
+    } else {
+        "bad_request"
+    };
+    let message = status
+        .canonical_reason()
+        .unwrap_or("the request failed")
+        .to_owned();
+    let body = ErrorBody {
+        error: ErrorDetail { code, message },
+    };
+    (status, Json(body)).into_response()
 }
 
 impl From<crate::ingress::IngressError> for ApiError {

@@ -74,7 +74,12 @@ pub fn router(app: Arc<App>) -> Router {
         app.clone(),
         auth::authenticate,
     ));
-    let public = public.layer(Extension(Arc::new(doc)));
+    // No token on these: whatever they read is read for anyone.
+    let public = public
+        .layer(Extension(Arc::new(doc)))
+        .layer(DefaultBodyLimit::max(
+            app.rt.settings.http.unauthenticated_limit(),
+        ));
     let limit = app.rt.settings.http.body_limit_bytes;
     Router::new()
         .merge(public)
@@ -88,7 +93,30 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn(uri_limit))
+        .layer(middleware::from_fn(json_errors))
         .with_state(app)
+}
+
+/// The last word on every answer: an error answer that is not already in
+/// the JSON error shape (an extractor's or a layer's own rejection, in
+/// plain text or empty) is replaced by one with the same status.
+async fn json_errors(
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let answer = next.run(req).await;
+    let status = answer.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return answer;
+    }
+    let json = answer
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json {
+        return answer;
+    }
+    error::for_status(status)
 }
 
 /// Longest request target (path and query) the API reads. Longer ones get a

@@ -2,18 +2,18 @@
 //! `POST /api/adapters/telegram/webhook`. Not behind the bearer-token step:
 //! the platform proves itself with the secret the adapter gave it
 //! (`X-Telegram-Bot-Api-Secret-Token`), checked on every call before the
-//! body is read.
+//! body is read; the body is then read up to `http.unauthenticated_body_bytes`.
 //!
-//! Must never: read or pass on a body whose call lacks the secret, compare
+//! Must never: read (or wait for) a byte of the body of a call that lacks
+//! the secret, read more than the unauthenticated limit, compare
 //! the secret in time that depends on where it differs, or answer 2xx before
 //! the adapter has stored the update (the platform would not resend it).
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{Request, State};
 use axum::Json;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
@@ -49,20 +49,35 @@ fn same_secret(given: &[u8], expected: &str) -> bool {
         (status = 200, description = "The update is stored", body = Object),
         (status = 400, description = "Not a JSON update", body = super::error::ErrorBody),
         (status = 401, description = "Missing or wrong secret", body = super::error::ErrorBody),
+        (status = 413, description = "Body over http.unauthenticated_body_bytes", body = super::error::ErrorBody),
         (status = 404, description = "The adapter is not in webhook mode", body = super::error::ErrorBody),
         (status = 503, description = "Not stored; Telegram resends", body = super::error::ErrorBody),
     ))]
-async fn telegram(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
+async fn telegram(State(app): State<Arc<App>>, request: Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match take_telegram(&app, request).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => {
+            // A refusal may come before the body was read: the connection
+            // cannot carry another request, and the client must not reuse it.
+            let mut answer = e.into_response();
+            answer.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            answer
+        }
+    }
+}
+
+async fn take_telegram(app: &Arc<App>, request: Request) -> ApiResult<Json<Value>> {
     let Some(inbox) = app.adapters.webhook("telegram") else {
         return Err(ApiError::not_found(
             "the telegram adapter is not running in webhook mode",
         ));
     };
-    let given = headers
+    let given = request
+        .headers()
         .get(TELEGRAM_SECRET_HEADER)
         .map(reqwest::header::HeaderValue::as_bytes);
     if !given.is_some_and(|g| same_secret(g, &inbox.secret)) {
@@ -70,6 +85,8 @@ async fn telegram(
             "missing or wrong X-Telegram-Bot-Api-Secret-Token".into(),
         ));
     }
+    let limit = app.rt.settings.http.unauthenticated_limit();
+    let body = read_limited(request, limit).await?;
     let body: Value = serde_json::from_slice(&body)
         .map_err(|_| ApiError::bad_request("the body is not a JSON update"))?;
     let (done, stored) = oneshot::channel();
@@ -84,5 +101,31 @@ async fn telegram(
         _ => Err(ApiError::Unavailable(
             "the update was not stored; send it again".into(),
         )),
+    }
+}
+
+/// The body of `request`, at most `limit` bytes (a declared length over it
+/// is refused before a byte is read).
+async fn read_limited(request: Request, limit: usize) -> ApiResult<axum::body::Bytes> {
+    let too_large = || {
+        ApiError::TooLarge(format!(
+            "the body is larger than {limit} bytes (http.unauthenticated_body_bytes)"
+        ))
+    };
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match http_body_util::Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(_) => Err(ApiError::bad_request("the body could not be read")),
     }
 }

@@ -273,9 +273,16 @@ fn init_tracing(format: crate::config::LogFormat, shadow: bool) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
+    // The secrets of this process's environment are scrubbed from the first
+    // line on; a host adds the ones it reads elsewhere (key files) itself.
+    for (name, value) in crate::config::process_env() {
+        if is_secret_var(&name) {
+            crate::redaction::secrets::register(&value);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| ScrubbedStderr);
     // Escape codes only for a person at a terminal, never in a journal or a file.
     let ansi = std::io::stderr().is_terminal();
     let _ = match (format, shadow) {
@@ -288,6 +295,29 @@ fn init_tracing(format: crate::config::LogFormat, shadow: bool) {
         (crate::config::LogFormat::Json, false) => builder.json().with_ansi(false).try_init(),
         (crate::config::LogFormat::Text, false) => builder.with_ansi(ansi).try_init(),
     };
+}
+
+/// A `MERCURY_*` variable holding a credential: a model key (live or a
+/// shadow's own) or an adapter's token.
+fn is_secret_var(name: &str) -> bool {
+    name.ends_with("_API_KEY") || name.ends_with("_BOT_TOKEN") || name.ends_with("_SECRET")
+}
+
+/// The log's stderr: every event is formatted into one buffer and written
+/// with one `write_all`, so each write is scrubbed whole
+/// ([`crate::redaction::secrets::scrub`]).
+struct ScrubbedStderr;
+
+impl std::io::Write for ScrubbedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(crate::redaction::secrets::scrub(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// Prefixes every event line with `shadow=1`.

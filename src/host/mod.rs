@@ -10,6 +10,7 @@
 
 pub mod containers;
 pub mod demo;
+pub mod listen;
 pub mod shadow;
 pub mod temp_host;
 
@@ -288,6 +289,22 @@ async fn build_runtime_with_env(
     let sandbox = sandbox_backend(&settings, paths).await?;
     let instance_id =
         sandbox::docker::instance_id_for(&paths.root).context("deriving the instance id")?;
+    let providers = provider_settings(&settings, env);
+    for key in [&providers.openai_api_key, &providers.anthropic_api_key]
+        .into_iter()
+        .flatten()
+    {
+        crate::redaction::secrets::register(key);
+    }
+    // A provider URL's `user:password@` is a credential too.
+    for base in [&providers.openai_base_url, &providers.anthropic_base_url] {
+        if let Some(password) = url::Url::parse(base)
+            .ok()
+            .and_then(|u| u.password().map(str::to_owned))
+        {
+            crate::redaction::secrets::register(&password);
+        }
+    }
     let model_gate = Arc::new(ModelGate::with_admission(
         review_admission,
         settings.review.max_concurrency,
@@ -296,10 +313,7 @@ async fn build_runtime_with_env(
     let outbound = crate::runtime::Outbound::for_settings(&settings, paths);
     Ok(Arc::new(Runtime {
         outbound,
-        models: ModelRegistry::new(
-            provider_settings(&settings, env),
-            scripted_policy(&settings, paths),
-        ),
+        models: ModelRegistry::new(providers, scripted_policy(&settings, paths)),
         model_gate,
         settings: Arc::new(settings),
         paths: paths.clone(),
@@ -340,6 +354,10 @@ pub async fn start_actors(
     let spaces = SpaceDirectory::new(supervisor.clone(), map);
     Ok((supervisor, handle, spaces, review))
 }
+
+/// The metrics listener's connection budget (at most; `http.max_connections`
+/// if lower).
+pub const METRICS_CONNECTIONS: usize = 64;
 
 /// Set once a shadow host starts serving in this process: every line it
 /// writes to stderr then starts with `shadow=1`.
@@ -566,15 +584,9 @@ pub async fn serve_with(
             .await
             .with_context(|| format!("binding metrics.bind {}", rt.settings.metrics.bind))?;
         let router = crate::api::ops::metrics_only(app.clone());
-        let stop = shutdown.clone();
-        background.spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "the metrics listener stopped");
-            }
-        });
+        // A scraper needs few connections; its budget is its own.
+        let limits = listen::ConnLimits::of(&rt.settings.http).capped(METRICS_CONNECTIONS);
+        background.spawn(listen::serve(listener, router, limits, shutdown.clone()));
     }
     background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
@@ -615,17 +627,17 @@ pub async fn serve_with(
     );
     startup_summary(&rt, &tcp.local_addr()?.to_string(), &adapters);
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
-    let tcp_server =
-        axum::serve(tcp, router.clone()).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let unix_server =
-        axum::serve(unix, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let servers =
-        async { tokio::try_join!(async { tcp_server.await }, async { unix_server.await }) };
-    tokio::select! {
-        r = servers => { r.context("HTTP server")?; }
-        _ = async { shutdown.cancelled().await; tokio::time::sleep(drain).await } => {
-            tracing::warn!("drain deadline passed; closing remaining connections");
-        }
+    // Each listener has its own connection budget: idle TCP clients cannot
+    // starve api.sock, where run tokens and local operators connect.
+    let limits = listen::ConnLimits::of(&rt.settings.http);
+    let servers = async {
+        tokio::join!(
+            listen::serve(tcp, router.clone(), limits, shutdown.clone()),
+            listen::serve(unix, router, limits, shutdown.clone()),
+        )
+    };
+    if !listen::until_drained(servers, &shutdown, drain).await {
+        tracing::warn!("drain deadline passed; closing remaining connections");
     }
     // Order: HTTP is closed, then actors (their running turns stay pending in
     // the database), then background loops; the writer thread ends last.

@@ -22,6 +22,8 @@
 //! - [`patterns`]: phones, WhatsApp ids, e-mails, and ordinary numbers.
 //! - [`platform_ids`]: Telegram ids and usernames, Discord snowflakes.
 //! - [`gate`]: the fail-closed gate.
+//! - [`secrets`]: the scrubber of error text (configured secrets, key shapes,
+//!   URL userinfo), for stored and served errors and the log.
 //!
 //! Must never: log, print, return or put in an error a matched value (errors
 //! and `Debug` output name kinds and counts only), or let the gate be narrower
@@ -32,6 +34,7 @@ mod names;
 mod normalise;
 mod patterns;
 mod platform_ids;
+pub mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

@@ -355,7 +355,10 @@ async fn finish_run(rt: &Runtime, summary: &ScanSummary) {
     let (run, status, error) = (
         summary.run_id.clone(),
         summary.status.as_str(),
-        summary.error.clone(),
+        summary
+            .error
+            .as_deref()
+            .map(crate::redaction::secrets::scrub_error),
     );
     if let Err(e) = rt
         .store

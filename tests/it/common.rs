@@ -132,6 +132,31 @@ impl TestHost {
         host
     }
 
+    /// [`Self::start_process`] under `ulimit -n nofile` (systemd's default
+    /// is 1024), its stderr captured like [`Self::start_process_captured`].
+    pub(crate) async fn start_process_with_nofile(opts: HostOptions, nofile: u64) -> TestHost {
+        let (dir, data, port) = prepare(&opts).await;
+        let file = dir.path().join("host.stderr");
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!(
+                "ulimit -n {nofile} && exec \"$0\" serve --data-dir \"$1\""
+            ))
+            .arg(env!("CARGO_BIN_EXE_mercury"))
+            .arg(&data)
+            .env("MERCURY_LOG", "warn")
+            .envs(opts.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&file).expect("the stderr file"));
+        let child = c.spawn().expect("spawn mercury serve under ulimit");
+        let mut host = Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+        host.env = opts.env;
+        host.stderr_file = Some(file);
+        host.wait_ready().await;
+        host
+    }
+
     /// [`Self::start_process`] with the host's stderr written to a file
     /// (read it with [`Self::stderr`]); its log level is `opts.env`'s
     /// `MERCURY_LOG`, else `warn`.

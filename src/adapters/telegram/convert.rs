@@ -3,7 +3,8 @@
 //! reply to it, `/cmd@botname`).
 //!
 //! Must never: trust a field for identity (the sender is the update's
-//! numeric `from.id`, put in the `telegram:` namespace by ingress), or let a
+//! numeric `from.id`, or `sender_chat.id` when the message speaks for a chat,
+//! put in the `telegram:` namespace by ingress), or let a
 //! platform-controlled name fail validation and lose the message (names are
 //! cleaned, not refused).
 
@@ -57,10 +58,7 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
         return Inbound::Skip("message without text or caption");
     };
     let is_group = !matches!(m.chat.type_field, ChatType::Private);
-    let name = match &from.last_name {
-        Some(last) => format!("{} {last}", from.first_name),
-        None => from.first_name.clone(),
-    };
+    let (sender_id, name) = sender(m, from);
     let reply_to_bot = m
         .reply_to_message
         .as_deref()
@@ -69,7 +67,7 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
     Inbound::Message(Box::new(IngressMessage {
         platform: PLATFORM.into(),
         conversation: m.chat.id.to_string(),
-        sender_id: from.id.to_string(),
+        sender_id,
         sender_name: clean_name(&name),
         text: text.to_owned(),
         message_id: m.message_id.to_string(),
@@ -83,6 +81,35 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
             None
         },
     }))
+}
+
+/// The caller a message counts as, and its display name. A message that
+/// speaks for a chat (a channel's post in its discussion group, a member
+/// posting as a channel, an anonymous group admin) carries one of Telegram's
+/// shared placeholder users in `from` (`777000`, `136817688`,
+/// `1087968824`): every such post would be one caller, so a muted person
+/// could post as a channel and be answered, and the per-caller limit would
+/// be one bucket for everyone. Such a message's caller is `sender_chat`'s
+/// id instead (negative, so never a person's); the author signature, a label
+/// the poster may change at will, only names it.
+fn sender(m: &Message, from: &frankenstein::types::User) -> (String, String) {
+    if let Some(chat) = m.sender_chat.as_deref() {
+        let title = chat
+            .title
+            .clone()
+            .or_else(|| chat.username.clone())
+            .unwrap_or_else(|| "chat".to_owned());
+        let name = match m.author_signature.as_deref() {
+            Some(sig) if !sig.trim().is_empty() => format!("{title} ({sig})"),
+            _ => title,
+        };
+        return (chat.id.to_string(), name);
+    }
+    let name = match &from.last_name {
+        Some(last) => format!("{} {last}", from.first_name),
+        None => from.first_name.clone(),
+    };
+    (from.id.to_string(), name)
 }
 
 /// `@botname` standing alone, or a command addressed to the bot
@@ -194,5 +221,35 @@ mod tests {
             panic!("a captioned photo is a message")
         };
         assert_eq!(m.text, "look at this");
+    }
+
+    #[test]
+    fn a_post_for_a_chat_is_that_chats_caller_not_the_placeholder() {
+        let chat = json!({"id": -100555, "type": "supergroup", "title": "Team"});
+        // Anonymous group admin: from is GroupAnonymousBot, sender_chat the group.
+        let mut anon = msg(chat.clone(), "ping @mercury_test_bot");
+        anon["message"]["from"] =
+            json!({"id": 1087968824u64, "is_bot": true, "first_name": "Group"});
+        anon["message"]["sender_chat"] = chat.clone();
+        anon["message"]["author_signature"] = json!("Boss");
+        let Inbound::Message(m) = inbound(&update(anon), &bot()) else {
+            panic!("an anonymous admin's post is a message")
+        };
+        assert_eq!(m.sender_id, "-100555");
+        assert_eq!(m.sender_name.as_deref(), Some("Team (Boss)"));
+        assert!(m.validate().is_ok());
+        // A member posting as their channel: Channel_Bot in from, the channel in sender_chat.
+        let mut as_channel = msg(chat, "hello");
+        as_channel["message"]["from"] =
+            json!({"id": 136817688u64, "is_bot": true, "first_name": "Channel"});
+        as_channel["message"]["sender_chat"] =
+            json!({"id": -100777, "type": "channel", "title": "My channel"});
+        let Inbound::Message(m) = inbound(&update(as_channel), &bot()) else {
+            panic!("a post as a channel is a message")
+        };
+        assert_eq!(
+            (m.sender_id.as_str(), m.sender_name.as_deref()),
+            ("-100777", Some("My channel"))
+        );
     }
 }

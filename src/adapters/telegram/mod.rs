@@ -252,6 +252,7 @@ async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
 /// `setWebhook`; the route checks it on every call before anything is read.
 async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
     let secret = base16ct::lower::encode_string(&rand::rng().random::<[u8; 32]>());
+    crate::redaction::secrets::register(&secret);
     let params = SetWebhookParams::builder()
         .url(url.to_owned())
         .secret_token(secret.clone())
