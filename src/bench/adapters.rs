@@ -152,6 +152,9 @@ async fn telegram_path(opts: &AdaptersOptions) -> anyhow::Result<Duration> {
         .set("adapters.telegram.enabled", true.into())
         .set("adapters.telegram.api_base_url", url.into())
         .set("adapters.telegram.poll_timeout_secs", 1.into())
+        // The bench's groups are unknown to the fresh host: `open` lets them
+        // in, as on the in-process path measured beside it.
+        .set("adapters.telegram.dm_policy", "open".into())
         .env(crate::adapters::TELEGRAM_TOKEN_ENV, TOKEN)
         .start()
         .await

@@ -705,7 +705,13 @@ async fn deleting_a_space_revokes_its_links_and_removes_its_workspace() {
 
 #[tokio::test]
 async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
-    let h = TestHost::start(HostOptions::default()).await;
+    // An auto-created space for a stranger's DM: an open bot (the sender
+    // policy has its own tests, tests/it/pairing.rs).
+    let h = TestHost::start(HostOptions {
+        config: vec![("ingress.dm_policy", Yaml::String("open".into()))],
+        ..Default::default()
+    })
+    .await;
     for s in ["a", "b", "c"] {
         h.create_space(s).await;
     }
