@@ -61,6 +61,7 @@ pub struct Settings {
     pub http: HttpConfig,
     pub models: ModelsConfig,
     pub files: FilesConfig,
+    pub workspace: WorkspaceConfig,
     pub runs: RunsConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
@@ -85,6 +86,27 @@ pub struct FilesConfig {
 impl Default for FilesConfig {
     fn default() -> Self {
         Self { max_bytes: 1 << 20 }
+    }
+}
+
+/// How large a workspace tree may grow (besides `sandbox.workspace_mb`):
+/// every walk over a workspace (measuring, merging, copying) refuses a tree
+/// past these, and a turn that makes one fails and keeps nothing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkspaceConfig {
+    /// Directories nested below the workspace root, at most.
+    pub max_depth: usize,
+    /// Entries (files, directories, links) in one workspace, at most.
+    pub max_entries: u64,
+}
+
+impl Default for WorkspaceConfig {
+    fn default() -> Self {
+        Self {
+            max_depth: 64,
+            max_entries: 100_000,
+        }
     }
 }
 
@@ -290,6 +312,10 @@ pub struct TurnConfig {
     /// What a chat participant reads when a turn fails; the reason stays in
     /// `runs.error` and the log, never in the reply.
     pub failure_reply: String,
+    /// A message whose turn a host crash interrupted this many times is
+    /// answered with `failure_reply` and marked failed instead of run again
+    /// (a message must never crash-loop the host).
+    pub max_crash_retries: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -383,6 +409,11 @@ pub struct ReviewConfig {
     pub recall_sample: u32,
     /// Model spec of the weekly judge; empty means the daily judge's.
     pub weekly_model: String,
+    /// Findings `mercury review intake` takes from one report, and from one
+    /// source in one intake; a report past either is refused by name.
+    pub intake_max_findings: u32,
+    /// Verify calls one intake makes at most; it stops there and says so.
+    pub intake_max_calls: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -412,6 +443,7 @@ impl Default for Settings {
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
             files: FilesConfig::default(),
+            workspace: WorkspaceConfig::default(),
             runs: RunsConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
@@ -461,6 +493,7 @@ impl Default for TurnConfig {
             history_limit: 40,
             max_tokens: 2048,
             failure_reply: DEFAULT_FAILURE_REPLY.into(),
+            max_crash_retries: 2,
         }
     }
 }
@@ -535,6 +568,8 @@ impl Default for ReviewConfig {
             weekly_at: String::new(),
             recall_sample: 50,
             weekly_model: String::new(),
+            intake_max_findings: 200,
+            intake_max_calls: 500,
         }
     }
 }
@@ -610,6 +645,7 @@ turn:                           # one agent turn
   max_tokens: 2048              # tokens per model answer
   # What a chat participant reads when a turn fails (the reason goes to runs.error and the log).
   failure_reply: "Sorry, something went wrong and I could not answer this time. Please try again later."
+  max_crash_retries: 2          # count: host crashes during one message's turn before it is failed, not run again
 ingress:                        # inbound platform messages
   auto_space: true              # true|false: a new conversation gets its own space
   per_caller_per_minute: 20     # messages per minute per caller, then "slow down"
@@ -642,6 +678,8 @@ review:                         # the daily conversation review
   weekly_at: ""                 # weekly synthesis day and HH:MM, e.g. "mon 05:00"; empty: only mrctl review weekly-now
   recall_sample: 50             # count: unflagged exchanges the weekly recall spot check re-judges
   weekly_model: ""              # weekly judge model spec; empty: the daily judge's
+  intake_max_findings: 200      # count: findings the intake takes from one report and from one source
+  intake_max_calls: 500         # count: verify calls one intake makes, then it stops and says so
 http:                           # the HTTP API
   body_limit_bytes: 1048576     # bytes: largest request body
   drain_secs: 10                # seconds in-flight requests get after SIGTERM
@@ -655,6 +693,9 @@ log:                            # the host's log on stderr
   format: text                  # text | json (one object per line)
 files:                          # the workspace file routes (/api/files)
   max_bytes: 1048576            # bytes: largest file /api/files reads or writes (413 beyond)
+workspace:                      # how large a workspace tree may grow (besides sandbox.workspace_mb)
+  max_depth: 64                 # count: directories nested below a workspace's root
+  max_entries: 100000           # count: files, directories and links in one workspace
 runs:                           # run traces
   keep_days: 30                 # days: run traces (run_steps) older than this are deleted
   step_output_bytes: 2048       # bytes: output text kept per traced step
@@ -933,6 +974,20 @@ impl Settings {
             ("review.window_hours", u64::from(self.review.window_hours)),
             ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
             ("files.max_bytes", self.files.max_bytes as u64),
+            (
+                "turn.max_crash_retries",
+                u64::from(self.turn.max_crash_retries),
+            ),
+            (
+                "review.intake_max_findings",
+                u64::from(self.review.intake_max_findings),
+            ),
+            (
+                "review.intake_max_calls",
+                u64::from(self.review.intake_max_calls),
+            ),
+            ("workspace.max_depth", self.workspace.max_depth as u64),
+            ("workspace.max_entries", self.workspace.max_entries),
             ("runs.keep_days", u64::from(self.runs.keep_days)),
             (
                 "sandbox.sweep_interval_secs",
@@ -958,6 +1013,12 @@ impl Settings {
         }
         if self.turn.failure_reply.trim().is_empty() {
             return Err(key_err("turn.failure_reply", "must not be empty"));
+        }
+        if self.workspace.max_depth > 4096 {
+            return Err(key_err("workspace.max_depth", "must be at most 4096"));
+        }
+        if self.workspace.max_entries > 10_000_000 {
+            return Err(key_err("workspace.max_entries", "must be at most 10000000"));
         }
         if self.turn.output_cap_bytes < 256 {
             return Err(key_err("turn.output_cap_bytes", "must be at least 256"));

@@ -14,6 +14,7 @@ pub mod files;
 pub mod layer;
 pub mod safe;
 pub mod transcript;
+pub mod walk;
 
 pub const AGENTS_TEMPLATE: &str = "# Instructions for this space\n\n\
 You are the assistant of this space. Be concise and helpful.\n\

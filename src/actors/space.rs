@@ -228,6 +228,7 @@ async fn snapshot(state: &SpaceState, name: String) -> Result<AskView, SnapshotE
     let scratch = rt.paths.scratch();
     let budget = LayerBudget::Throwaway {
         quota_mb: rt.settings.sandbox.workspace_mb,
+        limits: (&rt.settings.workspace).into(),
     };
     let layer =
         tokio::task::spawn_blocking(move || TurnLayer::mount(&live, &scratch, &name, budget))

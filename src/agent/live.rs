@@ -70,6 +70,9 @@ pub(crate) async fn run_and_commit(
         let task_run = message.task_run_id;
         rt.store
             .write(move |tx| {
+                // Counted before this attempt is: the attempts a crash cut
+                // short (each left its run `running`, marked at restart).
+                let crashed = runs::crashed_attempts(tx, mid)?;
                 runs::start(
                     tx,
                     &run_s,
@@ -96,17 +99,43 @@ pub(crate) async fn run_and_commit(
                     .contains(&Permission::LinksAct);
                 // The same rule ingress applied to let the message in.
                 let rule = spaces::trigger_rule(tx, &rt2.settings.trigger, &space_s)?;
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act, rule))
+                Ok((model_chain(tx, &rt2, &space_s)?, links_act, rule, crashed))
             })
             .await
     };
-    let (chain, links_paragraph, trigger) = match prep {
+    let (chain, links_paragraph, trigger, crashed) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
             return;
         }
     };
+    let max_crashes = rt.settings.turn.max_crash_retries as usize;
+    if crashed.len() >= max_crashes {
+        // This message's turn took the host down every time it ran: answer
+        // it with the failure reply instead of running it into a crash again.
+        let reason = format!(
+            "the turn of this message was interrupted by a host crash {} times \
+             (turn.max_crash_retries = {max_crashes}); it is not run again (interrupted runs: {})",
+            crashed.len(),
+            crashed.join(", ")
+        );
+        tracing::error!(space = %space, message = message.id, run_id = %run_id,
+            interrupted_runs = %crashed.join(","), "a message that crashed the host is answered with the failure reply");
+        let outcome = TurnOutcome {
+            status: TurnStatus::Failed,
+            reply: Some(rt.settings.turn.failure_reply.clone()),
+            error: Some(reason),
+            tokens_in: 0,
+            tokens_out: 0,
+            cost: 0.0,
+            steps: Vec::new(),
+        };
+        if let Err(e) = commit(rt, &message, &run_id, outcome).await {
+            tracing::error!(space = %space, message = message.id, error = %e, "cannot fail a crash-looping message");
+        }
+        return;
+    }
     let workspace = rt.paths.workspace(space);
     let req = TurnRequest {
         space_id: space.clone(),

@@ -411,6 +411,7 @@ async fn ensure_layer(
     );
     let budget = LayerBudget::RemainingOf {
         quota_mb: rt.settings.sandbox.workspace_mb,
+        limits: (&rt.settings.workspace).into(),
     };
     let layer =
         tokio::task::spawn_blocking(move || TurnLayer::mount(&live, &scratch, &name, budget))

@@ -80,7 +80,10 @@ pub(crate) async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
                 &s2,
                 &scratch,
                 &format!("ask-{i}"),
-                LayerBudget::Throwaway { quota_mb: 1024 },
+                LayerBudget::Throwaway {
+                    quota_mb: 1024,
+                    limits: Default::default(),
+                },
             )
         })
         .await??;

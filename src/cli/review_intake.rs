@@ -121,6 +121,10 @@ pub async fn intake(
     let verifier = Verifier {
         provider: resolved.provider,
         model: resolved.model,
+        gate: std::sync::Arc::new(crate::model::gate::ModelGate::new(
+            s.review.max_concurrency,
+            s.review.calls_per_minute,
+        )),
     };
     let dir = intake_dir(&paths, &s);
     let run = IntakeRun {
@@ -135,6 +139,9 @@ pub async fn intake(
         Ok(t) => {
             for r in &t.refused {
                 eprintln!("not taken in: {} {}: {}", r.bot, r.date, r.reason);
+            }
+            if let Some(why) = &t.stopped {
+                eprintln!("mercury review intake: {why}");
             }
             let counts: Vec<String> = intake::counts(&t)
                 .into_iter()

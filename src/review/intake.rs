@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::client::{self, Connection};
+use crate::model::gate::ModelGate;
 use crate::model::{ChatMessage, ModelProvider, ModelRequest, Purpose, Role};
 use crate::redaction::{kind_list, IdentifierGate, Redactor};
 use crate::review::catalog::{self, ReportKind, ReportName};
@@ -297,6 +298,10 @@ pub(crate) struct Triage {
     pub rows: Vec<TriageRow>,
     /// Set by `approve` once the rows are in the ledger.
     pub approved_at: Option<String>,
+    /// Why the intake stopped before every finding was triaged (the verify
+    /// call budget); the reports left are taken in by the next intake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// The verify step's model (the CLI resolves it from the config).
@@ -304,6 +309,9 @@ pub(crate) struct Triage {
 pub(crate) struct Verifier {
     pub provider: Arc<dyn ModelProvider>,
     pub model: String,
+    /// Every verify call waits for a background permit (a slot and
+    /// `review.calls_per_minute`), as the judge's calls do.
+    pub gate: Arc<ModelGate>,
 }
 
 /// The intake's whole context.
@@ -450,7 +458,11 @@ pub(crate) async fn verify(
         real: None,
         reason: format!("not verified ({why}); kept as real"),
     };
-    let answer = match v.provider.complete(&req).await {
+    let called = {
+        let _permit = v.gate.background().await;
+        v.provider.complete(&req).await
+    };
+    let answer = match called {
         Ok(a) => a.text,
         Err(e) => {
             tracing::warn!(error = %e, "intake verify call failed");
@@ -633,8 +645,11 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let mut invalid = 0;
     // Stored only once the triage is written: a report stored but never
     // triaged would be skipped by the next intake and its findings lost.
-    let mut to_store: Vec<(PathBuf, String)> = Vec::new();
+    let mut to_store: Vec<((String, String), PathBuf, String)> = Vec::new();
+    let max_findings = ctx.review.intake_max_findings as usize;
     for src in ctx.sources {
+        // Findings this source has had taken in by this intake.
+        let mut from_source = 0usize;
         for name in list_source(src).await? {
             let date = name.date.clone();
             if ctx
@@ -671,11 +686,38 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 });
                 continue;
             }
+            // A source pays for none of its findings' verify calls: a report
+            // with thousands of them is refused by name, the rest go on.
+            let count = json["findings"].as_array().map_or(0, Vec::len);
+            if count > max_findings {
+                refused.push(Refused {
+                    bot: src.bot.clone(),
+                    date,
+                    reason: format!(
+                        "has {count} findings, more than review.intake_max_findings = \
+                         {max_findings} in one report; not taken in"
+                    ),
+                });
+                continue;
+            }
+            if from_source + count > max_findings {
+                refused.push(Refused {
+                    bot: src.bot.clone(),
+                    date,
+                    reason: format!(
+                        "would take source {} past review.intake_max_findings = {max_findings} \
+                         findings in one intake; left for the next intake",
+                        src.bot
+                    ),
+                });
+                continue;
+            }
+            from_source += count;
             let text = serde_json::to_string_pretty(&json).map_err(|e| IntakeError::Invalid {
                 path: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
-            to_store.push((dir, text));
+            to_store.push(((src.bot.clone(), date.clone()), dir, text));
             let (f, bad) = findings_of(&src.bot, &date, &json);
             invalid += bad;
             findings.extend(f);
@@ -709,7 +751,24 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
     let ranker = Ranker::new(items);
     let mut exchanges = Exchanges::new(ctx.sources, ctx.review);
     let mut rows = Vec::new();
+    let max_calls = ctx.review.intake_max_calls as usize;
+    let mut calls = 0usize;
+    let mut stopped = None;
+    // Where the current report's rows begin: a report is triaged whole or
+    // left whole for the next intake, never cut in two.
+    let mut report: Option<(String, String)> = None;
+    let (mut report_rows, mut report_earlier) = (0, earlier.len());
+    let mut left: BTreeSet<(String, String)> = BTreeSet::new();
     for f in findings {
+        let key = (f.bot.clone(), f.date.clone());
+        if stopped.is_some() {
+            left.insert(key);
+            continue;
+        }
+        if report.as_ref() != Some(&key) {
+            report = Some(key.clone());
+            (report_rows, report_earlier) = (rows.len(), earlier.len());
+        }
         let row = rows.len() + 1;
         let fp = f.fingerprint();
         let dup = earlier
@@ -732,7 +791,19 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                     paths: e.paths.clone(),
                 }),
             ),
+            None if calls >= max_calls => {
+                stopped = Some(format!(
+                    "stopped after review.intake_max_calls = {max_calls} verify calls; the \
+                     reports from {}/{} on are left for the next intake",
+                    key.0, key.1
+                ));
+                rows.truncate(report_rows);
+                earlier.truncate(report_earlier);
+                left.insert(key);
+                continue;
+            }
             None => {
+                calls += 1;
                 let exchange = exchanges.redacted(&f.bot, f.message_id, ctx.gate);
                 let v = verify(ctx.verifier, ctx.gate, &f, exchange.as_deref()).await;
                 if v.real == Some(false) {
@@ -779,6 +850,13 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             follows,
         });
     }
+    // A report left for the next intake is neither stored nor counted as
+    // taken in, so the next intake pulls it again.
+    to_store.retain(|(key, _, _)| !left.contains(key));
+    let taken_in = taken_in
+        .into_iter()
+        .filter(|t| !left.iter().any(|(bot, date)| *t == format!("{bot}/{date}")))
+        .collect();
     let triage = Triage {
         made_at: crate::clock::ms_to_rfc3339(crate::clock::now_ms()),
         taken_in,
@@ -786,9 +864,10 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
         invalid_findings: invalid,
         rows,
         approved_at: None,
+        stopped,
     };
     write_triage(ctx.intake_dir, &triage, ctx.gate)?;
-    for (dir, text) in to_store {
+    for (_, dir, text) in to_store {
         persist(&dir, "report.json", text.as_bytes())?;
     }
     Ok(triage)
@@ -870,6 +949,9 @@ pub(crate) fn triage_markdown(t: &Triage) -> String {
             "Findings that did not validate: {}.\n\n",
             t.invalid_findings
         ));
+    }
+    if let Some(why) = &t.stopped {
+        md.push_str(&format!("The intake {why}.\n\n"));
     }
     md.push_str("| row | bot | date | message | space | kind | proposed | reason | paths |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|\n");

@@ -615,6 +615,7 @@ mod tests {
                 row(2, "a rude greeting", Decision::New),
             ],
             approved_at: None,
+            stopped: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         // Row 1 as new would be written first; row 2 cannot attach to nothing.
@@ -674,6 +675,7 @@ mod tests {
                 dup_of_unapproved,
             ],
             approved_at: None,
+            stopped: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         let err = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap_err();

@@ -25,6 +25,7 @@ use crate::config;
 use crate::storage::tokens;
 use crate::workspace::data_dir::{private_dir, private_file};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
+use crate::workspace::walk::WalkLimits;
 use crate::workspace::DataPaths;
 
 /// The product's git revision, fixed at build time (`build.rs`).
@@ -184,7 +185,13 @@ fn make(
     at: Place<'_>,
 ) -> ShadowResult<Manifest> {
     let shadow = DataPaths::new(at.dir);
-    let (marks, db_bytes, files_bytes) = fill(opts, live, &shadow, &live_settings.owner)?;
+    let (marks, db_bytes, files_bytes) = fill(
+        opts,
+        live,
+        &shadow,
+        &live_settings.owner,
+        (&live_settings.workspace).into(),
+    )?;
     let admins = Yaml::Sequence(opts.admins.iter().map(|a| Yaml::from(a.as_str())).collect());
     config::set_keys(
         &shadow.config,
@@ -276,6 +283,7 @@ fn fill(
     live: &DataPaths,
     shadow: &DataPaths,
     owner: &str,
+    limits: WalkLimits,
 ) -> ShadowResult<(Marks, u64, u64)> {
     if opts.progress {
         eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
@@ -332,12 +340,18 @@ fn fill(
         .and_then(|mut f| f.write_all(secret.as_bytes()))
         .map_err(io_err(format!("writing {}", token_path.display())))?;
 
-    let mut files_bytes = copy_dirs(&live.spaces, &shadow.spaces, opts.progress, "spaces")?;
+    let mut files_bytes = copy_dirs(
+        &live.spaces,
+        &shadow.spaces,
+        opts.progress,
+        "spaces",
+        limits,
+    )?;
     let live_models = crate::workspace::data_dir::models_dir(live);
     let shadow_models = crate::workspace::data_dir::models_dir(shadow);
     private_dir(&shadow_models).map_err(io_err(format!("creating {}", shadow_models.display())))?;
     if live_models.is_dir() {
-        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models")?;
+        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits)?;
     }
     files_bytes += copy_global(&live.global, &shadow.global)?;
 
@@ -364,7 +378,13 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 /// copy, one top-level entry at a time (for progress on large trees).
 // Progress on stderr for large copies (issue 14).
 #[allow(clippy::print_stderr)]
-fn copy_dirs(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult<u64> {
+fn copy_dirs(
+    from: &Path,
+    to: &Path,
+    progress: bool,
+    what: &str,
+    limits: WalkLimits,
+) -> ShadowResult<u64> {
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
     let dst = WorkspaceRoot::open(to)
@@ -390,10 +410,9 @@ fn copy_dirs(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult
                     "opening the copy of {what}/{}",
                     e.name.to_string_lossy()
                 )))?;
-                bytes += s.copy_tree_into(&d).map_err(io_err(format!(
-                    "copying {what}/{}",
-                    e.name.to_string_lossy()
-                )))?;
+                bytes += s.copy_tree_into(&d, limits).map_err(|err| {
+                    io_err(format!("copying {what}/{}", e.name.to_string_lossy()))(err.into())
+                })?;
             }
             EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
             // A link at the top is a link to elsewhere: never followed, not needed.

@@ -292,7 +292,12 @@ CREATE TABLE adapter_positions (
 );
 CREATE INDEX outbox_undelivered_platform ON outbox (platform, id) WHERE delivered_at IS NULL;
 "#,
-    // 9: the sender policy (issue 23). `pairings`: strangers' pending
+    // 9: a message's turn attempts (issue 22): every turn reads the runs a
+    // crash cut short for its message before it runs.
+    r#"
+CREATE INDEX runs_trigger_message ON runs (trigger_message_id, started_at);
+"#,
+    // 10: the sender policy (issue 23). `pairings`: strangers' pending
     // requests (capped and expiring, so never a flood); `allowed_senders`:
     // the operator's allow and deny decisions, per platform sender or per
     // conversation. Upgrade rule: every platform sender already a member of
@@ -383,6 +388,7 @@ mod tests {
             format!("SELECT * {}", messages::REPLY_FOR_TAIL),
             format!("SELECT * {}", outbox::UNDELIVERED_TAIL),
             tokens::REVOKE_RUN_SQL.to_string(),
+            crate::storage::runs::CRASHED_ATTEMPTS_SQL.to_string(),
         ];
         for sql in queries {
             let n = sql.matches('?').count();

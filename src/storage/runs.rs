@@ -95,12 +95,29 @@ pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>>
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// The `error` of a run a host crash interrupted (left `running`, marked at
+/// the next start), as opposed to a run whose actor was stopped.
+pub const CRASHED: &str = "host stopped during the run";
+
 /// Runs left `running` by a crash; marked `interrupted` at start-up.
 pub fn interrupt_stale(conn: &Connection) -> StoreResult<usize> {
     Ok(conn.execute_cached(
-        "UPDATE runs SET status = 'interrupted', error = 'host stopped during the run', finished_at = ?1 WHERE status = 'running'",
-        [now_ms()],
+        "UPDATE runs SET status = 'interrupted', error = ?2, finished_at = ?1 WHERE status = 'running'",
+        params![now_ms(), CRASHED],
     )?)
+}
+
+/// Run per turn: searches `runs_trigger_message`.
+pub(crate) const CRASHED_ATTEMPTS_SQL: &str =
+    "SELECT id FROM runs WHERE trigger_message_id = ?1 AND status = 'interrupted' AND error = ?2
+     ORDER BY started_at";
+
+/// The runs of a message that a host crash interrupted, oldest first: its
+/// turn attempts that never reached an end.
+pub fn crashed_attempts(conn: &Connection, message_id: i64) -> StoreResult<Vec<String>> {
+    let mut stmt = conn.prepare_cached(CRASHED_ATTEMPTS_SQL)?;
+    let rows = stmt.query_map(params![message_id, CRASHED], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 pub struct UsageRow<'a> {

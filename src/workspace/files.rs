@@ -18,6 +18,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::safe::{components, EntryKind, SafePathError, WorkspaceRoot};
+use super::walk::{file_cost, WalkError, WalkLimits, BLOCK};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FilesError {
@@ -47,8 +48,13 @@ pub enum FilesError {
     Empty,
     #[error("{0:?} is a file, not a directory: read it with GET /api/files/<path>")]
     NotADirectory(String),
-    #[error("measuring the workspace: {0}")]
-    Usage(std::io::Error),
+    #[error(
+        "writing {path:?} would give the workspace more than workspace.max_entries = {limit} \
+         entries; nothing was written"
+    )]
+    TooManyEntries { path: String, limit: u64 },
+    #[error("the workspace cannot take a write: {0}")]
+    Limit(WalkError),
 }
 
 pub type FilesResult<T> = Result<T, FilesError>;
@@ -142,10 +148,54 @@ pub fn list(workspace: &Path, dir: &str) -> FilesResult<Vec<FileEntry>> {
     Ok(out)
 }
 
-/// The sha256 of a regular file below `root`, streamed (the `hash` of the
-/// API; the shadow's diff hashes its trees with it too).
+/// What identifies one version of a file's bytes without reading them:
+/// device, inode, size, modification and change time. The change time is
+/// set by the kernel on every write (a turn may forge the mtime, never the
+/// ctime), so a key that matches is the same bytes.
+type VersionKey = (u64, u64, u64, i64, i64, i64, i64);
+
+/// Hashes already computed, by [`VersionKey`]: a listing hashes a file
+/// once per version, not once per listing. Emptied when full.
+static HASHES: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<VersionKey, String>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Versions remembered at most.
+const HASHES_KEPT: usize = 16_384;
+
+/// The sha256 of a regular file below `root`, streamed, or remembered from
+/// an earlier read of the same version (the `hash` of the API; the shadow's
+/// diff hashes its trees with it too).
 pub(crate) fn hash_file(root: &WorkspaceRoot, rel: &str) -> FilesResult<String> {
+    use std::os::unix::fs::MetadataExt;
     let mut file = root.open_file(rel)?;
+    let key = file.metadata().ok().map(|m| {
+        (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    });
+    if let (Some(k), Ok(cache)) = (key, HASHES.lock()) {
+        if let Some(h) = cache.get(&k) {
+            return Ok(h.clone());
+        }
+    }
+    let hash = hash_stream(&mut file, rel)?;
+    if let (Some(k), Ok(mut cache)) = (key, HASHES.lock()) {
+        if cache.len() >= HASHES_KEPT {
+            cache.clear();
+        }
+        cache.insert(k, hash.clone());
+    }
+    Ok(hash)
+}
+
+fn hash_stream(file: &mut std::fs::File, rel: &str) -> FilesResult<String> {
     let mut hasher = Sha256::new();
     let mut buf = [0u8; 64 * 1024];
     loop {
@@ -230,20 +280,35 @@ fn check_match(rel: &str, now: Option<&(String, u64)>, if_match: Option<&str>) -
 }
 
 /// Writes `bytes` at `rel` (temp + rename), if the file still has the hash
-/// `if_match` (when given) and the workspace stays within `quota_mb`.
+/// `if_match` (when given) and the workspace stays within `quota_mb` and
+/// `limits`, charged as a turn's merge is ([`crate::workspace::walk`]).
 pub fn write(
     workspace: &Path,
     rel: &str,
     bytes: &[u8],
     if_match: Option<&str>,
     quota_mb: u64,
+    limits: WalkLimits,
 ) -> FilesResult<FileChange> {
     let root = WorkspaceRoot::open(workspace)?;
     let now = current(&root, rel)?;
     check_match(rel, now.as_ref(), if_match)?;
-    let used = root.usage().map_err(FilesError::Usage)?;
-    let old = now.as_ref().map_or(0, |(_, s)| *s);
-    let total = used.saturating_sub(old) + bytes.len() as u64;
+    let used = root.usage(limits).map_err(FilesError::Limit)?;
+    // A new file adds an entry, and so does each parent it needs.
+    let new_entries = match &now {
+        Some(_) => 0,
+        None => missing_parents(&root, rel) + 1,
+    };
+    if used.entries + new_entries > limits.max_entries {
+        return Err(FilesError::TooManyEntries {
+            path: rel.to_owned(),
+            limit: limits.max_entries,
+        });
+    }
+    let old = now.as_ref().map_or(0, |(_, s)| file_cost(*s));
+    let total = used.cost.saturating_sub(old)
+        + file_cost(bytes.len() as u64)
+        + new_entries.saturating_sub(1) * BLOCK;
     if total > quota_mb << 20 {
         return Err(FilesError::OverQuota {
             path: rel.to_owned(),
@@ -259,6 +324,23 @@ pub fn write(
         hash: Some(hash_bytes(bytes)),
         size: bytes.len() as u64,
     })
+}
+
+/// How many directories on the way to `rel` do not exist yet.
+fn missing_parents(root: &WorkspaceRoot, rel: &str) -> u64 {
+    let Ok(comps) = components(rel) else { return 0 };
+    let dirs = comps.len().saturating_sub(1);
+    let mut path = String::new();
+    for (i, c) in comps.iter().take(dirs).enumerate() {
+        if i > 0 {
+            path.push('/');
+        }
+        path.push_str(&c.to_string_lossy());
+        if root.open_dir(&path).is_err() {
+            return (dirs - i) as u64;
+        }
+    }
+    0
 }
 
 /// Deletes the regular file at `rel`, if it still has the hash `if_match`.
@@ -290,17 +372,17 @@ mod tests {
         std::fs::write(ws.join("a.md"), "one").unwrap();
         let h = hash_bytes(b"one");
         assert!(matches!(
-            write(ws, "a.md", b"two", Some("0000"), 1),
+            write(ws, "a.md", b"two", Some("0000"), 1, WalkLimits::default()),
             Err(FilesError::Stale { .. })
         ));
         assert_eq!(std::fs::read(ws.join("a.md")).unwrap(), b"one");
         let big = vec![b'x'; (1 << 20) + 1];
         assert!(matches!(
-            write(ws, "b.md", &big, None, 1),
+            write(ws, "b.md", &big, None, 1, WalkLimits::default()),
             Err(FilesError::OverQuota { .. })
         ));
         assert!(!ws.join("b.md").exists());
-        let c = write(ws, "a.md", b"two", Some(&h), 1).unwrap();
+        let c = write(ws, "a.md", b"two", Some(&h), 1, WalkLimits::default()).unwrap();
         assert_eq!(c.before_hash.as_deref(), Some(h.as_str()));
         assert_eq!(c.hash, Some(hash_bytes(b"two")));
         assert!(matches!(

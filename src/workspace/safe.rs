@@ -23,6 +23,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use super::walk::{Usage, WalkError, WalkLimits};
+
 /// Why a workspace path was refused or could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SafePathError {
@@ -242,48 +244,21 @@ impl WorkspaceRoot {
         }
     }
 
-    /// Bytes used by everything below the root (regular files' sizes),
-    /// without following a link.
-    pub fn usage(&self) -> io::Result<u64> {
-        let mut total = 0;
-        for e in self.entries()? {
-            match e.kind {
-                EntryKind::File => total += e.size,
-                EntryKind::Dir => total += self.child_dir(&e.name)?.usage()?,
-                _ => {}
-            }
-        }
-        Ok(total)
+    /// What everything below the root holds and is charged (see
+    /// [`super::walk`]), refusing a tree past `limits`.
+    pub fn usage(&self, limits: WalkLimits) -> Result<Usage, WalkError> {
+        super::walk::usage(self, limits)
     }
 
-    /// Copies the whole tree into `dst` (an empty directory): directories,
-    /// regular files (mode and owner kept) and symlinks as symlinks (their
-    /// target is data, never resolved). FIFOs, sockets and devices are
-    /// dropped. Returns the bytes copied.
-    pub fn copy_tree_into(&self, dst: &WorkspaceRoot) -> io::Result<u64> {
-        let mut bytes = 0;
-        for e in self.entries()? {
-            match e.kind {
-                EntryKind::Dir => {
-                    dst.mkdir(&e.name, e.mode & 0o7777)?;
-                    let to = dst.child_dir(&e.name)?;
-                    bytes += self.child_dir(&e.name)?.copy_tree_into(&to)?;
-                    to.set_meta(None, &e);
-                }
-                EntryKind::File => {
-                    let from = self.child_file(&e.name)?;
-                    let mut to = dst.create_new(&e.name, e.mode & 0o7777)?;
-                    bytes += io::copy(&mut &from, &mut to)?;
-                    dst.set_meta(Some(&to), &e);
-                }
-                EntryKind::Symlink => {
-                    let target = self.readlink(&e.name)?;
-                    dst.symlink(&target, &e.name)?;
-                }
-                EntryKind::Other => {}
-            }
-        }
-        Ok(bytes)
+    /// Copies the whole tree into `dst` (an empty directory), refusing a
+    /// tree past `limits`; see [`super::walk::copy_tree`]. Returns the bytes
+    /// copied.
+    pub fn copy_tree_into(
+        &self,
+        dst: &WorkspaceRoot,
+        limits: WalkLimits,
+    ) -> Result<u64, WalkError> {
+        super::walk::copy_tree(self, dst, limits)
     }
 
     // ----- building blocks (also used by the overlay merge) -----
@@ -396,7 +371,7 @@ impl WorkspaceRoot {
         check(r)
     }
 
-    fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+    pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
         let fd = openat_mode(
             self.dir.as_raw_fd(),
             name,
@@ -458,29 +433,75 @@ impl WorkspaceRoot {
         check(unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), flags) })
     }
 
-    /// Removes an entry of this directory, a directory with all it holds.
+    /// Removes an entry of this directory, a directory with all it holds
+    /// (iteratively, however deep: [`super::walk::remove_tree`]).
     pub(crate) fn remove_entry(&self, name: &OsStr) -> io::Result<()> {
-        let st = fstatat(self.dir.as_raw_fd(), name)?;
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            let sub = self.child_dir(name)?;
-            for e in sub.entries()? {
-                sub.remove_entry(&e.name)?;
-            }
-            self.unlink(name, true)
-        } else {
-            self.unlink(name, false)
-        }
+        super::walk::remove_tree(self, name)
+    }
+
+    /// A second handle on this same directory.
+    pub(crate) fn try_clone(&self) -> io::Result<WorkspaceRoot> {
+        Ok(WorkspaceRoot {
+            dir: dup(self.dir.as_raw_fd())?,
+            path: self.path.clone(),
+            resolver: self.resolver,
+        })
+    }
+
+    /// The device and inode of this directory.
+    pub(crate) fn identity(&self) -> io::Result<(u64, u64)> {
+        let st = fstat(self.dir.as_raw_fd())?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
+    /// This directory's parent, by `..` (which is never a link). Only for a
+    /// tree nothing else changes; callers check [`Self::identity`].
+    pub(crate) fn dotdot(&self) -> io::Result<WorkspaceRoot> {
+        let fd = openat(
+            self.dir.as_raw_fd(),
+            OsStr::new(".."),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )?;
+        Ok(WorkspaceRoot {
+            dir: fd,
+            path: self.path.join(".."),
+            resolver: self.resolver,
+        })
+    }
+
+    /// Moves `from` of this directory to `to` of `dst` (same filesystem).
+    pub(crate) fn rename_to(
+        &self,
+        from: &OsStr,
+        dst: &WorkspaceRoot,
+        to: &OsStr,
+    ) -> io::Result<()> {
+        let (a, b) = (cstring_io(from)?, cstring_io(to)?);
+        // SAFETY: valid descriptors and names; result checked.
+        check(unsafe {
+            libc::renameat(
+                self.dir.as_raw_fd(),
+                a.as_ptr(),
+                dst.dir.as_raw_fd(),
+                b.as_ptr(),
+            )
+        })
     }
 
     /// Gives a file (`Some`) or this directory (`None`) the owner, mode and
     /// modification time of `like`. Best effort: a host that may not chown
-    /// keeps its own ownership.
+    /// keeps its own ownership. A file never keeps a setuid or setgid bit:
+    /// what a turn wrote must not become a program that runs as its owner.
     pub(crate) fn set_meta(&self, file: Option<&File>, like: &Entry) {
         let fd = file.map_or(self.dir.as_raw_fd(), std::os::fd::AsRawFd::as_raw_fd);
         chown_fd(fd, like.uid, like.gid);
+        let mode = match file {
+            Some(_) => like.mode & 0o1777,
+            None => like.mode & 0o7777,
+        };
         // SAFETY: a valid descriptor; failures are ignored on purpose.
         unsafe {
-            libc::fchmod(fd, (like.mode & 0o7777) as libc::mode_t);
+            libc::fchmod(fd, mode as libc::mode_t);
             let times = [
                 libc::timespec {
                     tv_sec: 0,
@@ -737,7 +758,7 @@ mod tests {
         std::fs::create_dir(&dst).unwrap();
         let n = WorkspaceRoot::open(&ws)
             .unwrap()
-            .copy_tree_into(&WorkspaceRoot::open(&dst).unwrap())
+            .copy_tree_into(&WorkspaceRoot::open(&dst).unwrap(), WalkLimits::default())
             .unwrap();
         assert_eq!(n, 5);
         assert!(std::fs::symlink_metadata(dst.join("MEMORY.md"))

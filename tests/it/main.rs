@@ -30,6 +30,7 @@ mod sandbox_contract;
 mod security_host;
 mod security_links;
 mod security_sandbox;
+mod security_workspace;
 mod shadow;
 mod smoke;
 mod snapshots;

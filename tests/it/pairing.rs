@@ -268,7 +268,7 @@ async fn pairing_a_denied_sender_and_the_allowlist_policy_get_nothing() {
     h.stop().await;
 }
 
-/// The upgrade rule, on a data dir as the last release wrote it (schema 8:
+/// The upgrade rule, on a data dir as the last release wrote it (schema 9:
 /// no sender policy): a linked DM conversation and the members of its
 /// spaces are answered without pairing; a stranger is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +276,7 @@ async fn pairing_a_data_dir_of_the_last_release_keeps_answering_its_people() {
     let (dir, data, _) = prepare(&HostOptions::default()).await;
     let db = data.join("state.db");
     let old = data.join("old.db");
-    mercury::storage::Store::create_at_version(&old, 8).unwrap();
+    mercury::storage::Store::create_at_version(&old, 9).unwrap();
     {
         let c = rusqlite::Connection::open(&old).unwrap();
         c.execute("ATTACH DATABASE ?1 AS cur", [db.to_str().unwrap()])

@@ -862,3 +862,131 @@ async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agree
     assert!(all.iter().all(|s| !re.is_match(s)), "{all:?}");
     host.stop().await;
 }
+
+/// A daily report with `n` findings, each about its own message and, for
+/// the first eight, its own subject (so none is a duplicate of another).
+fn report_with(date: &str, n: usize, offset: usize) -> String {
+    const SUBJECTS: [&str; 8] = [
+        "The weather forecast reply ignored the rain warning.",
+        "A recipe answer listed butter twice and forgot the flour.",
+        "Train departure times were quoted from last winter's timetable.",
+        "The birthday reminder fired on the wrong weekday.",
+        "A maths homework hint gave away the whole solution.",
+        "Garden advice recommended pruning roses in midsummer heat.",
+        "The museum opening hours ignored the public holiday closure.",
+        "A translation into Spanish mixed formal and informal address.",
+    ];
+    let findings: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            json!({"space": "family", "message_id": i + 1, "reply_id": i + 2, "kind": "wrong_answer",
+                "scope": "space", "target_layer": "memory", "severity": 1,
+                "summary": SUBJECTS[(i + offset) % SUBJECTS.len()],
+                "evidence": "", "suggestion": ""})
+        })
+        .collect();
+    json!({"date": date, "findings": findings}).to_string()
+}
+
+#[tokio::test]
+async fn review_intake_refuses_a_flooding_source_by_name_and_stops_at_its_call_budget() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    // The verify model is a real OpenAI-compatible server on loopback, so
+    // every paid call it would have cost is counted where it arrives.
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "choices": [{"message": {"role": "assistant",
+                "content": "{\"real\": true, \"reason\": \"The reply was curt.\"}"}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}
+        })))
+        .mount(&server)
+        .await;
+    let (_dir, data, _) = crate::common::prepare(&HostOptions {
+        config: vec![
+            ("review.model", Yaml::from("openai:verify-model")),
+            (
+                "providers.openai_base_url",
+                Yaml::from(format!("{}/v1", server.uri())),
+            ),
+            ("review.calls_per_minute", Yaml::from(60_000)),
+            ("review.intake_max_findings", Yaml::from(50)),
+            ("review.intake_max_calls", Yaml::from(4)),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let hostile = tempfile::tempdir().unwrap();
+    write(
+        hostile.path(),
+        "reviews/2026-01-05-daily/report.json",
+        &report_with("2026-01-05", 4_000, 0),
+    );
+    let fair = tempfile::tempdir().unwrap();
+    write(
+        fair.path(),
+        "reviews/2026-01-06-daily/report.json",
+        &report_with("2026-01-06", 3, 0),
+    );
+    write(
+        fair.path(),
+        "reviews/2026-01-07-daily/report.json",
+        &report_with("2026-01-07", 3, 3),
+    );
+    let data_s = data.to_str().unwrap().to_owned();
+    let from_hostile = format!("hostile={}", hostile.path().display());
+    let from_fair = format!("fair={}", fair.path().display());
+    let intake = |data: String, a: String, b: String| async move {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mercury"));
+        c.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("MERCURY_OPENAI_API_KEY", "sk-test-verify")
+            .stdin(std::process::Stdio::null())
+            .args([
+                "review",
+                "intake",
+                "--data-dir",
+                &data,
+                "--from",
+                &a,
+                "--from",
+                &b,
+            ]);
+        output(&mut c).await
+    };
+    let out = intake(data_s.clone(), from_hostile.clone(), from_fair.clone()).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains(
+            "not taken in: hostile 2026-01-05: has 4000 findings, more than \
+             review.intake_max_findings = 50 in one report"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("stopped after review.intake_max_calls = 4 verify calls; the reports from fair/2026-01-07 on are left for the next intake"),
+        "{stderr}"
+    );
+    // Four calls were paid, not 4,000; the report cut short is left whole.
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+    let intake_dir = data.join("reviews/intake");
+    let triage: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake_dir.join("triage.json")).unwrap())
+            .unwrap();
+    assert_eq!(triage["rows"].as_array().unwrap().len(), 3, "{triage}");
+    assert_eq!(triage["taken_in"], json!(["fair/2026-01-06"]));
+    assert!(!intake_dir.join("reports/hostile").exists());
+    assert!(!intake_dir.join("reports/fair/2026-01-07").exists());
+    // After approval, the next intake takes the rest in (three more calls).
+    let out = mercury(&["review", "approve", "--data-dir", &data_s, "--all"], None).await;
+    assert!(out.status.success(), "{out:?}");
+    let out = intake(data_s.clone(), from_hostile, from_fair).await;
+    assert!(out.status.success(), "{out:?}");
+    let triage: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake_dir.join("triage.json")).unwrap())
+            .unwrap();
+    assert_eq!(triage["taken_in"], json!(["fair/2026-01-07"]), "{triage}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 7);
+}

@@ -32,6 +32,7 @@ use crate::links::LinkLevel::{Admin, Read};
 use crate::storage::tokens::TokenKind;
 use crate::workspace::files::{self, FileChange, FileContent, FileEntry, FilesError};
 use crate::workspace::safe::SafePathError;
+use crate::workspace::walk::WalkError;
 
 /// How long a write waits behind a turn of the space before it is dropped
 /// unwritten (a turn's tool calls time out after 60 s by default).
@@ -114,9 +115,11 @@ impl From<FilesError> for ApiError {
                 }
                 io @ SafePathError::Io { .. } => ApiError::internal(io),
             },
-            e @ (FilesError::TooLarge { .. } | FilesError::OverQuota { .. }) => {
-                ApiError::TooLarge(e.to_string())
-            }
+            e @ (FilesError::TooLarge { .. }
+            | FilesError::OverQuota { .. }
+            | FilesError::TooManyEntries { .. }) => ApiError::TooLarge(e.to_string()),
+            FilesError::Limit(e @ WalkError::Io { .. }) => ApiError::internal(e),
+            FilesError::Limit(e) => ApiError::TooLarge(format!("{e}; nothing was written")),
             e @ FilesError::NotText(_) => ApiError::BadContentType(e.to_string()),
             e @ (FilesError::Stale { .. } | FilesError::StaleMissing(_)) => {
                 ApiError::PreconditionFailed(e.to_string())
@@ -124,7 +127,6 @@ impl From<FilesError> for ApiError {
             e @ (FilesError::Empty | FilesError::NotADirectory(_)) => {
                 ApiError::bad_request(e.to_string())
             }
-            e @ FilesError::Usage(_) => ApiError::internal(e),
         }
     }
 }
@@ -248,10 +250,18 @@ pub(crate) async fn write(
         .into());
     }
     let quota = app.rt.settings.sandbox.workspace_mb;
+    let limits = (&app.rt.settings.workspace).into();
     let change = app
         .spaces
         .workspace_write(&ctx.space, WRITE_WAIT, move |live| {
-            files::write(live, &rel, content.as_bytes(), expect.as_deref(), quota)
+            files::write(
+                live,
+                &rel,
+                content.as_bytes(),
+                expect.as_deref(),
+                quota,
+                limits,
+            )
         })
         .await??;
     Ok((

@@ -304,9 +304,10 @@ pub(crate) async fn delete_current(
 }
 
 /// Moves `spaces/<id>` out of `spaces/` (a rename moves the entry itself:
-/// never what a symlink points at), then removes it; `remove_dir_all` does
-/// not follow symlinks either. If the removal fails, the tombstone stays
-/// under `<data dir>/tombstones/`, where no space can inherit it.
+/// never what a symlink points at), then removes it iteratively, following
+/// no link, however deep a turn made it (`workspace::walk::remove_path`). If
+/// the removal fails, the tombstone stays under `<data dir>/tombstones/`,
+/// where no space can inherit it.
 fn bury_workspace(paths: &DataPaths, space: &SpaceId) -> std::io::Result<bool> {
     let dir = paths.workspace(space);
     match std::fs::symlink_metadata(&dir) {
@@ -318,13 +319,7 @@ fn bury_workspace(paths: &DataPaths, space: &SpaceId) -> std::io::Result<bool> {
     std::fs::create_dir_all(&graves)?;
     let grave = graves.join(format!("{space}-{}", uuid::Uuid::now_v7().simple()));
     std::fs::rename(&dir, &grave)?;
-    let meta = std::fs::symlink_metadata(&grave)?;
-    let removed = if meta.is_dir() {
-        std::fs::remove_dir_all(&grave)
-    } else {
-        std::fs::remove_file(&grave)
-    };
-    if let Err(e) = removed {
+    if let Err(e) = crate::workspace::walk::remove_path(&grave) {
         tracing::warn!(space = %space, error = %e, grave = %grave.display(), "a deleted space's workspace stays as a tombstone");
     }
     Ok(true)
