@@ -3,11 +3,12 @@
 //! /api/ingress` and any later one), before a conversation, space, member or
 //! message row exists.
 //!
-//! A conversation that already feeds a space is answered (an operator linked
-//! it, or an earlier host or an earlier approval gave it its space). Beyond
-//! that, a DM follows the platform's `dm_policy` (`pairing`, `allowlist`,
-//! `open`) and a group is answered only when an operator allowed or linked it.
-//! A denied sender is never answered.
+//! A denied sender, or a conversation an operator denied, is never answered;
+//! a conversation an operator allowed is. A conversation that already feeds
+//! a space is answered (an operator linked it, or an earlier host or an
+//! earlier approval gave it its space). Beyond that, a DM follows the
+//! platform's `dm_policy` (`pairing`, `allowlist`, `open`) and a group is
+//! answered only when an operator allowed or linked it.
 //!
 //! Must never: create a row for a stranger beyond one capped, expiring
 //! pairing request (and its reply and the owner's notice), reply to a
@@ -92,19 +93,23 @@ pub fn admit(
     if pairings::decision(tx, RuleKind::Sender, platform, sender)? == Some(Decision::Denied) {
         return Ok(Admission::Refused);
     }
+    // An operator's word about the conversation as a whole comes next, so a
+    // denied group stays silent even where it feeds a space.
+    match pairings::decision(tx, RuleKind::Conversation, platform, &m.conversation)? {
+        Some(Decision::Denied) => return Ok(Admission::Refused),
+        Some(Decision::Allowed) => return Ok(Admission::Admit),
+        None => {}
+    }
     if conv.is_some_and(|c| c.space_id.is_some()) {
         return Ok(Admission::Admit);
     }
     let policy = settings.dm_policy(platform);
     if m.is_group {
-        return Ok(
-            match pairings::decision(tx, RuleKind::Conversation, platform, &m.conversation)? {
-                Some(Decision::Allowed) => Admission::Admit,
-                Some(Decision::Denied) => Admission::Refused,
-                None if policy == DmPolicy::Open => Admission::Admit,
-                None => Admission::UnlistedGroup,
-            },
-        );
+        return Ok(if policy == DmPolicy::Open {
+            Admission::Admit
+        } else {
+            Admission::UnlistedGroup
+        });
     }
     if policy == DmPolicy::Open
         || pairings::decision(tx, RuleKind::Sender, platform, sender)? == Some(Decision::Allowed)

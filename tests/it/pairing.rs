@@ -226,6 +226,13 @@ async fn pairing_groups_are_answered_only_where_allowed_and_a_member_there_is_no
     // A member of the group, a stranger in a DM.
     let v = dm_in(&h, &adapter, "dm-g1", "g1", "d-1").await;
     assert_eq!(v["status"], "pairing", "{v}");
+    // Denied, the group is silent though it now feeds a space.
+    mrctl_ok(&h, &["senders", "deny", "--conversation", "test:grp"]);
+    let (_, v) = h
+        .ingest(&adapter, "grp", "g1", "mercury again", "g-3", true)
+        .await;
+    assert_eq!(v["status"], "refused", "{v}");
+    mrctl_ok(&h, &["senders", "allow", "--conversation", "test:grp"]);
     let listed: Value =
         serde_json::from_str(&mrctl_ok(&h, &["--json", "senders", "list"])).unwrap();
     assert_eq!(
