@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{prepare, HostOptions, TestHost};
+use crate::discord::{self, FakeDiscord};
 use crate::telegram::{dm, host_options, FakeBotApi};
 
 const CODE_CHARS: &str = "ABCDEFGHJKMNPQRSTUVWXYZ23456789";
@@ -519,5 +520,35 @@ async fn pairing_telegram_strangers_get_a_code_through_the_adapter() {
     fake.until(60, "the answer", |f| f.replies().contains_key(&12))
         .await;
     assert_eq!(fake.replies()[&12][0]["text"], json!("pong"));
+    h.stop().await;
+}
+
+/// The in-process Discord adapter goes through the same policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairing_discord_strangers_get_a_code_through_the_adapter() {
+    let fake = FakeDiscord::start().await;
+    let h = TestHost::start_process(discord::host_options(
+        &fake,
+        json!({"rules": [{"reply": "pong"}]}),
+        vec![("adapters.discord.dm_policy", Yaml::String("pairing".into()))],
+    ))
+    .await;
+    fake.until_identified(1).await;
+    let channel = "700000000000000077";
+    fake.push(discord::message("2001", channel, None, "77", "hello"));
+    fake.until(60, "the pairing code", |f| {
+        f.replies().get("").is_some_and(|r| !r.is_empty())
+    })
+    .await;
+    let sent = &fake.replies()[""][0];
+    assert_eq!(sent.route, format!("POST /channels/{channel}/messages"));
+    let code = code_in(sent.body["content"].as_str().unwrap());
+    assert_eq!(h.count("SELECT COUNT(*) FROM runs"), 0, "no model call");
+    assert_eq!(h.count("SELECT COUNT(*) FROM messages"), 0);
+    mrctl_ok(&h, &["pairing", "approve", &code]);
+    fake.push(discord::message("2002", channel, None, "77", "now?"));
+    fake.until(60, "the answer", |f| f.replies().contains_key("2002"))
+        .await;
+    assert_eq!(fake.replies()["2002"][0].body["content"], "pong");
     h.stop().await;
 }
