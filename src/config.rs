@@ -178,6 +178,8 @@ pub struct DiscordConfig {
     /// not mention the bot keep their text (stored as context). It must be
     /// switched on in the Developer Portal too, or Discord closes the session.
     pub message_content: bool,
+    /// This platform's `ingress.dm_policy`; `None`: that one.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 /// Is `url` a gateway URL the gateway client can take as it is (it panics
@@ -198,6 +200,7 @@ impl Default for DiscordConfig {
             api_base_url: "https://discord.com/api/v10".into(),
             gateway_url: "wss://gateway.discord.gg".into(),
             message_content: true,
+            dm_policy: None,
         }
     }
 }
@@ -223,6 +226,8 @@ pub struct TelegramConfig {
     pub webhook_url: String,
     /// Seconds one `getUpdates` long poll waits for an update.
     pub poll_timeout_secs: u32,
+    /// This platform's `ingress.dm_policy`; `None`: that one.
+    pub dm_policy: Option<DmPolicy>,
 }
 
 impl Default for TelegramConfig {
@@ -233,6 +238,7 @@ impl Default for TelegramConfig {
             api_base_url: "https://api.telegram.org".into(),
             webhook_url: String::new(),
             poll_timeout_secs: 25,
+            dm_policy: None,
         }
     }
 }
@@ -319,6 +325,34 @@ pub struct IngressConfig {
     pub auto_space: bool,
     /// Turns a caller may start per minute in a space before "slow down".
     pub per_caller_per_minute: u32,
+    /// Who may start a DM with the bot (`adapters.<platform>.dm_policy` overrides it).
+    pub dm_policy: DmPolicy,
+    /// Seconds a stranger's pairing request stays pending.
+    pub pairing_ttl_secs: u64,
+    /// Pending pairing requests at most; past it new strangers get nothing.
+    pub pairing_max_pending: u64,
+}
+
+/// Who may start a DM with the bot (docs/adapters.md, "The sender policy").
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DmPolicy {
+    /// A stranger gets a pairing code and no answer until an operator approves it.
+    Pairing,
+    /// A stranger gets nothing; only allowed senders are answered.
+    Allowlist,
+    /// Anyone who finds the bot is answered (and spends its model budget).
+    Open,
+}
+
+impl DmPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DmPolicy::Pairing => "pairing",
+            DmPolicy::Allowlist => "allowlist",
+            DmPolicy::Open => "open",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -489,6 +523,9 @@ impl Default for IngressConfig {
         Self {
             auto_space: true,
             per_caller_per_minute: 20,
+            dm_policy: DmPolicy::Pairing,
+            pairing_ttl_secs: 3600,
+            pairing_max_pending: 20,
         }
     }
 }
@@ -636,6 +673,9 @@ turn:                           # one agent turn
 ingress:                        # inbound platform messages
   auto_space: true              # true|false: a new conversation gets its own space
   per_caller_per_minute: 20     # messages per minute per caller, then "slow down"
+  dm_policy: pairing            # pairing | allowlist | open: who may DM the bot (docs/adapters.md)
+  pairing_ttl_secs: 3600        # seconds a stranger's pairing request stays pending
+  pairing_max_pending: 20       # count: pending pairing requests; past it new strangers get nothing
 trigger:                        # when a group message addresses the bot
   match: mention                # groups: mention | prefix | always (DMs always trigger)
   patterns: "@mercury,mercury"  # comma-separated trigger words (a leading one is cut from the prompt)
@@ -695,12 +735,14 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     api_base_url: "https://api.telegram.org"  # URL of the Bot API (a local Bot API server, a test's fake)
     webhook_url: ""             # URL: webhook mode's public https URL of /api/adapters/telegram/webhook
     poll_timeout_secs: 25       # seconds one getUpdates long poll waits (at most 50)
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
   # Discord. The bot token is read from MERCURY_DISCORD_BOT_TOKEN only.
   discord:
     enabled: false              # true|false
     api_base_url: "https://discord.com/api/v10"  # URL of the REST API, version included (a test's fake)
     gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
     message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
 # only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
@@ -998,6 +1040,18 @@ impl Settings {
                 format!("must be at most {MAX_CONNECTIONS_CEILING}"),
             ));
         }
+        if !(60..=30 * 86_400).contains(&self.ingress.pairing_ttl_secs) {
+            return Err(key_err(
+                "ingress.pairing_ttl_secs",
+                "must be between 60 and 2592000 (30 days)",
+            ));
+        }
+        if !(1..=10_000).contains(&self.ingress.pairing_max_pending) {
+            return Err(key_err(
+                "ingress.pairing_max_pending",
+                "must be between 1 and 10000",
+            ));
+        }
         if self.turn.failure_reply.trim().is_empty() {
             return Err(key_err("turn.failure_reply", "must not be empty"));
         }
@@ -1135,6 +1189,31 @@ impl Settings {
     pub fn cost(&self, spec: &str, tokens_in: u64, tokens_out: u64) -> f64 {
         let price = self.prices.get(spec).copied().unwrap_or_default();
         (tokens_in as f64 * price.input + tokens_out as f64 * price.output) / 1_000_000.0
+    }
+
+    /// The sender policy of `platform`'s DMs: its adapter's own, else `ingress.dm_policy`.
+    pub fn dm_policy(&self, platform: &str) -> DmPolicy {
+        let own = match platform {
+            "telegram" => self.adapters.telegram.dm_policy,
+            "discord" => self.adapters.discord.dm_policy,
+            _ => None,
+        };
+        own.unwrap_or(self.ingress.dm_policy)
+    }
+
+    /// Where `open` is in force: the keys that say so (warned at every start).
+    pub fn open_dm_policies(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.ingress.dm_policy == DmPolicy::Open {
+            keys.push("ingress.dm_policy");
+        }
+        if self.adapters.telegram.dm_policy == Some(DmPolicy::Open) {
+            keys.push("adapters.telegram.dm_policy");
+        }
+        if self.adapters.discord.dm_policy == Some(DmPolicy::Open) {
+            keys.push("adapters.discord.dm_policy");
+        }
+        keys
     }
 
     pub fn is_global_admin(&self, caller: &str) -> bool {
@@ -1431,6 +1510,38 @@ mod tests {
             );
         }
         assert!(keys > 50, "{keys} keys");
+    }
+
+    #[test]
+    fn dm_policy_defaults_to_pairing_and_each_platform_may_override_it() {
+        let s = Settings::default();
+        assert_eq!(s.dm_policy("telegram"), DmPolicy::Pairing);
+        assert!(s.open_dm_policies().is_empty());
+        let v: Value = serde_yaml_ng::from_str(
+            "adapters:\n  telegram:\n    dm_policy: open\n  discord:\n    dm_policy: allowlist",
+        )
+        .unwrap();
+        let s = from_value(v, &env(&[("MERCURY_INGRESS_DM_POLICY", "allowlist")])).unwrap();
+        assert_eq!(s.dm_policy("telegram"), DmPolicy::Open);
+        assert_eq!(s.dm_policy("discord"), DmPolicy::Allowlist);
+        assert_eq!(s.dm_policy("whatsapp"), DmPolicy::Allowlist);
+        assert_eq!(s.open_dm_policies(), vec!["adapters.telegram.dm_policy"]);
+        let s = from_value(
+            Value::Null,
+            &env(&[("MERCURY_ADAPTERS_DISCORD_DM_POLICY", "open")]),
+        )
+        .unwrap();
+        assert_eq!(s.dm_policy("discord"), DmPolicy::Open);
+        assert!(from_value(
+            Value::Null,
+            &env(&[("MERCURY_INGRESS_DM_POLICY", "closed")])
+        )
+        .is_err());
+        assert!(from_value(
+            Value::Null,
+            &env(&[("MERCURY_INGRESS_PAIRING_MAX_PENDING", "0")])
+        )
+        .is_err());
     }
 
     #[test]

@@ -137,6 +137,37 @@ pub(crate) fn platform_caller_id(platform: &str, sender: &str) -> String {
     }
 }
 
+/// Platform ids many people post as: Telegram shows an anonymous group
+/// admin as `GroupAnonymousBot` (1087968824), a channel's posts as
+/// `Channel_Bot` (136817688) and its own notices as 777000. Mapping one to
+/// an operator, granting it a role or allowing it as a sender would hand
+/// that to everyone behind it.
+const SHARED_PLACEHOLDERS: &[(&str, &str)] = &[
+    (
+        "telegram:1087968824",
+        "Telegram's anonymous group admin (GroupAnonymousBot)",
+    ),
+    (
+        "telegram:136817688",
+        "Telegram's channel poster (Channel_Bot)",
+    ),
+    (
+        "telegram:777000",
+        "Telegram's service notifications (777000)",
+    ),
+];
+
+/// `Err` with a sentence when `caller` is a platform id shared by many
+/// people ([`SHARED_PLACEHOLDERS`]); `what` says what was refused.
+pub(crate) fn refuse_shared_placeholder(caller: &str, what: &str) -> Result<(), String> {
+    match SHARED_PLACEHOLDERS.iter().find(|(id, _)| *id == caller) {
+        Some((id, who)) => Err(format!(
+            "{id} is {who}, an id every such post shares: it cannot be {what}"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// An operator's caller id (user tokens, `owner`, `admins`): a caller id that
 /// can never equal a platform sender's, i.e. not `<platform>:…`.
 pub(crate) fn validate_operator_id(raw: &str) -> Result<(), String> {

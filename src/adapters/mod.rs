@@ -92,7 +92,7 @@ impl AdapterIdentity {
                 platform: m.platform,
             });
         }
-        Ok(crate::ingress::ingest_with(app, m, also).await?)
+        Ok(crate::ingress::ingest_with(app, m, crate::ingress::Origin::Adapter, also).await?)
     }
 }
 

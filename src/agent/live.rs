@@ -84,11 +84,14 @@ pub(crate) async fn run_and_commit(
                 if let Some(task_run) = task_run {
                     tasks::attach_run(tx, task_run, &run_s)?;
                 }
-                // A mapped platform sender acts as its operator (issue 11).
+                // A mapped platform sender acts as its operator (issue 11), when
+                // its message came through an origin mappings hold for (issue 23).
                 let acting = match crate::ids::platform_of(&caller_s) {
-                    Some(_) => crate::storage::identities::operator_for(tx, &caller_s)?
-                        .unwrap_or_else(|| caller_s.clone()),
-                    None => caller_s.clone(),
+                    Some(_) if crate::storage::messages::identity_trusted(tx, mid)? => {
+                        crate::storage::identities::operator_for(tx, &caller_s)?
+                            .unwrap_or_else(|| caller_s.clone())
+                    }
+                    _ => caller_s.clone(),
                 };
                 let global = rt2.settings.is_global_admin(&acting);
                 let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;

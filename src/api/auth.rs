@@ -19,7 +19,7 @@ use crate::ids::SpaceId;
 use crate::links::LinkLevel;
 use crate::perms::{self, PermSet, Permission};
 use crate::storage::tokens::{self, TokenKind};
-use crate::storage::{identities, spaces};
+use crate::storage::{identities, runs, spaces};
 
 pub const SPACE_HEADER: &str = "x-mercury-space";
 pub const ACT_AS_HEADER: &str = "x-mercury-act-as";
@@ -38,6 +38,8 @@ pub struct Caller {
     pub identity: Option<String>,
     /// A scoped token's scope (`review.read`): it reaches only its routes.
     pub scope: Option<String>,
+    /// An adapter token minted with `--trusted-identities`.
+    pub trusted_identities: bool,
 }
 
 /// The space a request acts in, with the caller's role there.
@@ -164,15 +166,25 @@ pub async fn authenticate(
                 && grant.scope.is_none()
                 && settings.is_global_admin(&grant.caller_id);
             // A turn of a platform sender acts as that sender, unless a global
-            // admin mapped the sender to an operator (`mrctl identities link`).
-            let (caller_id, identity) = match grant.kind {
-                TokenKind::Run if crate::ids::platform_of(&grant.caller_id).is_some() => {
-                    match identities::operator_for(c, &grant.caller_id)? {
-                        Some(op) => (op, Some(grant.caller_id.clone())),
-                        None => (grant.caller_id.clone(), None),
-                    }
-                }
-                _ => (grant.caller_id.clone(), None),
+            // admin mapped the sender to an operator (`mrctl identities link`)
+            // and the message came through an origin mappings hold for (the
+            // platform's in-process adapter, or an adapter token minted with
+            // `--trusted-identities`): any other adapter token could name
+            // any sender id.
+            let mappable = grant.kind == TokenKind::Run
+                && crate::ids::platform_of(&grant.caller_id).is_some()
+                && match grant.run_id.as_deref() {
+                    Some(run) => runs::trigger_identity_trusted(c, run)?,
+                    None => false,
+                };
+            let mapped = if mappable {
+                identities::operator_for(c, &grant.caller_id)?
+            } else {
+                None
+            };
+            let (caller_id, identity) = match mapped {
+                Some(op) => (op, Some(grant.caller_id.clone())),
+                None => (grant.caller_id.clone(), None),
             };
             let caller = Caller {
                 caller_id,
@@ -182,6 +194,7 @@ pub async fn authenticate(
                 platform: grant.platform.clone(),
                 identity,
                 scope: grant.scope.clone(),
+                trusted_identities: grant.trusted_identities,
             };
             if let Some(scope) = &grant.scope {
                 if !scope_allows(scope, &path) || requested.is_some() || act_as_target.is_some() {

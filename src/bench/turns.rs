@@ -196,7 +196,16 @@ async fn store_inbound(
 ) -> anyhow::Result<IngestResult> {
     let (s, l) = (settings.clone(), limits.clone());
     let res = store
-        .write(move |tx| ingress::ingest_tx(tx, &s, &crate::runtime::Outbound::Live, &l, &m))
+        .write(move |tx| {
+            ingress::ingest_tx(
+                tx,
+                &s,
+                &crate::runtime::Outbound::Live,
+                &l,
+                &m,
+                ingress::Origin::Adapter,
+            )
+        })
         .await?;
     if let (true, Some(space)) = (res.created_space, &res.space_id) {
         ensure_workspace(paths, &SpaceId::parse(space)?)?;
@@ -223,7 +232,11 @@ async fn ingest_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<IngestF
     let data = dir.join("ingest");
     host::init(&data, "owner").await?;
     let paths = DataPaths::new(&data);
-    let settings = Arc::new(host::load_settings(&paths)?);
+    let mut settings = host::load_settings(&paths)?;
+    // The bench's senders are strangers to a fresh data dir: `open` lets them
+    // in, so the path measured is the one a bot's own users take.
+    settings.ingress.dm_policy = crate::config::DmPolicy::Open;
+    let settings = Arc::new(settings);
     let store = Store::open(&paths.db)?;
     // No caller is limited here: the limiter's check is measured, its "no" is not.
     let limits = Arc::new(CallerLimits::new(u32::MAX));
@@ -288,6 +301,7 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
     // No tool is called, so no sandbox starts; `process` avoids probing Docker.
     settings.sandbox.backend = SandboxChoice::Process;
     settings.ingress.per_caller_per_minute = u32::MAX;
+    settings.ingress.dm_policy = crate::config::DmPolicy::Open;
     settings.validate()?;
     let store = Store::open(&paths.db)?;
     let rt = host::build_runtime(
@@ -310,7 +324,8 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
         let (res, done) = rt
             .store
             .write(move |tx| {
-                let res = ingress::ingest_tx(tx, &s, &rt2.outbound, &l, &m)?;
+                let res =
+                    ingress::ingest_tx(tx, &s, &rt2.outbound, &l, &m, ingress::Origin::Adapter)?;
                 let done = res.message_id.map(|id| rt2.waiters.register(id));
                 Ok((res, done))
             })

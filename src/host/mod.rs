@@ -489,6 +489,12 @@ pub async fn serve_with(
     for unknown in config::unknown_vars(&env) {
         tracing::warn!(variable = %unknown.name, closest = unknown.closest.as_deref().unwrap_or("-"), "{unknown}");
     }
+    for key in settings.open_dm_policies() {
+        tracing::warn!(
+            key,
+            "{key} is open: anyone who finds the bot is answered on the model's budget; pairing (the default) asks the owner first"
+        );
+    }
     config::check_scripted_files(&settings)?;
     if settings.shadow {
         // A shadow calls with its own key only (provider_settings).

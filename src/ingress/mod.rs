@@ -1,14 +1,18 @@
 //! Ingress: inbound platform messages and console chat become durable rows
 //! before anything else happens, then the space's actor is told.
 //!
-//! Owns the decisions of the inbound path: which space a conversation feeds
-//! (auto-created when `ingress.auto_space`), de-duplication of replays, mutes,
-//! triggers, and the per-caller rate limit ("slow down", never silence).
+//! Owns the decisions of the inbound path: who may come in at all (the
+//! sender policy, [`policy`]), which space a conversation feeds
+//! (auto-created when `ingress.auto_space`), de-duplication of replays,
+//! mutes, triggers, and the per-caller rate limit ("slow down", never
+//! silence).
 //!
-//! Must never: run a turn for a replayed platform message, drop a message
-//! without storing it (muted, untriggered and rate-limited messages are all
-//! stored), or acknowledge before the row is committed.
+//! Must never: run a turn for a replayed platform message, drop an admitted
+//! message without storing it (muted, untriggered and rate-limited messages
+//! are all stored; a stranger's is not, so strangers cannot fill the
+//! database), or acknowledge before the row is committed.
 
+pub mod policy;
 pub mod trigger;
 pub mod webhook;
 
@@ -87,8 +91,14 @@ pub enum IngestStatus {
     Muted,
     /// Stored and answered with a "slow down" reply.
     RateLimited,
-    /// The conversation has no space yet (auto-space is off): nothing stored.
+    /// The conversation has no space yet (auto-space is off, or a group no
+    /// operator allowed): only the conversation is recorded.
     Unlinked,
+    /// A stranger's DM: a pairing request is pending (its code was sent
+    /// once, when it opened); nothing else stored, no turn.
+    Pairing,
+    /// Refused by the sender policy: nothing stored, nothing sent.
+    Refused,
 }
 
 impl IngestStatus {
@@ -100,6 +110,8 @@ impl IngestStatus {
             IngestStatus::Muted => "muted",
             IngestStatus::RateLimited => "rate_limited",
             IngestStatus::Unlinked => "unlinked",
+            IngestStatus::Pairing => "pairing",
+            IngestStatus::Refused => "refused",
         }
     }
 }
@@ -130,9 +142,38 @@ pub enum IngressError {
     Wake(#[from] ActorError),
 }
 
+/// Where a platform message came from: what decides whether its sender's
+/// identity mapping (`mrctl identities link`) holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The in-process adapter of the message's platform (it reads the
+    /// sender from the platform itself).
+    Adapter,
+    /// `POST /api/ingress` with an adapter token; `trusted_identities` when
+    /// it was minted with `--trusted-identities`.
+    Token { trusted_identities: bool },
+}
+
+impl Origin {
+    /// Whether a mapped sender of this origin acts as its operator.
+    pub fn identities_hold(self) -> bool {
+        matches!(
+            self,
+            Origin::Adapter
+                | Origin::Token {
+                    trusted_identities: true
+                }
+        )
+    }
+}
+
 /// The inbound path: durable row first, then the space's actor.
-pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, IngressError> {
-    ingest_with(app, m, |_| Ok(())).await
+pub async fn ingest(
+    app: &App,
+    m: IngressMessage,
+    origin: Origin,
+) -> Result<IngestResult, IngressError> {
+    ingest_with(app, m, origin, |_| Ok(())).await
 }
 
 /// [`ingest`], with `also` run in the same transaction as the message row:
@@ -141,6 +182,7 @@ pub async fn ingest(app: &App, m: IngressMessage) -> Result<IngestResult, Ingres
 pub async fn ingest_with<F>(
     app: &App,
     m: IngressMessage,
+    origin: Origin,
     also: F,
 ) -> Result<IngestResult, IngressError>
 where
@@ -154,7 +196,7 @@ where
         .rt
         .store
         .write(move |tx| {
-            let res = ingest_tx(tx, &settings, &outbound, &limits, &m)?;
+            let res = ingest_tx(tx, &settings, &outbound, &limits, &m, origin)?;
             also(tx)?;
             Ok(res)
         })
@@ -212,15 +254,39 @@ pub fn auto_space_id(
     SpaceId::parse(&id)
 }
 
-/// Stores an inbound platform message and decides what it needs, in one transaction.
+/// Stores an inbound platform message and decides what it needs, in one
+/// transaction. The sender policy comes first: a message it refuses leaves
+/// no conversation, space, member or message row.
 pub fn ingest_tx(
     tx: &rusqlite::Transaction<'_>,
     settings: &Settings,
     outbound: &crate::runtime::Outbound,
     limits: &CallerLimits,
     m: &IngressMessage,
+    origin: Origin,
 ) -> StoreResult<IngestResult> {
+    // The sender lives in its platform's namespace: no body field can name
+    // an operator (`owner` from telegram is `telegram:owner`).
+    let sender = crate::ids::platform_caller_id(&m.platform, &m.sender_id);
     let kind = if m.is_group { "group" } else { "dm" };
+    let known = conversations::find(tx, &m.platform, &m.conversation)?;
+    let nothing = |status| IngestResult {
+        status,
+        message_id: None,
+        space_id: None,
+        created_space: false,
+    };
+    match policy::admit(tx, settings, outbound, m, &sender, known.as_ref())? {
+        policy::Admission::Admit => {}
+        policy::Admission::UnlistedGroup => {
+            conversations::upsert(tx, &m.platform, &m.conversation, kind, m.title.as_deref())?;
+            return Ok(nothing(IngestStatus::Unlinked));
+        }
+        policy::Admission::PairingOpened(_) | policy::Admission::PairingPending => {
+            return Ok(nothing(IngestStatus::Pairing))
+        }
+        policy::Admission::Refused => return Ok(nothing(IngestStatus::Refused)),
+    }
     let conv = conversations::upsert(tx, &m.platform, &m.conversation, kind, m.title.as_deref())?;
     let mut created_space = false;
     let space = match conv.space_id.clone() {
@@ -238,19 +304,9 @@ pub fn ingest_tx(
             conversations::set_space(tx, conv.id, Some(id.as_str()))?;
             id.to_string()
         }
-        None => {
-            return Ok(IngestResult {
-                status: IngestStatus::Unlinked,
-                message_id: None,
-                space_id: None,
-                created_space: false,
-            })
-        }
+        None => return Ok(nothing(IngestStatus::Unlinked)),
     };
     let now = now_ms();
-    // The sender lives in its platform's namespace: no body field can name
-    // an operator (`owner` from telegram is `telegram:owner`).
-    let sender = crate::ids::platform_caller_id(&m.platform, &m.sender_id);
     let base = NewMessage {
         space_id: &space,
         conversation_id: Some(conv.id),
@@ -260,6 +316,7 @@ pub fn ingest_tx(
         text: &m.text,
         platform_message_id: Some(&m.message_id),
         created_at: now,
+        trusted_identity: origin.identities_hold(),
         ..Default::default()
     };
     let done = |status, message_id| IngestResult {

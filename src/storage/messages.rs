@@ -74,6 +74,10 @@ pub struct NewMessage<'a> {
     pub status: Option<&'a str>,
     pub reply_to: Option<i64>,
     pub task_run_id: Option<i64>,
+    /// The message came through an origin whose senders' identity mappings
+    /// hold (the platform's in-process adapter, or an adapter token minted
+    /// with `--trusted-identities`).
+    pub trusted_identity: bool,
 }
 
 /// True if this platform message id is already stored for the conversation.
@@ -108,8 +112,8 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
         }
     }
     conn.execute_cached(
-        "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id, trusted_identity)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         params![
             m.space_id,
             m.conversation_id,
@@ -122,10 +126,24 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
             m.run_id,
             m.status,
             m.reply_to,
-            m.task_run_id
+            m.task_run_id,
+            m.trusted_identity
         ],
     )?;
     Ok(Some(conn.last_insert_rowid()))
+}
+
+/// Whether the identity mapping of message `id`'s sender holds (see
+/// [`NewMessage::trusted_identity`]); false for an unknown message.
+pub fn identity_trusted(conn: &Connection, id: i64) -> StoreResult<bool> {
+    Ok(conn
+        .query_row_cached(
+            "SELECT trusted_identity FROM messages WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(false))
 }
 
 pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {

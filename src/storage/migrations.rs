@@ -297,11 +297,58 @@ CREATE INDEX outbox_undelivered_platform ON outbox (platform, id) WHERE delivere
     r#"
 CREATE INDEX runs_trigger_message ON runs (trigger_message_id, started_at);
 "#,
+    // 10: the sender policy (issue 23). `pairings`: strangers' pending
+    // requests (capped and expiring, so never a flood); `allowed_senders`:
+    // the operator's allow and deny decisions, per platform sender or per
+    // conversation. Upgrade rule: every platform sender already a member of
+    // a space is seeded as allowed, so an existing bot keeps answering the
+    // people it answered (linked conversations stay answered by reading
+    // `conversations.space_id`). A message remembers whether its origin may
+    // carry identity mappings (the in-process adapter, or an adapter token
+    // minted with `--trusted-identities`); rows from before this are not.
+    r#"
+CREATE TABLE pairings (
+  code TEXT PRIMARY KEY,
+  platform TEXT NOT NULL,
+  sender TEXT NOT NULL,
+  name TEXT,
+  conversation TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  UNIQUE (platform, sender)
+);
+CREATE INDEX pairings_expires ON pairings (expires_at);
+CREATE TABLE allowed_senders (
+  kind TEXT NOT NULL CHECK (kind IN ('sender','conversation')),
+  platform TEXT NOT NULL,
+  -- a sender: its caller id (`telegram:42`); a conversation: the platform's id of it
+  subject TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('allowed','denied')),
+  decided_by TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  PRIMARY KEY (kind, platform, subject)
+);
+INSERT OR IGNORE INTO allowed_senders (kind, platform, subject, status, decided_by, created_at)
+  SELECT DISTINCT 'sender', substr(caller_id, 1, instr(caller_id, ':') - 1), caller_id,
+    'allowed', 'upgrade', CAST(strftime('%s','now') AS INTEGER) * 1000
+  FROM members
+  WHERE instr(caller_id, ':') > 1 AND length(caller_id) > instr(caller_id, ':')
+    AND substr(caller_id, 1, instr(caller_id, ':') - 1) NOT IN ('console', 'api')
+    AND caller_id NOT IN ('telegram:1087968824', 'telegram:136817688', 'telegram:777000');
+ALTER TABLE messages ADD COLUMN trusted_identity INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE api_tokens ADD COLUMN trusted_identities INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 pub(super) fn apply(conn: &mut Connection) -> StoreResult<()> {
+    apply_up_to(conn, MIGRATIONS.len())
+}
+
+/// The schema as release `version` left it (the first `version` entries):
+/// the upgrade tests write a data dir as an earlier host did.
+pub(super) fn apply_up_to(conn: &mut Connection, version: usize) -> StoreResult<()> {
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    for (i, sql) in MIGRATIONS.iter().enumerate() {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(version) {
         let version = i as i64 + 1;
         if version <= current {
             continue;

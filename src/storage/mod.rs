@@ -23,6 +23,7 @@ pub mod links;
 pub mod messages;
 mod migrations;
 pub mod outbox;
+pub mod pairings;
 pub mod runs;
 pub mod spaces;
 pub mod tasks;
@@ -255,6 +256,15 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Creates the database at `path` with the schema of release `version`
+    /// (its first `version` migrations) and no host behind it: the upgrade
+    /// tests write rows there as that release did, then start today's host.
+    #[cfg(feature = "test-hooks")]
+    pub fn create_at_version(path: &Path, version: usize) -> StoreResult<()> {
+        let mut conn = open_plain(path)?;
+        migrations::apply_up_to(&mut conn, version)
     }
 
     /// Runs `f` on the writer thread inside an IMMEDIATE transaction (shared

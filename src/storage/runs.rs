@@ -239,3 +239,16 @@ pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
 pub fn prune_steps(conn: &Connection, before_ms: i64) -> StoreResult<usize> {
     Ok(conn.execute_cached("DELETE FROM run_steps WHERE started_at < ?1", [before_ms])?)
 }
+
+/// Whether the identity mapping of the sender whose message started run
+/// `id` holds (`messages.trusted_identity`); false for a run no message started.
+pub fn trigger_identity_trusted(conn: &Connection, id: &str) -> StoreResult<bool> {
+    Ok(conn
+        .query_row_cached(
+            "SELECT m.trusted_identity FROM runs r JOIN messages m ON m.id = r.trigger_message_id WHERE r.id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(false))
+}

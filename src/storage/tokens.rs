@@ -55,6 +55,9 @@ pub struct TokenGrant {
     pub platform: Option<String>,
     /// A scope limits the token to its routes (see [`REVIEW_READ_SCOPE`]).
     pub scope: Option<String>,
+    /// An adapter token minted with `--trusted-identities`: the identity
+    /// mappings of the senders it posts hold.
+    pub trusted_identities: bool,
 }
 
 /// The scope of a token that may only read review reports
@@ -131,7 +134,7 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
         .query_row_cached(
-            "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform, scope FROM api_tokens
+            "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform, scope, trusted_identities FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
             |r| {
@@ -145,12 +148,13 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                     r.get::<_, bool>(6)?,
                     r.get::<_, Option<String>>(7)?,
                     r.get::<_, Option<String>>(8)?,
+                    r.get::<_, bool>(9)?,
                 ))
             },
         )
         .optional()?;
     Ok(row.and_then(
-        |(id, caller_id, kind, space_id, run_id, role, read_only, platform, scope)| {
+        |(id, caller_id, kind, space_id, run_id, role, read_only, platform, scope, trusted)| {
             TokenKind::parse(&kind).map(|kind| TokenGrant {
                 id,
                 caller_id,
@@ -161,6 +165,7 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
                 read_only,
                 platform,
                 scope,
+                trusted_identities: trusted,
             })
         },
     ))
@@ -185,6 +190,19 @@ pub fn bind_platform(conn: &Connection, id: &str, platform: &str) -> StoreResult
     let n = conn.execute_cached(
         "UPDATE api_tokens SET platform = ?2 WHERE id = ?1 AND kind = 'adapter'",
         params![id, platform],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("adapter token {id}")));
+    }
+    Ok(())
+}
+
+/// Marks a freshly minted adapter token as carrying its senders' identity
+/// mappings (same transaction as the mint).
+pub fn trust_identities(conn: &Connection, id: &str) -> StoreResult<()> {
+    let n = conn.execute_cached(
+        "UPDATE api_tokens SET trusted_identities = 1 WHERE id = ?1 AND kind = 'adapter'",
+        [id],
     )?;
     if n == 0 {
         return Err(StoreError::NotFound(format!("adapter token {id}")));

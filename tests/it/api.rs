@@ -453,6 +453,9 @@ async fn every_route_answers_every_caller_with_the_expected_status() {
         config: vec![
             ("ingress.auto_space", Yaml::Bool(false)),
             ("ingress.per_caller_per_minute", Yaml::Number(1000.into())),
+            // bob is a stranger whose conversation the owner links: an open
+            // bot (the sender policy has its own tests, tests/it/pairing.rs).
+            ("ingress.dm_policy", Yaml::String("open".into())),
         ],
         ..Default::default()
     })

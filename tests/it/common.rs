@@ -122,6 +122,23 @@ impl TestHost {
         host
     }
 
+    /// A host running inside this test process on a data dir prepared
+    /// (and maybe rewritten) by the caller: the upgrade tests.
+    pub(crate) async fn start_on(dir: TempDir, data: PathBuf) -> TestHost {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let (data, shutdown) = (data.clone(), shutdown.clone());
+            let settings = mercury::host::settings_of(&data).expect("settings");
+            let options = mercury::host::ServeOptions::on(settings, listener);
+            async move { mercury::host::serve_with(&data, options, shutdown).await }
+        });
+        let host = Self::finish(dir, data, port, shutdown, Some(task), None);
+        host.wait_ready().await;
+        host
+    }
+
     /// A host running as a child process (`mercury serve`), for crash tests.
     pub(crate) async fn start_process(opts: HostOptions) -> TestHost {
         let (dir, data, port) = prepare(&opts).await;
@@ -306,6 +323,17 @@ impl TestHost {
     /// through ingress with a fresh adapter token, then linked by the owner);
     /// returns the conversation id. Later messages to it land in `space`.
     pub(crate) async fn platform_conversation(&self, external: &str, space: &str) -> i64 {
+        // The first sender is allowed first, so the conversation exists under
+        // any sender policy (a stranger's DM would leave no row).
+        let (st, v) = self
+            .owner(
+                Method::POST,
+                "/api/senders/allow",
+                None,
+                Some(json!({"sender": "test:first"})),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
         let adapter = self.token(&format!("adapter:{external}"), "adapter").await;
         let (st, v) = self
             .ingest(
@@ -505,6 +533,25 @@ impl TestHost {
             )
             .await;
         assert_eq!(st, 201, "{v}");
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// Mints an adapter token bound to `platform` whose senders' identity
+    /// mappings hold (`--trusted-identities`).
+    pub(crate) async fn trusted_adapter_token(&self, caller: &str, platform: &str) -> String {
+        let (st, v) = self
+            .owner(
+                Method::POST,
+                "/api/tokens",
+                None,
+                Some(
+                    json!({"caller_id": caller, "kind": "adapter", "platform": platform,
+                            "trusted_identities": true}),
+                ),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(v["trusted_identities"], true, "{v}");
         v["token"].as_str().unwrap().to_string()
     }
 

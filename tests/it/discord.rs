@@ -568,6 +568,9 @@ pub(crate) fn host_options(
     use serde_yaml_ng::Value as Yaml;
     let mut config = vec![
         ("adapters.discord.enabled", Yaml::Bool(true)),
+        // The adapter's tests talk as strangers to an open bot; the sender
+        // policy's own tests set `pairing` back in `extra`.
+        ("adapters.discord.dm_policy", Yaml::String("open".into())),
         (
             "adapters.discord.api_base_url",
             Yaml::String(fake.rest_url.clone()),

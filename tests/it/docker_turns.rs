@@ -358,6 +358,9 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
                 ("sandbox.memory_mb", Yaml::from(192)),
                 ("sandbox.cpus", Yaml::from(0.75)),
                 ("sandbox.pids", Yaml::from(99)),
+                // tg:42 is a stranger answered by an open bot (the sender
+                // policy has its own tests, tests/it/pairing.rs).
+                ("ingress.dm_policy", Yaml::String("open".into())),
             ],
         )
     })

@@ -16,7 +16,12 @@ use crate::common::{HostOptions, TestHost};
 fn opts(model: Value) -> HostOptions {
     HostOptions {
         model,
-        config: vec![("ingress.per_caller_per_minute", Yaml::Number(1000.into()))],
+        // These tests are about an open bot's live path: strangers are
+        // answered (the sender policy has its own tests, tests/it/pairing.rs).
+        config: vec![
+            ("ingress.per_caller_per_minute", Yaml::Number(1000.into())),
+            ("ingress.dm_policy", Yaml::String("open".into())),
+        ],
         ..Default::default()
     }
 }

@@ -22,6 +22,7 @@ mod links;
 mod live;
 mod openapi;
 mod ops;
+mod pairing;
 mod redaction;
 mod review;
 mod review_intake;

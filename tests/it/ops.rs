@@ -64,6 +64,17 @@ async fn reply_to(h: &TestHost, mid: i64) -> String {
 }
 
 async fn ingest_dm(h: &TestHost, adapter: &str, text: &str, id: &str) -> i64 {
+    // pat is the bot's approved user (the sender policy's own tests are in
+    // tests/it/pairing.rs); allowing again changes nothing.
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/senders/allow",
+            None,
+            Some(json!({"sender": "test:pat"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
     let (st, v) = h.ingest(adapter, "ops-dm", "pat", text, id, false).await;
     assert_eq!((st, v["status"].as_str()), (202, Some("queued")), "{v}");
     v["message_id"].as_i64().unwrap()

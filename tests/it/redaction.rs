@@ -393,6 +393,9 @@ fn options(model: Value) -> HostOptions {
         model,
         config: vec![
             ("ingress.auto_space", Yaml::Bool(false)),
+            // Reviewed conversations come from strangers the tests then link:
+            // an open bot (the sender policy has its own tests, tests/it/pairing.rs).
+            ("ingress.dm_policy", Yaml::String("open".into())),
             ("review.owner", Yaml::String(OWNER.into())),
             (
                 "review.owner_names",

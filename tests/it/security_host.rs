@@ -280,6 +280,9 @@ async fn a_run_token_of_a_turn_interrupted_by_sigkill_is_dead_after_restart() {
             {"match": "^user: go$", "tool_calls": [{"name": "shell", "arguments": {"command":
                 "test -f resume-ok || { printf %s \"$MERCURY_TOKEN\" > run.token; touch started; sleep 600; }"}}]}
         ]}),
+        // kim is a stranger answered by an open bot (the sender policy has
+        // its own tests, tests/it/pairing.rs).
+        config: vec![("ingress.dm_policy", Yaml::String("open".into()))],
         ..Default::default()
     })
     .await;

@@ -15,7 +15,12 @@ use crate::common::{HostOptions, TestHost};
 fn opts(model: Value) -> HostOptions {
     HostOptions {
         model,
-        config: vec![("ingress.per_caller_per_minute", Yaml::Number(1000.into()))],
+        // These tests are about an open bot's live path: strangers are
+        // answered (the sender policy has its own tests, tests/it/pairing.rs).
+        config: vec![
+            ("ingress.per_caller_per_minute", Yaml::Number(1000.into())),
+            ("ingress.dm_policy", Yaml::String("open".into())),
+        ],
         ..Default::default()
     }
 }
@@ -84,7 +89,9 @@ async fn an_adapter_cannot_claim_an_operator_and_a_mapped_identity_acts_as_one()
     .await;
     h.create_space("mgmt").await;
     h.platform_conversation("phone", "mgmt").await;
-    let adapter = h.adapter_token("bridge", "test").await;
+    // A bridge trusted with identities (issue 23): without the flag no
+    // mapping holds (tests/it/pairing.rs).
+    let adapter = h.trusted_adapter_token("bridge", "test").await;
 
     // The body says "owner": the turn still runs as test:owner, with no rights.
     let (st, v) = ingest_as(&h, &adapter, "test", "owner", "set evil", "a-1").await;
@@ -698,7 +705,13 @@ async fn deleting_a_space_revokes_its_links_and_removes_its_workspace() {
 
 #[tokio::test]
 async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
-    let h = TestHost::start(HostOptions::default()).await;
+    // An auto-created space for a stranger's DM: an open bot (the sender
+    // policy has its own tests, tests/it/pairing.rs).
+    let h = TestHost::start(HostOptions {
+        config: vec![("ingress.dm_policy", Yaml::String("open".into()))],
+        ..Default::default()
+    })
+    .await;
     for s in ["a", "b", "c"] {
         h.create_space(s).await;
     }

@@ -153,6 +153,9 @@ async fn a_message_that_crashes_the_host_twice_is_answered_with_the_failure_repl
             {"match": "^user: boom$", "tool_calls": [{"name": "shell", "arguments": {"command":
                 "touch started; sleep 600"}}]}
         ]}),
+        // cy is a stranger answered by an open bot (the sender policy has
+        // its own tests, tests/it/pairing.rs).
+        config: vec![("ingress.dm_policy", Yaml::String("open".into()))],
         ..Default::default()
     })
     .await;

@@ -232,6 +232,9 @@ pub(crate) fn host_options(
 ) -> HostOptions {
     let mut config = vec![
         ("adapters.telegram.enabled", Yaml::Bool(true)),
+        // The adapter's tests talk as strangers to an open bot; the sender
+        // policy's own tests set `pairing` back in `extra`.
+        ("adapters.telegram.dm_policy", Yaml::String("open".into())),
         (
             "adapters.telegram.api_base_url",
             Yaml::String(fake.url.clone()),

@@ -43,7 +43,9 @@ pub(crate) const ACT_AS: &[ActAsRoute] = &[ActAsRoute::new("POST", "/api/send", 
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Ingested {
     /// The ingress decision: `queued`, `duplicate`, `ambient`, `muted`,
-    /// `rate_limited` or `unlinked`.
+    /// `rate_limited`, `unlinked`, `pairing` (a stranger's DM: its pairing
+    /// code is in the outbox, nothing else stored) or `refused` (the sender
+    /// policy let nothing in).
     pub status: String,
     pub duplicate: bool,
     pub message_id: Option<i64>,
@@ -80,7 +82,10 @@ pub(crate) async fn ingress(
             ))
         }
     }
-    let res = crate::ingress::ingest(&app, m).await?;
+    let origin = ingress::Origin::Token {
+        trusted_identities: auth.caller.trusted_identities,
+    };
+    let res = crate::ingress::ingest(&app, m, origin).await?;
     let status = match res.status {
         IngestStatus::Duplicate => StatusCode::OK,
         _ => StatusCode::ACCEPTED,

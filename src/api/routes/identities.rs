@@ -2,8 +2,13 @@
 //! (`telegram:123456`) to an operator (`owner`), so that sender's turns act
 //! with the operator's rights; every link and unlink is audited.
 //!
-//! Must never: map an operator id or a non-platform id as the platform side,
-//! or let anyone but a global admin change or read the mappings.
+//! A mapping holds only for messages of the platform's in-process adapter or
+//! of an adapter token minted with `--trusted-identities` (any other adapter
+//! token can name any sender id).
+//!
+//! Must never: map an operator id, a non-platform id or a platform id many
+//! people share (Telegram's anonymous admin, channel and service ids) as the
+//! platform side, or let anyone but a global admin change or read the mappings.
 
 use std::sync::Arc;
 
@@ -86,6 +91,8 @@ pub(crate) async fn link(
     auth.require_global_admin()?;
     let b = body(b)?;
     platform_id(&b.platform_id)?;
+    ids::refuse_shared_placeholder(&b.platform_id, "mapped to an operator")
+        .map_err(ApiError::bad_request)?;
     ids::validate_operator_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let by = auth.caller.caller_id.clone();
     let identity = app

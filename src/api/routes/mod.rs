@@ -66,6 +66,7 @@ resources![
     delivery,
     tokens,
     identities,
+    pairing,
     links,
     ask,
     review,

@@ -140,6 +140,8 @@ pub(crate) async fn grant(
     let ctx = auth.require(Permission::RolesGrant)?.clone();
     let b = body(b)?;
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
+    crate::ids::refuse_shared_placeholder(&b.caller_id, "granted a role")
+        .map_err(ApiError::bad_request)?;
     let role = b.role.unwrap_or_else(|| perms::ROLE_ADMIN.into());
     perms::validate_role_name(&role).map_err(ApiError::bad_request)?;
     let sid = ctx.space.clone();

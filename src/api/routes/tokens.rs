@@ -43,6 +43,12 @@ pub(crate) struct CreateToken {
     /// Limits a user token to one scope (`review.read`); it is then read-only.
     #[schema(pattern = "^review\\.read$")]
     scope: Option<String>,
+    /// Adapter tokens only: the identity mappings (`mrctl identities link`)
+    /// of the senders it posts hold, so a mapped sender acts as its
+    /// operator. Without it a mapped sender is only itself: an adapter token
+    /// can name any sender id.
+    #[serde(default)]
+    trusted_identities: bool,
 }
 
 /// A minted token: `token` is the secret, shown this once.
@@ -56,6 +62,8 @@ pub(crate) struct Minted {
     /// `review.read` limits the token to the review reports.
     pub scope: Option<String>,
     pub expires_at: Option<i64>,
+    /// The identity mappings of its senders hold (adapter tokens only).
+    pub trusted_identities: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -143,6 +151,12 @@ pub(crate) async fn create(
             return Err(ApiError::bad_request("scope applies to user tokens only"))
         }
     };
+    let trusted = b.trusted_identities;
+    if trusted && kind != TokenKind::Adapter {
+        return Err(ApiError::bad_request(
+            "trusted_identities applies to adapter tokens only",
+        ));
+    }
     let by = auth.caller.caller_id.clone();
     let caller = b.caller_id.clone();
     let bound = platform.clone();
@@ -171,6 +185,9 @@ pub(crate) async fn create(
             if let Some(s) = &scoped {
                 tokens::bind_scope(tx, &minted.0, s)?;
             }
+            if trusted {
+                tokens::trust_identities(tx, &minted.0)?;
+            }
             Ok(minted)
         })
         .await?;
@@ -184,6 +201,7 @@ pub(crate) async fn create(
             platform,
             scope,
             expires_at,
+            trusted_identities: trusted,
         }),
     ))
 }

@@ -112,6 +112,12 @@ pub enum Command {
     /// Map platform senders to operators (global admins).
     #[command(subcommand)]
     Identities(IdentitiesCmd),
+    /// Strangers' pending pairing requests: approve or deny them (global admins).
+    #[command(subcommand)]
+    Pairing(PairingCmd),
+    /// Who may talk to the bot: allow or deny a sender or a group (global admins).
+    #[command(subcommand)]
+    Senders(SendersCmd),
     /// Run an agent turn with this prompt and print the reply (exit 3 if the turn failed).
     #[command(
         after_help = "Example: MERCURY_SPACE=family mrctl chat 'what is on the shopping list?'"
@@ -578,6 +584,11 @@ pub enum TokensCmd {
         /// Limit a user token to one scope: `review.read` (read review reports only).
         #[arg(long)]
         scope: Option<String>,
+        /// Adapter tokens: the identity mappings (`identities link`) of the
+        /// senders it posts hold. Only for a bridge that reads sender ids from
+        /// the platform itself: it could otherwise post as any mapped sender.
+        #[arg(long)]
+        trusted_identities: bool,
     },
     /// Every token (never the secrets).
     List,
@@ -610,6 +621,52 @@ pub enum IdentitiesCmd {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: Option<u32>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PairingCmd {
+    /// Pending requests: code, platform, sender, name, created, expires.
+    List,
+    /// Allow the request's sender; it is told to write again.
+    Approve {
+        /// The 8-character code the stranger was sent.
+        code: String,
+    },
+    /// Deny the request's sender: nothing from it is answered from now on.
+    Deny {
+        /// The 8-character code the stranger was sent.
+        code: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SendersCmd {
+    /// Allow a sender's DMs (telegram:42), or a group with --conversation.
+    Allow {
+        /// The platform sender, e.g. telegram:42.
+        #[arg(
+            required_unless_present = "conversation",
+            conflicts_with = "conversation"
+        )]
+        sender: Option<String>,
+        /// A group as a whole, <platform>:<conversation id> (see `conversations list`).
+        #[arg(long, value_name = "PLATFORM:ID")]
+        conversation: Option<String>,
+    },
+    /// Deny a sender (nothing from it is answered), or a group with --conversation.
+    Deny {
+        /// The platform sender, e.g. telegram:42.
+        #[arg(
+            required_unless_present = "conversation",
+            conflicts_with = "conversation"
+        )]
+        sender: Option<String>,
+        /// A group as a whole, <platform>:<conversation id>.
+        #[arg(long, value_name = "PLATFORM:ID")]
+        conversation: Option<String>,
+    },
+    /// Every allow and deny decision.
+    List,
 }
 
 #[derive(Debug, Subcommand)]

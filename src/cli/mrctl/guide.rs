@@ -33,6 +33,17 @@ pub(super) fn list_header(cmd: &Command) -> Option<&'static [&'static str]> {
         Command::Identities(IdentitiesCmd::List) => {
             &["PLATFORM ID", "OPERATOR", "CREATED BY", "CREATED"]
         }
+        Command::Pairing(PairingCmd::List) => {
+            &["CODE", "PLATFORM", "SENDER", "NAME", "CREATED", "EXPIRES"]
+        }
+        Command::Senders(SendersCmd::List) => &[
+            "KIND",
+            "PLATFORM",
+            "SUBJECT",
+            "STATUS",
+            "DECIDED BY",
+            "DECIDED",
+        ],
         Command::Runs(RunsCmd::List { .. }) => &["ID", "KIND", "STATUS", "STARTED", "ENDED"],
         Command::Files(FilesCmd::Ls { .. }) => &["KIND", "SIZE", "HASH", "MODIFIED", "NAME"],
         Command::Links(LinksCmd::List { all: true }) => {

@@ -568,6 +568,28 @@ mod tests {
             ),
             (vec!["identities", "list"], Method::GET, "/api/identities", None),
             (
+                vec!["tokens", "create", "bridge", "--kind", "adapter", "--platform", "telegram", "--trusted-identities"],
+                Method::POST,
+                "/api/tokens",
+                Some(json!({"caller_id": "bridge", "kind": "adapter", "platform": "telegram", "trusted_identities": true})),
+            ),
+            (vec!["pairing", "list"], Method::GET, "/api/pairings", None),
+            (vec!["pairing", "approve", "K7QM4XPA"], Method::POST, "/api/pairings/K7QM4XPA/approve", None),
+            (vec!["pairing", "deny", "K7QM4XPA"], Method::POST, "/api/pairings/K7QM4XPA/deny", None),
+            (vec!["senders", "list"], Method::GET, "/api/senders", None),
+            (
+                vec!["senders", "allow", "telegram:42"],
+                Method::POST,
+                "/api/senders/allow",
+                Some(json!({"sender": "telegram:42"})),
+            ),
+            (
+                vec!["senders", "deny", "--conversation", "telegram:-1001"],
+                Method::POST,
+                "/api/senders/deny",
+                Some(json!({"conversation": "telegram:-1001"})),
+            ),
+            (
                 vec!["tokens", "create", "alice"],
                 Method::POST,
                 "/api/tokens",

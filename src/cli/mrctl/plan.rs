@@ -356,8 +356,14 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 label,
                 expires_in,
                 scope,
+                trusted_identities,
             } => {
                 non_empty("the caller id", caller)?;
+                if *trusted_identities && *kind != TokenKind::Adapter {
+                    return Err(UsageError(
+                        "--trusted-identities applies to --kind adapter only".into(),
+                    ));
+                }
                 if let Some(d) = expires_in {
                     check_positive_duration("--expires-in", d)?;
                 }
@@ -381,6 +387,10 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                     ("label", label.as_ref().map(|l| json!(l))),
                     ("expires_in", expires_in.as_ref().map(|d| json!(d.trim()))),
                     ("scope", scope.as_ref().map(|s| json!(s.trim()))),
+                    (
+                        "trusted_identities",
+                        trusted_identities.then_some(json!(true)),
+                    ),
                 ]);
                 RequestPlan::post("/api/tokens").body(body)
             }
@@ -407,6 +417,49 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             IdentitiesCmd::List => RequestPlan::get("/api/identities"),
             IdentitiesCmd::Audit { limit } => RequestPlan::get("/api/identities/audit")
                 .query("limit", limit.map(|l| l.to_string())),
+        },
+        Command::Pairing(cmd) => match cmd {
+            PairingCmd::List => RequestPlan::get("/api/pairings"),
+            PairingCmd::Approve { code } => {
+                non_empty("the pairing code", code)?;
+                RequestPlan::post(format!("/api/pairings/{}/approve", encode(code.trim())))
+            }
+            PairingCmd::Deny { code } => {
+                non_empty("the pairing code", code)?;
+                RequestPlan::post(format!("/api/pairings/{}/deny", encode(code.trim())))
+            }
+        },
+        Command::Senders(cmd) => match cmd {
+            SendersCmd::List => RequestPlan::get("/api/senders"),
+            SendersCmd::Allow {
+                sender,
+                conversation,
+            }
+            | SendersCmd::Deny {
+                sender,
+                conversation,
+            } => {
+                let path = match cmd {
+                    SendersCmd::Allow { .. } => "/api/senders/allow",
+                    _ => "/api/senders/deny",
+                };
+                let body =
+                    match (sender, conversation) {
+                        (Some(s), None) => {
+                            non_empty("the sender", s)?;
+                            json!({ "sender": s.trim() })
+                        }
+                        (None, Some(c)) => {
+                            non_empty("the conversation", c)?;
+                            json!({ "conversation": c.trim() })
+                        }
+                        _ => return Err(UsageError(
+                            "name a sender (telegram:42) or --conversation PLATFORM:ID, not both"
+                                .into(),
+                        )),
+                    };
+                RequestPlan::post(path).body(body)
+            }
         },
         Command::Chat { text, conversation } => {
             non_empty("the prompt", text)?;

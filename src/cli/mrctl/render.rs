@@ -405,6 +405,56 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 })
                 .collect(),
         },
+        Command::Pairing(cmd) => match cmd {
+            PairingCmd::List => items(v, "pairings")
+                .iter()
+                .map(|p| {
+                    row(&[
+                        cell(field(p, "code")),
+                        cell(field(p, "platform")),
+                        cell(field(p, "sender")),
+                        cell(field(p, "name")),
+                        time_cell(field(p, "created_at")),
+                        time_cell(field(p, "expires_at")),
+                    ])
+                })
+                .collect(),
+            PairingCmd::Approve { .. } => format!(
+                "approved {}: {} may now talk to the bot (and was told so)\n",
+                cell(field(field(v, "pairing"), "code")),
+                cell(field(field(v, "pairing"), "sender"))
+            ),
+            PairingCmd::Deny { .. } => format!(
+                "denied {}: nothing from {} is answered from now on\n",
+                cell(field(field(v, "pairing"), "code")),
+                cell(field(field(v, "pairing"), "sender"))
+            ),
+        },
+        Command::Senders(cmd) => match cmd {
+            SendersCmd::List => items(v, "senders")
+                .iter()
+                .map(|r| {
+                    row(&[
+                        cell(field(r, "kind")),
+                        cell(field(r, "platform")),
+                        cell(field(r, "subject")),
+                        cell(field(r, "status")),
+                        cell(field(r, "decided_by")),
+                        time_cell(field(r, "created_at")),
+                    ])
+                })
+                .collect(),
+            SendersCmd::Allow { .. } | SendersCmd::Deny { .. } => {
+                let r = field(v, "rule");
+                format!(
+                    "{} {} on {} is now {}\n",
+                    cell(field(r, "kind")),
+                    cell(field(r, "subject")),
+                    cell(field(r, "platform")),
+                    cell(field(r, "status"))
+                )
+            }
+        },
         Command::Chat { .. } => match field(v, "reply").as_str() {
             Some(reply) => format!("{reply}\n"),
             None => {

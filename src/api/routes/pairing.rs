@@ -1,0 +1,312 @@
+//! The sender policy's operator side (issue 23): pending pairing requests
+//! (`/api/pairings`) and the allow and deny decisions about senders and
+//! conversations (`/api/senders`). Instance-wide, like the identity
+//! mappings: global admins only.
+//!
+//! Must never: allow a platform id many people share (Telegram's anonymous
+//! admin, channel and service ids), approve an expired request, or be
+//! reachable across a space link.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, State};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{body, path_arg, Body, Json, PathArg};
+use crate::api::{ApiError, ApiResult, Auth};
+use crate::app::App;
+use crate::clock::now_ms;
+use crate::ids;
+use crate::ingress::policy::{CODE_ALPHABET, CODE_LEN, NO_SPACE};
+use crate::links::ActAsRoute;
+use crate::runtime::OutboundSend;
+use crate::storage::pairings::{self, Decision, Pairing, RuleKind, SenderRule};
+
+/// Pairing requests and sender decisions.
+pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(list_pairings))
+        .routes(routes!(approve))
+        .routes(routes!(deny))
+        .routes(routes!(list_senders))
+        .routes(routes!(allow_sender))
+        .routes(routes!(deny_sender))
+}
+
+/// None on purpose: who may talk to the bot is instance-wide, for global admins only.
+pub(crate) const ACT_AS: &[ActAsRoute] = &[];
+
+/// What an approved stranger is told (once, through the outbox).
+pub(crate) const APPROVED_REPLY: &str = "You are approved: send your message again and I will answer.";
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PairingList {
+    /// Pending requests, oldest first: `code`, `platform`, `sender`, `name`,
+    /// `created_at`, `expires_at` (ms since the epoch).
+    pub pairings: Vec<Pairing>,
+}
+
+/// A request decided: the request as it was and the decision it left.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PairingDecided {
+    pub pairing: Pairing,
+    pub rule: SenderRule,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SenderList {
+    /// Every decision: senders (`telegram:42`) and conversations (groups).
+    pub senders: Vec<SenderRule>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SenderDecided {
+    pub rule: SenderRule,
+}
+
+/// One sender (`telegram:42`) or one conversation (`telegram:-1001234`, a
+/// group as a whole): exactly one of the two.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SenderBody {
+    /// A platform sender's caller id, `<platform>:<sender id>`.
+    #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)]
+    sender: Option<String>,
+    /// A conversation, `<platform>:<conversation id>` (see `mrctl conversations list`).
+    #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 290)]
+    conversation: Option<String>,
+}
+
+/// A code as typed: 8 characters of the pairing alphabet, any case.
+fn code_arg(raw: &str) -> ApiResult<String> {
+    let code = raw.trim().to_ascii_uppercase();
+    if code.len() != CODE_LEN || !code.bytes().all(|b| CODE_ALPHABET.contains(&b)) {
+        return Err(ApiError::bad_request(format!(
+            "{raw:?} is not a pairing code: 8 characters such as K7QM4XPA (see `mrctl pairing list`)"
+        )));
+    }
+    Ok(code)
+}
+
+/// The (kind, platform, subject) a body names, checked.
+fn subject(b: SenderBody, what: &str) -> ApiResult<(RuleKind, String, String)> {
+    let (kind, raw) = match (b.sender, b.conversation) {
+        (Some(s), None) => (RuleKind::Sender, s),
+        (None, Some(c)) => (RuleKind::Conversation, c),
+        _ => {
+            return Err(ApiError::bad_request(
+                "name exactly one of sender (telegram:42) or conversation (telegram:-1001234)",
+            ))
+        }
+    };
+    let Some((platform, rest)) = raw.split_once(':') else {
+        return Err(ApiError::bad_request(format!(
+            "{raw:?} must be <platform>:<id>, e.g. telegram:42"
+        )));
+    };
+    ids::validate_platform(platform)
+        .map_err(|m| ApiError::bad_request(format!("{raw:?}: {m}")))?;
+    match kind {
+        RuleKind::Sender => {
+            ids::validate_caller_id(&raw).map_err(ApiError::bad_request)?;
+            if ids::platform_of(&raw).is_none() {
+                return Err(ApiError::bad_request(format!(
+                    "{raw:?} is not a platform sender: write it as <platform>:<sender id>"
+                )));
+            }
+            ids::refuse_shared_placeholder(&raw, what).map_err(ApiError::bad_request)?;
+        }
+        RuleKind::Conversation => {
+            if rest.trim().is_empty() || rest.len() > 256 || rest.chars().any(char::is_control) {
+                return Err(ApiError::bad_request(
+                    "a conversation id must be 1-256 characters without control characters",
+                ));
+            }
+        }
+    }
+    let subject = match kind {
+        RuleKind::Sender => raw.clone(),
+        RuleKind::Conversation => rest.to_owned(),
+    };
+    Ok((kind, platform.to_owned(), subject))
+}
+
+#[utoipa::path(get, path = "/api/pairings", tag = "senders",
+    responses((status = 200, description = "Pending pairing requests", body = PairingList)))]
+pub(crate) async fn list_pairings(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<PairingList>> {
+    auth.require_global_admin()?;
+    let now = now_ms();
+    let pairings = app
+        .rt
+        .store
+        .read(move |c| pairings::list(c, now))
+        .await?;
+    Ok(Json(PairingList { pairings }))
+}
+
+/// Takes request `code` and records `decision` for its sender; an approved
+/// stranger is told once.
+async fn decide_request(
+    app: &App,
+    auth: &Auth,
+    code: String,
+    decision: Decision,
+) -> ApiResult<PairingDecided> {
+    auth.require_global_admin()?;
+    let by = auth.caller.caller_id.clone();
+    let outbound = app.rt.outbound.clone();
+    let wanted = code.clone();
+    let done = app
+        .rt
+        .store
+        .write(move |tx| {
+            let Some(p) = pairings::take(tx, &wanted, now_ms())? else {
+                return Ok(None);
+            };
+            let rule = pairings::decide(tx, RuleKind::Sender, &p.platform, &p.sender, decision, &by)?;
+            if decision == Decision::Allowed {
+                outbound.enqueue(
+                    tx,
+                    &OutboundSend {
+                        space: NO_SPACE,
+                        conversation_id: None,
+                        platform: &p.platform,
+                        external_id: &p.conversation,
+                        message_id: None,
+                        text: APPROVED_REPLY,
+                        source: "pairing",
+                    },
+                )?;
+            }
+            Ok(Some(PairingDecided { pairing: p, rule }))
+        })
+        .await?;
+    done.ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no pending pairing request {code} (it may have expired or been decided; see `mrctl pairing list`)"
+        ))
+    })
+}
+
+#[utoipa::path(post, path = "/api/pairings/{code}/approve", tag = "senders",
+    params(("code" = String, Path, description = "The request's 8-character code", min_length = 8, max_length = 8)),
+    responses((status = 200, description = "Approved: the sender is allowed", body = PairingDecided),
+        (status = 404, description = "No such pending request", body = crate::api::error::ErrorBody)))]
+pub(crate) async fn approve(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    code: PathArg<String>,
+) -> ApiResult<Json<PairingDecided>> {
+    auth.require_global_admin()?;
+    let code = code_arg(&path_arg(code)?)?;
+    Ok(Json(decide_request(&app, &auth, code, Decision::Allowed).await?))
+}
+
+#[utoipa::path(post, path = "/api/pairings/{code}/deny", tag = "senders",
+    params(("code" = String, Path, description = "The request's 8-character code", min_length = 8, max_length = 8)),
+    responses((status = 200, description = "Denied: the sender gets nothing from now on", body = PairingDecided),
+        (status = 404, description = "No such pending request", body = crate::api::error::ErrorBody)))]
+pub(crate) async fn deny(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    code: PathArg<String>,
+) -> ApiResult<Json<PairingDecided>> {
+    auth.require_global_admin()?;
+    let code = code_arg(&path_arg(code)?)?;
+    Ok(Json(decide_request(&app, &auth, code, Decision::Denied).await?))
+}
+
+#[utoipa::path(get, path = "/api/senders", tag = "senders",
+    responses((status = 200, description = "Every allow and deny decision", body = SenderList)))]
+pub(crate) async fn list_senders(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<SenderList>> {
+    auth.require_global_admin()?;
+    let senders = app.rt.store.read(pairings::rules).await?;
+    Ok(Json(SenderList { senders }))
+}
+
+async fn decide_subject(
+    app: &App,
+    auth: &Auth,
+    b: SenderBody,
+    decision: Decision,
+) -> ApiResult<SenderDecided> {
+    let what = match decision {
+        Decision::Allowed => "allowed as a sender",
+        Decision::Denied => "denied as a sender",
+    };
+    let (kind, platform, subject) = subject(b, what)?;
+    let by = auth.caller.caller_id.clone();
+    let rule = app
+        .rt
+        .store
+        .write(move |tx| pairings::decide(tx, kind, &platform, &subject, decision, &by))
+        .await?;
+    Ok(SenderDecided { rule })
+}
+
+#[utoipa::path(post, path = "/api/senders/allow", tag = "senders", request_body = SenderBody,
+    responses((status = 200, description = "Allowed", body = SenderDecided)))]
+pub(crate) async fn allow_sender(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<SenderBody>,
+) -> ApiResult<Json<SenderDecided>> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    Ok(Json(decide_subject(&app, &auth, b, Decision::Allowed).await?))
+}
+
+#[utoipa::path(post, path = "/api/senders/deny", tag = "senders", request_body = SenderBody,
+    responses((status = 200, description = "Denied: nothing from it is answered", body = SenderDecided)))]
+pub(crate) async fn deny_sender(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<SenderBody>,
+) -> ApiResult<Json<SenderDecided>> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    Ok(Json(decide_subject(&app, &auth, b, Decision::Denied).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_taken_in_any_case_and_checked() {
+        assert_eq!(code_arg("k7qm4xpa").unwrap(), "K7QM4XPA");
+        for bad in ["", "K7QM4XP", "K7QM4XPA9", "K0QM4XPA", "K7QM4XP!"] {
+            assert!(code_arg(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn senders_and_conversations_are_checked() {
+        let s = |sender: Option<&str>, conversation: Option<&str>| SenderBody {
+            sender: sender.map(str::to_owned),
+            conversation: conversation.map(str::to_owned),
+        };
+        let (k, p, subj) = subject(s(Some("telegram:42"), None), "allowed").unwrap();
+        assert_eq!((k, p.as_str(), subj.as_str()), (RuleKind::Sender, "telegram", "telegram:42"));
+        let (k, _, subj) = subject(s(None, Some("telegram:-1001")), "allowed").unwrap();
+        assert_eq!((k, subj.as_str()), (RuleKind::Conversation, "-1001"));
+        for bad in [
+            s(None, None),
+            s(Some("telegram:1"), Some("telegram:2")),
+            s(Some("owner"), None),
+            s(Some("telegram:1087968824"), None),
+            s(Some("console:x"), None),
+        ] {
+            assert!(subject(bad, "allowed").is_err());
+        }
+    }
+}
