@@ -284,7 +284,12 @@ fn tag_source(cmd: &Command, v: &Value, text: String) -> String {
     let Some(source) = field(v, "source_space").as_str() else {
         return text;
     };
-    if matches!(cmd, Command::Ask { .. }) {
+    // `ask` opens with its label; `runs show` tags each step with its own
+    // source (a step may carry a third space's data, issue 23).
+    if matches!(
+        cmd,
+        Command::Ask { .. } | Command::Runs(RunsCmd::Show { .. })
+    ) {
         return text;
     }
     if text.is_empty() {
