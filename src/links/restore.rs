@@ -66,9 +66,9 @@ pub fn note_role_write(
             space,
             kind: ChangeKind::Role,
             key: caller,
-            before: before.as_ref().map(|(r, _, _)| r.as_str()),
-            before_by: before.as_ref().and_then(|(_, by, _)| by.as_deref()),
-            before_link: before.as_ref().and_then(|(_, _, l)| *l),
+            before: before.as_ref().map(|r| r.role.as_str()),
+            before_by: before.as_ref().and_then(|r| r.granted_by.as_deref()),
+            before_link: before.as_ref().and_then(|r| r.link_id),
             after,
         },
     )
@@ -149,7 +149,7 @@ impl Settlement {
 fn current(conn: &Connection, c: &LinkChange) -> StoreResult<(Option<String>, Option<i64>)> {
     match ChangeKind::parse(&c.kind) {
         Some(ChangeKind::Role) => Ok(spaces::role_row(conn, &c.space_id, &c.key)?
-            .map_or((None, None), |(r, _, l)| (Some(r), l))),
+            .map_or((None, None), |r| (Some(r.role), r.link_id))),
         Some(kind) => Ok((
             spaces::kv_entry(conn, table_of(kind), &c.space_id, &c.key)?.map(|(v, _)| v),
             None,

@@ -192,18 +192,28 @@ pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<
         .optional()?)
 }
 
-/// A caller's stored role row: the role, who granted it and the link it
-/// was granted through (none: a direct grant). Read only.
-pub fn role_row(
-    conn: &Connection,
-    space: &str,
-    caller: &str,
-) -> StoreResult<Option<(String, Option<String>, Option<i64>)>> {
+/// A caller's stored role row, as a link change remembers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoleRow {
+    pub role: String,
+    pub granted_by: Option<String>,
+    /// The link it was granted through (none: a direct grant).
+    pub link_id: Option<i64>,
+}
+
+/// A caller's stored role row, if one was granted. Read only.
+pub fn role_row(conn: &Connection, space: &str, caller: &str) -> StoreResult<Option<RoleRow>> {
     Ok(conn
         .query_row_cached(
             "SELECT role, granted_by, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
             [space, caller],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| {
+                Ok(RoleRow {
+                    role: r.get(0)?,
+                    granted_by: r.get(1)?,
+                    link_id: r.get(2)?,
+                })
+            },
         )
         .optional()?)
 }

@@ -562,7 +562,10 @@ async fn a_trace_read_through_a_link_withholds_what_a_step_read_from_a_third_spa
         "{text}"
     );
     assert!(text.contains("[from client] run: "), "{text}");
-    assert!(text.contains("[from secret] #2 tool mrctl [arguments withheld] exit 0"), "{text}");
+    assert!(
+        text.contains("[from secret] #2 tool mrctl [arguments withheld] exit 0"),
+        "{text}"
+    );
 
     // With a link of its own to secret, mgmt reads the step, tagged secret.
     h.link("mgmt", "secret", "read").await;

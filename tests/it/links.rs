@@ -394,7 +394,7 @@ async fn act_as_authorization_matrix_from_the_allowlist() {
     }
     println!("act-as authorization matrix: {cells} cells checked");
     assert_eq!(cells, STATES.len() * ACT_AS_ROUTES.len() * w.tokens.len());
-    assert_eq!(w.tokens.len(), 7);
+    assert_eq!(w.tokens.len(), 6);
     assert!(
         failures.is_empty(),
         "{} cells wrong:\n{}",

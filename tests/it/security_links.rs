@@ -667,8 +667,13 @@ async fn deleting_a_space_revokes_its_links_and_removes_its_workspace() {
         "the symlink was not followed"
     );
     assert_eq!(
-        h.count("SELECT COUNT(*) FROM space_link_audit WHERE action = 'revoke' AND detail = 'space t was deleted'"),
+        h.count("SELECT COUNT(*) FROM space_link_audit WHERE action = 'revoke' AND detail LIKE 'space t was deleted%'"),
         2
+    );
+    // What t's link had changed in u is put back, and the audit says so.
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM space_link_audit WHERE action = 'revoke' AND detail = 'space t was deleted; restored role of test:via-t in u to (none)'"),
+        1
     );
     assert_eq!(
         h.count("SELECT COUNT(*) FROM space_roles WHERE caller_id = 'test:via-t'"),
