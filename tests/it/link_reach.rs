@@ -344,6 +344,47 @@ async fn revoke_and_downgrade_restore_what_the_link_changed_and_keep_a_direct_wr
         .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["restored"], json!([]), "{v}");
+
+    // Two links on one key: the first one's revoke keeps the second's value
+    // and hands it the original, which the second one's revoke restores.
+    h.create_space("ops").await;
+    h.grant("ops", "alice", "admin").await;
+    let (first, second) = (
+        h.link("mgmt", "client", "admin").await,
+        h.link("ops", "client", "admin").await,
+    );
+    for (holder, value) in [("mgmt", "first"), ("ops", "second")] {
+        let (st, v) = h
+            .act_as(
+                Method::PUT,
+                "/api/prefs",
+                &alice,
+                holder,
+                "client",
+                Some(json!({"key": "tone", "value": value})),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+    }
+    let (_, v) = h
+        .owner(Method::DELETE, &format!("/api/links/{first}"), None, None)
+        .await;
+    assert_eq!(v["kept"][0]["value"], "second", "{v}");
+    assert!(
+        v["kept"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("through link {second}")),
+        "{v}"
+    );
+    let (_, v) = h
+        .owner(Method::DELETE, &format!("/api/links/{second}"), None, None)
+        .await;
+    assert_eq!(v["restored"][0]["value"], "calm", "{v}");
+    assert_eq!(
+        kv(&h, "space_preferences", "client", "tone").as_deref(),
+        Some("calm")
+    );
     h.stop().await;
 }
 
