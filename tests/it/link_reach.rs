@@ -242,6 +242,19 @@ async fn revoke_and_downgrade_restore_what_the_link_changed_and_keep_a_direct_wr
     assert_eq!(changes[0]["kind"], "permissions");
     assert_eq!(changes[0]["before_value"], "messages.read,prompt");
     assert_eq!(changes[1]["before_value"], "calm");
+    let out = h
+        .mrctl(&h.owner_token, Some("mgmt"))
+        .args(["links", "inspect", &link.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("changed preference tone in client: calm -> loud\n")
+            && text.contains(
+                "changed config rate_limit.per_minute in client: (none) -> 5 (written since)\n"
+            ),
+        "{text}"
+    );
 
     // Revoked with mrctl: what was restored and what was kept, said.
     let out = h
