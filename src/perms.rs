@@ -153,6 +153,30 @@ impl Permission {
         }
     }
 
+    /// The permissions that manage reach: who may act across links, who
+    /// holds which role, what a role holds, and whether the space exists
+    /// under its name. A change made through a space link never gives a
+    /// role of the target one of these (issue 23): a holder could otherwise
+    /// widen the target's roles and keep, after the link is revoked, reach
+    /// it was never given as a row. A later permission of this kind (an
+    /// extension's `ext.manage`) joins this list, and the rule follows.
+    pub const fn manages_reach() -> &'static [Permission] {
+        &[
+            Permission::LinksAct,
+            Permission::LinksList,
+            Permission::PermissionsSet,
+            Permission::RolesGrant,
+            Permission::RolesRevoke,
+            Permission::SpacesDelete,
+            Permission::SpacesRename,
+        ]
+    }
+
+    /// Whether this permission is one of [`Permission::manages_reach`].
+    pub fn is_reach(self) -> bool {
+        Self::manages_reach().contains(&self)
+    }
+
     /// The permission a wire name names, if any.
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|p| p.as_str() == name)
@@ -313,6 +337,27 @@ mod tests {
             assert_eq!(Permission::parse(p.as_str()), Some(*p));
         }
         assert_eq!(Permission::parse("tasks.write"), None);
+    }
+
+    #[test]
+    fn the_reach_list_names_exactly_the_permissions_issue_23_lists() {
+        let names: Vec<&str> = Permission::manages_reach()
+            .iter()
+            .map(|p| p.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "links.act",
+                "links.list",
+                "permissions.set",
+                "roles.grant",
+                "roles.revoke",
+                "spaces.delete",
+                "spaces.rename"
+            ]
+        );
+        assert!(!Permission::PrefsSet.is_reach());
     }
 
     #[test]

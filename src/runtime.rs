@@ -35,12 +35,43 @@ pub struct Runtime {
     pub live_runs: Mutex<HashSet<String>>,
     /// Writes refused inside `ask` turns, by run id; drained when the ask ends.
     pub ask_refusals: Mutex<HashMap<String, Vec<AskRefusal>>>,
+    /// The spaces each run has reached across a space link since its current
+    /// tool step began (issue 23), by run id: the act-as step adds, the turn
+    /// takes them into the step's trace row when the tool call ends.
+    pub cross_reads: CrossReads,
     /// Prometheus metrics (`/metrics`).
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// Where outbound sends go: the outbox (live) or the shadow transcript.
     pub outbound: Outbound,
     /// When a turn's commit last deleted expired run traces (ms; 0: never).
     pub steps_pruned_at: std::sync::atomic::AtomicI64,
+}
+
+/// Which other spaces a run read across links, step by step. Counted when the
+/// act-as step grants the request, before any of the target's data is
+/// answered, so a tool call's reads are all in before the tool returns.
+#[derive(Debug, Default)]
+pub struct CrossReads(Mutex<HashMap<String, std::collections::BTreeSet<String>>>);
+
+impl CrossReads {
+    /// `run` reached `space` across a link.
+    pub fn note(&self, run: &str, space: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.entry(run.to_owned())
+                .or_default()
+                .insert(space.to_owned());
+        }
+    }
+
+    /// The spaces `run` reached since the last take, sorted; forgets them.
+    pub fn take(&self, run: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(run))
+            .map(|s| s.into_iter().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// One send addressed to a platform conversation.

@@ -194,6 +194,7 @@ pub(crate) async fn run_turn(
     if let Ok(mut live) = rt.live_runs.lock() {
         live.remove(req.run_id.as_str());
     }
+    attach_late_reads(rt, &req, &mut acc);
     let (status, reply, error) = match result {
         None => (TurnStatus::Stopped, None, Some("stopped".to_string())),
         Some(Ok(text)) => (TurnStatus::Done, Some(text), None),
@@ -258,6 +259,24 @@ impl Accounting {
     }
 }
 
+/// Reads made after a tool call returned (a process it left running) came
+/// from that call: they join the last tool step, so the trace never shows
+/// another space's data without naming it.
+fn attach_late_reads(rt: &Runtime, req: &TurnRequest, acc: &mut Accounting) {
+    let late = rt.cross_reads.take(req.run_id.as_str());
+    if late.is_empty() {
+        return;
+    }
+    if let Some(last) = acc.steps.iter_mut().rev().find(|s| s.kind == "tool") {
+        for space in late {
+            if !last.source_spaces.contains(&space) {
+                last.source_spaces.push(space);
+            }
+        }
+        last.source_spaces.sort();
+    }
+}
+
 /// At most `cap` bytes of `text`, cut at a character boundary.
 fn capped(text: &str, cap: usize) -> String {
     if text.len() <= cap {
@@ -312,8 +331,10 @@ async fn turn_loop(
                 started_at,
                 ..Default::default()
             };
+            attach_late_reads(rt, req, acc);
             let result = run_one_tool(rt, req, slot, call).await;
             step.duration_ms = clock.elapsed().as_millis() as u64;
+            step.source_spaces = rt.cross_reads.take(req.run_id.as_str());
             let result = match result {
                 Ok(r) => r,
                 Err(e) => {

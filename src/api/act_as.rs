@@ -339,6 +339,11 @@ async fn act_as_checked(
     };
     audit.link_id = Some(grant.edge_id);
     audit.level = Some(grant.level.as_str().to_owned());
+    // A run's step that reaches another space carries that space's data:
+    // its trace row names the source (issue 23), counted before any answer.
+    if let Some(run) = &auth.caller.run_id {
+        app.rt.cross_reads.note(run, target.as_str());
+    }
     // Step 6 (first half): an admin route's row is committed before its
     // effect can happen; a read's row is owed by the guard.
     let guard = if route.level == LinkLevel::Admin {

@@ -323,6 +323,7 @@ async fn build_runtime_with_env(
         waiters: TurnWaiters::default(),
         live_runs: Mutex::new(Default::default()),
         ask_refusals: Mutex::new(Default::default()),
+        cross_reads: Default::default(),
         metrics: Arc::default(),
         steps_pruned_at: std::sync::atomic::AtomicI64::new(0),
     }))

@@ -13,6 +13,9 @@
 use rusqlite::Connection;
 use serde::Serialize;
 
+pub mod restore;
+pub mod traces;
+
 use crate::storage::{links, StoreResult};
 
 /// What an edge lets the holder do in the target.

@@ -6,7 +6,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::{StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -285,4 +285,195 @@ fn audit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
         before_value: r.get(15)?,
         after_value: r.get(16)?,
     })
+}
+
+/// What a link change touched: a config key, a preference, a role's
+/// permission set (stored as its config key) or a caller's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Config,
+    Preference,
+    Permissions,
+    Role,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Config => "config",
+            ChangeKind::Preference => "preference",
+            ChangeKind::Permissions => "permissions",
+            ChangeKind::Role => "role",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<ChangeKind> {
+        [
+            ChangeKind::Config,
+            ChangeKind::Preference,
+            ChangeKind::Permissions,
+            ChangeKind::Role,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == raw)
+    }
+}
+
+/// One change made through a space link (`link_changes`), with the value it
+/// replaced, so revoking or downgrading the link can put that value back.
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
+pub struct LinkChange {
+    pub id: i64,
+    pub link_id: i64,
+    pub space_id: String,
+    /// `config`, `preference`, `permissions` or `role`.
+    pub kind: String,
+    /// The config or preference key (a permission set's is
+    /// `role.<role>.permissions`), or the caller id of a role.
+    pub key: String,
+    /// What was there before the change (none: the key or role was absent).
+    pub before_value: Option<String>,
+    /// Who had written the value before (`updated_by`, `granted_by`).
+    pub before_by: Option<String>,
+    /// The link that had granted the role before, if one had.
+    pub before_link_id: Option<i64>,
+    /// What the link wrote (none: it deleted the key or revoked the role).
+    pub after_value: Option<String>,
+    pub at: i64,
+    /// A direct write changed the value since.
+    pub superseded: bool,
+    pub settled_at: Option<i64>,
+    /// `restored`, `kept` or `gone` (the space was deleted), once settled.
+    pub outcome: Option<String>,
+}
+
+const CHANGE_COLS: &str = "id, link_id, space_id, kind, key, before_value, before_by, before_link_id, after_value, at, superseded, settled_at, outcome";
+
+fn change_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LinkChange> {
+    Ok(LinkChange {
+        id: r.get(0)?,
+        link_id: r.get(1)?,
+        space_id: r.get(2)?,
+        kind: r.get(3)?,
+        key: r.get(4)?,
+        before_value: r.get(5)?,
+        before_by: r.get(6)?,
+        before_link_id: r.get(7)?,
+        after_value: r.get(8)?,
+        at: r.get(9)?,
+        superseded: r.get::<_, i64>(10)? != 0,
+        settled_at: r.get(11)?,
+        outcome: r.get(12)?,
+    })
+}
+
+/// A change about to be recorded.
+pub struct NewChange<'a> {
+    pub link: i64,
+    pub space: &'a str,
+    pub kind: ChangeKind,
+    pub key: &'a str,
+    pub before: Option<&'a str>,
+    pub before_by: Option<&'a str>,
+    pub before_link: Option<i64>,
+    pub after: Option<&'a str>,
+}
+
+pub fn record_change(conn: &Connection, c: &NewChange<'_>) -> StoreResult<()> {
+    conn.execute_cached(
+        "INSERT INTO link_changes (link_id, space_id, kind, key, before_value, before_by, before_link_id, after_value, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            c.link,
+            c.space,
+            c.kind.as_str(),
+            c.key,
+            c.before,
+            c.before_by,
+            c.before_link,
+            c.after,
+            now_ms()
+        ],
+    )?;
+    Ok(())
+}
+
+/// A direct write (no link) changed `key`: every open link change on it is
+/// superseded, so no revoke puts the link's earlier value over it.
+pub fn supersede_changes(
+    conn: &Connection,
+    space: &str,
+    kind: ChangeKind,
+    key: &str,
+) -> StoreResult<()> {
+    conn.execute_cached(
+        "UPDATE link_changes SET superseded = 1
+         WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND settled_at IS NULL",
+        params![space, kind.as_str(), key],
+    )?;
+    Ok(())
+}
+
+/// The link's changes not yet settled by a revoke or downgrade, oldest first.
+pub fn open_changes(conn: &Connection, link: i64) -> StoreResult<Vec<LinkChange>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {CHANGE_COLS} FROM link_changes WHERE link_id = ?1 AND settled_at IS NULL ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([link], change_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The first open change on `key` by another link, made after change `after_id`.
+pub fn next_open_change_on(
+    conn: &Connection,
+    space: &str,
+    kind: &str,
+    key: &str,
+    not_link: i64,
+    after_id: i64,
+) -> StoreResult<Option<LinkChange>> {
+    Ok(conn
+        .query_row(
+            &format!(
+                "SELECT {CHANGE_COLS} FROM link_changes
+                 WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND link_id <> ?4 AND id > ?5
+                   AND settled_at IS NULL
+                 ORDER BY id LIMIT 1"
+            ),
+            params![space, kind, key, not_link, after_id],
+            change_from_row,
+        )
+        .optional()?)
+}
+
+/// Hands a settled link's earlier value on to the change that followed it.
+pub fn set_change_before(
+    conn: &Connection,
+    id: i64,
+    before: Option<&str>,
+    before_by: Option<&str>,
+    before_link: Option<i64>,
+) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE link_changes SET before_value = ?2, before_by = ?3, before_link_id = ?4 WHERE id = ?1",
+        params![id, before, before_by, before_link],
+    )?;
+    Ok(())
+}
+
+pub fn settle_change(conn: &Connection, id: i64, outcome: &str) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE link_changes SET settled_at = ?2, outcome = ?3 WHERE id = ?1",
+        params![id, now_ms(), outcome],
+    )?;
+    Ok(())
+}
+
+/// Every change made through the link, settled or not, oldest first.
+pub fn changes_of_link(conn: &Connection, link: i64) -> StoreResult<Vec<LinkChange>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {CHANGE_COLS} FROM link_changes WHERE link_id = ?1 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([link], change_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

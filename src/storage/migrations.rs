@@ -338,6 +338,33 @@ INSERT OR IGNORE INTO allowed_senders (kind, platform, subject, status, decided_
 ALTER TABLE messages ADD COLUMN trusted_identity INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE api_tokens ADD COLUMN trusted_identities INTEGER NOT NULL DEFAULT 0;
 "#,
+    // 11: what a space link changed, and where a run step's data came from
+    // (issue 23). Every change made through a link (a config key, a
+    // preference, a role's permission set, a caller's role) is one row with
+    // the value it replaced, so revoking or downgrading the link restores it
+    // unless a direct write changed it since (`superseded`). A run step that
+    // read another space across a link names that space, so a trace read
+    // through a link can withhold what the reader has no link to.
+    r#"
+CREATE TABLE link_changes (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  link_id INTEGER NOT NULL,
+  space_id TEXT NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN ('config','preference','permissions','role')),
+  key TEXT NOT NULL,
+  before_value TEXT,
+  before_by TEXT,
+  before_link_id INTEGER,
+  after_value TEXT,
+  at INTEGER NOT NULL,
+  superseded INTEGER NOT NULL DEFAULT 0,
+  settled_at INTEGER,
+  outcome TEXT
+);
+CREATE INDEX link_changes_open ON link_changes (link_id, id) WHERE settled_at IS NULL;
+CREATE INDEX link_changes_key ON link_changes (space_id, kind, key) WHERE settled_at IS NULL;
+ALTER TABLE run_steps ADD COLUMN source_spaces TEXT;
+"#,
 ];
 
 pub(super) fn apply(conn: &mut Connection) -> StoreResult<()> {

@@ -182,14 +182,25 @@ pub struct RunStep {
     /// Why the step failed (a model that did not answer, a bad tool call).
     pub error: Option<String>,
     pub started_at: i64,
+    /// The other spaces the step reached across space links (a tool call's
+    /// `mrctl --space X …`), sorted; empty: only the run's own space.
+    pub source_spaces: Vec<String>,
+    /// Whose data the step carries, as served through a link (the run's
+    /// space, or the spaces it reached); not stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_space: Option<String>,
+    /// Served through a link: the arguments, output and error came from a
+    /// space the reader has no link to and were left out. Not stored.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub withheld: bool,
 }
 
 /// Records a run's steps (once, when the run is committed).
 pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> StoreResult<()> {
     for s in steps {
         conn.execute_cached(
-            "INSERT INTO run_steps (run_id, seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            "INSERT INTO run_steps (run_id, seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at, source_spaces)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 run_id,
                 s.seq,
@@ -203,7 +214,8 @@ pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> Store
                 s.output_bytes.map(|b| b as i64),
                 s.output,
                 s.error,
-                s.started_at
+                s.started_at,
+                (!s.source_spaces.is_empty()).then(|| s.source_spaces.join(","))
             ],
         )?;
     }
@@ -213,7 +225,7 @@ pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> Store
 /// A run's steps, in order.
 pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at
+        "SELECT seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at, source_spaces
          FROM run_steps WHERE run_id = ?1 ORDER BY seq",
     )?;
     let rows = stmt.query_map([run_id], |r| {
@@ -230,6 +242,11 @@ pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
             output: r.get(9)?,
             error: r.get(10)?,
             started_at: r.get(11)?,
+            source_spaces: r
+                .get::<_, Option<String>>(12)?
+                .map(|s| s.split(',').map(str::to_owned).collect())
+                .unwrap_or_default(),
+            ..Default::default()
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)

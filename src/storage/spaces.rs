@@ -192,6 +192,32 @@ pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<
         .optional()?)
 }
 
+/// A caller's stored role row, as a link change remembers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoleRow {
+    pub role: String,
+    pub granted_by: Option<String>,
+    /// The link it was granted through (none: a direct grant).
+    pub link_id: Option<i64>,
+}
+
+/// A caller's stored role row, if one was granted. Read only.
+pub fn role_row(conn: &Connection, space: &str, caller: &str) -> StoreResult<Option<RoleRow>> {
+    Ok(conn
+        .query_row_cached(
+            "SELECT role, granted_by, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
+            [space, caller],
+            |r| {
+                Ok(RoleRow {
+                    role: r.get(0)?,
+                    granted_by: r.get(1)?,
+                    link_id: r.get(2)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
 pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>> {
     let mut stmt = conn.prepare_cached(
         "SELECT caller_id, role, granted_by, created_at, updated_at, link_id FROM space_roles WHERE space_id = ?1 ORDER BY caller_id",
@@ -343,6 +369,22 @@ pub fn kv_get(
     );
     Ok(conn
         .query_row_cached(&sql, [space, key], |r| r.get(0))
+        .optional()?)
+}
+
+/// A key's value and who wrote it last.
+pub fn kv_entry(
+    conn: &Connection,
+    table: KvTable,
+    space: &str,
+    key: &str,
+) -> StoreResult<Option<(String, String)>> {
+    let sql = format!(
+        "SELECT value, updated_by FROM {} WHERE space_id = ?1 AND key = ?2",
+        table.name()
+    );
+    Ok(conn
+        .query_row_cached(&sql, [space, key], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?)
 }
 

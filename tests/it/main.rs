@@ -18,6 +18,7 @@ mod discord;
 mod docker_turns;
 mod files;
 mod layers;
+mod link_reach;
 mod links;
 mod live;
 mod openapi;

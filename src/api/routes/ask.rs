@@ -82,5 +82,20 @@ pub(crate) async fn ask(
             AskError::Store(e) => e.into(),
             view @ AskError::View(_) => ApiError::internal(view),
         })?;
+    // The ask's steps come back to the holder: what the turn read through
+    // the target's own links is withheld unless the holder has a link there.
+    let mut outcome = outcome;
+    if let Some(via) = &auth.via {
+        let (holder, space) = (via.holder.to_string(), outcome.space_id.clone());
+        let mut steps = std::mem::take(&mut outcome.steps);
+        outcome.steps = app
+            .rt
+            .store
+            .read(move |c| {
+                crate::links::traces::withhold_steps(c, &holder, &space, &mut steps)?;
+                Ok(steps)
+            })
+            .await?;
+    }
     Ok(Json(outcome))
 }

@@ -17,8 +17,9 @@ use crate::perms::Permission;
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
+use crate::links::restore::{self, Settled, Settlement};
 use crate::links::{ActAsRoute, LinkLevel};
-use crate::storage::links::{self, AuditRow, NewLink, SpaceLink};
+use crate::storage::links::{self, AuditRow, LinkChange, NewLink, SpaceLink};
 use crate::storage::spaces::LinkRole;
 use crate::storage::{conversations, spaces, StoreError};
 
@@ -59,11 +60,41 @@ pub(crate) struct LinksCreated {
     pub links: Vec<SpaceLink>,
 }
 
-/// A link after an update or revoke, with the roles it gave that went.
+/// A link after an update or revoke: what it had changed in the target and
+/// was put back (`restored`), what was changed since and so kept (`kept`),
+/// and the roles it had granted that no longer hold (`removed_roles`).
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct LinkChanged {
     pub link: SpaceLink,
     pub removed_roles: Vec<LinkRole>,
+    pub restored: Vec<Settled>,
+    pub kept: Vec<Settled>,
+}
+
+/// Takes back what the link gave (its revoke, its downgrade to `read`, the
+/// deletion of a space it touches): every change it made is settled (the
+/// earlier value restored, or kept if changed since), and a role it granted
+/// before changes were recorded (no earlier value known) is removed.
+pub(crate) fn take_back(
+    tx: &rusqlite::Connection,
+    link: i64,
+    by: &str,
+) -> Result<(Settlement, Vec<LinkRole>), StoreError> {
+    let granted = spaces::roles_of_link(tx, link)?;
+    let settled = restore::settle(tx, link, by)?;
+    // Rows still carrying the link have no recorded change: granted before
+    // changes were recorded, so the only earlier value known is none.
+    spaces::remove_link_roles(tx, link)?;
+    let removed = granted
+        .into_iter()
+        .filter(|g| {
+            !settled
+                .kept
+                .iter()
+                .any(|k| k.kind == "role" && k.space_id == g.space_id && k.key == g.caller_id)
+        })
+        .collect();
+    Ok((settled, removed))
 }
 
 /// One space this space reaches, or is reached by.
@@ -128,6 +159,9 @@ pub(crate) enum LinkAudit {
 pub(crate) struct LinkDetail {
     pub link: SpaceLink,
     pub granted_roles: Vec<LinkRole>,
+    /// Every change made through the link, with the value it replaced and,
+    /// once the link was revoked or downgraded, what became of it.
+    pub changes: Vec<LinkChange>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -295,33 +329,41 @@ pub(crate) async fn update(
                 disclosure.as_deref(),
                 &by,
             )?;
-            // A read link cannot grant roles: a downgrade takes back those it gave.
-            let removed = if lvl == Some(LinkLevel::Read) {
-                spaces::remove_link_roles(tx, id)?
+            // A read link cannot change anything: a downgrade takes back
+            // what it changed, roles included.
+            let (settled, removed) = if lvl == Some(LinkLevel::Read) {
+                take_back(tx, id, &by)?
             } else {
-                Vec::new()
+                Default::default()
             };
             let mut row = audit_row(&by, "update", &link);
-            row.detail = removed_detail(&removed);
+            row.detail = taken_back_detail(&settled, &removed);
             links::audit(tx, &row)?;
-            Ok((link, removed))
+            Ok((link, settled, removed))
         })
         .await?;
-    let (link, removed_roles) = link;
+    let (link, settled, removed_roles) = link;
     Ok(Json(LinkChanged {
         link,
         removed_roles,
+        restored: settled.restored,
+        kept: settled.kept,
     }))
 }
 
-fn removed_detail(removed: &[LinkRole]) -> Option<String> {
-    (!removed.is_empty()).then(|| {
+/// The audit detail of a revoke or downgrade: what was restored and kept,
+/// and the roles that went.
+pub(crate) fn taken_back_detail(settled: &Settlement, removed: &[LinkRole]) -> Option<String> {
+    let mut parts = Vec::new();
+    if !removed.is_empty() {
         let list: Vec<String> = removed
             .iter()
             .map(|r| format!("{} in {}", r.caller_id, r.space_id))
             .collect();
-        format!("removed the roles it granted: {}", list.join(", "))
-    })
+        parts.push(format!("removed the roles it granted: {}", list.join(", ")));
+    }
+    parts.extend(settled.detail());
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 #[utoipa::path(delete, path = "/api/links/{id}", tag = "links",
@@ -335,22 +377,26 @@ pub(crate) async fn revoke(
     let id = path_arg(id)?;
     auth.require_global_admin()?;
     let by = auth.caller.caller_id.clone();
-    let (link, removed) = app
+    let link = app
         .rt
         .store
         .write(move |tx| {
             let link = links::revoke(tx, id, &by)?;
-            // Revoking a link removes everything it gave (D-003), roles included.
-            let removed = spaces::remove_link_roles(tx, id)?;
+            // Revoking a link takes back everything it gave (D-003): each
+            // value it changed comes back, roles included.
+            let (settled, removed) = take_back(tx, id, &by)?;
             let mut row = audit_row(&by, "revoke", &link);
-            row.detail = removed_detail(&removed);
+            row.detail = taken_back_detail(&settled, &removed);
             links::audit(tx, &row)?;
-            Ok((link, removed))
+            Ok((link, settled, removed))
         })
         .await?;
+    let (link, settled, removed) = (link.0, link.1, link.2);
     Ok(Json(LinkChanged {
         link,
         removed_roles: removed,
+        restored: settled.restored,
+        kept: settled.kept,
     }))
 }
 
@@ -474,10 +520,16 @@ pub(crate) async fn inspect(
 ) -> ApiResult<Json<LinkDetail>> {
     let id = path_arg(id)?;
     let space = auth.require(Permission::LinksList)?.space.to_string();
-    let (link, roles) = app
+    let (link, roles, changes) = app
         .rt
         .store
-        .read(move |c| Ok((links::get(c, id)?, spaces::roles_of_link(c, id)?)))
+        .read(move |c| {
+            Ok((
+                links::get(c, id)?,
+                spaces::roles_of_link(c, id)?,
+                links::changes_of_link(c, id)?,
+            ))
+        })
         .await?;
     let link = link
         .filter(|l| {
@@ -490,6 +542,7 @@ pub(crate) async fn inspect(
     Ok(Json(LinkDetail {
         link,
         granted_roles: roles,
+        changes,
     }))
 }
 

@@ -17,6 +17,7 @@ use crate::clock::{now_ms, parse_time_arg};
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::Read;
 use crate::storage::messages::{self, Cursor, Message};
+use crate::links::traces;
 use crate::storage::runs::{self, Run};
 
 /// Search, the recent range, and the runs list.
@@ -193,6 +194,7 @@ pub(crate) async fn run_trace(
     let ctx = auth.require(Permission::MessagesRead)?;
     let id = path_arg(id)?;
     let space = ctx.space.to_string();
+    let holder = auth.via.as_ref().map(|v| v.holder.to_string());
     let found = app
         .rt
         .store
@@ -201,7 +203,12 @@ pub(crate) async fn run_trace(
                 return Ok(None);
             };
             let usage = runs::usage_for_run(c, &run.id)?;
-            let steps = runs::steps_for(c, &run.id)?;
+            let mut steps = runs::steps_for(c, &run.id)?;
+            // Through a link: a step's data from a space the holder has no
+            // link to is withheld, the rest tagged with its source (issue 23).
+            if let Some(holder) = &holder {
+                traces::withhold_steps(c, holder, &run.space_id, &mut steps)?;
+            }
             Ok(Some(RunTrace { run, usage, steps }))
         })
         .await?;

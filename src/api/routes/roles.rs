@@ -16,9 +16,11 @@ use super::{apply, body, params, path_arg, Body, Json, Params, PathArg};
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::actors::Refusal;
 use crate::app::App;
+use crate::links::restore;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
 use crate::perms::{self, Permission};
+use crate::storage::links::ChangeKind;
 use crate::storage::spaces::{self, KvTable, RoleGrant};
 use crate::storage::StoreError;
 
@@ -130,6 +132,20 @@ fn link_self_grant(
     Ok(None)
 }
 
+/// The sentence of the reach rule (issue 23): through a link, no role of the
+/// target gains a permission that manages reach.
+fn reach_refusal(what: &str) -> String {
+    let list: Vec<&str> = Permission::manages_reach()
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    format!(
+        "through a space link no role of the target may gain a permission that manages reach ({}): {what}; \
+         a global admin or an admin of the target can make this change directly",
+        list.join(", ")
+    )
+}
+
 #[utoipa::path(post, path = "/api/roles", tag = "roles", request_body = GrantBody,
     responses((status = 200, description = "Granted", body = Granted)))]
 pub(crate) async fn grant(
@@ -162,7 +178,20 @@ pub(crate) async fn grant(
                     "you cannot grant the role {role:?}: it holds '{extra}', which you do not"
                 ))));
             }
+            if link.is_some() {
+                let held = perms::role_permissions(
+                    tx,
+                    &space,
+                    &perms::resolve_role(tx, &space, &b.caller_id, false)?,
+                )?;
+                if let Some(p) = wanted.iter().find(|p| p.is_reach() && !held.contains(*p)) {
+                    return Err(Refusal::Refused(ApiError::Forbidden(reach_refusal(
+                        &format!("{:?} would gain '{p}' with the role {role:?}", b.caller_id),
+                    ))));
+                }
+            }
             let before = spaces::stored_role(tx, &space, &b.caller_id)?;
+            restore::note_role_write(tx, link, &space, &b.caller_id, Some(&role))?;
             spaces::set_role(tx, &space, &b.caller_id, &role, &by, link)?;
             Ok((
                 before,
@@ -191,8 +220,12 @@ pub(crate) async fn revoke(
     let caller = path_arg(caller)?;
     let sid = auth.require(Permission::RolesRevoke)?.space.clone();
     let space = sid.to_string();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::stored_role(tx, &space, &caller)?;
+        if before.is_some() {
+            restore::note_role_write(tx, link, &space, &caller, None)?;
+        }
         let revoked = spaces::revoke_role(tx, &space, &caller)?;
         Ok((
             before,
@@ -337,6 +370,7 @@ pub(crate) async fn permissions_set(
     let space = sid.to_string();
     let by = auth.caller.caller_id.clone();
     let role = b.role.clone();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = app
         .spaces
         .apply_with(&sid, move |tx| {
@@ -344,14 +378,17 @@ pub(crate) async fn permissions_set(
                 return Err(Refusal::Refused(ApiError::Forbidden(why)));
             }
             let before = perms::role_permissions(tx, &space, &role)?;
-            spaces::kv_set(
-                tx,
-                KvTable::Config,
-                &space,
-                &perms::override_key(&role),
-                &list.join(","),
-                &by,
-            )?;
+            if link.is_some() {
+                if let Some(p) = wanted.iter().find(|p| p.is_reach() && !before.contains(*p)) {
+                    return Err(Refusal::Refused(ApiError::Forbidden(reach_refusal(
+                        &format!("the role {role:?} would gain '{p}'"),
+                    ))));
+                }
+            }
+            let key = perms::override_key(&role);
+            let value = list.join(",");
+            restore::note_kv_write(tx, link, &space, ChangeKind::Permissions, &key, Some(&value))?;
+            spaces::kv_set(tx, KvTable::Config, &space, &key, &value, &by)?;
             Ok((
                 names(&before),
                 RolePermissions {

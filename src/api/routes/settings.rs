@@ -16,8 +16,10 @@ use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
+use crate::links::restore;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
+use crate::storage::links::ChangeKind;
 use crate::storage::spaces::{self, KvEntry, KvTable, Mute};
 
 /// Preferences, config, the model chain and mutes.
@@ -122,8 +124,10 @@ pub(crate) async fn prefs_set(
         ));
     }
     let by = auth.caller.caller_id.clone();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
+        restore::note_kv_write(tx, link, &space, ChangeKind::Preference, &key, Some(&b.value))?;
         spaces::kv_set(tx, KvTable::Preferences, &space, &key, &b.value, &by)?;
         Ok((before, KeySet { key, value: b.value }))
     })
@@ -143,8 +147,12 @@ pub(crate) async fn prefs_delete(
     let sid = auth.require(Permission::PrefsSet)?.space.clone();
     let space = sid.to_string();
     let key = pref_key(&key)?;
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Preferences, &space, &key)?;
+        if before.is_some() {
+            restore::note_kv_write(tx, link, &space, ChangeKind::Preference, &key, None)?;
+        }
         let deleted = spaces::kv_delete(tx, KvTable::Preferences, &space, &key)?;
         Ok((before, KeyDeleted { key, deleted }))
     })
@@ -244,8 +252,10 @@ pub(crate) async fn config_set(
     let b = body(b)?;
     validate_config(&b.key, &b.value)?;
     let by = auth.caller.caller_id.clone();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
+        restore::note_kv_write(tx, link, &space, ChangeKind::Config, &b.key, Some(&b.value))?;
         spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
         Ok((
             before,
@@ -346,14 +356,20 @@ pub(crate) async fn model_set(
     }
     let by = auth.caller.caller_id.clone();
     let default = app.rt.settings.model_chain();
+    let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
-        let before = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
-        let before = json!({"chain": before.map(|c| split_chain(&c))});
+        let stored = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
+        let joined = chain.join(",");
+        let after = (!chain.is_empty()).then_some(joined.as_str());
+        if stored.is_some() || after.is_some() {
+            restore::note_kv_write(tx, link, &space, ChangeKind::Config, "model", after)?;
+        }
+        let before = json!({"chain": stored.map(|c| split_chain(&c))});
         if chain.is_empty() {
             spaces::kv_delete(tx, KvTable::Config, &space, "model")?;
             Ok((before, ModelChain::of(default, "default")))
         } else {
-            spaces::kv_set(tx, KvTable::Config, &space, "model", &chain.join(","), &by)?;
+            spaces::kv_set(tx, KvTable::Config, &space, "model", &joined, &by)?;
             Ok((before, ModelChain::of(chain, "space")))
         }
     })

@@ -268,7 +268,13 @@ pub(crate) async fn delete_current(
             let mut revoked = Vec::new();
             let mut roles = Vec::new();
             for link in link_store::revoke_touching(tx, &id, &by)? {
-                roles.extend(spaces::remove_link_roles(tx, link.id)?);
+                // What the link changed in the other space comes back too.
+                let (settled, removed) = super::links::take_back(tx, link.id, &by)?;
+                roles.extend(removed);
+                let detail = std::iter::once(format!("space {id} was deleted"))
+                    .chain(settled.detail())
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 link_store::audit(
                     tx,
                     &AuditRow {
@@ -278,7 +284,7 @@ pub(crate) async fn delete_current(
                         target_space_id: Some(link.target_space_id.clone()),
                         link_id: Some(link.id),
                         level: Some(link.level.clone()),
-                        detail: Some(format!("space {id} was deleted")),
+                        detail: Some(detail),
                         ..Default::default()
                     },
                 )?;

@@ -165,6 +165,28 @@ pub(super) fn render_links_detail(cmd: &LinksCmd, v: &Value) -> String {
                     cell(field(r, "space_id"))
                 ));
             }
+            // What the link changed (issue 23), each with the value it replaced.
+            let shown = |x: &Value| {
+                x.as_str()
+                    .map_or_else(|| "(none)".to_owned(), str::to_owned)
+            };
+            for c in items(v, "changes") {
+                out.push_str(&format!(
+                    "changed {} {} in {}: {} -> {}{}\n",
+                    cell(field(c, "kind")),
+                    cell(field(c, "key")),
+                    cell(field(c, "space_id")),
+                    shown(field(c, "before_value")),
+                    shown(field(c, "after_value")),
+                    match field(c, "outcome").as_str() {
+                        Some(o) => format!(" ({o})"),
+                        None if field(c, "superseded").as_bool() == Some(true) => {
+                            " (written since)".to_owned()
+                        }
+                        None => String::new(),
+                    }
+                ));
+            }
             out
         }
     }

@@ -284,7 +284,12 @@ fn tag_source(cmd: &Command, v: &Value, text: String) -> String {
     let Some(source) = field(v, "source_space").as_str() else {
         return text;
     };
-    if matches!(cmd, Command::Ask { .. }) {
+    // `ask` opens with its label; `runs show` tags each step with its own
+    // source (a step may carry a third space's data, issue 23).
+    if matches!(
+        cmd,
+        Command::Ask { .. } | Command::Runs(RunsCmd::Show { .. })
+    ) {
         return text;
     }
     if text.is_empty() {
@@ -1011,6 +1016,41 @@ mod tests {
         assert_eq!(
             tag_source(&cmd, &v, out),
             "[from t] [1970-01-01T00:00:00Z] Ann: hi\n"
+        );
+        // A trace through a link: each step tagged with its own source, a
+        // withheld step's arguments and output left out (issue 23).
+        let show = parse(&["runs", "show", "r1"]).command;
+        let v = json!({"run": {"id": "r1", "space_id": "c", "kind": "live", "status": "done"},
+                       "usage": {"tokens_in": 1, "tokens_out": 1}, "source_space": "c",
+                       "steps": [
+            {"seq": 1, "kind": "tool", "name": "mrctl", "arguments": null, "exit_code": 0, "duration_ms": 1,
+             "output_bytes": 9, "output": "[output from another space withheld]", "source_spaces": ["s"],
+             "source_space": "s", "withheld": true},
+            {"seq": 2, "kind": "tool", "name": "shell", "arguments": "{}", "exit_code": 0, "duration_ms": 1,
+             "output_bytes": 2, "output": "ok", "source_spaces": [], "source_space": "c"}]});
+        let (out, _) = render(&show, &v);
+        let out = tag_source(&show, &v, out);
+        assert!(out.starts_with("[from c] run: r1\n"), "{out}");
+        assert!(out.contains("[from s] #1 tool mrctl [arguments withheld] exit 0 (1 ms, 9 bytes out)\n[from s]     [output from another space withheld]\n"), "{out}");
+        assert!(
+            out.contains("[from c] #2 tool shell {} exit 0 (1 ms, 2 bytes out)\n[from c]     ok\n"),
+            "{out}"
+        );
+        let revoke = parse(&["links", "revoke", "4"]).command;
+        let (out, _) = render(
+            &revoke,
+            &json!({"link": {"id": 4, "holder_space_id": "m", "target_space_id": "c", "level": "admin", "revoked_at": 1},
+                    "removed_roles": [],
+                    "restored": [{"space_id": "c", "kind": "permissions", "key": "role.member.permissions",
+                                  "value": "messages.read,prompt", "replaced": "prompt", "reason": null}],
+                    "kept": [{"space_id": "c", "kind": "preference", "key": "tone", "value": "x",
+                              "replaced": null, "reason": "changed since by a direct write"}]}),
+        );
+        assert_eq!(
+            out,
+            "link 4 m -> c (admin), revoked\n\
+             restored permissions of member in c: messages.read,prompt (was prompt)\n\
+             kept preference tone in c: x (changed since by a direct write)\n"
         );
         let ask = parse(&["ask", "hi"]).command;
         let v = json!({"space_id": "x", "source_space": "x", "reply": "yo", "refusals": [], "tokens_in": 1, "tokens_out": 1, "cost": 0});

@@ -534,6 +534,22 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                         cell(field(r, "space_id"))
                     ));
                 }
+                for r in items(v, "restored") {
+                    out.push_str(&format!(
+                        "restored {}: {} (was {})\n",
+                        settled_subject(r),
+                        settled_value(field(r, "value")),
+                        settled_value(field(r, "replaced"))
+                    ));
+                }
+                for k in items(v, "kept") {
+                    out.push_str(&format!(
+                        "kept {}: {} ({})\n",
+                        settled_subject(k),
+                        settled_value(field(k, "value")),
+                        field(k, "reason").as_str().unwrap_or("changed since")
+                    ));
+                }
                 out
             }
         },
@@ -607,6 +623,28 @@ pub(super) fn named_space(id: &str, name: Option<&Value>) -> String {
     }
 }
 
+/// What a revoke or downgrade settled: `permissions of member in t`.
+fn settled_subject(v: &Value) -> String {
+    let key = field(v, "key").as_str().unwrap_or_default();
+    let what = match field(v, "kind").as_str() {
+        Some("permissions") => format!(
+            "permissions of {}",
+            key.strip_prefix("role.")
+                .and_then(|k| k.strip_suffix(".permissions"))
+                .unwrap_or(key)
+        ),
+        Some("role") => format!("role of {key}"),
+        Some("preference") => format!("preference {key}"),
+        _ => format!("config {key}"),
+    };
+    format!("{what} in {}", cell(field(v, "space_id")))
+}
+
+fn settled_value(v: &Value) -> String {
+    v.as_str()
+        .map_or_else(|| "(none)".to_owned(), str::to_owned)
+}
+
 /// `runs show`: the run, then one line per step (a tool call with its
 /// arguments and exit code, its output indented below).
 pub(super) fn render_run_trace(v: &Value) -> String {
@@ -636,13 +674,36 @@ pub(super) fn render_run_trace(v: &Value) -> String {
 "
         ));
     }
+    // Through a link (`source_space` at the top) every line says whose data
+    // it is: the run's header the target's, each step its own source.
+    let via = field(v, "source_space").as_str();
+    if let Some(source) = via {
+        out = out
+            .lines()
+            .map(|l| format!("[from {source}] {l}\n"))
+            .collect();
+    }
     for s in items(v, "steps") {
+        let sources: Vec<&str> = items(s, "source_spaces")
+            .iter()
+            .filter_map(|x| x.as_str())
+            .collect();
+        let tag = match field(s, "source_space").as_str() {
+            Some(t) => Some(t.to_owned()),
+            None if !sources.is_empty() => Some(sources.join(", ")),
+            None => via.map(str::to_owned),
+        };
+        let mut lines = String::new();
         let head = match field(s, "kind").as_str() {
             Some("tool") => format!(
                 "#{} tool {} {} exit {} ({} ms, {} bytes out)",
                 cell(field(s, "seq")),
                 cell(field(s, "name")),
-                field(s, "arguments").as_str().unwrap_or("{}"),
+                if field(s, "withheld").as_bool() == Some(true) {
+                    "[arguments withheld]"
+                } else {
+                    field(s, "arguments").as_str().unwrap_or("{}")
+                },
                 cell(field(s, "exit_code")),
                 cell(field(s, "duration_ms")),
                 cell(field(s, "output_bytes")),
@@ -656,15 +717,21 @@ pub(super) fn render_run_trace(v: &Value) -> String {
                 cell(field(s, "duration_ms")),
             ),
         };
-        out.push_str(&head);
-        out.push('\n');
+        lines.push_str(&head);
+        lines.push('\n');
         if let Some(e) = field(s, "error").as_str() {
-            out.push_str(&format!("    error: {e}\n"));
+            lines.push_str(&format!("    error: {e}\n"));
         }
         if let Some(o) = field(s, "output").as_str().filter(|o| !o.is_empty()) {
             for line in o.lines() {
-                out.push_str(&format!("    {line}\n"));
+                lines.push_str(&format!("    {line}\n"));
             }
+        }
+        match tag {
+            Some(t) => lines
+                .lines()
+                .for_each(|l| out.push_str(&format!("[from {t}] {l}\n"))),
+            None => out.push_str(&lines),
         }
     }
     out
