@@ -10,6 +10,7 @@
 
 pub mod containers;
 pub mod demo;
+pub mod layer_probe;
 pub mod shadow;
 pub mod temp_host;
 

@@ -16,6 +16,7 @@
 pub mod docker;
 pub mod image;
 pub mod process;
+mod relay;
 
 use std::path::PathBuf;
 use std::time::Duration;
