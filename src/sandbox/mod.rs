@@ -18,6 +18,8 @@ pub mod image;
 pub mod process;
 mod relay;
 
+pub use relay::sweep_relays;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

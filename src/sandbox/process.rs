@@ -266,7 +266,9 @@ impl SandboxBackend for ProcessBackend {
                 // A relay of the socket, never the host's own: a bind's
                 // path shows in the session's mountinfo.
                 let relay = match &spec.api_socket {
-                    Some(socket) => Some(super::relay::SocketRelay::start(socket)?),
+                    Some(socket) => {
+                        Some(super::relay::SocketRelay::start(socket, &spec.instance_id)?)
+                    }
                     None => None,
                 };
                 let mut shaped = spec.clone();

@@ -9,8 +9,13 @@
 //! mount, it lives in a fresh directory under the system temp dir, which
 //! names nothing of the data dir either.
 //!
-//! Must never: connect anywhere but the host socket it was given, or
-//! outlive its session (dropping it stops accepting, unmounts and removes).
+//! A host killed mid-session leaves its relays behind; they carry the
+//! instance id in their name, and [`sweep_relays`] at the next start of
+//! that instance (one host per data dir: the lock) unmounts and removes them.
+//!
+//! Must never: connect anywhere but the host socket it was given, outlive
+//! its session (dropping it stops accepting, unmounts and removes), or
+//! sweep another instance's relay.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -31,14 +36,15 @@ pub(crate) struct SocketRelay {
 }
 
 impl SocketRelay {
-    /// Starts relaying connections on a fresh socket to `host_socket`.
-    pub(crate) fn start(host_socket: &Path) -> Result<Self, SandboxError> {
+    /// Starts relaying connections on a fresh socket to `host_socket`, for a
+    /// session of instance `instance_id`.
+    pub(crate) fn start(host_socket: &Path, instance_id: &str) -> Result<Self, SandboxError> {
         let io = |what: &str, source: std::io::Error| SandboxError::Io {
             path: what.to_owned(),
             source,
         };
         let dir = tempfile::Builder::new()
-            .prefix("mercury-sock-")
+            .prefix(&prefix_of(instance_id))
             .tempdir()
             .map_err(|e| io("a directory for the session's API socket", e))?
             .keep();
@@ -98,6 +104,35 @@ impl Drop for SocketRelay {
     }
 }
 
+/// `mercury-sock-<instance>-`: what every relay directory of an instance
+/// is named with, under the system temp dir.
+fn prefix_of(instance_id: &str) -> String {
+    let id: String = instance_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(16)
+        .collect();
+    format!("mercury-sock-{id}-")
+}
+
+/// Unmounts and removes the relays a killed host of `instance_id` left.
+/// Returns how many there were.
+pub fn sweep_relays(instance_id: &str) -> std::io::Result<usize> {
+    let prefix = prefix_of(instance_id);
+    let mut swept = 0;
+    for entry in std::fs::read_dir(std::env::temp_dir())? {
+        let entry = entry?;
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            cleanup(&entry.path(), true);
+            swept += 1;
+        }
+    }
+    Ok(swept)
+}
+
 fn cleanup(dir: &Path, mounted: bool) {
     if mounted {
         if let Ok(c) = CString::new(dir.as_os_str().as_bytes()) {
@@ -151,7 +186,7 @@ mod tests {
             s.read_exact(&mut buf).await.unwrap();
             s.write_all(&buf).await.unwrap();
         });
-        let relay = SocketRelay::start(&host).unwrap();
+        let relay = SocketRelay::start(&host, "relaytest0000001").unwrap();
         let shown = relay.path().display().to_string();
         assert!(!shown.contains(&t.path().display().to_string()), "{shown}");
         let mut c = tokio::net::UnixStream::connect(relay.path()).await.unwrap();
@@ -163,5 +198,25 @@ mod tests {
         let dir = relay.path().parent().unwrap().to_owned();
         drop(relay);
         assert!(!dir.exists());
+    }
+
+    #[tokio::test]
+    async fn the_sweep_removes_this_instances_leftovers_and_spares_the_others() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host.sock");
+        let _listener = tokio::net::UnixListener::bind(&host).unwrap();
+        let mine = SocketRelay::start(&host, "relaytest0000002").unwrap();
+        let other = SocketRelay::start(&host, "relaytest0000003").unwrap();
+        let (mine_dir, other_dir) = (
+            mine.path().parent().unwrap().to_owned(),
+            other.path().parent().unwrap().to_owned(),
+        );
+        // As if the host had been SIGKILLed: nothing dropped.
+        std::mem::forget(mine);
+        assert_eq!(sweep_relays("relaytest0000002").unwrap(), 1);
+        assert!(!mine_dir.exists());
+        assert!(other_dir.exists());
+        drop(other);
+        assert!(!other_dir.exists());
     }
 }

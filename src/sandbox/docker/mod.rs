@@ -161,7 +161,7 @@ impl SandboxBackend for DockerBackend {
         // The container binds a relay of the socket, never the host's own:
         // a bind's path shows in the container's mountinfo.
         let relay = match &spec.api_socket {
-            Some(socket) => Some(SocketRelay::start(socket)?),
+            Some(socket) => Some(SocketRelay::start(socket, &spec.instance_id)?),
             None => None,
         };
         let mut shaped = spec.clone();
