@@ -4,13 +4,16 @@
 #   - the host tools the agent image is made of (dash, coreutils, grep, sed,
 #     findutils, hostname: part of any Debian install, checked anyway),
 #   - Debian's bubblewrap (the process sandbox backend; its tests run in CI),
+#   - util-linux's setpriv and unshare, and useradd (tests/it/service.rs runs the host as the
+#     systemd unit would: a fresh uid, its capabilities, its mount namespace),
 #   - a Docker engine that answers (docker.io installed and dockerd started if needed),
 #   - cargo-nextest (the test runner).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 missing=()
-for t in dash:dash ls:coreutils grep:grep sed:sed find:findutils hostname:hostname; do
+for t in dash:dash ls:coreutils grep:grep sed:sed find:findutils hostname:hostname \
+    setpriv:util-linux unshare:util-linux useradd:passwd; do
   command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t##*:}")
 done
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)

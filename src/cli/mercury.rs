@@ -54,7 +54,8 @@ enum Command {
         json: bool,
     },
     /// Check what a host needs: config, Docker engine, image, bubblewrap,
-    /// model keys, data-dir modes, free disk (exit 0 fine, 1 a check failed, 2 usage).
+    /// model keys, a real turn layer seen by the sandbox, data-dir modes, free disk
+    /// (exit 0 fine, 1 a check failed, 2 usage).
     Doctor {
         #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
         data_dir: PathBuf,

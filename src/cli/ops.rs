@@ -6,7 +6,8 @@
 //! `doctor`: 0 every check passed (warnings allowed), 1 a check failed,
 //! 2 usage (no data dir).
 //!
-//! Must never: print a token, or change anything in the data dir.
+//! Must never: print a token, or change anything in the data dir (doctor's
+//! turn-layer probe lives under `tmp/`, the scratch, and is removed).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::client::{self, ClientError, Connection, Endpoint};
 use crate::config::{self, SandboxChoice, Settings};
+use crate::host::layer_probe::Verdict;
 use crate::workspace::{data_dir, DataPaths};
 
 /// `mercury status`.
@@ -241,6 +243,14 @@ async fn run_checks(paths: &DataPaths, env: &BTreeMap<String, String>) -> Vec<Ch
     }
     out.extend(key_checks(&settings, env));
     out.extend(sandbox_checks(&settings).await);
+    for f in crate::host::layer_probe::check(paths, &settings).await {
+        let (level, detail) = match f.verdict {
+            Verdict::Ok(d) => (Level::Ok, d),
+            Verdict::Warn(d) => (Level::Warn, d),
+            Verdict::Fail(d) => (Level::Fail, d),
+        };
+        out.push(check(level, f.what, detail));
+    }
     let loose = data_dir::loose_modes(paths);
     if loose.is_empty() {
         out.push(check(

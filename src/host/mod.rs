@@ -10,6 +10,7 @@
 
 pub mod containers;
 pub mod demo;
+pub mod layer_probe;
 pub mod listen;
 pub mod shadow;
 pub mod temp_host;
@@ -527,6 +528,17 @@ pub async fn serve_with(
         Ok(0) => {}
         Ok(n) => tracing::warn!(entries = n, "removed the scratch left by the last stop"),
         Err(e) => tracing::error!(error = %e, "cannot clean the scratch directory"),
+    }
+    // And the API-socket relays of its sessions (src/sandbox/relay.rs).
+    if let Ok(id) = sandbox::docker::instance_id_for(&paths.root) {
+        match sandbox::sweep_relays(&id) {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                relays = n,
+                "removed the socket relays left by the last stop"
+            ),
+            Err(e) => tracing::error!(error = %e, "cannot sweep the socket relays"),
+        }
     }
     let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
     if interrupted > 0 {

@@ -16,6 +16,9 @@
 pub mod docker;
 pub mod image;
 pub mod process;
+mod relay;
+
+pub use relay::sweep_relays;
 
 use std::path::PathBuf;
 use std::time::Duration;

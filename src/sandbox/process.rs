@@ -23,6 +23,7 @@
 
 use std::collections::HashSet;
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -260,20 +261,31 @@ impl SandboxBackend for ProcessBackend {
                 ),
             });
         }
-        let (workdir, prefix, id) = match &self.mode {
+        let (workdir, prefix, id, relay) = match &self.mode {
             ProcessMode::Bubblewrap(bwrap) => {
+                // A relay of the socket, never the host's own: a bind's
+                // path shows in the session's mountinfo.
+                let relay = match &spec.api_socket {
+                    Some(socket) => {
+                        Some(super::relay::SocketRelay::start(socket, &spec.instance_id)?)
+                    }
+                    None => None,
+                };
+                let mut shaped = spec.clone();
+                shaped.api_socket = relay.as_ref().map(|r| r.path().to_owned());
                 let mut prefix = vec![bwrap.clone().into_os_string()];
-                prefix.extend(self.bwrap_prefix(&spec, &workspace));
+                prefix.extend(self.bwrap_prefix(&shaped, &workspace));
                 (
                     CONTAINER_WORKDIR.to_string(),
                     prefix,
                     format!("bwrap:mercury-{}", short(&spec.run_id)),
+                    relay,
                 )
             }
             ProcessMode::Unisolated => {
                 tracing::warn!(run = %spec.run_id, "this run's tools are NOT isolated (sandbox.allow_unisolated)");
                 let w = workspace.display().to_string();
-                (w.clone(), Vec::new(), format!("process:{w}"))
+                (w.clone(), Vec::new(), format!("process:{w}"), None)
             }
         };
         Ok(Box::new(ProcessSession {
@@ -290,8 +302,36 @@ impl SandboxBackend for ProcessBackend {
             },
             groups: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
+            _relay: relay,
         }))
     }
+}
+
+/// bwrap's options, NUL-separated, in a sealed-off memory file read from its
+/// start (`bwrap --args FD`); the prefix's closing `--` stays on the command
+/// line, before the program.
+fn bwrap_args_file(args: &[OsString]) -> std::io::Result<std::fs::File> {
+    use std::io::{Seek, Write};
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let name = c"mercury-bwrap-args";
+    // SAFETY: a valid name; the result is checked before use.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let options = match args.split_last() {
+        Some((last, rest)) if last == "--" => rest,
+        _ => args,
+    };
+    for a in options {
+        file.write_all(a.as_bytes())?;
+        file.write_all(b"\0")?;
+    }
+    file.rewind()?;
+    Ok(file)
 }
 
 /// One run's session: a working directory and an environment; each exec is
@@ -314,6 +354,8 @@ pub struct ProcessSession {
     /// whatever is still listed, i.e. execs whose caller gave up on them.
     groups: Mutex<HashSet<u32>>,
     closed: AtomicBool,
+    /// The session's API socket; lives as long as the session.
+    _relay: Option<super::relay::SocketRelay>,
 }
 
 impl ProcessSession {
@@ -324,16 +366,59 @@ impl ProcessSession {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn command(&self, req: &ExecRequest) -> Option<tokio::process::Command> {
-        let (program, args) = req.argv.split_first()?;
-        let mut cmd = match self.prefix.split_first() {
-            Some((bwrap, bwrap_args)) => {
-                let mut c = tokio::process::Command::new(bwrap);
-                c.args(bwrap_args).arg(program);
-                c
-            }
-            None => tokio::process::Command::new(program),
+    /// The command of one exec, and the descriptor of bwrap's arguments
+    /// (keep it open until the command is spawned).
+    fn command(
+        &self,
+        req: &ExecRequest,
+    ) -> Result<Option<(tokio::process::Command, Option<std::fs::File>)>, SandboxError> {
+        let Some((program, args)) = req.argv.split_first() else {
+            return Ok(None);
         };
+        let (mut cmd, args_file) = match self.prefix.split_first() {
+            Some((bwrap, bwrap_args)) => {
+                // bwrap's arguments name host paths (the layer, the socket)
+                // and bwrap is pid 1 inside: read from a descriptor, they
+                // never show in its /proc/1/cmdline.
+                let file = bwrap_args_file(bwrap_args).map_err(|source| SandboxError::Io {
+                    path: "bwrap's argument descriptor".into(),
+                    source,
+                })?;
+                let fd = file.as_raw_fd();
+                let mut c = tokio::process::Command::new(bwrap);
+                c.arg("--args").arg(fd.to_string()).arg("--").arg(program);
+                // SAFETY: fcntl is async-signal-safe; the child's copy of the
+                // descriptor is made inheritable, the host's is untouched.
+                unsafe {
+                    c.pre_exec(move || {
+                        if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                (c, Some(file))
+            }
+            None => (tokio::process::Command::new(program), None),
+        };
+        // bwrap refuses to start with capabilities unless it is setuid
+        // ("Unexpected capabilities but not setuid"), and a command needs
+        // none: a host granted ambient ones (the shipped unit's
+        // CAP_SYS_ADMIN and CAP_DAC_OVERRIDE, for the turn's layer) keeps
+        // them to itself. A non-root child then execs with no capability.
+        // SAFETY: prctl is a plain system call, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                );
+                Ok(())
+            });
+        }
         if let Some(limit) = self.memory_bytes.filter(|m| *m > 0) {
             // SAFETY: setrlimit is async-signal-safe; nothing else runs
             // between fork and exec here.
@@ -366,7 +451,7 @@ impl ProcessSession {
             .kill_on_drop(true)
             // Its own group, so one signal reaches everything it spawned.
             .process_group(0);
-        Some(cmd)
+        Ok(Some((cmd, args_file)))
     }
 }
 
@@ -384,7 +469,7 @@ impl SandboxSession for ProcessSession {
         if self.closed.load(Ordering::SeqCst) {
             return Err(SandboxError::Gone(format!("session {} is closed", self.id)));
         }
-        let Some(mut cmd) = self.command(&req) else {
+        let Some((mut cmd, _args_file)) = self.command(&req)? else {
             return Err(SandboxError::Io {
                 path: self.workdir.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),

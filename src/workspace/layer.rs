@@ -16,6 +16,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -173,16 +174,24 @@ impl TurnLayer {
         .map_err(|e| setup("giving the upper directory the workspace's mode", &e))?;
         // noexec: a turn may write files, not programs of its own to run
         // (a bind of this mount into a container or bubblewrap keeps it).
+        // The layers are named by descriptor: overlay shows its options
+        // as given in every mountinfo that can see the mount (a container's
+        // and bubblewrap's included), and a host path there would tell a
+        // turn where the data dir lives. `/proc/self/fd/N` is resolved to
+        // the directory at mount time and shown as just that.
+        let open =
+            |p: &Path| std::fs::File::open(p).map_err(|e| setup("opening a layer directory", &e));
+        let (lower_fd, upper_fd, work_fd) = (open(live)?, open(&upper)?, open(&work)?);
         mount(
             "overlay",
             &me.merged,
             "overlay",
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             &format!(
-                "lowerdir={},upperdir={},workdir={}",
-                live.display(),
-                upper.display(),
-                work.display()
+                "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}",
+                lower_fd.as_raw_fd(),
+                upper_fd.as_raw_fd(),
+                work_fd.as_raw_fd()
             ),
         )
         .map_err(|e| setup("mounting the overlay", &e))?;

@@ -29,7 +29,8 @@ use super::walk::{Usage, WalkError, WalkLimits};
 #[derive(Debug, thiserror::Error)]
 pub enum SafePathError {
     #[error(
-        "{0:?} is not a relative path inside the workspace (no absolute path, no `..`, no NUL)"
+        "{0:?} is not a relative path inside the workspace (no absolute path, no `..`, no NUL, \
+         no newline or other control character)"
     )]
     BadPath(String),
     #[error(
@@ -276,14 +277,24 @@ impl WorkspaceRoot {
         };
         let mut cur = self.open_dir("")?;
         for d in dirs {
-            if create {
-                match cur.mkdir(d, 0o755) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            let made = create
+                && match cur.mkdir(d, 0o755) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
                     Err(e) => return Err(SafePathError::io(rel, e)),
-                }
-            }
+                };
+            let parent_owner = if made {
+                Some(fstat(cur.dir.as_raw_fd()).map_err(|e| SafePathError::io(rel, e))?)
+            } else {
+                None
+            };
             cur = cur.child_dir(d).map_err(|e| SafePathError::io(rel, e))?;
+            // A directory belongs to whoever owns the one it is made in (the
+            // sandbox user, for a workspace handed to it), as a file does:
+            // a root-owned one would be closed to the sandbox.
+            if let Some(owner) = parent_owner {
+                chown_fd(cur.dir.as_raw_fd(), owner.st_uid, owner.st_gid);
+            }
         }
         Ok((cur, (*name).to_owned()))
     }
@@ -526,10 +537,12 @@ pub(crate) fn temp_name() -> OsString {
     OsString::from(format!(".mercury-tmp-{:016x}", rand::random::<u64>()))
 }
 
-/// Checks a workspace-relative path: no absolute path, no `..`, no NUL;
-/// `.` components are dropped. An empty list means the root itself.
+/// Checks a workspace-relative path: no absolute path, no `..`, no NUL and
+/// no other control character (a newline in a name forges lines in every
+/// listing, log and prompt that shows it); `.` components are dropped. An
+/// empty list means the root itself.
 pub fn components(rel: &str) -> SafeResult<Vec<&OsStr>> {
-    if rel.contains('\0') || rel.starts_with('/') {
+    if rel.chars().any(char::is_control) || rel.starts_with('/') {
         return Err(SafePathError::BadPath(rel.to_owned()));
     }
     let mut out = Vec::new();

@@ -39,6 +39,7 @@ pub use session::DockerSession;
 pub use sweep::sweep_orphans;
 pub use user::NOBODY;
 
+use crate::sandbox::relay::SocketRelay;
 use crate::sandbox::{
     Isolation, SandboxBackend, SandboxError, SandboxSession, SandboxSpec, LABEL_INSTANCE, LABEL_RUN,
 };
@@ -157,7 +158,15 @@ impl SandboxBackend for DockerBackend {
         }
         let user = user::container_user(&workspace).await?;
         let name = shape::container_name(&spec.instance_id, &spec.run_id);
-        let body = shape::create_body(&self.image, &spec, &workspace, user);
+        // The container binds a relay of the socket, never the host's own:
+        // a bind's path shows in the container's mountinfo.
+        let relay = match &spec.api_socket {
+            Some(socket) => Some(SocketRelay::start(socket, &spec.instance_id)?),
+            None => None,
+        };
+        let mut shaped = spec.clone();
+        shaped.api_socket = relay.as_ref().map(|r| r.path().to_owned());
+        let body = shape::create_body(&self.image, &shaped, &workspace, user);
         let id = self.create(&name, &spec, body).await?;
 
         if let Err(e) = self
@@ -172,7 +181,7 @@ impl SandboxBackend for DockerBackend {
             )));
         }
         tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
-        Ok(Box::new(DockerSession::new(self.docker.clone(), id)))
+        Ok(Box::new(DockerSession::new(self.docker.clone(), id, relay)))
     }
 }
 

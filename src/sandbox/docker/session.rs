@@ -45,15 +45,22 @@ pub struct DockerSession {
     docker: Docker,
     id: String,
     closed: AtomicBool,
+    /// The container's API socket; lives as long as the session.
+    _relay: Option<crate::sandbox::relay::SocketRelay>,
 }
 
 impl DockerSession {
     /// The session of the started container `id`.
-    pub(super) fn new(docker: Docker, id: String) -> Self {
+    pub(super) fn new(
+        docker: Docker,
+        id: String,
+        relay: Option<crate::sandbox::relay::SocketRelay>,
+    ) -> Self {
         Self {
             docker,
             id,
             closed: AtomicBool::new(false),
+            _relay: relay,
         }
     }
 }

@@ -515,16 +515,22 @@ async fn inspect_shows_labels_limits_lockdown_user_and_exact_mounts() {
                 .collect();
             mounts.sort();
             let workspace = std::fs::canonicalize(fx.workspace.path()).expect("canonical");
-            let sock = std::fs::canonicalize(&sock).expect("canonical socket");
+            // The socket is the session's relay, never the host's own path.
+            assert_eq!(mounts.len(), 2, "{mounts:?}");
+            assert_eq!(mounts[0].0, "/run/mercury/api.sock");
+            let relay = std::path::Path::new(&mounts[0].1);
+            assert!(
+                relay.ends_with("api.sock")
+                    && relay
+                        .parent()
+                        .and_then(|p| p.file_name())
+                        .is_some_and(|n| n.to_string_lossy().starts_with("mercury-sock-"))
+                    && !relay.starts_with(sock_dir.path()),
+                "{mounts:?}"
+            );
             assert_eq!(
-                mounts,
-                vec![
-                    (
-                        "/run/mercury/api.sock".to_string(),
-                        sock.display().to_string()
-                    ),
-                    ("/work".to_string(), workspace.display().to_string()),
-                ]
+                mounts[1],
+                ("/work".to_string(), workspace.display().to_string())
             );
             let out = session
                 .exec(req(&["sh", "-c", "test -S /run/mercury/api.sock && id -u"]))
