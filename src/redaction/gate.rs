@@ -95,7 +95,7 @@ impl IdentifierGate {
             // every run the redactor takes except the ids vouched for.
             kinds.extend(
                 self.matchers
-                    .hits(&views)
+                    .hits(&views, true)
                     .into_iter()
                     .map(|h| h.kind)
                     .filter(|k| *k != IdentifierKind::Phone),

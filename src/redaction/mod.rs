@@ -266,7 +266,7 @@ impl Redactor {
             let mut changed = false;
             let next = map_outside_placeholders(&current, |segment| {
                 let views = normalise::normalise(segment);
-                let hits = matchers.hits(&views);
+                let hits = matchers.hits(&views, false);
                 if hits.is_empty() {
                     return segment.to_owned();
                 }
@@ -312,7 +312,10 @@ impl PlaceholderTable {
 
 /// Redacts line by line with one [`Redactor`] so placeholders stay stable
 /// across the whole input. Line endings are kept as they were. No matcher
-/// spans a line break, so line-wise redaction equals whole-text redaction.
+/// spans a line break but one: a word hyphenated over a line end
+/// (`Oli-` / `via`), so a line ending in a letter and a hyphen is redacted
+/// together with the next (up to [`MAX_JOINED_LINES`]), which equals
+/// whole-text redaction.
 pub fn redact_lines(
     mut input: impl BufRead,
     mut output: impl Write,
@@ -321,17 +324,40 @@ pub fn redact_lines(
     let mut redactor =
         Redactor::new(list.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut line = String::new();
+    let mut block = String::new();
+    let mut held = 0;
     loop {
         line.clear();
-        if input.read_line(&mut line)? == 0 {
+        let eof = input.read_line(&mut line)? == 0;
+        let body = line.trim_end_matches(['\n', '\r']);
+        if !eof && held < MAX_JOINED_LINES && ends_hyphenated(body) && line.len() > body.len() {
+            block.push_str(&line);
+            held += 1;
+            continue;
+        }
+        let ending = &line[body.len()..];
+        block.push_str(body);
+        if !block.is_empty() || !ending.is_empty() {
+            output.write_all(redactor.redact_identifiers(&block).as_bytes())?;
+            output.write_all(ending.as_bytes())?;
+        }
+        block.clear();
+        held = 0;
+        if eof {
             break;
         }
-        let body = line.trim_end_matches(['\n', '\r']);
-        let ending = &line[body.len()..];
-        output.write_all(redactor.redact_identifiers(body).as_bytes())?;
-        output.write_all(ending.as_bytes())?;
     }
     output.flush()
+}
+
+/// Lines [`redact_lines`] keeps together when each ends hyphenated.
+const MAX_JOINED_LINES: usize = 4;
+
+/// A letter, then a hyphen or dash, then at most spaces: a word goes on.
+fn ends_hyphenated(line: &str) -> bool {
+    let mut rev = line.trim_end_matches([' ', '\t']).chars().rev();
+    matches!(rev.next(), Some('-' | '\u{2010}' | '\u{2011}' | '\u{2013}'))
+        && rev.next().is_some_and(char::is_alphabetic)
 }
 
 /// Reads all of `input` and runs the gate on it. Text that is not UTF-8 is an
@@ -474,7 +500,8 @@ impl Matchers {
 
     /// Every identifier the redactor replaces in one segment (no placeholder
     /// inside), in the original's coordinates, overlaps merged, in order.
-    fn hits(&self, views: &Views) -> Vec<Hit> {
+    /// `wide` (the gate) takes names spelled with look-alikes more readily.
+    fn hits(&self, views: &Views, wide: bool) -> Vec<Hit> {
         let plain = &views.plain;
         let mut found: Vec<(Range<usize>, IdentifierKind, String)> = Vec::new();
         let mut from_plain = |kind: IdentifierKind, spans: Vec<Range<usize>>| {
@@ -499,9 +526,11 @@ impl Matchers {
         );
         from_plain(IdentifierKind::Email, patterns::email_spans(&plain.text));
         from_plain(IdentifierKind::Phone, patterns::phone_spans(&plain.text));
-        for r in self.0.names.spans(views) {
-            let key = self.0.names.key(&views.folded.text[r.clone()]);
-            found.push((views.folded.original(r), IdentifierKind::Name, key));
+        for view in [&views.folded, &views.joined] {
+            for r in self.0.names.spans(view, wide) {
+                let key = self.0.names.key(&view.text[r.clone()]);
+                found.push((view.original(r), IdentifierKind::Name, key));
+            }
         }
         merge(found)
     }
