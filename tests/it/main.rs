@@ -30,6 +30,7 @@ mod security_host;
 mod security_links;
 mod security_sandbox;
 mod shadow;
+mod shadow_diff;
 mod smoke;
 mod snapshots;
 mod telegram;
