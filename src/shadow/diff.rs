@@ -404,7 +404,8 @@ pub fn diff_redacted(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport
 /// ([`RedactionList::of_review`]): the shadow's `review.owner_names` and
 /// owner, and every member of every space on either side (display names and
 /// caller ids), plus each caller id a changed row names (a role, a mute, an
-/// author), so one numbering covers the report.
+/// author), so one numbering covers the report. Only namespaced caller
+/// ids are taken: `owner`, the console's, names no one.
 fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList> {
     // The shadow's own file: the owner a review of it would redact.
     let review: ReviewConfig =
@@ -438,6 +439,10 @@ fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList
     }
     names.sort();
     names.dedup();
+    // A person's caller id is namespaced (`whatsapp:…`, `telegram:…`,
+    // `api:…`); a bare one is the host's own console caller (`owner`), a
+    // role word rather than anyone's identifier.
+    ids.retain(|id| id.contains([':', '@']));
     Ok(RedactionList::of_review(&review.owner, names, ids))
 }
 
