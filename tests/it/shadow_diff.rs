@@ -145,21 +145,6 @@ async fn rehearsed() -> (TestHost, tempfile::TempDir, PathBuf, PathBuf) {
 async fn shadow_diff_redacts_sends_rows_and_authors_and_raw_needs_a_global_admin() {
     let (live, _keep, root, snap) = rehearsed().await;
 
-    // The diff as stored holds every planted value: what the check sees.
-    let token = std::fs::read_to_string(snap.join("global/owner.token"))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let (code, raw, err) = diff(&root, &["--raw"], &[("MERCURY_TOKEN", &token)]);
-    assert_eq!(code, Some(0), "{err}");
-    assert!(raw.contains("as stored, not redacted"), "{raw}");
-    assert!(err.contains("--raw"), "{err}");
-    assert_eq!(
-        leaks(&raw),
-        vec!["the phone", "the e-mail", "the name", "the whatsapp id"],
-        "{raw}"
-    );
-
     // Redacted, human and JSON: nothing of them, placeholders instead.
     let (code, human, err) = diff(&root, &[], &[]);
     assert_eq!(code, Some(0), "{err}");
@@ -181,6 +166,21 @@ async fn shadow_diff_redacts_sends_rows_and_authors_and_raw_needs_a_global_admin
     assert_eq!(d["raw"], false);
     assert_eq!(d["rows"].as_array().unwrap().len(), 3, "{d:#}");
     assert_eq!(d["sends"][0]["space"], "alpha", "{d:#}");
+
+    // The diff as stored holds every planted value: what the check sees.
+    let token = std::fs::read_to_string(snap.join("global/owner.token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (code, raw, err) = diff(&root, &["--raw"], &[("MERCURY_TOKEN", &token)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(raw.contains("as stored, not redacted"), "{raw}");
+    assert!(err.contains("--raw"), "{err}");
+    assert_eq!(
+        leaks(&raw),
+        vec!["the phone", "the e-mail", "the name", "the whatsapp id"],
+        "{raw}"
+    );
 
     // --raw without a token, or with the live owner's (unknown to the
     // shadow), is refused with a sentence and prints nothing.
