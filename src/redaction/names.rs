@@ -4,9 +4,12 @@
 //! first name, every other part of three letters or more (particles such as
 //! `van` or `der` excepted: alone they name no one), first and last name
 //! without the middle, and each of these written with `_`, `.`, `-`, spaces or
-//! nothing between the parts (`@olivia_bakker`, `OliviaBakker`). Matching is
-//! on the folded view, so case, diacritics, confusables, fullwidth forms and
-//! invisible characters make no difference. A variant is taken only at name
+//! nothing between the parts (`@olivia_bakker`, `OliviaBakker`), each also
+//! spelled out letter by letter (`O l i v i a`), every letter also matching
+//! its digit look-alikes (`0l1v1a`). Matching is on the folded and joined
+//! views, so case, diacritics, confusables, fullwidth forms, small capitals,
+//! regional indicators, invisible characters and a break inside a word make
+//! no difference. A variant is taken only at name
 //! boundaries (a non-letter, the ends, or a lower-to-upper change of case in
 //! the original), except by the gate, which also flags a part of six letters
 //! or more inside any word.
