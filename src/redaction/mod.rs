@@ -1122,6 +1122,64 @@ mod tests {
     }
 
     #[test]
+    fn redact_lines_keeps_a_hyphenated_line_with_the_next() {
+        let list = RedactionList::new().with_name("Olivia Bakker");
+        let input = "ask Oli-\nvia now\nWell-\n known\nend-\n";
+        let mut out = Vec::new();
+        redact_lines(input.as_bytes(), &mut out, &list).expect("redact");
+        let out = String::from_utf8(out).expect("utf8");
+        assert_eq!(out, "ask [PERSON_1] now\nWell-\n known\nend-\n");
+    }
+
+    #[test]
+    fn any_punctuation_joins_digits_but_arithmetic_is_kept() {
+        for phone in [
+            "06|1234|5678",
+            "06;12;34;56;78",
+            "06*1234*5678",
+            "06'1234'5678",
+            "06~1234~5678",
+            "06+1234+5678",
+            "06#12#34#56#78",
+            "06\u{1F600}1234\u{1F600}5678",
+        ] {
+            assert_eq!(redact(phone), "[PHONE_1]", "{phone}");
+        }
+        assert_eq!(redact("[06] [1234] [5678]"), "[[PHONE_1]]");
+        for kept in [
+            "1234 + 5678 = 6912",
+            "12 * 34 = 408",
+            "06,12,34,56,78",
+            "€ 1 234 567,89",
+        ] {
+            assert_eq!(redact(kept), kept);
+        }
+        // The gate knows no arithmetic.
+        assert!(assert_no_identifiers("1234 + 5678 = 6912", &RedactionList::new()).is_err());
+    }
+
+    #[test]
+    fn names_spelled_out_or_with_look_alike_digits() {
+        let list = RedactionList::new()
+            .with_name("Olivia Bakker")
+            .with_name("Sam Lee");
+        let mut r = redactor(list.clone());
+        for text in [
+            "O l i v i a",
+            "O.l.i.v.i.a",
+            "0l1v1a",
+            "B4kk3r",
+            "O-l-i-v-i-a B-a-k-k-e-r",
+        ] {
+            assert_eq!(r.redact_identifiers(text), "[PERSON_1]", "{text}");
+        }
+        // Mostly digits is no name for the redactor; the gate still blocks.
+        assert_eq!(r.redact_identifiers("up at 5am"), "up at 5am");
+        assert!(assert_no_identifiers("up at 5am", &list).is_err());
+        assert_eq!(r.redact_identifiers("80 km"), "80 km");
+    }
+
+    #[test]
     fn gate_text_reads_everything_and_rejects_non_utf8() {
         let list = RedactionList::new();
         let verdict = gate_text("fine\nbut 555-123-4567\n".as_bytes(), &list).expect("read");

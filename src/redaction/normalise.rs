@@ -686,6 +686,48 @@ mod tests {
     }
 
     #[test]
+    fn references_escapes_marks_and_look_alikes_are_decoded_before_the_views() {
+        assert_eq!(
+            plain("bob&#64;x&#x2E;nl &commat; &amp;#64; 06&#45;12"),
+            "bob@x.nl @ @ 06-12"
+        );
+        assert_eq!(
+            plain("bob%40x%2Enl %2540 caf%C3%A9 100% %zz"),
+            "bob@x.nl @ café 100% %zz"
+        );
+        assert_eq!(
+            plain("0\u{FE0F}\u{20E3}6\u{20E3} 1\u{305}2\u{332}"),
+            "06 12"
+        );
+        assert_eq!(
+            fold("\u{1D0F}\u{29F}\u{26A}\u{1D20}\u{26A}\u{1D00}"),
+            fold("olivia")
+        );
+        assert_eq!(fold("\u{1F1F4}\u{1F1F1}"), fold("ol"));
+        assert_eq!(plain("\u{2776}\u{1F51F}"), "110");
+        // A reference maps back to all of itself.
+        let text = "a&#64;b";
+        let v = normalise(text);
+        let at = v.plain.text.find('@').unwrap();
+        assert_eq!(&text[v.plain.original(at..at + 1)], "&#64;");
+    }
+
+    #[test]
+    fn joined_view_drops_breaks_inside_a_word_only() {
+        assert_eq!(normalise("Oli\u{3000}via").joined.text, fold("olivia"));
+        assert_eq!(normalise("Oli-\nvia").joined.text, fold("olivia"));
+        assert_eq!(normalise("Oli- \r\n  via").joined.text, fold("olivia"));
+        // An ordinary space, a hyphen without a line break, a break between
+        // non-letters: kept.
+        assert_eq!(normalise("Oli via").joined.text, fold("oli via"));
+        assert_eq!(normalise("Oli-via").joined.text, fold("oli-via"));
+        assert_eq!(normalise("12\u{3000}34").joined.text, "12 34");
+        // Regional indicators glued to a word are a word of their own.
+        let v = normalise("\u{1F1F3}\u{1F1F1}Anna");
+        assert!(v.folded.name_boundary(v.folded.text.find('a').unwrap()));
+    }
+
+    #[test]
     fn view_ranges_map_back_to_the_original() {
         let text = "tel: 0\u{200B}6\u{2013}12 ok";
         let v = normalise(text);
