@@ -72,12 +72,17 @@ pub enum ShadowCommand {
         #[arg(long, env = "MERCURY_SHADOW_ROOT")]
         root: Option<PathBuf>,
     },
-    /// The snapshot vs the shadow now: rows, messages, runs, files, sends.
+    /// The snapshot vs the shadow now: rows, messages, runs, files, sends,
+    /// every line through the review's redactor and identifier gate.
     Diff {
         #[arg(long)]
         space: Option<String>,
         #[arg(long)]
         json: bool,
+        /// Print every line as stored, unredacted: only for a global admin
+        /// of the shadow, by its token in MERCURY_TOKEN.
+        #[arg(long)]
+        raw: bool,
         #[arg(long, default_value = "current")]
         snapshot: String,
         #[arg(long, env = "MERCURY_SHADOW_ROOT")]
@@ -273,15 +278,27 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
         ShadowCommand::Diff {
             space,
             json,
+            raw,
             snapshot,
             root: r,
         } => {
             let res = root(r).and_then(|root| {
                 let dir = crate::shadow::snapshot::resolve(&root, &snapshot)?;
-                crate::shadow::diff::diff(&dir, space.as_deref())
+                if raw {
+                    let token = std::env::var("MERCURY_TOKEN").ok();
+                    crate::shadow::diff::raw_allowed(&dir, token.as_deref())?;
+                    crate::shadow::diff::diff(&dir, space.as_deref())
+                } else {
+                    crate::shadow::diff::diff_redacted(&dir, space.as_deref())
+                }
             });
             match res {
                 Ok(report) => {
+                    if report.raw {
+                        eprintln!(
+                            "mercury shadow diff: --raw: printing every line as stored, not redacted"
+                        );
+                    }
                     if json {
                         match serde_json::to_string_pretty(&report) {
                             Ok(s) => println!("{s}"),

@@ -12,7 +12,9 @@
 //! - any `@` or `(at)` followed by a host-like token, a local part glued to an
 //!   `@`, and any WhatsApp suffix however it is spaced;
 //! - every listed name part of three letters or more at a name boundary, and
-//!   parts of six letters or more even inside another word.
+//!   parts of six letters or more even inside another word; a name spelled
+//!   with digit look-alikes counts as soon as it holds one letter (the
+//!   redactor wants it mostly letters).
 //!
 //! Must never: pass text it could not check (a list that does not compile is
 //! a failure of that kind), or name a matched value in its result.
@@ -95,7 +97,7 @@ impl IdentifierGate {
             // every run the redactor takes except the ids vouched for.
             kinds.extend(
                 self.matchers
-                    .hits(&views)
+                    .hits(&views, true)
                     .into_iter()
                     .map(|h| h.kind)
                     .filter(|k| *k != IdentifierKind::Phone),

@@ -269,7 +269,7 @@ impl Redactor {
             let mut changed = false;
             let next = map_outside_placeholders(&current, |segment| {
                 let views = normalise::normalise(segment);
-                let hits = matchers.hits(&views);
+                let hits = matchers.hits(&views, false);
                 if hits.is_empty() {
                     return segment.to_owned();
                 }
@@ -315,7 +315,10 @@ impl PlaceholderTable {
 
 /// Redacts line by line with one [`Redactor`] so placeholders stay stable
 /// across the whole input. Line endings are kept as they were. No matcher
-/// spans a line break, so line-wise redaction equals whole-text redaction.
+/// spans a line break but one: a word hyphenated over a line end
+/// (`Oli-` / `via`), so a line ending in a letter and a hyphen is redacted
+/// together with the next (up to [`MAX_JOINED_LINES`]), which equals
+/// whole-text redaction.
 pub fn redact_lines(
     mut input: impl BufRead,
     mut output: impl Write,
@@ -324,17 +327,40 @@ pub fn redact_lines(
     let mut redactor =
         Redactor::new(list.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut line = String::new();
+    let mut block = String::new();
+    let mut held = 0;
     loop {
         line.clear();
-        if input.read_line(&mut line)? == 0 {
+        let eof = input.read_line(&mut line)? == 0;
+        let body = line.trim_end_matches(['\n', '\r']);
+        if !eof && held < MAX_JOINED_LINES && ends_hyphenated(body) && line.len() > body.len() {
+            block.push_str(&line);
+            held += 1;
+            continue;
+        }
+        let ending = &line[body.len()..];
+        block.push_str(body);
+        if !block.is_empty() || !ending.is_empty() {
+            output.write_all(redactor.redact_identifiers(&block).as_bytes())?;
+            output.write_all(ending.as_bytes())?;
+        }
+        block.clear();
+        held = 0;
+        if eof {
             break;
         }
-        let body = line.trim_end_matches(['\n', '\r']);
-        let ending = &line[body.len()..];
-        output.write_all(redactor.redact_identifiers(body).as_bytes())?;
-        output.write_all(ending.as_bytes())?;
     }
     output.flush()
+}
+
+/// Lines [`redact_lines`] keeps together when each ends hyphenated.
+const MAX_JOINED_LINES: usize = 4;
+
+/// A letter, then a hyphen or dash, then at most spaces: a word goes on.
+fn ends_hyphenated(line: &str) -> bool {
+    let mut rev = line.trim_end_matches([' ', '\t']).chars().rev();
+    matches!(rev.next(), Some('-' | '\u{2010}' | '\u{2011}' | '\u{2013}'))
+        && rev.next().is_some_and(char::is_alphabetic)
 }
 
 /// Reads all of `input` and runs the gate on it. Text that is not UTF-8 is an
@@ -477,7 +503,8 @@ impl Matchers {
 
     /// Every identifier the redactor replaces in one segment (no placeholder
     /// inside), in the original's coordinates, overlaps merged, in order.
-    fn hits(&self, views: &Views) -> Vec<Hit> {
+    /// `wide` (the gate) takes names spelled with look-alikes more readily.
+    fn hits(&self, views: &Views, wide: bool) -> Vec<Hit> {
         let plain = &views.plain;
         let mut found: Vec<(Range<usize>, IdentifierKind, String)> = Vec::new();
         let mut from_plain = |kind: IdentifierKind, spans: Vec<Range<usize>>| {
@@ -502,9 +529,11 @@ impl Matchers {
         );
         from_plain(IdentifierKind::Email, patterns::email_spans(&plain.text));
         from_plain(IdentifierKind::Phone, patterns::phone_spans(&plain.text));
-        for r in self.0.names.spans(views) {
-            let key = self.0.names.key(&views.folded.text[r.clone()]);
-            found.push((views.folded.original(r), IdentifierKind::Name, key));
+        for view in [&views.folded, &views.joined] {
+            for r in self.0.names.spans(view, wide) {
+                let key = self.0.names.key(&view.text[r.clone()]);
+                found.push((view.original(r), IdentifierKind::Name, key));
+            }
         }
         merge(found)
     }
@@ -1093,6 +1122,64 @@ mod tests {
             "[PERSON_1]: [PHONE_1]\r\nok\n\n[PERSON_1] again [PHONE_1]"
         );
         assert_eq!(gate_text(out.as_bytes(), &list).expect("read"), Ok(()));
+    }
+
+    #[test]
+    fn redact_lines_keeps_a_hyphenated_line_with_the_next() {
+        let list = RedactionList::new().with_name("Olivia Bakker");
+        let input = "ask Oli-\nvia now\nWell-\n known\nend-\n";
+        let mut out = Vec::new();
+        redact_lines(input.as_bytes(), &mut out, &list).expect("redact");
+        let out = String::from_utf8(out).expect("utf8");
+        assert_eq!(out, "ask [PERSON_1] now\nWell-\n known\nend-\n");
+    }
+
+    #[test]
+    fn any_punctuation_joins_digits_but_arithmetic_is_kept() {
+        for phone in [
+            "06|1234|5678",
+            "06;12;34;56;78",
+            "06*1234*5678",
+            "06'1234'5678",
+            "06~1234~5678",
+            "06+1234+5678",
+            "06#12#34#56#78",
+            "06\u{1F600}1234\u{1F600}5678",
+        ] {
+            assert_eq!(redact(phone), "[PHONE_1]", "{phone}");
+        }
+        assert_eq!(redact("[06] [1234] [5678]"), "[[PHONE_1]]");
+        for kept in [
+            "1234 + 5678 = 6912",
+            "12 * 34 = 408",
+            "06,12,34,56,78",
+            "€ 1 234 567,89",
+        ] {
+            assert_eq!(redact(kept), kept);
+        }
+        // The gate knows no arithmetic.
+        assert!(assert_no_identifiers("1234 + 5678 = 6912", &RedactionList::new()).is_err());
+    }
+
+    #[test]
+    fn names_spelled_out_or_with_look_alike_digits() {
+        let list = RedactionList::new()
+            .with_name("Olivia Bakker")
+            .with_name("Sam Lee");
+        let mut r = redactor(list.clone());
+        for text in [
+            "O l i v i a",
+            "O.l.i.v.i.a",
+            "0l1v1a",
+            "B4kk3r",
+            "O-l-i-v-i-a B-a-k-k-e-r",
+        ] {
+            assert_eq!(r.redact_identifiers(text), "[PERSON_1]", "{text}");
+        }
+        // Mostly digits is no name for the redactor; the gate still blocks.
+        assert_eq!(r.redact_identifiers("up at 5am"), "up at 5am");
+        assert!(assert_no_identifiers("up at 5am", &list).is_err());
+        assert_eq!(r.redact_identifiers("80 km"), "80 km");
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! first name, every other part of three letters or more (particles such as
 //! `van` or `der` excepted: alone they name no one), first and last name
 //! without the middle, and each of these written with `_`, `.`, `-`, spaces or
-//! nothing between the parts (`@olivia_bakker`, `OliviaBakker`). Matching is
-//! on the folded view, so case, diacritics, confusables, fullwidth forms and
-//! invisible characters make no difference. A variant is taken only at name
+//! nothing between the parts (`@olivia_bakker`, `OliviaBakker`), each also
+//! spelled out letter by letter (`O l i v i a`), every letter also matching
+//! its digit look-alikes (`0l1v1a`). Matching is on the folded and joined
+//! views, so case, diacritics, confusables, fullwidth forms, small capitals,
+//! regional indicators, invisible characters and a break inside a word make
+//! no difference. A variant is taken only at name
 //! boundaries (a non-letter, the ends, or a lower-to-upper change of case in
 //! the original), except by the gate, which also flags a part of six letters
 //! or more inside any word.
@@ -19,10 +22,21 @@ use std::ops::Range;
 
 use regex::{Regex, RegexBuilder};
 
-use super::normalise::{self, Views};
+use super::normalise::{self, View, Views};
 
 /// Between two parts of a name: nothing (glued), or up to three of these.
 const JOINER: &str = r"[ _.\-']{0,3}";
+
+/// Between two letters of a name spelled out letter by letter (`O l i v i
+/// a`, `O.l.i.v.i.a`, `O-l-i-v-i-a`): one to three spaces or ASCII
+/// punctuation marks. The views have already made every Unicode space,
+/// dash and middle dot ASCII; a class of every non-letter would make the
+/// compiled list many times larger.
+const SPREAD: &str = r"[\x20-\x2F\x3A-\x40\x5B-\x60\x7B-\x7E]{1,3}";
+
+/// A name spelled out needs this many letters; shorter ones (`Al` as `A l`)
+/// are ordinary text too often.
+const MIN_SPREAD: usize = 3;
 
 /// Parts of a surname that name no one on their own.
 const PARTICLES: &[&str] = &[
@@ -35,6 +49,59 @@ const MIN_FIRST: usize = 2;
 const MIN_PART: usize = 3;
 /// The gate flags parts this long even glued inside another word.
 const MIN_ANYWHERE: usize = 6;
+
+/// Digits and signs written for a folded letter (`0l1v1a`, `4nn4`, `$am`).
+fn look_alikes(letter: char) -> &'static str {
+    match letter {
+        'o' => "0",
+        'i' => "1!|",
+        'e' => "3",
+        'a' => "4@",
+        's' => "5$",
+        't' => "7+",
+        'b' => "8",
+        'g' => "9",
+        'z' => "2",
+        _ => "",
+    }
+}
+
+/// The digit a look-alike stands for, back to its letter (for the key).
+fn letter_of(c: char) -> char {
+    match c {
+        '0' => 'o',
+        '1' | '!' | '|' => 'i',
+        '3' => 'e',
+        '4' | '@' => 'a',
+        '5' | '$' => 's',
+        '7' | '+' => 't',
+        '8' => 'b',
+        '9' => 'g',
+        '2' => 'z',
+        c => c,
+    }
+}
+
+/// The pattern of a folded chunk: each letter, or a look-alike of it.
+fn chunk_pattern(chunk: &str) -> String {
+    chunk
+        .chars()
+        .map(|c| {
+            let alikes = look_alikes(c);
+            if alikes.is_empty() {
+                regex::escape(c.encode_utf8(&mut [0u8; 4]))
+            } else {
+                let mut class = String::from("[");
+                class.push_str(&regex::escape(c.encode_utf8(&mut [0u8; 4])));
+                for a in alikes.chars() {
+                    class.push_str(&regex::escape(a.encode_utf8(&mut [0u8; 4])));
+                }
+                class.push(']');
+                class
+            }
+        })
+        .collect()
+}
 
 pub(super) struct NameMatcher {
     /// Every variant, taken at name boundaries.
@@ -51,10 +118,17 @@ fn compact(s: &str) -> String {
     s.chars().filter(|c| c.is_alphanumeric()).collect()
 }
 
-/// A configured name, split into words (on spaces) and each word into folded
-/// parts (on anything not a letter or digit), with each part's length in
-/// characters as written.
-fn words(name: &str) -> Vec<Vec<(String, usize)>> {
+/// One part of a configured name: folded, its length in characters as
+/// written, and the folded form of each of its characters.
+struct Part {
+    folded: String,
+    len: usize,
+    chunks: Vec<String>,
+}
+
+/// A configured name, split into words (on spaces) and each word into parts
+/// (on anything not a letter or digit).
+fn words(name: &str) -> Vec<Vec<Part>> {
     normalise::plain(name)
         .split_whitespace()
         .map(|w| {
@@ -63,20 +137,24 @@ fn words(name: &str) -> Vec<Vec<(String, usize)>> {
                 // A part of digits only names no one (a display name that is
                 // a phone number is the phone matcher's).
                 .filter(|p| p.chars().any(char::is_alphabetic))
-                .map(|p| (normalise::fold(p), p.chars().count()))
-                .filter(|(f, _)| !f.is_empty())
+                .map(|p| Part {
+                    folded: normalise::fold(p),
+                    len: p.chars().count(),
+                    chunks: normalise::fold_chunks(p),
+                })
+                .filter(|p| !p.folded.is_empty())
                 .collect::<Vec<_>>()
         })
         .filter(|w| !w.is_empty())
         .collect()
 }
 
-fn word_parts(w: &[(String, usize)]) -> Vec<&str> {
-    w.iter().map(|(p, _)| p.as_str()).collect()
+fn word_parts(w: &[Part]) -> Vec<&Part> {
+    w.iter().collect()
 }
 
-fn letters(w: &[(String, usize)]) -> usize {
-    w.iter().map(|(_, n)| n).sum()
+fn letters(w: &[Part]) -> usize {
+    w.iter().map(|p| p.len).sum()
 }
 
 fn alternation(mut alts: Vec<String>) -> Result<Option<Regex>, ()> {
@@ -87,10 +165,26 @@ fn alternation(mut alts: Vec<String>) -> Result<Option<Regex>, ()> {
     alts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     alts.dedup();
     RegexBuilder::new(&format!("(?:{})", alts.join("|")))
-        .size_limit(1 << 26)
+        .size_limit(1 << 27)
         .build()
         .map(Some)
         .map_err(|_| ())
+}
+
+/// Is a match with look-alike digits in it a name? The redactor takes one
+/// that is mostly letters, two of them at least, and either five characters
+/// long or with two look-alikes (`0l1v1a`, `4nn4`, not `5am` or `80`); the
+/// gate any match with a letter in it.
+fn plausible(matched: &str, wide: bool) -> bool {
+    let digits = matched.chars().filter(char::is_ascii_digit).count();
+    if digits == 0 {
+        return true;
+    }
+    let letters = matched.chars().filter(|c| c.is_alphabetic()).count();
+    if wide {
+        return letters >= 1;
+    }
+    letters >= 2 && letters >= digits && (letters + digits >= 5 || digits >= 2)
 }
 
 impl NameMatcher {
@@ -100,14 +194,14 @@ impl NameMatcher {
         let mut owners: HashMap<String, BTreeSet<String>> = HashMap::new();
         for name in names {
             let words = words(name);
-            let parts: Vec<&(String, usize)> = words.iter().flatten().collect();
+            let parts: Vec<&Part> = words.iter().flatten().collect();
             let (Some(first_word), Some(last_word)) = (words.first(), words.last()) else {
                 continue;
             };
-            let person: String = parts.iter().map(|(p, _)| p.as_str()).collect();
-            let mut variants: Vec<Vec<&str>> = Vec::new();
-            if parts.iter().map(|(_, n)| n).sum::<usize>() >= MIN_FIRST {
-                variants.push(parts.iter().map(|(p, _)| p.as_str()).collect());
+            let person: String = parts.iter().map(|p| p.folded.as_str()).collect();
+            let mut variants: Vec<Vec<&Part>> = Vec::new();
+            if parts.iter().map(|p| p.len).sum::<usize>() >= MIN_FIRST {
+                variants.push(parts.clone());
             }
             if words.len() > 1 {
                 // The first name as written (`Jean-Pierre`), and first + last.
@@ -125,26 +219,35 @@ impl NameMatcher {
                     // A hyphenated word (`Smith-Jones`) as written.
                     variants.push(word_parts(w));
                 }
-                for (p, n) in w {
+                for p in w {
                     // Every part of three letters or more: the surname parts
                     // and the parts of a compound first name.
                     let alone = words.len() > 1 || w.len() > 1;
-                    if alone && *n >= MIN_PART && !PARTICLES.contains(&p.as_str()) {
-                        variants.push(vec![p.as_str()]);
+                    if alone && p.len >= MIN_PART && !PARTICLES.contains(&p.folded.as_str()) {
+                        variants.push(vec![p]);
                     }
-                    if *n >= MIN_ANYWHERE {
-                        anywhere.push(regex::escape(p));
+                    if p.len >= MIN_ANYWHERE {
+                        anywhere.push(chunk_pattern(&p.folded));
                     }
                 }
             }
             for v in variants {
-                owners.entry(v.concat()).or_default().insert(person.clone());
+                let key: String = v.iter().map(|p| p.folded.as_str()).collect();
+                owners.entry(key).or_default().insert(person.clone());
                 bounded.push(
                     v.iter()
-                        .map(|p| regex::escape(p))
+                        .map(|p| chunk_pattern(&p.folded))
                         .collect::<Vec<_>>()
                         .join(JOINER),
                 );
+                // The same, spelled out letter by letter.
+                let chunks: Vec<String> = v
+                    .iter()
+                    .flat_map(|p| p.chunks.iter().map(|c| chunk_pattern(c)))
+                    .collect();
+                if chunks.len() >= MIN_SPREAD {
+                    bounded.push(chunks.join(SPREAD));
+                }
             }
         }
         let keys = owners
@@ -162,20 +265,20 @@ impl NameMatcher {
     }
 
     /// Ranges of the folded view holding a listed name, at name boundaries.
-    pub(super) fn spans(&self, views: &Views) -> Vec<Range<usize>> {
+    pub(super) fn spans(&self, view: &View, wide: bool) -> Vec<Range<usize>> {
         let Some(re) = &self.bounded else {
             return Vec::new();
         };
-        let text = views.folded.text.as_str();
+        let text = view.text.as_str();
         let mut out = Vec::new();
         let mut at = 0;
         while let Some(m) = re.find_at(text, at) {
             let start = m.start();
             let mut end = m.end();
             let mut found = None;
-            if views.name_boundary(start) {
+            if view.name_boundary(start) {
                 loop {
-                    if views.name_boundary(end) {
+                    if view.name_boundary(end) && plausible(&text[start..end], wide) {
                         found = Some(end);
                         break;
                     }
@@ -203,15 +306,26 @@ impl NameMatcher {
 
     /// Does any long listed part appear anywhere, even inside a word?
     pub(super) fn anywhere(&self, views: &Views) -> bool {
-        self.anywhere
-            .as_ref()
-            .is_some_and(|re| re.is_match(&views.folded.text))
+        self.anywhere.as_ref().is_some_and(|re| {
+            [&views.folded, &views.joined]
+                .iter()
+                .any(|v| re.find_iter(&v.text).any(|m| plausible(m.as_str(), true)))
+        })
     }
 
-    /// The placeholder key of a matched name (folded text).
+    /// The placeholder key of a matched name (folded text): the person it
+    /// names when only one, whatever look-alikes spelled it.
     pub(super) fn key(&self, folded: &str) -> String {
         let c = compact(folded);
-        self.keys.get(&c).cloned().unwrap_or(c)
+        if let Some(person) = self.keys.get(&c) {
+            return person.clone();
+        }
+        let letters: String = folded
+            .chars()
+            .map(letter_of)
+            .filter(|c| c.is_alphanumeric())
+            .collect();
+        self.keys.get(&letters).cloned().unwrap_or(letters)
     }
 }
 
@@ -244,7 +358,7 @@ mod tests {
         )
         .expect("names compile");
         let v = normalise::normalise(text);
-        m.spans(&v)
+        m.spans(&v.folded, false)
             .into_iter()
             .map(|r| text[v.folded.original(r)].to_owned())
             .collect()

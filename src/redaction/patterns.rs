@@ -2,9 +2,11 @@
 //! e-mail addresses, and the ordinary numbers that are not phones.
 //!
 //! A phone candidate is a run of digits joined by up to four separators in a
-//! row (space, `-`, `.`, `/`, `(`, `)`, `_`; the plain view has already made
-//! every Unicode space, dash and middle dot one of these and dropped invisible
-//! characters), with seven digits or more. Isolated dates and times are hidden
+//! row (anything but a letter, a digit, a line break, a currency sign, `,`,
+//! `:` and `%`: spaces, dashes, dots, `|`, `;`, `*`, `'`, `~`, `+`,
+//! brackets, emoji; the plain view has already decoded references and
+//! escapes and dropped invisible characters and marks), with seven digits
+//! or more. Isolated dates and times are hidden
 //! from it first, for the redactor and the gate alike. The redactor also
 //! leaves ordinary numbers alone: amounts, percentages, versions, checksum-
 //! valid ISBNs, and numbers introduced by order/ticket/invoice/booking/room/
@@ -25,8 +27,24 @@ pub(super) const MIN_PHONE_DIGITS: usize = 7;
 /// Separators in a row that still join two digit groups.
 const MAX_SEPARATORS: usize = 4;
 
+/// What joins two digit groups of one number: anything but a letter, a
+/// digit, a control character (a line break), a currency sign, `,`, `:` or
+/// `%` (how amounts, counts, times and percentages are written). So `|`,
+/// `;`, `*`, `'`, `~`, `+`, brackets and emoji join digits like spaces and
+/// dashes do.
+const SEPARATOR_CLASS: &str = r"[^\p{L}\p{N}\p{M}\p{Cc}\p{Sc}\p{Zl}\p{Zp},:%‰]";
+
+static SEPARATOR: LazyLock<Regex> =
+    LazyLock::new(|| super::constant_regex(&format!("^{SEPARATOR_CLASS}$")));
+
 fn is_separator(c: char) -> bool {
-    matches!(c, ' ' | '-' | '.' | '/' | '(' | ')' | '_')
+    if c.is_ascii() {
+        return !c.is_ascii_alphanumeric()
+            && !c.is_ascii_control()
+            && !matches!(c, ',' | ':' | '%' | '$');
+    }
+    let mut buf = [0u8; 4];
+    SEPARATOR.is_match(c.encode_utf8(&mut buf))
 }
 
 /// Wide on purpose (any Unicode number): used to count digits and to decide
@@ -40,7 +58,11 @@ pub(super) fn is_digit(c: char) -> bool {
 // start-up assertion rather than a runtime error path.
 
 static CANDIDATE: LazyLock<Regex> =
-    LazyLock::new(|| super::constant_regex(r"\+?\(?\d(?:[ \-./()_]{0,4}\d)*"));
+    LazyLock::new(|| super::constant_regex(&format!(r"\+?\(?\d(?:{SEPARATOR_CLASS}{{0,4}}\d)*")));
+
+/// Arithmetic written out (`1234 + 5678`, `12 * 34 = 408`): the redactor
+/// keeps it, the gate does not.
+static ARITHMETIC: LazyLock<Regex> = LazyLock::new(|| super::constant_regex(r"\s[+*×÷=]\s|="));
 
 static TIME: LazyLock<Regex> = LazyLock::new(|| {
     super::constant_regex(r"(?:[01]?[0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9])?(?:\.[0-9]{1,3})?")
@@ -164,7 +186,9 @@ static GATE_WHATSAPP: LazyLock<Regex> = LazyLock::new(|| {
     ))
 });
 
-const MASK: char = '#';
+/// A control character: never in the plain view, never a separator, so a
+/// hidden date or id is a barrier no digit run crosses.
+const MASK: char = '\u{1}';
 
 fn mask_ranges(buf: &mut String, ranges: &[Range<usize>]) {
     if ranges.is_empty() {
@@ -191,12 +215,19 @@ fn mask_where(buf: &mut String, re: &Regex, keep: impl Fn(&str, &str) -> bool) {
     mask_ranges(buf, &ranges);
 }
 
+/// The separators a number is written with in prose (space, `-`, `.`, `/`,
+/// brackets, `_`): a date is run into another number only through these,
+/// so `[msg 123] 2026-11-29` stays an id and a date.
+fn is_prose_separator(c: char) -> bool {
+    matches!(c, ' ' | '-' | '.' | '/' | '(' | ')' | '_')
+}
+
 /// Would a phone candidate running through this side pick up more digits?
 fn reaches_digit(mut chars: impl Iterator<Item = char>) -> bool {
     for _ in 0..=MAX_SEPARATORS {
         match chars.next() {
             Some(c) if is_digit(c) || c == '+' => return true,
-            Some(c) if is_separator(c) => continue,
+            Some(c) if is_prose_separator(c) => continue,
             _ => return false,
         }
     }
@@ -333,6 +364,9 @@ fn is_ordinary_number(plain: &str, r: Range<usize>) -> bool {
     if candidate.starts_with('+') {
         // An international prefix is a phone whatever the words around it.
         return false;
+    }
+    if ARITHMETIC.is_match(candidate) {
+        return true;
     }
     if KEYWORD_BEFORE.is_match(before)
         || CURRENCY_BEFORE.is_match(before)

@@ -7,8 +7,16 @@
 //! ran: `shadow/baseline.db` (the copied database) and
 //! `shadow/baseline-files.json` (every workspace file by hash).
 //!
-//! Must never: open a workspace path but through the safe-path walk, show a
-//! message line the review redactor has not passed, or write to either side.
+//! Every string of the report a person could be named in (row keys, values
+//! and authors, message lines, held sends, refusals, space ids, paths) goes
+//! through the review's redactor and then its gate ([`redacted`]); a line
+//! the gate still flags is withheld whole. [`raw_allowed`] decides who may
+//! see the report as stored (`--raw`): a global admin of the shadow, by its
+//! token.
+//!
+//! Must never: open a workspace path but through the safe-path walk, print a
+//! line of the report the review redactor and gate have not passed unless
+//! `--raw` was asked for by a global admin, or write to either side.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,9 +27,10 @@ use sha2::{Digest, Sha256};
 use super::manifest::Manifest;
 use super::{io_err, sql_err, ShadowError, ShadowResult};
 use crate::config::{self, ReviewConfig};
-use crate::redaction::{RedactionList, Redactor};
+use crate::redaction::{kind_list, IdentifierGate, RedactionList, Redactor};
 use crate::storage::open_read_only;
 use crate::storage::spaces::list_members;
+use crate::storage::tokens::{self, TokenKind};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 use crate::workspace::DataPaths;
@@ -90,6 +99,10 @@ pub struct DiffReport {
     pub files: Vec<FileChange>,
     pub sends: Vec<TranscriptEntry>,
     pub refusals: Vec<TranscriptEntry>,
+    /// True when the report is as stored (`--raw`), false when every line
+    /// went through the review's redactor and gate.
+    #[serde(default)]
+    pub raw: bool,
 }
 
 /// Every file of every workspace under `spaces_dir` (of the one named
@@ -171,7 +184,7 @@ const ROW_TABLES: &[(&str, &str)] = &[
     ),
     (
         "tasks",
-        "SELECT space_id, CAST(id AS TEXT), COALESCE(cron, 'at ' || at) || ' ' || CASE active WHEN 1 THEN 'active' ELSE 'paused' END || (CASE silent WHEN 1 THEN ' silent' ELSE '' END) || ': ' || prompt, created_by FROM tasks",
+        "SELECT space_id, CAST(id AS TEXT), COALESCE(cron, 'at ' || strftime('%Y-%m-%dT%H:%M:%SZ', at / 1000, 'unixepoch')) || ' ' || CASE active WHEN 1 THEN 'active' ELSE 'paused' END || (CASE silent WHEN 1 THEN ' silent' ELSE '' END) || ': ' || prompt, created_by FROM tasks",
     ),
     (
         "space_roles",
@@ -179,7 +192,7 @@ const ROW_TABLES: &[(&str, &str)] = &[
     ),
     (
         "mutes",
-        "SELECT space_id, caller_id, COALESCE(CAST(until AS TEXT), 'forever') || COALESCE(' (' || reason || ')', ''), updated_by FROM mutes",
+        "SELECT space_id, caller_id, COALESCE('until ' || strftime('%Y-%m-%dT%H:%M:%SZ', until / 1000, 'unixepoch'), 'forever') || COALESCE(' (' || reason || ')', ''), updated_by FROM mutes",
     ),
 ];
 
@@ -303,20 +316,14 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             }
         }
     }
-    let mut messages = Vec::new();
-    // The shadow's own file: the owner a review of it would redact.
-    let review = config::load(&DataPaths::new(dir).config, &Default::default())?.review;
-    for (s, (count, lines)) in per_space {
-        let mut redactor = redactor_for(&now_db, &review, &s)?;
-        messages.push(MessagesAdded {
-            space: s,
+    let messages = per_space
+        .into_iter()
+        .map(|(space, (count, first_lines))| MessagesAdded {
+            space,
             count,
-            first_lines: lines
-                .iter()
-                .map(|l| redactor.redact_identifiers(l))
-                .collect(),
-        });
-    }
+            first_lines,
+        })
+        .collect();
 
     let runs = runs_and_cost(&now_db, &manifest, space)?;
 
@@ -381,30 +388,177 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         files,
         sends,
         refusals,
+        raw: true,
     })
 }
 
-/// The review redactor over the space's members (names and sender ids),
-/// the owner's id and names, by the review's rule
-/// ([`RedactionList::of_review`]).
-fn redactor_for(
-    db: &rusqlite::Connection,
-    review: &ReviewConfig,
-    space: &str,
-) -> ShadowResult<Redactor> {
-    let members = list_members(db, space)?;
-    let names = review.owner_names.iter().cloned().chain(
-        members
-            .iter()
-            .filter_map(|m| m.display_name.clone())
-            .filter(|n| !n.is_empty()),
-    );
-    let list = RedactionList::of_review(
-        &review.owner,
-        names,
-        members.iter().map(|m| m.caller_id.clone()),
-    );
-    Redactor::new(list).map_err(|e| ShadowError::Invalid(format!("building the redactor: {e}")))
+/// The diff of the snapshot at `dir` with every line through the review's
+/// redactor and gate: what `mercury shadow diff` prints.
+pub fn diff_redacted(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
+    let report = diff(dir, space)?;
+    let list = redaction_list(dir, &report)?;
+    redacted(report, &list)
+}
+
+/// The review's list for the whole diff, by the review's rule
+/// ([`RedactionList::of_review`]): the shadow's `review.owner_names` and
+/// owner, and every member of every space on either side (display names and
+/// caller ids), plus each caller id a changed row names (a role, a mute, an
+/// author), so one numbering covers the report. Only namespaced caller
+/// ids are taken: `owner`, the console's, names no one.
+fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList> {
+    // The shadow's own file: the owner a review of it would redact.
+    let review: ReviewConfig =
+        config::load(&DataPaths::new(dir).config, &Default::default())?.review;
+    let mut names: Vec<String> = review.owner_names.clone();
+    let mut ids: Vec<String> = Vec::new();
+    for db in [dir.join(BASELINE_DB), dir.join("state.db")] {
+        let conn = open_read_only(&db)?;
+        let mut stmt = conn
+            .prepare("SELECT id FROM spaces")
+            .map_err(sql_err("listing the spaces for the diff's redaction"))?;
+        let spaces = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql_err("listing the spaces for the diff's redaction"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql_err("listing the spaces for the diff's redaction"))?;
+        for s in spaces {
+            for m in list_members(&conn, &s)? {
+                names.extend(m.display_name.filter(|n| !n.is_empty()));
+                ids.push(m.caller_id);
+            }
+        }
+    }
+    for c in &report.rows {
+        if matches!(c.table.as_str(), "space_roles" | "mutes") {
+            ids.push(c.key.clone());
+        }
+        for v in [&c.before, &c.after].into_iter().flatten() {
+            ids.push(v.updated_by.clone());
+        }
+    }
+    names.sort();
+    names.dedup();
+    // A person's caller id is namespaced (`whatsapp:…`, `telegram:…`,
+    // `api:…`); a bare one is the host's own console caller (`owner`), a
+    // role word rather than anyone's identifier.
+    ids.retain(|id| id.contains([':', '@']));
+    Ok(RedactionList::of_review(&review.owner, names, ids))
+}
+
+/// One line through the redactor, then the gate: a line still flagged is
+/// withheld whole (its kinds named, never its value).
+struct LineFilter {
+    redactor: Redactor,
+    gate: IdentifierGate,
+}
+
+impl LineFilter {
+    fn line(&mut self, text: &str) -> String {
+        let out = self.redactor.redact_identifiers(text);
+        match self.gate.check(&out) {
+            Ok(()) => out,
+            Err(e) => format!("[withheld by the identifier gate: {}]", kind_list(&e.kinds)),
+        }
+    }
+
+    fn opt(&mut self, text: &Option<String>) -> Option<String> {
+        text.as_deref().map(|t| self.line(t))
+    }
+}
+
+/// `report` with every string through the review's redactor and gate.
+pub fn redacted(report: DiffReport, list: &RedactionList) -> ShadowResult<DiffReport> {
+    let redactor = Redactor::new(list.clone())
+        .map_err(|e| ShadowError::Invalid(format!("building the redactor: {e}")))?;
+    let gate = redactor.identifier_gate();
+    let mut f = LineFilter { redactor, gate };
+    let rows = report
+        .rows
+        .into_iter()
+        .map(|c| {
+            let mut side = |v: Option<RowValue>| {
+                v.map(|v| RowValue {
+                    value: f.line(&v.value),
+                    updated_by: f.line(&v.updated_by),
+                })
+            };
+            let (before, after) = (side(c.before), side(c.after));
+            RowChange {
+                table: c.table,
+                space: f.line(&c.space),
+                key: f.line(&c.key),
+                before,
+                after,
+            }
+        })
+        .collect();
+    let messages = report
+        .messages
+        .into_iter()
+        .map(|m| MessagesAdded {
+            space: f.line(&m.space),
+            count: m.count,
+            first_lines: m.first_lines.iter().map(|l| f.line(l)).collect(),
+        })
+        .collect();
+    let files = report
+        .files
+        .into_iter()
+        .map(|x| FileChange {
+            space: f.line(&x.space),
+            path: f.line(&x.path),
+            ..x
+        })
+        .collect();
+    let mut entry = |e: TranscriptEntry| TranscriptEntry {
+        space: f.opt(&e.space),
+        platform: f.opt(&e.platform),
+        external_id: f.opt(&e.external_id),
+        text: f.line(&e.text),
+        source: f.line(&e.source),
+        ..e
+    };
+    let sends = report.sends.into_iter().map(&mut entry).collect();
+    let refusals = report.refusals.into_iter().map(&mut entry).collect();
+    Ok(DiffReport {
+        snapshot: report.snapshot,
+        space: report.space.as_deref().map(|s| f.line(s)),
+        rows,
+        messages,
+        runs: report.runs,
+        files,
+        sends,
+        refusals,
+        raw: false,
+    })
+}
+
+/// May the holder of `token` read the diff of `dir` as stored? Only a
+/// global admin of the shadow (its owner, or a caller in its `admins`), by a
+/// user token of the shadow's own database with no scope: the rule the API
+/// applies to its global-admin routes. A refusal is one sentence.
+pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
+    let refused = |why: &str| {
+        Err(ShadowError::Refused(format!(
+            "--raw prints held sends and changed rows unredacted, so it needs a global admin's token of this shadow in MERCURY_TOKEN: {why}"
+        )))
+    };
+    let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) else {
+        return refused("none was given");
+    };
+    let settings = config::load(&DataPaths::new(dir).config, &Default::default())?;
+    let conn = open_read_only(&dir.join("state.db"))?;
+    let Some(grant) = tokens::resolve(&conn, token, crate::clock::now_ms())? else {
+        return refused("the shadow knows no such token (a live token is never one of its own)");
+    };
+    if grant.kind != TokenKind::User
+        || grant.scope.is_some()
+        || !settings.is_global_admin(&grant.caller_id)
+    {
+        return refused("the token is not a global admin's");
+    }
+    Ok(())
 }
 
 /// Writes the baseline the diff compares against (called by the snapshot).
@@ -445,6 +599,17 @@ pub fn render(r: &DiffReport) -> String {
         "shadow diff: snapshot {} vs the shadow now{scope}",
         r.snapshot
     );
+    if r.raw {
+        let _ = writeln!(
+            s,
+            "raw: every line below is as stored, not redacted (--raw, global admin)"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "every line below passed the review's redactor and identifier gate"
+        );
+    }
     let _ = writeln!(s, "\nrows ({}):", r.rows.len());
     if r.rows.is_empty() {
         let _ = writeln!(s, "  (no change)");

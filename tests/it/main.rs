@@ -36,6 +36,7 @@ mod security_sandbox;
 mod security_workspace;
 mod service;
 mod shadow;
+mod shadow_diff;
 mod smoke;
 mod snapshots;
 mod telegram;

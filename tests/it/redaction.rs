@@ -74,13 +74,27 @@ fn redaction_corpus_every_class_is_redacted_and_every_raw_line_gated() {
     let names = names_file(dir.path(), &people);
     let lines = corpus::corpus(&mut rng, &people, 12);
     let list = RedactionList::new().with_names(people.clone());
-    let input: String = lines.iter().map(|l| format!("{}\n", l.text)).collect();
+    // A line holding a line break (a name hyphenated over it) goes through
+    // `mercury review redact` on its own; the rest in one process.
+    let input: String = lines
+        .iter()
+        .filter(|l| !l.text.contains('\n'))
+        .map(|l| format!("{}\n", l.text))
+        .collect();
     let (code, redacted) = mercury(&["review", "redact"], &names, &input);
     assert_eq!(code, 0);
     let mut outputs = redacted.lines().map(str::to_owned);
     let (figures, misses) = corpus::evaluate(
         &lines,
-        |_| outputs.next().unwrap_or_default(),
+        |text| {
+            if text.contains('\n') {
+                let (code, out) = mercury(&["review", "redact"], &names, &format!("{text}\n"));
+                assert_eq!(code, 0);
+                out.strip_suffix('\n').unwrap_or(&out).to_owned()
+            } else {
+                outputs.next().unwrap_or_default()
+            }
+        },
         |text| {
             let (code, _) = mercury(&["review", "gate"], &names, text);
             assert!(code == 0 || code == 3, "gate exit {code}");
@@ -101,7 +115,7 @@ fn redaction_corpus_every_class_is_redacted_and_every_raw_line_gated() {
     assert_eq!(figures.recall(), 1.0);
     assert_eq!(figures.gate_recall(), 1.0);
     assert!(
-        figures.kept_ratio() >= 0.95,
+        figures.kept_ratio() >= 0.99,
         "kept {:.3}",
         figures.kept_ratio()
     );
@@ -189,7 +203,7 @@ fn redaction_property_random_identifiers_in_random_text() {
         panic!("{e}");
     }
     assert!(
-        totals.kept_ratio() >= 0.95,
+        totals.kept_ratio() >= 0.99,
         "kept {:.3}",
         totals.kept_ratio()
     );
@@ -364,6 +378,10 @@ async fn link(host: &TestHost, external_id: &str, space: &str) {
 /// Seeds one DM space per sender and every exchange of [`EXCHANGES`],
 /// alternating senders; returns how many exchanges were answered.
 async fn seed(host: &TestHost) -> i64 {
+    seed_with(host, EXCHANGES).await
+}
+
+async fn seed_with(host: &TestHost, exchanges: &[&str]) -> i64 {
     let adapter = host.adapter_token("adapter:whatsapp", "whatsapp").await;
     for (sender, space) in [(LUKASZ, "dm-lukasz"), (ANNA, "dm-anna")] {
         host.create_space(space).await;
@@ -371,7 +389,7 @@ async fn seed(host: &TestHost) -> i64 {
         assert_eq!(v["status"], "unlinked", "{v}");
         link(host, sender.0, space).await;
     }
-    for (i, text) in EXCHANGES.iter().enumerate() {
+    for (i, text) in exchanges.iter().enumerate() {
         let sender = if i % 2 == 0 { LUKASZ } else { ANNA };
         let replies = host.count("SELECT COUNT(*) FROM messages WHERE role = 'assistant'");
         let v = say(host, &adapter, sender, text, &format!("x{i}")).await;
@@ -385,7 +403,7 @@ async fn seed(host: &TestHost) -> i64 {
             .await;
         assert_eq!(n, replies + 1, "no reply to exchange {i}");
     }
-    EXCHANGES.len() as i64
+    exchanges.len() as i64
 }
 
 fn options(model: Value) -> HostOptions {
@@ -462,6 +480,150 @@ async fn redaction_judge_quoting_an_obfuscated_phone_gets_the_report_blocked() {
     ] {
         let host = TestHost::start(options(judge_quoting(evidence))).await;
         seed(&host).await;
+        let (st, summary) = host
+            .owner(Method::POST, "/api/review/run", None, None)
+            .await;
+        assert_eq!(st, 200, "{summary}");
+        assert_eq!(summary["status"], "blocked", "{evidence:?}: {summary:#}");
+        let dir = report_dir(&host, &summary);
+        assert!(
+            !dir.join("report.md").exists(),
+            "{evidence:?}: report written"
+        );
+        assert!(
+            !dir.join("report.json").exists(),
+            "{evidence:?}: report written"
+        );
+        host.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Issue 23: the encodings a real daily review let through
+// ---------------------------------------------------------------------------
+
+/// What the seeded users write: the shapes of issue 23, item 9.
+const ENCODED_EXCHANGES: &[&str] = &[
+    "call me on 06|1234|5678 or 06;12;34;56;78 tonight",
+    "or 06*1234*5678, 06'1234'5678, 06~1234~5678 and 06+1234+5678",
+    "the office is [06] [1234] [5678] or 0\u{FE0F}\u{20E3}6\u{FE0F}\u{20E3}1\u{FE0F}\u{20E3}2\u{FE0F}\u{20E3}3\u{FE0F}\u{20E3}4\u{FE0F}\u{20E3}5\u{FE0F}\u{20E3}6\u{FE0F}\u{20E3}7\u{FE0F}\u{20E3}8\u{FE0F}\u{20E3}",
+    "overlined 0\u{305}6\u{305}1\u{305}2\u{305}3\u{305}4\u{305}5\u{305}6\u{305}7\u{305}8\u{305} or mail olivia&#46;bakker&#64;example&#46;com or 06&#45;12&#45;34&#45;56&#45;78",
+    "escaped bram%40example%2Ecom and 06%2012%2034%2056%2078",
+    "ask O l i v i a or O.l.i.v.i.a, \u{1D0F}\u{29F}\u{26A}\u{1D20}\u{26A}\u{1D00} \u{299}\u{1D00}\u{1D0B}\u{1D0B}\u{1D07}\u{280}, 0l1v1a and \u{1F1F4}\u{1F1F1}\u{1F1EE}\u{1F1FB}\u{1F1EE}\u{1F1E6}",
+    "Oli\u{3000}via said Wr\u{F3}-\nbel will call",
+];
+
+/// An independent check for [`ENCODED_EXCHANGES`]: character references and
+/// URL escapes decoded, then digit runs (any separators and marks dropped)
+/// and name parts with every non-letter squeezed out, small capitals,
+/// regional indicators and digit look-alikes read as letters.
+fn encoded_leaks(text: &str) -> Vec<String> {
+    let clean = corpus::without_placeholders(text, "|");
+    let mut decoded = clean.clone();
+    let html = regex::Regex::new(r"&#(x[0-9a-fA-F]+|[0-9]+);?").unwrap();
+    for _ in 0..3 {
+        decoded = html
+            .replace_all(&decoded, |c: &regex::Captures| {
+                let n = &c[1];
+                let v = match n.strip_prefix('x') {
+                    Some(h) => u32::from_str_radix(h, 16).ok(),
+                    None => n.parse().ok(),
+                };
+                v.and_then(char::from_u32)
+                    .map(String::from)
+                    .unwrap_or_default()
+            })
+            .replace("&commat;", "@");
+        decoded = percent_encoding::percent_decode_str(&decoded)
+            .decode_utf8_lossy()
+            .into_owned();
+    }
+    let digits: String = decoded
+        .chars()
+        .filter_map(|c| {
+            digit_of(c).or(if c.is_alphabetic() || c == '\n' {
+                Some('|')
+            } else {
+                None
+            })
+        })
+        .collect();
+    let letter = |c: char| -> Option<char> {
+        let small = "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘꞯʀꜱᴛᴜᴠᴡxʏᴢ";
+        if let Some(i) = small.chars().position(|s| s == c) {
+            return char::from_u32('a' as u32 + i as u32);
+        }
+        if ('\u{1F1E6}'..='\u{1F1FF}').contains(&c) {
+            return char::from_u32('a' as u32 + (c as u32 - 0x1F1E6));
+        }
+        match c {
+            '0' => Some('o'),
+            '1' => Some('l'),
+            '3' => Some('e'),
+            '4' => Some('a'),
+            c if c.is_alphabetic() => Some(c),
+            _ => None,
+        }
+    };
+    let squeezed: String = fold(&decoded.chars().filter_map(letter).collect::<String>());
+    let mut found = Vec::new();
+    for d in ["0612345678"] {
+        if digits.contains(d) {
+            found.push(format!("digits {d}"));
+        }
+    }
+    for n in ["olivia", "bakker", "wrobel", "bram", "example"] {
+        if squeezed.contains(&fold(n)) {
+            found.push(n.to_string());
+        }
+    }
+    found
+}
+
+/// A real daily review (`POST /api/review/run`, what `mrctl review run-now`
+/// calls) of exchanges written in the encodings of issue 23, the scripted
+/// judge quoting each user line back: the report is written and holds none
+/// of them, by an independent check. On the code before, the redactor left
+/// them as written and the gate passed them, so the report quoted them.
+#[tokio::test]
+async fn redaction_daily_review_of_encoded_identifiers_writes_none_of_them() {
+    for text in ENCODED_EXCHANGES {
+        assert!(
+            !encoded_leaks(text).is_empty(),
+            "the leak check misses {text:?}"
+        );
+    }
+    let host = TestHost::start(options(judge_quoting("$2"))).await;
+    let exchanges = seed_with(&host, ENCODED_EXCHANGES).await;
+    let (st, summary) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{summary}");
+    assert_eq!(summary["status"], "done", "{summary:#}");
+    assert_eq!(summary["exchanges_judged"], exchanges, "{summary:#}");
+    assert_eq!(summary["findings"], exchanges, "{summary:#}");
+    let dir = report_dir(&host, &summary);
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    let json = std::fs::read_to_string(dir.join("report.json")).unwrap();
+    assert!(md.contains("- evidence: call me on [PHONE_"), "{md}");
+    for (file, text) in [("report.md", &md), ("report.json", &json)] {
+        let found = encoded_leaks(text);
+        assert!(found.is_empty(), "{file} holds {found:?}:\n{text}");
+    }
+    host.stop().await;
+}
+
+/// The judge writing such a shape itself (the redactor could not have let
+/// it through): the gate blocks the report and nothing is written.
+#[tokio::test]
+async fn redaction_judge_writing_an_encoded_identifier_gets_the_report_blocked() {
+    for evidence in [
+        "call 06|1234|5678",
+        "mail bob&#64;example&#46;com",
+        "ask 0l1v1a or O l i v i a",
+    ] {
+        let host = TestHost::start(options(judge_quoting(evidence))).await;
+        seed_with(&host, &ENCODED_EXCHANGES[..1]).await;
         let (st, summary) = host
             .owner(Method::POST, "/api/review/run", None, None)
             .await;

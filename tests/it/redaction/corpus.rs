@@ -444,7 +444,174 @@ pub(super) const CLASSES: &[&str] = &[
     "name: Cyrillic look-alikes",
     "name: Greek look-alikes",
     "name: fullwidth",
+    "phone: any punctuation between digits",
+    "phone: bracketed groups",
+    "phone: keycap digits",
+    "phone: combining marks on digits",
+    "phone: HTML character references",
+    "phone: URL escapes",
+    "email: HTML character references",
+    "email: URL escapes",
+    "name: spelled out letter by letter",
+    "name: small capitals",
+    "name: digits for letters",
+    "name: regional indicators",
+    "name: split by a foreign space",
+    "name: hyphen and line break",
 ];
+
+/// Punctuation a disguise puts between digit groups (issue 23): none of
+/// them a letter, a digit, a comma, a colon, `%` or a currency sign.
+const PUNCTUATION: &[&str] = &[
+    "|", ";", "*", "'", "~", "+", "#", "!", "^", "\\", "»", "→", "’", "\"", "?", "<", ">", "😀",
+    " ", "] [", ") (", "/",
+];
+
+/// A run of one to four punctuation characters (the most the matchers
+/// join) that is not arithmetic written out (`1234 + 5678`), which the
+/// redactor keeps on purpose.
+fn punctuation_run(rng: &mut Rng) -> String {
+    loop {
+        let n = rng.range(1, 3);
+        let run: String = (0..n).map(|_| *rng.pick(PUNCTUATION)).collect();
+        if run.chars().count() <= 4 && ![" + ", " * "].iter().any(|a| run.contains(a)) {
+            return run;
+        }
+    }
+}
+
+fn phone_digits(rng: &mut Rng) -> Vec<String> {
+    let (_, groups) = phone_groups(rng);
+    groups
+}
+
+/// Each character through `f`, groups joined by `sep`.
+fn encode_groups(
+    rng: &mut Rng,
+    groups: &[String],
+    mut digit: impl FnMut(&mut Rng, char) -> String,
+    mut sep: impl FnMut(&mut Rng) -> String,
+) -> String {
+    let mut s = String::new();
+    for (i, g) in groups.iter().enumerate() {
+        if i > 0 {
+            s.push_str(&sep(rng));
+        }
+        for c in g.chars() {
+            s.push_str(&digit(rng, c));
+        }
+    }
+    s
+}
+
+fn html_reference(rng: &mut Rng, c: char) -> String {
+    let r = match rng.below(3) {
+        0 => format!("&#{};", c as u32),
+        1 => format!("&#x{:X};", c as u32),
+        _ => format!("&#x{:x};", c as u32),
+    };
+    if rng.chance(15) {
+        r.replacen('&', "&amp;", 1)
+    } else {
+        r
+    }
+}
+
+fn url_escape(rng: &mut Rng, c: char) -> String {
+    let mut buf = [0u8; 4];
+    let escaped: String = c
+        .encode_utf8(&mut buf)
+        .bytes()
+        .map(|b| {
+            if rng.chance(50) {
+                format!("%{b:02X}")
+            } else {
+                format!("%{b:02x}")
+            }
+        })
+        .collect();
+    if rng.chance(15) {
+        escaped.replacen('%', "%25", 1)
+    } else {
+        escaped
+    }
+}
+
+fn small_capital(c: char) -> char {
+    const SMALL: &[(char, char)] = &[
+        ('a', '\u{1D00}'),
+        ('b', '\u{0299}'),
+        ('c', '\u{1D04}'),
+        ('d', '\u{1D05}'),
+        ('e', '\u{1D07}'),
+        ('f', '\u{A730}'),
+        ('g', '\u{0262}'),
+        ('h', '\u{029C}'),
+        ('i', '\u{026A}'),
+        ('j', '\u{1D0A}'),
+        ('k', '\u{1D0B}'),
+        ('l', '\u{029F}'),
+        ('m', '\u{1D0D}'),
+        ('n', '\u{0274}'),
+        ('o', '\u{1D0F}'),
+        ('p', '\u{1D18}'),
+        ('r', '\u{0280}'),
+        ('s', '\u{A731}'),
+        ('t', '\u{1D1B}'),
+        ('u', '\u{1D1C}'),
+        ('v', '\u{1D20}'),
+        ('w', '\u{1D21}'),
+        ('y', '\u{028F}'),
+        ('z', '\u{1D22}'),
+    ];
+    let l = c.to_lowercase().next().unwrap_or(c);
+    SMALL
+        .iter()
+        .find(|(a, _)| *a == l)
+        .map(|(_, s)| *s)
+        .unwrap_or(c)
+}
+
+/// A name part of four letters or more split at a random inner letter.
+fn split_part(rng: &mut Rng, part: &str, with: &str) -> String {
+    let chars: Vec<char> = part.chars().collect();
+    let inner: Vec<usize> = (2..chars.len().saturating_sub(1))
+        .filter(|&i| chars[i - 1].is_alphabetic() && chars[i].is_alphabetic())
+        .collect();
+    match inner.is_empty() {
+        true => part.to_owned(),
+        false => {
+            let at = *rng.pick(&inner);
+            let (a, b): (String, String) =
+                (chars[..at].iter().collect(), chars[at..].iter().collect());
+            format!("{a}{with}{b}")
+        }
+    }
+}
+
+/// The person's name with one part of four letters or more split by
+/// `with` (the first such part, or the surname).
+fn split_name(rng: &mut Rng, person: &str, with: &str) -> String {
+    let parts: Vec<&str> = person.split(' ').collect();
+    let candidates: Vec<usize> = (0..parts.len())
+        .filter(|&i| parts[i].chars().filter(|c| c.is_alphabetic()).count() >= 4)
+        .collect();
+    let Some(&which) = candidates.get(rng.below(candidates.len().max(1))) else {
+        return person.to_owned();
+    };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if i == which {
+                split_part(rng, p, with)
+            } else {
+                (*p).to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// One planted identifier: its class, the raw text, and what of it may stay
 /// (the `@` of a handle, the `Mr.` of `Mr. X`: context, not identifier).
@@ -642,6 +809,224 @@ pub(super) fn identifier(rng: &mut Rng, class: &'static str, people: &[String]) 
             planted(class, look_alike(rng, &upper, GREEK))
         }
         "name: fullwidth" => planted(class, fullwidth(&person)),
+        "phone: any punctuation between digits" => {
+            let groups = phone_digits(rng);
+            let s = encode_groups(rng, &groups, |_, c| c.to_string(), punctuation_run);
+            planted(class, s)
+        }
+        "phone: bracketed groups" => {
+            let groups = phone_digits(rng);
+            let (open, close) = *rng.pick(&[("[", "]"), ("{", "}"), ("<", ">"), ("⟨", "⟩")]);
+            let gap = *rng.pick(&["", " ", "  ", "-"]);
+            let inner = groups.join(&format!("{close}{gap}{open}"));
+            let mut p = planted(class, inner);
+            p.context_before = open.to_owned();
+            p.context_after = close.to_owned();
+            p
+        }
+        "phone: keycap digits" => {
+            let groups = phone_digits(rng);
+            let s = encode_groups(
+                rng,
+                &groups,
+                |rng, c| {
+                    if rng.chance(80) {
+                        format!("{c}\u{FE0F}\u{20E3}")
+                    } else {
+                        format!("{c}\u{20E3}")
+                    }
+                },
+                |rng| rng.pick(&["", "", " ", "-"]).to_string(),
+            );
+            planted(class, s)
+        }
+        "phone: combining marks on digits" => {
+            let groups = phone_digits(rng);
+            let s = encode_groups(
+                rng,
+                &groups,
+                |rng, c| {
+                    let marks = [
+                        '\u{305}', '\u{332}', '\u{336}', '\u{338}', '\u{20DD}', '\u{301}',
+                        '\u{335}', '\u{20E0}', '\u{33F}',
+                    ];
+                    let mut s = c.to_string();
+                    for _ in 0..rng.range(1, 2) {
+                        s.push(*rng.pick(&marks));
+                    }
+                    s
+                },
+                |rng| {
+                    if rng.chance(50) {
+                        String::new()
+                    } else {
+                        rng.pick(&[" ", "-", "\u{2009}"]).to_string()
+                    }
+                },
+            );
+            planted(class, s)
+        }
+        "phone: HTML character references" => {
+            let groups = phone_digits(rng);
+            let s = encode_groups(
+                rng,
+                &groups,
+                |rng, c| {
+                    if rng.chance(30) {
+                        html_reference(rng, c)
+                    } else {
+                        c.to_string()
+                    }
+                },
+                |rng| {
+                    let sep = *rng.pick(&[
+                        "&#45;",
+                        "&#x2D;",
+                        "&#32;",
+                        "&nbsp;",
+                        "&hyphen;",
+                        "&#x20;",
+                        "&minus;",
+                        "&ndash;",
+                        "&amp;#45;",
+                        "&#124;",
+                        "&verbar;",
+                    ]);
+                    sep.to_owned()
+                },
+            );
+            planted(class, s)
+        }
+        "phone: URL escapes" => {
+            let groups = phone_digits(rng);
+            let s = encode_groups(
+                rng,
+                &groups,
+                |rng, c| {
+                    if rng.chance(30) {
+                        url_escape(rng, c)
+                    } else {
+                        c.to_string()
+                    }
+                },
+                |rng| {
+                    let sep = *rng.pick(&[
+                        "%20",
+                        "%2D",
+                        "%2d",
+                        "%E2%80%93",
+                        "%C2%A0",
+                        "%2520",
+                        "%7C",
+                        "%3B",
+                    ]);
+                    sep.to_owned()
+                },
+            );
+            planted(class, s)
+        }
+        "email: HTML character references" => {
+            let at = html_reference(rng, '@');
+            let at = *rng.pick(&[at.as_str(), "&commat;"]);
+            let dot = html_reference(rng, '.');
+            let dot = *rng.pick(&[dot.as_str(), "&period;", "."]);
+            planted(
+                class,
+                format!(
+                    "{}{at}{}{dot}{}",
+                    lower_word(rng, 2, 9),
+                    lower_word(rng, 3, 9),
+                    rng.pick(&["com", "org", "nl"])
+                ),
+            )
+        }
+        "email: URL escapes" => {
+            let at = url_escape(rng, '@');
+            let dot = url_escape(rng, '.');
+            let dot = *rng.pick(&[dot.as_str(), "."]);
+            planted(
+                class,
+                format!(
+                    "{}{at}{}{dot}{}",
+                    lower_word(rng, 2, 9),
+                    lower_word(rng, 3, 9),
+                    rng.pick(&["com", "org", "nl"])
+                ),
+            )
+        }
+        "name: spelled out letter by letter" => {
+            let sep = *rng.pick(&[" ", ".", "-", " . ", "_", "*", "\u{B7}", ". ", "  "]);
+            let which = if rng.chance(50) { &first } else { &person };
+            let letters: Vec<String> = which
+                .chars()
+                .filter(|c| c.is_alphabetic())
+                .map(|c| c.to_string())
+                .collect();
+            planted(class, letters.join(sep))
+        }
+        "name: small capitals" => {
+            let which = if rng.chance(50) { &first } else { &person };
+            planted(
+                class,
+                strip_marks(which).chars().map(small_capital).collect(),
+            )
+        }
+        "name: digits for letters" => {
+            let plain = strip_marks(&person);
+            let eligible = |c: char| "oOiIlLeEaAsStT".contains(c);
+            let letters = plain.chars().filter(|c| c.is_alphabetic()).count();
+            let digit = |c: char| match c.to_ascii_lowercase() {
+                'o' => '0',
+                'i' | 'l' => '1',
+                'e' => '3',
+                'a' => '4',
+                's' => '5',
+                _ => '7',
+            };
+            loop {
+                let mut swapped = 0;
+                let out: String = plain
+                    .chars()
+                    .map(|c| {
+                        if eligible(c) && rng.chance(50) && (swapped + 1) * 2 <= letters {
+                            swapped += 1;
+                            digit(c)
+                        } else {
+                            c
+                        }
+                    })
+                    .collect();
+                if swapped > 0 {
+                    break planted(class, out);
+                }
+            }
+        }
+        "name: regional indicators" => {
+            let mut which = strip_marks(&first);
+            for _ in 0..50 {
+                if which.chars().all(|c| c.is_ascii_alphabetic()) {
+                    break;
+                }
+                let other = rng.pick(people).clone();
+                which = strip_marks(other.split(' ').next().unwrap_or_default());
+            }
+            let flags: String = which
+                .chars()
+                .map(|c| {
+                    let i = c.to_ascii_uppercase() as u32 - 'A' as u32;
+                    char::from_u32(0x1F1E6 + i).unwrap_or(c)
+                })
+                .collect();
+            planted(class, flags)
+        }
+        "name: split by a foreign space" => {
+            let with = *rng.pick(&["\u{3000}", "\u{A0}", "\u{2009}", "\u{202F}", "\u{2002}"]);
+            planted(class, split_name(rng, &person, with))
+        }
+        "name: hyphen and line break" => {
+            let with = *rng.pick(&["-\n", "- \n", "\u{2010}\n", "-\n  "]);
+            planted(class, split_name(rng, &person, with))
+        }
         other => panic!("unknown class {other}"),
     }
 }

@@ -1,0 +1,194 @@
+//! `mercury shadow diff` (issue 23, item 7): held sends, changed rows and
+//! their authors go through the review's redactor and identifier gate like
+//! message lines do; `--raw` prints them as stored only for a global admin
+//! of the shadow, by its own token, and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+
+use crate::common::{HostOptions, TestHost};
+
+const NAME: &str = "Olivia Bakker";
+const WA: &str = "whatsapp:31612345678@s.whatsapp.net";
+const EMAIL: &str = "olivia.bakker@example.com";
+
+fn mercury_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("MERCURY_LOG", "warn")
+        .stdin(Stdio::null());
+    c
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = mercury_cmd()
+        .envs(env.iter().copied())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn diff(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let root = root.to_str().unwrap();
+    let mut args = vec!["shadow", "diff", "--root", root];
+    args.extend_from_slice(extra);
+    run(&args, env)
+}
+
+/// What of the planted values `text` holds: the phone's and the WhatsApp
+/// id's digits with every separator dropped, the e-mail, the name parts.
+fn leaks(text: &str) -> Vec<&'static str> {
+    let digits: String = text
+        .chars()
+        .filter_map(|c| {
+            if c.is_ascii_digit() {
+                Some(c)
+            } else if c.is_alphabetic() || c == '\n' {
+                Some('|')
+            } else {
+                None
+            }
+        })
+        .collect();
+    let lower = text.to_lowercase();
+    let mut found = Vec::new();
+    for (what, hit) in [
+        (
+            "the phone",
+            digits.contains("0612345678") || digits.contains("31612345678"),
+        ),
+        ("the e-mail", lower.contains("example.com")),
+        (
+            "the name",
+            lower.contains("olivia") || lower.contains("bakker"),
+        ),
+        ("the whatsapp id", lower.contains("s.whatsapp.net")),
+    ] {
+        if hit {
+            found.push(what);
+        }
+    }
+    found
+}
+
+/// A live host, snapshotted, and the shadow's rows and transcript changed as
+/// a rehearsal would change them: a role and a mute for a WhatsApp caller,
+/// a preference naming a person, a held send and a refusal with a phone
+/// number, an e-mail and a name in them.
+async fn rehearsed() -> (TestHost, tempfile::TempDir, PathBuf, PathBuf) {
+    let live = TestHost::start(HostOptions {
+        config: vec![(
+            "review.owner_names",
+            Yaml::Sequence(vec![Yaml::String(NAME.into())]),
+        )],
+        ..Default::default()
+    })
+    .await;
+    live.create_space("alpha").await;
+    live.chat("alpha", "hello").await;
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let (code, out, err) = run(
+        &[
+            "shadow",
+            "snapshot",
+            "--data-dir",
+            live.data.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+            "--admins",
+            "api:rehearser",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    let snap = std::fs::canonicalize(root.join("current")).unwrap();
+    let db = rusqlite::Connection::open(snap.join("state.db")).unwrap();
+    db.execute_batch(&format!(
+        "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at)
+           VALUES ('alpha', '{WA}', 'member', '{WA}', 1, 1);
+         INSERT INTO mutes (space_id, caller_id, until, reason, updated_by, updated_at)
+           VALUES ('alpha', 'telegram:987654321', 1764600000000, 'spammed 06|1234|5678', 'owner', 1);
+         INSERT INTO space_preferences (space_id, key, value, updated_by, updated_at)
+           VALUES ('alpha', 'contact', 'ask O l i v i a at olivia.bakker&#64;example.com', '{WA}', 1);"
+    ))
+    .unwrap();
+    drop(db);
+    let transcript = snap.join("shadow/transcript.jsonl");
+    let lines = [
+        json!({"kind": "send", "time": 1, "space": "alpha", "conversation": 1,
+               "platform": "whatsapp", "external_id": "31612345678@s.whatsapp.net",
+               "text": format!("Hi {NAME}, call 06;12;34;56;78 or mail {EMAIL}"),
+               "source": "send"}),
+        json!({"kind": "refusal", "time": 2, "space": "alpha", "conversation": null,
+               "platform": null, "external_id": null,
+               "text": "mint an adapter token for +31 6 1234 5678", "source": "tokens"}),
+    ];
+    let mut text = std::fs::read_to_string(&transcript).unwrap_or_default();
+    for l in lines {
+        text.push_str(&format!("{l}\n"));
+    }
+    std::fs::write(&transcript, text).unwrap();
+    (live, root_dir, root, snap)
+}
+
+#[tokio::test]
+async fn shadow_diff_redacts_sends_rows_and_authors_and_raw_needs_a_global_admin() {
+    let (live, _keep, root, snap) = rehearsed().await;
+
+    // Redacted, human and JSON: nothing of them, placeholders instead.
+    let (code, human, err) = diff(&root, &[], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(leaks(&human).is_empty(), "{:?} in:\n{human}", leaks(&human));
+    assert!(
+        human.contains("[SENDER_") || human.contains("[WA_"),
+        "{human}"
+    );
+    assert!(human.contains("[PERSON_"), "{human}");
+    assert!(
+        human.contains("sends held in the transcript (1)"),
+        "{human}"
+    );
+    assert!(human.contains("space_roles"), "{human}");
+    let (code, out, err) = diff(&root, &["--json"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(leaks(&out).is_empty(), "{:?} in:\n{out}", leaks(&out));
+    let d: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["raw"], false);
+    assert_eq!(d["rows"].as_array().unwrap().len(), 3, "{d:#}");
+    assert_eq!(d["sends"][0]["space"], "alpha", "{d:#}");
+
+    // The diff as stored holds every planted value: what the check sees.
+    let token = std::fs::read_to_string(snap.join("global/owner.token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (code, raw, err) = diff(&root, &["--raw"], &[("MERCURY_TOKEN", &token)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(raw.contains("as stored, not redacted"), "{raw}");
+    assert!(err.contains("--raw"), "{err}");
+    assert_eq!(
+        leaks(&raw),
+        vec!["the phone", "the e-mail", "the name", "the whatsapp id"],
+        "{raw}"
+    );
+
+    // --raw without a token, or with the live owner's (unknown to the
+    // shadow), is refused with a sentence and prints nothing.
+    for env in [vec![], vec![("MERCURY_TOKEN", live.owner_token.as_str())]] {
+        let (code, out, err) = diff(&root, &["--raw"], &env);
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains("global admin"), "{err}");
+        assert!(leaks(&err).is_empty(), "{err}");
+    }
+}
