@@ -138,9 +138,6 @@ impl TurnLayer {
             allowance,
             mounted: false,
         };
-        for p in [&me.live, &me.layer, &me.merged] {
-            check_option_safe(p)?;
-        }
         std::fs::create_dir(&me.layer).map_err(|e| setup("creating the layer", &e))?;
         std::fs::create_dir(&me.merged).map_err(|e| setup("creating the merged view", &e))?;
         me.mounted = true;
@@ -181,7 +178,8 @@ impl TurnLayer {
         // the directory at mount time and shown as just that.
         let open =
             |p: &Path| std::fs::File::open(p).map_err(|e| setup("opening a layer directory", &e));
-        let (lower_fd, upper_fd, work_fd) = (open(live)?, open(&upper)?, open(&work)?);
+        // The lower is the workspace already held open, link-free, above.
+        let (upper_fd, work_fd) = (open(&upper)?, open(&work)?);
         mount(
             "overlay",
             &me.merged,
@@ -189,7 +187,7 @@ impl TurnLayer {
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             &format!(
                 "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}",
-                lower_fd.as_raw_fd(),
+                root.raw_fd(),
                 upper_fd.as_raw_fd(),
                 work_fd.as_raw_fd()
             ),
@@ -663,23 +661,6 @@ fn unescape_mountinfo(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Overlay mount options are a comma- and colon-separated list: a path
-/// holding either (or a backslash) cannot be passed safely.
-fn check_option_safe(p: &Path) -> Result<(), LayerError> {
-    if p.as_os_str()
-        .as_bytes()
-        .iter()
-        .any(|c| matches!(c, b',' | b':' | b'\\' | b'\n'))
-    {
-        return Err(LayerError::Setup(format!(
-            "the path {} holds ',', ':' or '\\', which overlay mount options cannot carry; \
-             use a data dir without them",
-            p.display()
-        )));
-    }
-    Ok(())
 }
 
 fn mount(
