@@ -82,7 +82,7 @@ pub fn owner_notice(p: &Pairing) -> String {
 /// if one exists), writing a pairing request and its two sends when one is
 /// opened.
 pub fn admit(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &crate::storage::Tx<'_>,
     settings: &Settings,
     outbound: &Outbound,
     m: &IngressMessage,
@@ -159,7 +159,7 @@ pub fn admit(
 /// the DM conversation of `review.owner` (else `owner`). No such
 /// conversation yet: the request waits in `mrctl pairing list` alone.
 fn notify_owner(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &crate::storage::Tx<'_>,
     settings: &Settings,
     outbound: &Outbound,
     p: &Pairing,

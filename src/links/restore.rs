@@ -10,7 +10,7 @@
 //! restore anything into a space that no longer exists, or settle a change
 //! twice.
 
-use rusqlite::Connection;
+use crate::storage::Conn as Connection;
 use serde::Serialize;
 
 use crate::storage::links::{self as store, ChangeKind, LinkChange, NewChange};

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::Connection;
+use crate::storage::Conn as Connection;
 
 use super::active_grants;
 use crate::storage::runs::RunStep;

@@ -71,6 +71,12 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The store's connection and write transaction as the modules above name
+/// them, so new code outside `storage` does not name the driver (the first
+/// step of the storage face; issue 24 puts a trait behind these names).
+pub type Conn = rusqlite::Connection;
+pub type Tx<'a> = rusqlite::Transaction<'a>;
+
 type WriteJob = Box<dyn PendingWrite>;
 
 /// Writes run together in one transaction, at most this many.
