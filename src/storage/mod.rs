@@ -77,6 +77,42 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub type Conn = rusqlite::Connection;
 pub type Tx<'a> = rusqlite::Transaction<'a>;
 
+/// The parameter list of a statement; storage modules name it through here.
+pub use rusqlite::params;
+
+/// The reads every backend answers alike: one optional row, or all rows.
+pub trait Query {
+    fn query_opt<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Option<T>>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+    fn query_all<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Vec<T>>
+    where
+        P: rusqlite::Params,
+        F: FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Query for Connection {
+    fn query_opt<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Option<T>>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        use rusqlite::OptionalExtension;
+        Ok(self.prepare_cached(sql)?.query_row(params, f).optional()?)
+    }
+
+    fn query_all<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Vec<T>>
+    where
+        P: rusqlite::Params,
+        F: FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        let mut stmt = self.prepare_cached(sql)?;
+        let rows = stmt.query_map(params, f)?;
+        Ok(rows.collect::<rusqlite::Result<Vec<T>>>()?)
+    }
+}
+
 type WriteJob = Box<dyn PendingWrite>;
 
 /// Writes run together in one transaction, at most this many.
