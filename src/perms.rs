@@ -10,10 +10,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use rusqlite::Connection;
+use crate::storage::Conn as Connection;
 
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{Cached, StoreResult};
+use crate::storage::{StoreResult};
 
 /// A permission a role can hold. The wire name (`tasks.create`) is what
 /// config overrides, grants and responses carry; the variant is what code
@@ -284,17 +284,7 @@ pub(crate) fn resolve_role(
     if let Some(role) = spaces::stored_role(conn, space, caller)? {
         return Ok(role);
     }
-    let is_member = conn
-        .query_row_cached(
-            "SELECT 1 FROM members WHERE space_id = ?1 AND caller_id = ?2",
-            [space, caller],
-            |_| Ok(()),
-        )
-        .map(|_| true)
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(false),
-            e => Err(e),
-        })?;
+    let is_member = crate::storage::spaces::is_member(conn, space, caller)?;
     Ok(if is_member { ROLE_MEMBER } else { ROLE_NONE }.into())
 }
 

@@ -190,7 +190,7 @@ async fn tick(myself: &ActorRef<ReviewSchedulerMsg>, state: &mut ReviewScheduler
         .read(move |c| {
             Ok(c.query_row(
                 "SELECT COUNT(*) FROM runs WHERE kind = ?1 AND started_at >= ?2",
-                rusqlite::params![RUN_KIND, since],
+                crate::storage::params![RUN_KIND, since],
                 |r| r.get::<_, i64>(0),
             )? > 0)
         })

@@ -84,7 +84,7 @@ impl AdapterIdentity {
         also: F,
     ) -> Result<IngestResult, AdapterError>
     where
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+        F: FnOnce(&crate::storage::Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
         if m.platform != self.platform {
             return Err(AdapterError::WrongPlatform {
@@ -111,7 +111,7 @@ pub(crate) async fn store_message<F>(
     also: F,
 ) -> Result<Option<i64>, StoreError>
 where
-    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+    F: FnOnce(&crate::storage::Tx<'_>) -> StoreResult<()> + Send + 'static,
 {
     if let Err(e) = m.validate() {
         tracing::warn!(platform = identity.platform, message = what, error = %e, "message refused by ingress");

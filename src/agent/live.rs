@@ -26,7 +26,7 @@ use crate::storage::{conversations, runs, tasks, StoreResult};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
 pub(crate) fn model_chain(
-    conn: &rusqlite::Connection,
+    conn: &crate::storage::Conn,
     rt: &Runtime,
     space: &str,
 ) -> StoreResult<Vec<String>> {
@@ -259,7 +259,7 @@ async fn commit(
 /// conversations are answered in the HTTP response instead. In shadow mode
 /// the send is a transcript line ([`crate::runtime::Outbound`]).
 fn deliver(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &crate::storage::Tx<'_>,
     outbound: &crate::runtime::Outbound,
     message: &Message,
     reply_id: Option<i64>,
@@ -271,7 +271,7 @@ fn deliver(
             let silent: bool = tx
                 .query_row(
                     "SELECT t.silent FROM tasks t JOIN task_runs r ON r.task_id = t.id WHERE r.id = ?1",
-                    [task_run],
+                    crate::storage::params![task_run],
                     |r| r.get(0),
                 )
                 .unwrap_or(true);

@@ -47,16 +47,16 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
         .read(|c| {
             let total: i64 = c.query_row(
                 "SELECT COUNT(*) FROM messages WHERE status = 'pending'",
-                [],
+                crate::storage::params![],
                 |r| r.get(0),
             )?;
-            let mut stmt = c.prepare_cached(
+            let top: Vec<(String, i64)> = crate::storage::Query::query_all(
+                c,
                 "SELECT space_id, COUNT(*) FROM messages WHERE status = 'pending' \
                  GROUP BY space_id ORDER BY 2 DESC, 1 LIMIT ?1",
+                crate::storage::params![TOP_SPACES as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
-            let top = stmt
-                .query_map([TOP_SPACES as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<Vec<(String, i64)>, _>>()?;
             Ok((total, top))
         })
         .await?;

@@ -352,7 +352,7 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
         .store
         .read(|c| {
             Ok(
-                c.query_row("SELECT COUNT(*) FROM runs WHERE status = 'done'", [], |r| {
+                c.query_row("SELECT COUNT(*) FROM runs WHERE status = 'done'", crate::storage::params![], |r| {
                     r.get(0)
                 })?,
             )

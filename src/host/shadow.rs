@@ -114,11 +114,11 @@ async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -
 /// The earliest due time of an active live task; `Some(None)` when none is
 /// active, `None` when unknown.
 fn live_next_due(live: &Path) -> Option<Option<i64>> {
-    let db = crate::storage::open_read_only(&DataPaths::new(live).db).ok()?;
+    let db = crate::storage::open_read_only_conn(&DataPaths::new(live).db).ok()?;
     let unknown: i64 = db
         .query_row(
             "SELECT COUNT(*) FROM tasks WHERE active = 1 AND next_run_at IS NULL",
-            [],
+            crate::storage::params![],
             |r| r.get(0),
         )
         .ok()?;

@@ -10,7 +10,7 @@
 //! links, or be consulted from anywhere but the act-as step of the auth
 //! middleware.
 
-use rusqlite::Connection;
+use crate::storage::Conn as Connection;
 use serde::Serialize;
 
 pub mod restore;

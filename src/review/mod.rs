@@ -48,7 +48,7 @@ use crate::storage::StoreError;
 
 /// A write a space's one writer runs in its mailbox order.
 pub(crate) type SpaceWrite =
-    Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static>;
+    Box<dyn FnOnce(&crate::storage::Tx<'_>) -> Result<Value, StoreError> + Send + 'static>;
 
 /// Why a write through a space's writer did not happen.
 #[derive(Debug, thiserror::Error)]

@@ -15,11 +15,11 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::storage::{params, Conn as Connection, Optional, Query};
 
 use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::spaces::{self, Space};
-use crate::storage::{open_read_only, StoreResult};
+use crate::storage::StoreResult;
 
 /// Rows per page.
 pub(crate) const PAGE_SIZE: u32 = 500;
@@ -106,7 +106,7 @@ impl ExchangeReader {
     /// Opens its own read-only connection to the database at `db`.
     pub(crate) fn open(db: &Path, window: Window) -> StoreResult<Self> {
         Ok(Self {
-            conn: open_read_only(db)?,
+            conn: crate::storage::open_read_only_conn(db)?,
             window,
             page_size: PAGE_SIZE,
         })
@@ -125,31 +125,33 @@ impl ExchangeReader {
 
     /// Spaces with at least one message in the window.
     pub(crate) fn active_spaces(&self) -> StoreResult<BTreeSet<String>> {
-        let mut stmt = self.conn.prepare(
-            "SELECT DISTINCT space_id FROM messages WHERE created_at >= ?1 AND created_at < ?2",
-        )?;
-        let rows = stmt.query_map(params![self.window.since_ms, self.window.until_ms], |r| {
-            r.get::<_, String>(0)
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(self
+            .conn
+            .query_all(
+                "SELECT DISTINCT space_id FROM messages WHERE created_at >= ?1 AND created_at < ?2",
+                params![self.window.since_ms, self.window.until_ms],
+                |r| r.get::<_, String>(0),
+            )?
+            .into_iter()
+            .collect())
     }
 
     /// Sender ids and names of the window, plus the display names of the
     /// members of `member_spaces`.
     pub(crate) fn identifiers(&self, member_spaces: &[String]) -> StoreResult<WindowIdentifiers> {
         let mut out = WindowIdentifiers::default();
-        let mut stmt = self.conn.prepare(
+        let rows = self.conn.query_all(
             "SELECT DISTINCT sender_id, sender_name FROM messages
              WHERE created_at >= ?1 AND created_at < ?2",
+            params![self.window.since_ms, self.window.until_ms],
+            |r| {
+                Ok((
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                ))
+            },
         )?;
-        let rows = stmt.query_map(params![self.window.since_ms, self.window.until_ms], |r| {
-            Ok((
-                r.get::<_, Option<String>>(0)?,
-                r.get::<_, Option<String>>(1)?,
-            ))
-        })?;
-        for row in rows {
-            let (id, name) = row?;
+        for (id, name) in rows {
             if let Some(id) = id.filter(|i| i != BOT_SENDER_ID && !i.trim().is_empty()) {
                 out.sender_ids.insert(id);
             }
@@ -179,9 +181,8 @@ impl ExchangeReader {
             .conn
             .query_row(
                 "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
-                [message_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+                params![message_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),)
             .optional()?;
         let Some((space, text)) = user else {
             return Ok(None);
@@ -190,9 +191,8 @@ impl ExchangeReader {
             .conn
             .query_row(
                 "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
-                [message_id],
-                |r| r.get(0),
-            )
+                params![message_id],
+                |r| r.get(0),)
             .optional()?;
         Ok(reply.map(|reply| (space, cap(&text, TEXT_CAP), cap(&reply, TEXT_CAP))))
     }
@@ -442,8 +442,7 @@ mod tests {
             .conn
             .execute(
                 "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('x','x',0,0)",
-                [],
-            )
+                params![],)
             .unwrap_err();
         assert!(err.to_string().contains("readonly"), "{err}");
     }

@@ -423,7 +423,7 @@ fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList
             .collect::<Result<Vec<_>, _>>()
             .map_err(sql_err("listing the spaces for the diff's redaction"))?;
         for s in spaces {
-            for m in list_members(&conn, &s)? {
+            for m in list_members(&crate::storage::open_read_only_conn(&db)?, &s)? {
                 names.extend(m.display_name.filter(|n| !n.is_empty()));
                 ids.push(m.caller_id);
             }
@@ -548,7 +548,7 @@ pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
         return refused("none was given");
     };
     let settings = config::load(&DataPaths::new(dir).config, &Default::default())?;
-    let conn = open_read_only(&dir.join("state.db"))?;
+    let conn = crate::storage::open_read_only_conn(&dir.join("state.db"))?;
     let Some(grant) = tokens::resolve(&conn, token, crate::clock::now_ms())? else {
         return refused("the shadow knows no such token (a live token is never one of its own)");
     };

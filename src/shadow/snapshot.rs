@@ -308,8 +308,10 @@ fn fill(
     // Not one live credential crosses: the shadow mints its own owner token.
     tx.execute("DELETE FROM api_tokens", [])
         .map_err(sql_err("dropping the live API tokens"))?;
+    tx.commit().map_err(sql_err("committing the token swap"))?;
+    let minting = crate::storage::open_plain_conn(&shadow.db)?;
     let (_, secret) = tokens::mint(
-        &tx,
+        &minting,
         &tokens::NewToken {
             caller_id: owner,
             kind: tokens::TokenKind::User,
@@ -322,7 +324,7 @@ fn fill(
             read_only: false,
         },
     )?;
-    tx.commit().map_err(sql_err("committing the token swap"))?;
+    drop(minting);
     // And the file is rebuilt without free pages at all.
     db.execute_batch("VACUUM")
         .map_err(sql_err("compacting the copy after the token swap"))?;

@@ -314,7 +314,7 @@ async fn take_raw(ctx: &Arc<Ctx>, raw: serde_json::Value) -> Result<(), Telegram
 /// pending rows are picked up when the space's actor starts.
 async fn take(ctx: &Arc<Ctx>, update: Update) -> Result<(), TelegramError> {
     let next = i64::from(update.update_id) + 1;
-    let advance = move |tx: &rusqlite::Transaction<'_>| adapters::advance_offset(tx, ADAPTER, next);
+    let advance = move |tx: &crate::storage::Tx<'_>| adapters::advance_offset(tx, ADAPTER, next);
     ctx.board().updated(ADAPTER);
     let m = match convert::inbound(&update, &ctx.me) {
         Inbound::Message(m) => m,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::collections::BTreeMap;
 
 use axum::extract::{Extension, State};
-use rusqlite::Connection;
+use crate::storage::Conn as Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
