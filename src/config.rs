@@ -66,6 +66,7 @@ pub struct Settings {
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub adapters: AdaptersConfig,
+    pub storage: StorageConfig,
     /// Shadow mode (issue 14): nothing leaves the host; every outbound send
     /// goes to `<data_dir>/shadow/transcript.jsonl`. `MERCURY_SHADOW` takes
     /// only `1` or `true`.
@@ -73,6 +74,28 @@ pub struct Settings {
     /// The shadow root (`shadow.root` in the issue; `MERCURY_SHADOW_ROOT`): a
     /// shadow serves only a data dir strictly under it.
     pub shadow_root: String,
+}
+
+/// Where the deployment keeps its state (docs/storage.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// `sqlite` (the data dir's `state.db`, the default) or `postgres`.
+    pub backend: StorageBackend,
+    /// PostgreSQL's connection URL (`postgres://user@host:5432/db?sslmode=require`);
+    /// `MERCURY_STORAGE_URL`. Only with `backend: postgres`.
+    pub url: String,
+    /// A file holding the PostgreSQL password, so it is not in the URL;
+    /// empty: the URL's own (or none).
+    pub password_file: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageBackend {
+    #[default]
+    Sqlite,
+    Postgres,
 }
 
 /// The workspace file routes (`/api/files`).
@@ -468,6 +491,7 @@ impl Default for Settings {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             adapters: AdaptersConfig::default(),
+            storage: StorageConfig::default(),
             shadow: false,
             shadow_root: String::new(),
         }
@@ -743,6 +767,11 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
     message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+storage:                        # where the state lives (docs/storage.md)
+  backend: sqlite               # sqlite (<data dir>/state.db) | postgres
+  url: ""                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
+  password_file: ""             # a file holding the PostgreSQL password (not in the URL)
+
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
 # only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
@@ -973,6 +1002,30 @@ impl Settings {
         crate::ids::validate_operator_id(&self.owner).map_err(|m| key_err("owner", m))?;
         for a in &self.admins {
             crate::ids::validate_operator_id(a).map_err(|m| key_err("admins", m))?;
+        }
+        match self.storage.backend {
+            StorageBackend::Postgres if self.storage.url.trim().is_empty() => {
+                return Err(key_err(
+                    "storage.url",
+                    "storage.backend is postgres, so storage.url (MERCURY_STORAGE_URL) must name the database: postgres://USER@HOST:5432/DB",
+                ))
+            }
+            StorageBackend::Postgres
+                if !(self.storage.url.starts_with("postgres://")
+                    || self.storage.url.starts_with("postgresql://")) =>
+            {
+                return Err(key_err(
+                    "storage.url",
+                    "must be a postgres:// URL (postgres://USER@HOST:5432/DB)",
+                ))
+            }
+            StorageBackend::Sqlite if !self.storage.url.trim().is_empty() => {
+                return Err(key_err(
+                    "storage.url",
+                    "is set but storage.backend is sqlite: set storage.backend: postgres to use it, or remove the URL",
+                ))
+            }
+            _ => {}
         }
         if !matches!(self.trigger.mode.as_str(), "mention" | "prefix" | "always") {
             return Err(key_err(

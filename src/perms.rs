@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::storage::Conn as Connection;
 
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{StoreResult};
+use crate::storage::StoreResult;
 
 /// A permission a role can hold. The wire name (`tasks.create`) is what
 /// config overrides, grants and responses carry; the variant is what code

@@ -351,11 +351,11 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
     let done: i64 = rt
         .store
         .read(|c| {
-            Ok(
-                c.query_row("SELECT COUNT(*) FROM runs WHERE status = 'done'", crate::storage::params![], |r| {
-                    r.get(0)
-                })?,
-            )
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM runs WHERE status = 'done'",
+                crate::storage::params![],
+                |r| r.get(0),
+            )?)
         })
         .await?;
     supervisor.stop(Some("bench finished".into()));

@@ -81,6 +81,11 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// The store: status, and moving a data dir up to PostgreSQL (docs/storage.md).
+    Storage {
+        #[command(subcommand)]
+        command: crate::cli::storage::StorageCommand,
+    },
     /// The rehearsal bench: a shadow copy of a live bot (docs/shadow.md).
     Shadow {
         #[command(subcommand)]
@@ -535,6 +540,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         }
         Command::Shadow { command } => crate::cli::shadow::run(command).await,
+        Command::Storage { command } => crate::cli::storage::run(command).await,
         Command::Bench {
             command:
                 BenchCommand::Review {

@@ -8,3 +8,4 @@ pub mod mrctl;
 pub mod ops;
 pub mod review_intake;
 pub mod shadow;
+pub mod storage;

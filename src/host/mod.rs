@@ -154,6 +154,34 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
     Ok(token_path)
 }
 
+/// Where this deployment's store is: the data dir's `state.db`, or the
+/// PostgreSQL database `storage.url` names (its password from
+/// `storage.password_file` when set, so it is in no URL or process list).
+pub fn store_location(
+    settings: &Settings,
+    paths: &DataPaths,
+) -> anyhow::Result<crate::storage::Location> {
+    use crate::config::StorageBackend;
+    Ok(match settings.storage.backend {
+        StorageBackend::Sqlite => crate::storage::Location::Sqlite(paths.db.clone()),
+        StorageBackend::Postgres => {
+            let password = match settings.storage.password_file.trim() {
+                "" => None,
+                file => Some(
+                    std::fs::read_to_string(file)
+                        .with_context(|| format!("reading storage.password_file {file}"))?
+                        .trim_end_matches(['\n', '\r'])
+                        .to_owned(),
+                ),
+            };
+            crate::storage::Location::Postgres {
+                url: settings.storage.url.trim().to_owned(),
+                password,
+            }
+        }
+    })
+}
+
 pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {
     Ok(config::load(&paths.config, &config::process_env())?)
 }
@@ -522,7 +550,9 @@ pub async fn serve_with(
     } else {
         crate::adapters::AdapterSecrets::from_env(&settings, &env)?
     };
-    let store = Store::open(&paths.db)?;
+    let store = Store::open_at(&store_location(&settings, &paths)?)
+        .with_context(|| "opening the store (storage.backend)")?;
+    tracing::info!(backend = ?store.dialect(), at = %store.describe(), "store open");
     // What a killed host left: layers still mounted, ask copies.
     match crate::workspace::layer::sweep_scratch(&paths.scratch()) {
         Ok(0) => {}

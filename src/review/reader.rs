@@ -182,7 +182,8 @@ impl ExchangeReader {
             .query_row(
                 "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
                 params![message_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),)
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()?;
         let Some((space, text)) = user else {
             return Ok(None);
@@ -442,7 +443,8 @@ mod tests {
             .conn
             .execute(
                 "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('x','x',0,0)",
-                params![],)
+                params![],
+            )
             .unwrap_err();
         assert!(err.to_string().contains("readonly"), "{err}");
     }

@@ -369,15 +369,9 @@ impl Conn {
 
     /// The SQLite connection, for the operations only that backend has
     /// (`VACUUM INTO`, the query planner test); `None` on PostgreSQL.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
         match &self.backend {
-            Backend::Sqlite(c) => Some(c),
-            Backend::Postgres(_) => None,
-        }
-    }
-
-    pub(super) fn into_sqlite(self) -> Option<rusqlite::Connection> {
-        match self.backend {
             Backend::Sqlite(c) => Some(c),
             Backend::Postgres(_) => None,
         }

@@ -261,9 +261,14 @@ pub fn search(
             .replace('%', "\\%")
             .replace('_', "\\_")
     );
+    // SQLite's LIKE ignores ASCII case; PostgreSQL's ILIKE is the same match.
+    let like = match conn.dialect() {
+        super::Dialect::Sqlite => "LIKE",
+        super::Dialect::Postgres => "ILIKE",
+    };
     conn.query_all(
         &format!(
-            "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\'
+            "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text {like} ?2 ESCAPE '\\'
            AND (?4 IS NULL OR conversation_id = ?4) ORDER BY id DESC LIMIT ?3"
         ),
         params![space, pattern, limit, conversation],

@@ -461,9 +461,14 @@ pub(super) fn version(conn: &Conn) -> StoreResult<i64> {
     match conn.dialect() {
         Dialect::Sqlite => conn.query_row("PRAGMA user_version", params![], |r| r.get(0)),
         Dialect::Postgres => {
-            conn.execute_batch(
-                "CREATE TABLE IF NOT EXISTS mercury_schema (version BIGINT NOT NULL)",
+            let exists: bool = conn.query_row(
+                "SELECT to_regclass('mercury_schema') IS NOT NULL",
+                params![],
+                |r| r.get(0),
             )?;
+            if !exists {
+                return Ok(0);
+            }
             Ok(conn
                 .query_opt("SELECT MAX(version) FROM mercury_schema", params![], |r| {
                     r.get::<usize, Option<i64>>(0)
@@ -490,7 +495,7 @@ pub(super) fn apply(conn: &Conn) -> StoreResult<()> {
 pub(super) fn apply_up_to(conn: &Conn, version: usize) -> StoreResult<()> {
     let dialect = conn.dialect();
     if dialect == Dialect::Postgres {
-        self::version(conn)?;
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS mercury_schema (version BIGINT NOT NULL)")?;
     }
     for index in 0..version.min(MIGRATIONS.len()) {
         let number = index as i64 + 1;

@@ -19,6 +19,7 @@
 pub mod adapters;
 mod conn;
 pub mod conversations;
+pub mod copy;
 pub mod identities;
 pub mod links;
 pub mod messages;
@@ -28,6 +29,7 @@ pub mod pairings;
 mod pg;
 pub mod runs;
 pub mod spaces;
+pub mod status;
 pub mod tasks;
 pub mod tokens;
 
@@ -311,6 +313,25 @@ impl Store {
         Store::start_shared(backend, None)
     }
 
+    /// Opens the store where `location` says without migrating it (what
+    /// `mercury storage status` reads: the version as it is).
+    pub fn open_unmigrated(location: &Location) -> StoreResult<Store> {
+        match location {
+            Location::Sqlite(path) => {
+                let conn = Conn::sqlite(open_plain(path)?);
+                let backend = Backend::Sqlite {
+                    path: path.clone(),
+                    readers: Mutex::new(Vec::new()),
+                };
+                Store::start(backend, Some(conn))
+            }
+            Location::Postgres { url, password } => {
+                let pg = PgBackend::connect(url, password.clone(), |_| Ok(()))?;
+                Store::start_shared(Arc::new(Backend::Postgres(pg)), None)
+            }
+        }
+    }
+
     fn start(backend: Backend, writer_conn: Option<Conn>) -> StoreResult<Store> {
         Store::start_shared(Arc::new(backend), writer_conn)
     }
@@ -424,7 +445,8 @@ impl Store {
     }
 
     /// Queues a write without waiting for its commit. The writer runs jobs in
-    /// order, so a later `write` or read after it sees this one; a failure is
+    /// order, so a later `write` sees this one (and so does a read made after
+    /// that write returned; a read alone may not yet); a failure is
     /// logged with `what`. Used where the caller must not wait on the disk
     /// (the link audit row after an act-as response).
     pub async fn write_detached<F>(&self, what: &'static str, f: F)

@@ -441,6 +441,9 @@ pub(crate) fn cell<T>(
         Type::FLOAT4 => row
             .try_get::<_, Option<f32>>(idx)?
             .map(|v| Cell::Real(v.into())),
+        // SUM and AVG of integers are NUMERIC on PostgreSQL: an integer when
+        // it has no fractional digits, as SQLite gives it.
+        Type::NUMERIC => row.try_get::<_, Option<Numeric>>(idx)?.map(|n| n.0),
         Type::BYTEA => {
             return convert(match row.try_get::<_, Option<&[u8]>>(idx)? {
                 Some(b) => Cell::Blob(b),
@@ -461,6 +464,53 @@ pub(crate) fn cell<T>(
         }
     };
     convert(cell.unwrap_or(Cell::Null))
+}
+
+/// A NUMERIC read from its binary form (base-10000 digits).
+struct Numeric(Cell<'static>);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Numeric {
+    fn from_sql(
+        _ty: &Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let word = |i: usize| -> Result<u16, Box<dyn std::error::Error + Sync + Send>> {
+            raw.get(i..i + 2)
+                .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                .ok_or_else(|| "a NUMERIC shorter than its header".into())
+        };
+        let ndigits = usize::from(word(0)?);
+        let weight = i32::from(word(2)? as i16);
+        let sign = word(4)?;
+        let dscale = word(6)?;
+        if sign == 0xC000 {
+            return Ok(Numeric(Cell::Real(f64::NAN)));
+        }
+        let mut int: Option<i64> = Some(0);
+        let mut real = 0f64;
+        for i in 0..ndigits {
+            let d = i64::from(word(8 + 2 * i)?);
+            let power = weight - i as i32;
+            real += d as f64 * 10000f64.powi(power);
+            int = match (int, power) {
+                (Some(acc), p) if p >= 0 => 10000i64
+                    .checked_pow(p as u32)
+                    .and_then(|m| d.checked_mul(m))
+                    .and_then(|v| acc.checked_add(v)),
+                (Some(acc), _) if d == 0 => Some(acc),
+                _ => None,
+            };
+        }
+        let negative = sign == 0x4000;
+        Ok(Numeric(match int {
+            Some(v) if dscale == 0 => Cell::Int(if negative { -v } else { v }),
+            _ => Cell::Real(if negative { -real } else { real }),
+        }))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
 }
 
 impl ToSql for Param<'_> {

@@ -251,6 +251,17 @@ impl TestHost {
         self.wait_ready().await;
     }
 
+    /// Stops an in-process host and hands over its data dir (to copy it,
+    /// rewrite its config and start another host on it).
+    pub(crate) async fn into_stopped(mut self) -> (TempDir, PathBuf) {
+        self.shutdown.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
+        }
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        (dir, self.data.clone())
+    }
+
     pub(crate) async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(t) = self.task.take() {

@@ -1,0 +1,614 @@
+//! The storage contract: what every backend must do, asserted on each one
+//! (the data dir's SQLite file and a database of the test PostgreSQL
+//! cluster), calling storage directly. A backend that passes this serves
+//! every feature above it the same way.
+
+use std::collections::BTreeSet;
+
+use mercury::storage::{
+    adapters, conversations, links, messages, outbox, pairings, runs, spaces, tasks, tokens,
+    Location, Store, StoreError,
+};
+use tempfile::TempDir;
+
+use crate::pg::PgDatabase;
+
+/// What keeps a backend's data alive for the test.
+enum Keep {
+    Sqlite(TempDir),
+    Postgres(PgDatabase),
+}
+
+impl Keep {
+    fn location(&self) -> Location {
+        match self {
+            Keep::Sqlite(dir) => Location::Sqlite(dir.path().join("state.db")),
+            Keep::Postgres(db) => db.location(),
+        }
+    }
+}
+
+fn backends() -> Vec<(&'static str, Keep)> {
+    vec![
+        ("sqlite", Keep::Sqlite(tempfile::tempdir().unwrap())),
+        ("postgres", Keep::Postgres(PgDatabase::create())),
+    ]
+}
+
+fn open(keep: &Keep) -> Store {
+    Store::open_at(&keep.location()).unwrap()
+}
+
+fn user_message<'a>(
+    space: &'a str,
+    conversation: i64,
+    pid: &'a str,
+    at: i64,
+) -> messages::NewMessage<'a> {
+    messages::NewMessage {
+        space_id: space,
+        conversation_id: Some(conversation),
+        sender_id: Some("telegram:42"),
+        sender_name: Some("Ada"),
+        role: "user",
+        text: "hello",
+        platform_message_id: Some(pid),
+        created_at: at,
+        status: Some("pending"),
+        ..Default::default()
+    }
+}
+
+/// A space with one conversation; its id.
+async fn seed(store: &Store, space: &'static str) -> i64 {
+    store
+        .write(move |tx| {
+            spaces::create_space(tx, space, space, &[])?;
+            let c = conversations::upsert(tx, "telegram", &format!("chat-{space}"), "dm", None)?;
+            conversations::set_space(tx, c.id, Some(space))?;
+            Ok(c.id)
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_and_the_position_it_moves_commit_or_roll_back_together() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        store
+            .write(move |tx| {
+                messages::insert(tx, &user_message("s1", conv, "100", 1))?;
+                adapters::advance_offset(tx, "telegram", 101)
+            })
+            .await
+            .unwrap();
+        let failed = store
+            .write(move |tx| {
+                messages::insert(tx, &user_message("s1", conv, "101", 2))?;
+                adapters::advance_offset(tx, "telegram", 102)?;
+                Err::<(), _>(StoreError::Invalid("the turn refused".into()))
+            })
+            .await;
+        assert!(matches!(failed, Err(StoreError::Invalid(_))), "{name}");
+        let (pending, position) = store
+            .read(|c| {
+                Ok((
+                    messages::pending(c, "s1")?,
+                    adapters::position(c, "telegram")?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(pending.len(), 1, "{name}: only the committed message");
+        assert_eq!(
+            pending[0].platform_message_id.as_deref(),
+            Some("100"),
+            "{name}"
+        );
+        assert_eq!(
+            position.as_deref(),
+            Some("101"),
+            "{name}: the position did not move"
+        );
+        // The same platform message twice is stored once.
+        let again = store
+            .write(move |tx| messages::insert(tx, &user_message("s1", conv, "100", 3)))
+            .await
+            .unwrap();
+        assert_eq!(again, None, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_answered_exactly_once_under_concurrent_turns() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        let id = store
+            .write(move |tx| messages::insert(tx, &user_message("s1", conv, "7", 1)))
+            .await
+            .unwrap()
+            .unwrap();
+        let tries = (0..12).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(move |tx| messages::settle(tx, id, "done", &format!("run-{i}")))
+                    .await
+                    .unwrap()
+            })
+        });
+        let won = futures_util::future::join_all(tries)
+            .await
+            .into_iter()
+            .filter(|r| *r.as_ref().unwrap())
+            .count();
+        assert_eq!(won, 1, "{name}: exactly one turn settles the message");
+        let m = store
+            .read(move |c| messages::get(c, id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.status.as_deref(), Some("done"), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_write_in_a_batch_rolls_back_only_its_own_part() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let writes = (0..120).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(move |tx| {
+                        spaces::create_space(tx, &format!("s{i}"), "x", &[])?;
+                        if i % 7 == 0 {
+                            return Err(StoreError::Invalid(format!("no {i}")));
+                        }
+                        Ok(i)
+                    })
+                    .await
+            })
+        });
+        for (i, r) in futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match r.unwrap() {
+                Ok(v) => assert_eq!(v, i, "{name}"),
+                Err(StoreError::Invalid(m)) => assert_eq!((i % 7, m), (0, format!("no {i}"))),
+                Err(e) => panic!("{name}: write {i}: {e}"),
+            }
+        }
+        let n = store.read(|c| spaces::list_spaces(c)).await.unwrap().len();
+        assert_eq!(n, 120 - 18, "{name}: every write but the 18 failing ones");
+        // A constraint the database enforces fails that write alone too.
+        let dup = store
+            .write(|tx| spaces::create_space(tx, "s1", "again", &[]))
+            .await;
+        assert!(dup.is_err(), "{name}: a second space with one id");
+        assert!(store
+            .write(|tx| spaces::create_space(tx, "fresh", "x", &[]))
+            .await
+            .is_ok());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_seen_in_the_order_they_were_queued() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        // A detached write is seen by every write queued after it (and so
+        // by a read after that write returns).
+        store
+            .write_detached("contract", |tx| {
+                spaces::create_space(tx, "detached", "d", &[]).map(|_| ())
+            })
+            .await;
+        let after = store
+            .write(|tx| spaces::space_exists(tx, "detached"))
+            .await
+            .unwrap();
+        assert!(after, "{name}: the next write sees it");
+        let seen = store
+            .read(|c| spaces::space_exists(c, "detached"))
+            .await
+            .unwrap();
+        assert!(seen, "{name}");
+        let mut ids = Vec::new();
+        for i in 0..20 {
+            let pid = format!("p{i}");
+            ids.push(
+                store
+                    .write(move |tx| messages::insert(tx, &user_message("s1", conv, &pid, i)))
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{name}: {ids:?}");
+        let pending: Vec<i64> = store
+            .read(|c| messages::pending(c, "s1"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(pending, ids, "{name}: the queue is in arrival order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_twice_applies_the_migrations_once_and_keeps_the_data() {
+    for (name, keep) in backends() {
+        {
+            let store = open(&keep);
+            seed(&store, "kept").await;
+        }
+        let store = open(&keep);
+        let again = open(&keep);
+        let spaces = again.read(|c| spaces::list_spaces(c)).await.unwrap();
+        assert_eq!(spaces.len(), 1, "{name}");
+        let (a, b) = (store.status().await.unwrap(), again.status().await.unwrap());
+        assert_eq!(a.schema_version, b.schema_version, "{name}");
+        assert_eq!(a.schema_version, a.latest_version, "{name}");
+        assert_eq!(a.backend, name);
+        let spaces_table = a.tables.iter().find(|t| t.name == "spaces").unwrap();
+        assert_eq!(spaces_table.rows, 1, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queries_the_api_serves_keep_their_order_and_limits() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        let other = seed(&store, "s2").await;
+        store
+            .write(move |tx| {
+                for i in 0..5 {
+                    let id = messages::insert(
+                        tx,
+                        &user_message("s1", conv, &format!("m{i}"), 1000 + i),
+                    )?
+                    .unwrap();
+                    messages::insert(
+                        tx,
+                        &messages::NewMessage {
+                            space_id: "s1",
+                            conversation_id: Some(conv),
+                            role: "assistant",
+                            text: "reply",
+                            created_at: 1000 + i,
+                            reply_to: Some(id),
+                            ..Default::default()
+                        },
+                    )?;
+                }
+                messages::insert(tx, &user_message("s2", other, "x", 1000))?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        // Paged history: oldest first, `limit` a page, the cursor continues.
+        let (page, next) = store
+            .read(move |c| messages::recent(c, "s1", None, 0, i64::MAX, 4, None))
+            .await
+            .unwrap();
+        assert_eq!(page.len(), 4, "{name}");
+        assert!(page
+            .windows(2)
+            .all(|w| (w[0].created_at, w[0].id) < (w[1].created_at, w[1].id)));
+        let (rest, end) = store
+            .read(move |c| messages::recent(c, "s1", Some(conv), 0, i64::MAX, 4, next))
+            .await
+            .unwrap();
+        assert_eq!(rest.len(), 4, "{name}");
+        assert!(end.is_some(), "{name}: two more follow");
+        let (last, none) = store
+            .read(move |c| {
+                let (p, n) = messages::recent(c, "s1", None, 0, i64::MAX, 4, next)?;
+                let (p2, n2) = messages::recent(c, "s1", None, 0, i64::MAX, 4, n)?;
+                Ok(([p, p2].concat(), n2))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (last.len(), none),
+            (6, None),
+            "{name}: 10 messages in pages of 4"
+        );
+        // The prompt's history: the newest `limit`, returned oldest first.
+        let hist = store
+            .read(|c| messages::history(c, "s1", 0, i64::MAX, 3))
+            .await
+            .unwrap();
+        assert_eq!(hist.len(), 3, "{name}");
+        assert!(hist.windows(2).all(|w| w[0].id < w[1].id), "{name}");
+        let reply = store
+            .read(move |c| {
+                let first = messages::pending(c, "s1")?[0].id;
+                messages::reply_for(c, first)
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.map(|r| r.role), Some("assistant".into()), "{name}");
+        // Search matches text, case as SQLite's LIKE does for ASCII.
+        let found = store
+            .read(|c| messages::search(c, "s1", None, "HELLO", 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            found.len(),
+            2,
+            "{name}: search is limited and case-insensitive"
+        );
+
+        // Runs: newest first, limited.
+        store
+            .write(|tx| {
+                for i in 0..4 {
+                    runs::start(tx, &format!("run-{i}"), "s1", "turn", Some("owner"), None)?;
+                }
+                runs::finish(tx, "run-3", "done", None)
+            })
+            .await
+            .unwrap();
+        let listed = store.read(|c| runs::list(c, "s1", 3)).await.unwrap();
+        assert_eq!(listed.len(), 3, "{name}");
+        assert_eq!(
+            store
+                .read(|c| runs::get(c, "run-3"))
+                .await
+                .unwrap()
+                .map(|r| r.status),
+            Some("done".into())
+        );
+
+        // Outbox: in id order after a mark, per platform.
+        store
+            .write(|tx| {
+                for i in 0..3 {
+                    outbox::enqueue(
+                        tx,
+                        "s1",
+                        None,
+                        if i == 1 { "discord" } else { "telegram" },
+                        "chat",
+                        None,
+                        "hi",
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let tg = store
+            .read(|c| outbox::after(c, 0, 10, Some("telegram")))
+            .await
+            .unwrap();
+        assert_eq!(tg.len(), 2, "{name}");
+        assert!(tg[0].id < tg[1].id);
+        let one = store.read(|c| outbox::after(c, 0, 1, None)).await.unwrap();
+        assert_eq!(one.len(), 1, "{name}");
+
+        // Links and their audit trail, newest first, limited.
+        let link = store
+            .write(|tx| {
+                links::insert(
+                    tx,
+                    &links::NewLink {
+                        holder: "s2",
+                        target: "s1",
+                        level: "read",
+                        conversation: None,
+                        disclosure: None,
+                        by: "owner",
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        let edges = store
+            .read(|c| links::active_edges(c, "s2", "s1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            edges.iter().map(|l| l.id).collect::<Vec<_>>(),
+            [link.id],
+            "{name}"
+        );
+        store
+            .write(move |tx| {
+                for i in 0..3 {
+                    links::audit(
+                        tx,
+                        &links::AuditRow {
+                            id: 0,
+                            at: 10 + i,
+                            caller_id: "owner".into(),
+                            action: format!("read-{i}"),
+                            holder_space_id: Some("s2".into()),
+                            target_space_id: Some("s1".into()),
+                            link_id: Some(link.id),
+                            level: Some("read".into()),
+                            method: None,
+                            route: None,
+                            body_summary: None,
+                            status: Some(200),
+                            detail: None,
+                            path: None,
+                            run_id: None,
+                            before_value: None,
+                            after_value: None,
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let audit = store.read(|c| links::audit_for(c, "s1", 2)).await.unwrap();
+        assert_eq!(audit.len(), 2, "{name}");
+        assert!(audit[0].id > audit[1].id, "{name}: newest first");
+        store
+            .write(move |tx| links::revoke(tx, link.id, "owner"))
+            .await
+            .unwrap();
+        assert!(store
+            .read(|c| links::active_edges(c, "s2", "s1"))
+            .await
+            .unwrap()
+            .is_empty());
+
+        // Tokens: a minted secret resolves, a revoked one does not.
+        let (id, secret) = store
+            .write(|tx| {
+                tokens::mint(
+                    tx,
+                    &tokens::NewToken {
+                        caller_id: "owner",
+                        kind: tokens::TokenKind::User,
+                        space_id: None,
+                        run_id: None,
+                        label: Some("contract"),
+                        created_by: None,
+                        expires_at: None,
+                        role: None,
+                        read_only: false,
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        let s2 = secret.clone();
+        let grant = store
+            .read(move |c| tokens::resolve(c, &s2, 0))
+            .await
+            .unwrap();
+        assert_eq!(grant.map(|g| g.caller_id), Some("owner".into()), "{name}");
+        store
+            .write(move |tx| tokens::revoke(tx, &id))
+            .await
+            .unwrap();
+        assert!(store
+            .read(move |c| tokens::resolve(c, &secret, 0))
+            .await
+            .unwrap()
+            .is_none());
+
+        // Tasks: due in time order, the earliest next.
+        store
+            .write(|tx| {
+                for (i, at) in [300, 100, 200].into_iter().enumerate() {
+                    tasks::create(
+                        tx,
+                        &tasks::NewTask {
+                            space_id: "s1",
+                            cron: None,
+                            at: Some(at),
+                            prompt: &format!("task {i}"),
+                            silent: false,
+                            next_run_at: at,
+                            created_by: "owner",
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let due = store.read(|c| tasks::due(c, 250)).await.unwrap();
+        assert_eq!(
+            due.iter().map(|t| t.next_run_at).collect::<Vec<_>>(),
+            [Some(100), Some(200)],
+            "{name}"
+        );
+        assert_eq!(
+            store.read(|c| tasks::next_due_at(c)).await.unwrap(),
+            Some(100)
+        );
+
+        // Pairings: capped, expiring, taken once.
+        let p = |code: &str, sender: &str| pairings::Pairing {
+            code: code.into(),
+            platform: "telegram".into(),
+            sender: sender.into(),
+            name: None,
+            conversation: "c".into(),
+            created_at: 0,
+            expires_at: 1000,
+        };
+        let (a, b) = (p("AAAABBBB", "telegram:1"), p("CCCCDDDD", "telegram:2"));
+        let opened = store
+            .write(move |tx| Ok((pairings::open(tx, &a, 1)?, pairings::open(tx, &b, 1)?)))
+            .await
+            .unwrap();
+        assert!(
+            opened.0.is_some() && opened.1.is_none(),
+            "{name}: the cap holds"
+        );
+        let listed = store.read(|c| pairings::list(c, 10)).await.unwrap();
+        assert_eq!(listed.len(), 1, "{name}");
+        let taken = store
+            .write(|tx| {
+                Ok((
+                    pairings::take(tx, "AAAABBBB", 10)?,
+                    pairings::take(tx, "AAAABBBB", 10)?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert!(taken.0.is_some() && taken.1.is_none(), "{name}: taken once");
+
+        // Conversations: the most recently seen first.
+        let convs = store.read(|c| conversations::list(c, None)).await.unwrap();
+        assert_eq!(convs.len(), 2, "{name}");
+        assert!(convs[0].last_seen_at >= convs[1].last_seen_at);
+        let dm = store.read(|c| conversations::dm_of(c, "42")).await.unwrap();
+        assert!(
+            dm.is_some(),
+            "{name}: a platform sender's DM by its bare id"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_all_land_once() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        let writers = (0..8).map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for i in 0..25 {
+                    let pid = format!("w{w}-{i}");
+                    ids.push(
+                        store
+                            .write(move |tx| {
+                                messages::insert(tx, &user_message("s1", conv, &pid, i))
+                            })
+                            .await
+                            .unwrap()
+                            .unwrap(),
+                    );
+                }
+                ids
+            })
+        });
+        let ids: BTreeSet<i64> = futures_util::future::join_all(writers)
+            .await
+            .into_iter()
+            .flat_map(|r| r.unwrap())
+            .collect();
+        assert_eq!(ids.len(), 200, "{name}: every write has its own id");
+        let pending = store.read(|c| messages::pending(c, "s1")).await.unwrap();
+        assert_eq!(pending.len(), 200, "{name}");
+    }
+}
