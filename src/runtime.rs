@@ -115,7 +115,7 @@ impl Outbound {
     /// transcript that cannot be written fails the write, so no send is lost.
     pub fn enqueue(
         &self,
-        tx: &rusqlite::Connection,
+        tx: &crate::storage::Conn,
         send: &OutboundSend<'_>,
     ) -> StoreResult<Option<i64>> {
         match self {

@@ -211,7 +211,7 @@ impl SpaceDirectory {
     /// Runs a write in the space's order (one writer per space).
     pub async fn apply<F>(&self, space: &SpaceId, write: F) -> Result<Value, ActorError>
     where
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<Value, StoreError> + Send + 'static,
+        F: FnOnce(&crate::storage::Tx<'_>) -> Result<Value, StoreError> + Send + 'static,
     {
         let actor = self.actor(space).await?;
         let boxed: SpaceWrite = Box::new(write);
@@ -231,7 +231,7 @@ impl SpaceDirectory {
     where
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, Refusal<E>> + Send + 'static,
+        F: FnOnce(&crate::storage::Tx<'_>) -> Result<T, Refusal<E>> + Send + 'static,
     {
         let slot: Arc<Mutex<Option<Result<T, E>>>> = Arc::new(Mutex::new(None));
         let put = slot.clone();

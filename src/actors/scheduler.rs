@@ -84,7 +84,7 @@ impl Actor for TaskScheduler {
 }
 
 /// Queues every due task and advances it; returns the spaces to wake.
-fn fire_due(tx: &rusqlite::Transaction<'_>) -> StoreResult<Vec<String>> {
+fn fire_due(tx: &crate::storage::Tx<'_>) -> StoreResult<Vec<String>> {
     let now = now_ms();
     let mut woke = Vec::new();
     for task in tasks::due(tx, now)? {

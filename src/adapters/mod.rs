@@ -52,6 +52,12 @@ pub(crate) enum AdapterError {
         adapter: &'static str,
         reason: String,
     },
+    #[error("the supervisor did not start the {adapter}: {source}")]
+    Supervised {
+        adapter: &'static str,
+        #[source]
+        source: crate::actors::supervisor::SuperviseError,
+    },
     #[error("the {adapter} may only ingest {adapter} messages, not {platform} ones")]
     WrongPlatform {
         adapter: &'static str,
@@ -84,7 +90,7 @@ impl AdapterIdentity {
         also: F,
     ) -> Result<IngestResult, AdapterError>
     where
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+        F: FnOnce(&crate::storage::Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
         if m.platform != self.platform {
             return Err(AdapterError::WrongPlatform {
@@ -111,7 +117,7 @@ pub(crate) async fn store_message<F>(
     also: F,
 ) -> Result<Option<i64>, StoreError>
 where
-    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+    F: FnOnce(&crate::storage::Tx<'_>) -> StoreResult<()> + Send + 'static,
 {
     if let Err(e) = m.validate() {
         tracing::warn!(platform = identity.platform, message = what, error = %e, "message refused by ingress");
@@ -229,7 +235,7 @@ pub(crate) async fn start(
             adapter,
             reason: e.to_string(),
         })?
-        .map_err(|reason| AdapterError::Start { adapter, reason })?;
+        .map_err(|source| AdapterError::Supervised { adapter, source })?;
     }
     Ok(())
 }

@@ -107,7 +107,7 @@ pub(super) struct ActAsLookup {
 
 /// Reads the target's existence, the edges and the target's admin set.
 pub(super) fn lookup(
-    c: &rusqlite::Connection,
+    c: &crate::storage::Conn,
     holder: &str,
     target: &str,
 ) -> crate::storage::StoreResult<ActAsLookup> {

@@ -186,7 +186,7 @@ pub async fn ingest_with<F>(
     also: F,
 ) -> Result<IngestResult, IngressError>
 where
-    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+    F: FnOnce(&crate::storage::Tx<'_>) -> StoreResult<()> + Send + 'static,
 {
     let settings = app.rt.settings.clone();
     let limits = app.limits.clone();
@@ -258,7 +258,7 @@ pub fn auto_space_id(
 /// transaction. The sender policy comes first: a message it refuses leaves
 /// no conversation, space, member or message row.
 pub fn ingest_tx(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &crate::storage::Tx<'_>,
     settings: &Settings,
     outbound: &crate::runtime::Outbound,
     limits: &CallerLimits,
@@ -410,7 +410,7 @@ pub fn ingest_tx(
 
 /// Stores a console message (`POST /api/chat`) as pending in `space`.
 pub fn chat_tx(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &crate::storage::Tx<'_>,
     space: &str,
     caller: &str,
     conversation: &str,

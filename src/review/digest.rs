@@ -127,7 +127,7 @@ pub(crate) async fn deliver(
     let conversation_id = conversation.id;
     let space = conversation.space_id.clone();
     let outbound = rt.outbound.clone();
-    let enqueue = move |tx: &rusqlite::Transaction<'_>| {
+    let enqueue = move |tx: &crate::storage::Tx<'_>| {
         // In shadow mode the digest is a transcript line, never an outbox row.
         let id = outbound.enqueue(
             tx,

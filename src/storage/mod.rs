@@ -17,15 +17,26 @@
 //! create a row as a side effect of a read.
 
 pub mod adapters;
+pub mod baseline;
 pub mod conversations;
+pub mod exchanges;
 pub mod identities;
+#[cfg(feature = "test-hooks")]
+pub mod inspect;
 pub mod links;
+pub mod members;
 pub mod messages;
 mod migrations;
 pub mod outbox;
 pub mod pairings;
+pub mod rehearsal;
 pub mod runs;
+pub mod seed;
+pub mod snapshot;
+pub mod space_settings;
 pub mod spaces;
+pub mod stats;
+pub mod task_runs;
 pub mod tasks;
 pub mod tokens;
 
@@ -76,6 +87,10 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// step of the storage face; issue 24 puts a trait behind these names).
 pub type Conn = rusqlite::Connection;
 pub type Tx<'a> = rusqlite::Transaction<'a>;
+
+/// A write a space's one writer (its actor) runs in its mailbox order, with
+/// the JSON its caller answers: the actors' and the review's, named once.
+pub type SpaceWrite = Box<dyn FnOnce(&Tx<'_>) -> StoreResult<serde_json::Value> + Send + 'static>;
 
 /// The parameter list of a statement; storage modules name it through here.
 pub use rusqlite::params;

@@ -634,7 +634,7 @@ async fn a_failed_adapter_actor_is_restarted_by_the_root_supervisor() {
         Arc::new(child)
     )
     .unwrap();
-    assert_eq!(res, Ok(()));
+    assert!(res.is_ok(), "{res:?}");
     assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1);
     for round in 2..=3 {
         let actor = current.lock().unwrap().clone().unwrap();

@@ -288,7 +288,7 @@ async fn take_message(
         }
     };
     let text = pos.and_then(|p| serde_json::to_string(&p).ok());
-    let advance = move |tx: &rusqlite::Transaction<'_>| match &text {
+    let advance = move |tx: &crate::storage::Tx<'_>| match &text {
         Some(t) => adapters::set_position(tx, ADAPTER, t),
         None => Ok(()),
     };

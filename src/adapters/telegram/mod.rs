@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
 use super::{split_reply, AdapterIdentity, Backoff, Sent};
-use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookInbox};
+use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
 use crate::app::App;
 use crate::config::TelegramMode;
 use crate::storage::outbox::OutboxItem;
@@ -281,7 +281,7 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
                 let _ = call.done.send(Ok(()));
             }
             Err(e) => {
-                let _ = call.done.send(Err("the update was not stored".into()));
+                let _ = call.done.send(Err(WebhookCallError::NotStored));
                 return Err(e);
             }
         }
@@ -314,7 +314,7 @@ async fn take_raw(ctx: &Arc<Ctx>, raw: serde_json::Value) -> Result<(), Telegram
 /// pending rows are picked up when the space's actor starts.
 async fn take(ctx: &Arc<Ctx>, update: Update) -> Result<(), TelegramError> {
     let next = i64::from(update.update_id) + 1;
-    let advance = move |tx: &rusqlite::Transaction<'_>| adapters::advance_offset(tx, ADAPTER, next);
+    let advance = move |tx: &crate::storage::Tx<'_>| adapters::advance_offset(tx, ADAPTER, next);
     ctx.board().updated(ADAPTER);
     let m = match convert::inbound(&update, &ctx.me) {
         Inbound::Message(m) => m,

@@ -76,7 +76,7 @@ pub(crate) struct LinkChanged {
 /// earlier value restored, or kept if changed since), and a role it granted
 /// before changes were recorded (no earlier value known) is removed.
 pub(crate) fn take_back(
-    tx: &rusqlite::Connection,
+    tx: &crate::storage::Conn,
     link: i64,
     by: &str,
 ) -> Result<(Settlement, Vec<LinkRole>), StoreError> {
@@ -434,7 +434,7 @@ pub(crate) struct AuditListQuery {
 
 /// The names of the spaces the links name (`*` and deleted spaces have none).
 fn names_of(
-    c: &rusqlite::Connection,
+    c: &crate::storage::Conn,
     links: &[SpaceLink],
 ) -> Result<BTreeMap<String, String>, StoreError> {
     let mut names = BTreeMap::new();

@@ -123,7 +123,7 @@ pub(super) fn audited<T: Serialize>(before: Value, after: T) -> (Extension<Audit
 pub(super) async fn apply<T, F>(app: &App, space: &SpaceId, write: F) -> ApiResult<T>
 where
     T: Send + 'static,
-    F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&crate::storage::Tx<'_>) -> Result<T, StoreError> + Send + 'static,
 {
     app.spaces
         .apply_with(space, move |tx| {
