@@ -26,11 +26,11 @@ pub fn row_count(conn: &Conn, table: &str) -> StoreResult<i64> {
     )?)
 }
 
-/// Every row of `table` (a name from [`tables`]), each column as text
+/// Every row of `table` (a name from [`tables`]) in rowid order, each column as text
 /// (`NULL` for a null, a blob as its bytes' debug form).
 pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
     use rusqlite::types::ValueRef;
-    let mut q = conn.prepare(&format!("SELECT * FROM \"{table}\""))?;
+    let mut q = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY rowid"))?;
     let cols = q.column_count();
     let mut rows = q.query([])?;
     let mut out = Vec::new();
@@ -48,4 +48,27 @@ pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
         out.push(vals);
     }
     Ok(out)
+}
+
+/// A test's own statement answering one integer (`SELECT COUNT(*) …`).
+pub fn count(conn: &Conn, sql: &str) -> StoreResult<i64> {
+    Ok(conn.query_row(sql, params![], |r| r.get(0))?)
+}
+
+/// A test's own statements run as one script (seeding rows as a release
+/// wrote them, a trigger that makes a later write fail).
+pub fn execute_script(conn: &Conn, sql: &str) -> StoreResult<()> {
+    Ok(conn.execute_batch(sql)?)
+}
+
+/// [`execute_script`] on the database file at `path`, with no store: no
+/// migration runs, so a file written at an earlier release's schema stays
+/// at it. SQLite backend.
+pub fn execute_script_on_file(path: &std::path::Path, sql: &str) -> StoreResult<()> {
+    let conn = rusqlite::Connection::open(path).map_err(|source| super::StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    execute_script(&conn, sql)
 }

@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use tokio_websockets::{Message as WsMessage, ServerBuilder};
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::params;
 
 pub(crate) const TOKEN: &str = "MTAxMDEw.discord-test_token";
 pub(crate) const BOT_ID: &str = "900000000000000001";
@@ -773,25 +774,19 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     }
     host.wait_count(DISCORD_ROWS, 3, 60).await;
     host.kill();
-    let stored: Value = serde_json::from_str(
-        &host
-            .db()
-            .query_row(
-                "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
-                [],
-                |r| r.get::<_, String>(0),
-            )
-            .unwrap(),
-    )
+    let stored: Value = serde_json::from_str(&host.read(|c| {
+        Ok(c.query_row(
+            "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
+            params![],
+            |r| r.get::<_, String>(0),
+        )?)
+    }))
     .unwrap();
     let last_row: String = host
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT platform_message_id FROM messages WHERE sender_id LIKE 'discord:%' ORDER BY id DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+            params![],
+            |r| r.get(0))?));
     assert_eq!(
         stored["sequence"].as_u64().unwrap(),
         fake.seq_of(&last_row),

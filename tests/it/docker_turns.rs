@@ -29,6 +29,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{prepare, HostOptions, TestHost};
 use mercury::sandbox::docker::instance_id_for;
+use mercury::storage::params;
 
 const LABEL_INSTANCE: &str = "mercury.instance";
 
@@ -236,10 +237,10 @@ struct RunRow {
 }
 
 fn run_row(host: &TestHost, run_id: &str) -> RunRow {
-    host.db()
-        .query_row(
+    host.read(|c| {
+        Ok(c.query_row(
             "SELECT status, error, container_id, sandbox_proof FROM runs WHERE id = ?1",
-            [run_id],
+            params![run_id],
             |r| {
                 Ok(RunRow {
                     status: r.get(0)?,
@@ -248,8 +249,8 @@ fn run_row(host: &TestHost, run_id: &str) -> RunRow {
                     proof: r.get(3)?,
                 })
             },
-        )
-        .expect("run row")
+        )?)
+    })
 }
 
 /// The scripted tool call every "long tool" test uses: it marks the moment
@@ -379,14 +380,13 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
     let summary = running_container(&docker, &instance).await;
     let id = summary.id.expect("container id");
     let info = docker.inspect_container(&id, None).await.expect("inspect");
-    let run_id: String = host
-        .db()
-        .query_row(
+    let run_id: String = host.read(|c| {
+        Ok(c.query_row(
             "SELECT id FROM runs WHERE space_id = ?1 AND status = 'running'",
-            [&space],
+            params![&space],
             |r| r.get(0),
-        )
-        .expect("the running run");
+        )?)
+    });
 
     let config = info.config.expect("config");
     let labels = config.labels.clone().expect("labels");

@@ -18,6 +18,7 @@ use serde_yaml_ng::Value as Yaml;
 use tokio::sync::Notify;
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::params;
 
 pub(crate) const TOKEN: &str = "123456:TEST-token_abc";
 pub(crate) const BOT_ID: u64 = 999;
@@ -359,14 +360,13 @@ async fn telegram_restart_mid_stream_loses_and_repeats_nothing() {
     )
     .await;
     host.kill();
-    let stored: i64 = host
-        .db()
-        .query_row(
+    let stored: i64 = host.read(|c| {
+        Ok(c.query_row(
             "SELECT CAST(position AS INTEGER) FROM adapter_positions WHERE adapter = 'telegram'",
-            [],
+            params![],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     let rows_at_kill =
         host.count("SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'telegram:%'");
     assert_eq!(
