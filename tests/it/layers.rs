@@ -269,11 +269,11 @@ fn plain_string(text: &str, at: usize) -> (String, usize) {
     )
 }
 
-/// Whether the literal's text begins with a SQL statement: a keyword after
-/// any leading whitespace (and `\` line continuations), followed by
+/// The statement a literal begins with, if it begins with one: a keyword
+/// after any leading whitespace (and `\` line continuations), followed by
 /// whitespace or `;` (or the literal's end, for a keyword that is a
 /// statement alone).
-fn is_sql(literal: &str) -> bool {
+fn sql_start(literal: &str) -> Option<&str> {
     let mut rest = literal;
     loop {
         let t = rest.trim_start();
@@ -286,13 +286,20 @@ fn is_sql(literal: &str) -> bool {
         }
         rest = t;
     }
-    SQL_KEYWORDS.iter().any(|k| {
-        rest.strip_prefix(k)
-            .is_some_and(|after| match after.chars().next() {
-                None => SQL_ALONE.contains(k),
-                Some(c) => c.is_whitespace() || c == ';' || after.starts_with("\\n"),
-            })
-    })
+    SQL_KEYWORDS
+        .iter()
+        .any(|k| {
+            rest.strip_prefix(k)
+                .is_some_and(|after| match after.chars().next() {
+                    None => SQL_ALONE.contains(k),
+                    Some(c) => c.is_whitespace() || c == ';' || after.starts_with("\\n"),
+                })
+        })
+        .then_some(rest)
+}
+
+fn is_sql(literal: &str) -> bool {
+    sql_start(literal).is_some()
 }
 
 #[test]
@@ -325,8 +332,8 @@ fn sql_and_the_driver_live_only_in_storage() {
         if src.contains(file) || *file == fixture {
             for (line, lit) in string_literals(&text) {
                 literals += 1;
-                if is_sql(&lit) {
-                    let first = lit.lines().next().unwrap_or_default();
+                if let Some(sql) = sql_start(&lit) {
+                    let first = sql.lines().next().unwrap_or_default();
                     offences.push(format!(
                         "{}:{line}: SQL outside storage: \"{first}",
                         rel.display()
