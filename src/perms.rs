@@ -11,7 +11,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{members, Conn, StoreResult};
+use crate::storage::{Conn, StoreResult};
 
 /// A permission a role can hold. The wire name (`tasks.create`) is what
 /// config overrides, grants and responses carry; the variant is what code
@@ -282,7 +282,7 @@ pub(crate) fn resolve_role(
     if let Some(role) = spaces::stored_role(conn, space, caller)? {
         return Ok(role);
     }
-    let is_member = members::is_member(conn, space, caller)?;
+    let is_member = spaces::is_member(conn, space, caller)?;
     Ok(if is_member { ROLE_MEMBER } else { ROLE_NONE }.into())
 }
 

@@ -121,7 +121,7 @@ fn update(i: usize, chats: usize) -> Value {
 async fn stored_at(db: &Path, n: usize, deadline: Instant) -> anyhow::Result<Instant> {
     let db = db.to_owned();
     tokio::task::spawn_blocking(move || -> anyhow::Result<Instant> {
-        let c = crate::storage::open_read_only(&db)?;
+        let c = crate::storage::open_read_only_conn(&db)?;
         loop {
             let count = crate::storage::stats::messages_from_platform(&c, "telegram")?;
             if usize::try_from(count).unwrap_or(0) >= n {

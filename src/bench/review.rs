@@ -479,7 +479,7 @@ fn read_db<T>(
     data: &Path,
     f: impl FnOnce(&crate::storage::Conn) -> crate::storage::StoreResult<T>,
 ) -> anyhow::Result<T> {
-    let conn = crate::storage::open_read_only(&data.join("state.db"))?;
+    let conn = crate::storage::open_read_only_conn(&data.join("state.db"))?;
     Ok(f(&conn)?)
 }
 

@@ -114,7 +114,7 @@ async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -
 /// The earliest due time of an active live task; `Some(None)` when none is
 /// active, `None` when unknown.
 fn live_next_due(live: &Path) -> Option<Option<i64>> {
-    let db = crate::storage::open_read_only(&DataPaths::new(live).db).ok()?;
+    let db = crate::storage::open_read_only_conn(&DataPaths::new(live).db).ok()?;
     let unknown = crate::storage::stats::active_tasks_without_due_time(&db).ok()?;
     if unknown > 0 {
         return None;
@@ -150,7 +150,7 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
     if !settings.review.model.is_empty() {
         chain.push(settings.review.model.clone());
     }
-    if let Ok(c) = crate::storage::open_read_only(db) {
+    if let Ok(c) = crate::storage::open_read_only_conn(db) {
         if let Ok(values) = crate::storage::space_settings::config_values_of_key(&c, "model") {
             for v in values {
                 chain.extend(config::split_chain(&v));

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::spaces::{self, Space};
-use crate::storage::{exchanges, open_read_only, Conn, Store, StoreResult};
+use crate::storage::{exchanges, open_read_only_conn, Conn, Store, StoreResult};
 
 /// Rows per page.
 pub(crate) const PAGE_SIZE: u32 = 500;
@@ -102,7 +102,7 @@ enum Source {
     /// connections.
     Store(Store),
     /// Another data dir's database file, opened read-only by storage.
-    File(Conn),
+    File(Box<Conn>),
 }
 
 pub(crate) struct ExchangeReader {
@@ -125,7 +125,7 @@ impl ExchangeReader {
     /// source, a bench's), read-only.
     pub(crate) fn open(db: &Path, window: Window) -> StoreResult<Self> {
         Ok(Self {
-            source: Source::File(open_read_only(db)?),
+            source: Source::File(Box::new(open_read_only_conn(db)?)),
             window,
             page_size: PAGE_SIZE,
         })

@@ -30,7 +30,7 @@ use crate::config::{self, ReviewConfig};
 use crate::redaction::{kind_list, IdentifierGate, RedactionList, Redactor};
 use crate::storage::spaces::list_members;
 use crate::storage::tokens::{self, TokenKind};
-use crate::storage::{open_read_only, rehearsal, Conn};
+use crate::storage::{open_read_only_conn, rehearsal, Conn};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 use crate::workspace::DataPaths;
@@ -204,14 +204,18 @@ pub fn runs_and_cost(
 /// [`runs_and_cost`] of the shadow data dir `dir`.
 pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
     let manifest = Manifest::read(dir)?;
-    runs_and_cost(&open_read_only(&dir.join("state.db"))?, &manifest, None)
+    runs_and_cost(
+        &open_read_only_conn(&dir.join("state.db"))?,
+        &manifest,
+        None,
+    )
 }
 
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let manifest = Manifest::read(dir)?;
-    let base_db = open_read_only(&dir.join(BASELINE_DB))?;
-    let now_db = open_read_only(&dir.join("state.db"))?;
+    let base_db = open_read_only_conn(&dir.join(BASELINE_DB))?;
+    let now_db = open_read_only_conn(&dir.join("state.db"))?;
     let wanted = |s: &str| space.is_none_or(|w| w == s);
 
     let mut changes = Vec::new();
@@ -352,11 +356,11 @@ fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList
     let mut names: Vec<String> = review.owner_names.clone();
     let mut ids: Vec<String> = Vec::new();
     for db in [dir.join(BASELINE_DB), dir.join("state.db")] {
-        let conn = open_read_only(&db)?;
+        let conn = open_read_only_conn(&db)?;
         let spaces = rehearsal::space_ids(&conn)
             .map_err(db_err("listing the spaces for the diff's redaction"))?;
         for s in spaces {
-            for m in list_members(&conn, &s)? {
+            for m in list_members(&crate::storage::open_read_only_conn(&db)?, &s)? {
                 names.extend(m.display_name.filter(|n| !n.is_empty()));
                 ids.push(m.caller_id);
             }
@@ -481,7 +485,7 @@ pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
         return refused("none was given");
     };
     let settings = config::load(&DataPaths::new(dir).config, &Default::default())?;
-    let conn = open_read_only(&dir.join("state.db"))?;
+    let conn = crate::storage::open_read_only_conn(&dir.join("state.db"))?;
     let Some(grant) = tokens::resolve(&conn, token, crate::clock::now_ms())? else {
         return refused("the shadow knows no such token (a live token is never one of its own)");
     };

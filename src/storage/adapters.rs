@@ -5,25 +5,23 @@
 //! Must never: move a position in a transaction other than the one that
 //! stored what it covers (the caller writes both together), or move it back.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Dialect, Query};
 
-use super::{Cached, StoreResult};
+use super::StoreResult;
 use crate::clock::now_ms;
 
 /// The stored position of `adapter`, if it has one.
-pub fn position(conn: &Connection, adapter: &str) -> StoreResult<Option<String>> {
-    Ok(conn
-        .query_row_cached(
-            "SELECT position FROM adapter_positions WHERE adapter = ?1",
-            [adapter],
-            |r| r.get(0),
-        )
-        .optional()?)
+pub fn position(conn: &Conn, adapter: &str) -> StoreResult<Option<String>> {
+    conn.query_opt(
+        "SELECT position FROM adapter_positions WHERE adapter = ?1",
+        params![adapter],
+        |r| r.get(0),
+    )
 }
 
 /// Records `position` for `adapter` (an upsert).
-pub fn set_position(conn: &Connection, adapter: &str, position: &str) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn set_position(conn: &Conn, adapter: &str, position: &str) -> StoreResult<()> {
+    conn.execute(
         "INSERT INTO adapter_positions (adapter, position, updated_at) VALUES (?1, ?2, ?3)
          ON CONFLICT (adapter) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at",
         params![adapter, position, now_ms()],
@@ -33,7 +31,7 @@ pub fn set_position(conn: &Connection, adapter: &str, position: &str) -> StoreRe
 
 /// Moves a numeric position forward only: `next` is stored unless the stored
 /// one is already further (a replayed update never rewinds the offset).
-pub fn advance_offset(conn: &Connection, adapter: &str, next: i64) -> StoreResult<()> {
+pub fn advance_offset(conn: &Conn, adapter: &str, next: i64) -> StoreResult<()> {
     let current = position(conn, adapter)?.and_then(|p| p.parse::<i64>().ok());
     if current.is_none_or(|c| c < next) {
         set_position(conn, adapter, &next.to_string())?;
@@ -54,22 +52,30 @@ pub struct LastSeen {
 /// message id stored in it (Discord's snowflakes grow with time): where a
 /// backfill after a lost session starts. Ids that are not numbers are left
 /// out.
-pub fn last_seen(conn: &Connection, platform: &str) -> StoreResult<Vec<LastSeen>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT c.external_id, c.kind, MAX(CAST(m.platform_message_id AS INTEGER))
-         FROM conversations c JOIN messages m ON m.conversation_id = c.id
-         WHERE c.platform = ?1 AND m.platform_message_id GLOB '[0-9]*'
-           AND m.platform_message_id NOT GLOB '*[^0-9]*'
-         GROUP BY c.id ORDER BY c.id",
-    )?;
-    let rows = stmt.query_map([platform], |r| {
+pub fn last_seen(conn: &Conn, platform: &str) -> StoreResult<Vec<LastSeen>> {
+    let sql = match conn.dialect() {
+        Dialect::Sqlite => {
+            "SELECT c.external_id, c.kind, MAX(CAST(m.platform_message_id AS BIGINT))
+             FROM conversations c JOIN messages m ON m.conversation_id = c.id
+             WHERE c.platform = ?1 AND m.platform_message_id GLOB '[0-9]*'
+               AND m.platform_message_id NOT GLOB '*[^0-9]*'
+             GROUP BY c.id ORDER BY c.id"
+        }
+        // Snowflakes fit in BIGINT; longer digit strings are not ids.
+        Dialect::Postgres => {
+            "SELECT c.external_id, c.kind, MAX(CAST(m.platform_message_id AS BIGINT))
+             FROM conversations c JOIN messages m ON m.conversation_id = c.id
+             WHERE c.platform = ?1 AND m.platform_message_id ~ '^[0-9]{1,18}$'
+             GROUP BY c.id ORDER BY c.id"
+        }
+    };
+    conn.query_all(sql, params![platform], |r| {
         Ok(LastSeen {
             conversation: r.get(0)?,
             is_group: r.get::<_, String>(1)? == "group",
             last_message_id: r.get(2)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 #[cfg(test)]
@@ -78,8 +84,7 @@ mod tests {
 
     #[test]
     fn offsets_only_move_forward() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        crate::storage::migrations::apply(&mut conn).unwrap();
+        let conn = crate::storage::test_conn();
         assert_eq!(position(&conn, "telegram").unwrap(), None);
         advance_offset(&conn, "telegram", 10).unwrap();
         advance_offset(&conn, "telegram", 7).unwrap();
@@ -90,8 +95,7 @@ mod tests {
 
     #[test]
     fn last_seen_is_the_largest_numeric_id_per_conversation() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        crate::storage::migrations::apply(&mut conn).unwrap();
+        let conn = crate::storage::test_conn();
         conn.execute_batch(
             "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('s', 's', 0, 0);
              INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at)

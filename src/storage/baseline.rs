@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{open_plain, params, StoreResult};
+use super::{open_plain, StoreResult};
 
 /// `n` single-row inserts, one IMMEDIATE transaction each (as the store
 /// commits one message per transaction), on a fresh file at `path` opened
@@ -28,7 +28,7 @@ pub fn plain_inserts(path: &Path, n: usize) -> StoreResult<(Duration, Vec<Durati
         tx.prepare_cached(
             "INSERT INTO plain (conversation, text, created_at) VALUES (?1, ?2, ?3)",
         )?
-        .execute(params![
+        .execute(rusqlite::params![
             format!("conv-{}", i % 100),
             format!("message {i}"),
             crate::clock::now_ms()

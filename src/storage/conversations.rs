@@ -1,10 +1,10 @@
 //! Conversations: platform chats discovered from traffic, and which space each
 //! feeds. Must never: link a conversation to a space that does not exist.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -21,7 +21,7 @@ pub struct Conversation {
 
 const COLS: &str = "id, platform, external_id, space_id, kind, title, first_seen_at, last_seen_at";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Conversation> {
+fn from_row(r: &Row<'_>) -> StoreResult<Conversation> {
     Ok(Conversation {
         id: r.get(0)?,
         platform: r.get(1)?,
@@ -34,25 +34,21 @@ fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Conversation> {
     })
 }
 
-pub fn find(
-    conn: &Connection,
-    platform: &str,
-    external_id: &str,
-) -> StoreResult<Option<Conversation>> {
+pub fn find(conn: &Conn, platform: &str, external_id: &str) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} FROM conversations WHERE platform = ?1 AND external_id = ?2"),
-            [platform, external_id],
+            params![platform, external_id],
             from_row,
         )
         .optional()?)
 }
 
-pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Conversation>> {
+pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} FROM conversations WHERE id = ?1"),
-            [id],
+            params![id],
             from_row,
         )
         .optional()?)
@@ -60,14 +56,14 @@ pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Conversation>> {
 
 /// Inserts or refreshes `last_seen_at` (and the title when one is given).
 pub fn upsert(
-    conn: &Connection,
+    conn: &Conn,
     platform: &str,
     external_id: &str,
     kind: &str,
     title: Option<&str>,
 ) -> StoreResult<Conversation> {
     let now = now_ms();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO conversations (platform, external_id, kind, title, first_seen_at, last_seen_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)
          ON CONFLICT (platform, external_id) DO UPDATE SET last_seen_at = excluded.last_seen_at,
@@ -78,16 +74,14 @@ pub fn upsert(
         .ok_or_else(|| StoreError::NotFound(format!("conversation {platform}:{external_id}")))
 }
 
-pub fn list(conn: &Connection, space: Option<&str>) -> StoreResult<Vec<Conversation>> {
-    let mut stmt = conn.prepare_cached(&format!(
+pub fn list(conn: &Conn, space: Option<&str>) -> StoreResult<Vec<Conversation>> {
+    conn.query_all(&format!(
         "SELECT {COLS} FROM conversations WHERE (?1 IS NULL OR space_id = ?1) ORDER BY last_seen_at DESC, id"
-    ))?;
-    let rows = stmt.query_map([space], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![space], from_row)
 }
 
-pub fn set_space(conn: &Connection, id: i64, space: Option<&str>) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn set_space(conn: &Conn, id: i64, space: Option<&str>) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE conversations SET space_id = ?2 WHERE id = ?1",
         params![id, space],
     )?;
@@ -101,16 +95,15 @@ pub fn set_space(conn: &Connection, id: i64, space: Option<&str>) -> StoreResult
 /// in which that caller has written. Platform senders are stored in their
 /// platform's namespace (`whatsapp:316…@s.whatsapp.net`); a caller given
 /// without the prefix matches the sender of that conversation's platform.
-pub fn dm_of(conn: &Connection, caller: &str) -> StoreResult<Option<Conversation>> {
+pub fn dm_of(conn: &Conn, caller: &str) -> StoreResult<Option<Conversation>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT c.id, c.platform, c.external_id, c.space_id, c.kind, c.title, c.first_seen_at, c.last_seen_at
              FROM conversations c
              WHERE c.kind = 'dm' AND EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id
                AND (m.sender_id = ?1 OR m.sender_id = c.platform || ':' || ?1))
              ORDER BY c.last_seen_at DESC LIMIT 1",
-            [caller],
-            from_row,
-        )
+            params![caller],
+            from_row,)
         .optional()?)
 }

@@ -4,10 +4,10 @@
 //!
 //! Must never: map anything but a platform id, or drop an audit row.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -29,24 +29,24 @@ pub struct IdentityAudit {
 }
 
 /// The operator a platform id is mapped to, if any. Read only.
-pub fn operator_for(conn: &Connection, platform_id: &str) -> StoreResult<Option<String>> {
+pub fn operator_for(conn: &Conn, platform_id: &str) -> StoreResult<Option<String>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT caller_id FROM identities WHERE platform_id = ?1",
-            [platform_id],
+            params![platform_id],
             |r| r.get(0),
         )
         .optional()?)
 }
 
 fn audit(
-    conn: &Connection,
+    conn: &Conn,
     by: &str,
     action: &str,
     platform_id: &str,
     caller_id: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO identity_audit (at, by_caller, action, platform_id, caller_id) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![now_ms(), by, action, platform_id, caller_id],
     )?;
@@ -54,14 +54,9 @@ fn audit(
 }
 
 /// Maps `platform_id` to `caller_id` (replacing an earlier mapping), audited.
-pub fn link(
-    conn: &Connection,
-    platform_id: &str,
-    caller_id: &str,
-    by: &str,
-) -> StoreResult<Identity> {
+pub fn link(conn: &Conn, platform_id: &str, caller_id: &str, by: &str) -> StoreResult<Identity> {
     let now = now_ms();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO identities (platform_id, caller_id, created_by, created_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (platform_id) DO UPDATE SET caller_id = excluded.caller_id,
            created_by = excluded.created_by, created_at = excluded.created_at",
@@ -77,37 +72,30 @@ pub fn link(
 }
 
 /// Removes a mapping, audited; `NotFound` if there was none.
-pub fn unlink(conn: &Connection, platform_id: &str, by: &str) -> StoreResult<String> {
+pub fn unlink(conn: &Conn, platform_id: &str, by: &str) -> StoreResult<String> {
     let was = operator_for(conn, platform_id)?
         .ok_or_else(|| StoreError::NotFound(format!("identity {platform_id}")))?;
-    conn.execute_cached(
+    conn.execute(
         "DELETE FROM identities WHERE platform_id = ?1",
-        [platform_id],
+        params![platform_id],
     )?;
     audit(conn, by, "unlink", platform_id, Some(&was))?;
     Ok(was)
 }
 
-pub fn list(conn: &Connection) -> StoreResult<Vec<Identity>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT platform_id, caller_id, created_by, created_at FROM identities ORDER BY platform_id",
-    )?;
-    let rows = stmt.query_map([], |r| {
+pub fn list(conn: &Conn) -> StoreResult<Vec<Identity>> {
+    conn.query_all("SELECT platform_id, caller_id, created_by, created_at FROM identities ORDER BY platform_id", params![], |r| {
         Ok(Identity {
             platform_id: r.get(0)?,
             caller_id: r.get(1)?,
             created_by: r.get(2)?,
             created_at: r.get(3)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
-pub fn audit_log(conn: &Connection, limit: u32) -> StoreResult<Vec<IdentityAudit>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, at, by_caller, action, platform_id, caller_id FROM identity_audit ORDER BY id DESC LIMIT ?1",
-    )?;
-    let rows = stmt.query_map([limit], |r| {
+pub fn audit_log(conn: &Conn, limit: u32) -> StoreResult<Vec<IdentityAudit>> {
+    conn.query_all("SELECT id, at, by_caller, action, platform_id, caller_id FROM identity_audit ORDER BY id DESC LIMIT ?1", params![limit], |r| {
         Ok(IdentityAudit {
             id: r.get(0)?,
             at: r.get(1)?,
@@ -116,6 +104,5 @@ pub fn audit_log(conn: &Connection, limit: u32) -> StoreResult<Vec<IdentityAudit
             platform_id: r.get(4)?,
             caller_id: r.get(5)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }

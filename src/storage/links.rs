@@ -3,10 +3,10 @@
 //! Must never: delete an audit row, or let a link row be read as a grant
 //! anywhere but `links::resolve_link_grant`.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -27,7 +27,7 @@ pub struct SpaceLink {
 
 const COLS: &str = "id, holder_space_id, target_space_id, level, target_conversation_id, disclosure, created_by, created_at, updated_by, updated_at, revoked_by, revoked_at";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpaceLink> {
+fn from_row(r: &Row<'_>) -> StoreResult<SpaceLink> {
     Ok(SpaceLink {
         id: r.get(0)?,
         holder_space_id: r.get(1)?,
@@ -53,52 +53,50 @@ pub struct NewLink<'a> {
     pub by: &'a str,
 }
 
-pub fn insert(conn: &Connection, l: &NewLink<'_>) -> StoreResult<SpaceLink> {
+pub fn insert(conn: &Conn, l: &NewLink<'_>) -> StoreResult<SpaceLink> {
     let now = now_ms();
-    conn.execute(
+    let id: i64 = conn.query_row(
         "INSERT INTO space_links (holder_space_id, target_space_id, level, target_conversation_id, disclosure, created_by, created_at, updated_by, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?7)",
-        params![l.holder, l.target, l.level, l.conversation, l.disclosure, l.by, now],
-    )?;
-    get(conn, conn.last_insert_rowid())?
-        .ok_or_else(|| StoreError::NotFound("link just created".into()))
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?7) RETURNING id",
+        params![l.holder, l.target, l.level, l.conversation, l.disclosure, l.by, now], |r| r.get(0))?;
+    get(conn, id)?.ok_or_else(|| StoreError::NotFound("link just created".into()))
 }
 
-pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<SpaceLink>> {
+pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<SpaceLink>> {
     Ok(conn
         .query_row(
             &format!("SELECT {COLS} FROM space_links WHERE id = ?1"),
-            [id],
+            params![id],
             from_row,
         )
         .optional()?)
 }
 
 /// Active edges from `holder` to `target` or to `*` (never the holder itself).
-pub fn active_edges(conn: &Connection, holder: &str, target: &str) -> StoreResult<Vec<SpaceLink>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM space_links
+pub fn active_edges(conn: &Conn, holder: &str, target: &str) -> StoreResult<Vec<SpaceLink>> {
+    conn.query_all(
+        &format!(
+            "SELECT {COLS} FROM space_links
          WHERE holder_space_id = ?1 AND (target_space_id = ?2 OR target_space_id = '*')
            AND revoked_at IS NULL AND ?1 <> ?2"
-    ))?;
-    let rows = stmt.query_map([holder, target], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        ),
+        params![holder, target],
+        from_row,
+    )
 }
 
 /// Every edge (active or revoked) where `space` is the holder, the target, or
 /// reached through a wildcard.
-pub fn touching(conn: &Connection, space: &str) -> StoreResult<Vec<SpaceLink>> {
-    let mut stmt = conn.prepare(&format!(
+pub fn touching(conn: &Conn, space: &str) -> StoreResult<Vec<SpaceLink>> {
+    conn.query_all(&format!(
         "SELECT {COLS} FROM space_links
          WHERE holder_space_id = ?1 OR target_space_id = ?1 OR (target_space_id = '*' AND holder_space_id <> ?1)
          ORDER BY id"
-    ))?;
-    let rows = stmt.query_map([space], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![space], from_row)
 }
 
 pub fn update(
-    conn: &Connection,
+    conn: &Conn,
     id: i64,
     level: Option<&str>,
     disclosure: Option<&str>,
@@ -115,7 +113,7 @@ pub fn update(
     get(conn, id)?.ok_or_else(|| StoreError::NotFound(format!("link {id}")))
 }
 
-pub fn revoke(conn: &Connection, id: i64, by: &str) -> StoreResult<SpaceLink> {
+pub fn revoke(conn: &Conn, id: i64, by: &str) -> StoreResult<SpaceLink> {
     let n = conn.execute(
         "UPDATE space_links SET revoked_by = ?2, revoked_at = ?3 WHERE id = ?1 AND revoked_at IS NULL",
         params![id, by, now_ms()],
@@ -150,10 +148,10 @@ pub struct AuditRow {
     pub after_value: Option<String>,
 }
 
-pub fn audit(conn: &Connection, a: &AuditRow) -> StoreResult<i64> {
-    conn.execute(
+pub fn audit(conn: &Conn, a: &AuditRow) -> StoreResult<i64> {
+    let id: i64 = conn.query_row(
         "INSERT INTO space_link_audit (at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) RETURNING id",
         params![
             now_ms(),
             a.caller_id,
@@ -171,15 +169,14 @@ pub fn audit(conn: &Connection, a: &AuditRow) -> StoreResult<i64> {
             a.run_id,
             a.before_value,
             a.after_value
-        ],
-    )?;
-    Ok(conn.last_insert_rowid())
+        ], |r| r.get(0))?;
+    Ok(id)
 }
 
 /// Completes an act-as row written before its handler ran: the status, and
 /// what the update changed where the route said so.
 pub fn audit_finish(
-    conn: &Connection,
+    conn: &Conn,
     id: i64,
     status: i64,
     detail: Option<&str>,
@@ -198,19 +195,15 @@ pub fn audit_finish(
 /// Revokes every active edge where `space` is the holder or the target
 /// (not the wildcard edges of other holders: they reach "every other space",
 /// present and future, by design). Returns the revoked edges.
-pub fn revoke_touching(conn: &Connection, space: &str, by: &str) -> StoreResult<Vec<SpaceLink>> {
+pub fn revoke_touching(conn: &Conn, space: &str, by: &str) -> StoreResult<Vec<SpaceLink>> {
     let ids: Vec<i64> = {
-        let mut stmt = conn.prepare(
-            "SELECT id FROM space_links WHERE (holder_space_id = ?1 OR target_space_id = ?1) AND revoked_at IS NULL ORDER BY id",
-        )?;
-        let rows = stmt.query_map([space], |r| r.get(0))?;
-        rows.collect::<Result<_, _>>()?
+        conn.query_all("SELECT id FROM space_links WHERE (holder_space_id = ?1 OR target_space_id = ?1) AND revoked_at IS NULL ORDER BY id", params![space], |r| r.get(0))?
     };
     ids.into_iter().map(|id| revoke(conn, id, by)).collect()
 }
 
 /// Audit rows where `space` is the holder or the target, newest first.
-pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<AuditRow>> {
+pub fn audit_for(conn: &Conn, space: &str, limit: u32) -> StoreResult<Vec<AuditRow>> {
     audit_query(
         conn,
         "holder_space_id = ?1 OR target_space_id = ?1",
@@ -222,7 +215,7 @@ pub fn audit_for(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<
 /// The active edge with exactly this holder, target and conversation
 /// filter, if there is one (a second would be a duplicate).
 pub fn active_duplicate(
-    conn: &Connection,
+    conn: &Conn,
     holder: &str,
     target: &str,
     conversation: Option<i64>,
@@ -240,32 +233,32 @@ pub fn active_duplicate(
 }
 
 /// Every edge of the instance, active or revoked (global admins).
-pub fn all(conn: &Connection) -> StoreResult<Vec<SpaceLink>> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLS} FROM space_links ORDER BY id"))?;
-    let rows = stmt.query_map([], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn all(conn: &Conn) -> StoreResult<Vec<SpaceLink>> {
+    conn.query_all(
+        &format!("SELECT {COLS} FROM space_links ORDER BY id"),
+        params![],
+        from_row,
+    )
 }
 
 /// Every audit row of the instance, newest first (global admins).
-pub fn audit_all(conn: &Connection, limit: u32) -> StoreResult<Vec<AuditRow>> {
+pub fn audit_all(conn: &Conn, limit: u32) -> StoreResult<Vec<AuditRow>> {
     audit_query(conn, "1 = 1", None, limit)
 }
 
 fn audit_query(
-    conn: &Connection,
+    conn: &Conn,
     filter: &str,
     space: Option<&str>,
     limit: u32,
 ) -> StoreResult<Vec<AuditRow>> {
-    let mut stmt = conn.prepare(&format!(
+    conn.query_all(&format!(
         "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value
          FROM space_link_audit WHERE {filter} ORDER BY id DESC LIMIT ?2"
-    ))?;
-    let rows = stmt.query_map(params![space, limit], audit_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![space, limit], audit_from_row)
 }
 
-fn audit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
+fn audit_from_row(r: &Row<'_>) -> StoreResult<AuditRow> {
     Ok(AuditRow {
         id: r.get(0)?,
         at: r.get(1)?,
@@ -349,7 +342,7 @@ pub struct LinkChange {
 
 const CHANGE_COLS: &str = "id, link_id, space_id, kind, key, before_value, before_by, before_link_id, after_value, at, superseded, settled_at, outcome";
 
-fn change_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LinkChange> {
+fn change_from_row(r: &Row<'_>) -> StoreResult<LinkChange> {
     Ok(LinkChange {
         id: r.get(0)?,
         link_id: r.get(1)?,
@@ -379,8 +372,8 @@ pub struct NewChange<'a> {
     pub after: Option<&'a str>,
 }
 
-pub fn record_change(conn: &Connection, c: &NewChange<'_>) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn record_change(conn: &Conn, c: &NewChange<'_>) -> StoreResult<()> {
+    conn.execute(
         "INSERT INTO link_changes (link_id, space_id, kind, key, before_value, before_by, before_link_id, after_value, at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
@@ -400,13 +393,8 @@ pub fn record_change(conn: &Connection, c: &NewChange<'_>) -> StoreResult<()> {
 
 /// A direct write (no link) changed `key`: every open link change on it is
 /// superseded, so no revoke puts the link's earlier value over it.
-pub fn supersede_changes(
-    conn: &Connection,
-    space: &str,
-    kind: ChangeKind,
-    key: &str,
-) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn supersede_changes(conn: &Conn, space: &str, kind: ChangeKind, key: &str) -> StoreResult<()> {
+    conn.execute(
         "UPDATE link_changes SET superseded = 1
          WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND settled_at IS NULL",
         params![space, kind.as_str(), key],
@@ -415,17 +403,15 @@ pub fn supersede_changes(
 }
 
 /// The link's changes not yet settled by a revoke or downgrade, oldest first.
-pub fn open_changes(conn: &Connection, link: i64) -> StoreResult<Vec<LinkChange>> {
-    let mut stmt = conn.prepare_cached(&format!(
+pub fn open_changes(conn: &Conn, link: i64) -> StoreResult<Vec<LinkChange>> {
+    conn.query_all(&format!(
         "SELECT {CHANGE_COLS} FROM link_changes WHERE link_id = ?1 AND settled_at IS NULL ORDER BY id"
-    ))?;
-    let rows = stmt.query_map([link], change_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![link], change_from_row)
 }
 
 /// The first open change on `key` by another link, made after change `after_id`.
 pub fn next_open_change_on(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     kind: &str,
     key: &str,
@@ -448,7 +434,7 @@ pub fn next_open_change_on(
 
 /// Hands a settled link's earlier value on to the change that followed it.
 pub fn set_change_before(
-    conn: &Connection,
+    conn: &Conn,
     id: i64,
     before: Option<&str>,
     before_by: Option<&str>,
@@ -461,7 +447,7 @@ pub fn set_change_before(
     Ok(())
 }
 
-pub fn settle_change(conn: &Connection, id: i64, outcome: &str) -> StoreResult<()> {
+pub fn settle_change(conn: &Conn, id: i64, outcome: &str) -> StoreResult<()> {
     conn.execute(
         "UPDATE link_changes SET settled_at = ?2, outcome = ?3 WHERE id = ?1",
         params![id, now_ms(), outcome],
@@ -470,10 +456,10 @@ pub fn settle_change(conn: &Connection, id: i64, outcome: &str) -> StoreResult<(
 }
 
 /// Every change made through the link, settled or not, oldest first.
-pub fn changes_of_link(conn: &Connection, link: i64) -> StoreResult<Vec<LinkChange>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {CHANGE_COLS} FROM link_changes WHERE link_id = ?1 ORDER BY id"
-    ))?;
-    let rows = stmt.query_map([link], change_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn changes_of_link(conn: &Conn, link: i64) -> StoreResult<Vec<LinkChange>> {
+    conn.query_all(
+        &format!("SELECT {CHANGE_COLS} FROM link_changes WHERE link_id = ?1 ORDER BY id"),
+        params![link],
+        change_from_row,
+    )
 }

@@ -5,10 +5,10 @@
 //! conversation + platform message id), or mark a user message answered
 //! without the reply row in the same transaction.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Message {
@@ -42,7 +42,7 @@ pub(crate) const HISTORY_TAIL: &str = "FROM messages WHERE space_id = ?1 AND id 
 
 const COLS: &str = "id, space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Message> {
+fn from_row(r: &Row<'_>) -> StoreResult<Message> {
     Ok(Message {
         id: r.get(0)?,
         space_id: r.get(1)?,
@@ -82,12 +82,12 @@ pub struct NewMessage<'a> {
 
 /// True if this platform message id is already stored for the conversation.
 pub fn insert_probe(
-    conn: &Connection,
+    conn: &Conn,
     conversation_id: i64,
     platform_message_id: &str,
 ) -> StoreResult<bool> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT 1 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
             params![conversation_id, platform_message_id],
             |_| Ok(()),
@@ -98,10 +98,10 @@ pub fn insert_probe(
 
 /// Inserts a message. `Ok(None)` when the platform message id was already
 /// stored for this conversation (a replay): nothing is written.
-pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>> {
+pub fn insert(conn: &Conn, m: &NewMessage<'_>) -> StoreResult<Option<i64>> {
     if let (Some(conv), Some(pid)) = (m.conversation_id, m.platform_message_id) {
         let seen: Option<i64> = conn
-            .query_row_cached(
+            .query_row(
                 "SELECT id FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
                 params![conv, pid],
                 |r| r.get(0),
@@ -111,9 +111,9 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
             return Ok(None);
         }
     }
-    conn.execute_cached(
+    let id: i64 = conn.query_row(
         "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id, trusted_identity)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) RETURNING id",
         params![
             m.space_id,
             m.conversation_id,
@@ -128,68 +128,64 @@ pub fn insert(conn: &Connection, m: &NewMessage<'_>) -> StoreResult<Option<i64>>
             m.reply_to,
             m.task_run_id,
             m.trusted_identity
-        ],
-    )?;
-    Ok(Some(conn.last_insert_rowid()))
+        ], |r| r.get(0))?;
+    Ok(Some(id))
 }
 
 /// Whether the identity mapping of message `id`'s sender holds (see
 /// [`NewMessage::trusted_identity`]); false for an unknown message.
-pub fn identity_trusted(conn: &Connection, id: i64) -> StoreResult<bool> {
+pub fn identity_trusted(conn: &Conn, id: i64) -> StoreResult<bool> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT trusted_identity FROM messages WHERE id = ?1",
-            [id],
+            params![id],
             |r| r.get(0),
         )
         .optional()?
         .unwrap_or(false))
 }
 
-pub fn get(conn: &Connection, id: i64) -> StoreResult<Option<Message>> {
+pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
-            [id],
+            params![id],
             from_row,
         )
         .optional()?)
 }
 
 /// The reply written for a user message, if its turn has finished.
-pub fn reply_for(conn: &Connection, user_message_id: i64) -> StoreResult<Option<Message>> {
+pub fn reply_for(conn: &Conn, user_message_id: i64) -> StoreResult<Option<Message>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
-            [user_message_id],
+            params![user_message_id],
             from_row,
         )
         .optional()?)
 }
 
 /// User messages still waiting for a turn, oldest first.
-pub fn pending(conn: &Connection, space: &str) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {PENDING_TAIL}"))?;
-    let rows = stmt.query_map([space], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn pending(conn: &Conn, space: &str) -> StoreResult<Vec<Message>> {
+    conn.query_all(
+        &format!("SELECT {COLS} {PENDING_TAIL}"),
+        params![space],
+        from_row,
+    )
 }
 
 /// Spaces with pending messages (start-up recovery).
-pub fn spaces_with_pending(conn: &Connection) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
+pub fn spaces_with_pending(conn: &Conn) -> StoreResult<Vec<String>> {
+    conn.query_all(
         "SELECT DISTINCT space_id FROM messages WHERE status = 'pending' ORDER BY space_id",
-    )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        params![],
+        |r| r.get(0),
+    )
 }
 
-pub fn set_status(
-    conn: &Connection,
-    id: i64,
-    status: &str,
-    run_id: Option<&str>,
-) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn set_status(conn: &Conn, id: i64, status: &str, run_id: Option<&str>) -> StoreResult<()> {
+    conn.execute(
         "UPDATE messages SET status = ?2, run_id = COALESCE(?3, run_id) WHERE id = ?1",
         params![id, status, run_id],
     )?;
@@ -199,16 +195,15 @@ pub fn set_status(
 /// Marks every pending message of a space `dropped` (control stop) except
 /// `keep` (the message whose turn is running: it settles as `stopped` when
 /// that turn ends); returns the dropped ids.
-pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
+pub fn drop_pending(conn: &Conn, space: &str, keep: Option<i64>) -> StoreResult<Vec<i64>> {
     let keep = keep.unwrap_or(-1);
-    let mut stmt = conn.prepare_cached(
+    let ids: Vec<i64> = conn.query_all(
         "SELECT id FROM messages INDEXED BY messages_pending
          WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
+        params![space, keep],
+        |r| r.get(0),
     )?;
-    let ids: Vec<i64> = stmt
-        .query_map(params![space, keep], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    conn.execute_cached(
+    conn.execute(
         "UPDATE messages INDEXED BY messages_pending SET status = 'dropped'
          WHERE space_id = ?1 AND status = 'pending' AND id <> ?2",
         params![space, keep],
@@ -218,8 +213,8 @@ pub fn drop_pending(conn: &Connection, space: &str, keep: Option<i64>) -> StoreR
 
 /// Moves a pending message to a final status; false if it was not pending
 /// any more (another turn answered it), so the caller must not reply twice.
-pub fn settle(conn: &Connection, id: i64, status: &str, run_id: &str) -> StoreResult<bool> {
-    Ok(conn.execute_cached(
+pub fn settle(conn: &Conn, id: i64, status: &str, run_id: &str) -> StoreResult<bool> {
+    Ok(conn.execute(
         "UPDATE messages SET status = ?2, run_id = ?3 WHERE id = ?1 AND status = 'pending'",
         params![id, status, run_id],
     )? == 1)
@@ -228,30 +223,32 @@ pub fn settle(conn: &Connection, id: i64, status: &str, run_id: &str) -> StoreRe
 /// Recent history above the session boundary, oldest first, at most `limit`
 /// rows, excluding `before_id` and later (the message being answered).
 pub fn history(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     boundary: i64,
     before_id: i64,
     limit: u32,
 ) -> StoreResult<Vec<Message>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {HISTORY_TAIL}"))?;
-    let rows = stmt.query_map(params![space, boundary, before_id, limit], from_row)?;
-    let mut out: Vec<Message> = rows.collect::<Result<_, _>>()?;
+    let mut out = conn.query_all(
+        &format!("SELECT {COLS} {HISTORY_TAIL}"),
+        params![space, boundary, before_id, limit],
+        from_row,
+    )?;
     out.reverse();
     Ok(out)
 }
 
-pub fn max_id(conn: &Connection, space: &str) -> StoreResult<i64> {
-    Ok(conn.query_row_cached(
+pub fn max_id(conn: &Conn, space: &str) -> StoreResult<i64> {
+    Ok(conn.query_row(
         "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",
-        [space],
+        params![space],
         |r| r.get(0),
     )?)
 }
 
 /// Newest-first substring search.
 pub fn search(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     conversation: Option<i64>,
     query: &str,
@@ -264,12 +261,14 @@ pub fn search(
             .replace('%', "\\%")
             .replace('_', "\\_")
     );
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\'
+    conn.query_all(
+        &format!(
+            "SELECT {COLS} FROM messages WHERE space_id = ?1 AND text LIKE ?2 ESCAPE '\\'
            AND (?4 IS NULL OR conversation_id = ?4) ORDER BY id DESC LIMIT ?3"
-    ))?;
-    let rows = stmt.query_map(params![space, pattern, limit, conversation], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        ),
+        params![space, pattern, limit, conversation],
+        from_row,
+    )
 }
 
 /// A position in the (created_at, id) order, opaque to clients.
@@ -298,7 +297,7 @@ impl Cursor {
 /// Returns the page and the cursor of the next page (if more rows may follow).
 #[allow(clippy::too_many_arguments)]
 pub fn recent(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     conversation: Option<i64>,
     since: i64,
@@ -307,14 +306,14 @@ pub fn recent(
     cursor: Option<Cursor>,
 ) -> StoreResult<(Vec<Message>, Option<Cursor>)> {
     let (ca, cid) = cursor.map_or((i64::MIN, i64::MIN), |c| (c.created_at, c.id));
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM messages
+    let mut page = conn.query_all(
+        &format!(
+            "SELECT {COLS} FROM messages
          WHERE space_id = ?1 AND created_at >= ?2 AND created_at < ?3
            AND (created_at > ?4 OR (created_at = ?4 AND id > ?5))
            AND (?7 IS NULL OR conversation_id = ?7)
          ORDER BY created_at, id LIMIT ?6"
-    ))?;
-    let rows = stmt.query_map(
+        ),
         params![
             space,
             since,
@@ -326,7 +325,6 @@ pub fn recent(
         ],
         from_row,
     )?;
-    let mut page: Vec<Message> = rows.collect::<Result<_, _>>()?;
     let more = page.len() > limit as usize;
     page.truncate(limit as usize);
     let next = if more {

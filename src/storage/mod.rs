@@ -18,17 +18,18 @@
 
 pub mod adapters;
 pub mod baseline;
+mod conn;
 pub mod conversations;
 pub mod exchanges;
 pub mod identities;
 #[cfg(feature = "test-hooks")]
 pub mod inspect;
 pub mod links;
-pub mod members;
 pub mod messages;
 mod migrations;
 pub mod outbox;
 pub mod pairings;
+mod pg;
 pub mod rehearsal;
 pub mod runs;
 pub mod seed;
@@ -47,20 +48,35 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+pub(crate) use conn::params;
+pub use conn::{Cell, Conn, Dialect, FromCell, Optional, Param, Query, Row, ToParam, Tx, Value};
+use pg::PgBackend;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("database: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
     #[error("opening {path}: {source}")]
     Open {
         path: String,
         #[source]
         source: rusqlite::Error,
     },
+    /// The database server cannot be reached (down, restarting, refused).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the database writer has stopped")]
     WriterGone,
     #[error("database task failed: {0}")]
     Join(String),
+    /// A single-row read found no row (`.optional()` turns it into `None`).
+    #[error("the query returned no row")]
+    NoRow,
+    /// A column held a value of another type than the reader expected.
+    #[error("database value: {0}")]
+    Column(String),
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0}")]
@@ -82,51 +98,9 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The store's connection and write transaction as the modules above name
-/// them, so new code outside `storage` does not name the driver (the first
-/// step of the storage face; issue 24 puts a trait behind these names).
-pub type Conn = rusqlite::Connection;
-pub type Tx<'a> = rusqlite::Transaction<'a>;
-
 /// A write a space's one writer (its actor) runs in its mailbox order, with
 /// the JSON its caller answers: the actors' and the review's, named once.
 pub type SpaceWrite = Box<dyn FnOnce(&Tx<'_>) -> StoreResult<serde_json::Value> + Send + 'static>;
-
-/// The parameter list of a statement; storage modules name it through here.
-pub use rusqlite::params;
-
-/// The reads every backend answers alike: one optional row, or all rows.
-pub trait Query {
-    fn query_opt<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Option<T>>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
-    fn query_all<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Vec<T>>
-    where
-        P: rusqlite::Params,
-        F: FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
-}
-
-impl Query for Connection {
-    fn query_opt<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Option<T>>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-    {
-        use rusqlite::OptionalExtension;
-        Ok(self.prepare_cached(sql)?.query_row(params, f).optional()?)
-    }
-
-    fn query_all<T, P, F>(&self, sql: &str, params: P, f: F) -> StoreResult<Vec<T>>
-    where
-        P: rusqlite::Params,
-        F: FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-    {
-        let mut stmt = self.prepare_cached(sql)?;
-        let rows = stmt.query_map(params, f)?;
-        Ok(rows.collect::<rusqlite::Result<Vec<T>>>()?)
-    }
-}
 
 type WriteJob = Box<dyn PendingWrite>;
 
@@ -137,7 +111,7 @@ pub const MAX_BATCH: usize = 64;
 /// the batch has committed (or failed).
 trait PendingWrite: Send {
     /// Runs the write; true if it succeeded (its savepoint is kept).
-    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool;
+    fn run(&mut self, tx: &Tx<'_>) -> bool;
     /// Answers the caller; `failure` is set when the batch did not commit.
     fn finish(self: Box<Self>, failure: Option<&str>);
 }
@@ -151,9 +125,9 @@ struct Write<T, F> {
 impl<T, F> PendingWrite for Write<T, F>
 where
     T: Send,
-    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send,
+    F: FnOnce(&Tx<'_>) -> StoreResult<T> + Send,
 {
-    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool {
+    fn run(&mut self, tx: &Tx<'_>) -> bool {
         let result = self.f.take().map(|f| f(tx));
         let ok = matches!(result, Some(Ok(_)));
         self.result = result;
@@ -181,9 +155,9 @@ struct Detached<F> {
 
 impl<F> PendingWrite for Detached<F>
 where
-    F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send,
+    F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send,
 {
-    fn run(&mut self, tx: &rusqlite::Transaction<'_>) -> bool {
+    fn run(&mut self, tx: &Tx<'_>) -> bool {
         match self.f.take().map(|f| f(tx)) {
             Some(Ok(())) => true,
             Some(Err(e)) => {
@@ -201,28 +175,49 @@ where
     }
 }
 
-/// Runs `jobs` in one IMMEDIATE transaction, each in a savepoint, then
-/// answers them all. If SQLite abandons the transaction under a failing
-/// write, the savepoint commands fail and so does the whole batch.
-fn run_batch(conn: &mut Connection, mut jobs: Vec<WriteJob>) {
-    let failure = (|| -> rusqlite::Result<()> {
-        let txn = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+/// Runs `jobs` in one transaction (IMMEDIATE on SQLite), each in a
+/// savepoint, then answers them all. If the backend abandons the transaction
+/// under a failing write, the savepoint commands fail and so does the whole
+/// batch. Returns false when the connection's state is unknown afterwards
+/// (it could not even roll back), so a pooled one is not reused.
+fn run_batch(conn: &Conn, mut jobs: Vec<WriteJob>) -> bool {
+    let begin = match conn.dialect() {
+        Dialect::Sqlite => "BEGIN IMMEDIATE",
+        Dialect::Postgres => "BEGIN",
+    };
+    let failure = (|| -> StoreResult<()> {
+        conn.execute_batch(begin)?;
+        let tx = Tx::new(conn);
         for job in &mut jobs {
-            txn.execute_cached("SAVEPOINT write", [])?;
-            if !job.run(&txn) {
-                txn.execute_cached("ROLLBACK TO write", [])?;
+            conn.execute_batch("SAVEPOINT sp_write")?;
+            if !job.run(&tx) {
+                conn.execute_batch("ROLLBACK TO SAVEPOINT sp_write")?;
             }
-            txn.execute_cached("RELEASE write", [])?;
+            conn.execute_batch("RELEASE SAVEPOINT sp_write")?;
         }
-        txn.commit()
+        conn.execute_batch("COMMIT")
     })()
     .err()
     .map(|e| e.to_string());
+    let mut reusable = true;
     if let Some(f) = &failure {
         tracing::error!(writes = jobs.len(), error = %f, "a write batch did not commit");
+        // SQLite may have rolled back already ("no transaction is active").
+        if conn.execute_batch("ROLLBACK").is_err() && conn.dialect() == Dialect::Postgres {
+            reusable = false;
+        }
     }
     for job in jobs {
         job.finish(failure.as_deref());
+    }
+    reusable
+}
+
+/// Answers every job of a batch that could not start.
+fn fail_batch(jobs: Vec<WriteJob>, why: &str) {
+    tracing::error!(writes = jobs.len(), error = %why, "a write batch could not start");
+    for job in jobs {
+        job.finish(Some(why));
     }
 }
 
@@ -233,13 +228,33 @@ pub struct Store {
 }
 
 struct StoreInner {
-    path: PathBuf,
+    backend: Arc<Backend>,
     /// Sender side of the writer thread's queue. Every clone of `Store` shares
     /// it; the writer thread ends when the last `Store` is dropped and the
     /// channel closes.
     writer: mpsc::Sender<WriteJob>,
-    /// Idle read-only connections, reused so their pragmas are set once.
-    readers: Mutex<Vec<Connection>>,
+}
+
+enum Backend {
+    Sqlite {
+        path: PathBuf,
+        /// Idle read-only connections, reused so their settings are made once.
+        readers: Mutex<Vec<Conn>>,
+    },
+    Postgres(PgBackend),
+}
+
+/// Which database a deployment keeps its state in (`storage.backend`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// The data dir's `state.db`.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database: the URL (`storage.url`) and, when it comes
+    /// from a file, the password.
+    Postgres {
+        url: String,
+        password: Option<String>,
+    },
 }
 
 const READER_POOL: usize = 8;
@@ -248,9 +263,8 @@ const READER_POOL: usize = 8;
 /// paths use together, so neither evicts the other's.
 const STATEMENT_CACHE: usize = 128;
 
-/// `execute` and `query_row` through the connection's statement cache. The
-/// hot paths run the same few statements for every message; compiling the
-/// SQL each time was most of their cost. Same semantics as rusqlite's own.
+/// `execute` and `query_row` through a plain SQLite connection's statement
+/// cache, for the modules that still open their own file.
 pub trait Cached {
     fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
     fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
@@ -282,11 +296,45 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database, applies migrations and starts the writer thread.
+    /// Opens (creating if needed) the SQLite database at `path`, applies
+    /// migrations and starts the writer thread.
     pub fn open(path: &Path) -> StoreResult<Store> {
-        let mut conn = open_plain(path)?;
-        migrations::apply(&mut conn)?;
+        Store::open_at(&Location::Sqlite(path.to_owned()))
+    }
+
+    /// Opens the store where `location` says, applies the migrations and
+    /// starts the writer thread.
+    pub fn open_at(location: &Location) -> StoreResult<Store> {
+        let backend = Arc::new(match location {
+            Location::Sqlite(path) => {
+                let conn = Conn::sqlite(open_plain(path)?);
+                migrations::apply(&conn)?;
+                let backend = Backend::Sqlite {
+                    path: path.clone(),
+                    readers: Mutex::new(Vec::new()),
+                };
+                return Store::start(backend, Some(conn));
+            }
+            Location::Postgres { url, password } => {
+                let pg = PgBackend::connect(url, password.clone(), |pg| {
+                    migrations::apply(&Conn::postgres(pg.get()?))
+                })?;
+                Backend::Postgres(pg)
+            }
+        });
+        Store::start_shared(backend, None)
+    }
+
+    fn start(backend: Backend, writer_conn: Option<Conn>) -> StoreResult<Store> {
+        Store::start_shared(Arc::new(backend), writer_conn)
+    }
+
+    /// Starts the writer thread: SQLite's keeps its one connection,
+    /// PostgreSQL's takes one from the pool for each batch (so a server
+    /// restart costs the batches in flight, and the next one reconnects).
+    fn start_shared(backend: Arc<Backend>, writer_conn: Option<Conn>) -> StoreResult<Store> {
         let (tx, mut rx) = mpsc::channel::<WriteJob>(1024);
+        let for_writer = backend.clone();
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
@@ -298,21 +346,63 @@ impl Store {
                             Err(_) => break,
                         }
                     }
-                    run_batch(&mut conn, jobs);
+                    match (&writer_conn, for_writer.as_ref()) {
+                        (Some(conn), _) => {
+                            run_batch(conn, jobs);
+                        }
+                        (None, Backend::Postgres(pg)) => match pg.get() {
+                            Ok(c) => {
+                                let conn = Conn::postgres(c);
+                                if !run_batch(&conn, jobs) {
+                                    if let Some(c) = conn.into_postgres() {
+                                        c.discard();
+                                    }
+                                }
+                            }
+                            Err(e) => fail_batch(jobs, &e.to_string()),
+                        },
+                        (None, Backend::Sqlite { .. }) => {
+                            fail_batch(jobs, "the SQLite writer has no connection")
+                        }
+                    }
                 }
             })
             .map_err(|e| StoreError::Join(format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
             inner: Arc::new(StoreInner {
-                path: path.to_owned(),
+                backend,
                 writer: tx,
-                readers: Mutex::new(Vec::new()),
             }),
         })
     }
 
+    /// The SQLite database file (an empty path on PostgreSQL, where nothing
+    /// should open it).
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        self.sqlite_path().unwrap_or(Path::new(""))
+    }
+
+    /// The SQLite database file; `None` on PostgreSQL.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self.inner.backend.as_ref() {
+            Backend::Sqlite { path, .. } => Some(path),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self.inner.backend.as_ref() {
+            Backend::Sqlite { .. } => Dialect::Sqlite,
+            Backend::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Where the store is, for messages (a PostgreSQL URL without its password).
+    pub fn describe(&self) -> String {
+        match self.inner.backend.as_ref() {
+            Backend::Sqlite { path, .. } => path.display().to_string(),
+            Backend::Postgres(pg) => pg.display.clone(),
+        }
     }
 
     /// Creates the database at `path` with the schema of release `version`
@@ -320,18 +410,18 @@ impl Store {
     /// tests write rows there as that release did, then start today's host.
     #[cfg(feature = "test-hooks")]
     pub fn create_at_version(path: &Path, version: usize) -> StoreResult<()> {
-        let mut conn = open_plain(path)?;
-        migrations::apply_up_to(&mut conn, version)
+        let conn = Conn::sqlite(open_plain(path)?);
+        migrations::apply_up_to(&conn, version)
     }
 
-    /// Runs `f` on the writer thread inside an IMMEDIATE transaction (shared
-    /// with the other writes queued at that moment, see the module doc) and
+    /// Runs `f` on the writer thread inside one transaction (shared with
+    /// the other writes queued at that moment, see the module doc) and
     /// answers once it is committed. If `f` returns `Err`, everything it wrote
     /// is rolled back (no partial write) and the other writes are unaffected.
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
+        F: FnOnce(&Tx<'_>) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
         let job: WriteJob = Box::new(Write {
@@ -353,7 +443,7 @@ impl Store {
     /// (the link audit row after an act-as response).
     pub async fn write_detached<F>(&self, what: &'static str, f: F)
     where
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+        F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
         let job: WriteJob = Box::new(Detached {
             f: Some(f),
@@ -365,55 +455,48 @@ impl Store {
         }
     }
 
-    /// Runs `f` on a read-only connection off the async runtime.
+    /// Runs `f` on a read connection off the async runtime.
     pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+        F: FnOnce(&Conn) -> StoreResult<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = inner.take_reader()?;
-            let out = f(&conn);
-            inner.return_reader(conn);
-            out
-        })
-        .await
-        .map_err(|e| StoreError::Join(e.to_string()))?
+        tokio::task::spawn_blocking(move || inner.with_reader(f))
+            .await
+            .map_err(|e| StoreError::Join(e.to_string()))?
     }
 
     /// Synchronous read for code already off the runtime (CLI, benches).
-    pub fn read_blocking<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> StoreResult<T>,
-    ) -> StoreResult<T> {
-        let conn = self.inner.take_reader()?;
-        let out = f(&conn);
-        self.inner.return_reader(conn);
-        out
+    pub fn read_blocking<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> StoreResult<T> {
+        self.inner.with_reader(f)
     }
 }
 
 impl StoreInner {
-    fn take_reader(&self) -> StoreResult<Connection> {
-        if let Some(c) = self.readers.lock().ok().and_then(|mut v| v.pop()) {
-            return Ok(c);
-        }
-        open_read_only(&self.path)
-    }
-
-    fn return_reader(&self, conn: Connection) {
-        if let Ok(mut v) = self.readers.lock() {
-            if v.len() < READER_POOL {
-                v.push(conn);
+    fn with_reader<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> StoreResult<T> {
+        match self.backend.as_ref() {
+            Backend::Sqlite { path, readers } => {
+                let conn = match readers.lock().ok().and_then(|mut v| v.pop()) {
+                    Some(c) => c,
+                    None => Conn::sqlite(open_read_only(path)?),
+                };
+                let out = f(&conn);
+                if let Ok(mut v) = readers.lock() {
+                    if v.len() < READER_POOL {
+                        v.push(conn);
+                    }
+                }
+                out
             }
+            Backend::Postgres(pg) => f(&Conn::postgres(pg.get()?)),
         }
     }
 }
 
 /// A read-write connection with the store's file settings (WAL, busy
 /// timeout, foreign keys, `synchronous = NORMAL`) and no schema: what the
-/// writer thread runs on, and the plain-SQLite baseline of `mercury bench`.
+/// writer thread runs on.
 pub fn open_plain(path: &Path) -> StoreResult<Connection> {
     let open_err = |source| StoreError::Open {
         path: path.display().to_string(),
@@ -427,7 +510,19 @@ pub fn open_plain(path: &Path) -> StoreResult<Connection> {
     Ok(conn)
 }
 
-/// A read-only connection: the review reader opens its own with this.
+/// A read-only store connection to the SQLite database at `path` (another
+/// data dir's: a snapshot, a shadow), with no writer behind it.
+pub fn open_read_only_conn(path: &Path) -> StoreResult<Conn> {
+    Ok(Conn::sqlite(open_read_only(path)?))
+}
+
+/// A read-write store connection to the SQLite database at `path` (a
+/// snapshot being prepared), with no writer thread behind it.
+pub fn open_plain_conn(path: &Path) -> StoreResult<Conn> {
+    Ok(Conn::sqlite(open_plain(path)?))
+}
+
+/// A read-only connection.
 pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
     let conn = Connection::open_with_flags(
         path,
@@ -444,6 +539,15 @@ pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
     Ok(conn)
 }
 
+/// An in-memory SQLite store connection with today's schema, for the unit
+/// tests of the storage modules.
+#[cfg(test)]
+pub(crate) fn test_conn() -> Conn {
+    let conn = Conn::sqlite(Connection::open_in_memory().unwrap());
+    migrations::apply(&conn).unwrap();
+    conn
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,7 +556,7 @@ mod tests {
 
     fn job<F>(f: F) -> (WriteJob, Reply<()>)
     where
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> + Send + 'static,
+        F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
         let job: WriteJob = Box::new(Write {
@@ -463,39 +567,36 @@ mod tests {
         (job, rx)
     }
 
-    fn insert(name: &'static str) -> impl FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<()> {
+    fn insert(name: &'static str) -> impl FnOnce(&Tx<'_>) -> StoreResult<()> {
         move |tx| {
-            tx.execute("INSERT INTO t (name) VALUES (?1)", [name])?;
+            tx.execute("INSERT INTO t (name) VALUES (?1)", params![name])?;
             Ok(())
         }
     }
 
-    fn setup() -> (tempfile::TempDir, Connection) {
+    fn setup() -> (tempfile::TempDir, Conn) {
         let dir = tempfile::tempdir().unwrap();
-        let conn = open_plain(&dir.path().join("t.db")).unwrap();
+        let conn = Conn::sqlite(open_plain(&dir.path().join("t.db")).unwrap());
         conn.execute_batch("CREATE TABLE t (name TEXT NOT NULL)")
             .unwrap();
         (dir, conn)
     }
 
-    fn names(conn: &Connection) -> Vec<String> {
-        let mut stmt = conn.prepare("SELECT name FROM t ORDER BY rowid").unwrap();
-        stmt.query_map([], |r| r.get(0))
+    fn names(conn: &Conn) -> Vec<String> {
+        conn.query_all("SELECT name FROM t ORDER BY rowid", params![], |r| r.get(0))
             .unwrap()
-            .map(Result::unwrap)
-            .collect()
     }
 
     #[test]
     fn a_failing_write_in_a_batch_undoes_only_itself() {
-        let (_dir, mut conn) = setup();
+        let (_dir, conn) = setup();
         let (a, mut ra) = job(insert("a"));
         let (b, mut rb) = job(|tx| {
-            tx.execute("INSERT INTO t (name) VALUES ('b')", [])?;
+            tx.execute("INSERT INTO t (name) VALUES ('b')", params![])?;
             Err(StoreError::Invalid("b changed its mind".into()))
         });
         let (c, mut rc) = job(insert("c"));
-        run_batch(&mut conn, vec![a, b, c]);
+        run_batch(&conn, vec![a, b, c]);
         assert_eq!(names(&conn), ["a", "c"]);
         assert!(ra.try_recv().unwrap().is_ok());
         assert!(matches!(
@@ -507,7 +608,7 @@ mod tests {
 
     #[test]
     fn when_the_shared_transaction_is_lost_every_write_of_the_batch_fails() {
-        let (_dir, mut conn) = setup();
+        let (_dir, conn) = setup();
         let (a, mut ra) = job(insert("a"));
         // Ends the shared transaction under everyone (as SQLite does itself
         // after some errors): nothing of the batch may be reported written.
@@ -516,7 +617,7 @@ mod tests {
             Ok(())
         });
         let (c, mut rc) = job(insert("c"));
-        run_batch(&mut conn, vec![a, b, c]);
+        run_batch(&conn, vec![a, b, c]);
         assert!(names(&conn).is_empty());
         for r in [&mut ra, &mut rb, &mut rc] {
             assert!(matches!(
@@ -526,7 +627,7 @@ mod tests {
         }
         // The connection is usable for the next batch.
         let (d, mut rd) = job(insert("d"));
-        run_batch(&mut conn, vec![d]);
+        run_batch(&conn, vec![d]);
         assert!(rd.try_recv().unwrap().is_ok());
         assert_eq!(names(&conn), ["d"]);
     }
@@ -542,7 +643,7 @@ mod tests {
                     .write(move |tx| {
                         tx.execute(
                             "INSERT INTO spaces (id, name, created_at, updated_at) VALUES (?1, ?1, 0, 0)",
-                            [format!("s{i}")],
+                            params![format!("s{i}")],
                         )?;
                         if i % 7 == 0 {
                             return Err(StoreError::Invalid(format!("no {i}")));
@@ -561,7 +662,7 @@ mod tests {
             }
         }
         let n: i64 = store
-            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM spaces", [], |r| r.get(0))?))
+            .read(|c| c.query_row("SELECT COUNT(*) FROM spaces", params![], |r| r.get(0)))
             .await
             .unwrap();
         assert_eq!(

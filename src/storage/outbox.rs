@@ -2,10 +2,10 @@
 //! adapter (`GET /api/outbox?after=`) or pushed by the webhook adapter.
 //! Rows are kept after delivery (with `delivered_at`), so nothing is lost.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreResult};
+use super::StoreResult;
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -30,7 +30,7 @@ pub(crate) const UNDELIVERED_TAIL: &str =
 
 const COLS: &str = "id, space_id, conversation_id, platform, external_id, message_id, text, created_at, delivered_at, attempts";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxItem> {
+fn from_row(r: &Row<'_>) -> StoreResult<OutboxItem> {
     Ok(OutboxItem {
         id: r.get(0)?,
         space_id: r.get(1)?,
@@ -46,7 +46,7 @@ fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxItem> {
 }
 
 pub fn enqueue(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     conversation_id: Option<i64>,
     platform: &str,
@@ -54,38 +54,35 @@ pub fn enqueue(
     message_id: Option<i64>,
     text: &str,
 ) -> StoreResult<i64> {
-    conn.execute_cached(
-        "INSERT INTO outbox (space_id, conversation_id, platform, external_id, message_id, text, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![space, conversation_id, platform, external_id, message_id, text, now_ms()],
-    )?;
-    Ok(conn.last_insert_rowid())
+    let id: i64 = conn.query_row(
+        "INSERT INTO outbox (space_id, conversation_id, platform, external_id, message_id, text, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+        params![space, conversation_id, platform, external_id, message_id, text, now_ms()], |r| r.get(0))?;
+    Ok(id)
 }
 
 /// Items after `after_id`; only `platform`'s when given (an adapter token
 /// sees its own platform's replies, never another's).
 pub fn after(
-    conn: &Connection,
+    conn: &Conn,
     after_id: i64,
     limit: u32,
     platform: Option<&str>,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare_cached(&format!(
+    conn.query_all(&format!(
         "SELECT {COLS} FROM outbox WHERE id > ?1 AND (?3 IS NULL OR platform = ?3) ORDER BY id LIMIT ?2"
-    ))?;
-    let rows = stmt.query_map(params![after_id, limit, platform], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![after_id, limit, platform], from_row)
 }
 
-pub fn mark_delivered(conn: &Connection, id: i64) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn mark_delivered(conn: &Conn, id: i64) -> StoreResult<()> {
+    conn.execute(
         "UPDATE outbox SET delivered_at = ?2, attempts = attempts + 1 WHERE id = ?1",
         params![id, now_ms()],
     )?;
     Ok(())
 }
 
-pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn mark_failed(conn: &Conn, id: i64, error: &str) -> StoreResult<()> {
+    conn.execute(
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1",
         params![id, error],
     )?;
@@ -95,44 +92,47 @@ pub fn mark_failed(conn: &Connection, id: i64, error: &str) -> StoreResult<()> {
 /// Undelivered items, oldest first, without `skip`'s: the webhook adapter
 /// leaves the replies of a platform an in-process adapter delivers to it.
 pub fn undelivered_except(
-    conn: &Connection,
+    conn: &Conn,
     skip: Option<&str>,
     max_attempts: u32,
     limit: u32,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {COLS} {UNDELIVERED_TAIL}"))?;
-    let rows = stmt.query_map(params![max_attempts, limit, skip], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    conn.query_all(
+        &format!("SELECT {COLS} {UNDELIVERED_TAIL}"),
+        params![max_attempts, limit, skip],
+        from_row,
+    )
 }
 
 /// Undelivered items of one platform, oldest first (an in-process adapter
 /// delivers only its own platform's replies).
 pub fn undelivered_for(
-    conn: &Connection,
+    conn: &Conn,
     platform: &str,
     max_attempts: u32,
     limit: u32,
 ) -> StoreResult<Vec<OutboxItem>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM outbox INDEXED BY outbox_undelivered_platform
+    conn.query_all(
+        &format!(
+            "SELECT {COLS} FROM outbox INDEXED BY outbox_undelivered_platform
          WHERE platform = ?1 AND delivered_at IS NULL AND attempts < ?2 ORDER BY id LIMIT ?3"
-    ))?;
-    let rows = stmt.query_map(params![platform, max_attempts, limit], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        ),
+        params![platform, max_attempts, limit],
+        from_row,
+    )
 }
 
 /// The platform's own id of the message a queued reply answers (the reply
 /// row's `reply_to`), so the adapter can thread its answer under it.
-pub fn answered_platform_id(conn: &Connection, item: &OutboxItem) -> StoreResult<Option<String>> {
+pub fn answered_platform_id(conn: &Conn, item: &OutboxItem) -> StoreResult<Option<String>> {
     let Some(reply) = item.message_id else {
         return Ok(None);
     };
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT q.platform_message_id FROM messages r JOIN messages q ON q.id = r.reply_to WHERE r.id = ?1",
-            [reply],
-            |r| r.get::<_, Option<String>>(0),
-        )
+            params![reply],
+            |r| r.get::<_, Option<String>>(0),)
         .optional()?
         .flatten())
 }
@@ -143,8 +143,7 @@ mod tests {
 
     #[test]
     fn each_adapter_sees_only_its_platforms_undelivered_items() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        crate::storage::migrations::apply(&mut conn).unwrap();
+        let conn = crate::storage::test_conn();
         let tg = enqueue(&conn, "s", None, "telegram", "42", None, "a").unwrap();
         let wh = enqueue(&conn, "s", None, "whatsapp", "x@s.whatsapp.net", None, "b").unwrap();
         let ids = |v: Vec<OutboxItem>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();

@@ -5,10 +5,10 @@
 //! Must never: keep an expired request as pending, hold two requests for
 //! one sender, or store a pairing beyond the cap it is given.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreResult};
+use super::StoreResult;
 use crate::clock::now_ms;
 
 /// A stranger's request to talk to the bot, waiting for an operator.
@@ -85,7 +85,7 @@ pub struct SenderRule {
 
 const PAIRING_COLS: &str = "code, platform, sender, name, conversation, created_at, expires_at";
 
-fn pairing_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Pairing> {
+fn pairing_from_row(r: &Row<'_>) -> StoreResult<Pairing> {
     Ok(Pairing {
         code: r.get(0)?,
         platform: r.get(1)?,
@@ -99,13 +99,13 @@ fn pairing_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Pairing> {
 
 /// The operator's decision about `subject`, if any.
 pub fn decision(
-    conn: &Connection,
+    conn: &Conn,
     kind: RuleKind,
     platform: &str,
     subject: &str,
 ) -> StoreResult<Option<Decision>> {
     let raw: Option<String> = conn
-        .query_row_cached(
+        .query_row(
             "SELECT status FROM allowed_senders WHERE kind = ?1 AND platform = ?2 AND subject = ?3",
             params![kind.as_str(), platform, subject],
             |r| r.get(0),
@@ -117,7 +117,7 @@ pub fn decision(
 /// Records a decision (replacing an earlier one); an allowed or denied
 /// sender has no pending request left.
 pub fn decide(
-    conn: &Connection,
+    conn: &Conn,
     kind: RuleKind,
     platform: &str,
     subject: &str,
@@ -125,7 +125,7 @@ pub fn decide(
     by: &str,
 ) -> StoreResult<SenderRule> {
     let now = now_ms();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO allowed_senders (kind, platform, subject, status, decided_by, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (kind, platform, subject) DO UPDATE SET status = excluded.status,
@@ -133,7 +133,7 @@ pub fn decide(
         params![kind.as_str(), platform, subject, status.as_str(), by, now],
     )?;
     if kind == RuleKind::Sender {
-        conn.execute_cached(
+        conn.execute(
             "DELETE FROM pairings WHERE platform = ?1 AND sender = ?2",
             params![platform, subject],
         )?;
@@ -149,24 +149,24 @@ pub fn decide(
 }
 
 /// Every decision, senders first, then by platform and subject.
-pub fn rules(conn: &Connection) -> StoreResult<Vec<SenderRule>> {
-    let mut stmt = conn.prepare_cached(
+pub fn rules(conn: &Conn) -> StoreResult<Vec<SenderRule>> {
+    let rows = conn.query_all(
         "SELECT kind, platform, subject, status, decided_by, created_at FROM allowed_senders
          ORDER BY kind DESC, platform, subject",
+        params![],
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        },
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, String>(2)?,
-            r.get::<_, String>(3)?,
-            r.get::<_, String>(4)?,
-            r.get::<_, i64>(5)?,
-        ))
-    })?;
     let mut out = Vec::new();
-    for row in rows {
-        let (kind, platform, subject, status, decided_by, created_at) = row?;
+    for (kind, platform, subject, status, decided_by, created_at) in rows {
         let kind = if kind == "conversation" {
             RuleKind::Conversation
         } else {
@@ -187,19 +187,19 @@ pub fn rules(conn: &Connection) -> StoreResult<Vec<SenderRule>> {
 }
 
 /// Deletes the requests that expired by `now`.
-pub fn expire(conn: &Connection, now: i64) -> StoreResult<usize> {
-    Ok(conn.execute_cached("DELETE FROM pairings WHERE expires_at <= ?1", [now])?)
+pub fn expire(conn: &Conn, now: i64) -> StoreResult<usize> {
+    Ok(conn.execute("DELETE FROM pairings WHERE expires_at <= ?1", params![now])?)
 }
 
 /// The pending (unexpired) request of `sender`, if any.
 pub fn pending_of(
-    conn: &Connection,
+    conn: &Conn,
     platform: &str,
     sender: &str,
     now: i64,
 ) -> StoreResult<Option<Pairing>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!(
                 "SELECT {PAIRING_COLS} FROM pairings WHERE platform = ?1 AND sender = ?2 AND expires_at > ?3"
             ),
@@ -210,10 +210,10 @@ pub fn pending_of(
 }
 
 /// How many requests are pending at `now`.
-pub fn pending_count(conn: &Connection, now: i64) -> StoreResult<u64> {
-    let n: i64 = conn.query_row_cached(
+pub fn pending_count(conn: &Conn, now: i64) -> StoreResult<u64> {
+    let n: i64 = conn.query_row(
         "SELECT COUNT(*) FROM pairings WHERE expires_at > ?1",
-        [now],
+        params![now],
         |r| r.get(0),
     )?;
     Ok(u64::try_from(n).unwrap_or(0))
@@ -223,12 +223,12 @@ pub fn pending_count(conn: &Connection, now: i64) -> StoreResult<u64> {
 /// already, the sender has one, or its code is taken (`None` each time: the
 /// stranger gets nothing this time). Expired rows go first, so the cap
 /// counts only live requests.
-pub fn open(conn: &Connection, p: &Pairing, max_pending: u64) -> StoreResult<Option<Pairing>> {
+pub fn open(conn: &Conn, p: &Pairing, max_pending: u64) -> StoreResult<Option<Pairing>> {
     expire(conn, p.created_at)?;
     if pending_count(conn, p.created_at)? >= max_pending {
         return Ok(None);
     }
-    let n = conn.execute_cached(
+    let n = conn.execute(
         &format!(
             "INSERT INTO pairings ({PAIRING_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING"
         ),
@@ -246,26 +246,28 @@ pub fn open(conn: &Connection, p: &Pairing, max_pending: u64) -> StoreResult<Opt
 }
 
 /// Every pending request, oldest first.
-pub fn list(conn: &Connection, now: i64) -> StoreResult<Vec<Pairing>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {PAIRING_COLS} FROM pairings WHERE expires_at > ?1 ORDER BY created_at, code"
-    ))?;
-    let rows = stmt.query_map([now], pairing_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn list(conn: &Conn, now: i64) -> StoreResult<Vec<Pairing>> {
+    conn.query_all(
+        &format!(
+            "SELECT {PAIRING_COLS} FROM pairings WHERE expires_at > ?1 ORDER BY created_at, code"
+        ),
+        params![now],
+        pairing_from_row,
+    )
 }
 
 /// Removes and returns the pending request `code` (`None`: no such
 /// request, or it expired).
-pub fn take(conn: &Connection, code: &str, now: i64) -> StoreResult<Option<Pairing>> {
+pub fn take(conn: &Conn, code: &str, now: i64) -> StoreResult<Option<Pairing>> {
     let found = conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {PAIRING_COLS} FROM pairings WHERE code = ?1 AND expires_at > ?2"),
             params![code, now],
             pairing_from_row,
         )
         .optional()?;
     if found.is_some() {
-        conn.execute_cached("DELETE FROM pairings WHERE code = ?1", [code])?;
+        conn.execute("DELETE FROM pairings WHERE code = ?1", params![code])?;
     }
     Ok(found)
 }
@@ -274,9 +276,8 @@ pub fn take(conn: &Connection, code: &str, now: i64) -> StoreResult<Option<Pairi
 mod tests {
     use super::*;
 
-    fn db() -> Connection {
-        let mut conn = Connection::open_in_memory().unwrap();
-        super::super::migrations::apply(&mut conn).unwrap();
+    fn db() -> Conn {
+        let conn = crate::storage::test_conn();
         conn
     }
 

@@ -44,11 +44,11 @@ pub fn diff_rows(conn: &Conn, table: &str) -> StoreResult<Vec<DiffRow>> {
 
 /// Runs started after `after_ms`, in `space` or all.
 pub fn runs_started_after(conn: &Conn, after_ms: i64, space: Option<&str>) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT COUNT(*) FROM runs WHERE started_at > ?1 AND (?2 IS NULL OR space_id = ?2)",
         params![after_ms, space],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// `(tokens in, tokens out, cost)` of the usage rows after `after_id`, in
@@ -58,11 +58,11 @@ pub fn usage_after(
     after_id: i64,
     space: Option<&str>,
 ) -> StoreResult<(i64, i64, f64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2)",
         params![after_id, space],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )?)
+    )
 }
 
 /// `(space, role, text)` of every message after `after_id`, in `space` or

@@ -2,10 +2,10 @@
 //! usage. A run row is written when the run starts and closed when it ends,
 //! so a crash leaves a `running` row that start-up marks `interrupted`.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreResult};
+use super::StoreResult;
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -25,7 +25,7 @@ pub struct Run {
 
 const COLS: &str = "id, space_id, kind, status, caller_id, trigger_message_id, started_at, finished_at, container_id, sandbox_proof, error";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Run> {
+fn from_row(r: &Row<'_>) -> StoreResult<Run> {
     Ok(Run {
         id: r.get(0)?,
         space_id: r.get(1)?,
@@ -42,57 +42,54 @@ fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Run> {
 }
 
 pub fn start(
-    conn: &Connection,
+    conn: &Conn,
     id: &str,
     space: &str,
     kind: &str,
     caller: Option<&str>,
     trigger: Option<i64>,
 ) -> StoreResult<()> {
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO runs (id, space_id, kind, status, caller_id, trigger_message_id, started_at) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6)",
         params![id, space, kind, caller, trigger, now_ms()],
     )?;
     Ok(())
 }
 
-pub fn set_sandbox(
-    conn: &Connection,
-    id: &str,
-    container_id: &str,
-    proof: &str,
-) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn set_sandbox(conn: &Conn, id: &str, container_id: &str, proof: &str) -> StoreResult<()> {
+    conn.execute(
         "UPDATE runs SET container_id = ?2, sandbox_proof = ?3 WHERE id = ?1",
         params![id, container_id, proof],
     )?;
     Ok(())
 }
 
-pub fn finish(conn: &Connection, id: &str, status: &str, error: Option<&str>) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn finish(conn: &Conn, id: &str, status: &str, error: Option<&str>) -> StoreResult<()> {
+    conn.execute(
         "UPDATE runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
         params![id, status, error, now_ms()],
     )?;
     Ok(())
 }
 
-pub fn get(conn: &Connection, id: &str) -> StoreResult<Option<Run>> {
+pub fn get(conn: &Conn, id: &str) -> StoreResult<Option<Run>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} FROM runs WHERE id = ?1"),
-            [id],
+            params![id],
             from_row,
         )
         .optional()?)
 }
 
-pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
-    let mut stmt = conn.prepare_cached(&format!(
+pub fn list(conn: &Conn, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
+    conn.query_all(
+        &format!(
         "SELECT {COLS} FROM runs WHERE space_id = ?1 ORDER BY started_at DESC, id DESC LIMIT ?2"
-    ))?;
-    let rows = stmt.query_map(params![space, limit], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ),
+        params![space, limit],
+        from_row,
+    )
 }
 
 /// The `error` of a run a host crash interrupted (left `running`, marked at
@@ -100,8 +97,8 @@ pub fn list(conn: &Connection, space: &str, limit: u32) -> StoreResult<Vec<Run>>
 pub const CRASHED: &str = "host stopped during the run";
 
 /// Runs left `running` by a crash; marked `interrupted` at start-up.
-pub fn interrupt_stale(conn: &Connection) -> StoreResult<usize> {
-    Ok(conn.execute_cached(
+pub fn interrupt_stale(conn: &Conn) -> StoreResult<usize> {
+    Ok(conn.execute(
         "UPDATE runs SET status = 'interrupted', error = ?2, finished_at = ?1 WHERE status = 'running'",
         params![now_ms(), CRASHED],
     )?)
@@ -114,10 +111,10 @@ pub(crate) const CRASHED_ATTEMPTS_SQL: &str =
 
 /// The runs of a message that a host crash interrupted, oldest first: its
 /// turn attempts that never reached an end.
-pub fn crashed_attempts(conn: &Connection, message_id: i64) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare_cached(CRASHED_ATTEMPTS_SQL)?;
-    let rows = stmt.query_map(params![message_id, CRASHED], |r| r.get(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn crashed_attempts(conn: &Conn, message_id: i64) -> StoreResult<Vec<String>> {
+    conn.query_all(CRASHED_ATTEMPTS_SQL, params![message_id, CRASHED], |r| {
+        r.get(0)
+    })
 }
 
 pub struct UsageRow<'a> {
@@ -130,8 +127,8 @@ pub struct UsageRow<'a> {
     pub cost: f64,
 }
 
-pub fn record_usage(conn: &Connection, u: &UsageRow<'_>) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn record_usage(conn: &Conn, u: &UsageRow<'_>) -> StoreResult<()> {
+    conn.execute(
         "INSERT INTO token_usage (run_id, space_id, model, kind, tokens_in, tokens_out, cost, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![u.run_id, u.space_id, u.model, u.kind, u.tokens_in as i64, u.tokens_out as i64, u.cost, now_ms()],
     )?;
@@ -145,18 +142,17 @@ pub struct UsageTotals {
     pub cost: f64,
 }
 
-pub fn usage_for_run(conn: &Connection, run_id: &str) -> StoreResult<UsageTotals> {
-    Ok(conn.query_row_cached(
+pub fn usage_for_run(conn: &Conn, run_id: &str) -> StoreResult<UsageTotals> {
+    Ok(conn.query_row(
         "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE run_id = ?1",
-        [run_id],
+        params![run_id],
         |r| {
             Ok(UsageTotals {
                 tokens_in: r.get::<_, i64>(0)? as u64,
                 tokens_out: r.get::<_, i64>(1)? as u64,
                 cost: r.get(2)?,
             })
-        },
-    )?)
+        },)?)
 }
 
 /// One step of a run's trace (`run_steps`): a model call or a tool call.
@@ -196,9 +192,9 @@ pub struct RunStep {
 }
 
 /// Records a run's steps (once, when the run is committed).
-pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> StoreResult<()> {
+pub fn record_steps(conn: &Conn, run_id: &str, steps: &[RunStep]) -> StoreResult<()> {
     for s in steps {
-        conn.execute_cached(
+        conn.execute(
             "INSERT INTO run_steps (run_id, seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at, source_spaces)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
@@ -223,12 +219,9 @@ pub fn record_steps(conn: &Connection, run_id: &str, steps: &[RunStep]) -> Store
 }
 
 /// A run's steps, in order.
-pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at, source_spaces
-         FROM run_steps WHERE run_id = ?1 ORDER BY seq",
-    )?;
-    let rows = stmt.query_map([run_id], |r| {
+pub fn steps_for(conn: &Conn, run_id: &str) -> StoreResult<Vec<RunStep>> {
+    conn.query_all("SELECT seq, kind, name, arguments, exit_code, tokens_in, tokens_out, duration_ms, output_bytes, output, error, started_at, source_spaces
+         FROM run_steps WHERE run_id = ?1 ORDER BY seq", params![run_id], |r| {
         Ok(RunStep {
             seq: r.get(0)?,
             kind: r.get(1)?,
@@ -248,24 +241,25 @@ pub fn steps_for(conn: &Connection, run_id: &str) -> StoreResult<Vec<RunStep>> {
                 .unwrap_or_default(),
             ..Default::default()
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 /// Deletes the steps recorded before `before_ms` (`runs.keep_days`).
-pub fn prune_steps(conn: &Connection, before_ms: i64) -> StoreResult<usize> {
-    Ok(conn.execute_cached("DELETE FROM run_steps WHERE started_at < ?1", [before_ms])?)
+pub fn prune_steps(conn: &Conn, before_ms: i64) -> StoreResult<usize> {
+    Ok(conn.execute(
+        "DELETE FROM run_steps WHERE started_at < ?1",
+        params![before_ms],
+    )?)
 }
 
 /// Whether the identity mapping of the sender whose message started run
 /// `id` holds (`messages.trusted_identity`); false for a run no message started.
-pub fn trigger_identity_trusted(conn: &Connection, id: &str) -> StoreResult<bool> {
+pub fn trigger_identity_trusted(conn: &Conn, id: &str) -> StoreResult<bool> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT m.trusted_identity FROM runs r JOIN messages m ON m.id = r.trigger_message_id WHERE r.id = ?1",
-            [id],
-            |r| r.get(0),
-        )
+            params![id],
+            |r| r.get(0),)
         .optional()?
         .unwrap_or(false))
 }

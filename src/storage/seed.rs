@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{params, Cached, StoreError, StoreResult};
+use super::{Cached, StoreError, StoreResult};
 
 fn open(path: &Path) -> StoreResult<rusqlite::Connection> {
     rusqlite::Connection::open(path).map_err(|source| StoreError::Open {
@@ -26,7 +26,7 @@ pub fn client_messages(path: &Path, n: usize, now_ms: i64) -> StoreResult<()> {
     for i in 0..n {
         tx.execute_cached(
             "INSERT INTO messages (space_id, role, text, sender_id, created_at) VALUES ('client', 'user', ?1, 'test:c', ?2)",
-            params![format!("message {i} with a little text in it"), now_ms - (n - i) as i64],
+            rusqlite::params![format!("message {i} with a little text in it"), now_ms - (n - i) as i64],
         )?;
     }
     tx.commit()?;
@@ -46,7 +46,7 @@ pub fn spaces_with_messages(
     for s in 0..spaces {
         tx.execute_cached(
             "INSERT INTO spaces (id, name, created_at, updated_at) VALUES (?1, ?1, 0, 0)",
-            params![format!("bench-{s:04}")],
+            rusqlite::params![format!("bench-{s:04}")],
         )?;
     }
     for i in 0..messages {
@@ -54,7 +54,7 @@ pub fn spaces_with_messages(
         let role = if i % 2 == 0 { "user" } else { "assistant" };
         tx.execute_cached(
             "INSERT INTO messages (space_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, ?3, ?4, ?5, 'done')",
-            params![
+            rusqlite::params![
                 format!("bench-{s:04}"),
                 format!("api:user{s}"),
                 role,

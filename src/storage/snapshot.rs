@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{open_read_only, params, StoreError, StoreResult, Tx};
+use super::{open_read_only, params, Conn, StoreError, StoreResult, Tx};
 
 /// The high-water marks of the copy: the diff later counts what came after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub fn copy_into(live: &Path, target: &str) -> StoreResult<()> {
     let src = open_read_only(live)?;
     // Longer than the store's own: a large live write may hold the lock.
     src.busy_timeout(Duration::from_secs(30))?;
-    src.execute("VACUUM INTO ?1", params![target])?;
+    src.execute("VACUUM INTO ?1", rusqlite::params![target])?;
     Ok(())
 }
 
@@ -38,25 +38,35 @@ pub fn replace_tokens<T>(
     path: &Path,
     mint: impl FnOnce(&Tx<'_>) -> StoreResult<T>,
 ) -> StoreResult<(CopyMarks, T)> {
-    let mut db = rusqlite::Connection::open(path).map_err(|source| StoreError::Open {
+    let db = rusqlite::Connection::open(path).map_err(|source| StoreError::Open {
         path: path.display().to_string(),
         source,
     })?;
-    let max = |sql: &str| -> StoreResult<i64> { Ok(db.query_row(sql, params![], |r| r.get(0))?) };
+    // Deleted rows stay in free pages unless overwritten: the live token
+    // hashes must not be readable from the copy's file.
+    db.pragma_update(None, "secure_delete", "ON")?;
+    let conn = Conn::sqlite(db);
+    let max = |sql: &str| -> StoreResult<i64> { conn.query_row(sql, params![], |r| r.get(0)) };
     let marks = CopyMarks {
         message_id: max("SELECT COALESCE(MAX(id), 0) FROM messages")?,
         token_usage_id: max("SELECT COALESCE(MAX(id), 0) FROM token_usage")?,
         run_started_at_ms: max("SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
     };
-    // Deleted rows stay in free pages unless overwritten: the live token
-    // hashes must not be readable from the copy's file.
-    db.pragma_update(None, "secure_delete", "ON")?;
-    let tx = db.transaction()?;
+    conn.execute_batch("BEGIN")?;
     // Not one live credential crosses.
-    tx.execute("DELETE FROM api_tokens", params![])?;
-    let minted = mint(&tx)?;
-    tx.commit()?;
-    // And the file is rebuilt without free pages at all.
-    db.execute_batch("VACUUM")?;
-    Ok((marks, minted))
+    let swapped = conn
+        .execute("DELETE FROM api_tokens", params![])
+        .and_then(|_| mint(&Tx::new(&conn)));
+    match swapped {
+        Ok(minted) => {
+            conn.execute_batch("COMMIT")?;
+            // And the file is rebuilt without free pages at all.
+            conn.execute_batch("VACUUM")?;
+            Ok((marks, minted))
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }

@@ -4,10 +4,10 @@
 //! Must never: create a space or a member row from a lookup (`get_space` and
 //! `member_role` only read).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -19,7 +19,7 @@ pub struct Space {
     pub updated_at: i64,
 }
 
-fn space_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Space> {
+fn space_from_row(r: &Row<'_>) -> StoreResult<Space> {
     let tags: String = r.get(2)?;
     Ok(Space {
         id: r.get(0)?,
@@ -35,43 +35,42 @@ fn space_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Space> {
     })
 }
 
-pub fn get_space(conn: &Connection, id: &str) -> StoreResult<Option<Space>> {
+pub fn get_space(conn: &Conn, id: &str) -> StoreResult<Option<Space>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id = ?1",
-            [id],
+            params![id],
             space_from_row,
         )
         .optional()?)
 }
 
-pub fn space_exists(conn: &Connection, id: &str) -> StoreResult<bool> {
+pub fn space_exists(conn: &Conn, id: &str) -> StoreResult<bool> {
     Ok(conn
-        .query_row_cached("SELECT 1 FROM spaces WHERE id = ?1", [id], |_| Ok(()))
+        .query_row(
+            "SELECT 1 FROM spaces WHERE id = ?1",
+            params![id],
+            |_| Ok(()),
+        )
         .optional()?
         .is_some())
 }
 
-pub fn list_spaces(conn: &Connection) -> StoreResult<Vec<Space>> {
-    let mut stmt = conn.prepare_cached(
+pub fn list_spaces(conn: &Conn) -> StoreResult<Vec<Space>> {
+    conn.query_all(
         "SELECT id, name, tags, created_at, updated_at FROM spaces ORDER BY created_at, id",
-    )?;
-    let rows = stmt.query_map([], space_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        params![],
+        space_from_row,
+    )
 }
 
 /// Inserts the row; `Conflict` if the id is taken. Workspace files are the caller's job.
-pub fn create_space(
-    conn: &Connection,
-    id: &str,
-    name: &str,
-    tags: &[String],
-) -> StoreResult<Space> {
+pub fn create_space(conn: &Conn, id: &str, name: &str, tags: &[String]) -> StoreResult<Space> {
     let now = now_ms();
     if space_exists(conn, id)? {
         return Err(StoreError::Conflict(format!("space {id} already exists")));
     }
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO spaces (id, name, tags, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?4)",
         params![id, name, tags.join(","), now],
     )?;
@@ -84,8 +83,8 @@ pub fn create_space(
     })
 }
 
-pub fn rename_space(conn: &Connection, id: &str, name: &str) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn rename_space(conn: &Conn, id: &str, name: &str) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE spaces SET name = ?2, updated_at = ?3 WHERE id = ?1",
         params![id, name, now_ms()],
     )?;
@@ -107,12 +106,12 @@ pub struct DeletedCounts {
 }
 
 /// Deletes the space and its rows in one transaction (the caller's), returning what went.
-pub fn delete_space(conn: &Connection, id: &str) -> StoreResult<DeletedCounts> {
+pub fn delete_space(conn: &Conn, id: &str) -> StoreResult<DeletedCounts> {
     if !space_exists(conn, id)? {
         return Err(StoreError::NotFound(format!("space {id}")));
     }
     let count = |sql: &str| -> StoreResult<usize> {
-        Ok(conn.query_row_cached(sql, [id], |r| r.get::<_, i64>(0))? as usize)
+        Ok(conn.query_row(sql, params![id], |r| r.get::<_, i64>(0))? as usize)
     };
     let counts = DeletedCounts {
         messages: count("SELECT COUNT(*) FROM messages WHERE space_id = ?1")?,
@@ -123,19 +122,19 @@ pub fn delete_space(conn: &Connection, id: &str) -> StoreResult<DeletedCounts> {
         preferences: count("SELECT COUNT(*) FROM space_preferences WHERE space_id = ?1")?,
         conversations_unlinked: count("SELECT COUNT(*) FROM conversations WHERE space_id = ?1")?,
     };
-    conn.execute_cached("DELETE FROM spaces WHERE id = ?1", [id])?;
+    conn.execute("DELETE FROM spaces WHERE id = ?1", params![id])?;
     Ok(counts)
 }
 
 /// Records that a caller spoke in a space (ingress only; never from an API read).
 pub fn touch_member(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     caller: &str,
     display_name: Option<&str>,
 ) -> StoreResult<()> {
     let now = now_ms();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO members (space_id, caller_id, display_name, first_seen_at, last_seen_at)
          VALUES (?1, ?2, ?3, ?4, ?4)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET
@@ -154,19 +153,26 @@ pub struct Member {
     pub last_seen_at: i64,
 }
 
-pub fn list_members(conn: &Connection, space: &str) -> StoreResult<Vec<Member>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT caller_id, display_name, first_seen_at, last_seen_at FROM members WHERE space_id = ?1 ORDER BY caller_id",
-    )?;
-    let rows = stmt.query_map([space], |r| {
+/// Whether `caller` has written in `space` (a member row exists).
+pub fn is_member(conn: &Conn, space: &str, caller: &str) -> StoreResult<bool> {
+    Ok(conn
+        .query_opt(
+            "SELECT 1 FROM members WHERE space_id = ?1 AND caller_id = ?2",
+            params![space, caller],
+            |_| Ok(()),
+        )?
+        .is_some())
+}
+
+pub fn list_members(conn: &Conn, space: &str) -> StoreResult<Vec<Member>> {
+    conn.query_all("SELECT caller_id, display_name, first_seen_at, last_seen_at FROM members WHERE space_id = ?1 ORDER BY caller_id", params![space], |r| {
         Ok(Member {
             caller_id: r.get(0)?,
             display_name: r.get(1)?,
             first_seen_at: r.get(2)?,
             last_seen_at: r.get(3)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -182,11 +188,11 @@ pub struct RoleGrant {
 }
 
 /// The stored role of a caller in a space, if one was granted. Read only.
-pub fn stored_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<Option<String>> {
+pub fn stored_role(conn: &Conn, space: &str, caller: &str) -> StoreResult<Option<String>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            [space, caller],
+            params![space, caller],
             |r| r.get(0),
         )
         .optional()?)
@@ -202,27 +208,23 @@ pub struct RoleRow {
 }
 
 /// A caller's stored role row, if one was granted. Read only.
-pub fn role_row(conn: &Connection, space: &str, caller: &str) -> StoreResult<Option<RoleRow>> {
+pub fn role_row(conn: &Conn, space: &str, caller: &str) -> StoreResult<Option<RoleRow>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT role, granted_by, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            [space, caller],
+            params![space, caller],
             |r| {
                 Ok(RoleRow {
                     role: r.get(0)?,
                     granted_by: r.get(1)?,
                     link_id: r.get(2)?,
                 })
-            },
-        )
+            },)
         .optional()?)
 }
 
-pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT caller_id, role, granted_by, created_at, updated_at, link_id FROM space_roles WHERE space_id = ?1 ORDER BY caller_id",
-    )?;
-    let rows = stmt.query_map([space], |r| {
+pub fn list_roles(conn: &Conn, space: &str) -> StoreResult<Vec<RoleGrant>> {
+    conn.query_all("SELECT caller_id, role, granted_by, created_at, updated_at, link_id FROM space_roles WHERE space_id = ?1 ORDER BY caller_id", params![space], |r| {
         Ok(RoleGrant {
             caller_id: r.get(0)?,
             role: r.get(1)?,
@@ -231,14 +233,13 @@ pub fn list_roles(conn: &Connection, space: &str) -> StoreResult<Vec<RoleGrant>>
             updated_at: r.get(4)?,
             link_id: r.get(5)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 /// Grants a role; `link` is the space link it was granted through (a direct
 /// grant clears an earlier link's claim on the row).
 pub fn set_role(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     caller: &str,
     role: &str,
@@ -246,7 +247,7 @@ pub fn set_role(
     link: Option<i64>,
 ) -> StoreResult<()> {
     let now = now_ms();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at, link_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET role = excluded.role,
@@ -265,54 +266,50 @@ pub struct LinkRole {
 }
 
 /// The roles granted through `link` (in any space it reached).
-pub fn roles_of_link(conn: &Connection, link: i64) -> StoreResult<Vec<LinkRole>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT space_id, caller_id, role FROM space_roles WHERE link_id = ?1 ORDER BY space_id, caller_id",
-    )?;
-    let rows = stmt.query_map([link], |r| {
+pub fn roles_of_link(conn: &Conn, link: i64) -> StoreResult<Vec<LinkRole>> {
+    conn.query_all("SELECT space_id, caller_id, role FROM space_roles WHERE link_id = ?1 ORDER BY space_id, caller_id", params![link], |r| {
         Ok(LinkRole {
             space_id: r.get(0)?,
             caller_id: r.get(1)?,
             role: r.get(2)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 /// Removes every role granted through `link`; returns what went.
-pub fn remove_link_roles(conn: &Connection, link: i64) -> StoreResult<Vec<LinkRole>> {
+pub fn remove_link_roles(conn: &Conn, link: i64) -> StoreResult<Vec<LinkRole>> {
     let gone = roles_of_link(conn, link)?;
-    conn.execute_cached("DELETE FROM space_roles WHERE link_id = ?1", [link])?;
+    conn.execute("DELETE FROM space_roles WHERE link_id = ?1", params![link])?;
     Ok(gone)
 }
 
 /// Everyone who is a caller of `space`: a granted role or a member row.
-pub fn callers_of(conn: &Connection, space: &str) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
+pub fn callers_of(conn: &Conn, space: &str) -> StoreResult<Vec<String>> {
+    conn.query_all(
         "SELECT caller_id FROM space_roles WHERE space_id = ?1
          UNION SELECT caller_id FROM members WHERE space_id = ?1",
-    )?;
-    let rows = stmt.query_map([space], |r| r.get(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        params![space],
+        |r| r.get(0),
+    )
 }
 
 /// The spaces where `caller` holds a role (granted, or member by having spoken).
-pub fn spaces_of_caller(conn: &Connection, caller: &str) -> StoreResult<Vec<Space>> {
-    let mut stmt = conn.prepare_cached(
+pub fn spaces_of_caller(conn: &Conn, caller: &str) -> StoreResult<Vec<Space>> {
+    conn.query_all(
         "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id IN (
            SELECT space_id FROM space_roles WHERE caller_id = ?1
            UNION SELECT space_id FROM members WHERE caller_id = ?1)
          ORDER BY created_at, id",
-    )?;
-    let rows = stmt.query_map([caller], space_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        params![caller],
+        space_from_row,
+    )
 }
 
 /// Removes a grant; the caller falls back to `member`. Returns whether a row went.
-pub fn revoke_role(conn: &Connection, space: &str, caller: &str) -> StoreResult<bool> {
-    Ok(conn.execute_cached(
+pub fn revoke_role(conn: &Conn, space: &str, caller: &str) -> StoreResult<bool> {
+    Ok(conn.execute(
         "DELETE FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-        [space, caller],
+        params![space, caller],
     )? > 0)
 }
 
@@ -340,41 +337,34 @@ pub struct KvEntry {
     pub updated_at: i64,
 }
 
-pub fn kv_list(conn: &Connection, table: KvTable, space: &str) -> StoreResult<Vec<KvEntry>> {
+pub fn kv_list(conn: &Conn, table: KvTable, space: &str) -> StoreResult<Vec<KvEntry>> {
     let sql = format!(
         "SELECT key, value, updated_by, updated_at FROM {} WHERE space_id = ?1 ORDER BY key",
         table.name()
     );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map([space], |r| {
+    conn.query_all(&sql, params![space], |r| {
         Ok(KvEntry {
             key: r.get(0)?,
             value: r.get(1)?,
             updated_by: r.get(2)?,
             updated_at: r.get(3)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
-pub fn kv_get(
-    conn: &Connection,
-    table: KvTable,
-    space: &str,
-    key: &str,
-) -> StoreResult<Option<String>> {
+pub fn kv_get(conn: &Conn, table: KvTable, space: &str, key: &str) -> StoreResult<Option<String>> {
     let sql = format!(
         "SELECT value FROM {} WHERE space_id = ?1 AND key = ?2",
         table.name()
     );
     Ok(conn
-        .query_row_cached(&sql, [space, key], |r| r.get(0))
+        .query_row(&sql, params![space, key], |r| r.get(0))
         .optional()?)
 }
 
 /// A key's value and who wrote it last.
 pub fn kv_entry(
-    conn: &Connection,
+    conn: &Conn,
     table: KvTable,
     space: &str,
     key: &str,
@@ -384,12 +374,12 @@ pub fn kv_entry(
         table.name()
     );
     Ok(conn
-        .query_row_cached(&sql, [space, key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(&sql, params![space, key], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?)
 }
 
 pub fn kv_set(
-    conn: &Connection,
+    conn: &Conn,
     table: KvTable,
     space: &str,
     key: &str,
@@ -402,16 +392,16 @@ pub fn kv_set(
            updated_by = excluded.updated_by, updated_at = excluded.updated_at",
         table.name()
     );
-    conn.execute_cached(&sql, params![space, key, value, by, now_ms()])?;
+    conn.execute(&sql, params![space, key, value, by, now_ms()])?;
     Ok(())
 }
 
-pub fn kv_delete(conn: &Connection, table: KvTable, space: &str, key: &str) -> StoreResult<bool> {
+pub fn kv_delete(conn: &Conn, table: KvTable, space: &str, key: &str) -> StoreResult<bool> {
     let sql = format!(
         "DELETE FROM {} WHERE space_id = ?1 AND key = ?2",
         table.name()
     );
-    Ok(conn.execute_cached(&sql, [space, key])? > 0)
+    Ok(conn.execute(&sql, params![space, key])? > 0)
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -423,11 +413,8 @@ pub struct Mute {
     pub updated_at: i64,
 }
 
-pub fn list_mutes(conn: &Connection, space: &str) -> StoreResult<Vec<Mute>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT caller_id, until, reason, updated_by, updated_at FROM mutes WHERE space_id = ?1 ORDER BY caller_id",
-    )?;
-    let rows = stmt.query_map([space], |r| {
+pub fn list_mutes(conn: &Conn, space: &str) -> StoreResult<Vec<Mute>> {
+    conn.query_all("SELECT caller_id, until, reason, updated_by, updated_at FROM mutes WHERE space_id = ?1 ORDER BY caller_id", params![space], |r| {
         Ok(Mute {
             caller_id: r.get(0)?,
             until: r.get(1)?,
@@ -435,19 +422,18 @@ pub fn list_mutes(conn: &Connection, space: &str) -> StoreResult<Vec<Mute>> {
             updated_by: r.get(3)?,
             updated_at: r.get(4)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 pub fn set_mute(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     caller: &str,
     until: Option<i64>,
     reason: Option<&str>,
     by: &str,
 ) -> StoreResult<()> {
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO mutes (space_id, caller_id, until, reason, updated_by, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (space_id, caller_id) DO UPDATE SET until = excluded.until, reason = excluded.reason,
            updated_by = excluded.updated_by, updated_at = excluded.updated_at",
@@ -456,16 +442,16 @@ pub fn set_mute(
     Ok(())
 }
 
-pub fn delete_mute(conn: &Connection, space: &str, caller: &str) -> StoreResult<bool> {
-    Ok(conn.execute_cached(
+pub fn delete_mute(conn: &Conn, space: &str, caller: &str) -> StoreResult<bool> {
+    Ok(conn.execute(
         "DELETE FROM mutes WHERE space_id = ?1 AND caller_id = ?2",
-        [space, caller],
+        params![space, caller],
     )? > 0)
 }
 
-pub fn is_muted(conn: &Connection, space: &str, caller: &str, now: i64) -> StoreResult<bool> {
+pub fn is_muted(conn: &Conn, space: &str, caller: &str, now: i64) -> StoreResult<bool> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT 1 FROM mutes WHERE space_id = ?1 AND caller_id = ?2 AND (until IS NULL OR until > ?3)",
             params![space, caller, now],
             |_| Ok(()),
@@ -475,11 +461,11 @@ pub fn is_muted(conn: &Connection, space: &str, caller: &str, now: i64) -> Store
 }
 
 /// The message id below which history is no longer sent to the model.
-pub fn session_boundary(conn: &Connection, space: &str) -> StoreResult<(i64, Option<String>)> {
+pub fn session_boundary(conn: &Conn, space: &str) -> StoreResult<(i64, Option<String>)> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             "SELECT boundary_message_id, summary FROM session_state WHERE space_id = ?1",
-            [space],
+            params![space],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?
@@ -487,12 +473,12 @@ pub fn session_boundary(conn: &Connection, space: &str) -> StoreResult<(i64, Opt
 }
 
 pub fn set_session_boundary(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     boundary: i64,
     summary: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO session_state (space_id, boundary_message_id, summary, updated_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (space_id) DO UPDATE SET boundary_message_id = excluded.boundary_message_id,
            summary = excluded.summary, updated_at = excluded.updated_at",
@@ -520,7 +506,7 @@ impl TriggerRule {
 
 /// The trigger rule of `space` (ingress decides by it; a turn strips its words).
 pub fn trigger_rule(
-    conn: &Connection,
+    conn: &Conn,
     defaults: &crate::config::TriggerConfig,
     space: &str,
 ) -> StoreResult<TriggerRule> {

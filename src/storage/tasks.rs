@@ -2,10 +2,10 @@
 //! Must never: store a task whose schedule does not parse, or a `next_run_at`
 //! in the past for a new one-shot task (validated by the caller, checked here).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query, Row, Tx};
 use serde::Serialize;
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
@@ -25,7 +25,7 @@ pub struct Task {
 
 const COLS: &str = "id, space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at";
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Task> {
+fn from_row(r: &Row<'_>) -> StoreResult<Task> {
     Ok(Task {
         id: r.get(0)?,
         space_id: r.get(1)?,
@@ -51,26 +51,24 @@ pub struct NewTask<'a> {
     pub created_by: &'a str,
 }
 
-pub fn create(conn: &Connection, t: &NewTask<'_>) -> StoreResult<Task> {
+pub fn create(conn: &Conn, t: &NewTask<'_>) -> StoreResult<Task> {
     if t.cron.is_some() == t.at.is_some() {
         return Err(StoreError::Invalid(
             "a task needs exactly one of cron and at".into(),
         ));
     }
     let now = now_ms();
-    conn.execute_cached(
+    let id: i64 = conn.query_row(
         "INSERT INTO tasks (space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?8)",
-        params![t.space_id, t.cron, t.at, t.prompt, t.silent, t.next_run_at, t.created_by, now],
-    )?;
-    get(conn, t.space_id, conn.last_insert_rowid())?
-        .ok_or_else(|| StoreError::NotFound("task just created".into()))
+         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?8) RETURNING id",
+        params![t.space_id, t.cron, t.at, t.prompt, t.silent, t.next_run_at, t.created_by, now], |r| r.get(0))?;
+    get(conn, t.space_id, id)?.ok_or_else(|| StoreError::NotFound("task just created".into()))
 }
 
 /// A task of this space (a task of another space is "not found").
-pub fn get(conn: &Connection, space: &str, id: i64) -> StoreResult<Option<Task>> {
+pub fn get(conn: &Conn, space: &str, id: i64) -> StoreResult<Option<Task>> {
     Ok(conn
-        .query_row_cached(
+        .query_row(
             &format!("SELECT {COLS} FROM tasks WHERE id = ?1 AND space_id = ?2"),
             params![id, space],
             from_row,
@@ -78,39 +76,37 @@ pub fn get(conn: &Connection, space: &str, id: i64) -> StoreResult<Option<Task>>
         .optional()?)
 }
 
-pub fn list(conn: &Connection, space: &str) -> StoreResult<Vec<Task>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM tasks WHERE space_id = ?1 ORDER BY id"
-    ))?;
-    let rows = stmt.query_map([space], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+pub fn list(conn: &Conn, space: &str) -> StoreResult<Vec<Task>> {
+    conn.query_all(
+        &format!("SELECT {COLS} FROM tasks WHERE space_id = ?1 ORDER BY id"),
+        params![space],
+        from_row,
+    )
 }
 
-pub fn due(conn: &Connection, now: i64) -> StoreResult<Vec<Task>> {
-    let mut stmt = conn.prepare_cached(&format!(
+pub fn due(conn: &Conn, now: i64) -> StoreResult<Vec<Task>> {
+    conn.query_all(&format!(
         "SELECT {COLS} FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?1 ORDER BY next_run_at, id"
-    ))?;
-    let rows = stmt.query_map([now], from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    ), params![now], from_row)
 }
 
 /// The earliest `next_run_at` of any active task (the scheduler sleeps until then).
-pub fn next_due_at(conn: &Connection) -> StoreResult<Option<i64>> {
-    Ok(conn.query_row_cached(
+pub fn next_due_at(conn: &Conn) -> StoreResult<Option<i64>> {
+    Ok(conn.query_row(
         "SELECT MIN(next_run_at) FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL",
-        [],
+        params![],
         |r| r.get(0),
     )?)
 }
 
 pub fn set_active(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     id: i64,
     active: bool,
     next_run_at: Option<i64>,
 ) -> StoreResult<()> {
-    let n = conn.execute_cached(
+    let n = conn.execute(
         "UPDATE tasks SET active = ?3, next_run_at = COALESCE(?4, next_run_at), updated_at = ?5 WHERE id = ?1 AND space_id = ?2",
         params![id, space, active, next_run_at, now_ms()],
     )?;
@@ -121,16 +117,16 @@ pub fn set_active(
 }
 
 /// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).
-pub fn advance(conn: &Connection, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn advance(conn: &Conn, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
+    conn.execute(
         "UPDATE tasks SET next_run_at = ?2, active = CASE WHEN ?2 IS NULL THEN 0 ELSE active END, updated_at = ?3 WHERE id = ?1",
         params![id, next_run_at, now_ms()],
     )?;
     Ok(())
 }
 
-pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn delete(conn: &Conn, space: &str, id: i64) -> StoreResult<()> {
+    let n = conn.execute(
         "DELETE FROM tasks WHERE id = ?1 AND space_id = ?2",
         params![id, space],
     )?;
@@ -141,18 +137,17 @@ pub fn delete(conn: &Connection, space: &str, id: i64) -> StoreResult<()> {
 }
 
 /// Records a firing; its run is attached when the turn starts ([`attach_run`]).
-pub fn start_run(conn: &Connection, task: &Task) -> StoreResult<i64> {
-    conn.execute_cached(
-        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, NULL, 'queued', ?3)",
-        params![task.id, task.space_id, now_ms()],
-    )?;
-    Ok(conn.last_insert_rowid())
+pub fn start_run(conn: &Conn, task: &Task) -> StoreResult<i64> {
+    let id: i64 = conn.query_row(
+        "INSERT INTO task_runs (task_id, space_id, run_id, status, started_at) VALUES (?1, ?2, NULL, 'queued', ?3) RETURNING id",
+        params![task.id, task.space_id, now_ms()], |r| r.get(0))?;
+    Ok(id)
 }
 
 /// Links a firing to the run serving it, in the transaction that starts the
 /// run, so even a firing whose run is interrupted says which run that was.
-pub fn attach_run(conn: &Connection, task_run_id: i64, run_id: &str) -> StoreResult<()> {
-    conn.execute_cached(
+pub fn attach_run(conn: &Conn, task_run_id: i64, run_id: &str) -> StoreResult<()> {
+    conn.execute(
         "UPDATE task_runs SET run_id = ?2, status = 'running' WHERE id = ?1",
         params![task_run_id, run_id],
     )?;
@@ -160,12 +155,12 @@ pub fn attach_run(conn: &Connection, task_run_id: i64, run_id: &str) -> StoreRes
 }
 
 pub fn finish_run(
-    conn: &Connection,
+    conn: &Conn,
     task_run_id: i64,
     status: &str,
     error: Option<&str>,
 ) -> StoreResult<()> {
-    conn.execute_cached(
+    conn.execute(
         "UPDATE task_runs SET status = ?2, error = ?3, finished_at = ?4 WHERE id = ?1",
         params![task_run_id, status, error, now_ms()],
     )?;
@@ -174,7 +169,7 @@ pub fn finish_run(
 
 /// Queues one firing of `task` (scheduled or run-now): a `task_runs` row and
 /// a pending message from the task's creator. Returns the message id.
-pub fn queue_firing(tx: &rusqlite::Transaction<'_>, task: &Task) -> StoreResult<i64> {
+pub fn queue_firing(tx: &Tx<'_>, task: &Task) -> StoreResult<i64> {
     let task_run = start_run(tx, task)?;
     let id = super::messages::insert(
         tx,

@@ -4,11 +4,11 @@
 //! Must never: return a secret or a hash to an API client, or accept a
 //! revoked or expired token.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use super::{params, Conn, Optional, Query};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{Cached, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::clock::now_ms;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -106,10 +106,10 @@ pub struct NewToken<'a> {
 }
 
 /// Stores a new token and returns `(id, secret)`; the secret is not kept.
-pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)> {
+pub fn mint(conn: &Conn, t: &NewToken<'_>) -> StoreResult<(String, String)> {
     let secret = new_secret();
     let id = uuid::Uuid::now_v7().simple().to_string();
-    conn.execute_cached(
+    conn.execute(
         "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, role, read_only)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
@@ -131,9 +131,9 @@ pub fn mint(conn: &Connection, t: &NewToken<'_>) -> StoreResult<(String, String)
 }
 
 /// Resolves a presented secret; `None` for unknown, revoked or expired.
-pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
+pub fn resolve(conn: &Conn, secret: &str, now: i64) -> StoreResult<Option<TokenGrant>> {
     let row = conn
-        .query_row_cached(
+        .query_row(
             "SELECT id, caller_id, kind, space_id, run_id, role, read_only, platform, scope, trusted_identities FROM api_tokens
              WHERE token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)",
             params![hash_secret(secret), now],
@@ -173,8 +173,8 @@ pub fn resolve(conn: &Connection, secret: &str, now: i64) -> StoreResult<Option<
 
 /// Limits a freshly minted user token to a scope (same transaction as the
 /// mint). A scoped token is read-only.
-pub fn bind_scope(conn: &Connection, id: &str, scope: &str) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn bind_scope(conn: &Conn, id: &str, scope: &str) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE api_tokens SET scope = ?2, read_only = 1 WHERE id = ?1 AND kind = 'user'",
         params![id, scope],
     )?;
@@ -186,8 +186,8 @@ pub fn bind_scope(conn: &Connection, id: &str, scope: &str) -> StoreResult<()> {
 
 /// Binds a freshly minted adapter token to its platform (same transaction as
 /// the mint; `NewToken` stays as the turn code builds it).
-pub fn bind_platform(conn: &Connection, id: &str, platform: &str) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn bind_platform(conn: &Conn, id: &str, platform: &str) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE api_tokens SET platform = ?2 WHERE id = ?1 AND kind = 'adapter'",
         params![id, platform],
     )?;
@@ -199,10 +199,10 @@ pub fn bind_platform(conn: &Connection, id: &str, platform: &str) -> StoreResult
 
 /// Marks a freshly minted adapter token as carrying its senders' identity
 /// mappings (same transaction as the mint).
-pub fn trust_identities(conn: &Connection, id: &str) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn trust_identities(conn: &Conn, id: &str) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE api_tokens SET trusted_identities = 1 WHERE id = ?1 AND kind = 'adapter'",
-        [id],
+        params![id],
     )?;
     if n == 0 {
         return Err(StoreError::NotFound(format!("adapter token {id}")));
@@ -210,12 +210,9 @@ pub fn trust_identities(conn: &Connection, id: &str) -> StoreResult<()> {
     Ok(())
 }
 
-pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at, platform, scope
-         FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id",
-    )?;
-    let rows = stmt.query_map([], |r| {
+pub fn list(conn: &Conn) -> StoreResult<Vec<TokenInfo>> {
+    conn.query_all("SELECT id, caller_id, kind, space_id, label, created_by, created_at, expires_at, revoked_at, platform, scope
+         FROM api_tokens WHERE kind != 'run' ORDER BY created_at, id", params![], |r| {
         Ok(TokenInfo {
             id: r.get(0)?,
             caller_id: r.get(1)?,
@@ -229,12 +226,11 @@ pub fn list(conn: &Connection) -> StoreResult<Vec<TokenInfo>> {
             expires_at: r.get(7)?,
             revoked_at: r.get(8)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
-pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
-    let n = conn.execute_cached(
+pub fn revoke(conn: &Conn, id: &str) -> StoreResult<()> {
+    let n = conn.execute(
         "UPDATE api_tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
         params![id, now_ms()],
     )?;
@@ -245,8 +241,8 @@ pub fn revoke(conn: &Connection, id: &str) -> StoreResult<()> {
 }
 
 /// Deletes the tokens of a run (ask turns leave no row that names the target).
-pub fn delete_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
-    conn.execute("DELETE FROM api_tokens WHERE run_id = ?1", [run_id])?;
+pub fn delete_run(conn: &Conn, run_id: &str) -> StoreResult<()> {
+    conn.execute("DELETE FROM api_tokens WHERE run_id = ?1", params![run_id])?;
     Ok(())
 }
 
@@ -254,14 +250,14 @@ pub fn delete_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
 /// to a run a hard kill interrupted. Ask tokens (read-only) are deleted, as
 /// a finished ask deletes its own (no row may name the ask's target); the
 /// others are revoked. Returns (revoked, deleted).
-pub fn retire_run_tokens(conn: &Connection) -> StoreResult<(usize, usize)> {
+pub fn retire_run_tokens(conn: &Conn) -> StoreResult<(usize, usize)> {
     let deleted = conn.execute(
         "DELETE FROM api_tokens WHERE kind = 'run' AND read_only = 1",
-        [],
+        params![],
     )?;
     let revoked = conn.execute(
         "UPDATE api_tokens SET revoked_at = ?1 WHERE kind = 'run' AND revoked_at IS NULL",
-        [now_ms()],
+        params![now_ms()],
     )?;
     Ok((revoked, deleted))
 }
@@ -271,8 +267,8 @@ pub fn retire_run_tokens(conn: &Connection) -> StoreResult<(usize, usize)> {
 pub(crate) const REVOKE_RUN_SQL: &str =
     "UPDATE api_tokens SET revoked_at = ?2 WHERE run_id = ?1 AND revoked_at IS NULL";
 
-pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
-    conn.execute_cached(REVOKE_RUN_SQL, params![run_id, now_ms()])?;
+pub fn revoke_run(conn: &Conn, run_id: &str) -> StoreResult<()> {
+    conn.execute(REVOKE_RUN_SQL, params![run_id, now_ms()])?;
     Ok(())
 }
 
@@ -280,7 +276,7 @@ pub fn revoke_run(conn: &Connection, run_id: &str) -> StoreResult<()> {
 mod tests {
     use super::*;
 
-    fn token(conn: &Connection, kind: TokenKind, run: Option<&str>, read_only: bool) -> String {
+    fn token(conn: &Conn, kind: TokenKind, run: Option<&str>, read_only: bool) -> String {
         mint(
             conn,
             &NewToken {
@@ -301,8 +297,7 @@ mod tests {
 
     #[test]
     fn retiring_run_tokens_revokes_turns_deletes_asks_and_spares_the_rest() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        super::super::migrations::apply(&mut conn).unwrap();
+        let conn = crate::storage::test_conn();
         let user = token(&conn, TokenKind::User, None, false);
         let adapter = token(&conn, TokenKind::Adapter, None, false);
         let turn = token(&conn, TokenKind::Run, Some("run-1"), false);
@@ -316,7 +311,7 @@ mod tests {
         let ask_rows: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM api_tokens WHERE run_id = 'ask-1'",
-                [],
+                params![],
                 |r| r.get(0),
             )
             .unwrap();

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{free_port, HostOptions, TestHost};
-use mercury::storage::{inspect, params, Query};
+use mercury::storage::{inspect, Query};
 
 // ---------------------------------------------------------------------------
 // Route × role matrix
@@ -1189,20 +1189,20 @@ async fn messages_recent_pages_through_1000_seeded_messages_each_once_oldest_fir
                 let i = (k * 7919) % 1000;
                 tx.execute(
                     "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('pager', 'seeder', 'user', ?1, ?2)",
-                    params![format!("seed {i}"), base + (i / 4) * minute],
+                    &[&format!("seed {i}"), &(base + (i / 4) * minute)],
                 )?;
             }
             for i in 0..50i64 {
                 tx.execute(
                     "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('other', 'seeder', 'user', 'elsewhere', ?1)",
-                    params![base + i * minute],
+                    &[&(base + i * minute)],
                 )?;
             }
             Ok(())
         });
     }
     let expect = |since: i64, until: i64| -> Vec<i64> {
-        h.read(|c| c.query_all("SELECT id FROM messages WHERE space_id = 'pager' AND created_at >= ?1 AND created_at < ?2 ORDER BY created_at, id", params![since, until], |r| r.get(0)))
+        h.read(|c| c.query_all("SELECT id FROM messages WHERE space_id = 'pager' AND created_at >= ?1 AND created_at < ?2 ORDER BY created_at, id", &[&since, &until], |r| r.get(0)))
     };
 
     let all = page_all(&h, "pager", "since=24h", 37).await;

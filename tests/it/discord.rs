@@ -23,7 +23,6 @@ use tokio::sync::Notify;
 use tokio_websockets::{Message as WsMessage, ServerBuilder};
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::params;
 
 pub(crate) const TOKEN: &str = "MTAxMDEw.discord-test_token";
 pub(crate) const BOT_ID: &str = "900000000000000001";
@@ -777,7 +776,7 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     let stored: Value = serde_json::from_str(&host.read(|c| {
         Ok(c.query_row(
             "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
-            params![],
+            &[],
             |r| r.get::<_, String>(0),
         )?)
     }))
@@ -785,7 +784,7 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     let last_row: String = host
         .read(|c| Ok(c.query_row(
             "SELECT platform_message_id FROM messages WHERE sender_id LIKE 'discord:%' ORDER BY id DESC LIMIT 1",
-            params![],
+            &[],
             |r| r.get(0))?));
     assert_eq!(
         stored["sequence"].as_u64().unwrap(),

@@ -29,7 +29,6 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{prepare, HostOptions, TestHost};
 use mercury::sandbox::docker::instance_id_for;
-use mercury::storage::params;
 
 const LABEL_INSTANCE: &str = "mercury.instance";
 
@@ -240,7 +239,7 @@ fn run_row(host: &TestHost, run_id: &str) -> RunRow {
     host.read(|c| {
         Ok(c.query_row(
             "SELECT status, error, container_id, sandbox_proof FROM runs WHERE id = ?1",
-            params![run_id],
+            &[&run_id],
             |r| {
                 Ok(RunRow {
                     status: r.get(0)?,
@@ -383,7 +382,7 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
     let run_id: String = host.read(|c| {
         Ok(c.query_row(
             "SELECT id FROM runs WHERE space_id = ?1 AND status = 'running'",
-            params![&space],
+            &[&&space],
             |r| r.get(0),
         )?)
     });

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 fn sha(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
@@ -428,7 +428,7 @@ async fn read_and_admin_links_reach_files_and_every_write_is_audited_with_hashes
     assert_eq!(done, 6);
     let rows: Vec<AuditFileRow> = {
         h.read(|c| c.query_all("SELECT method, path, status, link_id, before_value, after_value FROM space_link_audit
-                 WHERE route = '/api/files/{*path}' AND method IN ('PUT','DELETE') ORDER BY id", params![], |r| {
+                 WHERE route = '/api/files/{*path}' AND method IN ('PUT','DELETE') ORDER BY id", &[], |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -482,7 +482,7 @@ fn run_steps_of(h: &TestHost, run: &str) -> i64 {
     h.read(|c| {
         Ok(c.query_row(
             "SELECT COUNT(*) FROM run_steps WHERE run_id = ?1",
-            params![run],
+            &[&run],
             |r| r.get(0),
         )?)
     })
@@ -556,7 +556,7 @@ async fn a_management_agent_edits_a_clients_agents_md_and_the_clients_next_turn_
     let (run, path, after): (String, String, String) = h
         .read(|c| Ok(c.query_row(
             "SELECT run_id, path, after_value FROM space_link_audit WHERE method = 'PUT' AND route = '/api/files/{*path}'",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
     assert_eq!(
         (run.as_str(), path.as_str()),
@@ -603,7 +603,7 @@ async fn a_turn_with_two_tool_calls_shows_both_in_runs_show_with_arguments_and_e
     h.create_space("s").await;
     // A step older than runs.keep_days, to be pruned by the next commit.
     h.write(|tx| {
- tx.execute("INSERT INTO run_steps (run_id, seq, kind, name, started_at) VALUES ('ancient', 1, 'model', 'm', 0)", params![])?;
+ tx.execute("INSERT INTO run_steps (run_id, seq, kind, name, started_at) VALUES ('ancient', 1, 'model', 'm', 0)", &[])?;
  Ok(())
  });
     let v = h.chat("s", "two tools").await;

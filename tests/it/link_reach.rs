@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 const REACH: [&str; 7] = [
     "links.act",
@@ -36,7 +36,7 @@ fn perms_of(h: &TestHost, space: &str, role: &str) -> Option<String> {
     h.read(|c| {
         c.query_opt(
             "SELECT value FROM space_config WHERE space_id = ?1 AND key = ?2",
-            params![space, &format!("role.{role}.permissions")],
+            &[&space, &&format!("role.{role}.permissions")],
             |r| r.get(0),
         )
     })
@@ -46,7 +46,7 @@ fn kv(h: &TestHost, table: &str, space: &str, key: &str) -> Option<String> {
     h.read(|c| {
         c.query_opt(
             &format!("SELECT value FROM {table} WHERE space_id = ?1 AND key = ?2"),
-            params![space, key],
+            &[&space, &key],
             |r| r.get(0),
         )
     })
@@ -56,7 +56,7 @@ fn role_of(h: &TestHost, space: &str, caller: &str) -> Option<(String, Option<i6
     h.read(|c| {
         c.query_opt(
             "SELECT role, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            params![space, caller],
+            &[&space, &caller],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
     })
@@ -308,7 +308,7 @@ async fn revoke_and_downgrade_restore_what_the_link_changed_and_keep_a_direct_wr
     let detail: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
-            params![link],
+            &[&link],
             |r| r.get(0),
         )?)
     });
@@ -481,7 +481,7 @@ async fn a_role_a_link_overwrote_or_revoked_comes_back_when_the_link_goes() {
     let by: String = h
         .read(|c| Ok(c.query_row(
             "SELECT granted_by FROM space_roles WHERE space_id = 'client' AND caller_id = 'test:cara'",
-            params![],
+            &[],
             |r| r.get(0))?));
     assert_eq!(by, "owner");
 
@@ -552,7 +552,7 @@ async fn a_trace_read_through_a_link_withholds_what_a_step_read_from_a_third_spa
     assert_eq!(v["reply"], "done", "{v}");
     let run = v["run_id"].as_str().unwrap().to_owned();
     let stored: Vec<Option<String>> = {
-        h.read(|c| c.query_all("SELECT source_spaces FROM run_steps WHERE run_id = ?1 AND kind = 'tool' ORDER BY seq", params![&run], |r| r.get(0)))
+        h.read(|c| c.query_all("SELECT source_spaces FROM run_steps WHERE run_id = ?1 AND kind = 'tool' ORDER BY seq", &[&&run], |r| r.get(0)))
     };
     assert_eq!(
         stored,

@@ -8,7 +8,6 @@ use serde_json::{json, Value};
 use crate::common::{HostOptions, TestHost};
 use mercury::api::ACT_AS_ROUTES;
 use mercury::links::{ActAsRoute, LinkLevel};
-use mercury::storage::params;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum LinkState {
@@ -66,7 +65,7 @@ fn ask_token(host: &TestHost, space: &str, role: &str) -> String {
         tx.execute(
             "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, role, read_only)
              VALUES (?1, ?2, 'alice', 'run', ?3, ?1, 'ask', 'system', 0, ?4, 1)",
-            params![format!("ask-{role}"), hash, space, role],
+            &[&format!("ask-{role}"), &hash, &space, &role],
         )?;
         Ok(())
     });
@@ -182,7 +181,7 @@ async fn set_state(w: &World, state: LinkState) -> Vec<i64> {
                 Ok(tx.query_row(
                     "INSERT INTO space_links (holder_space_id, target_space_id, level, created_by, created_at, updated_by, updated_at)
                      VALUES ('h', 't', 'owner', 'test', 0, 'test', 0) RETURNING id",
-                    params![],
+                    &[],
                     |r| r.get::<_, i64>(0),
                 )?)
             })]
@@ -230,7 +229,7 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
         }
         ("GET", "/api/runs/{id}") => {
             w.host.write(|tx| {
- tx.execute("INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)", params![])?;
+ tx.execute("INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)", &[])?;
  Ok(())
  });
             ("/api/runs/matrix-run".into(), None, 200)
@@ -498,7 +497,7 @@ async fn reads_through_a_link_leave_the_target_byte_identical() {
     let alice = &w.tokens[0].1;
     // A run of t, for its trace.
     w.host.write(|tx| {
- tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)", params![])?;
+ tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)", &[])?;
  Ok(())
  });
     let rows_before = w.host.rows_mentioning("t", &["space_link_audit"]);
@@ -589,7 +588,7 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
     let row: (String, String, i64, Option<String>, i64) = h
         .read(|c| Ok(c.query_row(
             "SELECT method, route, status, body_summary, link_id FROM space_link_audit ORDER BY id DESC LIMIT 1",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?));
     assert_eq!(
         (row.0.as_str(), row.1.as_str(), row.2, row.4),

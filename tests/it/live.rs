@@ -11,7 +11,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::api::{mercury, run};
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 /// Options with a roomy per-caller limit, so bursts are not told to slow down.
 fn opts(model: Value) -> HostOptions {
@@ -50,12 +50,12 @@ async fn send(
 
 /// (user message id, reply text) of every assistant reply in the space, in reply order.
 fn replies(h: &TestHost, space: &str) -> Vec<(i64, String)> {
-    h.read(|c| c.query_all("SELECT reply_to, text FROM messages WHERE space_id = ?1 AND role = 'assistant' ORDER BY id", params![space], |r| Ok((r.get(0)?, r.get(1)?))))
+    h.read(|c| c.query_all("SELECT reply_to, text FROM messages WHERE space_id = ?1 AND role = 'assistant' ORDER BY id", &[&space], |r| Ok((r.get(0)?, r.get(1)?))))
 }
 
 /// User messages of the space: (id, text, status), oldest first.
 fn user_messages(h: &TestHost, space: &str) -> Vec<(i64, String, Option<String>)> {
-    h.read(|c| c.query_all("SELECT id, text, status FROM messages WHERE space_id = ?1 AND role = 'user' ORDER BY id", params![space], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
+    h.read(|c| c.query_all("SELECT id, text, status FROM messages WHERE space_id = ?1 AND role = 'user' ORDER BY id", &[&space], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
 }
 
 /// Replies per user message: every message must have exactly one.
@@ -116,13 +116,13 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
 
     let (reply_id, text, reply_run, conv): (i64, String, String, i64) = h.read(|c| Ok(c.query_row(
             &format!("SELECT id, text, run_id, conversation_id FROM messages WHERE role = 'assistant' AND reply_to = {mid}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?));
     assert_eq!(text, "Saved your note.");
     let (status, user_run, user_conv): (String, String, i64) = h.read(|c| {
         Ok(c.query_row(
             &format!("SELECT status, run_id, conversation_id FROM messages WHERE id = {mid}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?)
     });
@@ -133,7 +133,7 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
 
     let (run_status, kind, trigger, container, started, finished): (String, String, i64, Option<String>, i64, i64) = h.read(|c| Ok(c.query_row(
             "SELECT status, kind, trigger_message_id, container_id, started_at, finished_at FROM runs WHERE id = ?1",
-            params![&reply_run],
+            &[&&reply_run],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))?));
     assert_eq!(
         (run_status.as_str(), kind.as_str(), trigger),
@@ -146,7 +146,7 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
     assert!(finished >= started);
     let (calls, tokens_in, tokens_out): (i64, i64, i64) = h.read(|c| Ok(c.query_row(
             "SELECT COUNT(*), SUM(tokens_in), SUM(tokens_out) FROM token_usage WHERE run_id = ?1 AND space_id = ?2",
-            params![&reply_run, &space],
+            &[&&reply_run, &&space],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
     assert_eq!(
         calls, 2,
@@ -156,7 +156,7 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
     let live_run_tokens: i64 = h.read(|c| {
         Ok(c.query_row(
             "SELECT COUNT(*) FROM api_tokens WHERE run_id = ?1 AND revoked_at IS NULL",
-            params![&reply_run],
+            &[&&reply_run],
             |r| r.get(0),
         )?)
     });
@@ -270,7 +270,7 @@ async fn three_spaces_answer_twenty_messages_each_in_order_and_in_parallel() {
             want.iter().map(|t| format!("re: {t}")).collect::<Vec<_>>()
         );
         // One turn at a time within a space.
-        let runs: Vec<(i64, i64)> = h.read(|c| c.query_all("SELECT started_at, finished_at FROM runs WHERE space_id = ?1 ORDER BY started_at, id", params![space], |r| Ok((r.get(0)?, r.get(1)?))));
+        let runs: Vec<(i64, i64)> = h.read(|c| c.query_all("SELECT started_at, finished_at FROM runs WHERE space_id = ?1 ORDER BY started_at, id", &[&space], |r| Ok((r.get(0)?, r.get(1)?))));
         assert_eq!(runs.len(), 20);
         for w in runs.windows(2) {
             assert!(w[0].1 <= w[1].0, "runs of one space overlap: {w:?}");
@@ -510,7 +510,7 @@ async fn a_model_failure_gives_the_generic_failure_reply_and_a_failed_run() {
     let (status, error): (String, String) = h.read(|c| {
         Ok(c.query_row(
             &format!("SELECT status, error FROM runs WHERE trigger_message_id = {mid}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
@@ -582,7 +582,7 @@ async fn a_muted_caller_is_stored_not_answered() {
     let (text, status): (String, String) = h.read(|c| {
         Ok(c.query_row(
             &format!("SELECT text, status FROM messages WHERE id = {muted}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
@@ -672,7 +672,7 @@ async fn a_group_message_without_the_trigger_is_stored_as_ambient_and_used_as_co
     let (role, status): (String, Option<String>) = h.read(|c| {
         Ok(c.query_row(
             &format!("SELECT role, status FROM messages WHERE id = {ambient}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
@@ -721,7 +721,7 @@ async fn a_caller_over_the_rate_limit_is_told_to_slow_down() {
     let (text, status): (String, String) = h
         .read(|c| Ok(c.query_row(
             &format!("SELECT r.text, u.status FROM messages r JOIN messages u ON u.id = r.reply_to WHERE r.reply_to = {limited}"),
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)))?));
     assert!(text.contains("slow down"), "{text}");
     assert_eq!(status, "rate_limited");
@@ -779,7 +779,7 @@ async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing()
     let (task_id, run_id, finished): (i64, Option<String>, Option<i64>) = h.read(|c| {
         Ok(c.query_row(
             "SELECT task_id, run_id, finished_at FROM task_runs",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?)
     });
@@ -789,7 +789,7 @@ async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing()
     let (kind, status, trigger): (String, String, i64) = h.read(|c| {
         Ok(c.query_row(
             "SELECT kind, status, trigger_message_id FROM runs WHERE id = ?1",
-            params![&run_id],
+            &[&&run_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?)
     });
@@ -866,7 +866,7 @@ async fn control_stop_cancels_the_turn_and_drops_the_queue() {
     let first: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT status FROM runs ORDER BY started_at LIMIT 1",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });
@@ -913,7 +913,7 @@ async fn compact_sets_a_boundary_and_a_summary_that_later_turns_see() {
     let (boundary, summary): (i64, String) = h.read(|c| {
         Ok(c.query_row(
             "SELECT boundary_message_id, summary FROM session_state WHERE space_id = 'memo'",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
@@ -1040,7 +1040,7 @@ async fn the_webhook_adapter_posts_each_reply_and_retries_a_failed_delivery() {
     );
     let (attempts, error): (i64, Option<String>) = h.read(|c| {
         Ok(
-            c.query_row("SELECT attempts, last_error FROM outbox", params![], |r| {
+            c.query_row("SELECT attempts, last_error FROM outbox", &[], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })?,
         )
@@ -1103,11 +1103,11 @@ async fn an_agents_mrctl_call_acts_with_the_role_of_the_user_who_asked() {
     )
     .await;
     let (prompt, by, task_space): (String, String, String) = h.read(|c| {
-        Ok(c.query_row(
-            "SELECT prompt, created_by, space_id FROM tasks",
-            params![],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?)
+        Ok(
+            c.query_row("SELECT prompt, created_by, space_id FROM tasks", &[], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?,
+        )
     });
     assert_eq!(
         (prompt.as_str(), by.as_str(), task_space.as_str()),

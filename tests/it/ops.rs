@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{free_port, prepare, HostOptions, TestHost};
-use mercury::storage::params;
 
 fn mercury_cli() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
@@ -58,7 +57,7 @@ async fn reply_to(h: &TestHost, mid: i64) -> String {
     h.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
-            params![mid],
+            &[&mid],
             |r| r.get(0),
         )?)
     })
@@ -98,7 +97,7 @@ async fn ops_a_failed_turn_answers_the_configured_sentence_and_keeps_the_reason(
     let error: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT error FROM runs WHERE trigger_message_id = ?1",
-            params![mid],
+            &[&mid],
             |r| r.get(0),
         )?)
     });
@@ -109,7 +108,7 @@ async fn ops_a_failed_turn_answers_the_configured_sentence_and_keeps_the_reason(
     let outbox: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM outbox ORDER BY id DESC LIMIT 1",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });
@@ -151,7 +150,7 @@ async fn ops_the_trigger_word_does_not_reach_the_model() {
     let stored: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM messages WHERE platform_message_id = 't-1'",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });

@@ -13,7 +13,7 @@ use serde_yaml_ng::Value as Yaml;
 use crate::common::{prepare, HostOptions, TestHost};
 use crate::discord::{self, FakeDiscord};
 use crate::telegram::{dm, host_options, FakeBotApi};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 const CODE_CHARS: &str = "ABCDEFGHJKMNPQRSTUVWXYZ23456789";
 
@@ -33,7 +33,7 @@ fn outbox_texts(h: &TestHost, external: &str) -> Vec<String> {
     h.read(|c| {
         c.query_all(
             "SELECT text FROM outbox WHERE external_id = ?1 ORDER BY id",
-            params![external],
+            &[&external],
             |r| r.get(0),
         )
     })
@@ -426,7 +426,7 @@ async fn pairing_a_mapped_identity_through_an_untrusted_adapter_token_gets_no_op
         h.read(|c| {
             c.query_opt(
                 "SELECT value FROM space_preferences WHERE space_id = 'mgmt' AND key = 'tone'",
-                params![],
+                &[],
                 |r| r.get(0),
             )
         })
@@ -452,7 +452,7 @@ async fn pairing_a_mapped_identity_through_an_untrusted_adapter_token_gets_no_op
             h.read(|c| {
                 Ok(c.query_row(
                     "SELECT text FROM messages WHERE reply_to = ?1",
-                    params![id],
+                    &[&id],
                     |r| r.get::<_, String>(0),
                 )?)
             })

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::params;
 
 /// `review.owner`: the caller who gets the digest, on their own phone.
 const OWNER: &str = "31655501234@s.whatsapp.net";
@@ -271,14 +270,14 @@ async fn seed(host: &TestHost) -> Seeded {
     let capital_reply_id: i64 = host.read(|c| {
         Ok(c.query_row(
             "SELECT id FROM messages WHERE reply_to = ?1",
-            params![capital_id],
+            &[&capital_id],
             |r| r.get(0),
         )?)
     });
     let reply: String = host.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM messages WHERE id = ?1",
-            params![capital_reply_id],
+            &[&capital_reply_id],
             |r| r.get(0),
         )?)
     });
@@ -426,7 +425,7 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
     let (calls, tokens_in, tokens_out): (i64, i64, i64) = host
         .read(|c| Ok(c.query_row(
             "SELECT COUNT(*), SUM(tokens_in), SUM(tokens_out) FROM token_usage WHERE kind = 'review' AND run_id = ?1",
-            params![run_id],
+            &[&run_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
     assert_eq!(calls, 3);
     for want in [
@@ -450,7 +449,7 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
     let (status, kind): (String, String) = host.read(|c| {
         Ok(c.query_row(
             "SELECT status, kind FROM runs WHERE id = ?1",
-            params![run_id],
+            &[&run_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
@@ -524,7 +523,7 @@ async fn review_judge_quoting_a_phone_number_gets_the_report_blocked() {
     let (status, error): (String, String) = host.read(|c| {
         Ok(c.query_row(
             "SELECT status, error FROM runs WHERE id = ?1",
-            params![summary["run_id"].as_str().unwrap()],
+            &[&summary["run_id"].as_str().unwrap()],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });

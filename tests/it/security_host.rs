@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{free_port, prepare, HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path)
@@ -36,7 +36,7 @@ async fn owner_chat(h: &TestHost, space: &str, text: &str) -> (String, String, S
     let run = v["run_id"].as_str().unwrap_or_default().to_owned();
     let error: Option<String> = h
         .read(|c| {
-            c.query_opt("SELECT error FROM runs WHERE id = ?1", params![&run], |r| {
+            c.query_opt("SELECT error FROM runs WHERE id = ?1", &[&&run], |r| {
                 r.get(0)
             })
         })
@@ -197,7 +197,7 @@ async fn a_fifo_under_models_fails_its_turn_and_the_host_keeps_answering() {
     let run = v["run_id"].as_str().unwrap();
     let error: String = h.read(|c| {
         Ok(
-            c.query_row("SELECT error FROM runs WHERE id = ?1", params![run], |r| {
+            c.query_row("SELECT error FROM runs WHERE id = ?1", &[&run], |r| {
                 r.get(0)
             })?,
         )
@@ -259,7 +259,7 @@ async fn a_stored_chain_naming_a_file_outside_the_roots_is_refused_at_use() {
     h.write(move |tx| {
         tx.execute(
             "INSERT INTO space_config (space_id, key, value, updated_by, updated_at) VALUES ('team', 'model', ?1, 'x', 0)",
-            params![chain],
+            &[&chain],
         )?;
         Ok(())
     });

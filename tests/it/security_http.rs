@@ -19,7 +19,6 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::common::{HostOptions, TestHost};
 use crate::telegram::{host_options, FakeBotApi, TOKEN};
-use mercury::storage::params;
 
 /// Idle TCP sockets of the descriptor test: the 1,100, and as many
 /// again, so the host without a budget runs out of descriptors even when it
@@ -146,7 +145,7 @@ async fn a_provider_echoing_the_key_leaves_it_in_no_run_trace_answer_or_log() {
     let run = v["run_id"].as_str().expect("a run id").to_owned();
     let error: String = host.read(|c| {
         Ok(
-            c.query_row("SELECT error FROM runs WHERE id = ?1", params![&run], |r| {
+            c.query_row("SELECT error FROM runs WHERE id = ?1", &[&&run], |r| {
                 r.get(0)
             })?,
         )
@@ -156,7 +155,7 @@ async fn a_provider_echoing_the_key_leaves_it_in_no_run_trace_answer_or_log() {
     let steps: String = host.read(|c| {
         Ok(c.query_row(
             "SELECT group_concat(coalesce(error, ''), ' | ') FROM run_steps WHERE run_id = ?1",
-            params![&run],
+            &[&&run],
             |r| r.get(0),
         )?)
     });

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 fn opts(model: Value) -> HostOptions {
     HostOptions {
@@ -37,7 +37,7 @@ async fn reply_to(h: &TestHost, message_id: i64) -> String {
     h.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
-            params![message_id],
+            &[&message_id],
             |r| r.get(0),
         )?)
     })
@@ -68,7 +68,7 @@ fn pref(h: &TestHost, space: &str, key: &str) -> Option<(String, String)> {
     h.read(|c| {
         c.query_opt(
             "SELECT value, updated_by FROM space_preferences WHERE space_id = ?1 AND key = ?2",
-            params![space, key],
+            &[&space, &key],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
     })
@@ -103,7 +103,7 @@ async fn an_adapter_cannot_claim_an_operator_and_a_mapped_identity_acts_as_one()
     let sender: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT sender_id FROM messages WHERE platform_message_id = 'a-1'",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });
@@ -314,7 +314,7 @@ async fn a_link_never_grants_its_own_side_a_role_and_revoke_takes_back_what_it_g
     let detail: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
-            params![link],
+            &[&link],
             |r| r.get(0),
         )?)
     });
@@ -580,7 +580,7 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     let (before, after): (String, String) = h
         .read(|c| Ok(c.query_row(
             "SELECT before_value, after_value FROM space_link_audit WHERE route = '/api/prefs' ORDER BY id DESC LIMIT 1",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)))?));
     assert_eq!(
         serde_json::from_str::<Value>(&before).unwrap(),
@@ -606,7 +606,7 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     let (route, path, run_id, before): (String, String, Option<String>, String) = h
         .read(|c| Ok(c.query_row(
             "SELECT route, path, run_id, before_value FROM space_link_audit WHERE method = 'DELETE'",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?));
     assert_eq!(
         (route.as_str(), path.as_str(), run_id.as_deref()),
@@ -763,7 +763,7 @@ async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
     );
     let name: String = h.read(|c| {
         Ok(
-            c.query_row("SELECT name FROM spaces WHERE id = ?1", params![id], |r| {
+            c.query_row("SELECT name FROM spaces WHERE id = ?1", &[&id], |r| {
                 r.get(0)
             })?,
         )

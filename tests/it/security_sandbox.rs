@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::params;
 
 async fn chat(host: &TestHost, space: &str, text: &str) -> Value {
     host.chat(space, text).await
@@ -146,7 +145,7 @@ async fn planted_symlinks_never_reach_the_model_a_reply_or_an_ask(sandbox: &'sta
     let leaked: i64 = host.read(|c| {
         Ok(c.query_row(
             "SELECT COUNT(*) FROM messages WHERE text LIKE '%CANARY-%' OR text LIKE '%LEAKED%'",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });
@@ -188,7 +187,7 @@ async fn a_turn_past_the_quota_fails_and_leaves_the_workspace_as_it_was(sandbox:
     let error: String = host.read(|c| {
         Ok(c.query_row(
             "SELECT error FROM runs WHERE id = ?1",
-            params![v["run_id"].as_str().unwrap()],
+            &[&v["run_id"].as_str().unwrap()],
             |r| r.get(0),
         )?)
     });

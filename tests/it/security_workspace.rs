@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::{params, Query};
+use mercury::storage::Query;
 
 fn hostile_rules() -> Value {
     let shell = |cmd: &str| json!([{"name": "shell", "arguments": {"command": cmd}}]);
@@ -49,7 +49,7 @@ fn run_error(host: &TestHost, run: &Value) -> String {
     host.read(|c| {
         Ok(c.query_row(
             "SELECT error FROM runs WHERE id = ?1",
-            params![run.as_str().unwrap()],
+            &[&run.as_str().unwrap()],
             |r| r.get::<_, Option<String>>(0),
         )?)
     })
@@ -77,7 +77,7 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
         let tool_output: Vec<String> = host.read(|c| {
             c.query_all(
                 "SELECT COALESCE(output, '') FROM run_steps WHERE run_id = ?1 AND kind = 'tool'",
-                params![v["run_id"].as_str().unwrap()],
+                &[&v["run_id"].as_str().unwrap()],
                 |r| r.get(0),
             )
         });
@@ -114,7 +114,7 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
         let status: String = host
             .read(|c| Ok(c.query_row(
                 "SELECT m.status FROM messages m JOIN runs r ON r.trigger_message_id = m.id WHERE r.id = ?1",
-                params![v["run_id"].as_str().unwrap()],
+                &[&v["run_id"].as_str().unwrap()],
                 |r| r.get(0))?));
         assert_eq!(status, "failed", "{turn}");
     }
@@ -188,7 +188,7 @@ async fn a_message_that_crashes_the_host_twice_is_answered_with_the_failure_repl
     let reply: String = h.read(|c| {
         Ok(c.query_row(
             "SELECT text FROM messages WHERE role = 'assistant'",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });

@@ -14,7 +14,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{prepare, write_to, HostOptions, TestHost};
 use mercury::shadow::manifest::Manifest;
-use mercury::storage::{inspect, params, Conn, Query, Store};
+use mercury::storage::{inspect, Conn, Query, Store};
 use mercury::workspace::transcript::{Transcript, TranscriptKind};
 
 /// A loopback HTTP receiver that keeps every request it gets (headers and
@@ -77,18 +77,18 @@ fn seed_conversations(host: &TestHost, space: &str) -> (i64, i64) {
     host.write(move |tx| {
         let group: i64 = tx.query_row(
             "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'group-1', ?1, 'group', 1, 2) RETURNING id",
-            params![space],
+            &[&space],
             |r| r.get(0),
         )?;
         let dm: i64 = tx.query_row(
             "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'owner-dm', ?1, 'dm', 1, 1) RETURNING id",
-            params![space],
+            &[&space],
             |r| r.get(0),
         )?;
         // An old owner message: the DM is the owner's, and no review window holds it.
         tx.execute(
             "INSERT INTO messages (space_id, conversation_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, 'owner', 'user', 'hi bot', 0, 'done')",
-            params![space, dm],
+            &[&space, &dm],
         )?;
         Ok((group, dm))
     })
@@ -132,7 +132,7 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
     host.write(move |tx| {
         tx.execute(
             "INSERT INTO outbox (space_id, conversation_id, platform, external_id, text, created_at) VALUES ('alpha', ?1, 'test', 'group-1', 'left over from live', 1)",
-            params![group],
+            &[&group],
         )?;
         Ok(())
     });
@@ -432,7 +432,7 @@ fn snapshot_cli(live: &Path, root: &Path, extra: &[&str]) -> (Option<i32>, Strin
 /// A read-only connection, through storage, to a database no host serves
 /// (the snapshot's copy).
 fn ro(path: &Path) -> Conn {
-    mercury::storage::open_read_only(path).unwrap()
+    mercury::storage::open_read_only_conn(path).unwrap()
 }
 
 #[tokio::test]
@@ -509,7 +509,7 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     // No live token hash survives in the copy's free pages either.
     let raw = std::fs::read(dir.join("state.db")).unwrap();
     let live_hashes: Vec<String> =
-        host.read(|c| c.query_all("SELECT token_hash FROM api_tokens", params![], |r| r.get(0)));
+        host.read(|c| c.query_all("SELECT token_hash FROM api_tokens", &[], |r| r.get(0)));
     assert!(live_hashes.len() > 40, "{}", live_hashes.len());
     for h in &live_hashes {
         assert!(
@@ -787,26 +787,23 @@ async fn shadow_up_refuses_a_live_task_due_within_the_window_or_unknown() {
     write_to(&store, move |tx| {
         tx.execute(
             "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)",
-            params![],
+            &[],
         )?;
         tx.execute(
             "INSERT INTO tasks (space_id, cron, prompt, next_run_at, created_by, created_at, updated_at) VALUES ('alpha', '* * * * *', 'p', ?1, 'owner', 0, 0)",
-            params![soon],
+            &[&soon],
         )?;
         Ok(())
     });
     f.refused(&[], &[], "a live scheduled task is due in");
     write_to(&store, |tx| {
-        tx.execute("UPDATE tasks SET next_run_at = NULL", params![])?;
+        tx.execute("UPDATE tasks SET next_run_at = NULL", &[])?;
         Ok(())
     });
     f.refused(&[], &[], "when the live scheduled tasks are due is unknown");
     // Outside the window: that refusal is gone.
     write_to(&store, move |tx| {
-        tx.execute(
-            "UPDATE tasks SET next_run_at = ?1",
-            params![soon + 7_200_000],
-        )?;
+        tx.execute("UPDATE tasks SET next_run_at = ?1", &[&(soon + 7_200_000)])?;
         Ok(())
     });
     let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);

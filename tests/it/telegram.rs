@@ -18,7 +18,6 @@ use serde_yaml_ng::Value as Yaml;
 use tokio::sync::Notify;
 
 use crate::common::{HostOptions, TestHost};
-use mercury::storage::params;
 
 pub(crate) const TOKEN: &str = "123456:TEST-token_abc";
 pub(crate) const BOT_ID: u64 = 999;
@@ -363,7 +362,7 @@ async fn telegram_restart_mid_stream_loses_and_repeats_nothing() {
     let stored: i64 = host.read(|c| {
         Ok(c.query_row(
             "SELECT CAST(position AS INTEGER) FROM adapter_positions WHERE adapter = 'telegram'",
-            params![],
+            &[],
             |r| r.get(0),
         )?)
     });

@@ -9,7 +9,6 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::common::TestHost;
 use crate::telegram::{group, host_options, FakeBotApi};
-use mercury::storage::params;
 
 /// Telegram's shared placeholder senders (`from` of such posts).
 const CHANNEL_BOT: u64 = 136_817_688;
@@ -40,7 +39,7 @@ async fn telegram_a_muted_channel_stays_muted_and_anonymous_admins_have_their_ow
     let space: String = host.read(|c| {
         Ok(c.query_row(
             "SELECT space_id FROM conversations WHERE external_id = ?1",
-            params![chat.to_string()],
+            &[&chat.to_string()],
             |r| r.get(0),
         )?)
     });
@@ -108,7 +107,7 @@ async fn telegram_a_muted_channel_stays_muted_and_anonymous_admins_have_their_ow
     let (caller, name): (String, String) = host.read(|c| {
         Ok(c.query_row(
             "SELECT sender_id, sender_name FROM messages WHERE platform_message_id = '24'",
-            params![],
+            &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     });
