@@ -10,10 +10,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::storage::Conn as Connection;
-
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::StoreResult;
+use crate::storage::{Conn, StoreResult};
 
 /// A permission a role can hold. The wire name (`tasks.create`) is what
 /// config overrides, grants and responses carry; the variant is what code
@@ -253,7 +251,7 @@ pub(crate) fn override_key(role: &str) -> String {
 }
 
 /// The effective permission set of `role` in `space`.
-pub(crate) fn role_permissions(conn: &Connection, space: &str, role: &str) -> StoreResult<PermSet> {
+pub(crate) fn role_permissions(conn: &Conn, space: &str, role: &str) -> StoreResult<PermSet> {
     if role == ROLE_SYSTEM {
         return Ok(defaults(ROLE_SYSTEM));
     }
@@ -273,7 +271,7 @@ pub(crate) fn role_permissions(conn: &Connection, space: &str, role: &str) -> St
 /// admins are `admin` everywhere; then a granted role; then `member` for a
 /// caller who has spoken there; else `none`.
 pub(crate) fn resolve_role(
-    conn: &Connection,
+    conn: &Conn,
     space: &str,
     caller: &str,
     global_admin: bool,
@@ -284,12 +282,12 @@ pub(crate) fn resolve_role(
     if let Some(role) = spaces::stored_role(conn, space, caller)? {
         return Ok(role);
     }
-    let is_member = crate::storage::spaces::is_member(conn, space, caller)?;
+    let is_member = spaces::is_member(conn, space, caller)?;
     Ok(if is_member { ROLE_MEMBER } else { ROLE_NONE }.into())
 }
 
 /// Every role that has a grant or an override in the space, plus admin and member.
-pub(crate) fn roles_in_space(conn: &Connection, space: &str) -> StoreResult<BTreeSet<String>> {
+pub(crate) fn roles_in_space(conn: &Conn, space: &str) -> StoreResult<BTreeSet<String>> {
     let mut roles: BTreeSet<String> = [ROLE_ADMIN.to_string(), ROLE_MEMBER.to_string()].into();
     for g in spaces::list_roles(conn, space)? {
         roles.insert(g.role);

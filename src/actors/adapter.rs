@@ -34,7 +34,15 @@ pub struct AdapterStatus {
 /// `done` is answered once the update is stored (or could not be).
 pub struct WebhookCall {
     pub body: serde_json::Value,
-    pub done: oneshot::Sender<Result<(), String>>,
+    pub done: oneshot::Sender<Result<(), WebhookCallError>>,
+}
+
+/// Why a webhook call's update was not stored (the route answers 503, so
+/// the platform sends it again).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookCallError {
+    #[error("the update was not stored")]
+    NotStored,
 }
 
 /// A webhook-mode adapter's registration: the secret the platform sends on

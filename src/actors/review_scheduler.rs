@@ -187,13 +187,7 @@ async fn tick(myself: &ActorRef<ReviewSchedulerMsg>, state: &mut ReviewScheduler
         .ctx
         .rt
         .store
-        .read(move |c| {
-            Ok(c.query_row(
-                "SELECT COUNT(*) FROM runs WHERE kind = ?1 AND started_at >= ?2",
-                crate::storage::params![RUN_KIND, since],
-                |r| r.get::<_, i64>(0),
-            )? > 0)
-        })
+        .read(move |c| Ok(crate::storage::stats::runs_of_kind_since(c, RUN_KIND, since)? > 0))
         .await;
     match done_already {
         Ok(true) => state.fired_for = Some(date),

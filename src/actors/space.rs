@@ -29,7 +29,7 @@ use crate::storage::spaces;
 use crate::storage::StoreError;
 use crate::workspace::layer::{LayerBudget, TurnLayer};
 
-pub type SpaceWrite = Box<dyn FnOnce(&crate::storage::Tx<'_>) -> Result<Value, StoreError> + Send>;
+pub use crate::storage::SpaceWrite;
 
 /// A write of workspace files (the files API), given the live workspace's
 /// path. Blocking: the actor runs it off the async runtime, between two

@@ -52,7 +52,21 @@ pub enum SupervisorMsg {
     /// own outcome goes back through the oneshot in its arguments.
     SpawnAsk(Box<AskArgs>, RpcReplyPort<Result<(), super::SpawnError>>),
     /// Start `child` and restart it whenever it fails (within the budget).
-    Supervise(Arc<dyn SupervisedChild>, RpcReplyPort<Result<(), String>>),
+    Supervise(
+        Arc<dyn SupervisedChild>,
+        RpcReplyPort<Result<(), SuperviseError>>,
+    ),
+}
+
+/// Why [`SupervisorMsg::Supervise`] did not start its child.
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    #[error("{name} did not start: {source}")]
+    Spawn {
+        name: String,
+        #[source]
+        source: ActorProcessingErr,
+    },
 }
 
 pub struct SupervisorArgs {
@@ -362,9 +376,10 @@ impl Actor for RootSupervisor {
                 let _ = reply.send(res);
             }
             SupervisorMsg::Supervise(child, reply) => {
+                let name = child.name();
                 let res = Self::spawn_supervised(&myself, state, child)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|source| SuperviseError::Spawn { name, source });
                 let _ = reply.send(res);
             }
         }

@@ -52,6 +52,12 @@ pub(crate) enum AdapterError {
         adapter: &'static str,
         reason: String,
     },
+    #[error("the supervisor did not start the {adapter}: {source}")]
+    Supervised {
+        adapter: &'static str,
+        #[source]
+        source: crate::actors::supervisor::SuperviseError,
+    },
     #[error("the {adapter} may only ingest {adapter} messages, not {platform} ones")]
     WrongPlatform {
         adapter: &'static str,
@@ -229,7 +235,7 @@ pub(crate) async fn start(
             adapter,
             reason: e.to_string(),
         })?
-        .map_err(|reason| AdapterError::Start { adapter, reason })?;
+        .map_err(|source| AdapterError::Supervised { adapter, source })?;
     }
     Ok(())
 }

@@ -22,14 +22,10 @@ use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, runs, tasks, StoreResult};
+use crate::storage::{conversations, runs, task_runs, tasks, Conn, StoreResult, Tx};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
-pub(crate) fn model_chain(
-    conn: &crate::storage::Conn,
-    rt: &Runtime,
-    space: &str,
-) -> StoreResult<Vec<String>> {
+pub(crate) fn model_chain(conn: &Conn, rt: &Runtime, space: &str) -> StoreResult<Vec<String>> {
     Ok(
         match spaces::kv_get(conn, KvTable::Config, space, "model")? {
             Some(chain) if !split_chain(&chain).is_empty() => split_chain(&chain),
@@ -259,7 +255,7 @@ async fn commit(
 /// conversations are answered in the HTTP response instead. In shadow mode
 /// the send is a transcript line ([`crate::runtime::Outbound`]).
 fn deliver(
-    tx: &crate::storage::Tx<'_>,
+    tx: &Tx<'_>,
     outbound: &crate::runtime::Outbound,
     message: &Message,
     reply_id: Option<i64>,
@@ -268,12 +264,11 @@ fn deliver(
     let conversation = match (message.conversation_id, message.task_run_id) {
         (Some(c), _) => conversations::get(tx, c)?,
         (None, Some(task_run)) => {
-            let silent: bool = tx
-                .query_row(
-                    "SELECT t.silent FROM tasks t JOIN task_runs r ON r.task_id = t.id WHERE r.id = ?1",
-                    crate::storage::params![task_run],
-                    |r| r.get(0),
-                )
+            // A firing that cannot be read is treated as silent: nothing
+            // is sent where it was perhaps not wanted.
+            let silent = task_runs::task_is_silent(tx, task_run)
+                .ok()
+                .flatten()
                 .unwrap_or(true);
             if silent {
                 None

@@ -333,7 +333,7 @@ mod tests {
             (e.code(), e.message()),
             ("internal", "internal error (see the host log)")
         );
-        let e: ApiError = StoreError::Sqlite(rusqlite::Error::InvalidQuery).into();
+        let e: ApiError = StoreError::NotCommitted("disk I/O error at /srv/state.db".into()).into();
         assert_eq!(e, ApiError::Internal);
     }
 

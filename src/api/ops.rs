@@ -24,6 +24,7 @@ use super::auth::Auth;
 use super::error::ApiResult;
 use super::extract::Json;
 use crate::app::App;
+use crate::storage::stats;
 use crate::telemetry::{Snapshot, TOP_SPACES};
 
 /// The routes behind the token (merged under the auth step).
@@ -45,18 +46,8 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
         .rt
         .store
         .read(|c| {
-            let total: i64 = c.query_row(
-                "SELECT COUNT(*) FROM messages WHERE status = 'pending'",
-                crate::storage::params![],
-                |r| r.get(0),
-            )?;
-            let top: Vec<(String, i64)> = crate::storage::Query::query_all(
-                c,
-                "SELECT space_id, COUNT(*) FROM messages WHERE status = 'pending' \
-                 GROUP BY space_id ORDER BY 2 DESC, 1 LIMIT ?1",
-                crate::storage::params![TOP_SPACES as i64],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
+            let total = stats::pending_messages(c)?;
+            let top = stats::pending_by_space(c, TOP_SPACES as i64)?;
             Ok((total, top))
         })
         .await?;

@@ -121,12 +121,9 @@ fn update(i: usize, chats: usize) -> Value {
 async fn stored_at(db: &Path, n: usize, deadline: Instant) -> anyhow::Result<Instant> {
     let db = db.to_owned();
     tokio::task::spawn_blocking(move || -> anyhow::Result<Instant> {
-        let c =
-            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-        let mut stmt =
-            c.prepare("SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'telegram:%'")?;
+        let c = crate::storage::open_read_only_conn(&db)?;
         loop {
-            let count: i64 = stmt.query_row([], |r| r.get(0))?;
+            let count = crate::storage::stats::messages_from_platform(&c, "telegram")?;
             if usize::try_from(count).unwrap_or(0) >= n {
                 return Ok(Instant::now());
             }

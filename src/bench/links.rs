@@ -147,17 +147,7 @@ async fn timed(req: reqwest::RequestBuilder) -> anyhow::Result<Duration> {
 }
 
 fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {
-    let mut db = rusqlite::Connection::open(host.data.join("state.db"))?;
-    db.busy_timeout(Duration::from_secs(10))?;
-    let tx = db.transaction()?;
-    let now = crate::clock::now_ms();
-    for i in 0..n {
-        tx.execute(
-            "INSERT INTO messages (space_id, role, text, sender_id, created_at) VALUES ('client', 'user', ?1, 'test:c', ?2)",
-            rusqlite::params![format!("message {i} with a little text in it"), now - (n - i) as i64],
-        )?;
-    }
-    tx.commit()?;
+    crate::storage::seed::client_messages(&host.data.join("state.db"), n, crate::clock::now_ms())?;
     Ok(())
 }
 

@@ -24,9 +24,7 @@ pub(crate) mod shadow;
 pub(crate) mod turns;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-use rusqlite::params;
+use std::time::Duration;
 
 use crate::storage;
 
@@ -43,28 +41,7 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// commits one message per transaction), on a fresh file opened with the
 /// store's own settings. Returns the total time and each insert's time.
 pub(crate) fn plain_inserts(path: &Path, n: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
-    let mut conn = storage::open_plain(path)?;
-    conn.execute_batch(
-        "CREATE TABLE plain (id INTEGER PRIMARY KEY, conversation TEXT NOT NULL,
-                             text TEXT NOT NULL, created_at INTEGER NOT NULL)",
-    )?;
-    let mut each = Vec::with_capacity(n);
-    let start = Instant::now();
-    for i in 0..n {
-        let t = Instant::now();
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.prepare_cached(
-            "INSERT INTO plain (conversation, text, created_at) VALUES (?1, ?2, ?3)",
-        )?
-        .execute(params![
-            format!("conv-{}", i % 100),
-            format!("message {i}"),
-            crate::clock::now_ms()
-        ])?;
-        tx.commit()?;
-        each.push(t.elapsed());
-    }
-    Ok((start.elapsed(), each))
+    Ok(storage::baseline::plain_inserts(path, n)?)
 }
 
 /// Milliseconds with three decimals.
@@ -84,22 +61,5 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), Duration::from_millis(100));
         assert_eq!(percentile(&v[..1], 99.0), Duration::from_millis(1));
         assert_eq!(percentile(&[], 50.0), Duration::ZERO);
-    }
-
-    #[test]
-    fn the_baseline_writes_every_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("plain.db");
-        let (_, each) = plain_inserts(&path, 25).unwrap();
-        assert_eq!(each.len(), 25);
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        let n: i64 = conn
-            .query_row("SELECT COUNT(*) FROM plain", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(n, 25);
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(mode, "wal", "same file settings as the store");
     }
 }

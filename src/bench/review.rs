@@ -34,6 +34,7 @@ use crate::redaction::{RedactionList, Redactor};
 use crate::review::judge;
 use crate::review::reader::{ExchangeReader, Window};
 use crate::storage::messages::{self, NewMessage};
+use crate::storage::stats;
 use crate::storage::{spaces, Store};
 
 #[derive(Debug, Clone)]
@@ -459,12 +460,8 @@ async fn measure(data: &Path, conn: &Connection, opts: &BenchOptions) -> anyhow:
 /// Waits until a review run is recorded as running (the scan has begun).
 async fn wait_for_scan(data: &Path) -> anyhow::Result<()> {
     for _ in 0..400 {
-        let running: i64 = read_db(data, |c| {
-            c.query_row(
-                "SELECT COUNT(*) FROM runs WHERE kind = 'review' AND status = 'running'",
-                [],
-                |r| r.get(0),
-            )
+        let running = read_db(data, |c| {
+            stats::runs_of_kind_with_status(c, "review", "running")
         })?;
         if running > 0 {
             return Ok(());
@@ -475,20 +472,14 @@ async fn wait_for_scan(data: &Path) -> anyhow::Result<()> {
 }
 
 fn judge_calls(data: &Path) -> anyhow::Result<i64> {
-    read_db(data, |c| {
-        c.query_row(
-            "SELECT COUNT(*) FROM token_usage WHERE kind = ?1",
-            [judge::USAGE_KIND],
-            |r| r.get(0),
-        )
-    })
+    read_db(data, |c| stats::usage_rows_of_kind(c, judge::USAGE_KIND))
 }
 
 fn read_db<T>(
     data: &Path,
-    f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    f: impl FnOnce(&crate::storage::Conn) -> crate::storage::StoreResult<T>,
 ) -> anyhow::Result<T> {
-    let conn = crate::storage::open_read_only(&data.join("state.db"))?;
+    let conn = crate::storage::open_read_only_conn(&data.join("state.db"))?;
     Ok(f(&conn)?)
 }
 

@@ -11,7 +11,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use rusqlite::params;
 
 use crate::shadow::snapshot::{take, SnapshotOptions};
 
@@ -64,32 +63,13 @@ fn du(path: &Path) -> u64 {
 }
 
 fn generate(data: &Path, opts: &ShadowBenchOptions) -> anyhow::Result<()> {
-    let mut db = rusqlite::Connection::open(data.join("state.db"))?;
-    let tx = db.transaction()?;
     let text = "a message of about the length people write in a chat, with a few words more to it, and then some";
-    {
-        let mut sp = tx.prepare(
-            "INSERT INTO spaces (id, name, created_at, updated_at) VALUES (?1, ?1, 0, 0)",
-        )?;
-        for s in 0..opts.spaces {
-            sp.execute([format!("bench-{s:04}")])?;
-        }
-        let mut m = tx.prepare(
-            "INSERT INTO messages (space_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, ?3, ?4, ?5, 'done')",
-        )?;
-        for i in 0..opts.messages {
-            let s = i % opts.spaces.max(1);
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            m.execute(params![
-                format!("bench-{s:04}"),
-                format!("api:user{s}"),
-                role,
-                format!("{text} #{i}"),
-                i as i64
-            ])?;
-        }
-    }
-    tx.commit()?;
+    crate::storage::seed::spaces_with_messages(
+        &data.join("state.db"),
+        opts.spaces,
+        opts.messages,
+        text,
+    )?;
     let chunk = vec![b'x'; 64 * 1024];
     for s in 0..opts.spaces {
         let ws = data.join("spaces").join(format!("bench-{s:04}"));

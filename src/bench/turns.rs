@@ -350,13 +350,7 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
     }
     let done: i64 = rt
         .store
-        .read(|c| {
-            Ok(c.query_row(
-                "SELECT COUNT(*) FROM runs WHERE status = 'done'",
-                crate::storage::params![],
-                |r| r.get(0),
-            )?)
-        })
+        .read(|c| crate::storage::stats::runs_with_status(c, "done"))
         .await?;
     supervisor.stop(Some("bench finished".into()));
     let _ = tokio::time::timeout(Duration::from_secs(5), sup_handle).await;

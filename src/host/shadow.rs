@@ -115,13 +115,7 @@ async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -
 /// active, `None` when unknown.
 fn live_next_due(live: &Path) -> Option<Option<i64>> {
     let db = crate::storage::open_read_only_conn(&DataPaths::new(live).db).ok()?;
-    let unknown: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM tasks WHERE active = 1 AND next_run_at IS NULL",
-            crate::storage::params![],
-            |r| r.get(0),
-        )
-        .ok()?;
+    let unknown = crate::storage::stats::active_tasks_without_due_time(&db).ok()?;
     if unknown > 0 {
         return None;
     }
@@ -156,12 +150,10 @@ fn shadow_chains(settings: &config::Settings, db: &Path) -> Vec<String> {
     if !settings.review.model.is_empty() {
         chain.push(settings.review.model.clone());
     }
-    if let Ok(c) = crate::storage::open_read_only(db) {
-        if let Ok(mut stmt) = c.prepare("SELECT value FROM space_config WHERE key = 'model'") {
-            if let Ok(rows) = stmt.query_map([], |r| r.get::<_, String>(0)) {
-                for v in rows.flatten() {
-                    chain.extend(config::split_chain(&v));
-                }
+    if let Ok(c) = crate::storage::open_read_only_conn(db) {
+        if let Ok(values) = crate::storage::space_settings::config_values_of_key(&c, "model") {
+            for v in values {
+                chain.extend(config::split_chain(&v));
             }
         }
     }

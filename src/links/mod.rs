@@ -10,13 +10,12 @@
 //! links, or be consulted from anywhere but the act-as step of the auth
 //! middleware.
 
-use crate::storage::Conn as Connection;
 use serde::Serialize;
 
 pub mod restore;
 pub mod traces;
 
-use crate::storage::{links, StoreResult};
+use crate::storage::{links, Conn, StoreResult};
 
 /// What an edge lets the holder do in the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -54,7 +53,7 @@ pub struct LinkGrant {
 
 /// Every active direct or `*` edge from `holder` to `target` whose level
 /// this code knows (an unknown level denies, so it is dropped). One query.
-pub fn active_grants(conn: &Connection, holder: &str, target: &str) -> StoreResult<Vec<LinkGrant>> {
+pub fn active_grants(conn: &Conn, holder: &str, target: &str) -> StoreResult<Vec<LinkGrant>> {
     Ok(links::active_edges(conn, holder, target)?
         .into_iter()
         .filter_map(|e| {
@@ -70,7 +69,7 @@ pub fn active_grants(conn: &Connection, holder: &str, target: &str) -> StoreResu
 /// The strongest edge overall (for listings); a request is decided by
 /// [`grant_for_request`], which only counts the edges that apply to it.
 pub fn resolve_link_grant(
-    conn: &Connection,
+    conn: &Conn,
     holder: &str,
     target: &str,
 ) -> StoreResult<Option<LinkGrant>> {

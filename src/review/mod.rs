@@ -46,9 +46,7 @@ use serde_json::Value;
 
 use crate::storage::StoreError;
 
-/// A write a space's one writer runs in its mailbox order.
-pub(crate) type SpaceWrite =
-    Box<dyn FnOnce(&crate::storage::Tx<'_>) -> Result<Value, StoreError> + Send + 'static>;
+pub(crate) use crate::storage::SpaceWrite;
 
 /// Why a write through a space's writer did not happen.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,7 @@
-//! The exchange reader (M1.1): a window of exchanges per space, read from
-//! `state.db` over a read-only connection of its own.
+//! The exchange reader (M1.1): a window of exchanges per space, read
+//! through storage: the host's own store's read connections, or for another
+//! data dir's database (an intake source, a bench's), the read-only
+//! connection storage opens on that file.
 //!
 //! An exchange is a user message, the bot's reply to it (`reply_to`), the few
 //! messages just before it (ambient lines, earlier turns) as context, and
@@ -8,18 +10,16 @@
 //! scan and the host's writer never waits on the review. One exchange can
 //! also be read by its user message's id (the intake's verify step).
 //!
-//! Must never: write (the connection is opened read-only), hold a statement
+//! Must never: write (it only reads, over read-only connections), hold a statement
 //! or transaction across pages, or return a user message as an exchange
 //! without the reply that answered it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 
-use crate::storage::{params, Conn as Connection, Optional, Query};
-
 use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::spaces::{self, Space};
-use crate::storage::StoreResult;
+use crate::storage::{exchanges, open_read_only_conn, Conn, Store, StoreResult};
 
 /// Rows per page.
 pub(crate) const PAGE_SIZE: u32 = 500;
@@ -96,17 +96,36 @@ pub(crate) struct WindowIdentifiers {
     pub names: BTreeSet<String>,
 }
 
+/// Where the reader's reads go.
+enum Source {
+    /// The host's own database: each read borrows one of the store's read
+    /// connections.
+    Store(Store),
+    /// Another data dir's database file, opened read-only by storage.
+    File(Box<Conn>),
+}
+
 pub(crate) struct ExchangeReader {
-    conn: Connection,
+    source: Source,
     window: Window,
     page_size: u32,
 }
 
 impl ExchangeReader {
-    /// Opens its own read-only connection to the database at `db`.
+    /// Reads the host's own database through `store`.
+    pub(crate) fn new(store: &Store, window: Window) -> Self {
+        Self {
+            source: Source::Store(store.clone()),
+            window,
+            page_size: PAGE_SIZE,
+        }
+    }
+
+    /// Reads the database file of another data dir at `db` (an intake
+    /// source, a bench's), read-only.
     pub(crate) fn open(db: &Path, window: Window) -> StoreResult<Self> {
         Ok(Self {
-            conn: crate::storage::open_read_only_conn(db)?,
+            source: Source::File(Box::new(open_read_only_conn(db)?)),
             window,
             page_size: PAGE_SIZE,
         })
@@ -119,39 +138,32 @@ impl ExchangeReader {
         self
     }
 
+    /// Runs one read on a connection of the source. Blocking: the reader
+    /// runs on the scan's own thread or a blocking task.
+    fn read<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> StoreResult<T> {
+        match &self.source {
+            Source::Store(store) => store.read_blocking(f),
+            Source::File(conn) => f(conn),
+        }
+    }
+
     pub(crate) fn spaces(&self) -> StoreResult<Vec<Space>> {
-        spaces::list_spaces(&self.conn)
+        self.read(spaces::list_spaces)
     }
 
     /// Spaces with at least one message in the window.
     pub(crate) fn active_spaces(&self) -> StoreResult<BTreeSet<String>> {
-        Ok(self
-            .conn
-            .query_all(
-                "SELECT DISTINCT space_id FROM messages WHERE created_at >= ?1 AND created_at < ?2",
-                params![self.window.since_ms, self.window.until_ms],
-                |r| r.get::<_, String>(0),
-            )?
-            .into_iter()
-            .collect())
+        let w = self.window;
+        let spaces = self.read(|c| exchanges::active_spaces(c, w.since_ms, w.until_ms))?;
+        Ok(spaces.into_iter().collect())
     }
 
     /// Sender ids and names of the window, plus the display names of the
     /// members of `member_spaces`.
     pub(crate) fn identifiers(&self, member_spaces: &[String]) -> StoreResult<WindowIdentifiers> {
         let mut out = WindowIdentifiers::default();
-        let rows = self.conn.query_all(
-            "SELECT DISTINCT sender_id, sender_name FROM messages
-             WHERE created_at >= ?1 AND created_at < ?2",
-            params![self.window.since_ms, self.window.until_ms],
-            |r| {
-                Ok((
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                ))
-            },
-        )?;
-        for (id, name) in rows {
+        let w = self.window;
+        for (id, name) in self.read(|c| exchanges::senders(c, w.since_ms, w.until_ms))? {
             if let Some(id) = id.filter(|i| i != BOT_SENDER_ID && !i.trim().is_empty()) {
                 out.sender_ids.insert(id);
             }
@@ -160,7 +172,7 @@ impl ExchangeReader {
             }
         }
         for space in member_spaces {
-            for m in spaces::list_members(&self.conn, space)? {
+            for m in self.read(|c| spaces::list_members(c, space))? {
                 if let Some(name) = m.display_name.filter(|n| !n.trim().is_empty()) {
                     out.names.insert(name);
                 }
@@ -177,24 +189,10 @@ impl ExchangeReader {
         &self,
         message_id: i64,
     ) -> StoreResult<Option<(String, String, String)>> {
-        let user: Option<(String, String)> = self
-            .conn
-            .query_row(
-                "SELECT space_id, text FROM messages WHERE id = ?1 AND role = 'user'",
-                params![message_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        let Some((space, text)) = user else {
+        let Some((space, text)) = self.read(|c| exchanges::user_message(c, message_id))? else {
             return Ok(None);
         };
-        let reply: Option<String> = self
-            .conn
-            .query_row(
-                "SELECT text FROM messages WHERE reply_to = ?1 AND role = 'assistant' ORDER BY id LIMIT 1",
-                params![message_id],
-                |r| r.get(0),)
-            .optional()?;
+        let reply = self.read(|c| exchanges::first_reply(c, message_id))?;
         Ok(reply.map(|reply| (space, cap(&text, TEXT_CAP), cap(&reply, TEXT_CAP))))
     }
 
@@ -206,15 +204,9 @@ impl ExchangeReader {
         let mut by_id: HashMap<i64, usize> = HashMap::new();
         let mut cursor: Option<Cursor> = None;
         loop {
-            let (page, next) = messages::recent(
-                &self.conn,
-                space,
-                None,
-                self.window.since_ms,
-                self.window.until_ms,
-                self.page_size,
-                cursor,
-            )?;
+            let (w, rows) = (self.window, self.page_size);
+            let (page, next) = self
+                .read(|c| messages::recent(c, space, None, w.since_ms, w.until_ms, rows, cursor))?;
             for m in page {
                 match m.role.as_str() {
                     "user" => {
@@ -398,14 +390,13 @@ mod tests {
         .await;
         insert(&store, "s1", "user", anna, "after the window", 9_000, None).await;
 
-        let reader = ExchangeReader::open(
-            &db,
+        let reader = ExchangeReader::new(
+            &store,
             Window {
                 since_ms: 1_000,
                 until_ms: 5_000,
             },
         )
-        .unwrap()
         .with_page_size(2);
         let w = reader.read_space("s1").unwrap();
         assert_eq!(w.unanswered, 1);
@@ -433,20 +424,25 @@ mod tests {
         assert!(!ids.names.contains("Mercury"));
     }
 
-    #[test]
-    fn review_reader_connection_is_read_only() {
+    #[tokio::test]
+    async fn review_reader_connections_are_read_only() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let _store = Store::open(&db).unwrap();
-        let reader = ExchangeReader::open(&db, Window::hours_before(10, 24)).unwrap();
-        let err = reader
-            .conn
-            .execute(
-                "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('x','x',0,0)",
-                params![],
-            )
+        let store = Store::open(&db).unwrap();
+        let window = Window::hours_before(10, 24);
+        let readers = [
+            ExchangeReader::new(&store, window),
+            ExchangeReader::open(&db, window).unwrap(),
+        ];
+        for reader in readers {
+            let err = tokio::task::spawn_blocking(move || {
+                reader.read(|c| spaces::create_space(c, "x", "x", &[]))
+            })
+            .await
+            .unwrap()
             .unwrap_err();
-        assert!(err.to_string().contains("readonly"), "{err}");
+            assert!(err.to_string().contains("readonly"), "{err}");
+        }
     }
 
     #[test]

@@ -488,14 +488,14 @@ pub(super) struct Staged {
     pub(super) gate: IdentifierGate,
 }
 
-/// Opens the window of the database at `db` read-only, chooses its spaces
-/// ([`choose_spaces`]) and builds their redactor and gate.
+/// Reads the window of the host's database through `store`, chooses its
+/// spaces ([`choose_spaces`]) and builds their redactor and gate.
 pub(super) fn stage(
-    db: &std::path::Path,
+    store: &crate::storage::Store,
     window: Window,
     cfg: &ReviewConfig,
 ) -> Result<Staged, ReviewError> {
-    let reader = ExchangeReader::open(db, window)?;
+    let reader = ExchangeReader::new(store, window);
     let active = reader.active_spaces()?;
     let (chosen, skipped) = choose_spaces(&reader.spaces()?, &active, cfg);
     let list = redaction_list(cfg, reader.identifiers(&chosen)?);
@@ -510,7 +510,7 @@ pub(super) fn stage(
     })
 }
 
-/// The SQLite reader and the redactor travel together between blocking tasks.
+/// The exchange reader and the redactor travel together between blocking tasks.
 struct Stage {
     reader: ExchangeReader,
     redactor: Redactor,
@@ -591,7 +591,7 @@ async fn judge_window(
 ) -> Result<Judged, ReviewError> {
     let rt = &ctx.rt;
     let cfg = rt.settings.review.clone();
-    let db = rt.store.path().to_owned();
+    let store = rt.store.clone();
     let intake_dir = crate::review::ledger::intake_dir(&rt.paths.reviews, &cfg);
     let (stage, chosen, skipped_spaces, gate, feedback) = worker
         .run(move || {
@@ -601,7 +601,7 @@ async fn judge_window(
                 skipped,
                 mut redactor,
                 gate,
-            } = stage(&db, window, &cfg)?;
+            } = stage(&store, window, &cfg)?;
             // The feedback first, then the skipped spaces: placeholders are
             // numbered in this order.
             let feedback = feedback(&intake_dir, &mut redactor, &gate);

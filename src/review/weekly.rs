@@ -392,7 +392,7 @@ fn sample(
         skipped,
         mut redactor,
         gate,
-    } = scan::stage(rt.store.path(), window, &rt.settings.review)?;
+    } = scan::stage(&rt.store, window, &rt.settings.review)?;
     let mut flagged = 0u64;
     let mut pool: Vec<Exchange> = Vec::new();
     for space in &chosen {

@@ -25,12 +25,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::manifest::Manifest;
-use super::{io_err, sql_err, ShadowError, ShadowResult};
+use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config::{self, ReviewConfig};
 use crate::redaction::{kind_list, IdentifierGate, RedactionList, Redactor};
-use crate::storage::open_read_only;
 use crate::storage::spaces::list_members;
 use crate::storage::tokens::{self, TokenKind};
+use crate::storage::{open_read_only_conn, rehearsal, Conn};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::transcript::{Transcript, TranscriptEntry, TranscriptKind};
 use crate::workspace::DataPaths;
@@ -172,100 +172,56 @@ fn class_of(path: &str) -> &'static str {
     }
 }
 
-/// The row tables the diff compares: (table, SQL giving space, key, value, by).
-const ROW_TABLES: &[(&str, &str)] = &[
-    (
-        "space_config",
-        "SELECT space_id, key, value, updated_by FROM space_config",
-    ),
-    (
-        "space_preferences",
-        "SELECT space_id, key, value, updated_by FROM space_preferences",
-    ),
-    (
-        "tasks",
-        "SELECT space_id, CAST(id AS TEXT), COALESCE(cron, 'at ' || strftime('%Y-%m-%dT%H:%M:%SZ', at / 1000, 'unixepoch')) || ' ' || CASE active WHEN 1 THEN 'active' ELSE 'paused' END || (CASE silent WHEN 1 THEN ' silent' ELSE '' END) || ': ' || prompt, created_by FROM tasks",
-    ),
-    (
-        "space_roles",
-        "SELECT space_id, caller_id, role, COALESCE(granted_by, '') FROM space_roles",
-    ),
-    (
-        "mutes",
-        "SELECT space_id, caller_id, COALESCE('until ' || strftime('%Y-%m-%dT%H:%M:%SZ', until / 1000, 'unixepoch'), 'forever') || COALESCE(' (' || reason || ')', ''), updated_by FROM mutes",
-    ),
-];
-
 type Rows = BTreeMap<(String, String), RowValue>;
 
-fn rows(db: &rusqlite::Connection, sql: &str) -> ShadowResult<Rows> {
-    let mut stmt = db
-        .prepare(sql)
-        .map_err(sql_err("reading rows for the diff"))?;
-    let it = stmt
-        .query_map([], |r| {
-            Ok((
-                (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
-                RowValue {
-                    value: r.get(2)?,
-                    updated_by: r.get(3)?,
-                },
-            ))
-        })
-        .map_err(sql_err("reading rows for the diff"))?;
-    it.collect::<Result<_, _>>()
-        .map_err(sql_err("reading rows for the diff"))
+fn rows(db: &Conn, table: &str) -> ShadowResult<Rows> {
+    Ok(rehearsal::diff_rows(db, table)
+        .map_err(db_err("reading rows for the diff"))?
+        .into_iter()
+        .map(|(key, value, updated_by)| (key, RowValue { value, updated_by }))
+        .collect())
 }
 
 /// The shadow's runs, tokens and cost since its snapshot (what `down` prints,
 /// without the rest of the diff).
 pub fn runs_and_cost(
-    now_db: &rusqlite::Connection,
+    now_db: &Conn,
     manifest: &Manifest,
     space: Option<&str>,
 ) -> ShadowResult<RunsAndCost> {
-    let mut runs = RunsAndCost::default();
-    let (sql_runs, sql_usage) = (
-        "SELECT COUNT(*) FROM runs WHERE started_at > ?1 AND (?2 IS NULL OR space_id = ?2)",
-        "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2)",
-    );
-    runs.runs = now_db
-        .query_row(
-            sql_runs,
-            rusqlite::params![manifest.marks.run_started_at_ms, space],
-            |r| r.get::<_, i64>(0),
-        )
-        .map_err(sql_err("counting the shadow's runs"))? as u64;
-    let (i, o, c): (i64, i64, f64) = now_db
-        .query_row(
-            sql_usage,
-            rusqlite::params![manifest.marks.token_usage_id, space],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .map_err(sql_err("summing the shadow's token usage"))?;
-    runs.tokens_in = i as u64;
-    runs.tokens_out = o as u64;
-    runs.cost = c;
-    Ok(runs)
+    let runs = rehearsal::runs_started_after(now_db, manifest.marks.run_started_at_ms, space)
+        .map_err(db_err("counting the shadow's runs"))?;
+    let (i, o, c) = rehearsal::usage_after(now_db, manifest.marks.token_usage_id, space)
+        .map_err(db_err("summing the shadow's token usage"))?;
+    Ok(RunsAndCost {
+        runs: runs as u64,
+        tokens_in: i as u64,
+        tokens_out: o as u64,
+        cost: c,
+    })
 }
 
 /// [`runs_and_cost`] of the shadow data dir `dir`.
 pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
     let manifest = Manifest::read(dir)?;
-    runs_and_cost(&open_read_only(&dir.join("state.db"))?, &manifest, None)
+    runs_and_cost(
+        &open_read_only_conn(&dir.join("state.db"))?,
+        &manifest,
+        None,
+    )
 }
 
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let manifest = Manifest::read(dir)?;
-    let base_db = open_read_only(&dir.join(BASELINE_DB))?;
-    let now_db = open_read_only(&dir.join("state.db"))?;
+    let base_db = open_read_only_conn(&dir.join(BASELINE_DB))?;
+    let now_db = open_read_only_conn(&dir.join("state.db"))?;
     let wanted = |s: &str| space.is_none_or(|w| w == s);
 
     let mut changes = Vec::new();
-    for (table, sql) in ROW_TABLES {
-        let before = rows(&base_db, sql)?;
-        let after = rows(&now_db, sql)?;
+    for table in rehearsal::DIFF_TABLES {
+        let before = rows(&base_db, table)?;
+        let after = rows(&now_db, table)?;
         let mut keys: Vec<&(String, String)> = before.keys().chain(after.keys()).collect();
         keys.sort();
         keys.dedup();
@@ -286,22 +242,9 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     let mark = manifest.marks.message_id;
     let mut per_space: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
     {
-        let mut stmt = now_db
-            .prepare(
-                "SELECT space_id, role, text FROM messages WHERE id > ?1 AND (?2 IS NULL OR space_id = ?2) ORDER BY id",
-            )
-            .map_err(sql_err("reading the shadow's messages"))?;
-        let it = stmt
-            .query_map(rusqlite::params![mark, space], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(sql_err("reading the shadow's messages"))?;
-        for row in it {
-            let (s, role, text) = row.map_err(sql_err("reading the shadow's messages"))?;
+        let added = rehearsal::messages_after(&now_db, mark, space)
+            .map_err(db_err("reading the shadow's messages"))?;
+        for (s, role, text) in added {
             let e = per_space.entry(s).or_default();
             e.0 += 1;
             if e.1.len() < 5 {
@@ -413,15 +356,9 @@ fn redaction_list(dir: &Path, report: &DiffReport) -> ShadowResult<RedactionList
     let mut names: Vec<String> = review.owner_names.clone();
     let mut ids: Vec<String> = Vec::new();
     for db in [dir.join(BASELINE_DB), dir.join("state.db")] {
-        let conn = open_read_only(&db)?;
-        let mut stmt = conn
-            .prepare("SELECT id FROM spaces")
-            .map_err(sql_err("listing the spaces for the diff's redaction"))?;
-        let spaces = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .map_err(sql_err("listing the spaces for the diff's redaction"))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql_err("listing the spaces for the diff's redaction"))?;
+        let conn = open_read_only_conn(&db)?;
+        let spaces = rehearsal::space_ids(&conn)
+            .map_err(db_err("listing the spaces for the diff's redaction"))?;
         for s in spaces {
             for m in list_members(&crate::storage::open_read_only_conn(&db)?, &s)? {
                 names.extend(m.display_name.filter(|n| !n.is_empty()));

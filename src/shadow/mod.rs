@@ -29,10 +29,10 @@ pub enum ShadowError {
         source: std::io::Error,
     },
     #[error("{context}: {source}")]
-    Sqlite {
+    Db {
         context: String,
         #[source]
-        source: rusqlite::Error,
+        source: crate::storage::StoreError,
     },
     #[error(transparent)]
     Store(#[from] crate::storage::StoreError),
@@ -49,9 +49,11 @@ pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) 
     move |source| ShadowError::Io { context, source }
 }
 
-pub(crate) fn sql_err(context: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> ShadowError {
+pub(crate) fn db_err(
+    context: impl Into<String>,
+) -> impl FnOnce(crate::storage::StoreError) -> ShadowError {
     let context = context.into();
-    move |source| ShadowError::Sqlite { context, source }
+    move |source| ShadowError::Db { context, source }
 }
 
 /// The shadow root: `explicit` (a flag or `MERCURY_SHADOW_ROOT`), else

@@ -20,9 +20,9 @@ use std::time::Instant;
 use serde_yaml_ng::Value as Yaml;
 
 use super::manifest::{Manifest, Marks, Running, CURRENT_LINK, MANIFEST_FILE};
-use super::{io_err, sql_err, ShadowError, ShadowResult};
+use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config;
-use crate::storage::tokens;
+use crate::storage::{snapshot, tokens};
 use crate::workspace::data_dir::{private_dir, private_file};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::walk::WalkLimits;
@@ -279,56 +279,43 @@ fn fill(
         eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
     }
     {
-        let src = crate::storage::open_read_only(&live.db)?;
-        // Longer than the store's own: a large live write may hold the lock.
-        src.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(sql_err("setting a busy timeout"))?;
         let target = shadow
             .db
             .to_str()
             .ok_or_else(|| ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display())))?;
-        src.execute("VACUUM INTO ?1", [target])
-            .map_err(sql_err(format!("VACUUM INTO {}", shadow.db.display())))?;
+        snapshot::copy_into(&live.db, target).map_err(db_err(format!(
+            "copying the database into {}",
+            shadow.db.display()
+        )))?;
     }
     set_mode(&shadow.db)?;
-    let mut db = rusqlite::Connection::open(&shadow.db)
-        .map_err(sql_err(format!("opening {}", shadow.db.display())))?;
-    let marks = Marks {
-        message_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM messages")?,
-        token_usage_id: max_id(&db, "SELECT COALESCE(MAX(id), 0) FROM token_usage")?,
-        run_started_at_ms: max_id(&db, "SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
-    };
-    // Deleted rows stay in free pages unless overwritten: the live token
-    // hashes must not be readable from the copy's file.
-    db.pragma_update(None, "secure_delete", "ON")
-        .map_err(sql_err("turning secure_delete on"))?;
-    let tx = db
-        .transaction()
-        .map_err(sql_err("starting the token swap"))?;
     // Not one live credential crosses: the shadow mints its own owner token.
-    tx.execute("DELETE FROM api_tokens", [])
-        .map_err(sql_err("dropping the live API tokens"))?;
-    tx.commit().map_err(sql_err("committing the token swap"))?;
-    let minting = crate::storage::open_plain_conn(&shadow.db)?;
-    let (_, secret) = tokens::mint(
-        &minting,
-        &tokens::NewToken {
-            caller_id: owner,
-            kind: tokens::TokenKind::User,
-            space_id: None,
-            run_id: None,
-            label: Some("owner (mercury shadow snapshot)"),
-            created_by: Some(crate::ids::SYSTEM_CALLER),
-            expires_at: None,
-            role: None,
-            read_only: false,
-        },
-    )?;
-    drop(minting);
-    // And the file is rebuilt without free pages at all.
-    db.execute_batch("VACUUM")
-        .map_err(sql_err("compacting the copy after the token swap"))?;
-    drop(db);
+    let (copy, secret) = snapshot::replace_tokens(&shadow.db, |tx| {
+        tokens::mint(
+            tx,
+            &tokens::NewToken {
+                caller_id: owner,
+                kind: tokens::TokenKind::User,
+                space_id: None,
+                run_id: None,
+                label: Some("owner (mercury shadow snapshot)"),
+                created_by: Some(crate::ids::SYSTEM_CALLER),
+                expires_at: None,
+                role: None,
+                read_only: false,
+            },
+        )
+        .map(|(_, secret)| secret)
+    })
+    .map_err(db_err(format!(
+        "replacing the API tokens of {}",
+        shadow.db.display()
+    )))?;
+    let marks = Marks {
+        message_id: copy.message_id,
+        token_usage_id: copy.token_usage_id,
+        run_started_at_ms: copy.run_started_at_ms,
+    };
     let db_bytes = std::fs::metadata(&shadow.db).map(|m| m.len()).unwrap_or(0);
 
     for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
@@ -360,11 +347,6 @@ fn fill(
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(io_err(format!("writing {}", shadow.config.display())))?;
     Ok((marks, db_bytes, files_bytes))
-}
-
-fn max_id(db: &rusqlite::Connection, sql: &str) -> ShadowResult<i64> {
-    db.query_row(sql, [], |r| r.get(0))
-        .map_err(sql_err("reading the snapshot's marks"))
 }
 
 fn set_mode(path: &Path) -> ShadowResult<()> {

@@ -17,19 +17,29 @@
 //! create a row as a side effect of a read.
 
 pub mod adapters;
+pub mod baseline;
 mod conn;
 pub mod conversations;
 pub mod copy;
+pub mod exchanges;
 pub mod identities;
+#[cfg(feature = "test-hooks")]
+pub mod inspect;
 pub mod links;
 pub mod messages;
 mod migrations;
 pub mod outbox;
 pub mod pairings;
 mod pg;
+pub mod rehearsal;
 pub mod runs;
+pub mod seed;
+pub mod snapshot;
+pub mod space_settings;
 pub mod spaces;
+pub mod stats;
 pub mod status;
+pub mod task_runs;
 pub mod tasks;
 pub mod tokens;
 
@@ -89,6 +99,10 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A write a space's one writer (its actor) runs in its mailbox order, with
+/// the JSON its caller answers: the actors' and the review's, named once.
+pub type SpaceWrite = Box<dyn FnOnce(&Tx<'_>) -> StoreResult<serde_json::Value> + Send + 'static>;
 
 type WriteJob = Box<dyn PendingWrite>;
 

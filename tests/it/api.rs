@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{free_port, HostOptions, TestHost};
+use mercury::storage::{inspect, Query};
 
 // ---------------------------------------------------------------------------
 // Route × role matrix
@@ -1183,34 +1184,25 @@ async fn messages_recent_pages_through_1000_seeded_messages_each_once_oldest_fir
     // Four messages share each minute, and they are inserted in a scrambled
     // order, so id order is not time order: the server must order by both.
     {
-        let mut w = h.db_writer();
-        let tx = w.transaction().unwrap();
-        for k in 0..1000i64 {
-            let i = (k * 7919) % 1000;
-            tx.execute(
-                "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('pager', 'seeder', 'user', ?1, ?2)",
-                rusqlite::params![format!("seed {i}"), base + (i / 4) * minute],
-            )
-            .unwrap();
-        }
-        for i in 0..50i64 {
-            tx.execute(
-                "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('other', 'seeder', 'user', 'elsewhere', ?1)",
-                [base + i * minute],
-            )
-            .unwrap();
-        }
-        tx.commit().unwrap();
+        h.write(move |tx| {
+            for k in 0..1000i64 {
+                let i = (k * 7919) % 1000;
+                tx.execute(
+                    "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('pager', 'seeder', 'user', ?1, ?2)",
+                    &[&format!("seed {i}"), &(base + (i / 4) * minute)],
+                )?;
+            }
+            for i in 0..50i64 {
+                tx.execute(
+                    "INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('other', 'seeder', 'user', 'elsewhere', ?1)",
+                    &[&(base + i * minute)],
+                )?;
+            }
+            Ok(())
+        });
     }
     let expect = |since: i64, until: i64| -> Vec<i64> {
-        let db = h.db();
-        let mut stmt = db
-            .prepare("SELECT id FROM messages WHERE space_id = 'pager' AND created_at >= ?1 AND created_at < ?2 ORDER BY created_at, id")
-            .unwrap();
-        stmt.query_map([since, until], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
+        h.read(|c| c.query_all("SELECT id FROM messages WHERE space_id = 'pager' AND created_at >= ?1 AND created_at < ?2 ORDER BY created_at, id", &[&since, &until], |r| r.get(0)))
     };
 
     let all = page_all(&h, "pager", "since=24h", 37).await;
@@ -1511,12 +1503,13 @@ async fn a_control_action_whose_store_write_fails_answers_500_internal_with_no_d
     h.create_space("alpha").await;
     // The database refuses the write `control clear` makes, with a message
     // that must stay in the host's log.
-    h.db_writer()
-        .execute_batch(
+    h.write(|tx| {
+        inspect::execute_script(
+            tx,
             "CREATE TRIGGER refuse_clear BEFORE INSERT ON session_state \
              BEGIN SELECT RAISE(ABORT, 'SECRET-DB-TEXT session_state'); END;",
         )
-        .unwrap();
+    });
     let (st, v) = h
         .owner(Method::POST, "/api/control/clear", Some("alpha"), None)
         .await;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use mercury::storage::{conversations, inspect, Conn, Store, StoreResult, Tx};
 use reqwest::Method;
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
@@ -48,6 +49,27 @@ pub(crate) struct TestHost {
     env: Vec<(&'static str, String)>,
     /// Where a captured child-process host's stderr goes.
     stderr_file: Option<PathBuf>,
+    /// The test's own store on the host's database, opened on first use.
+    store: std::sync::OnceLock<Store>,
+}
+
+/// Runs `f` in a write of `store` and waits for its commit, from any
+/// context (a test's async body or a plain helper): the write is awaited on
+/// a thread of its own.
+pub(crate) fn write_to<T: Send + 'static>(
+    store: &Store,
+    f: impl FnOnce(&Tx<'_>) -> StoreResult<T> + Send + 'static,
+) -> T {
+    let store = store.clone();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime for the write")
+            .block_on(store.write(f))
+    })
+    .join()
+    .expect("the write's thread")
+    .expect("a write of the database")
 }
 
 pub(crate) fn free_port() -> u16 {
@@ -220,6 +242,7 @@ impl TestHost {
             child,
             env: Vec::new(),
             stderr_file: None,
+            store: std::sync::OnceLock::new(),
         }
     }
 
@@ -357,14 +380,12 @@ impl TestHost {
             )
             .await;
         assert_eq!(st, 202, "{v}");
-        let id: i64 = self
-            .db()
-            .query_row(
-                "SELECT id FROM conversations WHERE external_id = ?1",
-                [external],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let id = self
+            .read(|c| conversations::list(c, None))
+            .into_iter()
+            .find(|c| c.external_id == external)
+            .expect("the conversation was stored")
+            .id;
         let (st, v) = self
             .owner(
                 Method::POST,
@@ -421,38 +442,22 @@ impl TestHost {
     /// Every row of every table (but `except`) that mentions `space` in any
     /// column, as text: a fingerprint of what a space holds in the database.
     pub(crate) fn rows_mentioning(&self, space: &str, except: &[&str]) -> Vec<String> {
-        let db = self.db();
-        let mut stmt = db
-            .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
-            .unwrap();
-        let names: Vec<String> = stmt
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let mut out = Vec::new();
-        for n in names.into_iter().filter(|n| !except.contains(&n.as_str())) {
-            let mut q = db.prepare(&format!("SELECT * FROM \"{n}\"")).unwrap();
-            let cols = q.column_count();
-            let mut rows = q.query([]).unwrap();
-            while let Some(row) = rows.next().unwrap() {
-                let vals: Vec<String> = (0..cols)
-                    .map(|i| match row.get_ref(i).unwrap() {
-                        rusqlite::types::ValueRef::Null => "NULL".into(),
-                        rusqlite::types::ValueRef::Integer(x) => x.to_string(),
-                        rusqlite::types::ValueRef::Real(x) => x.to_string(),
-                        rusqlite::types::ValueRef::Text(t) => {
-                            String::from_utf8_lossy(t).into_owned()
-                        }
-                        rusqlite::types::ValueRef::Blob(b) => format!("{b:?}"),
-                    })
-                    .collect();
-                if vals.iter().any(|v| v == space) {
-                    out.push(format!("{n}: {}", vals.join(" | ")));
+        let space = space.to_owned();
+        let except: Vec<String> = except.iter().map(|e| (*e).to_owned()).collect();
+        self.read(move |c| {
+            let mut out = Vec::new();
+            for n in inspect::tables(c)? {
+                if except.contains(&n) {
+                    continue;
+                }
+                for vals in inspect::rows_as_text(c, &n)? {
+                    if vals.contains(&space) {
+                        out.push(format!("{n}: {}", vals.join(" | ")));
+                    }
                 }
             }
-        }
-        out
+            Ok(out)
+        })
     }
 
     /// (relative path, sha256) of every file under the space's workspace.
@@ -566,37 +571,44 @@ impl TestHost {
         v["token"].as_str().unwrap().to_string()
     }
 
-    /// A read-only connection to the real database file.
-    pub(crate) fn db(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open_with_flags(
-            self.data.join("state.db"),
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-        )
-        .unwrap()
+    /// The host's database through storage: a store opened on its
+    /// `state.db` (once per test host), as a second process of the same
+    /// deployment would open it.
+    pub(crate) fn store(&self) -> &Store {
+        self.store
+            .get_or_init(|| Store::open(&self.data.join("state.db")).expect("open the store"))
     }
 
+    /// Runs `f` on one of the store's read connections (off the async
+    /// runtime's concerns: a short blocking read).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> T {
+        self.store()
+            .read_blocking(f)
+            .expect("a read of the database")
+    }
+
+    /// Runs `f` in a write of the store (seeding rows the way a second
+    /// process would), waiting for its commit from any context.
+    pub(crate) fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> StoreResult<T> + Send + 'static,
+    ) -> T {
+        write_to(self.store(), f)
+    }
+
+    /// A test's own counting statement (`SELECT COUNT(*) …`).
     pub(crate) fn count(&self, sql: &str) -> i64 {
-        self.db().query_row(sql, [], |r| r.get(0)).unwrap()
+        self.read(|c| inspect::count(c, sql))
     }
 
     /// Total rows of every table (to prove a request wrote nothing).
     pub(crate) fn all_row_counts(&self) -> Vec<(String, i64)> {
-        let db = self.db();
-        let mut stmt = db.prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name").unwrap();
-        let names: Vec<String> = stmt
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        names
-            .into_iter()
-            .map(|n| {
-                let c: i64 = db
-                    .query_row(&format!("SELECT COUNT(*) FROM \"{n}\""), [], |r| r.get(0))
-                    .unwrap();
-                (n, c)
-            })
-            .collect()
+        self.read(|c| {
+            inspect::tables(c)?
+                .into_iter()
+                .map(|n| Ok((n.clone(), inspect::row_count(c, &n)?)))
+                .collect()
+        })
     }
 
     /// `mrctl` as a process, with this host's URL and the given token.
@@ -676,14 +688,6 @@ impl TestHost {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    /// A writer connection to the real database file (seeding data the way
-    /// a second process would: WAL, with a busy timeout).
-    pub(crate) fn db_writer(&self) -> rusqlite::Connection {
-        let c = rusqlite::Connection::open(self.data.join("state.db")).unwrap();
-        c.busy_timeout(Duration::from_secs(10)).unwrap();
-        c
     }
 }
 

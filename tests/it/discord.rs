@@ -773,25 +773,19 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     }
     host.wait_count(DISCORD_ROWS, 3, 60).await;
     host.kill();
-    let stored: Value = serde_json::from_str(
-        &host
-            .db()
-            .query_row(
-                "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
-                [],
-                |r| r.get::<_, String>(0),
-            )
-            .unwrap(),
-    )
+    let stored: Value = serde_json::from_str(&host.read(|c| {
+        Ok(c.query_row(
+            "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
+            &[],
+            |r| r.get::<_, String>(0),
+        )?)
+    }))
     .unwrap();
     let last_row: String = host
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT platform_message_id FROM messages WHERE sender_id LIKE 'discord:%' ORDER BY id DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+            &[],
+            |r| r.get(0))?));
     assert_eq!(
         stored["sequence"].as_u64().unwrap(),
         fake.seq_of(&last_row),

@@ -236,10 +236,10 @@ struct RunRow {
 }
 
 fn run_row(host: &TestHost, run_id: &str) -> RunRow {
-    host.db()
-        .query_row(
+    host.read(|c| {
+        Ok(c.query_row(
             "SELECT status, error, container_id, sandbox_proof FROM runs WHERE id = ?1",
-            [run_id],
+            &[&run_id],
             |r| {
                 Ok(RunRow {
                     status: r.get(0)?,
@@ -248,8 +248,8 @@ fn run_row(host: &TestHost, run_id: &str) -> RunRow {
                     proof: r.get(3)?,
                 })
             },
-        )
-        .expect("run row")
+        )?)
+    })
 }
 
 /// The scripted tool call every "long tool" test uses: it marks the moment
@@ -379,14 +379,13 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
     let summary = running_container(&docker, &instance).await;
     let id = summary.id.expect("container id");
     let info = docker.inspect_container(&id, None).await.expect("inspect");
-    let run_id: String = host
-        .db()
-        .query_row(
+    let run_id: String = host.read(|c| {
+        Ok(c.query_row(
             "SELECT id FROM runs WHERE space_id = ?1 AND status = 'running'",
-            [&space],
+            &[&&space],
             |r| r.get(0),
-        )
-        .expect("the running run");
+        )?)
+    });
 
     let config = info.config.expect("config");
     let labels = config.labels.clone().expect("labels");

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::Query;
 
 fn sha(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
@@ -426,14 +427,8 @@ async fn read_and_admin_links_reach_files_and_every_write_is_audited_with_hashes
         .await;
     assert_eq!(done, 6);
     let rows: Vec<AuditFileRow> = {
-        let db = h.db();
-        let mut stmt = db
-            .prepare(
-                "SELECT method, path, status, link_id, before_value, after_value FROM space_link_audit
-                 WHERE route = '/api/files/{*path}' AND method IN ('PUT','DELETE') ORDER BY id",
-            )
-            .unwrap();
-        stmt.query_map([], |r| {
+        h.read(|c| c.query_all("SELECT method, path, status, link_id, before_value, after_value FROM space_link_audit
+                 WHERE route = '/api/files/{*path}' AND method IN ('PUT','DELETE') ORDER BY id", &[], |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -442,10 +437,7 @@ async fn read_and_admin_links_reach_files_and_every_write_is_audited_with_hashes
                 r.get(4)?,
                 r.get(5)?,
             ))
-        })
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+        }))
     };
     let statuses: Vec<(String, String, i64)> = rows
         .iter()
@@ -487,13 +479,13 @@ async fn read_and_admin_links_reach_files_and_every_write_is_audited_with_hashes
 }
 
 fn run_steps_of(h: &TestHost, run: &str) -> i64 {
-    h.db()
-        .query_row(
+    h.read(|c| {
+        Ok(c.query_row(
             "SELECT COUNT(*) FROM run_steps WHERE run_id = ?1",
-            [run],
+            &[&run],
             |r| r.get(0),
-        )
-        .unwrap()
+        )?)
+    })
 }
 
 /// `mrctl runs show RUN` in `space` as the owner, which must succeed: its output.
@@ -562,13 +554,10 @@ async fn a_management_agent_edits_a_clients_agents_md_and_the_clients_next_turn_
         .await;
     assert_eq!(done, 1);
     let (run, path, after): (String, String, String) = h
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT run_id, path, after_value FROM space_link_audit WHERE method = 'PUT' AND route = '/api/files/{*path}'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
     assert_eq!(
         (run.as_str(), path.as_str()),
         (mgmt_run.as_str(), "/api/files/AGENTS.md")
@@ -613,12 +602,10 @@ async fn a_turn_with_two_tool_calls_shows_both_in_runs_show_with_arguments_and_e
     .await;
     h.create_space("s").await;
     // A step older than runs.keep_days, to be pruned by the next commit.
-    h.db_writer()
-        .execute(
-            "INSERT INTO run_steps (run_id, seq, kind, name, started_at) VALUES ('ancient', 1, 'model', 'm', 0)",
-            [],
-        )
-        .unwrap();
+    h.write(|tx| {
+ tx.execute("INSERT INTO run_steps (run_id, seq, kind, name, started_at) VALUES ('ancient', 1, 'model', 'm', 0)", &[])?;
+ Ok(())
+ });
     let v = h.chat("s", "two tools").await;
     assert_eq!(v["reply"], "both ran", "{v}");
     let run = v["run_id"].as_str().unwrap().to_owned();

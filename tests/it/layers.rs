@@ -154,3 +154,225 @@ fn the_scanner_sees_paths_groups_and_skips_tests_and_comments() {
             .collect()
     );
 }
+
+/// The database driver's crate name, spelled so this file does not name it.
+const DRIVER: &str = concat!("rus", "qlite");
+
+/// Statement keywords a SQL string begins with (case-sensitive, as SQL is
+/// written in this tree).
+const SQL_KEYWORDS: &[&str] = &[
+    "SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "PRAGMA", "WITH", "ALTER", "DROP", "ATTACH",
+    "VACUUM", "BEGIN",
+];
+
+/// Keywords that make a whole statement alone (`"VACUUM"`); the others need
+/// more after them, so an HTTP method `"DELETE"` is not a statement.
+const SQL_ALONE: &[&str] = &["VACUUM", "BEGIN"];
+
+/// Every string literal of `text` (plain, raw and byte strings) with the
+/// line it starts on. Comments and char literals are skipped; a lifetime is
+/// told from a char literal by its missing closing quote.
+fn string_literals(text: &str) -> Vec<(usize, String)> {
+    let b = text.as_bytes();
+    let (mut i, mut line, mut out) = (0, 1, Vec::new());
+    let count_lines = |s: &[u8]| s.iter().filter(|c| **c == b'\n').count();
+    while i < b.len() {
+        match b[i] {
+            b'\n' => {
+                line += 1;
+                i += 1;
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let end = text[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
+                line += count_lines(&b[i..end]);
+                i = end;
+            }
+            b'\'' => {
+                // 'x' or '\n' / '\u{..}' is a char literal; 'a (no closing quote) a lifetime.
+                if b.get(i + 1) == Some(&b'\\') {
+                    let end = text[i + 2..].find('\'').map_or(b.len(), |e| i + 2 + e + 1);
+                    i = end;
+                } else {
+                    let ch_len = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                    if b.get(i + 1 + ch_len) == Some(&b'\'') {
+                        i += ch_len + 2;
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'r' | b'b' if prefixed_string(b, i).is_some() => {
+                let (raw, hashes, quote) = prefixed_string(b, i).unwrap_or_default();
+                if raw {
+                    let close = format!("\"{}", "#".repeat(hashes));
+                    let end = text[quote + 1..]
+                        .find(&close)
+                        .map_or(b.len(), |e| quote + 1 + e);
+                    out.push((line, text[quote + 1..end].to_owned()));
+                    line += count_lines(&b[i..end]);
+                    i = (end + close.len()).min(b.len());
+                } else {
+                    let (lit, end) = plain_string(text, quote);
+                    out.push((line, lit));
+                    line += count_lines(&b[i..end]);
+                    i = end;
+                }
+            }
+            b'"' => {
+                let (lit, end) = plain_string(text, i);
+                out.push((line, lit));
+                line += count_lines(&b[i..end]);
+                i = end;
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// A string literal with a prefix at `i` (`r"`, `r#"`, `b"`, `br#"`):
+/// whether it is raw, its `#` count and where its opening quote is.
+fn prefixed_string(b: &[u8], i: usize) -> Option<(bool, usize, usize)> {
+    if i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_') {
+        return None;
+    }
+    let mut j = i + 1;
+    let raw = b[i] == b'r' || b.get(j) == Some(&b'r');
+    if b[i] == b'b' && raw {
+        j += 1;
+    }
+    let hashes = if raw {
+        b[j..].iter().take_while(|c| **c == b'#').count()
+    } else {
+        0
+    };
+    j += hashes;
+    (b.get(j) == Some(&b'"')).then_some((raw, hashes, j))
+}
+
+/// The literal opening at the quote `at`, with escapes left as written, and
+/// the index after its closing quote.
+fn plain_string(text: &str, at: usize) -> (String, usize) {
+    let b = text.as_bytes();
+    let mut i = at + 1;
+    while i < b.len() && b[i] != b'"' {
+        i += if b[i] == b'\\' { 2 } else { 1 };
+    }
+    (
+        text[at + 1..i.min(b.len())].to_owned(),
+        (i + 1).min(b.len()),
+    )
+}
+
+/// The statement a literal begins with, if it begins with one: a keyword
+/// after any leading whitespace (and `\` line continuations), followed by
+/// whitespace or `;` (or the literal's end, for a keyword that is a
+/// statement alone).
+fn sql_start(literal: &str) -> Option<&str> {
+    let mut rest = literal;
+    loop {
+        let t = rest.trim_start();
+        let t = t
+            .strip_prefix("\\n")
+            .or_else(|| t.strip_prefix('\\'))
+            .unwrap_or(t);
+        if t.len() == rest.len() {
+            break;
+        }
+        rest = t;
+    }
+    SQL_KEYWORDS
+        .iter()
+        .any(|k| {
+            rest.strip_prefix(k)
+                .is_some_and(|after| match after.chars().next() {
+                    None => SQL_ALONE.contains(k),
+                    Some(c) => c.is_whitespace() || c == ';' || after.starts_with("\\n"),
+                })
+        })
+        .then_some(rest)
+}
+
+fn is_sql(literal: &str) -> bool {
+    sql_start(literal).is_some()
+}
+
+#[test]
+fn sql_and_the_driver_live_only_in_storage() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let storage = root.join("src").join("storage");
+    let mut src = Vec::new();
+    rust_files(&root.join("src"), &mut src);
+    src.retain(|f| !f.starts_with(&storage));
+    src.push(root.join("build.rs"));
+    let mut tests = Vec::new();
+    rust_files(&root.join("tests"), &mut tests);
+    let fixture = root.join("tests").join("it").join("common.rs");
+
+    let mut offences = Vec::new();
+    let mut literals = 0;
+    for file in src.iter().chain(&tests) {
+        let text = std::fs::read_to_string(file).expect("read");
+        let rel = file.strip_prefix(root).expect("under the crate");
+        for (n, l) in text.lines().enumerate() {
+            if l.contains(DRIVER) {
+                offences.push(format!(
+                    "{}:{}: names {DRIVER}: {}",
+                    rel.display(),
+                    n + 1,
+                    l.trim()
+                ));
+            }
+        }
+        if src.contains(file) || *file == fixture {
+            for (line, lit) in string_literals(&text) {
+                literals += 1;
+                if let Some(sql) = sql_start(&lit) {
+                    let first = sql.lines().next().unwrap_or_default();
+                    offences.push(format!(
+                        "{}:{line}: SQL outside storage: \"{first}",
+                        rel.display()
+                    ));
+                }
+            }
+        }
+    }
+    offences.sort();
+    assert!(
+        offences.is_empty(),
+        "SQL and the database driver belong in src/storage/ only; call a storage function \
+         (add one named for what it answers) instead:\n{}",
+        offences.join("\n")
+    );
+    println!(
+        "{literals} string literals checked across {} files",
+        src.len() + tests.len()
+    );
+    assert!(
+        literals > 1000,
+        "the scan found almost no string literals: {literals}"
+    );
+}
+
+#[test]
+fn the_sql_scanner_tells_statements_from_methods_and_skips_comments() {
+    let code = "let a = \"SELECT id FROM t\"; // \"DELETE FROM c\"\n\
+                let b = (\"DELETE\", 'x', '\\'', \"CREATED BY\");\n\
+                fn f<'a>(x: &'a str) {}\n\
+                let c = r#\"\n  INSERT INTO t\"#; let d = \"\\\n   UPDATE t SET\";\n\
+                /* \"DROP TABLE x\" */ let e = \"VACUUM\"; let g = b\"BEGIN;\";\n";
+    let found: Vec<(usize, String)> = string_literals(code)
+        .into_iter()
+        .filter(|(_, l)| is_sql(l))
+        .collect();
+    let lines: Vec<usize> = found.iter().map(|(n, _)| *n).collect();
+    assert_eq!(lines, [1, 4, 5, 7, 7], "{found:?}");
+    assert!(!is_sql("DELETE"));
+    assert!(!is_sql("CREATED"));
+    assert!(is_sql("WITH x AS (SELECT 1) SELECT * FROM x"));
+}

@@ -9,6 +9,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::Query;
 
 const REACH: [&str; 7] = [
     "links.act",
@@ -32,33 +33,33 @@ async fn mgmt_and_client(h: &TestHost) -> (String, i64) {
 }
 
 fn perms_of(h: &TestHost, space: &str, role: &str) -> Option<String> {
-    h.db()
-        .query_row(
+    h.read(|c| {
+        c.query_opt(
             "SELECT value FROM space_config WHERE space_id = ?1 AND key = ?2",
-            [space, &format!("role.{role}.permissions")],
+            &[&space, &&format!("role.{role}.permissions")],
             |r| r.get(0),
         )
-        .ok()
+    })
 }
 
 fn kv(h: &TestHost, table: &str, space: &str, key: &str) -> Option<String> {
-    h.db()
-        .query_row(
+    h.read(|c| {
+        c.query_opt(
             &format!("SELECT value FROM {table} WHERE space_id = ?1 AND key = ?2"),
-            [space, key],
+            &[&space, &key],
             |r| r.get(0),
         )
-        .ok()
+    })
 }
 
 fn role_of(h: &TestHost, space: &str, caller: &str) -> Option<(String, Option<i64>)> {
-    h.db()
-        .query_row(
+    h.read(|c| {
+        c.query_opt(
             "SELECT role, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            [space, caller],
+            &[&space, &caller],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .ok()
+    })
 }
 
 fn message(v: &Value) -> String {
@@ -304,14 +305,13 @@ async fn revoke_and_downgrade_restore_what_the_link_changed_and_keep_a_direct_wr
         kv(&h, "space_config", "client", "rate_limit.per_minute").as_deref(),
         Some("7")
     );
-    let detail: String = h
-        .db()
-        .query_row(
+    let detail: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
-            [link],
+            &[&link],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert!(
         detail.contains("restored preference tone in client to calm")
             && detail.contains("kept config rate_limit.per_minute in client at 7"),
@@ -479,13 +479,10 @@ async fn a_role_a_link_overwrote_or_revoked_comes_back_when_the_link_goes() {
     );
     // The role granted by the owner before, with its granter.
     let by: String = h
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT granted_by FROM space_roles WHERE space_id = 'client' AND caller_id = 'test:cara'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+            &[],
+            |r| r.get(0))?));
     assert_eq!(by, "owner");
 
     // A direct grant after the link's is the target's own: kept.
@@ -555,14 +552,7 @@ async fn a_trace_read_through_a_link_withholds_what_a_step_read_from_a_third_spa
     assert_eq!(v["reply"], "done", "{v}");
     let run = v["run_id"].as_str().unwrap().to_owned();
     let stored: Vec<Option<String>> = {
-        let db = h.db();
-        let mut stmt = db
-            .prepare("SELECT source_spaces FROM run_steps WHERE run_id = ?1 AND kind = 'tool' ORDER BY seq")
-            .unwrap();
-        stmt.query_map([&run], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
+        h.read(|c| c.query_all("SELECT source_spaces FROM run_steps WHERE run_id = ?1 AND kind = 'tool' ORDER BY seq", &[&&run], |r| r.get(0)))
     };
     assert_eq!(
         stored,

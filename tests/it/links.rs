@@ -60,13 +60,15 @@ fn ask_token(host: &TestHost, space: &str, role: &str) -> String {
     use sha2::{Digest, Sha256};
     let secret = format!("mrc_ask_{role}_{}", uuid::Uuid::new_v4().simple());
     let hash = base16ct::lower::encode_string(&Sha256::digest(secret.as_bytes()));
-    host.db_writer()
-        .execute(
+    let (space, role) = (space.to_owned(), role.to_owned());
+    host.write(move |tx| {
+        tx.execute(
             "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, role, read_only)
              VALUES (?1, ?2, 'alice', 'run', ?3, ?1, 'ask', 'system', 0, ?4, 1)",
-            rusqlite::params![format!("ask-{role}"), hash, space, role],
-        )
-        .unwrap();
+            &[&format!("ask-{role}"), &hash, &space, &role],
+        )?;
+        Ok(())
+    });
     secret
 }
 
@@ -175,15 +177,14 @@ async fn set_state(w: &World, state: LinkState) -> Vec<i64> {
         }
         LinkState::UnknownLevel => {
             // A level this code does not know must deny: written straight into the file.
-            let db = rusqlite::Connection::open(h.data.join("state.db")).unwrap();
-            db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
-            db.execute(
-                "INSERT INTO space_links (holder_space_id, target_space_id, level, created_by, created_at, updated_by, updated_at)
-                 VALUES ('h', 't', 'owner', 'test', 0, 'test', 0)",
-                [],
-            )
-            .unwrap();
-            vec![db.last_insert_rowid()]
+            vec![h.write(|tx| {
+                Ok(tx.query_row(
+                    "INSERT INTO space_links (holder_space_id, target_space_id, level, created_by, created_at, updated_by, updated_at)
+                     VALUES ('h', 't', 'owner', 'test', 0, 'test', 0) RETURNING id",
+                    &[],
+                    |r| r.get::<_, i64>(0),
+                )?)
+            })]
         }
     }
 }
@@ -227,13 +228,10 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
             ("/api/files/notes/gone.md".into(), None, 200)
         }
         ("GET", "/api/runs/{id}") => {
-            w.host
-                .db_writer()
-                .execute(
-                    "INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)",
-                    [],
-                )
-                .unwrap();
+            w.host.write(|tx| {
+ tx.execute("INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)", &[])?;
+ Ok(())
+ });
             ("/api/runs/matrix-run".into(), None, 200)
         }
         ("GET", p) => (p.into(), None, 200),
@@ -498,13 +496,10 @@ async fn reads_through_a_link_leave_the_target_byte_identical() {
     w.host.link("h", "t", "read").await;
     let alice = &w.tokens[0].1;
     // A run of t, for its trace.
-    w.host
-        .db_writer()
-        .execute(
-            "INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)",
-            [],
-        )
-        .unwrap();
+    w.host.write(|tx| {
+ tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)", &[])?;
+ Ok(())
+ });
     let rows_before = w.host.rows_mentioning("t", &["space_link_audit"]);
     let files_before = w.host.workspace_hashes("t");
     for route in ACT_AS_ROUTES.iter().filter(|r| r.level == LinkLevel::Read) {
@@ -591,13 +586,10 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
         "a refusal after the grant check is audited"
     );
     let row: (String, String, i64, Option<String>, i64) = h
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT method, route, status, body_summary, link_id FROM space_link_audit ORDER BY id DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .unwrap();
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?));
     assert_eq!(
         (row.0.as_str(), row.1.as_str(), row.2, row.4),
         ("PUT", "/api/prefs", 403, id)

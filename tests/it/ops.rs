@@ -54,13 +54,13 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 async fn reply_to(h: &TestHost, mid: i64) -> String {
     let sql = format!("SELECT COUNT(*) FROM messages WHERE reply_to = {mid}");
     assert_eq!(h.wait_count(&sql, 1, 60).await, 1, "a reply to {mid}");
-    h.db()
-        .query_row(
+    h.read(|c| {
+        Ok(c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
-            [mid],
+            &[&mid],
             |r| r.get(0),
-        )
-        .unwrap()
+        )?)
+    })
 }
 
 async fn ingest_dm(h: &TestHost, adapter: &str, text: &str, id: &str) -> i64 {
@@ -94,26 +94,24 @@ async fn ops_a_failed_turn_answers_the_configured_sentence_and_keeps_the_reason(
     let adapter = h.token("bridge", "adapter").await;
     let mid = ingest_dm(&h, &adapter, "/etc/passwd please", "f-1").await;
     assert_eq!(reply_to(&h, mid).await, "That did not work, sorry.");
-    let error: String = h
-        .db()
-        .query_row(
+    let error: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT error FROM runs WHERE trigger_message_id = ?1",
-            [mid],
+            &[&mid],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert!(
         error.contains("no rule matches"),
         "the reason stays: {error}"
     );
-    let outbox: String = h
-        .db()
-        .query_row(
+    let outbox: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT text FROM outbox ORDER BY id DESC LIMIT 1",
-            [],
+            &[],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert_eq!(
         outbox, "That did not work, sorry.",
         "delivered as configured"
@@ -149,14 +147,13 @@ async fn ops_the_trigger_word_does_not_reach_the_model() {
     let mid = ingest_dm(&h, &adapter, "is mercury what is the time?", "t-3").await;
     assert_eq!(reply_to(&h, mid).await, "not stripped");
     // The stored message keeps what was said.
-    let stored: String = h
-        .db()
-        .query_row(
+    let stored: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT text FROM messages WHERE platform_message_id = 't-1'",
-            [],
+            &[],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert_eq!(stored, "@mercury what is the time?");
     h.stop().await;
 }

@@ -13,6 +13,7 @@ use serde_yaml_ng::Value as Yaml;
 use crate::common::{prepare, HostOptions, TestHost};
 use crate::discord::{self, FakeDiscord};
 use crate::telegram::{dm, host_options, FakeBotApi};
+use mercury::storage::Query;
 
 const CODE_CHARS: &str = "ABCDEFGHJKMNPQRSTUVWXYZ23456789";
 
@@ -29,14 +30,13 @@ fn code_in(text: &str) -> String {
 }
 
 fn outbox_texts(h: &TestHost, external: &str) -> Vec<String> {
-    let db = h.db();
-    let mut stmt = db
-        .prepare("SELECT text FROM outbox WHERE external_id = ?1 ORDER BY id")
-        .unwrap();
-    stmt.query_map([external], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+    h.read(|c| {
+        c.query_all(
+            "SELECT text FROM outbox WHERE external_id = ?1 ORDER BY id",
+            &[&external],
+            |r| r.get(0),
+        )
+    })
 }
 
 fn mrctl_ok(h: &TestHost, args: &[&str]) -> String {
@@ -286,12 +286,12 @@ async fn pairing_a_data_dir_of_the_last_release_keeps_answering_its_people() {
     let old = data.join("old.db");
     mercury::storage::Store::create_at_version(&old, 9).unwrap();
     {
-        let c = rusqlite::Connection::open(&old).unwrap();
-        c.execute("ATTACH DATABASE ?1 AS cur", [db.to_str().unwrap()])
-            .unwrap();
         // The owner's token, so the new host can be driven.
-        c.execute_batch(
-            "INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, revoked_at, role, read_only, platform, scope)
+        let attach = format!("ATTACH DATABASE '{}' AS cur;", db.to_str().unwrap());
+        mercury::storage::inspect::execute_script_on_file(
+            &old,
+            &(attach + "
+             INSERT INTO api_tokens (id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, revoked_at, role, read_only, platform, scope)
                SELECT id, token_hash, caller_id, kind, space_id, run_id, label, created_by, created_at, expires_at, revoked_at, role, read_only, platform, scope FROM cur.api_tokens;
              DETACH DATABASE cur;
              INSERT INTO spaces (id, name, tags, created_at, updated_at) VALUES
@@ -304,7 +304,7 @@ async fn pairing_a_data_dir_of_the_last_release_keeps_answering_its_people() {
                ('test-0000000000000001', 'test:oldfriend', 'Old Friend', 1, 1),
                ('test-0000000000000002', 'test:groupie', 'Groupie', 1, 1);
              INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, status) VALUES
-               ('test-0000000000000001', 1, 'test:oldfriend', 'Old Friend', 'user', 'hi', 'old-1', 1, 'done');",
+               ('test-0000000000000001', 1, 'test:oldfriend', 'Old Friend', 'user', 'hi', 'old-1', 1, 'done');"),
         )
         .unwrap();
     }
@@ -423,13 +423,13 @@ async fn pairing_a_mapped_identity_through_an_untrusted_adapter_token_gets_no_op
     h.platform_conversation("phone", "mgmt").await;
     mrctl_ok(&h, &["identities", "link", "test:555", "owner"]);
     let tone = |h: &TestHost| -> Option<String> {
-        h.db()
-            .query_row(
+        h.read(|c| {
+            c.query_opt(
                 "SELECT value FROM space_preferences WHERE space_id = 'mgmt' AND key = 'tone'",
-                [],
+                &[],
                 |r| r.get(0),
             )
-            .ok()
+        })
     };
     let post = |adapter: String, text: &'static str, mid: &'static str| {
         let h = &h;
@@ -449,11 +449,13 @@ async fn pairing_a_mapped_identity_through_an_untrusted_adapter_token_gets_no_op
             assert_eq!(st, 202, "{v}");
             let id = v["message_id"].as_i64().unwrap();
             answered(h, id).await;
-            h.db()
-                .query_row("SELECT text FROM messages WHERE reply_to = ?1", [id], |r| {
-                    r.get::<_, String>(0)
-                })
-                .unwrap()
+            h.read(|c| {
+                Ok(c.query_row(
+                    "SELECT text FROM messages WHERE reply_to = ?1",
+                    &[&id],
+                    |r| r.get::<_, String>(0),
+                )?)
+            })
         }
     };
     // Any adapter token can name sender 555: without the flag it is only test:555.

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{free_port, prepare, HostOptions, TestHost};
+use mercury::storage::Query;
 
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path)
@@ -34,9 +35,12 @@ async fn owner_chat(h: &TestHost, space: &str, text: &str) -> (String, String, S
     let v = h.chat(space, text).await;
     let run = v["run_id"].as_str().unwrap_or_default().to_owned();
     let error: Option<String> = h
-        .db()
-        .query_row("SELECT error FROM runs WHERE id = ?1", [&run], |r| r.get(0))
-        .unwrap_or(None);
+        .read(|c| {
+            c.query_opt("SELECT error FROM runs WHERE id = ?1", &[&&run], |r| {
+                r.get(0)
+            })
+        })
+        .flatten();
     (
         v["status"].as_str().unwrap_or_default().to_owned(),
         v["reply"].as_str().unwrap_or_default().to_owned(),
@@ -191,10 +195,13 @@ async fn a_fifo_under_models_fails_its_turn_and_the_host_keeps_answering() {
     // The participant reads the generic sentence; the reason is the run's.
     assert_eq!(v["reply"], mercury::config::DEFAULT_FAILURE_REPLY, "{v}");
     let run = v["run_id"].as_str().unwrap();
-    let error: String = h
-        .db()
-        .query_row("SELECT error FROM runs WHERE id = ?1", [run], |r| r.get(0))
-        .unwrap();
+    let error: String = h.read(|c| {
+        Ok(
+            c.query_row("SELECT error FROM runs WHERE id = ?1", &[&run], |r| {
+                r.get(0)
+            })?,
+        )
+    });
     assert!(error.contains("not a regular file"), "{error}");
     // Twice: the first failure did not wedge anything either.
     let (status, _, error) = owner_chat(&h, "team", "again").await;
@@ -248,12 +255,14 @@ async fn a_stored_chain_naming_a_file_outside_the_roots_is_refused_at_use() {
     h.create_space("team").await;
     let outside = h.dir.path().join("planted.json");
     std::fs::write(&outside, r#"{"rules": [{"reply": "PLANTED-CANARY"}]}"#).unwrap();
-    h.db_writer()
-        .execute(
+    let chain = format!("scripted:{}", outside.display());
+    h.write(move |tx| {
+        tx.execute(
             "INSERT INTO space_config (space_id, key, value, updated_by, updated_at) VALUES ('team', 'model', ?1, 'x', 0)",
-            [format!("scripted:{}", outside.display())],
-        )
-        .unwrap();
+            &[&chain],
+        )?;
+        Ok(())
+    });
     let (status, reply, error) = owner_chat(&h, "team", "hello").await;
     assert_eq!(status, "failed", "{reply}");
     assert!(!reply.contains("PLANTED-CANARY"), "{reply}");

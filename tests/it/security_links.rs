@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::Query;
 
 fn opts(model: Value) -> HostOptions {
     HostOptions {
@@ -33,13 +34,13 @@ async fn reply_to(h: &TestHost, message_id: i64) -> String {
         1,
         "no reply to {message_id}"
     );
-    h.db()
-        .query_row(
+    h.read(|c| {
+        Ok(c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
-            [message_id],
+            &[&message_id],
             |r| r.get(0),
-        )
-        .unwrap()
+        )?)
+    })
 }
 
 async fn ingest_as(
@@ -64,13 +65,13 @@ async fn ingest_as(
 }
 
 fn pref(h: &TestHost, space: &str, key: &str) -> Option<(String, String)> {
-    h.db()
-        .query_row(
+    h.read(|c| {
+        c.query_opt(
             "SELECT value, updated_by FROM space_preferences WHERE space_id = ?1 AND key = ?2",
-            [space, key],
+            &[&space, &key],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .ok()
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -99,14 +100,13 @@ async fn an_adapter_cannot_claim_an_operator_and_a_mapped_identity_acts_as_one()
     let reply = reply_to(&h, v["message_id"].as_i64().unwrap()).await;
     assert!(reply.contains("prefs.set"), "refused: {reply}");
     assert_eq!(pref(&h, "mgmt", "tone"), None, "no preference was set");
-    let sender: String = h
-        .db()
-        .query_row(
+    let sender: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT sender_id FROM messages WHERE platform_message_id = 'a-1'",
-            [],
+            &[],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert_eq!(sender, "test:owner");
 
     // An adapter is bound to its platform; tokens say which at mint.
@@ -311,14 +311,13 @@ async fn a_link_never_grants_its_own_side_a_role_and_revoke_takes_back_what_it_g
         h.count("SELECT COUNT(*) FROM space_roles WHERE caller_id = 'test:dora'"),
         0
     );
-    let detail: String = h
-        .db()
-        .query_row(
+    let detail: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
-            [link],
+            &[&link],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert!(detail.contains("test:dora in t"), "{detail}");
 
     // A downgrade to read takes them back as well.
@@ -579,13 +578,10 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     )
     .await;
     let (before, after): (String, String) = h
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT before_value, after_value FROM space_link_audit WHERE route = '/api/prefs' ORDER BY id DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?)))?));
     assert_eq!(
         serde_json::from_str::<Value>(&before).unwrap(),
         json!({"value": "warm"})
@@ -608,13 +604,10 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     let sql = "SELECT COUNT(*) FROM space_link_audit WHERE method = 'DELETE' AND status = 200";
     assert_eq!(h.wait_count(sql, 1, 10).await, 1);
     let (route, path, run_id, before): (String, String, Option<String>, String) = h
-        .db()
-        .query_row(
+        .read(|c| Ok(c.query_row(
             "SELECT route, path, run_id, before_value FROM space_link_audit WHERE method = 'DELETE'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .unwrap();
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?));
     assert_eq!(
         (route.as_str(), path.as_str(), run_id.as_deref()),
         ("/api/prefs/{key}", "/api/prefs/tone", Some(run.as_str()))
@@ -768,10 +761,13 @@ async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
         id.starts_with("whatsapp-") && !id.contains("3161234"),
         "{id}"
     );
-    let name: String = h
-        .db()
-        .query_row("SELECT name FROM spaces WHERE id = ?1", [id], |r| r.get(0))
-        .unwrap();
+    let name: String = h.read(|c| {
+        Ok(
+            c.query_row("SELECT name FROM spaces WHERE id = ?1", &[&id], |r| {
+                r.get(0)
+            })?,
+        )
+    });
     assert!(
         !name.contains("Jane") && !name.contains("3161234"),
         "{name}"

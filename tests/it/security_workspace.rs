@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{HostOptions, TestHost};
+use mercury::storage::Query;
 
 fn hostile_rules() -> Value {
     let shell = |cmd: &str| json!([{"name": "shell", "arguments": {"command": cmd}}]);
@@ -45,14 +46,14 @@ fn disk_use(root: &std::path::Path) -> u64 {
 }
 
 fn run_error(host: &TestHost, run: &Value) -> String {
-    host.db()
-        .query_row(
+    host.read(|c| {
+        Ok(c.query_row(
             "SELECT error FROM runs WHERE id = ?1",
-            [run.as_str().unwrap()],
+            &[&run.as_str().unwrap()],
             |r| r.get::<_, Option<String>>(0),
-        )
-        .unwrap()
-        .unwrap_or_default()
+        )?)
+    })
+    .unwrap_or_default()
 }
 
 async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox: &'static str) {
@@ -73,16 +74,13 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
         ("flood", "workspace.max_entries = 100000"),
     ] {
         let v = host.chat("alpha", turn).await;
-        let tool_output: Vec<String> = host
-            .db()
-            .prepare(
+        let tool_output: Vec<String> = host.read(|c| {
+            c.query_all(
                 "SELECT COALESCE(output, '') FROM run_steps WHERE run_id = ?1 AND kind = 'tool'",
+                &[&v["run_id"].as_str().unwrap()],
+                |r| r.get(0),
             )
-            .unwrap()
-            .query_map([v["run_id"].as_str().unwrap()], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        });
         assert_eq!(
             v["status"], "failed",
             "{turn}: {v}, the tool said {tool_output:?}"
@@ -114,13 +112,10 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
         assert_eq!(host.mounts_below_data(), Vec::<String>::new(), "{turn}");
         // The message is settled: no restart runs it again.
         let status: String = host
-            .db()
-            .query_row(
+            .read(|c| Ok(c.query_row(
                 "SELECT m.status FROM messages m JOIN runs r ON r.trigger_message_id = m.id WHERE r.id = ?1",
-                [v["run_id"].as_str().unwrap()],
-                |r| r.get(0),
-            )
-            .unwrap();
+                &[&v["run_id"].as_str().unwrap()],
+                |r| r.get(0))?));
         assert_eq!(status, "failed", "{turn}");
     }
     // A turn within the bounds still reads the workspace and keeps its write.
@@ -190,14 +185,13 @@ async fn a_message_that_crashes_the_host_twice_is_answered_with_the_failure_repl
         h.count("SELECT COUNT(*) FROM messages WHERE role = 'user' AND status = 'failed'"),
         1
     );
-    let reply: String = h
-        .db()
-        .query_row(
+    let reply: String = h.read(|c| {
+        Ok(c.query_row(
             "SELECT text FROM messages WHERE role = 'assistant'",
-            [],
+            &[],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     assert_eq!(reply, mercury::config::DEFAULT_FAILURE_REPLY);
     assert_eq!(
         h.count("SELECT COUNT(*) FROM outbox WHERE text = (SELECT text FROM messages WHERE role = 'assistant')"),

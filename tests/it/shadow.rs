@@ -12,8 +12,9 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
-use crate::common::{prepare, HostOptions, TestHost};
+use crate::common::{prepare, write_to, HostOptions, TestHost};
 use mercury::shadow::manifest::Manifest;
+use mercury::storage::{inspect, Conn, Query, Store};
 use mercury::workspace::transcript::{Transcript, TranscriptKind};
 
 /// A loopback HTTP receiver that keeps every request it gets (headers and
@@ -72,26 +73,25 @@ fn shadow_options(webhook: &str) -> HostOptions {
 /// A platform conversation (and the owner's DM one) written straight into
 /// the database, as a snapshot carries them: a shadow mints no adapter token.
 fn seed_conversations(host: &TestHost, space: &str) -> (i64, i64) {
-    let db = host.db_writer();
-    db.execute(
-        "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'group-1', ?1, 'group', 1, 2)",
-        [space],
-    )
-    .unwrap();
-    let group = db.last_insert_rowid();
-    db.execute(
-        "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'owner-dm', ?1, 'dm', 1, 1)",
-        [space],
-    )
-    .unwrap();
-    let dm = db.last_insert_rowid();
-    // An old owner message: the DM is the owner's, and no review window holds it.
-    db.execute(
-        "INSERT INTO messages (space_id, conversation_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, 'owner', 'user', 'hi bot', 0, 'done')",
-        rusqlite::params![space, dm],
-    )
-    .unwrap();
-    (group, dm)
+    let space = space.to_owned();
+    host.write(move |tx| {
+        let group: i64 = tx.query_row(
+            "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'group-1', ?1, 'group', 1, 2) RETURNING id",
+            &[&space],
+            |r| r.get(0),
+        )?;
+        let dm: i64 = tx.query_row(
+            "INSERT INTO conversations (platform, external_id, space_id, kind, first_seen_at, last_seen_at) VALUES ('test', 'owner-dm', ?1, 'dm', 1, 1) RETURNING id",
+            &[&space],
+            |r| r.get(0),
+        )?;
+        // An old owner message: the DM is the owner's, and no review window holds it.
+        tx.execute(
+            "INSERT INTO messages (space_id, conversation_id, sender_id, role, text, created_at, status) VALUES (?1, ?2, 'owner', 'user', 'hi bot', 0, 'done')",
+            &[&space, &dm],
+        )?;
+        Ok((group, dm))
+    })
 }
 
 async fn wait_transcript(
@@ -129,12 +129,13 @@ async fn shadow_mode_diverts_every_send_and_refuses_outside_writes() {
     host.create_space("alpha").await;
     let (group, dm) = seed_conversations(&host, "alpha");
     // An undelivered live reply, as a snapshot copies it: nothing may post it.
-    host.db_writer()
-        .execute(
+    host.write(move |tx| {
+        tx.execute(
             "INSERT INTO outbox (space_id, conversation_id, platform, external_id, text, created_at) VALUES ('alpha', ?1, 'test', 'group-1', 'left over from live', 1)",
-            [group],
-        )
-        .unwrap();
+            &[&group],
+        )?;
+        Ok(())
+    });
 
     // send
     let (st, v) = host
@@ -428,8 +429,10 @@ fn snapshot_cli(live: &Path, root: &Path, extra: &[&str]) -> (Option<i32>, Strin
     )
 }
 
-fn ro(path: &Path) -> rusqlite::Connection {
-    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+/// A read-only connection, through storage, to a database no host serves
+/// (the snapshot's copy).
+fn ro(path: &Path) -> Conn {
+    mercury::storage::open_read_only_conn(path).unwrap()
 }
 
 #[tokio::test]
@@ -489,11 +492,7 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     // The copy: every row but the tokens, which are the shadow's own.
     let copy = ro(&dir.join("state.db"));
     for (table, n) in &live_rows {
-        let c: i64 = copy
-            .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |r| {
-                r.get(0)
-            })
-            .unwrap();
+        let c = inspect::row_count(&copy, table).unwrap();
         if table == "api_tokens" {
             assert_eq!(c, 1, "only the shadow's owner token");
         } else {
@@ -509,14 +508,8 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     }
     // No live token hash survives in the copy's free pages either.
     let raw = std::fs::read(dir.join("state.db")).unwrap();
-    let live_hashes: Vec<String> = host
-        .db()
-        .prepare("SELECT token_hash FROM api_tokens")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let live_hashes: Vec<String> =
+        host.read(|c| c.query_all("SELECT token_hash FROM api_tokens", &[], |r| r.get(0)));
     assert!(live_hashes.len() > 40, "{}", live_hashes.len());
     for h in &live_hashes {
         assert!(
@@ -789,25 +782,30 @@ async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
 #[tokio::test]
 async fn shadow_up_refuses_a_live_task_due_within_the_window_or_unknown() {
     let f = up_fixture(vec![]).await;
-    let db = rusqlite::Connection::open(f.live.join("state.db")).unwrap();
-    db.execute(
-        "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)",
-        [],
-    )
-    .unwrap();
+    let store = Store::open(&f.live.join("state.db")).unwrap();
     let soon = mercury::clock::now_ms() + 60_000;
-    db.execute(
-        "INSERT INTO tasks (space_id, cron, prompt, next_run_at, created_by, created_at, updated_at) VALUES ('alpha', '* * * * *', 'p', ?1, 'owner', 0, 0)",
-        [soon],
-    )
-    .unwrap();
+    write_to(&store, move |tx| {
+        tx.execute(
+            "INSERT INTO spaces (id, name, created_at, updated_at) VALUES ('alpha', 'alpha', 0, 0)",
+            &[],
+        )?;
+        tx.execute(
+            "INSERT INTO tasks (space_id, cron, prompt, next_run_at, created_by, created_at, updated_at) VALUES ('alpha', '* * * * *', 'p', ?1, 'owner', 0, 0)",
+            &[&soon],
+        )?;
+        Ok(())
+    });
     f.refused(&[], &[], "a live scheduled task is due in");
-    db.execute("UPDATE tasks SET next_run_at = NULL", [])
-        .unwrap();
+    write_to(&store, |tx| {
+        tx.execute("UPDATE tasks SET next_run_at = NULL", &[])?;
+        Ok(())
+    });
     f.refused(&[], &[], "when the live scheduled tasks are due is unknown");
     // Outside the window: that refusal is gone.
-    db.execute("UPDATE tasks SET next_run_at = ?1", [soon + 7_200_000])
-        .unwrap();
+    write_to(&store, move |tx| {
+        tx.execute("UPDATE tasks SET next_run_at = ?1", &[&(soon + 7_200_000)])?;
+        Ok(())
+    });
     let (_, err) = f.up(&["--min-free-mem", "100000G"], &[]);
     assert!(!err.contains("scheduled task"), "{err}");
 }
@@ -847,30 +845,16 @@ async fn shadow_up_refuses_a_provider_without_a_shadow_key_even_with_the_live_ke
 }
 
 /// Every row of every table, as text (a byte-level fingerprint of a database).
-fn dump(db: &rusqlite::Connection) -> Vec<String> {
-    let mut stmt = db
-        .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
-        .unwrap();
-    let names: Vec<String> = stmt
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let mut out = Vec::new();
-    for n in names {
-        let mut q = db
-            .prepare(&format!("SELECT * FROM \"{n}\" ORDER BY rowid"))
-            .unwrap();
-        let cols = q.column_count();
-        let mut rows = q.query([]).unwrap();
-        while let Some(row) = rows.next().unwrap() {
-            let vals: Vec<String> = (0..cols)
-                .map(|i| format!("{:?}", row.get_ref(i).unwrap()))
-                .collect();
-            out.push(format!("{n}: {}", vals.join(" | ")));
+fn dump(host: &TestHost) -> Vec<String> {
+    host.read(|c| {
+        let mut out = Vec::new();
+        for n in inspect::tables(c)? {
+            for vals in inspect::rows_as_text(c, &n)? {
+                out.push(format!("{n}: {}", vals.join(" | ")));
+            }
         }
-    }
-    out
+        Ok(out)
+    })
 }
 
 fn grep_tree(root: &Path, needle: &str) -> Vec<String> {
@@ -991,7 +975,7 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
         &["--admins", "api:rehearser", "--label", "e2e"],
     );
     assert_eq!(code, Some(0), "{out}{err}");
-    let before_rows = dump(&live.db());
+    let before_rows = dump(&live);
     let before_files: Vec<_> = ["alpha", "beta", "gamma"]
         .iter()
         .map(|s| live.workspace_hashes(s))
@@ -1187,7 +1171,7 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
         .iter()
         .any(|h| h.contains("rehearsal send") || h.contains(LIVE_KEY)));
     // The live host: rows and workspaces byte-identical.
-    assert_eq!(dump(&live.db()), before_rows);
+    assert_eq!(dump(&live), before_rows);
     let after_files: Vec<_> = ["alpha", "beta", "gamma"]
         .iter()
         .map(|s| live.workspace_hashes(s))

@@ -112,8 +112,7 @@ async fn rehearsed() -> (TestHost, tempfile::TempDir, PathBuf, PathBuf) {
     );
     assert_eq!(code, Some(0), "{out}{err}");
     let snap = std::fs::canonicalize(root.join("current")).unwrap();
-    let db = rusqlite::Connection::open(snap.join("state.db")).unwrap();
-    db.execute_batch(&format!(
+    mercury::storage::inspect::execute_script_on_file(&snap.join("state.db"), &format!(
         "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at)
            VALUES ('alpha', '{WA}', 'member', '{WA}', 1, 1);
          INSERT INTO mutes (space_id, caller_id, until, reason, updated_by, updated_at)
@@ -122,7 +121,6 @@ async fn rehearsed() -> (TestHost, tempfile::TempDir, PathBuf, PathBuf) {
            VALUES ('alpha', 'contact', 'ask O l i v i a at olivia.bakker&#64;example.com', '{WA}', 1);"
     ))
     .unwrap();
-    drop(db);
     let transcript = snap.join("shadow/transcript.jsonl");
     let lines = [
         json!({"kind": "send", "time": 1, "space": "alpha", "conversation": 1,

@@ -359,14 +359,13 @@ async fn telegram_restart_mid_stream_loses_and_repeats_nothing() {
     )
     .await;
     host.kill();
-    let stored: i64 = host
-        .db()
-        .query_row(
+    let stored: i64 = host.read(|c| {
+        Ok(c.query_row(
             "SELECT CAST(position AS INTEGER) FROM adapter_positions WHERE adapter = 'telegram'",
-            [],
+            &[],
             |r| r.get(0),
-        )
-        .unwrap();
+        )?)
+    });
     let rows_at_kill =
         host.count("SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'telegram:%'");
     assert_eq!(
@@ -634,7 +633,7 @@ async fn a_failed_adapter_actor_is_restarted_by_the_root_supervisor() {
         Arc::new(child)
     )
     .unwrap();
-    assert_eq!(res, Ok(()));
+    assert!(res.is_ok(), "{res:?}");
     assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1);
     for round in 2..=3 {
         let actor = current.lock().unwrap().clone().unwrap();

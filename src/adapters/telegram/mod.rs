@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
 use super::{split_reply, AdapterIdentity, Backoff, Sent};
-use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookInbox};
+use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
 use crate::app::App;
 use crate::config::TelegramMode;
 use crate::storage::outbox::OutboxItem;
@@ -281,7 +281,7 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
                 let _ = call.done.send(Ok(()));
             }
             Err(e) => {
-                let _ = call.done.send(Err("the update was not stored".into()));
+                let _ = call.done.send(Err(WebhookCallError::NotStored));
                 return Err(e);
             }
         }

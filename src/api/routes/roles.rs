@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::collections::BTreeMap;
 
 use axum::extract::{Extension, State};
-use crate::storage::Conn as Connection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
@@ -22,7 +21,7 @@ use crate::links::LinkLevel::{Admin, Read};
 use crate::perms::{self, Permission};
 use crate::storage::links::ChangeKind;
 use crate::storage::spaces::{self, KvTable, RoleGrant};
-use crate::storage::StoreError;
+use crate::storage::{Conn, StoreError};
 
 /// Roles and the permission sets of a space.
 pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
@@ -90,7 +89,7 @@ pub(crate) struct Revoked {
 /// caller and the holder's callers (with the operators their platform ids are
 /// mapped to); `Some(message)` when the change would reach one of them.
 fn link_self_grant(
-    c: &Connection,
+    c: &Conn,
     auth: &Auth,
     target: &str,
     grantee: Option<&str>,
