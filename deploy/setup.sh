@@ -7,6 +7,8 @@
 #   - util-linux's setpriv and unshare, and useradd (tests/it/service.rs runs the host as the
 #     systemd unit would: a fresh uid, its capabilities, its mount namespace),
 #   - a Docker engine that answers (docker.io installed and dockerd started if needed),
+#   - PostgreSQL 15's server, psql, openssl and flock (the storage tests start a throwaway
+#     cluster with deploy/test-postgres.sh; docs/storage.md),
 #   - cargo-nextest (the test runner).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -17,6 +19,11 @@ for t in dash:dash ls:coreutils grep:grep sed:sed find:findutils hostname:hostna
   command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t##*:}")
 done
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+ls -d /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql-15)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client-15)
+for t in openssl:openssl flock:util-linux python3:python3; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t##*:}")
+done
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2

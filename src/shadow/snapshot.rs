@@ -98,6 +98,17 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
             live_dir.display()
         )));
     }
+    // A snapshot copies the live SQLite file; a deployment on PostgreSQL
+    // has none that is current (docs/storage.md, "The shadow on each backend").
+    if config::load(&live.config, &Default::default())?
+        .storage
+        .backend
+        == config::StorageBackend::Postgres
+    {
+        return Err(ShadowError::Refused(
+            "the live host keeps its state in PostgreSQL (storage.backend: postgres), and a snapshot copies a SQLite state.db: it is refused rather than copy a stale file".into(),
+        ));
+    }
     // Refused before anything is created: a root inside the live data dir
     // must not leave even an empty directory there.
     refuse_overlap(&resolve_ahead(&opts.root)?, &live_dir)?;

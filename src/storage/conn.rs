@@ -439,12 +439,7 @@ impl Conn {
     /// The column names of a query's result, in order.
     pub(super) fn columns(&self, sql: &str) -> StoreResult<Vec<String>> {
         match &self.backend {
-            Backend::Sqlite(c) => Ok(c
-                .prepare(sql)?
-                .column_names()
-                .into_iter()
-                .map(str::to_owned)
-                .collect()),
+            Backend::Sqlite(c) => Ok(c.prepare(sql)?.column_names().map(str::to_owned).collect()),
             Backend::Postgres(c) => c.columns(sql),
         }
     }

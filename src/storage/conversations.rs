@@ -35,23 +35,21 @@ fn from_row(r: &Row<'_>) -> StoreResult<Conversation> {
 }
 
 pub fn find(conn: &Conn, platform: &str, external_id: &str) -> StoreResult<Option<Conversation>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM conversations WHERE platform = ?1 AND external_id = ?2"),
-            params![platform, external_id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM conversations WHERE platform = ?1 AND external_id = ?2"),
+        params![platform, external_id],
+        from_row,
+    )
+    .optional()
 }
 
 pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<Conversation>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM conversations WHERE id = ?1"),
-            params![id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM conversations WHERE id = ?1"),
+        params![id],
+        from_row,
+    )
+    .optional()
 }
 
 /// Inserts or refreshes `last_seen_at` (and the title when one is given).
@@ -96,7 +94,7 @@ pub fn set_space(conn: &Conn, id: i64, space: Option<&str>) -> StoreResult<()> {
 /// platform's namespace (`whatsapp:316…@s.whatsapp.net`); a caller given
 /// without the prefix matches the sender of that conversation's platform.
 pub fn dm_of(conn: &Conn, caller: &str) -> StoreResult<Option<Conversation>> {
-    Ok(conn
+    conn
         .query_row(
             "SELECT c.id, c.platform, c.external_id, c.space_id, c.kind, c.title, c.first_seen_at, c.last_seen_at
              FROM conversations c
@@ -105,5 +103,5 @@ pub fn dm_of(conn: &Conn, caller: &str) -> StoreResult<Option<Conversation>> {
              ORDER BY c.last_seen_at DESC LIMIT 1",
             params![caller],
             from_row,)
-        .optional()?)
+        .optional()
 }

@@ -45,7 +45,7 @@ impl Checksum {
                 Value::Null => h.update(b"n;"),
                 Value::Int(i) => h.update(format!("i{i};").as_bytes()),
                 Value::Real(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                    h.update(format!("i{};", *f as i64).as_bytes())
+                    h.update(format!("i{};", *f as i64).as_bytes());
                 }
                 Value::Real(f) => h.update(format!("r{};", f.to_bits()).as_bytes()),
                 Value::Text(t) => {

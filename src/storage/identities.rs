@@ -30,13 +30,12 @@ pub struct IdentityAudit {
 
 /// The operator a platform id is mapped to, if any. Read only.
 pub fn operator_for(conn: &Conn, platform_id: &str) -> StoreResult<Option<String>> {
-    Ok(conn
-        .query_row(
-            "SELECT caller_id FROM identities WHERE platform_id = ?1",
-            params![platform_id],
-            |r| r.get(0),
-        )
-        .optional()?)
+    conn.query_row(
+        "SELECT caller_id FROM identities WHERE platform_id = ?1",
+        params![platform_id],
+        |r| r.get(0),
+    )
+    .optional()
 }
 
 fn audit(

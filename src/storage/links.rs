@@ -63,13 +63,12 @@ pub fn insert(conn: &Conn, l: &NewLink<'_>) -> StoreResult<SpaceLink> {
 }
 
 pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<SpaceLink>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM space_links WHERE id = ?1"),
-            params![id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM space_links WHERE id = ?1"),
+        params![id],
+        from_row,
+    )
+    .optional()
 }
 
 /// Active edges from `holder` to `target` or to `*` (never the holder itself).
@@ -220,16 +219,15 @@ pub fn active_duplicate(
     target: &str,
     conversation: Option<i64>,
 ) -> StoreResult<Option<i64>> {
-    Ok(conn
-        .query_row(
-            "SELECT id FROM space_links
+    conn.query_row(
+        "SELECT id FROM space_links
              WHERE holder_space_id = ?1 AND target_space_id = ?2
                AND target_conversation_id IS ?3 AND revoked_at IS NULL
              ORDER BY id LIMIT 1",
-            params![holder, target, conversation],
-            |r| r.get(0),
-        )
-        .optional()?)
+        params![holder, target, conversation],
+        |r| r.get(0),
+    )
+    .optional()
 }
 
 /// Every edge of the instance, active or revoked (global admins).
@@ -418,18 +416,17 @@ pub fn next_open_change_on(
     not_link: i64,
     after_id: i64,
 ) -> StoreResult<Option<LinkChange>> {
-    Ok(conn
-        .query_row(
-            &format!(
-                "SELECT {CHANGE_COLS} FROM link_changes
+    conn.query_row(
+        &format!(
+            "SELECT {CHANGE_COLS} FROM link_changes
                  WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND link_id <> ?4 AND id > ?5
                    AND settled_at IS NULL
                  ORDER BY id LIMIT 1"
-            ),
-            params![space, kind, key, not_link, after_id],
-            change_from_row,
-        )
-        .optional()?)
+        ),
+        params![space, kind, key, not_link, after_id],
+        change_from_row,
+    )
+    .optional()
 }
 
 /// Hands a settled link's earlier value on to the change that followed it.

@@ -146,24 +146,22 @@ pub fn identity_trusted(conn: &Conn, id: i64) -> StoreResult<bool> {
 }
 
 pub fn get(conn: &Conn, id: i64) -> StoreResult<Option<Message>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
-            params![id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM messages WHERE id = ?1"),
+        params![id],
+        from_row,
+    )
+    .optional()
 }
 
 /// The reply written for a user message, if its turn has finished.
 pub fn reply_for(conn: &Conn, user_message_id: i64) -> StoreResult<Option<Message>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
-            params![user_message_id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} {REPLY_FOR_TAIL}"),
+        params![user_message_id],
+        from_row,
+    )
+    .optional()
 }
 
 /// User messages still waiting for a turn, oldest first.
@@ -239,11 +237,11 @@ pub fn history(
 }
 
 pub fn max_id(conn: &Conn, space: &str) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",
         params![space],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// Newest-first substring search.

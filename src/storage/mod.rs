@@ -383,7 +383,7 @@ impl Store {
                             Err(e) => fail_batch(jobs, &e.to_string()),
                         },
                         (None, Backend::Sqlite { .. }) => {
-                            fail_batch(jobs, "the SQLite writer has no connection")
+                            fail_batch(jobs, "the SQLite writer has no connection");
                         }
                     }
                 }

@@ -188,7 +188,7 @@ pub fn rules(conn: &Conn) -> StoreResult<Vec<SenderRule>> {
 
 /// Deletes the requests that expired by `now`.
 pub fn expire(conn: &Conn, now: i64) -> StoreResult<usize> {
-    Ok(conn.execute("DELETE FROM pairings WHERE expires_at <= ?1", params![now])?)
+    conn.execute("DELETE FROM pairings WHERE expires_at <= ?1", params![now])
 }
 
 /// The pending (unexpired) request of `sender`, if any.
@@ -198,7 +198,7 @@ pub fn pending_of(
     sender: &str,
     now: i64,
 ) -> StoreResult<Option<Pairing>> {
-    Ok(conn
+    conn
         .query_row(
             &format!(
                 "SELECT {PAIRING_COLS} FROM pairings WHERE platform = ?1 AND sender = ?2 AND expires_at > ?3"
@@ -206,7 +206,7 @@ pub fn pending_of(
             params![platform, sender, now],
             pairing_from_row,
         )
-        .optional()?)
+        .optional()
 }
 
 /// How many requests are pending at `now`.
@@ -277,8 +277,7 @@ mod tests {
     use super::*;
 
     fn db() -> Conn {
-        let conn = crate::storage::test_conn();
-        conn
+        crate::storage::test_conn()
     }
 
     fn request(code: &str, sender: &str, at: i64) -> Pairing {

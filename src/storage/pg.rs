@@ -349,9 +349,49 @@ impl PgConn {
     }
 }
 
-/// Rewrites `?N` (and a bare `?`) placeholders to PostgreSQL's `$N`, and
-/// drops SQLite's `INDEXED BY name` planner hint; quoted text is left alone.
+/// Rewrites `?N` (and a bare `?`) placeholders to PostgreSQL's `$N`, drops
+/// SQLite's `INDEXED BY name` planner hint, and spells SQLite's null-safe
+/// comparisons PostgreSQL's way; quoted text is left alone.
 pub(crate) fn translate(sql: &str) -> Cow<'_, str> {
+    match placeholders(sql) {
+        Cow::Borrowed(s) => Cow::Borrowed(s),
+        Cow::Owned(s) => Cow::Owned(null_safe(s)),
+    }
+}
+
+/// `x IS $1` / `x IS NOT $1` are `IS [NOT] DISTINCT FROM`; and in
+/// `($1 IS NULL OR col = $1)` the comparison goes first, because PostgreSQL
+/// takes a placeholder's type from its first use and `$1 IS NULL` gives none.
+fn null_safe(sql: String) -> String {
+    use std::sync::LazyLock;
+    type Pattern = LazyLock<Option<regex::Regex>>;
+    static IS_NOT: Pattern = LazyLock::new(|| regex::Regex::new(r"\bIS NOT (\$\d+)").ok());
+    static IS: Pattern = LazyLock::new(|| regex::Regex::new(r"\bIS (\$\d+)").ok());
+    static EITHER: Pattern = LazyLock::new(|| {
+        regex::Regex::new(r"\((\$\d+) IS NULL OR ([A-Za-z_][A-Za-z0-9_.]*) = (\$\d+)\)").ok()
+    });
+    // The patterns are constants (a unit test runs them); a failed build of
+    // one leaves the text as it is.
+    let (Some(is_not), Some(is), Some(either)) = (&*IS_NOT, &*IS, &*EITHER) else {
+        return sql;
+    };
+    if !sql.contains(" IS ") {
+        return sql;
+    }
+    let sql = is_not.replace_all(&sql, "IS DISTINCT FROM $1");
+    let sql = is.replace_all(&sql, "IS NOT DISTINCT FROM $1");
+    either
+        .replace_all(&sql, |c: &regex::Captures<'_>| {
+            if c[1] == c[3] {
+                format!("({} = {} OR {} IS NULL)", &c[2], &c[1], &c[1])
+            } else {
+                c[0].to_owned()
+            }
+        })
+        .into_owned()
+}
+
+fn placeholders(sql: &str) -> Cow<'_, str> {
     if !sql.contains('?') && !sql.contains("INDEXED BY") {
         return Cow::Borrowed(sql);
     }
@@ -571,6 +611,10 @@ mod tests {
             "FROM messages WHERE x = $1"
         );
         assert!(matches!(translate("SELECT 1"), Cow::Borrowed(_)));
+        assert_eq!(
+            translate("WHERE a IS ?3 AND b IS NOT ?2 AND (?1 IS NULL OR c.d = ?1) AND e IS NULL"),
+            "WHERE a IS NOT DISTINCT FROM $3 AND b IS DISTINCT FROM $2 AND (c.d = $1 OR $1 IS NULL) AND e IS NULL"
+        );
     }
 
     #[test]

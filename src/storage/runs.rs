@@ -73,13 +73,12 @@ pub fn finish(conn: &Conn, id: &str, status: &str, error: Option<&str>) -> Store
 }
 
 pub fn get(conn: &Conn, id: &str) -> StoreResult<Option<Run>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM runs WHERE id = ?1"),
-            params![id],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM runs WHERE id = ?1"),
+        params![id],
+        from_row,
+    )
+    .optional()
 }
 
 pub fn list(conn: &Conn, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
@@ -98,10 +97,10 @@ pub const CRASHED: &str = "host stopped during the run";
 
 /// Runs left `running` by a crash; marked `interrupted` at start-up.
 pub fn interrupt_stale(conn: &Conn) -> StoreResult<usize> {
-    Ok(conn.execute(
+    conn.execute(
         "UPDATE runs SET status = 'interrupted', error = ?2, finished_at = ?1 WHERE status = 'running'",
         params![now_ms(), CRASHED],
-    )?)
+    )
 }
 
 /// Run per turn: searches `runs_trigger_message`.
@@ -143,7 +142,7 @@ pub struct UsageTotals {
 }
 
 pub fn usage_for_run(conn: &Conn, run_id: &str) -> StoreResult<UsageTotals> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT COALESCE(SUM(tokens_in),0), COALESCE(SUM(tokens_out),0), COALESCE(SUM(cost),0.0) FROM token_usage WHERE run_id = ?1",
         params![run_id],
         |r| {
@@ -152,7 +151,7 @@ pub fn usage_for_run(conn: &Conn, run_id: &str) -> StoreResult<UsageTotals> {
                 tokens_out: r.get::<_, i64>(1)? as u64,
                 cost: r.get(2)?,
             })
-        },)?)
+        },)
 }
 
 /// One step of a run's trace (`run_steps`): a model call or a tool call.
@@ -246,10 +245,10 @@ pub fn steps_for(conn: &Conn, run_id: &str) -> StoreResult<Vec<RunStep>> {
 
 /// Deletes the steps recorded before `before_ms` (`runs.keep_days`).
 pub fn prune_steps(conn: &Conn, before_ms: i64) -> StoreResult<usize> {
-    Ok(conn.execute(
+    conn.execute(
         "DELETE FROM run_steps WHERE started_at < ?1",
         params![before_ms],
-    )?)
+    )
 }
 
 /// Whether the identity mapping of the sender whose message started run

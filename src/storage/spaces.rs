@@ -36,13 +36,12 @@ fn space_from_row(r: &Row<'_>) -> StoreResult<Space> {
 }
 
 pub fn get_space(conn: &Conn, id: &str) -> StoreResult<Option<Space>> {
-    Ok(conn
-        .query_row(
-            "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id = ?1",
-            params![id],
-            space_from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        "SELECT id, name, tags, created_at, updated_at FROM spaces WHERE id = ?1",
+        params![id],
+        space_from_row,
+    )
+    .optional()
 }
 
 pub fn space_exists(conn: &Conn, id: &str) -> StoreResult<bool> {
@@ -189,13 +188,12 @@ pub struct RoleGrant {
 
 /// The stored role of a caller in a space, if one was granted. Read only.
 pub fn stored_role(conn: &Conn, space: &str, caller: &str) -> StoreResult<Option<String>> {
-    Ok(conn
-        .query_row(
-            "SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            params![space, caller],
-            |r| r.get(0),
-        )
-        .optional()?)
+    conn.query_row(
+        "SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
+        params![space, caller],
+        |r| r.get(0),
+    )
+    .optional()
 }
 
 /// A caller's stored role row, as a link change remembers it.
@@ -209,18 +207,18 @@ pub struct RoleRow {
 
 /// A caller's stored role row, if one was granted. Read only.
 pub fn role_row(conn: &Conn, space: &str, caller: &str) -> StoreResult<Option<RoleRow>> {
-    Ok(conn
-        .query_row(
-            "SELECT role, granted_by, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
-            params![space, caller],
-            |r| {
-                Ok(RoleRow {
-                    role: r.get(0)?,
-                    granted_by: r.get(1)?,
-                    link_id: r.get(2)?,
-                })
-            },)
-        .optional()?)
+    conn.query_row(
+        "SELECT role, granted_by, link_id FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
+        params![space, caller],
+        |r| {
+            Ok(RoleRow {
+                role: r.get(0)?,
+                granted_by: r.get(1)?,
+                link_id: r.get(2)?,
+            })
+        },
+    )
+    .optional()
 }
 
 pub fn list_roles(conn: &Conn, space: &str) -> StoreResult<Vec<RoleGrant>> {
@@ -357,9 +355,8 @@ pub fn kv_get(conn: &Conn, table: KvTable, space: &str, key: &str) -> StoreResul
         "SELECT value FROM {} WHERE space_id = ?1 AND key = ?2",
         table.name()
     );
-    Ok(conn
-        .query_row(&sql, params![space, key], |r| r.get(0))
-        .optional()?)
+    conn.query_row(&sql, params![space, key], |r| r.get(0))
+        .optional()
 }
 
 /// A key's value and who wrote it last.
@@ -373,9 +370,8 @@ pub fn kv_entry(
         "SELECT value, updated_by FROM {} WHERE space_id = ?1 AND key = ?2",
         table.name()
     );
-    Ok(conn
-        .query_row(&sql, params![space, key], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?)
+    conn.query_row(&sql, params![space, key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
 }
 
 pub fn kv_set(

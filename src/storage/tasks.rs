@@ -67,13 +67,12 @@ pub fn create(conn: &Conn, t: &NewTask<'_>) -> StoreResult<Task> {
 
 /// A task of this space (a task of another space is "not found").
 pub fn get(conn: &Conn, space: &str, id: i64) -> StoreResult<Option<Task>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {COLS} FROM tasks WHERE id = ?1 AND space_id = ?2"),
-            params![id, space],
-            from_row,
-        )
-        .optional()?)
+    conn.query_row(
+        &format!("SELECT {COLS} FROM tasks WHERE id = ?1 AND space_id = ?2"),
+        params![id, space],
+        from_row,
+    )
+    .optional()
 }
 
 pub fn list(conn: &Conn, space: &str) -> StoreResult<Vec<Task>> {
@@ -92,11 +91,11 @@ pub fn due(conn: &Conn, now: i64) -> StoreResult<Vec<Task>> {
 
 /// The earliest `next_run_at` of any active task (the scheduler sleeps until then).
 pub fn next_due_at(conn: &Conn) -> StoreResult<Option<i64>> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT MIN(next_run_at) FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL",
         params![],
         |r| r.get(0),
-    )?)
+    )
 }
 
 pub fn set_active(

@@ -774,18 +774,18 @@ async fn discord_restart_mid_stream_loses_and_repeats_nothing() {
     host.wait_count(DISCORD_ROWS, 3, 60).await;
     host.kill();
     let stored: Value = serde_json::from_str(&host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT position FROM adapter_positions WHERE adapter = 'discord'",
             &[],
             |r| r.get::<_, String>(0),
-        )?)
+        )
     }))
     .unwrap();
     let last_row: String = host
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT platform_message_id FROM messages WHERE sender_id LIKE 'discord:%' ORDER BY id DESC LIMIT 1",
             &[],
-            |r| r.get(0))?));
+            |r| r.get(0)));
     assert_eq!(
         stored["sequence"].as_u64().unwrap(),
         fake.seq_of(&last_row),

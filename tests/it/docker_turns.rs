@@ -237,7 +237,7 @@ struct RunRow {
 
 fn run_row(host: &TestHost, run_id: &str) -> RunRow {
     host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT status, error, container_id, sandbox_proof FROM runs WHERE id = ?1",
             &[&run_id],
             |r| {
@@ -248,7 +248,7 @@ fn run_row(host: &TestHost, run_id: &str) -> RunRow {
                     proof: r.get(3)?,
                 })
             },
-        )?)
+        )
     })
 }
 
@@ -380,11 +380,11 @@ async fn a_running_turns_container_is_labelled_limited_locked_down_and_holds_no_
     let id = summary.id.expect("container id");
     let info = docker.inspect_container(&id, None).await.expect("inspect");
     let run_id: String = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT id FROM runs WHERE space_id = ?1 AND status = 'running'",
             &[&&space],
             |r| r.get(0),
-        )?)
+        )
     });
 
     let config = info.config.expect("config");

@@ -480,11 +480,11 @@ async fn read_and_admin_links_reach_files_and_every_write_is_audited_with_hashes
 
 fn run_steps_of(h: &TestHost, run: &str) -> i64 {
     h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT COUNT(*) FROM run_steps WHERE run_id = ?1",
             &[&run],
             |r| r.get(0),
-        )?)
+        )
     })
 }
 
@@ -554,10 +554,10 @@ async fn a_management_agent_edits_a_clients_agents_md_and_the_clients_next_turn_
         .await;
     assert_eq!(done, 1);
     let (run, path, after): (String, String, String) = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT run_id, path, after_value FROM space_link_audit WHERE method = 'PUT' AND route = '/api/files/{*path}'",
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))));
     assert_eq!(
         (run.as_str(), path.as_str()),
         (mgmt_run.as_str(), "/api/files/AGENTS.md")

@@ -306,11 +306,11 @@ async fn revoke_and_downgrade_restore_what_the_link_changed_and_keep_a_direct_wr
         Some("7")
     );
     let detail: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
             &[&link],
             |r| r.get(0),
-        )?)
+        )
     });
     assert!(
         detail.contains("restored preference tone in client to calm")
@@ -479,10 +479,10 @@ async fn a_role_a_link_overwrote_or_revoked_comes_back_when_the_link_goes() {
     );
     // The role granted by the owner before, with its granter.
     let by: String = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT granted_by FROM space_roles WHERE space_id = 'client' AND caller_id = 'test:cara'",
             &[],
-            |r| r.get(0))?));
+            |r| r.get(0)));
     assert_eq!(by, "owner");
 
     // A direct grant after the link's is the target's own: kept.

@@ -178,12 +178,12 @@ async fn set_state(w: &World, state: LinkState) -> Vec<i64> {
         LinkState::UnknownLevel => {
             // A level this code does not know must deny: written straight into the file.
             vec![h.write(|tx| {
-                Ok(tx.query_row(
+                tx.query_row(
                     "INSERT INTO space_links (holder_space_id, target_space_id, level, created_by, created_at, updated_by, updated_at)
                      VALUES ('h', 't', 'owner', 'test', 0, 'test', 0) RETURNING id",
                     &[],
                     |r| r.get::<_, i64>(0),
-                )?)
+                )
             })]
         }
     }
@@ -586,10 +586,10 @@ async fn every_act_as_request_and_link_change_is_audited_and_audit_survives() {
         "a refusal after the grant check is audited"
     );
     let row: (String, String, i64, Option<String>, i64) = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT method, route, status, body_summary, link_id FROM space_link_audit ORDER BY id DESC LIMIT 1",
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))));
     assert_eq!(
         (row.0.as_str(), row.1.as_str(), row.2, row.4),
         ("PUT", "/api/prefs", 403, id)

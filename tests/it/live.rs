@@ -114,27 +114,27 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
         "the tool wrote the workspace"
     );
 
-    let (reply_id, text, reply_run, conv): (i64, String, String, i64) = h.read(|c| Ok(c.query_row(
+    let (reply_id, text, reply_run, conv): (i64, String, String, i64) = h.read(|c| c.query_row(
             &format!("SELECT id, text, run_id, conversation_id FROM messages WHERE role = 'assistant' AND reply_to = {mid}"),
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))));
     assert_eq!(text, "Saved your note.");
     let (status, user_run, user_conv): (String, String, i64) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             &format!("SELECT status, run_id, conversation_id FROM messages WHERE id = {mid}"),
             &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?)
+        )
     });
     assert_eq!(
         (status.as_str(), &user_run, user_conv),
         ("done", &reply_run, conv)
     );
 
-    let (run_status, kind, trigger, container, started, finished): (String, String, i64, Option<String>, i64, i64) = h.read(|c| Ok(c.query_row(
+    let (run_status, kind, trigger, container, started, finished): (String, String, i64, Option<String>, i64, i64) = h.read(|c| c.query_row(
             "SELECT status, kind, trigger_message_id, container_id, started_at, finished_at FROM runs WHERE id = ?1",
             &[&&reply_run],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))));
     assert_eq!(
         (run_status.as_str(), kind.as_str(), trigger),
         ("done", "live", mid)
@@ -144,21 +144,21 @@ async fn ingress_runs_a_turn_whose_tool_writes_the_workspace_and_the_reply_is_st
         "write_file runs on the host through the safe-path function: no sandbox session"
     );
     assert!(finished >= started);
-    let (calls, tokens_in, tokens_out): (i64, i64, i64) = h.read(|c| Ok(c.query_row(
+    let (calls, tokens_in, tokens_out): (i64, i64, i64) = h.read(|c| c.query_row(
             "SELECT COUNT(*), SUM(tokens_in), SUM(tokens_out) FROM token_usage WHERE run_id = ?1 AND space_id = ?2",
             &[&&reply_run, &&space],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))));
     assert_eq!(
         calls, 2,
         "one usage row per model call: the tool call, then the answer"
     );
     assert!(tokens_in > 0 && tokens_out > 0);
     let live_run_tokens: i64 = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT COUNT(*) FROM api_tokens WHERE run_id = ?1 AND revoked_at IS NULL",
             &[&&reply_run],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(
         live_run_tokens, 0,
@@ -508,11 +508,11 @@ async fn a_model_failure_gives_the_generic_failure_reply_and_a_failed_run() {
         got[0].1
     );
     let (status, error): (String, String) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             &format!("SELECT status, error FROM runs WHERE trigger_message_id = {mid}"),
             &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!(status, "failed");
     assert!(
@@ -580,11 +580,11 @@ async fn a_muted_caller_is_stored_not_answered() {
     )
     .await;
     let (text, status): (String, String) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             &format!("SELECT text, status FROM messages WHERE id = {muted}"),
             &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!(
         (text.as_str(), status.as_str()),
@@ -670,11 +670,11 @@ async fn a_group_message_without_the_trigger_is_stored_as_ambient_and_used_as_co
         "the ambient line reached the prompt"
     );
     let (role, status): (String, Option<String>) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             &format!("SELECT role, status FROM messages WHERE id = {ambient}"),
             &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!(
         (role.as_str(), status),
@@ -719,10 +719,10 @@ async fn a_caller_over_the_rate_limit_is_told_to_slow_down() {
     );
     let limited = v["message_id"].as_i64().expect("stored");
     let (text, status): (String, String) = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             &format!("SELECT r.text, u.status FROM messages r JOIN messages u ON u.id = r.reply_to WHERE r.reply_to = {limited}"),
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?))));
     assert!(text.contains("slow down"), "{text}");
     assert_eq!(status, "rate_limited");
     assert_eq!(
@@ -777,21 +777,21 @@ async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing()
         1
     );
     let (task_id, run_id, finished): (i64, Option<String>, Option<i64>) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT task_id, run_id, finished_at FROM task_runs",
             &[],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?)
+        )
     });
     assert_eq!(task_id, task);
     assert!(finished.is_some());
     let run_id = run_id.expect("the firing names its run");
     let (kind, status, trigger): (String, String, i64) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT kind, status, trigger_message_id FROM runs WHERE id = ?1",
             &[&&run_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?)
+        )
     });
     assert_eq!((kind.as_str(), status.as_str()), ("task", "done"));
     assert_eq!(
@@ -864,11 +864,11 @@ async fn control_stop_cancels_the_turn_and_drops_the_queue() {
         vec![(after, "quick answer".to_string())]
     );
     let first: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT status FROM runs ORDER BY started_at LIMIT 1",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(first, "stopped");
     assert_eq!(user_messages(&h, &space)[0].2.as_deref(), Some("stopped"));
@@ -911,11 +911,11 @@ async fn compact_sets_a_boundary_and_a_summary_that_later_turns_see() {
     assert_eq!(v["boundary"].as_i64(), Some(max_before));
     assert_eq!(v["summary"], "SUMMARY: the secret word is pineapple");
     let (boundary, summary): (i64, String) = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT boundary_message_id, summary FROM session_state WHERE space_id = 'memo'",
             &[],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!(
         (boundary, summary.as_str()),
@@ -1039,11 +1039,9 @@ async fn the_webhook_adapter_posts_each_reply_and_retries_a_failed_delivery() {
         1
     );
     let (attempts, error): (i64, Option<String>) = h.read(|c| {
-        Ok(
-            c.query_row("SELECT attempts, last_error FROM outbox", &[], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?,
-        )
+        c.query_row("SELECT attempts, last_error FROM outbox", &[], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
     });
     assert_eq!(attempts, 2, "one refused attempt, one delivery");
     assert!(
@@ -1103,11 +1101,9 @@ async fn an_agents_mrctl_call_acts_with_the_role_of_the_user_who_asked() {
     )
     .await;
     let (prompt, by, task_space): (String, String, String) = h.read(|c| {
-        Ok(
-            c.query_row("SELECT prompt, created_by, space_id FROM tasks", &[], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })?,
-        )
+        c.query_row("SELECT prompt, created_by, space_id FROM tasks", &[], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
     });
     assert_eq!(
         (prompt.as_str(), by.as_str(), task_space.as_str()),

@@ -55,11 +55,11 @@ async fn reply_to(h: &TestHost, mid: i64) -> String {
     let sql = format!("SELECT COUNT(*) FROM messages WHERE reply_to = {mid}");
     assert_eq!(h.wait_count(&sql, 1, 60).await, 1, "a reply to {mid}");
     h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
             &[&mid],
             |r| r.get(0),
-        )?)
+        )
     })
 }
 
@@ -95,22 +95,22 @@ async fn ops_a_failed_turn_answers_the_configured_sentence_and_keeps_the_reason(
     let mid = ingest_dm(&h, &adapter, "/etc/passwd please", "f-1").await;
     assert_eq!(reply_to(&h, mid).await, "That did not work, sorry.");
     let error: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT error FROM runs WHERE trigger_message_id = ?1",
             &[&mid],
             |r| r.get(0),
-        )?)
+        )
     });
     assert!(
         error.contains("no rule matches"),
         "the reason stays: {error}"
     );
     let outbox: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM outbox ORDER BY id DESC LIMIT 1",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(
         outbox, "That did not work, sorry.",
@@ -148,11 +148,11 @@ async fn ops_the_trigger_word_does_not_reach_the_model() {
     assert_eq!(reply_to(&h, mid).await, "not stripped");
     // The stored message keeps what was said.
     let stored: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM messages WHERE platform_message_id = 't-1'",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(stored, "@mercury what is the time?");
     h.stop().await;

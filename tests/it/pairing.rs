@@ -450,11 +450,11 @@ async fn pairing_a_mapped_identity_through_an_untrusted_adapter_token_gets_no_op
             let id = v["message_id"].as_i64().unwrap();
             answered(h, id).await;
             h.read(|c| {
-                Ok(c.query_row(
+                c.query_row(
                     "SELECT text FROM messages WHERE reply_to = ?1",
                     &[&id],
                     |r| r.get::<_, String>(0),
-                )?)
+                )
             })
         }
     };

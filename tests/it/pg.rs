@@ -40,6 +40,10 @@ pub(crate) fn cluster_dir() -> String {
 }
 
 pub(crate) fn psql(db: &str, sql: &str) -> String {
+    psql_on(port(), db, sql)
+}
+
+pub(crate) fn psql_on(port: u16, db: &str, sql: &str) -> String {
     let out = Command::new("psql")
         .args([
             "-q",
@@ -52,7 +56,7 @@ pub(crate) fn psql(db: &str, sql: &str) -> String {
             "ON_ERROR_STOP=1",
         ])
         .arg("-p")
-        .arg(port().to_string())
+        .arg(port.to_string())
         .arg("-d")
         .arg(db)
         .arg("-c")
@@ -67,13 +71,54 @@ pub(crate) fn psql(db: &str, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// A cluster of one test's own (the test stops and starts its server),
+/// removed on drop.
+pub(crate) struct PrivateCluster {
+    pub(crate) dir: String,
+    pub(crate) port: u16,
+}
+
+impl PrivateCluster {
+    pub(crate) fn start(name: &str) -> PrivateCluster {
+        let dir = format!("/tmp/mercury-test-pg-{name}-{}", std::process::id());
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .env("MERCURY_TEST_PG_DIR", &dir)
+            .output()
+            .expect("run deploy/test-postgres.sh");
+        assert!(
+            out.status.success(),
+            "deploy/test-postgres.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        PrivateCluster { dir, port }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .env("MERCURY_TEST_PG_DIR", &self.dir)
+            .output();
+    }
+}
+
 /// One empty database of the shared cluster, dropped on drop.
 pub(crate) struct PgDatabase {
     pub(crate) name: String,
+    port: u16,
 }
 
 impl PgDatabase {
     pub(crate) fn create() -> PgDatabase {
+        Self::create_on(port())
+    }
+
+    pub(crate) fn create_on(port: u16) -> PgDatabase {
         static N: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "mt_{}_{}_{}",
@@ -84,16 +129,15 @@ impl PgDatabase {
                 .map(|d| d.subsec_nanos())
                 .unwrap_or(0)
         );
-        psql("postgres", &format!("CREATE DATABASE {name}"));
-        PgDatabase { name }
+        psql_on(port, "postgres", &format!("CREATE DATABASE {name}"));
+        PgDatabase { name, port }
     }
 
     /// The URL the store opens (trust authentication, no TLS).
     pub(crate) fn url(&self) -> String {
         format!(
             "postgres://postgres@127.0.0.1:{}/{}?sslmode=disable",
-            port(),
-            self.name
+            self.port, self.name
         )
     }
 
@@ -110,7 +154,7 @@ impl Drop for PgDatabase {
         let _ = Command::new("psql")
             .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
             .arg("-p")
-            .arg(port().to_string())
+            .arg(self.port.to_string())
             .arg("-c")
             .arg(format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",

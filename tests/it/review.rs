@@ -268,18 +268,18 @@ async fn seed(host: &TestHost) -> Seeded {
         .await;
     assert_eq!(st, 200, "{v}");
     let capital_reply_id: i64 = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT id FROM messages WHERE reply_to = ?1",
             &[&capital_id],
             |r| r.get(0),
-        )?)
+        )
     });
     let reply: String = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM messages WHERE id = ?1",
             &[&capital_reply_id],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(reply, WRONG_ANSWER);
     Seeded {
@@ -423,10 +423,10 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
     // The footer's numbers are the scan's, and the judge's usage is recorded.
     let run_id = summary["run_id"].as_str().unwrap();
     let (calls, tokens_in, tokens_out): (i64, i64, i64) = host
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT COUNT(*), SUM(tokens_in), SUM(tokens_out) FROM token_usage WHERE kind = 'review' AND run_id = ?1",
             &[&run_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))));
     assert_eq!(calls, 3);
     for want in [
         "- spaces judged: 2".to_owned(),
@@ -447,11 +447,11 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
         );
     }
     let (status, kind): (String, String) = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT status, kind FROM runs WHERE id = ?1",
             &[&run_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!((status.as_str(), kind.as_str()), ("done", "review"));
 
@@ -521,11 +521,11 @@ async fn review_judge_quoting_a_phone_number_gets_the_report_blocked() {
         "a blocked report was written"
     );
     let (status, error): (String, String) = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT status, error FROM runs WHERE id = ?1",
             &[&summary["run_id"].as_str().unwrap()],
             |r| Ok((r.get(0)?, r.get(1)?)),
-        )?)
+        )
     });
     assert_eq!(status, "blocked");
     assert!(error.contains("blocked by the identifier gate"), "{error}");

@@ -35,11 +35,11 @@ async fn reply_to(h: &TestHost, message_id: i64) -> String {
         "no reply to {message_id}"
     );
     h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM messages WHERE reply_to = ?1",
             &[&message_id],
             |r| r.get(0),
-        )?)
+        )
     })
 }
 
@@ -101,11 +101,11 @@ async fn an_adapter_cannot_claim_an_operator_and_a_mapped_identity_acts_as_one()
     assert!(reply.contains("prefs.set"), "refused: {reply}");
     assert_eq!(pref(&h, "mgmt", "tone"), None, "no preference was set");
     let sender: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT sender_id FROM messages WHERE platform_message_id = 'a-1'",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(sender, "test:owner");
 
@@ -312,11 +312,11 @@ async fn a_link_never_grants_its_own_side_a_role_and_revoke_takes_back_what_it_g
         0
     );
     let detail: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT detail FROM space_link_audit WHERE action = 'revoke' AND link_id = ?1",
             &[&link],
             |r| r.get(0),
-        )?)
+        )
     });
     assert!(detail.contains("test:dora in t"), "{detail}");
 
@@ -578,10 +578,10 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     )
     .await;
     let (before, after): (String, String) = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT before_value, after_value FROM space_link_audit WHERE route = '/api/prefs' ORDER BY id DESC LIMIT 1",
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?))));
     assert_eq!(
         serde_json::from_str::<Value>(&before).unwrap(),
         json!({"value": "warm"})
@@ -604,10 +604,10 @@ async fn the_audit_row_records_the_concrete_path_the_run_and_before_after() {
     let sql = "SELECT COUNT(*) FROM space_link_audit WHERE method = 'DELETE' AND status = 200";
     assert_eq!(h.wait_count(sql, 1, 10).await, 1);
     let (route, path, run_id, before): (String, String, Option<String>, String) = h
-        .read(|c| Ok(c.query_row(
+        .read(|c| c.query_row(
             "SELECT route, path, run_id, before_value FROM space_link_audit WHERE method = 'DELETE'",
             &[],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?));
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))));
     assert_eq!(
         (route.as_str(), path.as_str(), run_id.as_deref()),
         ("/api/prefs/{key}", "/api/prefs/tone", Some(run.as_str()))
@@ -762,11 +762,9 @@ async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
         "{id}"
     );
     let name: String = h.read(|c| {
-        Ok(
-            c.query_row("SELECT name FROM spaces WHERE id = ?1", &[&id], |r| {
-                r.get(0)
-            })?,
-        )
+        c.query_row("SELECT name FROM spaces WHERE id = ?1", &[&id], |r| {
+            r.get(0)
+        })
     });
     assert!(
         !name.contains("Jane") && !name.contains("3161234"),

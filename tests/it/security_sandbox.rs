@@ -143,11 +143,11 @@ async fn planted_symlinks_never_reach_the_model_a_reply_or_an_ask(sandbox: &'sta
 
     // Nowhere the canary could have surfaced holds it.
     let leaked: i64 = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT COUNT(*) FROM messages WHERE text LIKE '%CANARY-%' OR text LIKE '%LEAKED%'",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(leaked, 0);
     assert_eq!(std::fs::read_to_string(&c.file).unwrap(), c.secret);
@@ -185,11 +185,11 @@ async fn a_turn_past_the_quota_fails_and_leaves_the_workspace_as_it_was(sandbox:
     let v = chat(&host, "alpha", "fill").await;
     assert_eq!(v["status"], "failed", "{v}");
     let error: String = host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT error FROM runs WHERE id = ?1",
             &[&v["run_id"].as_str().unwrap()],
             |r| r.get(0),
-        )?)
+        )
     });
     assert!(
         error.contains("workspace quota (sandbox.workspace_mb = 2)"),

@@ -47,11 +47,11 @@ fn disk_use(root: &std::path::Path) -> u64 {
 
 fn run_error(host: &TestHost, run: &Value) -> String {
     host.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT error FROM runs WHERE id = ?1",
             &[&run.as_str().unwrap()],
             |r| r.get::<_, Option<String>>(0),
-        )?)
+        )
     })
     .unwrap_or_default()
 }
@@ -112,10 +112,10 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
         assert_eq!(host.mounts_below_data(), Vec::<String>::new(), "{turn}");
         // The message is settled: no restart runs it again.
         let status: String = host
-            .read(|c| Ok(c.query_row(
+            .read(|c| c.query_row(
                 "SELECT m.status FROM messages m JOIN runs r ON r.trigger_message_id = m.id WHERE r.id = ?1",
                 &[&v["run_id"].as_str().unwrap()],
-                |r| r.get(0))?));
+                |r| r.get(0)));
         assert_eq!(status, "failed", "{turn}");
     }
     // A turn within the bounds still reads the workspace and keeps its write.
@@ -186,11 +186,11 @@ async fn a_message_that_crashes_the_host_twice_is_answered_with_the_failure_repl
         1
     );
     let reply: String = h.read(|c| {
-        Ok(c.query_row(
+        c.query_row(
             "SELECT text FROM messages WHERE role = 'assistant'",
             &[],
             |r| r.get(0),
-        )?)
+        )
     });
     assert_eq!(reply, mercury::config::DEFAULT_FAILURE_REPLY);
     assert_eq!(

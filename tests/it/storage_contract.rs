@@ -184,7 +184,7 @@ async fn a_failing_write_in_a_batch_rolls_back_only_its_own_part() {
                 Err(e) => panic!("{name}: write {i}: {e}"),
             }
         }
-        let n = store.read(|c| spaces::list_spaces(c)).await.unwrap().len();
+        let n = store.read(spaces::list_spaces).await.unwrap().len();
         assert_eq!(n, 120 - 18, "{name}: every write but the 18 failing ones");
         // A constraint the database enforces fails that write alone too.
         let dup = store
@@ -252,7 +252,7 @@ async fn opening_twice_applies_the_migrations_once_and_keeps_the_data() {
         }
         let store = open(&keep);
         let again = open(&keep);
-        let spaces = again.read(|c| spaces::list_spaces(c)).await.unwrap();
+        let spaces = again.read(spaces::list_spaces).await.unwrap();
         assert_eq!(spaces.len(), 1, "{name}");
         let (a, b) = (store.status().await.unwrap(), again.status().await.unwrap());
         assert_eq!(a.schema_version, b.schema_version, "{name}");
@@ -529,10 +529,7 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
             [Some(100), Some(200)],
             "{name}"
         );
-        assert_eq!(
-            store.read(|c| tasks::next_due_at(c)).await.unwrap(),
-            Some(100)
-        );
+        assert_eq!(store.read(tasks::next_due_at).await.unwrap(), Some(100));
 
         // Pairings: capped, expiring, taken once.
         let p = |code: &str, sender: &str| pairings::Pairing {

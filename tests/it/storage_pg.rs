@@ -12,7 +12,7 @@ use serde_json::json;
 use mercury::storage::{spaces, Location, Store};
 
 use crate::common::{HostOptions, TestHost};
-use crate::pg::{cluster_dir, port, psql, PgDatabase};
+use crate::pg::{cluster_dir, port, psql, PgDatabase, PrivateCluster};
 
 fn tls_connections(db: &str) -> i64 {
     psql(
@@ -164,7 +164,9 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
     assert_eq!(host.chat("client", "hello").await["reply"], "ok");
     let (dir, data) = host.into_stopped().await;
 
-    let db = PgDatabase::create();
+    // Its own cluster: the test restarts the server under the host.
+    let cluster = PrivateCluster::start("restart");
+    let db = PgDatabase::create_on(cluster.port);
     let data_s = data.display().to_string();
     let out = mercury(&["storage", "copy", "--data-dir", &data_s, "--to", &db.url()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -234,7 +236,7 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
     // it is down, and the host works again after.
     let pg_bin = std::fs::read_dir("/usr/lib/postgresql")
         .unwrap()
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .map(|e| e.path().join("bin"))
         .max()
         .unwrap();
@@ -243,15 +245,14 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
         c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
             .arg(pg_bin.join("pg_ctl"))
             .arg("-D")
-            .arg(format!("{}/data", cluster_dir()))
+            .arg(format!("{}/data", cluster.dir))
             .args(["-w", "-m", "fast", action]);
         if action == "start" {
             c.arg("-o").arg(format!(
                 "-p {} -k {} -c listen_addresses=127.0.0.1 -c ssl=on -c fsync=off -c max_connections=400",
-                port(),
-                cluster_dir()
+                cluster.port, cluster.dir
             ));
-            c.arg("-l").arg(format!("{}/server.log", cluster_dir()));
+            c.arg("-l").arg(format!("{}/server.log", cluster.dir));
         }
         let out = c.output().unwrap();
         assert!(
@@ -260,7 +261,6 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    let _restart_guard = RestartGuard(&ctl);
     ctl("stop");
     let (st, body) = host
         .owner(
@@ -295,15 +295,4 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
         "ok"
     );
     host.stop().await;
-}
-
-/// Starts the cluster again if the test stops midway, for the other tests.
-struct RestartGuard<'a>(&'a dyn Fn(&str));
-
-impl Drop for RestartGuard<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.0)("start")));
-        }
-    }
 }
