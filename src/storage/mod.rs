@@ -26,6 +26,7 @@ pub mod outbox;
 pub mod pairings;
 pub mod runs;
 pub mod spaces;
+pub mod spend;
 pub mod tasks;
 pub mod tokens;
 

@@ -20,6 +20,8 @@ const LAYERS: &[&[&str]] = &[
     &["actors"],
     &["agent", "review", "shadow"],
     &["links", "perms", "redaction", "runtime"],
+    // Prices, caps and the one seam every model call passes through.
+    &["spend"],
     &["model", "sandbox", "storage", "client", "workspace"],
     &["config"],
     &["ids", "clock", "schedule", "telemetry"],

@@ -39,5 +39,6 @@ mod shadow;
 mod shadow_diff;
 mod smoke;
 mod snapshots;
+mod spend;
 mod telegram;
 mod telegram_callers;
