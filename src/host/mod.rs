@@ -579,6 +579,7 @@ pub async fn serve_with(
     }
     warn_unpriced(&rt.settings);
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
+    deliver_spend_notices(&rt, &spaces);
     let app = Arc::new(App {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
         spaces,
@@ -720,6 +721,30 @@ fn startup_summary(rt: &Runtime, bind: &str, constructed: &[OutboundAdapter]) {
         metrics_bind = if s.metrics.bind.is_empty() { "-" } else { s.metrics.bind.as_str() },
         "mercury started"
     );
+}
+
+/// Queues each owner notice of a spend cap (`Spend::take_notices`) to
+/// `review.owner`'s DM, the review digest's channel. A task of its own: the
+/// notice may come from a turn running inside the very space actor the DM's
+/// outbox row must be written through.
+fn deliver_spend_notices(rt: &Arc<Runtime>, spaces: &SpaceDirectory) {
+    let Some(mut notices) = rt.spend.take_notices() else {
+        return;
+    };
+    let (rt, spaces) = (rt.clone(), spaces.clone());
+    tokio::spawn(async move {
+        while let Some(text) = notices.recv().await {
+            let owner = rt.settings.review.owner.clone();
+            let outcome =
+                crate::review::digest::deliver(&rt, &spaces, &owner, text.clone(), false).await;
+            if !outcome.sent {
+                tracing::warn!(
+                    reason = outcome.reason.as_deref().unwrap_or("-"),
+                    "the owner's spend notice was not sent: {text}"
+                );
+            }
+        }
+    });
 }
 
 /// The start-up warning for every configured model with no price.

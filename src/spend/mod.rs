@@ -114,6 +114,8 @@ pub struct CapHit {
     pub currency: String,
     /// Start of the cap's period (ms); the next period starts at its end.
     pub period_start: i64,
+    /// Which cap: `global:daily`, `purpose:judge:monthly`, `space:ID:daily`.
+    pub key: String,
     /// The owner has not been told about this cap in this period yet (the
     /// caller that can reach the owner tells them).
     pub first_in_period: bool,
@@ -366,6 +368,14 @@ pub struct Spend {
     /// Added to the wall clock for the periods and the ledger's times; moved
     /// only by the `test-hooks` clock route, so a test can cross midnight.
     offset_ms: AtomicI64,
+    /// The owner's notices: [`Spend::call`] sends one the first time a cap
+    /// stops a call in a period (so at most one per cap per period: the
+    /// channel needs no bound); the host's notice task receives them and
+    /// queues each through the review digest's channel. Never closed while
+    /// this struct lives; a notice sent with no receiver is only logged.
+    notice_tx: tokio::sync::mpsc::UnboundedSender<String>,
+    /// The receiving end, until the host takes it ([`Spend::take_notices`]).
+    notice_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
 }
 
 impl Spend {
@@ -375,13 +385,36 @@ impl Spend {
         instance: String,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let (notice_tx, notice_rx) = tokio::sync::mpsc::unbounded_channel();
         Self {
             settings,
             store,
             instance,
             metrics,
             offset_ms: AtomicI64::new(0),
+            notice_tx,
+            notice_rx: std::sync::Mutex::new(Some(notice_rx)),
         }
+    }
+
+    /// The owner's notices, for the one task that delivers them (`None`
+    /// after the first take).
+    pub fn take_notices(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.notice_rx.lock().ok().and_then(|mut rx| rx.take())
+    }
+
+    /// The owner's notice of a cap that stopped a call.
+    fn notice(hit: &CapHit) -> String {
+        let whose = hit
+            .key
+            .strip_prefix("space:")
+            .and_then(|k| k.rsplit_once(':'))
+            .map(|(space, _)| format!(" (space {space})"))
+            .unwrap_or_default();
+        format!(
+            "Spend cap reached{whose}: {hit}. Calls under this cap resume when its period ends \
+             (mrctl budget show)."
+        )
     }
 
     pub fn currency(&self) -> &str {
@@ -468,6 +501,7 @@ impl Spend {
                         let first =
                             ledger::note_once(tx, &format!("cap:{}", cap.key), cap.since, now)?;
                         return Ok(Decision::Capped(CapHit {
+                            key: cap.key.clone(),
                             cap: cap.cap.clone(),
                             limit: from_nanos(cap.limit),
                             used: from_nanos(used),
@@ -496,6 +530,9 @@ impl Spend {
             Decision::Go(id) => id,
             Decision::Capped(hit) => {
                 tracing::warn!(purpose = charge.purpose.as_str(), space = charge.space.as_deref().unwrap_or("-"), cap = %hit.cap, "a spend cap stopped a model call");
+                if hit.first_in_period && self.notice_tx.send(Self::notice(&hit)).is_err() {
+                    tracing::warn!(cap = %hit.cap, "no one delivers the owner's spend notice");
+                }
                 return Err(SpendError::Capped(hit));
             }
             Decision::Unpriced => {

@@ -100,6 +100,97 @@ async fn cost(host: &TestHost) -> Value {
     v
 }
 
+/// The owner's platform sender: `review.owner`, whose DM gets the notices.
+const OWNER: &str = "test:first";
+
+/// The owner's DM conversation, in a space of its own (`ops`), with one
+/// message of the owner's in it (the digest's channel finds the DM by it),
+/// answered: one provider call, waited for.
+async fn owner_dm(host: &TestHost, p: &Provider) {
+    host.create_space("ops").await;
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            "/api/senders/allow",
+            None,
+            Some(json!({"sender": OWNER})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let adapter = host.token("adapter:owner-dm", "adapter").await;
+    let (st, v) = host
+        .ingest(&adapter, "owner-dm", OWNER, "hello", "dm-1", false)
+        .await;
+    assert!(st == 200 || st == 202, "{st} {v}");
+    let (st, v) = host
+        .owner(
+            Method::GET,
+            "/api/conversations?all=true",
+            Some("ops"),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let id = v["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["external_id"] == "owner-dm")
+        .unwrap_or_else(|| panic!("no DM conversation: {v}"))["id"]
+        .as_i64()
+        .unwrap();
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            &format!("/api/conversations/{id}/link"),
+            Some("ops"),
+            Some(json!({"space_id": "ops"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = host
+        .ingest(&adapter, "owner-dm", OWNER, "are you there?", "dm-2", false)
+        .await;
+    assert!(st == 200 || st == 202, "{st} {v}");
+    for _ in 0..600 {
+        if p.calls() == 1 {
+            let (_, out) = host.owner(Method::GET, "/api/outbox", None, None).await;
+            if out["items"].as_array().is_some_and(|i| !i.is_empty()) {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the owner's DM was not answered");
+}
+
+/// The outbox texts queued for the owner's DM, once at least `want` are
+/// there (the notice is queued by a task of its own).
+async fn owner_notices(host: &TestHost, want: usize) -> Vec<String> {
+    for _ in 0..600 {
+        let (st, v) = host.owner(Method::GET, "/api/outbox", None, None).await;
+        assert_eq!(st, 200, "{v}");
+        let texts: Vec<String> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["external_id"] == "owner-dm")
+            .filter(|i| {
+                i["text"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("Spend cap"))
+            })
+            .filter_map(|i| i["text"].as_str().map(str::to_owned))
+            .collect();
+        if texts.len() >= want {
+            return texts;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (_, v) = host.owner(Method::GET, "/api/outbox", None, None).await;
+    panic!("fewer than {want} owner notices: {v}");
+}
+
 /// The next midnight after now in `tz`, as ms.
 fn next_midnight(tz: chrono_tz::Tz, now_ms: i64) -> i64 {
     let local = tz.timestamp_millis_opt(now_ms).unwrap();
@@ -130,10 +221,17 @@ async fn spend_over_its_daily_cap_a_space_calls_no_model_answers_once_and_rolls_
     // A zone far from UTC: its midnight is not the UTC one.
     let host = TestHost::start(priced(
         &p,
-        vec![("timezone", Yaml::String("Pacific/Auckland".into()))],
+        vec![
+            ("timezone", Yaml::String("Pacific/Auckland".into())),
+            ("ingress.auto_space", Yaml::Bool(false)),
+            ("review.owner", Yaml::String(OWNER.into())),
+        ],
     ))
     .await;
     host.create_space("family").await;
+    owner_dm(&host, &p).await;
+    // The owner's DM was answered once: every count below is past it.
+    let base = p.calls();
     let (st, v) = set_budget(&host, "family", json!({"daily": 1.2, "monthly": 20})).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(
@@ -144,10 +242,10 @@ async fn spend_over_its_daily_cap_a_space_calls_no_model_answers_once_and_rolls_
     // 1.00 reserved of 1.20: called, settled at 0.50.
     let first = host.chat("family", "hi").await;
     assert_eq!(first["reply"], ANSWER, "{first}");
-    assert_eq!(p.calls(), 1);
+    assert_eq!(p.calls(), base + 1);
     // 0.50 spent + 1.00 worst case > 1.20: not called, the configured sentence.
     let capped = host.chat("family", "and again").await;
-    assert_eq!(p.calls(), 1, "a capped turn reached the provider");
+    assert_eq!(p.calls(), base + 1, "a capped turn reached the provider");
     assert_eq!(
         capped["reply"],
         mercury::config::DEFAULT_CAPPED_REPLY,
@@ -167,23 +265,38 @@ async fn spend_over_its_daily_cap_a_space_calls_no_model_answers_once_and_rolls_
     // Once per period per conversation: the next capped turn says nothing.
     let silent = host.chat("family", "hello?").await;
     assert!(silent["reply"].is_null(), "{silent}");
-    assert_eq!(p.calls(), 1);
+    assert_eq!(p.calls(), base + 1);
+    // The owner heard of it once, in their DM (the digest's channel).
+    let notices = owner_notices(&host, 1).await;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(
+        notices[0].starts_with(
+            "Spend cap reached (space family): the space's daily cap of 1.20 USD is reached"
+        ),
+        "{}",
+        notices[0]
+    );
 
     // Just before local midnight the day has not turned.
     let now = advance(&host, 0).await;
     let midnight = next_midnight("Pacific/Auckland".parse().unwrap(), now);
     advance(&host, midnight - now - 60_000).await;
     host.chat("family", "still today").await;
-    assert_eq!(p.calls(), 1, "the period rolled over before local midnight");
+    assert_eq!(
+        p.calls(),
+        base + 1,
+        "the period rolled over before local midnight"
+    );
     // Past it, the space may spend again.
     advance(&host, 120_000).await;
     let next_day = host.chat("family", "a new day").await;
     assert_eq!(next_day["reply"], ANSWER, "{next_day}");
-    assert_eq!(p.calls(), 2);
+    assert_eq!(p.calls(), base + 2);
 
     // The cost is the settled one, by space, purpose and model.
     let c = cost(&host).await;
-    assert_eq!(c["total"].as_f64(), Some(1.0), "{c}");
+    // Two turns in family and the owner's DM answered in ops.
+    assert_eq!(c["total"].as_f64(), Some(1.5), "{c}");
     assert_eq!(c["by_space"][0]["key"], "family", "{c}");
     assert_eq!(c["by_purpose"][0]["key"], "turn", "{c}");
     assert_eq!(c["by_model"][0]["key"], "openai:gpt-fake", "{c}");
