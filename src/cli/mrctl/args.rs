@@ -150,7 +150,7 @@ pub enum Command {
     /// Conversation review (global admins).
     #[command(subcommand)]
     Review(ReviewCmd),
-    /// Spend caps: show them, set a space's own (global admins; --space X).
+    /// Spend caps: show them, set a space's own (global admins; the space from MERCURY_SPACE).
     #[command(subcommand)]
     Budget(BudgetCmd),
     /// What the model calls cost, by space, day, purpose and model (global admins).
@@ -702,10 +702,12 @@ pub enum ReviewCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum BudgetCmd {
-    /// The caps in force and what each used this period (the space's too, with --space).
+    /// The caps in force and what each used this period (the space's too, with MERCURY_SPACE).
     Show,
-    /// Set the space's own caps (--space X); 0 is no cap, `default` the config's.
-    #[command(after_help = "Example: mrctl --space family budget set --daily 2.00 --monthly 20")]
+    /// Set the space's own caps (the space in MERCURY_SPACE); 0 is no cap, `default` the config's.
+    #[command(
+        after_help = "Example: MERCURY_SPACE=family mrctl budget set --daily 2.00 --monthly 20"
+    )]
     Set {
         /// Amount per day in the deployment's currency (0: no cap; `default`: budgets.space).
         #[arg(long, value_name = "AMOUNT")]
