@@ -49,8 +49,17 @@ pub struct Settings {
     /// The owner's caller id (written by `mercury init`).
     pub owner: String,
     pub providers: ProviderConfig,
-    /// Price per million tokens, by model spec: `{input: 0.15, output: 0.6}`.
+    /// Price per million tokens, by model spec: `{input: 0.15, output: 0.6}`,
+    /// in `currency`; overrides the built-in table (`src/spend/price_table.rs`).
     pub prices: BTreeMap<String, Price>,
+    /// The deployment's currency (a label: prices and caps are in it). The
+    /// built-in prices are USD and apply only while this is `USD`.
+    pub currency: String,
+    /// The deployment's IANA time zone: budget periods roll over at its
+    /// midnight; `review.timezone` falls back to it.
+    pub timezone: String,
+    /// Spend caps (docs/spend.md).
+    pub budgets: BudgetsConfig,
     pub sandbox: SandboxConfig,
     pub turn: TurnConfig,
     pub ingress: IngressConfig,
@@ -96,6 +105,71 @@ pub enum StorageBackend {
     #[default]
     Sqlite,
     Postgres,
+}
+
+/// A daily and a monthly cap in the deployment's currency; 0 is no cap.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct CapPair {
+    pub daily: f64,
+    pub monthly: f64,
+}
+
+impl CapPair {
+    pub fn is_set(&self) -> bool {
+        self.daily > 0.0 || self.monthly > 0.0
+    }
+}
+
+/// One cap pair per kind of model call (`spend::SpendPurpose`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct PurposeCaps {
+    /// Live turns answering a chat message.
+    pub turn: CapPair,
+    /// Scheduled task turns.
+    pub task: CapPair,
+    /// `ask` turns run in another space's sandbox.
+    pub ask: CapPair,
+    /// History compaction.
+    pub compact: CapPair,
+    /// The review judge (daily scan and weekly synthesis).
+    pub judge: CapPair,
+    /// The review intake's verify calls.
+    pub intake: CapPair,
+}
+
+/// Spend caps (issue 26, docs/spend.md). Every cap is in `currency`; 0 is no cap.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetsConfig {
+    /// The whole deployment's spend.
+    pub global: CapPair,
+    /// Every space's own cap unless `mrctl budget set` gave it one.
+    pub space: CapPair,
+    /// Caps per kind of call, over the whole deployment.
+    pub purposes: PurposeCaps,
+    /// A model with no price may be called under a cap (counted as free).
+    pub allow_unpriced: bool,
+    /// What a turn stopped by a cap answers, once per period per conversation;
+    /// empty: nothing.
+    pub capped_reply: String,
+}
+
+/// The default `budgets.capped_reply`.
+pub const DEFAULT_CAPPED_REPLY: &str =
+    "I have reached my spending limit for now and will answer again when it resets.";
+
+impl Default for BudgetsConfig {
+    fn default() -> Self {
+        Self {
+            global: CapPair::default(),
+            space: CapPair::default(),
+            purposes: PurposeCaps::default(),
+            allow_unpriced: false,
+            capped_reply: DEFAULT_CAPPED_REPLY.into(),
+        }
+    }
 }
 
 /// The workspace file routes (`/api/files`).
@@ -476,6 +550,9 @@ impl Default for Settings {
             owner: "owner".into(),
             providers: ProviderConfig::default(),
             prices: BTreeMap::new(),
+            currency: "USD".into(),
+            timezone: "UTC".into(),
+            budgets: BudgetsConfig::default(),
             sandbox: SandboxConfig::default(),
             turn: TurnConfig::default(),
             ingress: IngressConfig::default(),
@@ -580,6 +657,56 @@ impl Default for WebhookConfig {
     }
 }
 
+impl BudgetsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let p = &self.purposes;
+        let pairs = [
+            ("budgets.global", self.global),
+            ("budgets.space", self.space),
+            ("budgets.purposes.turn", p.turn),
+            ("budgets.purposes.task", p.task),
+            ("budgets.purposes.ask", p.ask),
+            ("budgets.purposes.compact", p.compact),
+            ("budgets.purposes.judge", p.judge),
+            ("budgets.purposes.intake", p.intake),
+        ];
+        for (key, pair) in pairs {
+            for (leaf, v) in [("daily", pair.daily), ("monthly", pair.monthly)] {
+                if !(v.is_finite() && (0.0..=1e9).contains(&v)) {
+                    return Err(key_err(
+                        &format!("{key}.{leaf}"),
+                        "must be an amount between 0 (no cap) and 1000000000",
+                    ));
+                }
+            }
+        }
+        if self.capped_reply.len() > 2000 {
+            return Err(key_err(
+                "budgets.capped_reply",
+                "must be at most 2000 bytes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether any cap at all is set in the file (a space's own cap is in the store).
+    pub fn any_cap(&self) -> bool {
+        let p = &self.purposes;
+        [
+            self.global,
+            self.space,
+            p.turn,
+            p.task,
+            p.ask,
+            p.compact,
+            p.judge,
+            p.intake,
+        ]
+        .iter()
+        .any(CapPair::is_set)
+    }
+}
+
 impl ReviewConfig {
     /// `review.timezone` (validated at start-up); UTC if it does not parse.
     pub(crate) fn tz(&self) -> chrono_tz::Tz {
@@ -597,7 +724,7 @@ impl Default for ReviewConfig {
         Self {
             enabled: false,
             daily_at: "04:00".into(),
-            timezone: "UTC".into(),
+            timezone: String::new(),
             window_hours: 24,
             batch_size: 10,
             max_concurrency: 1,
@@ -672,7 +799,28 @@ providers:                      # model providers
   retry_after_cap_secs: 30      # seconds: longest wait a Retry-After may ask for
 # Price per million tokens by model spec, for token_usage.cost, e.g.
 #   "openai:gpt-4o-mini": {{input: 0.15, output: 0.6}}
+# Built-in prices (USD, from a pinned litellm release: docs/spend.md) cover common
+# openai: and anthropic: models; entries here override them.
 prices: {{}}                      # map of spec -> {{input, output}} in currency per million tokens
+currency: "USD"                 # label of the currency prices and caps are in (built-in prices only for USD)
+timezone: "UTC"                 # IANA time zone: budget periods roll over at its midnight
+budgets:                        # spend caps (docs/spend.md); every amount in currency, 0 = no cap
+  global:                       # the whole deployment
+    daily: 0.0                  # amount per day
+    monthly: 0.0                # amount per calendar month
+  space:                        # each space, unless `mrctl budget set` gave it its own
+    daily: 0.0                  # amount per day
+    monthly: 0.0                # amount per calendar month
+  purposes:                     # per kind of call, over the whole deployment
+    turn: {{daily: 0.0, monthly: 0.0}}     # live turns
+    task: {{daily: 0.0, monthly: 0.0}}     # scheduled task turns
+    ask: {{daily: 0.0, monthly: 0.0}}      # ask turns
+    compact: {{daily: 0.0, monthly: 0.0}}  # history compaction
+    judge: {{daily: 0.0, monthly: 0.0}}    # the review judge
+    intake: {{daily: 0.0, monthly: 0.0}}   # the review intake's verify calls
+  allow_unpriced: false         # true|false: a model with no price may be called under a cap
+  # What a turn stopped by a cap answers, once per period per conversation; empty: nothing.
+  capped_reply: "I have reached my spending limit for now and will answer again when it resets."
 sandbox:                        # where shell and mrctl tool calls run
   backend: auto                 # auto (docker, else bubblewrap, else no tools) | docker | process (bubblewrap)
   allow_unisolated: false       # true|false; process without bubblewrap: plain host processes (NOT isolation)
@@ -711,7 +859,7 @@ webhook:                        # the webhook adapter
 review:                         # the daily conversation review
   enabled: false                # true|false
   daily_at: "04:00"             # HH:MM local time in review.timezone
-  timezone: "UTC"               # IANA time zone name
+  timezone: ""                  # IANA time zone name; empty: the top-level timezone
   window_hours: 24              # hours of conversation each scan reads
   batch_size: 10                # count: exchanges per judge call
   max_concurrency: 1            # count: judge calls at once
@@ -852,10 +1000,13 @@ pub fn from_value(file: Value, env: &BTreeMap<String, String>) -> Result<Setting
     let mut merged = defaults.clone();
     merge(&mut merged, file, "")?;
     apply_env(&mut merged, &defaults, "", env)?;
-    let settings: Settings = serde_yaml_ng::from_value(merged).map_err(|e| {
+    let mut settings: Settings = serde_yaml_ng::from_value(merged).map_err(|e| {
         // serde_yaml_ng names the path in its message; keep it whole.
         key_err("(file)", e.to_string())
     })?;
+    if settings.review.timezone.trim().is_empty() {
+        settings.review.timezone = settings.timezone.clone();
+    }
     settings.validate()?;
     Ok(settings)
 }
@@ -1136,6 +1287,21 @@ impl Settings {
         if !self.review.weekly_at.trim().is_empty() {
             parse_weekly_at(&self.review.weekly_at).map_err(|m| key_err("review.weekly_at", m))?;
         }
+        self.timezone
+            .parse::<chrono_tz::Tz>()
+            .map_err(|_| key_err("timezone", format!("unknown time zone {:?}", self.timezone)))?;
+        if self.currency.trim().is_empty() || self.currency.len() > 12 {
+            return Err(key_err("currency", "must be a short label such as USD"));
+        }
+        self.budgets.validate()?;
+        for (spec, p) in &self.prices {
+            if !(p.input.is_finite() && p.output.is_finite() && p.input >= 0.0 && p.output >= 0.0) {
+                return Err(key_err(
+                    "prices",
+                    format!("{spec:?}: input and output must be numbers of at least 0"),
+                ));
+            }
+        }
         self.review.timezone.parse::<chrono_tz::Tz>().map_err(|_| {
             key_err(
                 "review.timezone",
@@ -1237,11 +1403,9 @@ impl Settings {
         out
     }
 
-    /// The cost of one model call under `prices` (per million tokens; an
-    /// unpriced spec costs 0).
-    pub fn cost(&self, spec: &str, tokens_in: u64, tokens_out: u64) -> f64 {
-        let price = self.prices.get(spec).copied().unwrap_or_default();
-        (tokens_in as f64 * price.input + tokens_out as f64 * price.output) / 1_000_000.0
+    /// The deployment's time zone (validated at start-up; UTC if it does not parse).
+    pub fn tz(&self) -> chrono_tz::Tz {
+        self.timezone.parse().unwrap_or(chrono_tz::UTC)
     }
 
     /// The sender policy of `platform`'s DMs: its adapter's own, else `ingress.dm_policy`.
@@ -1497,7 +1661,38 @@ mod tests {
     #[test]
     fn template_parses_back_to_the_defaults() {
         let v: Value = serde_yaml_ng::from_str(&template("owner")).unwrap();
-        assert_eq!(from_value(v, &env(&[])).unwrap(), Settings::default());
+        // An empty review.timezone is the top-level one, filled in at load.
+        let mut want = Settings::default();
+        want.review.timezone = want.timezone.clone();
+        assert_eq!(from_value(v, &env(&[])).unwrap(), want);
+    }
+
+    #[test]
+    fn budgets_are_checked_and_review_timezone_falls_back() {
+        let v: Value = serde_yaml_ng::from_str("timezone: Europe/Paris").unwrap();
+        let s = from_value(v, &env(&[])).unwrap();
+        assert_eq!(s.review.timezone, "Europe/Paris");
+        let v: Value =
+            serde_yaml_ng::from_str("timezone: Europe/Paris\nreview: {timezone: Asia/Tokyo}")
+                .unwrap();
+        assert_eq!(
+            from_value(v, &env(&[])).unwrap().review.timezone,
+            "Asia/Tokyo"
+        );
+        let e = from_value(Value::Null, &env(&[("MERCURY_BUDGETS_GLOBAL_DAILY", "-1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("budgets.global.daily"), "{e}");
+        let s = from_value(
+            Value::Null,
+            &env(&[("MERCURY_BUDGETS_SPACE_MONTHLY", "20")]),
+        )
+        .unwrap();
+        assert_eq!(s.budgets.space.monthly, 20.0);
+        let e = from_value(Value::Null, &env(&[("MERCURY_TIMEZONE", "Mars/Olympus")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timezone"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Imports run one way, top to bottom (`tests/it/layers.rs` holds it):
 //! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`adapters`] → [`ingress`] → [`app`] →
 //! [`actors`] → [`agent`], [`review`], [`shadow`] → [`links`], [`perms`], [`redaction`],
-//! [`runtime`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
+//! [`runtime`] → [`spend`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
 //! → [`config`] → [`ids`], [`clock`], [`schedule`], [`telemetry`].
 //!
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
@@ -22,6 +22,7 @@
 //! - [`links`], [`perms`]: space links (allowlist, grant resolver, stripping); permissions and roles.
 //! - [`redaction`]: identifier redaction and its fail-closed gate.
 //! - [`runtime`]: the shared services (store, models, sandbox, settings, paths).
+//! - [`spend`]: prices, caps, and the reservation every model call passes through.
 //! - [`model`]: providers (OpenAI-compatible, Anthropic, scripted) and the model gate.
 //! - [`sandbox`]: where `shell` and `mrctl` run: docker (bollard) or bubblewrap.
 //! - [`storage`]: SQLite (WAL) behind one writer thread; migrations; one module per table group.
@@ -53,6 +54,7 @@ pub mod runtime;
 pub mod sandbox;
 pub(crate) mod schedule;
 pub mod shadow;
+pub mod spend;
 pub mod storage;
 pub(crate) mod telemetry;
 pub mod workspace;

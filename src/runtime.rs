@@ -41,6 +41,9 @@ pub struct Runtime {
     pub cross_reads: CrossReads,
     /// Prometheus metrics (`/metrics`).
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// Prices, caps and the reservation: every model call goes through
+    /// [`crate::spend::Spend::call`].
+    pub spend: Arc<crate::spend::Spend>,
     /// Where outbound sends go: the outbox (live) or the shadow transcript.
     pub outbound: Outbound,
     /// When a turn's commit last deleted expired run traces (ms; 0: never).

@@ -58,6 +58,12 @@ struct Backend {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PurposeModel {
+    purpose: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     outcome: String,
 }
@@ -119,6 +125,8 @@ pub struct Metrics {
     model_tokens: Family<ProviderDirection, Counter>,
     sandbox_start_seconds: Family<Backend, Histogram, fn() -> Histogram>,
     judge_calls: Family<Outcome, Counter>,
+    /// Settled cost, by purpose and model spec (never by space: bounded labels).
+    cost: Family<PurposeModel, Counter<f64, AtomicU64>>,
     held_back: Counter,
     held_back_seconds: Counter<f64, AtomicU64>,
     /// What the gate had reported at the last scrape (the counters above
@@ -153,6 +161,7 @@ impl Metrics {
             model_tokens: Family::default(),
             sandbox_start_seconds: Family::new_with_constructor(latency),
             judge_calls: Family::default(),
+            cost: Family::default(),
             held_back: Counter::default(),
             held_back_seconds: Counter::default(),
             held_back_seen: Mutex::new((0, Duration::ZERO)),
@@ -206,6 +215,11 @@ impl Metrics {
             "judge_calls",
             "Review judge model calls, by outcome (ok, error)",
             m.judge_calls.clone(),
+        );
+        registry.register(
+            "cost",
+            "Settled cost of model calls in the deployment's currency, by purpose and model",
+            m.cost.clone(),
         );
         registry.register(
             "judge_held_back",
@@ -292,6 +306,18 @@ impl Metrics {
                     direction: direction.into(),
                 })
                 .inc_by(n);
+        }
+    }
+
+    /// A model call settled at `amount` of the deployment's currency.
+    pub fn cost(&self, purpose: &str, model: &str, amount: f64) {
+        if amount.is_finite() && amount > 0.0 {
+            self.cost
+                .get_or_create(&PurposeModel {
+                    purpose: purpose.into(),
+                    model: model.into(),
+                })
+                .inc_by(amount);
         }
     }
 

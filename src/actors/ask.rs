@@ -37,6 +37,8 @@ pub struct AskOutcome {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The currency of `cost`.
+    pub currency: String,
     /// The turn's trace (model and tool calls): it comes back to the asker
     /// and is stored nowhere, like the rest of the ask.
     pub steps: Vec<crate::storage::runs::RunStep>,
@@ -172,6 +174,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         tokens_in: outcome.tokens_in,
         tokens_out: outcome.tokens_out,
         cost: outcome.cost,
+        currency: rt.settings.currency.clone(),
         steps: outcome.steps,
     })
 }

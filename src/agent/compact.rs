@@ -60,9 +60,13 @@ pub(crate) async fn compact(rt: &Arc<Runtime>, space: &str) -> Result<Value, Com
         ),
         ChatMessage::text(Role::User, transcript),
     ];
-    let answer = super::complete_with_chain(&rt, &chain, Purpose::Compact, &messages, &[])
+    let charge = crate::spend::Charge {
+        space: Some(space.clone()),
+        purpose: crate::spend::SpendPurpose::Compact,
+    };
+    let answer = super::complete_with_chain(&rt, &chain, Purpose::Compact, &charge, &messages, &[])
         .await
-        .map_err(CompactError::Model)?;
+        .map_err(|e| CompactError::Model(e.to_string()))?;
     let (space2, spec, summary, usage, cost) = (
         space.clone(),
         answer.spec,

@@ -115,6 +115,9 @@ enum TurnError {
     Timeout(Duration),
     #[error("{0}")]
     Layer(#[from] LayerError),
+    /// A spend cap stopped the turn before its next model call.
+    #[error("{0}")]
+    Capped(crate::spend::CapHit),
 }
 
 /// The lazily started sandbox and layer of one turn, closed by [`run_turn`]
@@ -198,6 +201,22 @@ pub(crate) async fn run_turn(
     let (status, reply, error) = match result {
         None => (TurnStatus::Stopped, None, Some("stopped".to_string())),
         Some(Ok(text)) => (TurnStatus::Done, Some(text), None),
+        Some(Err(TurnError::Capped(hit))) => {
+            // The configured sentence, once per period per conversation;
+            // after that a capped turn stays silent.
+            let answer = &rt.settings.budgets.capped_reply;
+            let reply = if !answer.trim().is_empty()
+                && rt
+                    .spend
+                    .first_capped_reply(req.space_id.as_str(), &hit)
+                    .await
+            {
+                Some(answer.clone())
+            } else {
+                None
+            };
+            (TurnStatus::Failed, reply, Some(hit.to_string()))
+        }
         Some(Err(e)) => {
             let msg = crate::redaction::secrets::scrub_error(&e.to_string());
             tracing::warn!(run = %req.run_id, space = %req.space_id, error = %msg, "turn failed");
@@ -223,6 +242,7 @@ pub(crate) async fn run_turn(
         ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
         tokens_in = acc.tokens_in,
         tokens_out = acc.tokens_out,
+        cost = %rt.spend.format(acc.cost),
         sandbox = if sandboxed { rt.sandbox.name() } else { "none" },
         "turn"
     );
@@ -479,21 +499,36 @@ async fn call_model(
 ) -> Result<ModelResponse, TurnError> {
     let started_at = now_ms();
     let clock = std::time::Instant::now();
-    let answer =
-        match complete_with_chain(rt, &req.model_chain, req.purpose, messages, tool_specs).await {
-            Ok(a) => a,
-            Err(e) => {
-                acc.push_step(runs::RunStep {
-                    kind: "model".into(),
-                    name: req.model_chain.join(","),
-                    duration_ms: clock.elapsed().as_millis() as u64,
-                    error: Some(e.clone()),
-                    started_at,
-                    ..Default::default()
-                });
-                return Err(TurnError::Model(e));
-            }
-        };
+    let charge = crate::spend::Charge {
+        space: Some(req.space_id.to_string()),
+        purpose: spend_purpose(req.kind),
+    };
+    let answer = match complete_with_chain(
+        rt,
+        &req.model_chain,
+        req.purpose,
+        &charge,
+        messages,
+        tool_specs,
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            acc.push_step(runs::RunStep {
+                kind: "model".into(),
+                name: req.model_chain.join(","),
+                duration_ms: clock.elapsed().as_millis() as u64,
+                error: Some(e.to_string()),
+                started_at,
+                ..Default::default()
+            });
+            return Err(match e {
+                ChainError::Capped(hit) => TurnError::Capped(hit),
+                ChainError::Failed(e) => TurnError::Model(e),
+            });
+        }
+    };
     acc.push_step(runs::RunStep {
         kind: "model".into(),
         name: answer.spec.clone(),
@@ -533,6 +568,17 @@ async fn call_model(
     Ok(answer.response)
 }
 
+/// The spend purpose of a turn of `kind`.
+fn spend_purpose(kind: RunKind) -> crate::spend::SpendPurpose {
+    use crate::spend::SpendPurpose;
+    match kind {
+        RunKind::Live => SpendPurpose::Turn,
+        RunKind::Task => SpendPurpose::Task,
+        RunKind::Ask => SpendPurpose::Ask,
+        RunKind::Review => SpendPurpose::Judge,
+    }
+}
+
 /// An answer from a model chain: which spec gave it and what it cost.
 pub(crate) struct ChainAnswer {
     pub response: ModelResponse,
@@ -540,16 +586,30 @@ pub(crate) struct ChainAnswer {
     pub cost: f64,
 }
 
+/// Why a chain gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChainError {
+    /// A cap stopped the first call it covered: the rest of the chain is not
+    /// tried (the cap covers them too).
+    #[error("{0}")]
+    Capped(crate::spend::CapHit),
+    /// The one sentence every caller stores or serves, scrubbed.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Tries each spec of `chain` in order until one answers (live work: it
-/// counts against the model gate so background review calls hold back).
-/// Recording the usage is the caller's, so it can share its transaction.
+/// counts against the model gate so background review calls hold back),
+/// each call through the spend seam. Recording the usage is the caller's,
+/// so it can share its transaction.
 pub(crate) async fn complete_with_chain(
     rt: &Arc<Runtime>,
     chain: &[String],
     purpose: Purpose,
+    charge: &crate::spend::Charge,
     messages: &[ChatMessage],
     tools: &[crate::model::ToolSpec],
-) -> Result<ChainAnswer, String> {
+) -> Result<ChainAnswer, ChainError> {
     let mut failures = Vec::new();
     for spec in chain {
         let model = match rt.models.get(spec) {
@@ -569,25 +629,28 @@ pub(crate) async fn complete_with_chain(
         // Counted as live while the call runs; taking the permit never waits.
         let live = rt.model_gate.live();
         let started = std::time::Instant::now();
-        let answer = model.provider.complete(&request).await;
+        let answer = rt.spend.call(charge, spec, &model, &request).await;
         drop(live);
-        let tokens = answer
-            .as_ref()
-            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
-        rt.metrics
-            .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
         match answer {
-            Ok(response) => {
-                let cost = rt.settings.cost(
+            Ok(metered) => {
+                let usage = metered.response.usage;
+                rt.metrics.model_call(
                     spec,
-                    response.usage.input_tokens,
-                    response.usage.output_tokens,
+                    true,
+                    started.elapsed(),
+                    (usage.input_tokens, usage.output_tokens),
                 );
                 return Ok(ChainAnswer {
-                    response,
+                    response: metered.response,
                     spec: spec.clone(),
-                    cost,
+                    cost: metered.cost,
                 });
+            }
+            Err(crate::spend::SpendError::Capped(hit)) => return Err(ChainError::Capped(hit)),
+            Err(crate::spend::SpendError::Model(e)) => {
+                rt.metrics
+                    .model_call(spec, false, started.elapsed(), (0, 0));
+                failures.push(format!("{spec}: {e}"));
             }
             Err(e) => failures.push(format!("{spec}: {e}")),
         }
@@ -597,9 +660,8 @@ pub(crate) async fn complete_with_chain(
     }
     // The one sentence every caller stores or serves (runs.error, the
     // trace, a compaction's 502): a provider may echo the key or its URL.
-    Err(crate::redaction::secrets::scrub_error(&format!(
-        "the model did not answer ({})",
-        failures.join("; ")
+    Err(ChainError::Failed(crate::redaction::secrets::scrub_error(
+        &format!("the model did not answer ({})", failures.join("; ")),
     )))
 }
 

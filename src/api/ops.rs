@@ -97,6 +97,21 @@ pub struct Status {
     pub sandbox: SandboxStatus,
     pub adapters: Vec<AdapterStatus>,
     pub review: ReviewStatus,
+    pub spend: SpendStatus,
+}
+
+/// Spent (settled and reserved) in the deployment's time zone.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpendStatus {
+    pub currency: String,
+    pub today: f64,
+    pub month: f64,
+    /// `today` in the one currency format.
+    pub today_text: String,
+    pub month_text: String,
+    /// The deployment's daily and monthly caps (0: none).
+    pub daily_cap: f64,
+    pub monthly_cap: f64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -166,7 +181,18 @@ async fn status(
             last_error: a.last_error,
         });
     }
+    let (today, month) = app.rt.spend.totals().await?;
+    let spend = SpendStatus {
+        currency: s.currency.clone(),
+        today,
+        month,
+        today_text: app.rt.spend.format(today),
+        month_text: app.rt.spend.format(month),
+        daily_cap: s.budgets.global.daily,
+        monthly_cap: s.budgets.global.monthly,
+    };
     Ok(Json(Status {
+        spend,
         version: env!("CARGO_PKG_VERSION"),
         uptime_secs: app.rt.metrics.uptime().as_secs(),
         spaces_active: app.spaces.active_count(),

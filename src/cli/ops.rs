@@ -99,6 +99,14 @@ fn render_status(v: &Value) -> String {
         "running turns (containers/sandboxes): {}\n",
         s("running_turns")
     ));
+    let sp = &v["spend"];
+    if sp.is_object() {
+        out.push_str(&format!(
+            "spend: {} today, {} this month\n",
+            sp["today_text"].as_str().unwrap_or("?"),
+            sp["month_text"].as_str().unwrap_or("?")
+        ));
+    }
     let sb = &v["sandbox"];
     out.push_str(&format!(
         "sandbox: {}{}\n",
@@ -242,6 +250,7 @@ async fn run_checks(paths: &DataPaths, env: &BTreeMap<String, String>) -> Vec<Ch
         Err(e) => out.push(check(Level::Fail, "models", e.to_string())),
     }
     out.extend(key_checks(&settings, env));
+    out.extend(price_checks(&settings));
     out.extend(sandbox_checks(&settings).await);
     for f in crate::host::layer_probe::check(paths, &settings).await {
         let (level, detail) = match f.verdict {
@@ -264,6 +273,38 @@ async fn run_checks(paths: &DataPaths, env: &BTreeMap<String, String>) -> Vec<Ch
     }
     out.push(disk_check(&paths.root));
     out
+}
+
+/// Every configured model needs a price: under a cap an unpriced model is
+/// refused, without one its spend reads 0.
+fn price_checks(s: &Settings) -> Vec<Check> {
+    let specs: Vec<String> = s.configured_specs().into_iter().map(|(_, v)| v).collect();
+    let unpriced = crate::spend::unpriced(s, &specs);
+    if unpriced.is_empty() {
+        return vec![check(
+            Level::Ok,
+            "prices",
+            format!(
+                "every configured model has a price (built-in: {})",
+                crate::spend::price_table::SOURCE
+            ),
+        )];
+    }
+    unpriced
+        .into_iter()
+        .map(|spec| {
+            let why = if s.budgets.any_cap() && !s.budgets.allow_unpriced {
+                "a spend cap is set, so its calls will be refused"
+            } else {
+                "its calls count as free"
+            };
+            check(
+                Level::Warn,
+                "prices",
+                format!("{spec} has no price (set prices.\"{spec}\"): {why}"),
+            )
+        })
+        .collect()
 }
 
 fn key_checks(s: &Settings, env: &BTreeMap<String, String>) -> Vec<Check> {

@@ -118,9 +118,25 @@ pub async fn intake(
                 return ExitCode::from(2);
             }
         };
+    // The verify calls are reserved in the data dir's own ledger, under the
+    // same caps as the host's (a running host shares the file through WAL).
+    let store = match crate::storage::Store::open(&paths.db) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("mercury review intake: the spend ledger: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let settings = std::sync::Arc::new(s.clone());
+    let spend = std::sync::Arc::new(crate::spend::Spend::new(
+        settings,
+        store,
+        format!("intake:{}", std::process::id()),
+        std::sync::Arc::default(),
+    ));
     let verifier = Verifier {
-        provider: resolved.provider,
-        model: resolved.model,
+        model: std::sync::Arc::new(resolved),
+        spend,
         gate: std::sync::Arc::new(crate::model::gate::ModelGate::new(
             s.review.max_concurrency,
             s.review.calls_per_minute,

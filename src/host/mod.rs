@@ -340,11 +340,20 @@ async fn build_runtime_with_env(
         settings.review.calls_per_minute,
     ));
     let outbound = crate::runtime::Outbound::for_settings(&settings, paths);
+    let settings = Arc::new(settings);
+    let metrics: Arc<crate::telemetry::Metrics> = Arc::default();
+    let spend = Arc::new(crate::spend::Spend::new(
+        settings.clone(),
+        store.clone(),
+        instance_id.clone(),
+        metrics.clone(),
+    ));
     Ok(Arc::new(Runtime {
         outbound,
+        spend,
         models: ModelRegistry::new(providers, scripted_policy(&settings, paths)),
         model_gate,
-        settings: Arc::new(settings),
+        settings,
         paths: paths.clone(),
         store,
         instance_id,
@@ -353,7 +362,7 @@ async fn build_runtime_with_env(
         live_runs: Mutex::new(Default::default()),
         ask_refusals: Mutex::new(Default::default()),
         cross_reads: Default::default(),
-        metrics: Arc::default(),
+        metrics,
         steps_pruned_at: std::sync::atomic::AtomicI64::new(0),
     }))
 }
@@ -589,7 +598,18 @@ pub async fn serve_with(
     }
     let rt =
         build_runtime_with_env(&paths, settings, store, options.review_admission, &env).await?;
+    // No model call is in flight yet: a reservation of this instance is a
+    // crashed call's, and would hold budget it never spent.
+    let released = rt.spend.release_left_behind().await?;
+    if released > 0 {
+        tracing::warn!(
+            reservations = released,
+            "spend reservations left by the last stop were released"
+        );
+    }
+    warn_unpriced(&rt.settings);
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
+    deliver_spend_notices(&rt, &spaces);
     let app = Arc::new(App {
         limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
         spaces,
@@ -731,6 +751,42 @@ fn startup_summary(rt: &Runtime, bind: &str, constructed: &[OutboundAdapter]) {
         metrics_bind = if s.metrics.bind.is_empty() { "-" } else { s.metrics.bind.as_str() },
         "mercury started"
     );
+}
+
+/// Queues each owner notice of a spend cap (`Spend::take_notices`) to
+/// `review.owner`'s DM, the review digest's channel. A task of its own: the
+/// notice may come from a turn running inside the very space actor the DM's
+/// outbox row must be written through.
+fn deliver_spend_notices(rt: &Arc<Runtime>, spaces: &SpaceDirectory) {
+    let Some(mut notices) = rt.spend.take_notices() else {
+        return;
+    };
+    let (rt, spaces) = (rt.clone(), spaces.clone());
+    tokio::spawn(async move {
+        while let Some(text) = notices.recv().await {
+            let owner = rt.settings.review.owner.clone();
+            let outcome =
+                crate::review::digest::deliver(&rt, &spaces, &owner, text.clone(), false).await;
+            if !outcome.sent {
+                tracing::warn!(
+                    reason = outcome.reason.as_deref().unwrap_or("-"),
+                    "the owner's spend notice was not sent: {text}"
+                );
+            }
+        }
+    });
+}
+
+/// The start-up warning for every configured model with no price.
+fn warn_unpriced(s: &Settings) {
+    let specs: Vec<String> = s.configured_specs().into_iter().map(|(_, v)| v).collect();
+    for spec in crate::spend::unpriced(s, &specs) {
+        if s.budgets.any_cap() && !s.budgets.allow_unpriced {
+            tracing::warn!(model = %spec, "{spec} has no price (set prices.\"{spec}\"): a spend cap is set, so every call to it will be refused");
+        } else {
+            tracing::warn!(model = %spec, "{spec} has no price (set prices.\"{spec}\"): its calls are counted as free");
+        }
+    }
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

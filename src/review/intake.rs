@@ -32,7 +32,7 @@ use serde_json::Value;
 
 use crate::client::{self, Connection};
 use crate::model::gate::ModelGate;
-use crate::model::{ChatMessage, ModelProvider, ModelRequest, Purpose, Role};
+use crate::model::{ChatMessage, ModelRequest, Purpose, Role};
 use crate::redaction::{kind_list, IdentifierGate, Redactor};
 use crate::review::catalog::{self, ReportKind, ReportName};
 use crate::review::fingerprint::Fingerprint;
@@ -307,8 +307,10 @@ pub(crate) struct Triage {
 /// The verify step's model (the CLI resolves it from the config).
 #[derive(Clone)]
 pub(crate) struct Verifier {
-    pub provider: Arc<dyn ModelProvider>,
-    pub model: String,
+    /// The verify model (its spec prices the call).
+    pub model: Arc<crate::model::ResolvedModel>,
+    /// Every verify call is reserved and settled through the spend seam.
+    pub spend: Arc<crate::spend::Spend>,
     /// Every verify call waits for a background permit (a slot and
     /// `review.calls_per_minute`), as the judge's calls do.
     pub gate: Arc<ModelGate>,
@@ -436,6 +438,8 @@ fn open_source(sources: &[Source], bot: &str) -> Option<SourceExchanges> {
 pub(crate) struct Verified {
     pub real: Option<bool>,
     pub reason: String,
+    /// A spend cap stopped the call: the cap, in words.
+    pub capped: Option<String>,
 }
 
 pub(crate) async fn verify(
@@ -445,7 +449,7 @@ pub(crate) async fn verify(
     exchange: Option<&str>,
 ) -> Verified {
     let req = ModelRequest {
-        model: v.model.clone(),
+        model: v.model.model.clone(),
         purpose: Purpose::Intake,
         messages: vec![
             ChatMessage::text(Role::System, verify_instructions()),
@@ -457,13 +461,24 @@ pub(crate) async fn verify(
     let unverified = |why: &str| Verified {
         real: None,
         reason: format!("not verified ({why}); kept as real"),
+        capped: None,
+    };
+    let charge = crate::spend::Charge {
+        space: None,
+        purpose: crate::spend::SpendPurpose::Intake,
     };
     let called = {
         let _permit = v.gate.background().await;
-        v.provider.complete(&req).await
+        v.spend.call(&charge, &v.model.spec, &v.model, &req).await
     };
     let answer = match called {
-        Ok(a) => a.text,
+        Ok(a) => a.response.text,
+        Err(crate::spend::SpendError::Capped(hit)) => {
+            return Verified {
+                capped: Some(hit.to_string()),
+                ..unverified("a spend cap was reached")
+            }
+        }
         Err(e) => {
             tracing::warn!(error = %e, "intake verify call failed");
             return unverified("the model call failed");
@@ -493,6 +508,7 @@ pub(crate) async fn verify(
     Verified {
         real: Some(real),
         reason,
+        capped: None,
     }
 }
 
@@ -806,6 +822,17 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 calls += 1;
                 let exchange = exchanges.redacted(&f.bot, f.message_id, ctx.gate);
                 let v = verify(ctx.verifier, ctx.gate, &f, exchange.as_deref()).await;
+                if let Some(cap) = &v.capped {
+                    stopped = Some(format!(
+                        "stopped at a spend cap ({cap}); the reports from {}/{} on are left \
+                         for the next intake",
+                        key.0, key.1
+                    ));
+                    rows.truncate(report_rows);
+                    earlier.truncate(report_earlier);
+                    left.insert(key);
+                    continue;
+                }
                 if v.real == Some(false) {
                     (
                         Decision::Reject,

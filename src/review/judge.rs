@@ -359,6 +359,9 @@ pub struct BatchVerdict {
     pub cost: f64,
     /// Set when the judge's answer held identifiers: their kinds, never values.
     pub leak: Option<BTreeSet<IdentifierKind>>,
+    /// Set when a spend cap stopped the batch's call: the cap, in words.
+    /// The scan judges nothing more once a batch comes back with this.
+    pub capped: Option<String>,
 }
 
 impl BatchVerdict {
@@ -384,15 +387,20 @@ pub(crate) async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
         let permit = rt.model_gate.background().await;
         let answer = call_chain(rt, job).await;
         drop(permit);
-        let (spec, resp) = match answer {
+        let (spec, resp, cost) = match answer {
             Ok(a) => a,
-            Err(reason) => {
+            Err(JudgeCallError::Capped(cap)) => {
+                verdict.skipped = Some("stopped at a spend cap".into());
+                verdict.capped = Some(cap);
+                return verdict;
+            }
+            Err(JudgeCallError::Failed(reason)) => {
                 verdict.skipped = Some(reason);
                 return verdict;
             }
         };
         verdict.calls += 1;
-        record_usage(rt, job, &spec, &resp.usage, &mut verdict).await;
+        record_usage(rt, job, &spec, &resp.usage, cost, &mut verdict).await;
         let (gate, text, known) = (job.gate.clone(), resp.text.clone(), ids.clone());
         // The batch's own ids are the only numbers the answer may carry as
         // `"message_id": N`; any other long number fails the gate.
@@ -429,12 +437,25 @@ pub(crate) async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
     verdict
 }
 
-/// The first model of the chain that answers. The error is a short sentence
-/// naming what failed, never the provider's message (it could quote input).
+/// Why the judge's chain gave no answer.
+enum JudgeCallError {
+    /// A spend cap stopped the call (the cap and what it has spent, in words).
+    Capped(String),
+    /// A short sentence naming what failed.
+    Failed(String),
+}
+
+/// The first model of the chain that answers, through the spend seam. The
+/// error is a short sentence naming what failed, never the provider's
+/// message (it could quote input).
 async fn call_chain(
     rt: &Runtime,
     job: &JudgeJob,
-) -> Result<(String, crate::model::ModelResponse), String> {
+) -> Result<(String, crate::model::ModelResponse, f64), JudgeCallError> {
+    let charge = crate::spend::Charge {
+        space: Some(job.space_id.clone()),
+        purpose: crate::spend::SpendPurpose::Judge,
+    };
     let mut failures = Vec::new();
     for spec in job.chain.iter() {
         let model = match rt.models.get(spec) {
@@ -452,30 +473,49 @@ async fn call_chain(
             &job.counter_examples,
         );
         let started = std::time::Instant::now();
-        let answer = model.provider.complete(&req).await;
-        let tokens = answer
-            .as_ref()
-            .map_or((0, 0), |r| (r.usage.input_tokens, r.usage.output_tokens));
+        let answer = rt.spend.call(&charge, spec, &model, &req).await;
+        let answer = match answer {
+            Err(crate::spend::SpendError::Capped(hit)) => {
+                return Err(JudgeCallError::Capped(hit.to_string()))
+            }
+            Err(crate::spend::SpendError::Unpriced { .. }) => {
+                failures.push("model has no price under a spend cap".into());
+                continue;
+            }
+            Err(crate::spend::SpendError::Store(e)) => {
+                tracing::warn!(spec = %spec, error = %e, "judge call not reserved");
+                failures.push("the spend ledger could not be written".into());
+                continue;
+            }
+            Err(crate::spend::SpendError::Model(e)) => Err(e),
+            Ok(m) => Ok(m),
+        };
+        let tokens = answer.as_ref().map_or((0, 0), |m| {
+            (
+                m.response.usage.input_tokens,
+                m.response.usage.output_tokens,
+            )
+        });
         rt.metrics
             .model_call(spec, answer.is_ok(), started.elapsed(), tokens);
         rt.metrics
             .judge_call(if answer.is_ok() { "ok" } else { "error" });
         match answer {
-            Ok(resp) => return Ok((spec.clone(), resp)),
+            Ok(m) => return Ok((spec.clone(), m.response, m.cost)),
             Err(e) => {
                 tracing::warn!(spec = %spec, error = %e, "judge call failed");
                 failures.push(error_class(&e));
             }
         }
     }
-    Err(format!(
+    Err(JudgeCallError::Failed(format!(
         "the judge model did not answer ({})",
         if failures.is_empty() {
             "no judge model configured".to_owned()
         } else {
             failures.join("; ")
         }
-    ))
+    )))
 }
 
 fn error_class(e: &ModelError) -> String {
@@ -496,11 +536,9 @@ async fn record_usage(
     job: &JudgeJob,
     spec: &str,
     usage: &crate::model::Usage,
+    cost: f64,
     verdict: &mut BatchVerdict,
 ) {
-    let cost = rt
-        .settings
-        .cost(spec, usage.input_tokens, usage.output_tokens);
     verdict.tokens_in += usage.input_tokens;
     verdict.tokens_out += usage.output_tokens;
     verdict.cost += cost;

@@ -69,6 +69,13 @@ pub(crate) struct Footer {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// Set when a spend cap stopped the scan: the cap, in words. What was
+    /// not judged is under `skipped`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// The deployment's currency, for the markdown's cost line.
+    #[serde(skip)]
+    pub currency: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -183,7 +190,13 @@ impl Report {
             count(ft.tokens_in),
             count(ft.tokens_out)
         ));
-        md.push_str(&format!("- cost: {}\n", dollars(ft.cost)));
+        md.push_str(&format!(
+            "- cost: {}\n",
+            crate::spend::format_amount(ft.cost, &ft.currency)
+        ));
+        if let Some(cap) = &ft.stopped {
+            md.push_str(&format!("- stopped: {cap}\n"));
+        }
         md
     }
 
@@ -293,18 +306,6 @@ pub(crate) fn seconds(ms: u64) -> String {
     format!("{}.{} s", count(ms / 1000), (ms % 1000) / 100)
 }
 
-/// Dollars: four decimals under one dollar, cents above.
-pub(crate) fn dollars(cost: f64) -> String {
-    if !cost.is_finite() || cost <= 0.0 {
-        return "$0.00".into();
-    }
-    if cost < 1.0 {
-        return format!("${cost:.4}");
-    }
-    let cents = (cost * 100.0).round() as u64;
-    format!("${}.{:02}", count(cents / 100), cents % 100)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,6 +359,8 @@ mod tests {
                 tokens_in: 98_765_432,
                 tokens_out: 5,
                 cost: 12_345.678,
+                stopped: None,
+                currency: "USD".into(),
             },
         };
         r.sort_findings();
@@ -386,7 +389,7 @@ mod tests {
             "- judge calls (spawns): 123,457",
             "- wall clock: 12,345.6 s",
             "- tokens: 98,765,432 in, 5 out",
-            "- cost: $12,345.68",
+            "- cost: 12,345.68 USD",
         ] {
             assert!(md.contains(want), "{want} missing in\n{md}");
         }
@@ -438,8 +441,5 @@ mod tests {
         assert_eq!(count(1000), "1,000");
         assert_eq!(count(1_234_567), "1,234,567");
         assert_eq!(seconds(1_250), "1.2 s");
-        assert_eq!(dollars(0.0), "$0.00");
-        assert_eq!(dollars(0.00123), "$0.0012");
-        assert_eq!(dollars(3.456), "$3.46");
     }
 }

@@ -641,6 +641,9 @@ async fn judge_window(
         footer.tokens_in += v.tokens_in;
         footer.tokens_out += v.tokens_out;
         footer.cost += v.cost;
+        if let Some(cap) = v.capped {
+            footer.stopped.get_or_insert(cap);
+        }
         if let Some(kinds) = v.leak {
             leak.extend(kinds);
             return;
@@ -706,6 +709,13 @@ async fn judge_window(
                 // Blocked already: judging more would only spend tokens.
                 break 'spaces;
             }
+            if footer.stopped.is_some() {
+                // A cap stopped a call: every later call would be stopped too.
+                *skips
+                    .entry((label.clone(), "stopped at a spend cap".to_owned()))
+                    .or_default() += chunk.len() as u64;
+                break 'spaces;
+            }
             // Redacted batch by batch, as the pool takes them, so the CPU work
             // of a scan is spread at the limiter's pace instead of bunched up.
             let Some(mut s) = stage.take() else {
@@ -742,6 +752,7 @@ async fn judge_window(
         take(done, &mut footer, &mut skips, &mut leak);
     }
     footer.spaces_judged = judged_spaces.len() as u64;
+    footer.currency = rt.settings.currency.clone();
     footer.skipped = skips
         .into_iter()
         .map(|((what, reason), count)| Skip {

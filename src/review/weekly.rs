@@ -90,6 +90,9 @@ pub(crate) struct WeeklyFooter {
     pub cost: f64,
     pub wall_clock_ms: u64,
     pub skipped: Vec<Skip>,
+    /// The deployment's currency, for the markdown's cost line.
+    #[serde(skip)]
+    pub currency: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -116,6 +119,8 @@ pub(crate) struct WeeklySummary {
     pub recall: Recall,
     pub verdicts: Verdicts,
     pub cost: f64,
+    /// The currency of `cost`.
+    pub currency: String,
 }
 
 /// Clusters findings: each joins the first cluster of its kind and layer
@@ -339,7 +344,10 @@ impl WeeklyReport {
             "- wall clock: {}\n",
             report::seconds(f.wall_clock_ms)
         ));
-        md.push_str(&format!("- cost: {}\n", report::dollars(f.cost)));
+        md.push_str(&format!(
+            "- cost: {}\n",
+            crate::spend::format_amount(f.cost, &f.currency)
+        ));
         md
     }
 
@@ -511,6 +519,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
     let mut footer = WeeklyFooter {
         findings_considered: findings.len() as u64,
         skipped: s.skipped,
+        currency: rt.settings.currency.clone(),
         ..Default::default()
     };
     let mut missed = 0u64;
@@ -590,6 +599,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         recall: report.recall.clone(),
         verdicts: report.verdicts.clone(),
         cost: report.footer.cost,
+        currency: report.footer.currency.clone(),
     })
 }
 

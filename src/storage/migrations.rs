@@ -365,6 +365,44 @@ CREATE INDEX link_changes_open ON link_changes (link_id, id) WHERE settled_at IS
 CREATE INDEX link_changes_key ON link_changes (space_id, kind, key) WHERE settled_at IS NULL;
 ALTER TABLE run_steps ADD COLUMN source_spaces TEXT;
 "#,
+    // 12: spend (issue 26). One ledger row per model call: a reservation of
+    // the call's worst case before it (state 0), settled to its cost after
+    // (1) or released (2). Amounts are billionths of the deployment's
+    // currency. `shadow` keeps a shadow's calls off the live budget;
+    // `instance` lets a host release only the reservations it left behind.
+    // A space's own caps; one row per notice sent (a cap's owner notice, a
+    // conversation's capped answer) and the period it was sent for.
+    r#"
+CREATE TABLE spend_ledger (
+  id INTEGER PRIMARY KEY,
+  at INTEGER NOT NULL,
+  instance TEXT NOT NULL,
+  shadow INTEGER NOT NULL,
+  space_id TEXT,
+  purpose TEXT NOT NULL,
+  model TEXT NOT NULL,
+  state INTEGER NOT NULL,
+  amount INTEGER NOT NULL,
+  tokens_in INTEGER NOT NULL,
+  tokens_out INTEGER NOT NULL
+);
+CREATE INDEX spend_ledger_at ON spend_ledger (shadow, at);
+CREATE INDEX spend_ledger_space ON spend_ledger (space_id, at);
+CREATE INDEX spend_ledger_open ON spend_ledger (instance) WHERE state = 0;
+CREATE TABLE space_budgets (
+  space_id TEXT PRIMARY KEY,
+  daily REAL,
+  monthly REAL,
+  timezone TEXT,
+  updated_at INTEGER NOT NULL
+);
+CREATE TABLE spend_notices (
+  key TEXT NOT NULL,
+  period_start INTEGER NOT NULL,
+  at INTEGER NOT NULL,
+  PRIMARY KEY (key, period_start)
+);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

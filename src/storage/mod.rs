@@ -37,6 +37,7 @@ pub mod seed;
 pub mod snapshot;
 pub mod space_settings;
 pub mod spaces;
+pub mod spend;
 pub mod stats;
 pub mod status;
 pub mod task_runs;

@@ -59,7 +59,8 @@ async fn containers_of(host: &TestHost) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adversarial_ask_changes_nothing_in_the_target_and_lists_its_refusals() {
     let (host, alice) = setup("docker").await;
-    let rows_before = host.rows_mentioning("x", &["token_usage", "space_link_audit"]);
+    let rows_before =
+        host.rows_mentioning("x", &["token_usage", "spend_ledger", "space_link_audit"]);
     let files_before = host.workspace_hashes("x");
     let (st, v) = host
         .act_as(
@@ -90,9 +91,10 @@ async fn an_adversarial_ask_changes_nothing_in_the_target_and_lists_its_refusals
         "{v}"
     );
     assert!(v["tokens_in"].as_u64().unwrap() > 0);
-    // X is byte-identical: rows (but token usage and the link audit) and files.
+    // X is byte-identical: rows (but usage accounting, token_usage and the
+    // spend ledger, and the link audit) and files.
     assert_eq!(
-        host.rows_mentioning("x", &["token_usage", "space_link_audit"]),
+        host.rows_mentioning("x", &["token_usage", "spend_ledger", "space_link_audit"]),
         rows_before
     );
     assert_eq!(host.workspace_hashes("x"), files_before);

@@ -274,15 +274,16 @@ impl TestHost {
         self.wait_ready().await;
     }
 
-    /// Stops an in-process host and hands over its data dir (to copy it,
-    /// rewrite its config and start another host on it).
-    pub(crate) async fn into_stopped(mut self) -> (TempDir, PathBuf) {
+    /// Stops an in-process host and hands back its data dir, to start it
+    /// again (maybe reconfigured) with [`Self::start_on`].
+    pub(crate) async fn stop_keeping(mut self) -> (TempDir, PathBuf) {
         self.shutdown.cancel();
         if let Some(t) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
         }
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        (dir, self.data.clone())
+        let data = self.data.clone();
+        let dir = std::mem::replace(&mut self.dir, TempDir::new().expect("a temp dir"));
+        (dir, data)
     }
 
     pub(crate) async fn stop(mut self) {

@@ -685,7 +685,7 @@ async fn an_asks_steps_come_back_to_the_asker_and_leave_nothing_in_the_target() 
         h.create_space(s).await;
     }
     h.link("mgmt", "x", "admin").await;
-    let rows_before = h.rows_mentioning("x", &["token_usage", "space_link_audit"]);
+    let rows_before = h.rows_mentioning("x", &["token_usage", "spend_ledger", "space_link_audit"]);
     let steps_before = h.count("SELECT COUNT(*) FROM run_steps");
     let (st, v) = h
         .act_as(
@@ -726,7 +726,7 @@ async fn an_asks_steps_come_back_to_the_asker_and_leave_nothing_in_the_target() 
     );
     assert_eq!(run_steps_of(&h, v["run_id"].as_str().unwrap()), 0);
     assert_eq!(
-        h.rows_mentioning("x", &["token_usage", "space_link_audit"]),
+        h.rows_mentioning("x", &["token_usage", "spend_ledger", "space_link_audit"]),
         rows_before
     );
     h.stop().await;

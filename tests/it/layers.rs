@@ -20,6 +20,8 @@ const LAYERS: &[&[&str]] = &[
     &["actors"],
     &["agent", "review", "shadow"],
     &["links", "perms", "redaction", "runtime"],
+    // Prices, caps and the one seam every model call passes through.
+    &["spend"],
     &["model", "sandbox", "storage", "client", "workspace"],
     &["config"],
     &["ids", "clock", "schedule", "telemetry"],
@@ -375,4 +377,35 @@ fn the_sql_scanner_tells_statements_from_methods_and_skips_comments() {
     assert!(!is_sql("DELETE"));
     assert!(!is_sql("CREATED"));
     assert!(is_sql("WITH x AS (SELECT 1) SELECT * FROM x"));
+}
+
+/// Issue 26: every model call the host makes is reserved and settled by
+/// `spend::Spend::call`, so no module but `spend` (and the providers
+/// themselves, and the bench that times a bare provider) calls `complete(`.
+#[test]
+fn every_model_call_goes_through_the_spend_seam() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut callers = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let top = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if ["model", "spend", "bench"].contains(&top.as_str()) {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(file).expect("read"));
+        if code.contains(".complete(") {
+            callers.push(rel.display().to_string());
+        }
+    }
+    assert!(
+        callers.is_empty(),
+        "these call a model provider around the spend seam (use Spend::call): {callers:?}"
+    );
 }

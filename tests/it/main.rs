@@ -40,6 +40,7 @@ mod shadow;
 mod shadow_diff;
 mod smoke;
 mod snapshots;
+mod spend;
 mod storage_contract;
 mod storage_pg;
 mod telegram;

@@ -439,7 +439,7 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
             grouped(tokens_out)
         ),
         "- wall clock: ".to_owned(),
-        "- cost: $0.00".to_owned(),
+        "- cost: 0.0000 USD".to_owned(),
     ] {
         assert!(
             md.contains(&want),

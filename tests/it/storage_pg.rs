@@ -162,7 +162,7 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
     host.create_space("ops").await;
     host.create_space("client").await;
     assert_eq!(host.chat("client", "hello").await["reply"], "ok");
-    let (dir, data) = host.into_stopped().await;
+    let (dir, data) = host.stop_keeping().await;
 
     // Its own cluster: the test restarts the server under the host.
     let cluster = PrivateCluster::start("restart");

@@ -179,6 +179,8 @@ pub(crate) async fn runs(
 pub(crate) struct RunTrace {
     pub run: runs::Run,
     pub usage: runs::UsageTotals,
+    /// The currency of `usage.cost`.
+    pub currency: String,
     pub steps: Vec<runs::RunStep>,
 }
 
@@ -195,6 +197,7 @@ pub(crate) async fn run_trace(
     let id = path_arg(id)?;
     let space = ctx.space.to_string();
     let holder = auth.via.as_ref().map(|v| v.holder.to_string());
+    let currency = app.rt.settings.currency.clone();
     let found = app
         .rt
         .store
@@ -209,7 +212,12 @@ pub(crate) async fn run_trace(
             if let Some(holder) = &holder {
                 traces::withhold_steps(c, holder, &run.space_id, &mut steps)?;
             }
-            Ok(Some(RunTrace { run, usage, steps }))
+            Ok(Some(RunTrace {
+                run,
+                usage,
+                currency,
+                steps,
+            }))
         })
         .await?;
     found

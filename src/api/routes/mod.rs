@@ -71,6 +71,7 @@ resources![
     ask,
     review,
     files,
+    spend,
 ];
 
 /// A JSON body, taken as a `Result` so a handler checks the caller's

@@ -150,6 +150,20 @@ pub enum Command {
     /// Conversation review (global admins).
     #[command(subcommand)]
     Review(ReviewCmd),
+    /// Spend caps: show them, set a space's own (global admins; the space from MERCURY_SPACE).
+    #[command(subcommand)]
+    Budget(BudgetCmd),
+    /// What the model calls cost, by space, day, purpose and model (global admins).
+    #[command(after_help = "Example: mrctl cost --since 7d --by model")]
+    Cost {
+        /// From when: an RFC 3339 time or a duration before now (7d);
+        /// default the start of this month.
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only one breakdown.
+        #[arg(long, value_enum)]
+        by: Option<CostBy>,
+    },
     /// Workspace files of the space (AGENTS.md, MEMORY.md, knowledge/...).
     #[command(subcommand)]
     Files(FilesCmd),
@@ -684,6 +698,35 @@ pub enum ReviewCmd {
     Ledger,
     /// Run the weekly synthesis now and wait for its report.
     WeeklyNow,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BudgetCmd {
+    /// The caps in force and what each used this period (the space's too, with MERCURY_SPACE).
+    Show,
+    /// Set the space's own caps (the space in MERCURY_SPACE); 0 is no cap, `default` the config's.
+    #[command(
+        after_help = "Example: MERCURY_SPACE=family mrctl budget set --daily 2.00 --monthly 20"
+    )]
+    Set {
+        /// Amount per day in the deployment's currency (0: no cap; `default`: budgets.space).
+        #[arg(long, value_name = "AMOUNT")]
+        daily: Option<String>,
+        /// Amount per calendar month (0: no cap; `default`: budgets.space).
+        #[arg(long, value_name = "AMOUNT")]
+        monthly: Option<String>,
+        /// The space's own time zone for its periods (`default`: the deployment's).
+        #[arg(long, value_name = "ZONE")]
+        timezone: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostBy {
+    Space,
+    Day,
+    Purpose,
+    Model,
 }
 
 #[derive(Debug, Subcommand)]

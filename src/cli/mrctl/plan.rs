@@ -559,8 +559,60 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         }
         Command::Review(ReviewCmd::Ledger) => RequestPlan::get("/api/review/ledger"),
         Command::Review(ReviewCmd::WeeklyNow) => RequestPlan::post("/api/review/weekly"),
+        Command::Budget(BudgetCmd::Show) => RequestPlan::get("/api/budget"),
+        Command::Budget(BudgetCmd::Set {
+            daily,
+            monthly,
+            timezone,
+        }) => {
+            if daily.is_none() && monthly.is_none() && timezone.is_none() {
+                return Err(UsageError(
+                    "give at least one of --daily, --monthly or --timezone".into(),
+                ));
+            }
+            let mut body = serde_json::Map::new();
+            for (key, raw) in [("daily", daily), ("monthly", monthly)] {
+                if let Some(raw) = raw {
+                    body.insert(key.into(), budget_amount(key, raw)?);
+                }
+            }
+            if let Some(tz) = timezone {
+                let tz = tz.trim();
+                let v = if tz == "default" {
+                    Value::Null
+                } else if tz.parse::<chrono_tz::Tz>().is_ok() {
+                    json!(tz)
+                } else {
+                    return Err(UsageError(format!(
+                        "--timezone {tz:?} is not an IANA time zone name (e.g. Europe/Paris) or `default`"
+                    )));
+                };
+                body.insert("timezone".into(), v);
+            }
+            RequestPlan::put("/api/budget").body(Value::Object(body))
+        }
+        Command::Cost { since, .. } => {
+            if let Some(raw) = since {
+                crate::clock::parse_time_arg(raw, crate::clock::now_ms()).map_err(UsageError)?;
+            }
+            RequestPlan::get("/api/cost").query("since", since.clone())
+        }
     };
     Ok(p)
+}
+
+/// `--daily 2.00`: an amount of at least 0, or `default` (the config's cap).
+fn budget_amount(flag: &str, raw: &str) -> Result<Value, UsageError> {
+    let raw = raw.trim();
+    if raw == "default" {
+        return Ok(Value::Null);
+    }
+    match raw.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=1e9).contains(&v) => Ok(json!(v)),
+        _ => Err(UsageError(format!(
+            "--{flag} {raw:?} is not an amount (a number of at least 0, 0 for no cap, or `default`)"
+        ))),
+    }
 }
 
 /// `/api/files/<path>`, each segment encoded (so `/` stays the separator

@@ -554,6 +554,8 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             }
         },
         Command::Ask { .. } => render_ask(v),
+        Command::Budget(_) => render_budget(cmd, v),
+        Command::Cost { by, .. } => render_cost(*by, v),
         Command::Runs(RunsCmd::Show { .. }) => render_run_trace(v),
         Command::Files(cmd) => render_files(cmd, v),
         Command::Runs(RunsCmd::List { .. }) => items(v, "runs")
@@ -609,7 +611,7 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             ("promoted to global", cell(field(v, "promoted"))),
             ("recall", cell(field(field(v, "recall"), "estimate"))),
             ("verdicts", cell(field(field(v, "verdicts"), "n"))),
-            ("cost", cell(field(v, "cost"))),
+            ("cost", money(field(v, "cost"), field(v, "currency"))),
         ]),
     };
     (out, note)
@@ -667,6 +669,7 @@ pub(super) fn render_run_trace(v: &Value) -> String {
                 cell(field(u, "tokens_out"))
             ),
         ),
+        ("cost", money(field(u, "cost"), field(v, "currency"))),
     ]);
     if let Some(e) = field(r, "error").as_str() {
         out.push_str(&format!(
@@ -801,9 +804,98 @@ pub(super) fn render_ask(v: &Value) -> String {
         "\ntokens: {} in, {} out; cost: {}\n",
         cell(field(v, "tokens_in")),
         cell(field(v, "tokens_out")),
-        cell(field(v, "cost"))
+        money(field(v, "cost"), field(v, "currency"))
     ));
     out
+}
+
+/// `budget show` / `budget set`.
+fn render_budget(cmd: &Command, v: &Value) -> String {
+    if let Command::Budget(BudgetCmd::Set { .. }) = cmd {
+        let show = |x: &Value| match x.as_f64() {
+            None => "default".to_owned(),
+            Some(0.0) => "no cap".to_owned(),
+            Some(_) => cell(x),
+        };
+        return kv_lines(&[
+            ("space", cell(field(v, "space_id"))),
+            ("daily", show(field(v, "daily"))),
+            ("monthly", show(field(v, "monthly"))),
+            (
+                "timezone",
+                field(v, "timezone")
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned(),
+            ),
+        ]);
+    }
+    let currency = field(v, "currency");
+    let mut out = format!(
+        "currency: {}, time zone: {}{}\n",
+        cell(currency),
+        cell(field(v, "timezone")),
+        if field(v, "allow_unpriced").as_bool() == Some(true) {
+            ", unpriced models allowed"
+        } else {
+            ""
+        }
+    );
+    let caps = items(v, "caps");
+    if caps.is_empty() {
+        out.push_str("no cap is set\n");
+    }
+    for c in caps {
+        out.push_str(&format!(
+            "{}: {} of {} used since {}\n",
+            cell(field(c, "cap")),
+            money(field(c, "used"), currency),
+            money(field(c, "limit"), currency),
+            cell(field(c, "since"))
+        ));
+    }
+    out
+}
+
+/// `cost`: the total, then each breakdown (or the one `--by` names).
+fn render_cost(by: Option<CostBy>, v: &Value) -> String {
+    let currency = field(v, "currency");
+    let mut out = format!(
+        "since {}: {} in {} call(s)\n",
+        cell(field(v, "since")),
+        money(field(v, "total"), currency),
+        cell(field(v, "calls"))
+    );
+    for (which, key, title) in [
+        (CostBy::Space, "by_space", "space"),
+        (CostBy::Day, "by_day", "day"),
+        (CostBy::Purpose, "by_purpose", "purpose"),
+        (CostBy::Model, "by_model", "model"),
+    ] {
+        if by.is_some_and(|b| b != which) {
+            continue;
+        }
+        out.push_str(&format!("\nby {title}:\n"));
+        for l in items(v, key) {
+            out.push_str(&format!(
+                "  {}  {}  {} call(s), {} in / {} out\n",
+                cell(field(l, "key")),
+                money(field(l, "cost"), currency),
+                cell(field(l, "calls")),
+                cell(field(l, "tokens_in")),
+                cell(field(l, "tokens_out"))
+            ));
+        }
+    }
+    out
+}
+
+/// An amount in the one currency format (`crate::spend::format_amount`).
+pub(super) fn money(amount: &Value, currency: &Value) -> String {
+    crate::spend::format_amount(
+        amount.as_f64().unwrap_or(0.0),
+        currency.as_str().unwrap_or("USD"),
+    )
 }
 
 /// `review run-now`: the outcome, the report path and the footer counts.
