@@ -25,12 +25,12 @@ pub struct NewReservation<'a> {
 }
 
 pub fn reserve(tx: &Tx, r: &NewReservation<'_>) -> StoreResult<i64> {
-    Ok(tx.query_row(
+    tx.query_row(
         "INSERT INTO spend_ledger (at, instance, shadow, space_id, purpose, model, state, amount, tokens_in, tokens_out)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0) RETURNING id",
         params![r.at, r.instance, i64::from(r.shadow), r.space_id, r.purpose, r.model, RESERVED, r.amount],
         |row| row.get(0),
-    )?)
+    )
 }
 
 pub fn settle(tx: &Tx, id: i64, amount: i64, tokens_in: u64, tokens_out: u64) -> StoreResult<()> {
@@ -51,28 +51,28 @@ pub fn release(tx: &Tx, id: i64) -> StoreResult<()> {
 
 /// The reservations `instance` left open (a crash mid-call): released at its start.
 pub fn release_left_by(tx: &Tx, instance: &str) -> StoreResult<usize> {
-    Ok(tx.execute(
+    tx.execute(
         "UPDATE spend_ledger SET state = ?2, amount = 0 WHERE instance = ?1 AND state = ?3",
         params![instance, RELEASED, RESERVED],
-    )?)
+    )
 }
 
 /// Reservations still open (for tests and `mercury status`).
 pub fn open_reservations(conn: &Conn) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT COUNT(*) FROM spend_ledger WHERE state = ?1",
         params![RESERVED],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// Spent and reserved since `since` (ms), the whole deployment.
 pub fn used_since(conn: &Conn, shadow: bool, since: i64) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM spend_ledger WHERE shadow = ?1 AND at >= ?2 AND state <> ?3",
         params![i64::from(shadow), since, RELEASED],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// Spent and reserved since `since` by one kind of call.
@@ -82,20 +82,20 @@ pub fn used_since_by_purpose(
     purpose: &str,
     since: i64,
 ) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM spend_ledger WHERE shadow = ?1 AND at >= ?2 AND state <> ?3 AND purpose = ?4",
         params![i64::from(shadow), since, RELEASED, purpose],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// Spent and reserved since `since` charged to one space.
 pub fn used_since_by_space(conn: &Conn, shadow: bool, space: &str, since: i64) -> StoreResult<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM spend_ledger WHERE space_id = ?4 AND shadow = ?1 AND at >= ?2 AND state <> ?3",
         params![i64::from(shadow), since, RELEASED, space],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// A space's own caps (`None`: the config's `budgets.space`; 0: no cap).
