@@ -365,6 +365,17 @@ CREATE INDEX link_changes_open ON link_changes (link_id, id) WHERE settled_at IS
 CREATE INDEX link_changes_key ON link_changes (space_id, kind, key) WHERE settled_at IS NULL;
 ALTER TABLE run_steps ADD COLUMN source_spaces TEXT;
 "#,
+    // 12: chat platforms II (issue 30). When each platform conversation's
+    // person last wrote (WhatsApp answers freely only within 24 hours of
+    // it), written with the message row that moves it.
+    r#"
+CREATE TABLE chat_windows (
+  platform TEXT NOT NULL,
+  conversation TEXT NOT NULL,
+  last_inbound_at INTEGER NOT NULL,
+  PRIMARY KEY (platform, conversation)
+);
+"#,
 ];
 
 pub(super) fn apply(conn: &mut Connection) -> StoreResult<()> {

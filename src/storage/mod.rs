@@ -17,6 +17,7 @@
 //! create a row as a side effect of a read.
 
 pub mod adapters;
+pub mod chat_windows;
 pub mod conversations;
 pub mod identities;
 pub mod links;

@@ -13,6 +13,8 @@ mod act_as_routes;
 mod api;
 mod ask;
 mod bench_sandbox;
+#[cfg(feature = "test-hooks")]
+mod chat_seam;
 mod common;
 mod discord;
 mod docker_turns;
@@ -37,7 +39,9 @@ mod security_workspace;
 mod service;
 mod shadow;
 mod shadow_diff;
+mod slack;
 mod smoke;
 mod snapshots;
 mod telegram;
 mod telegram_callers;
+mod whatsapp;
