@@ -774,6 +774,20 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
     message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+  # WhatsApp (Cloud API). Secrets from MERCURY_WHATSAPP_ACCESS_TOKEN,
+  # MERCURY_WHATSAPP_APP_SECRET and MERCURY_WHATSAPP_VERIFY_TOKEN only.
+  whatsapp:
+    enabled: false              # true|false
+    graph_base_url: "https://graph.facebook.com/v21.0"  # URL of the Graph API, version included (a test's fake)
+    phone_number_id: ""         # the business phone number's id (digits, App Dashboard > WhatsApp > API Setup)
+    window_template: ""         # name of an approved template sent outside the 24-hour window; "" sends nothing
+    window_template_language: en_US  # the template's language code
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+  # Slack (Socket Mode). Tokens from MERCURY_SLACK_APP_TOKEN (xapp-) and MERCURY_SLACK_BOT_TOKEN (xoxb-) only.
+  slack:
+    enabled: false              # true|false
+    api_base_url: "https://slack.com/api"  # URL of the Web API (a test's fake)
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
 # only 1 or true. A shadow refuses to start unless its data dir is under shadow_root.
