@@ -390,6 +390,15 @@ impl OutboundAdapter {
             Self::Chat(name) => name,
         }
     }
+    /// The name capitalised (`Webhook`, `Telegram`), as the shadow
+    /// transcript's refusals have always written it.
+    pub fn label(self) -> String {
+        let name = self.name();
+        let mut chars = name.chars();
+        chars.next().map_or_else(String::new, |c| {
+            c.to_ascii_uppercase().to_string() + chars.as_str()
+        })
+    }
 }
 
 /// The one construction point of outbound adapters: what the config asks
@@ -415,7 +424,7 @@ pub fn outbound_adapters(
                 "adapter",
                 &format!(
                     "would have constructed the {} adapter (shadow mode)",
-                    a.name()
+                    a.label()
                 ),
             );
             tracing::info!(adapter = a.name(), "shadow mode: adapter not constructed");

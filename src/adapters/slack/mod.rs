@@ -331,9 +331,8 @@ async fn socket_loop(ctx: &Arc<Ctx>) -> Result<(), SlackError> {
         };
         let mut ws = match connected {
             Ok((ws, _)) => ws,
-            Err(e) => {
-                // The URL holds a ticket: the error is built without it.
-                let _ = e;
+            // The URL holds a one-time ticket: the sentence names neither it nor the error.
+            Err(_) => {
                 ctx.app
                     .adapters
                     .failed(ADAPTER, "the Socket Mode connection failed");

@@ -538,3 +538,71 @@ async fn outside_window(ctx: &Arc<Ctx>, to: &str) -> Sent {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sign(secret: &str, body: &[u8]) -> String {
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(body);
+        format!(
+            "sha256={}",
+            base16ct::lower::encode_string(&mac.finalize().into_bytes())
+        )
+    }
+
+    #[test]
+    fn only_the_app_secrets_signature_of_these_bytes_passes() {
+        let body = br#"{"object":"whatsapp_business_account"}"#;
+        let good = sign("s3cret", body);
+        assert!(signature_ok("s3cret", Some(good.as_bytes()), body));
+        assert!(signature_ok(
+            "s3cret",
+            Some(good.to_uppercase().replace("SHA256=", "sha256=").as_bytes()),
+            body
+        ));
+        assert!(!signature_ok("other", Some(good.as_bytes()), body));
+        assert!(!signature_ok("s3cret", Some(good.as_bytes()), b"{}"));
+        assert!(!signature_ok("s3cret", None, body));
+        assert!(!signature_ok("s3cret", Some(b"sha256="), body));
+        assert!(!signature_ok("s3cret", Some(b"sha1=abcd"), body));
+        assert!(!signature_ok("s3cret", Some(&good.as_bytes()[..20]), body));
+    }
+
+    #[test]
+    fn its_section_is_checked_and_unknown_keys_refused() {
+        let set = |yaml: &str| {
+            crate::config::from_value(
+                serde_yaml_ng::from_str(yaml).unwrap(),
+                &std::collections::BTreeMap::new(),
+            )
+        };
+        let s =
+            set("adapters:\n  whatsapp:\n    phone_number_id: \"123\"\n    window_template: hi")
+                .unwrap();
+        assert_eq!(config(&s).phone_number_id, "123");
+        assert_eq!(config(&s).window_template, "hi");
+        assert!(set("adapters:\n  whatsapp:\n    bogus: 1").is_err());
+        assert!(set("adapters:\n  whatsap:\n    enabled: true").is_err());
+        let no_number = set("adapters:\n  whatsapp:\n    enabled: true").unwrap_err();
+        assert!(
+            no_number
+                .to_string()
+                .contains("adapters.whatsapp.phone_number_id"),
+            "{no_number}"
+        );
+        assert!(set("adapters:\n  whatsapp:\n    graph_base_url: ftp://x").is_err());
+        let env: std::collections::BTreeMap<String, String> = [(
+            "MERCURY_ADAPTERS_WHATSAPP_WINDOW_TEMPLATE".to_owned(),
+            "from_env".to_owned(),
+        )]
+        .into();
+        let s = crate::config::from_value(serde_yaml_ng::Value::Null, &env).unwrap();
+        assert_eq!(config(&s).window_template, "from_env");
+        assert!(crate::config::unknown_vars(
+            &[("MERCURY_WHATSAPP_APP_SECRET".to_owned(), String::new())].into()
+        )
+        .is_empty());
+    }
+}
