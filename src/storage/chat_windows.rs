@@ -55,9 +55,8 @@ mod tests {
 
     #[test]
     fn windows_only_move_forward_and_given_up_items_are_not_taken_again() {
-        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
-        crate::storage::migrations::apply(&mut conn).unwrap();
-        let tx = conn.transaction().unwrap();
+        let conn = crate::storage::test_conn();
+        let tx = crate::storage::Tx::new(&conn);
         assert_eq!(last_inbound(&tx, "whatsapp", "1555").unwrap(), None);
         touch(&tx, "whatsapp", "1555", 2000).unwrap();
         touch(&tx, "whatsapp", "1555", 1000).unwrap();
