@@ -16,6 +16,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
+pub mod platforms;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
@@ -255,12 +257,41 @@ pub struct LogConfig {
 
 /// The in-process chat adapters (`src/adapters`). Their secrets come from the
 /// environment only (`MERCURY_TELEGRAM_BOT_TOKEN`,
-/// `MERCURY_DISCORD_BOT_TOKEN`), never from this file.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
+/// `MERCURY_DISCORD_BOT_TOKEN`, each platform's [`platforms::Platform::secret_vars`]),
+/// never from this file.
+///
+/// Telegram's and Discord's sections are typed here; every other registered
+/// platform declares its own section ([`platforms::Platform::section_defaults`])
+/// and reads it from [`AdaptersConfig::more`]. An unknown key is still refused:
+/// the file is merged onto the defaults, which hold every registered section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct AdaptersConfig {
     pub telegram: TelegramConfig,
     pub discord: DiscordConfig,
+    /// The sections of the platforms not typed above, by platform name.
+    #[serde(flatten)]
+    pub more: BTreeMap<String, Value>,
+}
+
+impl Default for AdaptersConfig {
+    fn default() -> Self {
+        Self {
+            telegram: TelegramConfig::default(),
+            discord: DiscordConfig::default(),
+            more: platforms::all()
+                .into_iter()
+                .filter_map(|p| p.section_defaults().map(|d| (p.name().to_owned(), d)))
+                .collect(),
+        }
+    }
+}
+
+impl AdaptersConfig {
+    /// The section `adapters.<platform>` of a platform not typed above.
+    pub fn section(&self, platform: &str) -> Option<&Value> {
+        self.more.get(platform)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -915,6 +946,21 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
     message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+  # WhatsApp (Cloud API). Secrets from MERCURY_WHATSAPP_ACCESS_TOKEN,
+  # MERCURY_WHATSAPP_APP_SECRET and MERCURY_WHATSAPP_VERIFY_TOKEN only.
+  whatsapp:
+    enabled: false              # true|false
+    graph_base_url: "https://graph.facebook.com/v21.0"  # URL of the Graph API, version included (a test's fake)
+    phone_number_id: ""         # the business phone number's id (digits, App Dashboard > WhatsApp > API Setup)
+    window_template: ""         # name of an approved template sent outside the 24-hour window; "" sends nothing
+    window_template_language: en_US  # the template's language code
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+  # Slack (Socket Mode). Tokens from MERCURY_SLACK_APP_TOKEN (xapp-) and MERCURY_SLACK_BOT_TOKEN (xoxb-) only.
+  slack:
+    enabled: false              # true|false
+    api_base_url: "https://slack.com/api"  # URL of the Web API (a test's fake)
+    dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+
 storage:                        # where the state lives (docs/storage.md)
   backend: sqlite               # sqlite (<data dir>/state.db) | postgres
   url: ""                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
@@ -1362,6 +1408,9 @@ impl Settings {
                 "must be a ws:// or wss:// URL with a host and no query",
             ));
         }
+        for p in platforms::all() {
+            p.check(self).map_err(|(key, why)| key_err(&key, why))?;
+        }
         if !(self.shadow_root.is_empty() || self.shadow_root.starts_with('/')) {
             return Err(key_err(
                 "shadow_root",
@@ -1410,25 +1459,21 @@ impl Settings {
 
     /// The sender policy of `platform`'s DMs: its adapter's own, else `ingress.dm_policy`.
     pub fn dm_policy(&self, platform: &str) -> DmPolicy {
-        let own = match platform {
-            "telegram" => self.adapters.telegram.dm_policy,
-            "discord" => self.adapters.discord.dm_policy,
-            _ => None,
-        };
-        own.unwrap_or(self.ingress.dm_policy)
+        platforms::find(platform)
+            .and_then(|p| p.dm_policy(self))
+            .unwrap_or(self.ingress.dm_policy)
     }
 
     /// Where `open` is in force: the keys that say so (warned at every start).
-    pub fn open_dm_policies(&self) -> Vec<&'static str> {
+    pub fn open_dm_policies(&self) -> Vec<String> {
         let mut keys = Vec::new();
         if self.ingress.dm_policy == DmPolicy::Open {
-            keys.push("ingress.dm_policy");
+            keys.push("ingress.dm_policy".to_owned());
         }
-        if self.adapters.telegram.dm_policy == Some(DmPolicy::Open) {
-            keys.push("adapters.telegram.dm_policy");
-        }
-        if self.adapters.discord.dm_policy == Some(DmPolicy::Open) {
-            keys.push("adapters.discord.dm_policy");
+        for p in platforms::all() {
+            if p.dm_policy(self) == Some(DmPolicy::Open) {
+                keys.push(format!("adapters.{}.dm_policy", p.name()));
+            }
         }
         keys
     }
@@ -1477,8 +1522,6 @@ pub const MAX_CONNECTIONS_CEILING: usize = 100_000;
 pub const OTHER_ENV: &[&str] = &[
     "MERCURY_OPENAI_API_KEY",
     "MERCURY_ANTHROPIC_API_KEY",
-    "MERCURY_TELEGRAM_BOT_TOKEN",
-    "MERCURY_DISCORD_BOT_TOKEN",
     "MERCURY_LOG",
     "MERCURY_DATA_DIR",
     "MERCURY_MRCTL",
@@ -1537,6 +1580,9 @@ impl std::fmt::Display for UnknownVar {
 pub fn unknown_vars(env: &BTreeMap<String, String>) -> Vec<UnknownVar> {
     let mut known = key_env_names();
     known.extend(OTHER_ENV.iter().map(|s| (*s).to_owned()));
+    for p in platforms::all() {
+        known.extend(p.secret_vars().iter().map(|s| (*s).to_owned()));
+    }
     env.keys()
         .filter(|k| k.starts_with("MERCURY_") && !known.contains(k))
         .map(|name| UnknownVar {
@@ -1773,7 +1819,10 @@ mod tests {
         assert_eq!(s.dm_policy("telegram"), DmPolicy::Open);
         assert_eq!(s.dm_policy("discord"), DmPolicy::Allowlist);
         assert_eq!(s.dm_policy("whatsapp"), DmPolicy::Allowlist);
-        assert_eq!(s.open_dm_policies(), vec!["adapters.telegram.dm_policy"]);
+        assert_eq!(
+            s.open_dm_policies(),
+            vec!["adapters.telegram.dm_policy".to_owned()]
+        );
         let s = from_value(
             Value::Null,
             &env(&[("MERCURY_ADAPTERS_DISCORD_DM_POLICY", "open")]),

@@ -50,6 +50,9 @@ pub enum WebhookCallError {
 #[derive(Clone)]
 pub struct WebhookInbox {
     pub secret: String,
+    /// A second secret some platforms check on another call (WhatsApp's
+    /// `hub.verify_token` of the subscription handshake).
+    pub verify_token: Option<String>,
     pub calls: mpsc::Sender<WebhookCall>,
 }
 
@@ -93,6 +96,17 @@ impl AdapterBoard {
         self.update(adapter, |s| {
             s.connected = false;
             s.last_error = Some(error);
+            s.last_error_at = Some(now_ms());
+        });
+    }
+
+    /// Something the operator must know that is not a failed call (a reply
+    /// the platform will not take): shown as the last error, scrubbed like
+    /// one, without marking the adapter disconnected.
+    pub fn note(&self, adapter: &str, what: &str) {
+        let what = crate::redaction::secrets::scrub_error(what);
+        self.update(adapter, |s| {
+            s.last_error = Some(what);
             s.last_error_at = Some(now_ms());
         });
     }

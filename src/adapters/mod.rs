@@ -1,6 +1,7 @@
 //! The in-process chat adapters: each one speaks one platform (Telegram,
-//! Discord), feeds its messages to [`crate::ingress`] and delivers that
-//! platform's outbox items. Each runs as an [`AdapterActor`] under the root
+//! Discord, WhatsApp, Slack), feeds its messages to [`crate::ingress`] and
+//! delivers that platform's outbox items. Each is a [`ChatAdapter`] on the
+//! one list in [`registry`], runs as an [`AdapterActor`] under the root
 //! supervisor (restarted on failure) and keeps its position in
 //! `adapter_positions`, written in the same transaction as the message row
 //! it covers.
@@ -14,7 +15,14 @@
 //! platform update before its row is committed.
 
 pub(crate) mod discord;
+#[cfg(feature = "test-hooks")]
+pub(crate) mod echo;
+pub(crate) mod registry;
+pub(crate) mod slack;
 pub(crate) mod telegram;
+pub(crate) mod whatsapp;
+
+pub(crate) use registry::{AdapterKit, ChatAdapter};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -35,14 +43,12 @@ use crate::storage::{messages, StoreError, StoreResult};
 
 /// The environment variable the Telegram bot token is read from (only).
 pub(crate) const TELEGRAM_TOKEN_ENV: &str = "MERCURY_TELEGRAM_BOT_TOKEN";
-/// The environment variable the Discord bot token is read from (only).
-pub(crate) const DISCORD_TOKEN_ENV: &str = "MERCURY_DISCORD_BOT_TOKEN";
 /// Delivery attempts of one outbox item before it is left undelivered.
 pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdapterError {
-    #[error("{adapter} is enabled but {env} is not set")]
+    #[error("the {adapter} adapter is enabled but {env} is not set")]
     MissingSecret {
         adapter: &'static str,
         env: &'static str,
@@ -146,20 +152,20 @@ pub(crate) fn clean_name(raw: &str) -> Option<String> {
 }
 
 /// The enabled adapters' secrets, read from `env` (the process's `MERCURY_*`
-/// environment) and nowhere else. The host reads them before it starts
-/// anything, so a missing one stops start-up with a sentence naming it.
+/// environment) and nowhere else, by adapter name in registry order. The
+/// host reads them before it starts anything, so a missing one stops
+/// start-up with a sentence naming it.
 #[derive(Clone, Default)]
 pub(crate) struct AdapterSecrets {
-    telegram: Option<String>,
-    discord: Option<String>,
+    by_adapter: Vec<(&'static dyn ChatAdapter, Vec<String>)>,
 }
 
 // Holds bot tokens: a derived Debug would print them.
 impl std::fmt::Debug for AdapterSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.by_adapter.iter().map(|(a, _)| a.name()).collect();
         f.debug_struct("AdapterSecrets")
-            .field("telegram", &self.telegram.is_some())
-            .field("discord", &self.discord.is_some())
+            .field("adapters", &names)
             .finish()
     }
 }
@@ -169,36 +175,32 @@ impl AdapterSecrets {
         settings: &Settings,
         env: &BTreeMap<String, String>,
     ) -> Result<Self, AdapterError> {
-        let secret = |enabled: bool, adapter: &'static str, var: &'static str| {
-            if !enabled {
-                return Ok(None);
+        let mut by_adapter = Vec::new();
+        for adapter in registry::all() {
+            if !adapter.enabled(settings) {
+                continue;
             }
-            env.get(var)
-                .map(|t| t.trim())
-                .filter(|t| !t.is_empty())
-                .map(|t| {
-                    // Never in a stored, served or logged error from here on.
-                    crate::redaction::secrets::register(t);
-                    Some(t.to_owned())
-                })
-                .ok_or(AdapterError::MissingSecret { adapter, env: var })
-        };
-        Ok(Self {
-            telegram: secret(
-                settings.adapters.telegram.enabled,
-                "the telegram adapter",
-                TELEGRAM_TOKEN_ENV,
-            )?,
-            discord: secret(
-                settings.adapters.discord.enabled,
-                "the discord adapter",
-                DISCORD_TOKEN_ENV,
-            )?,
-        })
+            let mut values = Vec::new();
+            for &var in adapter.secret_vars() {
+                let value = env
+                    .get(var)
+                    .map(|t| t.trim())
+                    .filter(|t| !t.is_empty())
+                    .ok_or(AdapterError::MissingSecret {
+                        adapter: adapter.name(),
+                        env: var,
+                    })?;
+                // Never in a stored, served or logged error from here on.
+                crate::redaction::secrets::register(value);
+                values.push(value.to_owned());
+            }
+            by_adapter.push((adapter, values));
+        }
+        Ok(Self { by_adapter })
     }
 }
 
-/// Starts every adapter that has its secret under the root supervisor. The
+/// Starts every adapter that has its secrets under the root supervisor. The
 /// host calls this once, after the actors and before serving; shadow mode
 /// must not.
 pub(crate) async fn start(
@@ -206,25 +208,11 @@ pub(crate) async fn start(
     supervisor: &ActorRef<SupervisorMsg>,
     secrets: AdapterSecrets,
 ) -> Result<(), AdapterError> {
-    let mut children = Vec::new();
-    if let Some(token) = secrets.telegram {
-        children.push(AdapterChild::running(
-            telegram::ADAPTER,
-            app,
-            token,
-            telegram::run,
-        ));
-    }
-    if let Some(token) = secrets.discord {
-        children.push(AdapterChild::running(
-            discord::ADAPTER,
-            app,
-            token,
-            discord::run,
-        ));
-    }
-    for child in children {
-        let adapter = child.name;
+    for (adapter, values) in secrets.by_adapter {
+        let name = adapter.name();
+        // Configured but not yet connected: the gauge says so from the start.
+        app.rt.metrics.set_adapter_up(name, false);
+        let child = AdapterChild::running(adapter, AdapterKit::new(app.clone(), values));
         call_t!(
             supervisor,
             SupervisorMsg::Supervise,
@@ -232,16 +220,18 @@ pub(crate) async fn start(
             Arc::new(child)
         )
         .map_err(|e| AdapterError::Start {
-            adapter,
+            adapter: name,
             reason: e.to_string(),
         })?
-        .map_err(|source| AdapterError::Supervised { adapter, source })?;
+        .map_err(|source| AdapterError::Supervised {
+            adapter: name,
+            source,
+        })?;
     }
     Ok(())
 }
 
-/// An adapter's loop: runs until the token is cancelled (`Ok`), or fails
-/// with a sentence (no secret in it) and its actor with it.
+/// An adapter's loop, started anew on every (re)start.
 pub(crate) type AdapterLoop = Arc<
     dyn Fn(CancellationToken) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
         + Send
@@ -257,25 +247,15 @@ pub(crate) struct AdapterChild {
 }
 
 impl AdapterChild {
-    /// The child whose every (re)start runs `run(app, token, cancel)` anew.
-    pub(crate) fn running<F, Fut, E>(
-        name: &'static str,
-        app: &Arc<App>,
-        token: String,
-        run: F,
-    ) -> Self
-    where
-        F: Fn(Arc<App>, String, CancellationToken) -> Fut + Send + Sync + Copy + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: std::fmt::Display,
-    {
-        let board = app.adapters.clone();
-        let app = app.clone();
-        let run: AdapterLoop = Arc::new(move |cancel| {
-            let fut = run(app.clone(), token.clone(), cancel);
-            Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
-        });
-        Self { name, board, run }
+    /// The child whose every (re)start runs `adapter.run(kit, cancel)` anew.
+    pub(crate) fn running(adapter: &'static dyn ChatAdapter, kit: AdapterKit) -> Self {
+        let board = kit.app.adapters.clone();
+        let run: AdapterLoop = Arc::new(move |cancel| adapter.run(kit.clone(), cancel));
+        Self {
+            name: adapter.name(),
+            board,
+            run,
+        }
     }
 }
 
@@ -439,6 +419,10 @@ pub(crate) enum Sent {
         call: &'static str,
         error: String,
     },
+    /// The platform will never take it (WhatsApp outside its 24-hour
+    /// window): left undelivered for good with this sentence, which the
+    /// operator is shown on the board and in the log.
+    GivenUp(String),
     /// The adapter is stopping: nothing recorded.
     Stopping,
 }
@@ -493,6 +477,15 @@ where
                         .await?;
                     wait = backoff.next();
                     break;
+                }
+                Sent::GivenUp(why) => {
+                    tracing::warn!(platform, outbox = id, reason = %why, "a reply was not delivered");
+                    app.adapters.note(platform, &why);
+                    store
+                        .write(move |tx| {
+                            crate::storage::chat_windows::give_up(tx, id, &why, MAX_ATTEMPTS)
+                        })
+                        .await?;
                 }
                 Sent::Stopping => return Ok(()),
             }

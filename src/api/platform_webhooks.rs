@@ -1,13 +1,18 @@
 //! Calls from chat platforms to a webhook-mode adapter:
-//! `POST /api/adapters/telegram/webhook`. Not behind the bearer-token step:
-//! the platform proves itself with the secret the adapter gave it
-//! (`X-Telegram-Bot-Api-Secret-Token`), checked on every call before the
-//! body is read; the body is then read up to `http.unauthenticated_body_bytes`.
+//! `POST /api/adapters/telegram/webhook` and `GET|POST
+//! /api/adapters/whatsapp/webhook`. Not behind the bearer-token step: the
+//! platform proves itself with a secret. Telegram sends back the one the
+//! adapter gave it (`X-Telegram-Bot-Api-Secret-Token`), checked before the
+//! body is read; WhatsApp signs the body (`X-Hub-Signature-256`, HMAC-SHA256
+//! under the app secret): a call without the header is refused before the
+//! body is read, and the signature is checked on the raw bytes before they
+//! are parsed. Bodies are read up to `http.unauthenticated_body_bytes`.
 //!
 //! Must never: read (or wait for) a byte of the body of a call that lacks
-//! the secret, read more than the unauthenticated limit, compare
-//! the secret in time that depends on where it differs, or answer 2xx before
-//! the adapter has stored the update (the platform would not resend it).
+//! the secret, parse a body whose signature is wrong, read more than the
+//! unauthenticated limit, compare a secret in time that depends on where it
+//! differs, or answer 2xx before the adapter has stored the update (the
+//! platform would not resend it).
 
 use std::sync::Arc;
 
@@ -27,7 +32,9 @@ use crate::app::App;
 pub(super) const TELEGRAM_SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
 
 pub(super) fn router() -> OpenApiRouter<Arc<App>> {
-    OpenApiRouter::new().routes(routes!(telegram))
+    OpenApiRouter::new()
+        .routes(routes!(telegram))
+        .routes(routes!(whatsapp_verify, whatsapp))
 }
 
 /// Equal secrets, compared through their digests so the time taken does not
@@ -67,6 +74,113 @@ async fn telegram(State(app): State<Arc<App>>, request: Request) -> axum::respon
             );
             answer
         }
+    }
+}
+
+/// A refusal that may come before the body was read: the connection cannot
+/// carry another request, and the client must not reuse it.
+fn closing(e: ApiError) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut answer = e.into_response();
+    answer.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    answer
+}
+
+/// The handshake of a WhatsApp webhook subscription: Meta sends the verify
+/// token it was given and a challenge to echo.
+#[utoipa::path(get, path = "/api/adapters/whatsapp/webhook", tag = "adapters",
+    params(
+        ("hub.mode" = String, Query, description = "`subscribe`"),
+        ("hub.verify_token" = String, Query, description = "MERCURY_WHATSAPP_VERIFY_TOKEN"),
+        ("hub.challenge" = String, Query, description = "Echoed when the token is right"),
+    ),
+    responses(
+        (status = 200, description = "The challenge, as text", body = String),
+        (status = 403, description = "Wrong mode or token", body = super::error::ErrorBody),
+        (status = 404, description = "The WhatsApp adapter is not running", body = super::error::ErrorBody),
+    ))]
+async fn whatsapp_verify(
+    State(app): State<Arc<App>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> ApiResult<String> {
+    let Some(inbox) = app.adapters.webhook(crate::adapters::whatsapp::ADAPTER) else {
+        return Err(ApiError::not_found("the whatsapp adapter is not running"));
+    };
+    let expected = inbox.verify_token.unwrap_or_default();
+    let given = q.get("hub.verify_token").map(String::as_bytes);
+    let token_ok = !expected.is_empty() && given.is_some_and(|g| same_secret(g, &expected));
+    if q.get("hub.mode").map(String::as_str) != Some("subscribe") || !token_ok {
+        return Err(ApiError::Forbidden(
+            "wrong hub.mode or hub.verify_token".into(),
+        ));
+    }
+    let challenge = q.get("hub.challenge").cloned().unwrap_or_default();
+    if challenge.len() > 256
+        || challenge
+            .chars()
+            .any(|c| !c.is_ascii_alphanumeric() && c != '-' && c != '_')
+    {
+        return Err(ApiError::bad_request(
+            "hub.challenge is not a challenge Meta sends",
+        ));
+    }
+    Ok(challenge)
+}
+
+/// A WhatsApp Cloud API notification (messages, statuses), signed by Meta.
+#[utoipa::path(post, path = "/api/adapters/whatsapp/webhook", tag = "adapters",
+    params(("x-hub-signature-256" = String, Header,
+        description = "sha256=<hex HMAC-SHA256 of the raw body under the app secret>; checked before the body is parsed")),
+    request_body(content = Object, description = "A webhook notification (Graph API JSON)"),
+    responses(
+        (status = 200, description = "The notification is stored", body = Object),
+        (status = 400, description = "Signed, but not JSON", body = super::error::ErrorBody),
+        (status = 401, description = "Missing or wrong signature", body = super::error::ErrorBody),
+        (status = 413, description = "Body over http.unauthenticated_body_bytes", body = super::error::ErrorBody),
+        (status = 404, description = "The WhatsApp adapter is not running", body = super::error::ErrorBody),
+        (status = 503, description = "Not stored; Meta redelivers", body = super::error::ErrorBody),
+    ))]
+async fn whatsapp(State(app): State<Arc<App>>, request: Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match take_whatsapp(&app, request).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => closing(e),
+    }
+}
+
+async fn take_whatsapp(app: &Arc<App>, request: Request) -> ApiResult<Json<Value>> {
+    use crate::adapters::whatsapp::{signature_ok, ADAPTER, SIGNATURE_HEADER};
+    let Some(inbox) = app.adapters.webhook(ADAPTER) else {
+        return Err(ApiError::not_found("the whatsapp adapter is not running"));
+    };
+    let unsigned = || ApiError::Unauthorized("missing or wrong X-Hub-Signature-256".into());
+    let signature = request
+        .headers()
+        .get(SIGNATURE_HEADER)
+        .map(|v| v.as_bytes().to_vec())
+        .ok_or_else(unsigned)?;
+    let limit = app.rt.settings.http.unauthenticated_limit();
+    let body = read_limited(request, limit).await?;
+    // The raw bytes, before any parsing: a forged body is never read as JSON.
+    if !signature_ok(&inbox.secret, Some(&signature), &body) {
+        return Err(unsigned());
+    }
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::bad_request("the body is not a JSON notification"))?;
+    let (done, stored) = oneshot::channel();
+    inbox
+        .calls
+        .send(WebhookCall { body, done })
+        .await
+        .map_err(|_| ApiError::Unavailable("the whatsapp adapter is restarting".into()))?;
+    match stored.await {
+        Ok(Ok(())) => Ok(Json(json!({}))),
+        _ => Err(ApiError::Unavailable(
+            "the notification was not stored; send it again".into(),
+        )),
     }
 }
 

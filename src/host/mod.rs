@@ -415,19 +415,26 @@ pub fn log_tag() -> &'static str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutboundAdapter {
     Webhook,
-    /// `adapters.telegram` (started under the root supervisor).
-    Telegram,
-    /// `adapters.discord` (started under the root supervisor).
-    Discord,
+    /// A chat platform of the adapters' registry, by name (`adapters.<name>`,
+    /// started under the root supervisor).
+    Chat(&'static str),
 }
 
 impl OutboundAdapter {
     pub fn name(self) -> &'static str {
         match self {
             Self::Webhook => "webhook",
-            Self::Telegram => "telegram",
-            Self::Discord => "discord",
+            Self::Chat(name) => name,
         }
+    }
+    /// The name capitalised (`Webhook`, `Telegram`), as the shadow
+    /// transcript's refusals have always written it.
+    pub fn label(self) -> String {
+        let name = self.name();
+        let mut chars = name.chars();
+        chars.next().map_or_else(String::new, |c| {
+            c.to_ascii_uppercase().to_string() + chars.as_str()
+        })
     }
 }
 
@@ -442,20 +449,22 @@ pub fn outbound_adapters(
     if !settings.webhook.url.is_empty() {
         wanted.push(OutboundAdapter::Webhook);
     }
-    if settings.adapters.telegram.enabled {
-        wanted.push(OutboundAdapter::Telegram);
-    }
-    if settings.adapters.discord.enabled {
-        wanted.push(OutboundAdapter::Discord);
+    for adapter in crate::adapters::registry::all() {
+        if adapter.enabled(settings) {
+            wanted.push(OutboundAdapter::Chat(adapter.name()));
+        }
     }
     if outbound.is_shadow() {
         for a in wanted.drain(..) {
             outbound.record_refusal(
                 None,
                 "adapter",
-                &format!("would have constructed the {a:?} adapter (shadow mode)"),
+                &format!(
+                    "would have constructed the {} adapter (shadow mode)",
+                    a.label()
+                ),
             );
-            tracing::info!(adapter = ?a, "shadow mode: adapter not constructed");
+            tracing::info!(adapter = a.name(), "shadow mode: adapter not constructed");
         }
     }
     wanted
@@ -633,7 +642,7 @@ pub async fn serve_with(
     let adapters = outbound_adapters(&rt.settings, &rt.outbound);
     if adapters
         .iter()
-        .any(|a| matches!(a, OutboundAdapter::Telegram | OutboundAdapter::Discord))
+        .any(|a| matches!(a, OutboundAdapter::Chat(_)))
     {
         crate::adapters::start(&app, &supervisor, adapter_secrets).await?;
     }
@@ -641,7 +650,7 @@ pub async fn serve_with(
     for &adapter in &adapters {
         match adapter {
             // Started above, under the root supervisor.
-            OutboundAdapter::Telegram | OutboundAdapter::Discord => {}
+            OutboundAdapter::Chat(_) => {}
             OutboundAdapter::Webhook => {
                 background.spawn(ingress::webhook::run(rt.clone(), shutdown.clone()));
                 rt.metrics.set_adapter_up("webhook", true);

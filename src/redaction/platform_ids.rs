@@ -1,8 +1,10 @@
-//! Chat-platform identifiers the adapters bring in (issue 16): Telegram user
-//! and chat ids in their namespaced form (`telegram:123456789`, `telegram:-100…`),
-//! Telegram usernames (`@alice_smith`, `t.me/alice_smith`), and Discord
-//! snowflakes (`discord:…`, mentions `<@…>`, `<@!…>`, `<#…>`, `<@&…>`, and a
-//! bare 17-20 digit number). Matched on the plain view.
+//! Chat-platform identifiers the adapters bring in (issues 16 and 30): the
+//! shapes each registered platform declares
+//! ([`crate::config::platforms::Platform::identifier_patterns`]: Telegram ids
+//! and usernames, Discord snowflakes and mentions, WhatsApp and Slack ids,
+//! and any later platform's), matched on the plain view. The list is the
+//! adapters' registry, so a new platform's ids are redacted and gated
+//! without an edit here.
 //!
 //! Must never: leave a digit of a matched id behind, or need the id to be
 //! on the scan's sender list (these are found by shape alone).
@@ -12,30 +14,30 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-// Constant patterns, compiled by this file's tests (see `constant_regex`).
-static NAMESPACED: LazyLock<Regex> =
-    LazyLock::new(|| super::constant_regex(r"(?i)\b(?:telegram|discord) ?: ?-?[0-9]{1,21}\b"));
-
-/// Telegram usernames: 5-32 of `A-Za-z0-9_`, starting with a letter, after
-/// an `@` that does not end an e-mail's local part, or after `t.me/`.
-static USERNAME: LazyLock<Regex> = LazyLock::new(|| {
-    super::constant_regex(
-        r"(?i)(?:^|[^A-Za-z0-9_.@+\-])(@[a-z][a-z0-9_]{4,31}|t\.me/[a-z][a-z0-9_]{4,31})\b",
-    )
+/// Every registered platform's patterns, compiled once (the registry's own
+/// test compiles each of them, so `constant_regex` holds).
+static SHAPES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    crate::config::platforms::all()
+        .into_iter()
+        .flat_map(|p| p.identifier_patterns().iter())
+        .map(|p| super::constant_regex(p))
+        .collect()
 });
 
-static SNOWFLAKE: LazyLock<Regex> =
-    LazyLock::new(|| super::constant_regex(r"<(?:@[!&]?|#)[0-9]{15,21}>|\b[0-9]{17,20}\b"));
-
 pub(super) fn platform_id_spans(plain: &str) -> Vec<Range<usize>> {
-    let mut out: Vec<Range<usize>> = NAMESPACED.find_iter(plain).map(|m| m.range()).collect();
-    out.extend(
-        USERNAME
-            .captures_iter(plain)
-            .filter_map(|c| c.get(1))
-            .map(|m| m.range()),
-    );
-    out.extend(SNOWFLAKE.find_iter(plain).map(|m| m.range()));
+    let mut out = Vec::new();
+    for re in SHAPES.iter() {
+        // Captures cost more than a plain find: only where a group says where the id is.
+        if re.captures_len() > 1 {
+            for c in re.captures_iter(plain) {
+                if let Some(m) = c.get(1).or_else(|| c.get(0)) {
+                    out.push(m.range());
+                }
+            }
+        } else {
+            out.extend(re.find_iter(plain).map(|m| m.range()));
+        }
+    }
     out
 }
 

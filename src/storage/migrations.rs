@@ -403,6 +403,17 @@ CREATE TABLE spend_notices (
   PRIMARY KEY (key, period_start)
 );
 "#,
+    // 13: chat platforms II (issue 30). When each platform conversation's
+    // person last wrote (WhatsApp answers freely only within 24 hours of
+    // it), written with the message row that moves it.
+    r#"
+CREATE TABLE chat_windows (
+  platform TEXT NOT NULL,
+  conversation TEXT NOT NULL,
+  last_inbound_at INTEGER NOT NULL,
+  PRIMARY KEY (platform, conversation)
+);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

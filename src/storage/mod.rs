@@ -18,6 +18,7 @@
 
 pub mod adapters;
 pub mod baseline;
+pub mod chat_windows;
 mod conn;
 pub mod conversations;
 pub mod copy;

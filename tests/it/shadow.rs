@@ -295,10 +295,10 @@ async fn shadow_adapter_construction_point_builds_none_in_shadow_mode() {
     settings.adapters.telegram.enabled = true;
     settings.adapters.discord.enabled = true;
     let live = mercury::runtime::Outbound::Live;
-    use mercury::host::OutboundAdapter::{Discord, Telegram, Webhook};
+    use mercury::host::OutboundAdapter::{Chat, Webhook};
     assert_eq!(
         mercury::host::outbound_adapters(&settings, &live),
-        vec![Webhook, Telegram, Discord]
+        vec![Webhook, Chat("telegram"), Chat("discord")]
     );
     let shadow = mercury::runtime::Outbound::Shadow(Transcript::of(t.path()));
     assert!(mercury::host::outbound_adapters(&settings, &shadow).is_empty());

@@ -34,14 +34,56 @@ use twilight_gateway::{ConfigBuilder, Intents, Message, Session, Shard, ShardId}
 
 use self::convert::{BotSelf, Inbound, Payload, RawMessage, PLATFORM};
 use self::rest::{DiscordRest, RestError};
-use super::{split_reply, AdapterIdentity, Backoff, Sent};
+use super::registry::{AdapterRun, Platform};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
 use crate::app::App;
-use crate::config::DiscordConfig;
+use crate::config::{DiscordConfig, DmPolicy, Settings};
 use crate::storage::outbox::OutboxItem;
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
 pub(crate) const ADAPTER: &str = "discord";
+/// The environment variable the bot token is read from (only).
+pub(crate) const TOKEN_ENV: &str = "MERCURY_DISCORD_BOT_TOKEN";
+
+/// Discord on the adapters' registry.
+pub(crate) struct Discord;
+
+impl Platform for Discord {
+    fn name(&self) -> &'static str {
+        ADAPTER
+    }
+
+    fn secret_vars(&self) -> &'static [&'static str] {
+        &[TOKEN_ENV]
+    }
+
+    fn enabled(&self, settings: &Settings) -> bool {
+        settings.adapters.discord.enabled
+    }
+
+    fn dm_policy(&self, settings: &Settings) -> Option<DmPolicy> {
+        settings.adapters.discord.dm_policy
+    }
+
+    fn identifier_patterns(&self) -> &'static [&'static str] {
+        &[
+            r"(?i)\bdiscord ?: ?-?[0-9]{1,21}\b",
+            // Snowflakes: mentions `<@…>`, `<@!…>`, `<#…>`, `<@&…>`, and a bare 17-20 digit number.
+            r"<(?:@[!&]?|#)[0-9]{15,21}>|\b[0-9]{17,20}\b",
+        ]
+    }
+}
+
+impl ChatAdapter for Discord {
+    fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
+        Box::pin(async move {
+            run(kit.app.clone(), kit.secret(0), cancel)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
 /// Discord's longest message, in characters.
 pub(crate) const MAX_MESSAGE: usize = 2000;
 /// Discord shows "typing…" for 10 s: renewed every 8.

@@ -34,15 +34,57 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
-use super::{split_reply, AdapterIdentity, Backoff, Sent};
+use super::registry::{AdapterRun, Platform};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
 use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
 use crate::app::App;
-use crate::config::TelegramMode;
+use crate::config::{DmPolicy, Settings, TelegramMode};
 use crate::storage::outbox::OutboxItem;
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
 pub(crate) const ADAPTER: &str = "telegram";
+
+/// Telegram on the adapters' registry.
+pub(crate) struct Telegram;
+
+impl Platform for Telegram {
+    fn name(&self) -> &'static str {
+        ADAPTER
+    }
+
+    fn secret_vars(&self) -> &'static [&'static str] {
+        &[super::TELEGRAM_TOKEN_ENV]
+    }
+
+    fn enabled(&self, settings: &Settings) -> bool {
+        settings.adapters.telegram.enabled
+    }
+
+    fn dm_policy(&self, settings: &Settings) -> Option<DmPolicy> {
+        settings.adapters.telegram.dm_policy
+    }
+
+    fn identifier_patterns(&self) -> &'static [&'static str] {
+        &[
+            // User and chat ids in their namespaced form (`telegram:-100…`).
+            r"(?i)\btelegram ?: ?-?[0-9]{1,21}\b",
+            // Usernames: 5-32 of `A-Za-z0-9_`, starting with a letter, after
+            // an `@` that does not end an e-mail's local part, or after `t.me/`.
+            r"(?i)(?:^|[^A-Za-z0-9_.@+\-])(@[a-z][a-z0-9_]{4,31}|t\.me/[a-z][a-z0-9_]{4,31})\b",
+        ]
+    }
+}
+
+impl ChatAdapter for Telegram {
+    fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
+        Box::pin(async move {
+            run(kit.app.clone(), kit.secret(0), cancel)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
 /// Telegram's longest message, in UTF-16 code units.
 pub(crate) const MAX_MESSAGE: usize = 4096;
 /// The longest `retry_after` waited out; a longer one is waited in steps.
@@ -267,8 +309,14 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
     }
     ctx.board().connected(ADAPTER);
     let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
-    ctx.board()
-        .register_webhook(ADAPTER, WebhookInbox { secret, calls });
+    ctx.board().register_webhook(
+        ADAPTER,
+        WebhookInbox {
+            secret,
+            verify_token: None,
+            calls,
+        },
+    );
     loop {
         let call = tokio::select! {
             _ = ctx.cancel.cancelled() => return Ok(()),

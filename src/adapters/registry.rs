@@ -1,0 +1,134 @@
+//! The one list of chat platforms this binary speaks, and the seam each
+//! one plugs into: [`ChatAdapter`] (what it is: [`Platform`], and how it
+//! runs: [`ChatAdapter::run`] with the shared [`AdapterKit`] and a cancel
+//! token).
+//!
+//! Everything that concerns "every platform" iterates this list: the
+//! secrets read before start-up ([`super::AdapterSecrets`]), start-up
+//! ([`super::start`]), the host's `outbound_adapters`, the status board and
+//! metrics (keyed by [`Platform::name`]), and, through the [`Registered`]
+//! entry each line also submits, the layers below this one: the sender
+//! policy's `dm_policy` per platform (`Settings::dm_policy`), each section's
+//! defaults and checks (`crate::config`), and the redactor's and review
+//! gate's identifier shapes (`crate::redaction`). Adding a platform is its
+//! own folder, one line in [`registry!`]'s invocation below, and its docs.
+//!
+//! Must never: list a platform anywhere else, or let a line add an adapter
+//! without its [`Registered`] entry (the macro writes both from one line).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use crate::config::platforms::{Platform, Registered};
+
+use crate::app::App;
+
+/// An adapter's loop: runs until the token is cancelled (`Ok`), or fails
+/// with a sentence (no secret in it) and its actor with it.
+pub(crate) type AdapterRun = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// What a running adapter is handed: the host's shared state (the store,
+/// settings and board through [`App`]) and its own secrets, in the order of
+/// [`Platform::secret_vars`].
+#[derive(Clone)]
+pub(crate) struct AdapterKit {
+    pub app: Arc<App>,
+    secrets: Arc<Vec<String>>,
+}
+
+// Holds secrets: a derived Debug would print them.
+impl std::fmt::Debug for AdapterKit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdapterKit")
+            .field("secrets", &self.secrets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdapterKit {
+    pub(crate) fn new(app: Arc<App>, secrets: Vec<String>) -> Self {
+        Self {
+            app,
+            secrets: Arc::new(secrets),
+        }
+    }
+
+    /// The secret read from `secret_vars()[i]` (empty if there is none: the
+    /// host refuses to start an adapter whose secrets are not all set).
+    pub(crate) fn secret(&self, i: usize) -> String {
+        self.secrets.get(i).cloned().unwrap_or_default()
+    }
+}
+
+/// A chat platform's adapter: a supervised actor's loop that takes the
+/// platform's messages into ingress and delivers its outbox items.
+pub(crate) trait ChatAdapter: Platform {
+    /// The loop: from connecting to the platform until `cancel` (`Ok`) or a
+    /// failure (the supervisor restarts it).
+    fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun;
+}
+
+/// Writes the list and, for each line, the [`Registered`] entry the layers
+/// below iterate, so the two cannot drift apart.
+macro_rules! registry {
+    ($($(#[$attr:meta])* $adapter:path),* $(,)?) => {
+        /// Every adapter, in the order they start and are listed.
+        // One push per line, so a line may carry a `#[cfg]`.
+        #[allow(clippy::vec_init_then_push)]
+        pub(crate) fn all() -> Vec<&'static dyn ChatAdapter> {
+            let mut out: Vec<&'static dyn ChatAdapter> = Vec::new();
+            $(
+                $(#[$attr])*
+                out.push(&$adapter);
+            )*
+            out
+        }
+        $(
+            $(#[$attr])*
+            inventory::submit! { Registered(&$adapter) }
+        )*
+    };
+}
+
+registry![
+    super::telegram::Telegram,
+    super::discord::Discord,
+    super::whatsapp::WhatsApp,
+    super::slack::Slack,
+    // The seam's own test: a platform that exists only through this line.
+    #[cfg(feature = "test-hooks")]
+    super::echo::Echo,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_adapter_reaches_the_layers_below_and_names_are_unique() {
+        let listed: Vec<&str> = all().iter().map(|a| a.name()).collect();
+        let mut below: Vec<&str> = crate::config::platforms::all()
+            .iter()
+            .map(|p| p.name())
+            .collect();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), listed.len(), "a name twice: {listed:?}");
+        below.sort_unstable();
+        assert_eq!(sorted, below);
+        for a in all() {
+            assert!(
+                crate::ids::validate_platform(a.name()).is_ok(),
+                "{} is not a platform name",
+                a.name()
+            );
+            for p in a.identifier_patterns() {
+                assert!(regex::Regex::new(p).is_ok(), "{}: {p}", a.name());
+            }
+        }
+    }
+}

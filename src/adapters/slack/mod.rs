@@ -1,0 +1,522 @@
+//! The Slack adapter, through Socket Mode: an actor under the root
+//! supervisor that asks `apps.connections.open` (with the app-level token)
+//! for a WebSocket URL, holds that socket (no public URL is needed), stores
+//! each DM and each message that mentions the bot through ingress (other
+//! channel messages as ambient context), acknowledges every envelope by its
+//! `envelope_id` once its row is committed, and delivers Slack's outbox items
+//! with `chat.postMessage` (the bot token) in the thread of the message they
+//! answer, split at [`MAX_MESSAGE`] characters, waiting out a 429's
+//! `Retry-After`.
+//!
+//! Slack redelivers an envelope it has not seen acknowledged (also after a
+//! reconnect or a restart), and a mention arrives twice (`message` and
+//! `app_mention`); both carry the same channel and `ts`, which ingress keeps
+//! once, so nothing is answered twice.
+//!
+//! Must never: ping a channel (`<!channel>`, `<!here>`, `<!everyone>`,
+//! `@channel`…: an adversary could get the agent to write one; every reply
+//! is escaped ([`neutralise`]) and sent with `link_names: false`), put a
+//! token in a log, an error or a status, acknowledge an envelope before its
+//! row is committed, or act as anything but its platform-bound
+//! [`AdapterIdentity`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+use tokio_util::sync::CancellationToken;
+use tokio_websockets::Message as WsMessage;
+
+use super::registry::{AdapterRun, Platform};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
+use crate::app::App;
+use crate::config::{DmPolicy, Settings};
+use crate::ingress::IngressMessage;
+use crate::storage::outbox::OutboxItem;
+use crate::storage::StoreError;
+
+/// The name on the board, of the platform and of the config section.
+pub(crate) const ADAPTER: &str = "slack";
+/// The longest reply piece, in characters (Slack advises at most 4,000).
+pub(crate) const MAX_MESSAGE: usize = 4000;
+/// The longest `Retry-After` waited out at once.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
+/// 429s of one piece before it counts as an attempt.
+const MAX_429: u32 = 5;
+
+/// Slack on the adapters' registry.
+pub(crate) struct Slack;
+
+/// `adapters.slack`, the section this platform declares.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct SlackConfig {
+    pub enabled: bool,
+    /// The Web API's base URL (a test's fake).
+    pub api_base_url: String,
+    pub dm_policy: Option<DmPolicy>,
+}
+
+impl Default for SlackConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            api_base_url: "https://slack.com/api".into(),
+            dm_policy: None,
+        }
+    }
+}
+
+fn config(settings: &Settings) -> SlackConfig {
+    settings
+        .adapters
+        .section(ADAPTER)
+        .and_then(|v| serde_yaml_ng::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+impl Platform for Slack {
+    fn name(&self) -> &'static str {
+        ADAPTER
+    }
+
+    /// The app-level token (`xapp-…`, `connections:write`) and the bot
+    /// token (`xoxb-…`), in that order.
+    fn secret_vars(&self) -> &'static [&'static str] {
+        &["MERCURY_SLACK_APP_TOKEN", "MERCURY_SLACK_BOT_TOKEN"]
+    }
+
+    fn enabled(&self, settings: &Settings) -> bool {
+        config(settings).enabled
+    }
+
+    fn dm_policy(&self, settings: &Settings) -> Option<DmPolicy> {
+        config(settings).dm_policy
+    }
+
+    fn identifier_patterns(&self) -> &'static [&'static str] {
+        &[
+            r"(?i)\bslack ?: ?[A-Z0-9]{6,15}\b",
+            // Mentions of people, channels and groups: `<@U024BE7LH>`, `<#C0…|general>`, `<!subteam^S0…>`.
+            r"<(?:[@#][UWCGD]|!subteam\^S)[A-Z0-9]{6,15}(?:\|[^>]{0,80})?>",
+            // Bare user ids (U0…, W0…).
+            r"\b[UW]0[A-Z0-9]{6,12}\b",
+        ]
+    }
+
+    fn section_defaults(&self) -> Option<Yaml> {
+        serde_yaml_ng::to_value(SlackConfig::default()).ok()
+    }
+
+    fn check(&self, settings: &Settings) -> Result<(), (String, String)> {
+        let section = settings.adapters.section(ADAPTER).cloned();
+        let c: SlackConfig = serde_yaml_ng::from_value(section.unwrap_or(Yaml::Null))
+            .map_err(|e| ("adapters.slack".to_owned(), e.to_string()))?;
+        let url = &c.api_base_url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(['?', '#'])
+        {
+            return Err((
+                "adapters.slack.api_base_url".into(),
+                "must start with http:// or https:// and hold no query".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ChatAdapter for Slack {
+    fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
+        Box::pin(async move { run(kit, cancel).await.map_err(|e| e.to_string()) })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SlackError {
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Reply text as Slack will show it and never act on: `&`, `<` and `>`
+/// escaped (so `<!channel>`, `<!here>`, `<@U…>` and links are plain text)
+/// and a word joiner after the `@` of `@channel`, `@here` and `@everyone`.
+pub(crate) fn neutralise(text: &str) -> String {
+    let escaped = text
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped.as_str();
+    while let Some(i) = rest.find('@') {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let word: String = rest
+            .chars()
+            .take_while(char::is_ascii_alphabetic)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        if matches!(word.as_str(), "channel" | "here" | "everyone") {
+            out.push('\u{2060}');
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// How a Web API call failed.
+#[derive(Debug)]
+enum Failure {
+    /// 429: wait this long, then make the same call again.
+    RetryAfter(Duration),
+    /// `ok: false` with Slack's error (`channel_not_found`, `not_in_channel`…).
+    Api(String),
+    /// No answer, a 5xx, an unreadable body.
+    Transport(String),
+}
+
+struct Web {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Web {
+    async fn call(&self, method: &str, token: &str, body: &Value) -> Result<Value, Failure> {
+        let r = self
+            .http
+            .post(format!("{}/{method}", self.base))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| Failure::Transport(e.without_url().to_string()))?;
+        if r.status().as_u16() == 429 {
+            let secs = r
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(1);
+            return Err(Failure::RetryAfter(
+                Duration::from_secs(secs.max(1)).min(RETRY_AFTER_CAP),
+            ));
+        }
+        if !r.status().is_success() {
+            return Err(Failure::Transport(format!("{method}: HTTP {}", r.status())));
+        }
+        let v: Value = r.json().await.map_err(|e| {
+            Failure::Transport(format!(
+                "{method}: an answer Mercury cannot read: {}",
+                e.without_url()
+            ))
+        })?;
+        if v["ok"].as_bool() == Some(true) {
+            Ok(v)
+        } else {
+            let error: String = v["error"]
+                .as_str()
+                .unwrap_or("unknown")
+                .chars()
+                .take(100)
+                .collect();
+            Err(Failure::Api(format!("{method}: {error}")))
+        }
+    }
+}
+
+struct Ctx {
+    app: Arc<App>,
+    web: Web,
+    app_token: String,
+    bot_token: String,
+    /// The bot's own user id (`auth.test`): mentions of it, and its own messages.
+    bot_user: String,
+    identity: AdapterIdentity,
+    cancel: CancellationToken,
+}
+
+async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
+    let app = kit.app.clone();
+    let cfg = config(&app.rt.settings);
+    let board = app.adapters.clone();
+    board.set_mode(ADAPTER, "socket");
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| SlackError::Client(e.without_url().to_string()))?;
+    let web = Web {
+        http,
+        base: cfg.api_base_url.trim_end_matches('/').to_owned(),
+    };
+    let (app_token, bot_token) = (kit.secret(0), kit.secret(1));
+    let mut backoff = Backoff::default();
+    let me = loop {
+        match web.call("auth.test", &bot_token, &json!({})).await {
+            Ok(v) => break v["user_id"].as_str().unwrap_or_default().to_owned(),
+            Err(f) => {
+                let wait = wait_for(&app, &f, &mut backoff);
+                if !super::pause(&cancel, wait).await {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let ctx = Arc::new(Ctx {
+        app,
+        web,
+        app_token,
+        bot_token,
+        bot_user: me,
+        identity: AdapterIdentity::bound_to(ADAPTER),
+        cancel,
+    });
+    let send = |item, answered| deliver(&ctx, item, answered);
+    tokio::select! {
+        r = socket_loop(&ctx) => r,
+        r = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send) => Ok(r?),
+    }
+}
+
+fn wait_for(app: &App, f: &Failure, backoff: &mut Backoff) -> Duration {
+    match f {
+        Failure::RetryAfter(d) => *d,
+        Failure::Api(e) | Failure::Transport(e) => {
+            tracing::warn!(error = %e, "slack call failed");
+            app.adapters.failed(ADAPTER, e);
+            backoff.next()
+        }
+    }
+}
+
+/// Opens a Socket Mode connection and reads it until Slack asks for a new
+/// one (`disconnect`), the socket drops, or the adapter stops.
+async fn socket_loop(ctx: &Arc<Ctx>) -> Result<(), SlackError> {
+    let mut backoff = Backoff::default();
+    loop {
+        let url = match ctx
+            .web
+            .call("apps.connections.open", &ctx.app_token, &json!({}))
+            .await
+        {
+            Ok(v) => v["url"].as_str().unwrap_or_default().to_owned(),
+            Err(f) => {
+                let wait = wait_for(&ctx.app, &f, &mut backoff);
+                if !super::pause(&ctx.cancel, wait).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let uri = match url.parse::<http::Uri>() {
+            Ok(u) => u,
+            Err(_) => {
+                ctx.app.adapters.failed(
+                    ADAPTER,
+                    "apps.connections.open gave a URL Mercury cannot use",
+                );
+                if !super::pause(&ctx.cancel, backoff.next()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let client = tokio_websockets::ClientBuilder::from_uri(uri);
+        let connected = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            c = client.connect() => c,
+        };
+        let mut ws = match connected {
+            Ok((ws, _)) => ws,
+            // The URL holds a one-time ticket: the sentence names neither it nor the error.
+            Err(_) => {
+                ctx.app
+                    .adapters
+                    .failed(ADAPTER, "the Socket Mode connection failed");
+                if !super::pause(&ctx.cancel, backoff.next()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        ctx.app.adapters.connected(ADAPTER);
+        backoff = Backoff::default();
+        loop {
+            let frame = tokio::select! {
+                _ = ctx.cancel.cancelled() => {
+                    let _ = ws.close().await;
+                    return Ok(());
+                }
+                f = ws.next() => f,
+            };
+            let Some(Ok(frame)) = frame else {
+                tracing::info!("the slack socket closed; reconnecting");
+                break;
+            };
+            let Some(text) = frame.as_text() else {
+                continue;
+            };
+            let Ok(envelope) = serde_json::from_str::<Value>(text) else {
+                tracing::warn!("a slack frame Mercury cannot read; skipped");
+                continue;
+            };
+            match envelope["type"].as_str() {
+                Some("hello") => {}
+                Some("disconnect") => {
+                    tracing::info!(reason = ?envelope["reason"].as_str(), "slack asked for a new connection");
+                    break;
+                }
+                _ => {
+                    // Stored first, acknowledged after: Slack redelivers what it has not seen acked.
+                    take(ctx, &envelope).await?;
+                    if let Some(id) = envelope["envelope_id"].as_str() {
+                        let ack = json!({"envelope_id": id}).to_string();
+                        if ws.send(WsMessage::text(ack)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if !super::pause(&ctx.cancel, Duration::from_millis(200)).await {
+            return Ok(());
+        }
+    }
+}
+
+/// An Events API event inside an envelope, the parts Mercury reads.
+#[derive(Debug, Deserialize)]
+struct Event {
+    #[serde(rename = "type", default)]
+    kind: String,
+    subtype: Option<String>,
+    user: Option<String>,
+    bot_id: Option<String>,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    ts: String,
+    thread_ts: Option<String>,
+    #[serde(default)]
+    channel: String,
+    channel_type: Option<String>,
+}
+
+/// Stores the message of one `events_api` envelope (or skips it).
+async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
+    if envelope["type"].as_str() != Some("events_api") {
+        return Ok(());
+    }
+    let Ok(ev) = serde_json::from_value::<Event>(envelope["payload"]["event"].clone()) else {
+        tracing::warn!("a slack event Mercury cannot read; skipped");
+        return Ok(());
+    };
+    if !matches!(ev.kind.as_str(), "message" | "app_mention") {
+        return Ok(());
+    }
+    // Edits, joins, bots (this one too) are not people's messages.
+    let Some(user) = ev.user.clone().filter(|u| !u.is_empty()) else {
+        return Ok(());
+    };
+    if ev.subtype.is_some() || ev.bot_id.is_some() || user == ctx.bot_user {
+        return Ok(());
+    }
+    if ev.text.trim().is_empty() || ev.ts.is_empty() || ev.channel.is_empty() {
+        return Ok(());
+    }
+    ctx.app.adapters.updated(ADAPTER);
+    let is_group = ev.channel_type.as_deref() != Some("im") && !ev.channel.starts_with('D');
+    let mentions_bot =
+        ev.kind == "app_mention" || ev.text.contains(&format!("<@{}>", ctx.bot_user));
+    // `thread/ts`: the reply goes to the thread the message is in (or starts one under it).
+    let thread = ev.thread_ts.clone().unwrap_or_else(|| ev.ts.clone());
+    let m = IngressMessage {
+        platform: ADAPTER.into(),
+        conversation: ev.channel.clone(),
+        sender_id: user,
+        sender_name: None,
+        text: ev.text.clone(),
+        message_id: format!("{thread}/{}", ev.ts),
+        is_group,
+        mentions_bot,
+        reply_to_bot: false,
+        title: None,
+    };
+    let what = format!("slack message {}", ev.ts);
+    super::store_message(&ctx.app, ctx.identity, m, &what, |_| Ok(())).await?;
+    Ok(())
+}
+
+/// Sends one outbox item in pieces, all in the thread of the message it
+/// answers (a channel's; a DM's inline); a 429 is waited out and the same
+/// piece sent again.
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
+    // A DM (`D…`) is answered inline, a channel in the message's thread.
+    let thread = answered
+        .and_then(|a| a.split_once('/').map(|(t, _)| t.to_owned()))
+        .filter(|_| !item.external_id.starts_with('D'));
+    for part in split_reply(&item.text, MAX_MESSAGE) {
+        let mut body = json!({
+            "channel": item.external_id,
+            "text": neutralise(&part),
+            "link_names": false,
+            "unfurl_links": false,
+            "unfurl_media": false,
+        });
+        if let Some(t) = &thread {
+            body["thread_ts"] = json!(t);
+        }
+        let mut waits = 0;
+        loop {
+            let res = tokio::select! {
+                _ = ctx.cancel.cancelled() => return Sent::Stopping,
+                r = ctx.web.call("chat.postMessage", &ctx.bot_token, &body) => r,
+            };
+            match res {
+                Ok(_) => break,
+                Err(Failure::RetryAfter(d)) if waits < MAX_429 => {
+                    waits += 1;
+                    tracing::info!(secs = d.as_secs(), "slack asked to wait before sending");
+                    if !super::pause(&ctx.cancel, d).await {
+                        return Sent::Stopping;
+                    }
+                }
+                Err(Failure::RetryAfter(_)) => {
+                    return Sent::Unreachable {
+                        call: "chat.postMessage",
+                        error: "still rate limited".into(),
+                    }
+                }
+                Err(Failure::Api(e)) => return Sent::Refused(e),
+                Err(Failure::Transport(error)) => {
+                    return Sent::Unreachable {
+                        call: "chat.postMessage",
+                        error,
+                    }
+                }
+            }
+        }
+    }
+    Sent::Delivered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_never_ping_a_channel() {
+        let n =
+            neutralise("hey <!channel> and <!here|here> @here @Channel @everyone <@U024BE7LH> a&b");
+        assert!(!n.contains("<!"), "{n}");
+        assert!(!n.contains('<') && !n.contains('>'), "{n}");
+        for word in ["@here", "@Channel", "@everyone"] {
+            assert!(!n.contains(word), "{word} in {n}");
+        }
+        assert!(n.contains("a&amp;b"));
+        assert_eq!(neutralise("mail me@example.com"), "mail me@example.com");
+    }
+}

@@ -1,0 +1,154 @@
+//! The Graph API's `POST /{phone_number_id}/messages`, the one call the
+//! WhatsApp adapter makes: a text (quoting the message it answers) or a
+//! template, with Meta's rate limits waited out and its error codes sorted
+//! into what the outbox does next.
+//!
+//! Must never: put the access token in an error (it travels in the
+//! `Authorization` header only, and errors are built without the URL), or
+//! send to a base URL other than the configured one.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::WhatsAppConfig;
+use crate::adapters::Backoff;
+
+/// Rate-limit tries of one send before it counts as unreachable.
+const MAX_WAITS: u32 = 6;
+/// The longest `Retry-After` waited out at once.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
+
+/// Meta's codes for "too many, later": the app's or the account's call
+/// rate (4, 80007), the number's throughput (130429), spam limits (131048)
+/// and the pair rate of one recipient (131056).
+const RATE_LIMITED: &[i64] = &[4, 80007, 130429, 131048, 131056];
+/// Outside the customer-service window ("re-engagement message").
+const WINDOW_CLOSED: i64 = 131047;
+/// The access token is invalid or expired.
+const TOKEN_REFUSED: i64 = 190;
+
+/// How a send failed.
+#[derive(Debug)]
+pub(crate) enum GraphFailure {
+    /// Meta refused it for good (a bad number, a template it does not know).
+    Refused(String),
+    /// Outside the 24-hour window, as Meta sees it.
+    WindowClosed,
+    /// No answer, a 5xx, a refused token, or rate limited past [`MAX_WAITS`].
+    Unreachable(String),
+    /// The adapter is stopping.
+    Stopping,
+}
+
+pub(crate) struct Graph {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Graph {
+    pub(crate) fn new(cfg: &WhatsAppConfig, token: String) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.without_url().to_string())?;
+        let base = cfg.graph_base_url.trim_end_matches('/');
+        Ok(Self {
+            http,
+            url: format!("{base}/{}/messages", cfg.phone_number_id),
+            token,
+        })
+    }
+
+    /// A text to `to`, quoting `context` (the `wamid` it answers) if given.
+    pub(crate) async fn send_text(
+        &self,
+        to: &str,
+        text: &str,
+        context: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Result<(), GraphFailure> {
+        let mut body = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "text",
+            // A link in the reply is not fetched for a preview.
+            "text": {"body": text, "preview_url": false},
+        });
+        if let Some(id) = context {
+            body["context"] = json!({"message_id": id});
+        }
+        self.send(&body, cancel).await
+    }
+
+    /// The approved template `name` (no parameters) in `language`.
+    pub(crate) async fn send_template(
+        &self,
+        to: &str,
+        name: &str,
+        language: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(), GraphFailure> {
+        let body = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "template",
+            "template": {"name": name, "language": {"code": language}},
+        });
+        self.send(&body, cancel).await
+    }
+
+    async fn send(&self, body: &Value, cancel: &CancellationToken) -> Result<(), GraphFailure> {
+        let mut backoff = Backoff::default();
+        for _ in 0..MAX_WAITS {
+            let res = tokio::select! {
+                _ = cancel.cancelled() => return Err(GraphFailure::Stopping),
+                r = self.http.post(&self.url).bearer_auth(&self.token).json(body).send() => r,
+            };
+            let wait = match res {
+                Err(e) => return Err(GraphFailure::Unreachable(e.without_url().to_string())),
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let retry_after = r
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    let err: Value = r.json().await.unwrap_or(Value::Null);
+                    let code = err["error"]["code"].as_i64().unwrap_or(0);
+                    // Meta's message names the rule broken, never the text sent.
+                    let message: String = err["error"]["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .chars()
+                        .take(200)
+                        .collect();
+                    let what = format!("{status} (code {code}) {message}");
+                    if status == 429 || RATE_LIMITED.contains(&code) {
+                        tracing::info!(code, "whatsapp asked to slow down");
+                        retry_after.map_or_else(|| backoff.next(), |d| d.min(RETRY_AFTER_CAP))
+                    } else if code == WINDOW_CLOSED {
+                        return Err(GraphFailure::WindowClosed);
+                    } else if code == TOKEN_REFUSED || status == 401 || status >= 500 {
+                        return Err(GraphFailure::Unreachable(what));
+                    } else {
+                        return Err(GraphFailure::Refused(what));
+                    }
+                }
+            };
+            if !crate::adapters::pause(cancel, wait).await {
+                return Err(GraphFailure::Stopping);
+            }
+        }
+        Err(GraphFailure::Unreachable(
+            "still rate limited after several waits".into(),
+        ))
+    }
+}

@@ -1,0 +1,280 @@
+//! The Slack adapter end to end: a real host (child process, real SQLite
+//! file) on a fake Slack that speaks the Web API's JSON (`auth.test`,
+//! `apps.connections.open`, `chat.postMessage`, 429 with `Retry-After`) and
+//! Socket Mode's envelopes and acks over a real WebSocket on loopback.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use serde_yaml_ng::Value as Yaml;
+use tokio::sync::Notify;
+use tokio_websockets::{Message as WsMessage, ServerBuilder};
+
+use crate::common::{HostOptions, TestHost};
+
+const APP_TOKEN: &str = "xapp-1-A0TEST-123-abc";
+const BOT_TOKEN: &str = "xoxb-123-456-test";
+const BOT_USER: &str = "U0BOT00001";
+
+#[derive(Default)]
+struct Fake {
+    ws_url: Mutex<String>,
+    /// Envelopes to push to the connected socket, in order.
+    envelopes: Mutex<Vec<Value>>,
+    pushed: Mutex<usize>,
+    acks: Mutex<Vec<String>>,
+    posts: Mutex<Vec<Value>>,
+    /// chat.postMessage calls still to be answered 429.
+    throttle: Mutex<u32>,
+    throttled: Mutex<u32>,
+    arrived: Notify,
+}
+
+async fn web(
+    State(st): State<Arc<Fake>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let want = if method == "apps.connections.open" {
+        APP_TOKEN
+    } else {
+        BOT_TOKEN
+    };
+    if auth != format!("Bearer {want}") {
+        return Json(json!({"ok": false, "error": "invalid_auth"})).into_response();
+    }
+    match method.as_str() {
+        "auth.test" => {
+            Json(json!({"ok": true, "user_id": BOT_USER, "bot_id": "B0BOT"})).into_response()
+        }
+        "apps.connections.open" => {
+            Json(json!({"ok": true, "url": st.ws_url.lock().unwrap().clone()})).into_response()
+        }
+        "chat.postMessage" => {
+            {
+                let mut t = st.throttle.lock().unwrap();
+                if *t > 0 {
+                    *t -= 1;
+                    *st.throttled.lock().unwrap() += 1;
+                    let mut r = (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        Json(json!({"ok": false, "error": "ratelimited"})),
+                    )
+                        .into_response();
+                    r.headers_mut()
+                        .insert("retry-after", HeaderValue::from_static("1"));
+                    return r;
+                }
+            }
+            st.posts.lock().unwrap().push(body.clone());
+            Json(json!({"ok": true, "channel": body["channel"], "ts": "1700000099.000001"}))
+                .into_response()
+        }
+        _ => Json(json!({"ok": false, "error": "unknown_method"})).into_response(),
+    }
+}
+
+async fn socket(st: Arc<Fake>, tcp: tokio::net::TcpStream) {
+    let Ok((_req, mut ws)) = ServerBuilder::new().accept(tcp).await else {
+        return;
+    };
+    let hello = json!({"type": "hello", "num_connections": 1,
+        "connection_info": {"app_id": "A0TEST"}, "debug_info": {"host": "fake"}});
+    if ws.send(WsMessage::text(hello.to_string())).await.is_err() {
+        return;
+    }
+    loop {
+        let due: Vec<Value> = {
+            let all = st.envelopes.lock().unwrap();
+            let mut p = st.pushed.lock().unwrap();
+            let out = all[*p..].to_vec();
+            *p = all.len();
+            out
+        };
+        for e in due {
+            if ws.send(WsMessage::text(e.to_string())).await.is_err() {
+                return;
+            }
+        }
+        let notified = st.arrived.notified();
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            frame = ws.next() => match frame {
+                Some(Ok(f)) => {
+                    if let Some(text) = f.as_text() {
+                        let v: Value = serde_json::from_str(text).unwrap();
+                        st.acks.lock().unwrap().push(v["envelope_id"].as_str().unwrap().to_owned());
+                    }
+                }
+                _ => return,
+            },
+        }
+    }
+}
+
+async fn fake() -> (String, Arc<Fake>) {
+    let st = Arc::new(Fake::default());
+    let ws_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    *st.ws_url.lock().unwrap() = format!(
+        "ws://{}/link/?ticket=abc-123&app_id=A0TEST",
+        ws_listener.local_addr().unwrap()
+    );
+    tokio::spawn({
+        let st = st.clone();
+        async move {
+            while let Ok((tcp, _)) = ws_listener.accept().await {
+                tokio::spawn(socket(st.clone(), tcp));
+            }
+        }
+    });
+    let app = Router::new()
+        .route("/api/{method}", post(web))
+        .with_state(st.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/api", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, st)
+}
+
+impl Fake {
+    fn push(&self, envelope: Value) {
+        self.envelopes.lock().unwrap().push(envelope);
+        self.arrived.notify_waiters();
+    }
+}
+
+fn event(envelope_id: &str, event: Value) -> Value {
+    json!({"envelope_id": envelope_id, "type": "events_api", "accepts_response_payload": false,
+        "retry_attempt": 0, "retry_reason": "",
+        "payload": {"token": "unused", "team_id": "T0TEAM", "api_app_id": "A0TEST",
+            "type": "event_callback", "event_id": format!("Ev{envelope_id}"), "event_time": 1700000000,
+            "event": event}})
+}
+
+fn options(url: &str, reply: &str) -> HostOptions {
+    HostOptions {
+        model: json!({"rules": [{"reply": reply}]}),
+        config: vec![
+            ("adapters.slack.enabled", Yaml::Bool(true)),
+            ("adapters.slack.api_base_url", Yaml::String(url.into())),
+            ("adapters.slack.dm_policy", Yaml::String("open".into())),
+        ],
+        env: vec![
+            ("MERCURY_SLACK_APP_TOKEN", APP_TOKEN.to_string()),
+            ("MERCURY_SLACK_BOT_TOKEN", BOT_TOKEN.to_string()),
+        ],
+        ..HostOptions::default()
+    }
+}
+
+async fn until(secs: u64, what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn slack_mention_is_answered_once_in_its_thread_without_pinging_the_channel() {
+    let (url, st) = fake().await;
+    let host = TestHost::start_process(options(&url, "pong <!channel> @here")).await;
+    let mention_text = format!("<@{BOT_USER}> ping");
+    // A mention arrives twice: as a channel message and as app_mention.
+    st.push(event(
+        "e1",
+        json!({"type": "message", "channel": "C0CHAN0001", "channel_type": "channel",
+        "user": "U0PERSON01", "text": mention_text, "ts": "1700000001.000100"}),
+    ));
+    st.push(event(
+        "e2",
+        json!({"type": "app_mention", "channel": "C0CHAN0001",
+        "user": "U0PERSON01", "text": mention_text, "ts": "1700000001.000100"}),
+    ));
+    // Chatter without a mention is context, not answered.
+    st.push(event(
+        "e3",
+        json!({"type": "message", "channel": "C0CHAN0001", "channel_type": "channel",
+        "user": "U0PERSON02", "text": "lunch?", "ts": "1700000002.000200"}),
+    ));
+    // A mention inside a thread is answered in that thread.
+    st.push(event("e4", json!({"type": "app_mention", "channel": "C0CHAN0001", "user": "U0PERSON02",
+        "text": format!("<@{BOT_USER}> and here?"), "ts": "1700000003.000300", "thread_ts": "1700000000.000001"})));
+    // The bot's own message is never taken in.
+    st.push(event(
+        "e5",
+        json!({"type": "message", "channel": "C0CHAN0001", "channel_type": "channel",
+        "user": BOT_USER, "bot_id": "B0BOT", "text": "pong", "ts": "1700000004.000400"}),
+    ));
+    until(60, "two replies", || st.posts.lock().unwrap().len() >= 2).await;
+    until(30, "every envelope acked", || {
+        st.acks.lock().unwrap().len() == 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let posts = st.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 2, "one reply per mention: {posts:?}");
+    let mut threads: Vec<&str> = posts
+        .iter()
+        .map(|p| p["thread_ts"].as_str().unwrap())
+        .collect();
+    threads.sort_unstable();
+    assert_eq!(threads, vec!["1700000000.000001", "1700000001.000100"]);
+    for p in &posts {
+        assert_eq!(p["channel"], json!("C0CHAN0001"));
+        assert_eq!(p["link_names"], json!(false));
+        let text = p["text"].as_str().unwrap();
+        assert!(text.starts_with("pong"), "{text}");
+        assert!(
+            !text.contains("<!channel>") && !text.contains("@here"),
+            "a ping: {text}"
+        );
+    }
+    let mut acks = st.acks.lock().unwrap().clone();
+    acks.sort();
+    assert_eq!(acks, vec!["e1", "e2", "e3", "e4", "e5"]);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn slack_429_is_waited_out_and_the_dm_answered_once() {
+    let (url, st) = fake().await;
+    *st.throttle.lock().unwrap() = 1;
+    let host = TestHost::start_process(options(&url, "hello from mercury")).await;
+    st.push(event(
+        "d1",
+        json!({"type": "message", "channel": "D0DIRECT01", "channel_type": "im",
+        "user": "U0PERSON03", "text": "hi", "ts": "1700000010.000100"}),
+    ));
+    until(60, "the reply", || !st.posts.lock().unwrap().is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *st.throttled.lock().unwrap(),
+        1,
+        "the first send was refused with 429"
+    );
+    let posts = st.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0]["channel"], json!("D0DIRECT01"));
+    assert_eq!(posts[0]["text"], json!("hello from mercury"));
+    assert!(
+        posts[0].get("thread_ts").is_none(),
+        "a DM is answered inline"
+    );
+    host.stop().await;
+}
