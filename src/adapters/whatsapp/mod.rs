@@ -356,7 +356,7 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
                 Err(e) => {
                     let _ = call
                         .done
-                        .send(Err("the notification was not stored".into()));
+                        .send(Err(crate::actors::adapter::WebhookCallError::NotStored));
                     return Err(e);
                 }
             }
