@@ -13,25 +13,29 @@ fn script() -> String {
     format!("{}/deploy/test-postgres.sh", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Starts (or finds) the cluster in `dir` (the shared one when `None`); its port.
+fn start_cluster(dir: Option<&str>) -> u16 {
+    let mut c = Command::new("bash");
+    c.arg(script()).arg("start");
+    if let Some(d) = dir {
+        c.env("MERCURY_TEST_PG_DIR", d);
+    }
+    let out = c.output().expect("run deploy/test-postgres.sh");
+    assert!(
+        out.status.success(),
+        "deploy/test-postgres.sh start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the script prints the port")
+}
+
 /// The cluster's port, starting it if this run has none yet.
 pub(crate) fn port() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
-    *PORT.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .output()
-            .expect("run deploy/test-postgres.sh");
-        assert!(
-            out.status.success(),
-            "deploy/test-postgres.sh start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("the script prints the port")
-    })
+    *PORT.get_or_init(|| start_cluster(None))
 }
 
 /// The directory of the cluster (its `root.crt` signs the server's).
@@ -81,18 +85,7 @@ pub(crate) struct PrivateCluster {
 impl PrivateCluster {
     pub(crate) fn start(name: &str) -> PrivateCluster {
         let dir = format!("/tmp/mercury-test-pg-{name}-{}", std::process::id());
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .env("MERCURY_TEST_PG_DIR", &dir)
-            .output()
-            .expect("run deploy/test-postgres.sh");
-        assert!(
-            out.status.success(),
-            "deploy/test-postgres.sh start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let port = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let port = start_cluster(Some(&dir));
         PrivateCluster { dir, port }
     }
 }
