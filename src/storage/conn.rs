@@ -23,15 +23,8 @@ pub enum Dialect {
     Postgres,
 }
 
-/// One bound value of a statement.
-#[derive(Debug, Clone, Copy)]
-pub enum Param<'a> {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(&'a str),
-    Blob(&'a [u8]),
-}
+/// One bound value of a statement: the same five kinds a row's cell holds.
+pub type Param<'a> = Cell<'a>;
 
 /// A value that can be bound to a statement.
 pub trait ToParam {

@@ -399,20 +399,6 @@ impl Store {
         })
     }
 
-    /// The SQLite database file (an empty path on PostgreSQL, where nothing
-    /// should open it).
-    pub fn path(&self) -> &Path {
-        self.sqlite_path().unwrap_or(Path::new(""))
-    }
-
-    /// The SQLite database file; `None` on PostgreSQL.
-    pub fn sqlite_path(&self) -> Option<&Path> {
-        match self.inner.backend.as_ref() {
-            Backend::Sqlite { path, .. } => Some(path),
-            Backend::Postgres(_) => None,
-        }
-    }
-
     pub fn dialect(&self) -> Dialect {
         match self.inner.backend.as_ref() {
             Backend::Sqlite { .. } => Dialect::Sqlite,
@@ -538,12 +524,6 @@ pub fn open_plain(path: &Path) -> StoreResult<Connection> {
 /// data dir's: a snapshot, a shadow), with no writer behind it.
 pub fn open_read_only_conn(path: &Path) -> StoreResult<Conn> {
     Ok(Conn::sqlite(open_read_only(path)?))
-}
-
-/// A read-write store connection to the SQLite database at `path` (a
-/// snapshot being prepared), with no writer thread behind it.
-pub fn open_plain_conn(path: &Path) -> StoreResult<Conn> {
-    Ok(Conn::sqlite(open_plain(path)?))
 }
 
 /// A read-only connection.
