@@ -1201,6 +1201,14 @@ impl Settings {
             crate::ids::validate_operator_id(a).map_err(|m| key_err("admins", m))?;
         }
         match self.storage.backend {
+            // A shadow's rows are its own file's: a server it could reach
+            // might be the live deployment's (docs/storage.md).
+            StorageBackend::Postgres if self.shadow => {
+                return Err(key_err(
+                    "storage.backend",
+                    "a shadow (shadow: true) keeps its state in its own state.db: storage.backend must be sqlite",
+                ))
+            }
             StorageBackend::Postgres if self.storage.url.trim().is_empty() => {
                 return Err(key_err(
                     "storage.url",
@@ -1915,6 +1923,15 @@ mod tests {
         let v: Value = serde_yaml_ng::from_str("shadow: true\nshadow_root: /srv/sh").unwrap();
         let s = from_value(v, &env(&[])).unwrap();
         assert!(s.shadow && s.shadow_root == "/srv/sh");
+        let v: Value = serde_yaml_ng::from_str(
+            "shadow: true\nshadow_root: /srv/sh\nstorage:\n  backend: postgres\n  url: postgres://m@db/m",
+        )
+        .unwrap();
+        let e = from_value(v, &BTreeMap::new()).unwrap_err();
+        assert!(
+            e.to_string().contains("storage.backend must be sqlite"),
+            "{e}"
+        );
         let v: Value = serde_yaml_ng::from_str("shadow_root: rel/dir").unwrap();
         let e = from_value(v, &env(&[])).unwrap_err();
         assert!(e.to_string().contains("shadow_root"), "{e}");

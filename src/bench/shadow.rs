@@ -128,6 +128,7 @@ pub(crate) async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigur
         label: Some("bench".into()),
         port: None,
         progress: false,
+        live_store: None,
     };
     let t = Instant::now();
     let out = tokio::task::spawn_blocking(move || take(&snap_opts)).await??;

@@ -24,7 +24,8 @@ use crate::workspace::{data_dir, DataPaths};
 /// `mercury status`.
 pub async fn status(data: &Path, json: bool) -> ExitCode {
     let paths = DataPaths::new(data);
-    if !paths.db.exists() {
+    // A PostgreSQL deployment's data dir has a config and no state.db.
+    if !paths.db.exists() && !paths.config.exists() {
         eprintln!(
             "mercury status: {} is not a data dir (run `mercury init` first)",
             data.display()

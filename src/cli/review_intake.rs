@@ -119,8 +119,11 @@ pub async fn intake(
             }
         };
     // The verify calls are reserved in the data dir's own ledger, under the
-    // same caps as the host's (a running host shares the file through WAL).
-    let store = match crate::storage::Store::open(&paths.db) {
+    // same caps as the host's (its state.db, shared through WAL, or its server).
+    let store = match crate::host::store_location(&s, &paths)
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|at| crate::storage::Store::open_at(&at).map_err(|e| e.to_string()))
+    {
         Ok(store) => store,
         Err(e) => {
             eprintln!("mercury review intake: the spend ledger: {e}");

@@ -118,6 +118,22 @@ fn root(explicit: Option<PathBuf>) -> Result<PathBuf, ShadowError> {
     root_from(explicit.as_deref(), std::env::var("HOME").ok().as_deref())
 }
 
+/// The live host's database when it is a PostgreSQL server: resolved from
+/// its config file and this environment as the live host resolves it
+/// (`MERCURY_STORAGE_*`, the password file). `None` for SQLite, whose file
+/// the snapshot finds in the data dir itself.
+fn live_store_of(data_dir: &std::path::Path) -> anyhow::Result<Option<crate::storage::Location>> {
+    let paths = crate::workspace::DataPaths::new(data_dir);
+    if !paths.config.is_file() {
+        return Ok(None);
+    }
+    let settings = crate::host::load_settings(&paths)?;
+    Ok(match crate::host::store_location(&settings, &paths)? {
+        at @ crate::storage::Location::Postgres { .. } => Some(at),
+        crate::storage::Location::Sqlite(_) => None,
+    })
+}
+
 fn usage(cmd: &str, m: String) -> ExitCode {
     eprintln!("mercury shadow {cmd}: {m}");
     ExitCode::from(2)
@@ -136,6 +152,13 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                 Ok(r) => r,
                 Err(e) => return exit_for("snapshot", &e),
             };
+            let live_store = match live_store_of(&data_dir) {
+                Ok(at) => at,
+                Err(e) => {
+                    eprintln!("mercury shadow snapshot: {e:#}");
+                    return ExitCode::from(1);
+                }
+            };
             let opts = crate::shadow::snapshot::SnapshotOptions {
                 live_data_dir: data_dir,
                 root,
@@ -146,6 +169,7 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                 label,
                 port,
                 progress: true,
+                live_store,
             };
             let res =
                 tokio::task::spawn_blocking(move || crate::shadow::snapshot::take(&opts)).await;

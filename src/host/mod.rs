@@ -501,14 +501,16 @@ pub async fn serve_with(
         )
     })?;
     let paths = DataPaths::new(&data_dir);
-    if !paths.db.exists() {
+    let settings = options.settings;
+    // On PostgreSQL the data dir holds the config and the workspaces, and
+    // the rows are on the server.
+    if settings.storage.backend == config::StorageBackend::Sqlite && !paths.db.exists() {
         bail!(
             "{} has no state.db: run `mercury init --data-dir {}` first",
             data_dir.display(),
             data_dir.display()
         );
     }
-    let settings = options.settings;
     // Before anything is written (even the lock): a shadow serves only under the shadow
     // root, and a snapshot only as a shadow (exit 2 at the CLI).
     crate::shadow::guard::check_data_dir(&settings, &data_dir)?;

@@ -112,14 +112,26 @@ async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -
 }
 
 /// The earliest due time of an active live task; `Some(None)` when none is
-/// active, `None` when unknown.
-fn live_next_due(live: &Path) -> Option<Option<i64>> {
-    let db = crate::storage::open_read_only_conn(&DataPaths::new(live).db).ok()?;
-    let unknown = crate::storage::stats::active_tasks_without_due_time(&db).ok()?;
-    if unknown > 0 {
-        return None;
+/// active, `None` when unknown. Read where the live host keeps its rows (its
+/// `state.db` read-only, or its PostgreSQL server, never migrated).
+async fn live_next_due(live: &Path) -> Option<Option<i64>> {
+    let paths = DataPaths::new(live);
+    let read = |db: &crate::storage::Conn| -> crate::storage::StoreResult<Option<Option<i64>>> {
+        if crate::storage::stats::active_tasks_without_due_time(db)? > 0 {
+            return Ok(None);
+        }
+        Ok(Some(crate::storage::tasks::next_due_at(db)?))
+    };
+    let settings = crate::host::load_settings(&paths).ok()?;
+    match crate::host::store_location(&settings, &paths).ok()? {
+        crate::storage::Location::Sqlite(db) => {
+            read(&crate::storage::open_read_only_conn(&db).ok()?).ok()?
+        }
+        at @ crate::storage::Location::Postgres { .. } => {
+            let store = crate::storage::Store::open_unmigrated(&at).ok()?;
+            store.read(move |c| read(c)).await.ok()?
+        }
     }
-    crate::storage::tasks::next_due_at(&db).ok()
 }
 
 /// The image the shadow would run, when its backend is docker.
@@ -228,7 +240,7 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         free_disk_bytes: crate::workspace::data_dir::free_bytes(&opts.root),
         min_free_disk_bytes: opts.min_free_disk,
         live_containers_running: live_containers(&live, live_backend, &engine).await,
-        live_next_due_ms: live_next_due(&live),
+        live_next_due_ms: live_next_due(&live).await,
         window_ms: opts.window_ms,
         image: shadow_image(&settings, &engine).await,
         port: bind.port(),

@@ -22,7 +22,7 @@ use serde_yaml_ng::Value as Yaml;
 use super::manifest::{Manifest, Marks, Running, CURRENT_LINK, MANIFEST_FILE};
 use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config;
-use crate::storage::{snapshot, tokens};
+use crate::storage::{copy, snapshot, tokens, Location};
 use crate::workspace::data_dir::{private_dir, private_file};
 use crate::workspace::safe::{EntryKind, WorkspaceRoot};
 use crate::workspace::walk::WalkLimits;
@@ -42,6 +42,10 @@ pub struct SnapshotOptions {
     pub port: Option<u16>,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// Where the live host keeps its state when that is not its data dir's
+    /// `state.db` (a PostgreSQL deployment): the caller resolves it from the
+    /// live config and the environment, as the live host does.
+    pub live_store: Option<Location>,
 }
 
 #[derive(Debug, Clone)]
@@ -86,29 +90,32 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
         ))
     })?;
     let live = DataPaths::new(&live_dir);
-    if !live.db.is_file() {
-        return Err(ShadowError::Refused(format!(
-            "{} has no state.db, so it is not a live data dir",
-            live_dir.display()
-        )));
-    }
     if live_dir.join(MANIFEST_FILE).exists() {
         return Err(ShadowError::Refused(format!(
             "{} is itself a snapshot; snapshot the live data dir",
             live_dir.display()
         )));
     }
-    // A snapshot copies the live SQLite file; a deployment on PostgreSQL
-    // has none that is current (docs/storage.md, "The shadow on each backend").
-    if config::load(&live.config, &Default::default())?
-        .storage
-        .backend
-        == config::StorageBackend::Postgres
-    {
-        return Err(ShadowError::Refused(
-            "the live host keeps its state in PostgreSQL (storage.backend: postgres), and a snapshot copies a SQLite state.db: it is refused rather than copy a stale file".into(),
-        ));
-    }
+    // The live file alone: the environment of this command is not the live host's.
+    let live_settings = config::load(&live.config, &Default::default())?;
+    // A PostgreSQL deployment's rows are read from its server (never
+    // written) into the shadow's own SQLite file (docs/storage.md, "The
+    // shadow on each backend"); a SQLite one's file is copied.
+    let source = match (&opts.live_store, live_settings.storage.backend) {
+        (Some(at @ Location::Postgres { .. }), _) => LiveStore::Postgres(at.clone()),
+        (_, config::StorageBackend::Postgres) => {
+            return Err(ShadowError::Refused(
+                "the live host keeps its state in PostgreSQL (storage.backend: postgres), but no server address was given for it: run the snapshot with the live host's storage settings".into(),
+            ))
+        }
+        (_, config::StorageBackend::Sqlite) if !live.db.is_file() => {
+            return Err(ShadowError::Refused(format!(
+                "{} has no state.db, so it is not a live data dir",
+                live_dir.display()
+            )))
+        }
+        (_, config::StorageBackend::Sqlite) => LiveStore::Sqlite,
+    };
     // Refused before anything is created: a root inside the live data dir
     // must not leave even an empty directory there.
     refuse_overlap(&resolve_ahead(&opts.root)?, &live_dir)?;
@@ -116,8 +123,6 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
     let root = std::fs::canonicalize(&opts.root)
         .map_err(io_err(format!("resolving {}", opts.root.display())))?;
     refuse_overlap(&root, &live_dir)?;
-    // The live file alone: the environment of this command is not the live host's.
-    let live_settings = config::load(&live.config, &Default::default())?;
     let live_bind: std::net::SocketAddr = live_settings.bind.parse().map_err(|_| {
         ShadowError::Invalid(format!(
             "live bind {:?} is not ADDR:PORT",
@@ -146,6 +151,7 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
         opts,
         &live,
         &live_settings,
+        &source,
         Place {
             root: &root,
             dir: &dir,
@@ -168,6 +174,14 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
     }
 }
 
+/// Where the live rows come from.
+enum LiveStore {
+    /// The live data dir's `state.db`, copied whole (`VACUUM INTO`).
+    Sqlite,
+    /// A PostgreSQL database, read row by row into the shadow's new file.
+    Postgres(Location),
+}
+
 /// Where a snapshot is being made.
 struct Place<'a> {
     root: &'a Path,
@@ -183,26 +197,35 @@ fn make(
     opts: &SnapshotOptions,
     live: &DataPaths,
     live_settings: &config::Settings,
+    source: &LiveStore,
     at: Place<'_>,
 ) -> ShadowResult<Manifest> {
     let shadow = DataPaths::new(at.dir);
     let (marks, db_bytes, files_bytes) = fill(
         opts,
         live,
+        source,
         &shadow,
         &live_settings.owner,
         (&live_settings.workspace).into(),
     )?;
     let admins = Yaml::Sequence(opts.admins.iter().map(|a| Yaml::from(a.as_str())).collect());
-    config::set_keys(
-        &shadow.config,
-        &[
-            ("bind", Yaml::from(at.shadow_bind.as_str())),
-            ("shadow", Yaml::Bool(true)),
-            ("shadow_root", Yaml::from(at.root.display().to_string())),
-            ("admins", admins),
-        ],
-    )?;
+    let mut keys = vec![
+        ("bind", Yaml::from(at.shadow_bind.as_str())),
+        ("shadow", Yaml::Bool(true)),
+        ("shadow_root", Yaml::from(at.root.display().to_string())),
+        ("admins", admins),
+    ];
+    if let LiveStore::Postgres(_) = source {
+        // The shadow runs on its own file: the live server's address and
+        // password file are not carried into its config.
+        keys.extend([
+            ("storage.backend", Yaml::from("sqlite")),
+            ("storage.url", Yaml::from("")),
+            ("storage.password_file", Yaml::from("")),
+        ]);
+    }
+    config::set_keys(&shadow.config, &keys)?;
     // What the diff compares against, before the shadow ever runs.
     super::diff::write_baseline(at.dir)?;
     let manifest = Manifest {
@@ -282,22 +305,45 @@ fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
 fn fill(
     opts: &SnapshotOptions,
     live: &DataPaths,
+    source: &LiveStore,
     shadow: &DataPaths,
     owner: &str,
     limits: WalkLimits,
 ) -> ShadowResult<(Marks, u64, u64)> {
-    if opts.progress {
-        eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
-    }
-    {
-        let target = shadow
-            .db
-            .to_str()
-            .ok_or_else(|| ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display())))?;
-        snapshot::copy_into(&live.db, target).map_err(db_err(format!(
-            "copying the database into {}",
-            shadow.db.display()
-        )))?;
+    match source {
+        LiveStore::Sqlite => {
+            if opts.progress {
+                eprintln!("mercury shadow snapshot: copying the database (VACUUM INTO)");
+            }
+            let target = shadow.db.to_str().ok_or_else(|| {
+                ShadowError::Invalid(format!("{} is not UTF-8", shadow.db.display()))
+            })?;
+            snapshot::copy_into(&live.db, target).map_err(db_err(format!(
+                "copying the database into {}",
+                shadow.db.display()
+            )))?;
+        }
+        LiveStore::Postgres(at) => {
+            if opts.progress {
+                eprintln!(
+                    "mercury shadow snapshot: reading the PostgreSQL database into the shadow's own state.db"
+                );
+            }
+            // Private before the first row is in it.
+            private_file(&shadow.db)
+                .map_err(io_err(format!("creating {}", shadow.db.display())))?;
+            let tables = copy::copy_into_sqlite_file(at, &shadow.db).map_err(db_err(format!(
+                "copying the live database into {}",
+                shadow.db.display()
+            )))?;
+            if opts.progress {
+                let rows: i64 = tables.iter().map(|t| t.rows).sum();
+                eprintln!(
+                    "mercury shadow snapshot: {rows} rows in {} tables copied and verified",
+                    tables.len()
+                );
+            }
+        }
     }
     set_mode(&shadow.db)?;
     // Not one live credential crosses: the shadow mints its own owner token.
@@ -555,6 +601,7 @@ mod tests {
                 label: None,
                 port: None,
                 progress: false,
+                live_store: None,
             };
             let err = take(&opts).unwrap_err();
             assert!(

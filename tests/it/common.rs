@@ -572,19 +572,25 @@ impl TestHost {
         v["token"].as_str().unwrap().to_string()
     }
 
-    /// The host's database through storage: a store opened on its
-    /// `state.db` (once per test host), as a second process of the same
-    /// deployment would open it.
+    /// The host's database through storage: a store opened where its
+    /// config says (its `state.db`, or its PostgreSQL database), once per
+    /// test host, as a second process of the same deployment would open it.
     pub(crate) fn store(&self) -> &Store {
-        self.store
-            .get_or_init(|| Store::open(&self.data.join("state.db")).expect("open the store"))
+        self.store.get_or_init(|| {
+            let paths = mercury::workspace::DataPaths::new(&self.data);
+            let settings = mercury::host::load_settings(&paths).expect("the host's settings");
+            let at = mercury::host::store_location(&settings, &paths).expect("its store");
+            Store::open_at(&at).expect("open the store")
+        })
     }
 
-    /// Runs `f` on one of the store's read connections (off the async
-    /// runtime's concerns: a short blocking read).
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> T {
-        self.store()
-            .read_blocking(f)
+    /// Runs `f` on one of the store's read connections, on a thread of its
+    /// own: a PostgreSQL read blocks on its pool's runtime, which a thread
+    /// driving the test's async body must not do.
+    pub(crate) fn read<T: Send>(&self, f: impl FnOnce(&Conn) -> StoreResult<T> + Send) -> T {
+        let store = self.store();
+        std::thread::scope(|s| s.spawn(|| store.read_blocking(f)).join())
+            .expect("the read's thread")
             .expect("a read of the database")
     }
 

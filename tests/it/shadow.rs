@@ -411,7 +411,11 @@ async fn live_with_traffic(host: &TestHost) {
     std::fs::write(host.data.join("global/api_key"), "sk-live-key").unwrap();
 }
 
-fn snapshot_cli(live: &Path, root: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+pub(crate) fn snapshot_cli(
+    live: &Path,
+    root: &Path,
+    extra: &[&str],
+) -> (Option<i32>, String, String) {
     let out = mercury_cmd()
         .arg("shadow")
         .arg("snapshot")
@@ -642,6 +646,7 @@ async fn up_fixture(live_keys: Vec<(&'static str, Yaml)>) -> UpFixture {
         label: None,
         port: Some(crate::common::free_port()),
         progress: false,
+        live_store: None,
     };
     let out = mercury::shadow::snapshot::take(&opts).unwrap();
     UpFixture {
@@ -871,7 +876,7 @@ fn grep_tree(root: &Path, needle: &str) -> Vec<String> {
         .collect()
 }
 
-async fn call(
+pub(crate) async fn call(
     url: &str,
     method: Method,
     path: &str,
@@ -896,7 +901,11 @@ async fn call(
     )
 }
 
-fn shadow_cli(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+pub(crate) fn shadow_cli(
+    root: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
     let out = mercury_cmd()
         .env("MERCURY_LOG", "info")
         .envs(env.iter().copied())

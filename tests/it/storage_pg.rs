@@ -296,3 +296,207 @@ async fn a_data_dir_moved_up_serves_turns_links_and_survives_a_server_restart() 
     );
     host.stop().await;
 }
+
+/// Each table's rows, as `mercury storage status --json` reads them.
+fn table_rows(data: &std::path::Path) -> Vec<(String, i64)> {
+    let out = mercury(&[
+        "storage",
+        "status",
+        "--data-dir",
+        &data.display().to_string(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_owned(),
+                t["rows"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+// The CLI runs as blocking child processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_deployment_asks_reviews_and_rehearses_on_a_sqlite_shadow_without_writing_the_live_database(
+) {
+    let opts = HostOptions {
+        model: json!({"rules": [
+            {"purpose": "ask", "reply": "asked and answered"},
+            {"purpose": "judge", "reply": "{\"findings\": []}"},
+            {"purpose": "turn", "match": "rehearse", "reply": "rehearsed"},
+            {"reply": "ok"}
+        ]}),
+        config: vec![
+            (
+                "ingress.dm_policy",
+                serde_yaml_ng::Value::String("open".into()),
+            ),
+            ("review.owner", serde_yaml_ng::Value::String("owner".into())),
+        ],
+        ..Default::default()
+    };
+    let host = TestHost::start(opts).await;
+    let (dir, data) = host.stop_keeping().await;
+    let db = PgDatabase::create();
+    let out = mercury(&[
+        "storage",
+        "copy",
+        "--data-dir",
+        &data.display().to_string(),
+        "--to",
+        &db.url(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    point_at(&data, &db.url());
+    // Nothing of the deployment is in the data dir's file from here on.
+    std::fs::remove_file(data.join("state.db")).unwrap();
+    let _ = std::fs::remove_file(data.join("state.db-wal"));
+    let _ = std::fs::remove_file(data.join("state.db-shm"));
+    let host = TestHost::start_on(dir, data).await;
+
+    // A platform DM: an exchange the review will judge.
+    let adapter = host.adapter_token("adapter:test", "test").await;
+    let (st, v) = host
+        .ingest(&adapter, "dm-1", "u1", "hello there", "m1", false)
+        .await;
+    assert_eq!(st, 202, "{v}");
+    let replies = host
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+            1,
+            20,
+        )
+        .await;
+    assert_eq!(replies, 1, "the turn answered on PostgreSQL");
+    let space = v["space_id"].as_str().unwrap().to_owned();
+
+    // ask: one turn of the space's agent on a throwaway copy, through a link.
+    host.create_space("mgmt").await;
+    host.grant("mgmt", "alice", "admin").await;
+    let alice = host.token("alice", "user").await;
+    host.link("mgmt", &space, "admin").await;
+    let messages_before = host.count(&format!(
+        "SELECT COUNT(*) FROM messages WHERE space_id = '{space}'"
+    ));
+    let (st, v) = host
+        .act_as(
+            Method::POST,
+            "/api/ask",
+            &alice,
+            "mgmt",
+            &space,
+            Some(json!({"message": "what is going on", "as": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["reply"], "asked and answered", "{v}");
+    assert_eq!(
+        host.count(&format!(
+            "SELECT COUNT(*) FROM messages WHERE space_id = '{space}'"
+        )),
+        messages_before,
+        "an ask writes no message into its target"
+    );
+
+    // The review's scan reads the exchanges through storage.
+    let (st, summary) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{summary}");
+    assert_eq!(summary["status"], "done", "{summary:#}");
+    assert!(
+        summary["exchanges_judged"].as_i64().unwrap() >= 1,
+        "{summary:#}"
+    );
+    let (dir, data) = host.stop_keeping().await;
+
+    // The shadow: the live rows read into its own file; the server untouched.
+    let live_rows = table_rows(&data);
+    let live_tokens = psql(
+        &db.name,
+        "SELECT token_hash FROM api_tokens ORDER BY token_hash",
+    );
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let (code, out, err) = crate::shadow::snapshot_cli(&data, &root, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("copied and verified"), "{err}");
+    assert_eq!(
+        table_rows(&data),
+        live_rows,
+        "the snapshot wrote to the live database"
+    );
+    let snap = std::fs::canonicalize(root.join("current")).unwrap();
+    let config = std::fs::read_to_string(snap.join("mercury.yaml")).unwrap();
+    let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(&config).unwrap();
+    assert_eq!(y["storage"]["backend"], "sqlite", "{config}");
+    assert!(
+        !config.contains(&db.name),
+        "the live server's address stays out: {config}"
+    );
+    let shadow_rows = table_rows(&snap);
+    for (table, rows) in &live_rows {
+        let there = shadow_rows
+            .iter()
+            .find(|(t, _)| t == table)
+            .map(|(_, n)| *n);
+        let want = if table == "api_tokens" { 1 } else { *rows };
+        assert_eq!(there, Some(want), "table {table}");
+    }
+    let file = std::fs::read(snap.join("state.db")).unwrap();
+    for hash in live_tokens.lines() {
+        assert!(
+            !file.windows(hash.len()).any(|w| w == hash.as_bytes()),
+            "a live token hash is in the shadow's file"
+        );
+    }
+
+    // The shadow runs on its copy, and its diff shows the rehearsal.
+    let (code, out, err) = crate::shadow::shadow_cli(&root, &["up"], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let running: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
+    let url = running["url"].as_str().unwrap().to_owned();
+    let token = std::fs::read_to_string(snap.join("global/owner.token")).unwrap();
+    let (st, v) = crate::shadow::call(
+        &url,
+        Method::POST,
+        "/api/chat",
+        token.trim(),
+        Some(&space),
+        Some(json!({"text": "rehearse this"})),
+    )
+    .await;
+    assert_eq!((st, v["reply"].clone()), (200, json!("rehearsed")), "{v}");
+    let (code, out, err) = crate::shadow::shadow_cli(&root, &["diff", "--json"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // One space gained the rehearsal's two lines (its id is redacted as the
+    // diff redacts every line: the auto-space id's digits read as a number).
+    let added = d["messages"].as_array().unwrap();
+    assert_eq!(added.len(), 1, "{out}");
+    assert_eq!(added[0]["count"], 2, "{out}");
+    assert_eq!(added[0]["first_lines"][1], "assistant: rehearsed", "{out}");
+    let (code, _, err) = crate::shadow::shadow_cli(&root, &["down"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        table_rows(&data),
+        live_rows,
+        "the shadow wrote to the live database"
+    );
+    drop((dir, db));
+}
