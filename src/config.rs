@@ -809,6 +809,19 @@ pub fn trigger_patterns(raw: &str) -> Vec<String> {
 /// The file `mercury init` writes: every key with its default and a comment.
 /// A test checks that it parses back to `Settings::default()` (with the owner).
 pub fn template(owner: &str) -> String {
+    template_with(owner, &StorageConfig::default())
+}
+
+/// The template with `storage`'s values in its storage section (what
+/// `mercury init --storage-url` writes), comments and all.
+pub fn template_with(owner: &str, storage: &StorageConfig) -> String {
+    let quoted = |v: &str| serde_json::Value::from(v).to_string();
+    let storage_backend = match storage.backend {
+        StorageBackend::Sqlite => "sqlite",
+        StorageBackend::Postgres => "postgres",
+    };
+    let storage_url = quoted(&storage.url);
+    let storage_password_file = quoted(&storage.password_file);
     format!(
         r#"# Mercury configuration. Every key is shown with its default, its unit and what it does.
 # Each key can be overridden by an environment variable: MERCURY_ + the key path
@@ -962,9 +975,9 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
 
 storage:                        # where the state lives (docs/storage.md)
-  backend: sqlite               # sqlite (<data dir>/state.db) | postgres
-  url: ""                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
-  password_file: ""             # a file holding the PostgreSQL password (not in the URL)
+  backend: {storage_backend}               # sqlite (<data dir>/state.db) | postgres
+  url: {storage_url}                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
+  password_file: {storage_password_file}             # a file holding the PostgreSQL password (not in the URL)
 
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes

@@ -16,6 +16,10 @@
 //! outbox item committed) is one sample. Turns run one at a time, with a
 //! scripted model that answers at once, so the samples are the host's own
 //! cost. Warm-up turns (actor start, first prompt) are not counted.
+//!
+//! With `--storage postgres` both measurements run twice, on SQLite and on
+//! throwaway databases of the given PostgreSQL server (each phase and each
+//! baseline its own, dropped after), and the figures print side by side.
 
 use std::fmt;
 use std::path::Path;
@@ -31,7 +35,8 @@ use crate::config::SandboxChoice;
 use crate::host;
 use crate::ids::SpaceId;
 use crate::ingress::{self, IngestResult, IngestStatus, IngressMessage};
-use crate::storage::Store;
+use crate::storage::baseline::ScratchDatabase;
+use crate::storage::{Location, Store};
 use crate::workspace::{ensure_workspace, DataPaths};
 
 /// Turns run and thrown away before the measured ones.
@@ -47,6 +52,49 @@ pub(crate) struct TurnsOptions {
     pub concurrency: usize,
     /// Conversations the messages are spread over (each gets a space).
     pub conversations: usize,
+    /// A PostgreSQL server to measure beside SQLite.
+    pub postgres: Option<PostgresServer>,
+}
+
+/// Where the PostgreSQL half runs: a server whose user may create databases.
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresServer {
+    pub url: String,
+    pub password_file: Option<std::path::PathBuf>,
+}
+
+impl PostgresServer {
+    fn location(&self) -> anyhow::Result<Location> {
+        let password = match &self.password_file {
+            None => None,
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("reading --password-file {}", f.display()))?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_owned(),
+            ),
+        };
+        Ok(Location::Postgres {
+            url: self.url.clone(),
+            password,
+        })
+    }
+}
+
+/// The backend one half of the figures ran on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
 }
 
 impl Default for TurnsOptions {
@@ -56,6 +104,7 @@ impl Default for TurnsOptions {
             turns: 1000,
             concurrency: 16,
             conversations: 100,
+            postgres: None,
         }
     }
 }
@@ -94,8 +143,53 @@ pub(crate) struct TurnFigures {
 
 #[derive(Debug, Clone)]
 pub(crate) struct TurnsReport {
+    pub backend: Backend,
     pub ingest: IngestFigures,
     pub turns: TurnFigures,
+}
+
+/// SQLite's figures, and PostgreSQL's beside them when asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnsComparison {
+    pub sqlite: TurnsReport,
+    pub postgres: Option<TurnsReport>,
+}
+
+impl fmt::Display for TurnsComparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.sqlite)?;
+        let Some(pg) = &self.postgres else {
+            return Ok(());
+        };
+        writeln!(f)?;
+        writeln!(f)?;
+        write!(f, "{pg}")?;
+        writeln!(f)?;
+        writeln!(f)?;
+        let (s, p) = (&self.sqlite, pg);
+        writeln!(f, "postgres beside sqlite (the same run, the same machine)")?;
+        writeln!(
+            f,
+            "        ingest          {:>9.0} msg/s beside {:>9.0} msg/s  ratio {:.2}x the messages per second",
+            p.ingest.per_second(),
+            s.ingest.per_second(),
+            p.ingest.per_second() / s.ingest.per_second().max(1e-9)
+        )?;
+        writeln!(
+            f,
+            "        turn overhead   p50 {} beside {}  ratio {:.2}x",
+            ms(p.turns.p50),
+            ms(s.turns.p50),
+            ratio(p.turns.p50, s.turns.p50)
+        )?;
+        write!(
+            f,
+            "                        p99 {} beside {}  ratio {:.2}x",
+            ms(p.turns.p99),
+            ms(s.turns.p99),
+            ratio(p.turns.p99, s.turns.p99)
+        )
+    }
 }
 
 fn ratio(a: Duration, b: Duration) -> f64 {
@@ -111,7 +205,15 @@ impl fmt::Display for TurnsReport {
         };
         let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
         let (i, t) = (&self.ingest, &self.turns);
-        writeln!(f, "mercury bench turns: {build}, {cpus} CPUs")?;
+        writeln!(
+            f,
+            "mercury bench turns: {build}, {cpus} CPUs, storage {}",
+            self.backend.name()
+        )?;
+        let base = match self.backend {
+            Backend::Sqlite => "same file settings",
+            Backend::Postgres => "a table on the same server",
+        };
         writeln!(
             f,
             "ingest  {} messages ({} replays) over {} conversations, {} at a time",
@@ -125,7 +227,7 @@ impl fmt::Display for TurnsReport {
         )?;
         writeln!(
             f,
-            "        plain inserts   {:>8.3} s  {:>9.0} msg/s  ({} one-row transactions, same file settings)",
+            "        plain inserts   {:>8.3} s  {:>9.0} msg/s  ({} one-row transactions, {base})",
             i.baseline.as_secs_f64(),
             i.baseline_per_second(),
             i.messages
@@ -172,8 +274,9 @@ impl fmt::Display for TurnsReport {
     }
 }
 
-/// Runs both measurements in a temp dir and returns the figures.
-pub(crate) async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsReport> {
+/// Runs both measurements in a temp dir (and, when asked, again on
+/// PostgreSQL) and returns the figures.
+pub(crate) async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsComparison> {
     if opts.messages == 0 || opts.turns == 0 || opts.concurrency == 0 || opts.conversations == 0 {
         bail!("--messages, --turns, --concurrency and --conversations must be at least 1");
     }
@@ -181,9 +284,81 @@ pub(crate) async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsReport> {
         .prefix("mercury-bench-")
         .tempdir()
         .context("creating a temp dir")?;
-    let ingest = ingest_phase(dir.path(), opts).await?;
-    let turns = turn_phase(dir.path(), opts).await?;
-    Ok(TurnsReport { ingest, turns })
+    let sqlite = TurnsReport {
+        backend: Backend::Sqlite,
+        ingest: ingest_phase(dir.path(), opts, None).await?,
+        turns: turn_phase(dir.path(), opts, None).await?,
+    };
+    let postgres = match &opts.postgres {
+        None => None,
+        Some(server) => Some(TurnsReport {
+            backend: Backend::Postgres,
+            ingest: ingest_phase(dir.path(), opts, Some(server)).await?,
+            turns: turn_phase(dir.path(), opts, Some(server)).await?,
+        }),
+    };
+    Ok(TurnsComparison { sqlite, postgres })
+}
+
+/// A new data dir at `data` (its rows on a scratch database of `server`
+/// when given, dropped when the returned handle goes) and its store.
+async fn fresh_host(
+    data: &Path,
+    server: Option<&PostgresServer>,
+    label: &'static str,
+) -> anyhow::Result<Option<ScratchDatabase>> {
+    let scratch = match server {
+        None => None,
+        Some(server) => {
+            let at = server.location()?;
+            Some(
+                tokio::task::spawn_blocking(move || ScratchDatabase::create(&at, label))
+                    .await
+                    .context("the scratch database task panicked")??,
+            )
+        }
+    };
+    let init = match &scratch {
+        Some(ScratchDatabase {
+            location: Location::Postgres { url, .. },
+            ..
+        }) => Some(host::InitPostgres {
+            url: url.clone(),
+            password_file: server.and_then(|s| s.password_file.clone()),
+        }),
+        _ => None,
+    };
+    host::init_with(data, "owner", init.as_ref()).await?;
+    Ok(scratch)
+}
+
+/// The plain-insert baseline on the half's own backend.
+async fn baseline(
+    dir: &Path,
+    name: &str,
+    n: usize,
+    server: Option<&PostgresServer>,
+) -> anyhow::Result<(Duration, Vec<Duration>)> {
+    match server {
+        None => {
+            let path = dir.join(format!("{name}.db"));
+            tokio::task::spawn_blocking(move || plain_inserts(&path, n))
+                .await
+                .context("the baseline task panicked")?
+        }
+        Some(server) => {
+            let at = server.location()?;
+            tokio::task::spawn_blocking(move || {
+                let db = ScratchDatabase::create(&at, "plain")?;
+                Ok(crate::storage::baseline::plain_inserts_postgres(
+                    &db.location,
+                    n,
+                )?)
+            })
+            .await
+            .context("the baseline task panicked")?
+        }
+    }
 }
 
 /// The ingress path, as `Host::ingest` runs it before waking the space.
@@ -228,16 +403,25 @@ fn message(conversation: String, sender: String, n: usize) -> IngressMessage {
     }
 }
 
-async fn ingest_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<IngestFigures> {
-    let data = dir.join("ingest");
-    host::init(&data, "owner").await?;
+async fn ingest_phase(
+    dir: &Path,
+    opts: &TurnsOptions,
+    server: Option<&PostgresServer>,
+) -> anyhow::Result<IngestFigures> {
+    let half = if server.is_some() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let data = dir.join(format!("ingest-{half}"));
+    let _scratch = fresh_host(&data, server, "ingest").await?;
     let paths = DataPaths::new(&data);
     let mut settings = host::load_settings(&paths)?;
     // The bench's senders are strangers to a fresh data dir: `open` lets them
     // in, so the path measured is the one a bot's own users take.
     settings.ingress.dm_policy = crate::config::DmPolicy::Open;
+    let store = Store::open_at(&host::store_location(&settings, &paths)?)?;
     let settings = Arc::new(settings);
-    let store = Store::open(&paths.db)?;
     // No caller is limited here: the limiter's check is measured, its "no" is not.
     let limits = Arc::new(CallerLimits::new(u32::MAX));
     let mut lanes: Vec<Vec<IngressMessage>> = vec![Vec::new(); opts.concurrency];
@@ -274,11 +458,8 @@ async fn ingest_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<IngestF
         duplicates += r.context("an ingest task panicked")??;
     }
     let elapsed = start.elapsed();
-    let n = opts.messages;
-    let base_path = dir.join("plain-ingest.db");
-    let (baseline, _) = tokio::task::spawn_blocking(move || plain_inserts(&base_path, n))
-        .await
-        .context("the baseline task panicked")??;
+    drop(store);
+    let (baseline, _) = baseline(dir, "plain-ingest", opts.messages, server).await?;
     Ok(IngestFigures {
         messages: opts.messages,
         duplicates,
@@ -289,9 +470,18 @@ async fn ingest_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<IngestF
     })
 }
 
-async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigures> {
-    let data = dir.join("turns");
-    host::init(&data, "owner").await?;
+async fn turn_phase(
+    dir: &Path,
+    opts: &TurnsOptions,
+    server: Option<&PostgresServer>,
+) -> anyhow::Result<TurnFigures> {
+    let half = if server.is_some() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let data = dir.join(format!("turns-{half}"));
+    let _scratch = fresh_host(&data, server, "turns").await?;
     let model = dir.join("model.json");
     std::fs::write(&model, r#"{"rules": [{"purpose": "turn", "reply": "ok"}]}"#)
         .context("writing the bench model")?;
@@ -303,7 +493,7 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
     settings.ingress.per_caller_per_minute = u32::MAX;
     settings.ingress.dm_policy = crate::config::DmPolicy::Open;
     settings.validate()?;
-    let store = Store::open(&paths.db)?;
+    let store = Store::open_at(&host::store_location(&settings, &paths)?)?;
     let rt = host::build_runtime(
         &paths,
         settings,
@@ -359,11 +549,8 @@ async fn turn_phase(dir: &Path, opts: &TurnsOptions) -> anyhow::Result<TurnFigur
     }
     samples.sort();
     let mean = samples.iter().sum::<Duration>() / samples.len().max(1) as u32;
-    let base_path = dir.join("plain-turns.db");
-    let turns = opts.turns;
-    let (_, mut base) = tokio::task::spawn_blocking(move || plain_inserts(&base_path, turns))
-        .await
-        .context("the baseline task panicked")??;
+    drop(rt);
+    let (_, mut base) = baseline(dir, "plain-turns", opts.turns, server).await?;
     base.sort();
     Ok(TurnFigures {
         turns: opts.turns,

@@ -35,6 +35,13 @@ enum Command {
         /// Caller id of the owner (a global admin).
         #[arg(long, default_value = "owner")]
         owner: String,
+        /// Keep the rows in this empty PostgreSQL database instead of the
+        /// data dir's state.db (postgres://USER@HOST:5432/DB?sslmode=require).
+        #[arg(long)]
+        storage_url: Option<String>,
+        /// A file holding the PostgreSQL password (kept out of the URL).
+        #[arg(long, requires = "storage_url")]
+        storage_password_file: Option<PathBuf>,
     },
     /// Run the host (exit 2 if another host holds the data dir's lock).
     Serve {
@@ -123,6 +130,17 @@ enum BenchCommand {
         /// Conversations (each its own space) the messages are spread over.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         conversations: u64,
+        /// `postgres`: measure on PostgreSQL too, beside SQLite, on throwaway
+        /// databases of the server --postgres-url names.
+        #[arg(long, default_value = "sqlite", value_parser = ["sqlite", "postgres"])]
+        storage: String,
+        /// A PostgreSQL server whose user may create databases
+        /// (postgres://USER@HOST:5432/postgres); with --storage postgres.
+        #[arg(long, env = "MERCURY_BENCH_POSTGRES_URL")]
+        postgres_url: Option<String>,
+        /// A file holding that server's password.
+        #[arg(long)]
+        password_file: Option<PathBuf>,
     },
     /// Container create to first exec answered (bollard) beside `docker run --rm IMAGE true`.
     Sandbox {
@@ -349,7 +367,23 @@ where
 /// Runs `cli`; `settings` is `serve`'s config, read once by [`main`].
 async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>) -> ExitCode {
     match cli.command {
-        Command::Init { data_dir, owner } => match crate::host::init(&data_dir, &owner).await {
+        Command::Init {
+            data_dir,
+            owner,
+            storage_url,
+            storage_password_file,
+        } => match crate::host::init_with(
+            &data_dir,
+            &owner,
+            storage_url
+                .map(|url| crate::host::InitPostgres {
+                    url,
+                    password_file: storage_password_file,
+                })
+                .as_ref(),
+        )
+        .await
+        {
             Ok(token) => {
                 println!("initialised {}", data_dir.display());
                 println!("owner token written to {} (mode 0600)", token.display());
@@ -584,14 +618,28 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     turns,
                     concurrency,
                     conversations,
+                    storage,
+                    postgres_url,
+                    password_file,
                 },
         } => {
+            let postgres = match (storage.as_str(), postgres_url) {
+                ("postgres", Some(url)) => {
+                    Some(crate::bench::turns::PostgresServer { url, password_file })
+                }
+                ("postgres", None) => {
+                    eprintln!("mercury bench turns: --storage postgres needs --postgres-url (or MERCURY_BENCH_POSTGRES_URL): a server whose user may create databases");
+                    return ExitCode::from(2);
+                }
+                _ => None,
+            };
             // The ranges above keep every value within usize on any target.
             let opts = crate::bench::turns::TurnsOptions {
                 messages: messages as usize,
                 turns: turns as usize,
                 concurrency: concurrency as usize,
                 conversations: conversations as usize,
+                postgres,
             };
             match crate::bench::turns::run(&opts).await {
                 Ok(report) => {

@@ -85,6 +85,27 @@ pub fn settings_of(data_dir: &Path) -> anyhow::Result<Settings> {
 
 /// Writes a fresh data dir. Refuses (exit code 2 at the CLI) if it exists.
 pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
+    init_with(data_dir, owner, None).await
+}
+
+/// A new deployment's PostgreSQL database (`mercury init --storage-url`):
+/// an empty database the data dir's config will name.
+#[derive(Debug, Clone)]
+pub struct InitPostgres {
+    pub url: String,
+    /// A file holding the password (kept out of the URL and the config).
+    pub password_file: Option<PathBuf>,
+}
+
+/// [`init`], with the rows on `postgres` when given: the data dir then holds
+/// the config (naming the database), the workspaces and the owner token,
+/// and no `state.db`. The server is checked (reachable, empty) before
+/// anything is created, so a refusal leaves nothing behind.
+pub async fn init_with(
+    data_dir: &Path,
+    owner: &str,
+    postgres: Option<&InitPostgres>,
+) -> anyhow::Result<PathBuf> {
     crate::ids::validate_caller_id(owner).map_err(|m| anyhow::anyhow!("--owner: {m}"))?;
     let paths = DataPaths::new(data_dir);
     if paths.config.exists() || paths.db.exists() {
@@ -93,6 +114,38 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
             data_dir.display()
         );
     }
+    let server = match postgres {
+        None => None,
+        Some(pg) => {
+            // The defaults (the config file is not there yet), with its storage.
+            let mut settings = config::load(&paths.config, &Default::default())?;
+            settings.storage.backend = config::StorageBackend::Postgres;
+            settings.storage.url = pg.url.trim().to_owned();
+            // Absolute, so the host finds it from any working directory.
+            settings.storage.password_file = match &pg.password_file {
+                None => String::new(),
+                Some(p) => std::fs::canonicalize(p)
+                    .with_context(|| format!("--storage-password-file {}", p.display()))?
+                    .display()
+                    .to_string(),
+            };
+            settings
+                .validate()
+                .map_err(|e| anyhow::anyhow!("--storage-url: {e}"))?;
+            let at = store_location(&settings, &paths)?;
+            let store = Store::open_at(&at)?;
+            if let Some((table, rows)) = store
+                .read(crate::storage::status::first_table_with_rows)
+                .await?
+            {
+                bail!(
+                    "the database {} is not empty (table {table} has {rows} rows): init a new deployment only on an empty database; nothing was changed",
+                    store.describe()
+                );
+            }
+            Some((settings.storage, store))
+        }
+    };
     // Every directory 0700 and every file 0600, whatever the umask: the
     // data dir holds all chat history and the owner's token. An existing
     // dir (the operator's, maybe a symlink to one) is made 0700 only when
@@ -121,13 +174,22 @@ pub async fn init(data_dir: &Path, owner: &str) -> anyhow::Result<PathBuf> {
     ] {
         data_dir::private_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let storage = server
+        .as_ref()
+        .map(|(storage, _)| storage.clone())
+        .unwrap_or_default();
     data_dir::private_file(&paths.config)
-        .and_then(|mut f| f.write_all(config::template(owner).as_bytes()))
+        .and_then(|mut f| f.write_all(config::template_with(owner, &storage).as_bytes()))
         .with_context(|| format!("writing {}", paths.config.display()))?;
-    // SQLite gives the WAL and SHM files the mode of the database file.
-    data_dir::private_file(&paths.db)
-        .with_context(|| format!("creating {}", paths.db.display()))?;
-    let store = Store::open(&paths.db)?;
+    let store = match server {
+        Some((_, store)) => store,
+        None => {
+            // SQLite gives the WAL and SHM files the mode of the database file.
+            data_dir::private_file(&paths.db)
+                .with_context(|| format!("creating {}", paths.db.display()))?;
+            Store::open(&paths.db)?
+        }
+    };
     let owner_s = owner.to_owned();
     let (_, secret) = store
         .write(move |tx| {
@@ -161,25 +223,7 @@ pub fn store_location(
     settings: &Settings,
     paths: &DataPaths,
 ) -> anyhow::Result<crate::storage::Location> {
-    use crate::config::StorageBackend;
-    Ok(match settings.storage.backend {
-        StorageBackend::Sqlite => crate::storage::Location::Sqlite(paths.db.clone()),
-        StorageBackend::Postgres => {
-            let password = match settings.storage.password_file.trim() {
-                "" => None,
-                file => Some(
-                    std::fs::read_to_string(file)
-                        .with_context(|| format!("reading storage.password_file {file}"))?
-                        .trim_end_matches(['\n', '\r'])
-                        .to_owned(),
-                ),
-            };
-            crate::storage::Location::Postgres {
-                url: settings.storage.url.trim().to_owned(),
-                password,
-            }
-        }
-    })
+    Ok(crate::storage::Location::of(&settings.storage, &paths.db)?)
 }
 
 pub fn load_settings(paths: &DataPaths) -> anyhow::Result<Settings> {

@@ -33,6 +33,8 @@ pub struct TempHostBuilder {
     keys: Vec<(String, serde_yaml_ng::Value)>,
     /// Secrets for the adapters (`MERCURY_TELEGRAM_BOT_TOKEN`), instead of this process's environment.
     env: Option<std::collections::BTreeMap<String, String>>,
+    /// The rows on this PostgreSQL database instead of the data dir's file.
+    postgres: Option<crate::host::InitPostgres>,
 }
 
 impl Default for TempHostBuilder {
@@ -41,6 +43,7 @@ impl Default for TempHostBuilder {
             rules: r#"{"rules": [{"reply": "ok"}]}"#.to_owned(),
             keys: Vec::new(),
             env: None,
+            postgres: None,
         }
     }
 }
@@ -63,6 +66,15 @@ impl TempHostBuilder {
         self
     }
 
+    /// Keeps the rows in the empty PostgreSQL database at `url`.
+    pub fn postgres(mut self, url: &str) -> Self {
+        self.postgres = Some(crate::host::InitPostgres {
+            url: url.to_owned(),
+            password_file: None,
+        });
+        self
+    }
+
     /// A `MERCURY_*` variable the host reads instead of this process's
     /// environment (which it then does not read at all).
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -78,7 +90,7 @@ impl TempHostBuilder {
     pub async fn prepare(&self) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
         let dir = tempfile::Builder::new().prefix("mercury-temp-").tempdir()?;
         let data = dir.path().join("data");
-        crate::host::init(&data, "owner").await?;
+        crate::host::init_with(&data, "owner", self.postgres.as_ref()).await?;
         let model = dir.path().join("model.json");
         std::fs::write(&model, &self.rules)?;
         let mut keys: Vec<(&str, serde_yaml_ng::Value)> = vec![(

@@ -417,16 +417,26 @@ impl<'a> Exchanges<'a> {
 /// The reader of a data dir source's database, over every identifier the
 /// source ever saw (not only today's).
 fn open_source(sources: &[Source], bot: &str) -> Option<SourceExchanges> {
-    let db = sources
+    let paths = sources
         .iter()
         .find(|s| s.bot == bot)
         .and_then(|s| match &s.kind {
-            SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir).db),
+            SourceKind::DataDir(dir) => Some(crate::workspace::DataPaths::new(dir)),
             SourceKind::Url(_) => None,
-        })
-        .filter(|db| db.is_file())?;
+        })?;
+    // Where that deployment keeps its rows, as its own host would find them.
+    let settings = crate::config::load(&paths.config, &crate::config::process_env()).ok()?;
     let window = Window::hours_before(crate::clock::now_ms(), 24 * 3650);
-    let reader = ExchangeReader::open(&db, window).ok()?;
+    let reader = match crate::storage::Location::of(&settings.storage, &paths.db).ok()? {
+        crate::storage::Location::Sqlite(db) if db.is_file() => {
+            ExchangeReader::open(&db, window).ok()?
+        }
+        crate::storage::Location::Sqlite(_) => return None,
+        // Read only: the source is not migrated by an intake.
+        at @ crate::storage::Location::Postgres { .. } => {
+            ExchangeReader::new(&crate::storage::Store::open_unmigrated(&at).ok()?, window)
+        }
+    };
     Some(SourceExchanges {
         reader,
         spaces: HashMap::new(),

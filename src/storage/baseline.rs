@@ -1,15 +1,16 @@
-//! The plain-SQLite baseline `mercury bench` measures the store against: a
-//! table of its own in a fresh file with the store's file settings, one
-//! single-row insert per transaction. SQLite-backend functions: the
-//! baseline is what the SQLite file itself costs, without the store.
+//! The plain-database baselines `mercury bench` measures the store against:
+//! a table of its own, one single-row insert per transaction, in a fresh
+//! SQLite file with the store's file settings, or in a throwaway database
+//! on a PostgreSQL server ([`ScratchDatabase`]). The baseline is what the
+//! database itself costs, without the store.
 //!
-//! Must never: touch a data dir's database (it only creates the file it is
-//! given).
+//! Must never: touch a data dir's database (it only creates the file or
+//! the database it is given), or drop a database it did not create.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{open_plain, StoreResult};
+use super::{open_plain, params, Location, Store, StoreError, StoreResult};
 
 /// `n` single-row inserts, one IMMEDIATE transaction each (as the store
 /// commits one message per transaction), on a fresh file at `path` opened
@@ -37,6 +38,99 @@ pub fn plain_inserts(path: &Path, n: usize) -> StoreResult<(Duration, Vec<Durati
         each.push(t.elapsed());
     }
     Ok((start.elapsed(), each))
+}
+
+/// `n` single-row inserts, one transaction each, in a new table of the
+/// PostgreSQL database at `at` (a [`ScratchDatabase`]'s). Blocking.
+pub fn plain_inserts_postgres(at: &Location, n: usize) -> StoreResult<(Duration, Vec<Duration>)> {
+    let store = Store::open_unmigrated(at)?;
+    off_runtime(|| {
+        store.read_blocking(|c| {
+            c.execute_batch(
+                "CREATE TABLE plain (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                                     conversation TEXT NOT NULL, text TEXT NOT NULL,
+                                     created_at BIGINT NOT NULL)",
+            )?;
+            let mut each = Vec::with_capacity(n);
+            let start = Instant::now();
+            for i in 0..n {
+                let t = Instant::now();
+                c.execute_batch("BEGIN")?;
+                c.execute(
+                    "INSERT INTO plain (conversation, text, created_at) VALUES (?1, ?2, ?3)",
+                    params![
+                        format!("conv-{}", i % 100),
+                        format!("message {i}"),
+                        crate::clock::now_ms()
+                    ],
+                )?;
+                c.execute_batch("COMMIT")?;
+                each.push(t.elapsed());
+            }
+            Ok((start.elapsed(), each))
+        })
+    })
+}
+
+/// A database of a bench's own on a PostgreSQL server: created empty from
+/// the server's address, dropped (its connections closed) when this goes.
+pub struct ScratchDatabase {
+    server: Location,
+    name: String,
+    /// The new database (the server's URL with its name, same password).
+    pub location: Location,
+}
+
+impl ScratchDatabase {
+    /// Creates `mercury_bench_<label>_<pid>_<n>` on the server `server`
+    /// names (its user needs CREATEDB). Blocking.
+    pub fn create(server: &Location, label: &str) -> StoreResult<ScratchDatabase> {
+        let Location::Postgres { url, password } = server else {
+            return Err(StoreError::Invalid(
+                "a scratch database is made on a PostgreSQL server".into(),
+            ));
+        };
+        if !label.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            return Err(StoreError::Invalid(format!("bad scratch label {label:?}")));
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let name = format!("mercury_bench_{label}_{}_{nanos}", std::process::id());
+        let mut parsed = url::Url::parse(url)
+            .map_err(|e| StoreError::Invalid(format!("the PostgreSQL URL: {e}")))?;
+        parsed.set_path(&format!("/{name}"));
+        let admin = Store::open_unmigrated(server)?;
+        off_runtime(|| {
+            admin.read_blocking(|c| c.execute_batch(&format!("CREATE DATABASE {name}")))
+        })?;
+        Ok(ScratchDatabase {
+            server: server.clone(),
+            name,
+            location: Location::Postgres {
+                url: parsed.to_string(),
+                password: password.clone(),
+            },
+        })
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let dropped = Store::open_unmigrated(&self.server)
+            .and_then(|admin| off_runtime(|| admin.read_blocking(|c| c.execute_batch(&sql))));
+        if let Err(e) = dropped {
+            tracing::warn!(database = %self.name, "the bench's scratch database was not dropped: {e}");
+        }
+    }
+}
+
+/// Runs `f` on a thread of its own: a PostgreSQL statement blocks on its
+/// pool's runtime, which a thread driving async tasks must not do.
+fn off_runtime<T: Send>(f: impl FnOnce() -> StoreResult<T> + Send) -> StoreResult<T> {
+    std::thread::scope(|s| s.spawn(f).join())
+        .map_err(|_| StoreError::Join("a bench database thread panicked".into()))?
 }
 
 #[cfg(test)]

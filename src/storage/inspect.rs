@@ -1,20 +1,16 @@
 //! Raw views of the database for the integration tests (`test-hooks` only):
 //! every table, every row of a table as text, and a test's own statements
 //! run through the store's connections, so a test never opens the file
-//! itself. SQLite-backend functions where they name the catalogue.
+//! itself. Either backend, but for the functions marked SQLite backend.
 //!
 //! Must never: be compiled into a release build (the module is behind the
 //! `test-hooks` feature).
 
-use super::{params, Conn, Query, StoreResult, Value};
+use super::{params, Conn, Dialect, StoreResult, Value};
 
 /// The name of every table, in name order.
 pub fn tables(conn: &Conn) -> StoreResult<Vec<String>> {
-    conn.query_all(
-        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
-        params![],
-        |r| r.get(0),
-    )
+    super::status::tables(conn)
 }
 
 /// Rows in `table` (a name from [`tables`]).
@@ -26,12 +22,17 @@ pub fn row_count(conn: &Conn, table: &str) -> StoreResult<i64> {
     )
 }
 
-/// Every row of `table` (a name from [`tables`]) in rowid order, each
-/// column as text (`NULL` for a null, a blob as its bytes' debug form).
+/// Every row of `table` (a name from [`tables`]) in rowid order (on
+/// PostgreSQL, which has none, sorted by their text), each column as text
+/// (`NULL` for a null, a blob as its bytes' debug form).
 pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
     let mut out = Vec::new();
+    let order = match conn.dialect() {
+        Dialect::Sqlite => " ORDER BY rowid",
+        Dialect::Postgres => "",
+    };
     conn.for_each(
-        &format!("SELECT * FROM \"{table}\" ORDER BY rowid"),
+        &format!("SELECT * FROM \"{table}\"{order}"),
         params![],
         |r| {
             let vals = r.values()?.into_iter().map(|v| match v {
@@ -45,6 +46,9 @@ pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
             Ok(())
         },
     )?;
+    if conn.dialect() == Dialect::Postgres {
+        out.sort();
+    }
     Ok(out)
 }
 

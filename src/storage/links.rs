@@ -250,10 +250,18 @@ fn audit_query(
     space: Option<&str>,
     limit: u32,
 ) -> StoreResult<Vec<AuditRow>> {
-    conn.query_all(&format!(
+    let sql = |limit_at: &str| {
+        format!(
         "SELECT id, at, caller_id, action, holder_space_id, target_space_id, link_id, level, method, route, body_summary, status, detail, path, run_id, before_value, after_value
-         FROM space_link_audit WHERE {filter} ORDER BY id DESC LIMIT ?2"
-    ), params![space, limit], audit_from_row)
+         FROM space_link_audit WHERE {filter} ORDER BY id DESC LIMIT {limit_at}"
+    )
+    };
+    // Every placeholder is used: PostgreSQL types each from its use, and an
+    // unused one has none.
+    match space {
+        Some(space) => conn.query_all(&sql("?2"), params![space, limit], audit_from_row),
+        None => conn.query_all(&sql("?1"), params![limit], audit_from_row),
+    }
 }
 
 fn audit_from_row(r: &Row<'_>) -> StoreResult<AuditRow> {

@@ -56,11 +56,23 @@ pub(crate) use conn::params;
 pub use conn::{Cell, Conn, Dialect, FromCell, Optional, Param, Query, Row, ToParam, Tx, Value};
 use pg::PgBackend;
 
+/// The server's own words for a PostgreSQL error (the driver's Display
+/// says only "db error"), for logs; `ApiError` never sends it to a client.
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("database: {0}")]
+    #[error("database: {}", pg_message(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("opening {path}: {source}")]
     Open {
@@ -259,6 +271,38 @@ pub enum Location {
         url: String,
         password: Option<String>,
     },
+}
+
+impl Location {
+    /// Where a deployment whose config says `storage` keeps its rows: the
+    /// `sqlite_file` (its data dir's `state.db`), or the PostgreSQL
+    /// database `storage.url` names, its password read from
+    /// `storage.password_file` when set (so it is in no URL or process list).
+    pub fn of(storage: &crate::config::StorageConfig, sqlite_file: &Path) -> StoreResult<Location> {
+        use crate::config::StorageBackend;
+        Ok(match storage.backend {
+            StorageBackend::Sqlite => Location::Sqlite(sqlite_file.to_owned()),
+            StorageBackend::Postgres => {
+                let password = match storage.password_file.trim() {
+                    "" => None,
+                    file => Some(
+                        std::fs::read_to_string(file)
+                            .map_err(|e| {
+                                StoreError::Invalid(format!(
+                                    "reading storage.password_file {file}: {e}"
+                                ))
+                            })?
+                            .trim_end_matches(['\n', '\r'])
+                            .to_owned(),
+                    ),
+                };
+                Location::Postgres {
+                    url: storage.url.trim().to_owned(),
+                    password,
+                }
+            }
+        })
+    }
 }
 
 const READER_POOL: usize = 8;
@@ -472,7 +516,7 @@ impl Store {
         F: FnOnce(&Conn) -> StoreResult<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.with_reader(f))
+        tokio::task::spawn_blocking(move || pg::blocking_here(|| inner.with_reader(f)))
             .await
             .map_err(|e| StoreError::Join(e.to_string()))?
     }

@@ -279,10 +279,8 @@ impl PgBackend {
 
     /// A client from the pool (a new connection if the server restarted).
     pub(crate) fn get(&self) -> StoreResult<PgConn> {
-        let client = self
-            .handle
-            .block_on(self.pool.get())
-            .map_err(|e| unavailable(&self.display, e))?;
+        let client =
+            block(&self.handle, self.pool.get()).map_err(|e| unavailable(&self.display, e))?;
         if client.statement_cache.size() > STATEMENT_CACHE {
             client.statement_cache.clear();
         }
@@ -291,6 +289,46 @@ impl PgBackend {
             handle: self.handle.clone(),
         })
     }
+}
+
+thread_local! {
+    /// Set while a thread may block on the pool's runtime although it has a
+    /// runtime's context: the store's own blocking reads (`Store::read`'s
+    /// blocking task).
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread marked as one where a statement may block on
+/// the pool's runtime directly.
+pub(super) fn blocking_here<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            MAY_BLOCK.with(|m| m.set(self.0));
+        }
+    }
+    let _reset = Reset(MAY_BLOCK.with(|m| m.replace(true)));
+    f()
+}
+
+/// Waits for `fut` on the pool's runtime. A thread that drives async tasks
+/// must not block on a runtime (tokio panics): from such a thread (a
+/// synchronous read called from async code) the wait moves to a thread of
+/// its own, so no caller can make storage panic.
+fn block<F>(handle: &tokio::runtime::Handle, fut: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let direct =
+        MAY_BLOCK.with(std::cell::Cell::get) || tokio::runtime::Handle::try_current().is_err();
+    if direct {
+        return handle.block_on(fut);
+    }
+    std::thread::scope(|s| match s.spawn(|| handle.block_on(fut)).join() {
+        Ok(out) => out,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 impl PgConn {
@@ -310,7 +348,7 @@ impl PgConn {
     }
 
     pub(crate) fn execute(&self, sql: &str, params: &[Param<'_>]) -> StoreResult<usize> {
-        self.handle.block_on(async {
+        block(&self.handle, async {
             let st = self.statement(sql).await?;
             let n = self.client.execute(&st, &Self::params(params)).await?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
@@ -322,7 +360,7 @@ impl PgConn {
         sql: &str,
         params: &[Param<'_>],
     ) -> StoreResult<Vec<tokio_postgres::Row>> {
-        self.handle.block_on(async {
+        block(&self.handle, async {
             let st = self.statement(sql).await?;
             Ok(self.client.query(&st, &Self::params(params)).await?)
         })
@@ -337,12 +375,13 @@ impl PgConn {
     }
 
     pub(crate) fn batch(&self, sql: &str) -> StoreResult<()> {
-        self.handle
-            .block_on(async { Ok(self.client.batch_execute(sql).await?) })
+        block(&self.handle, async {
+            Ok(self.client.batch_execute(sql).await?)
+        })
     }
 
     pub(crate) fn columns(&self, sql: &str) -> StoreResult<Vec<String>> {
-        self.handle.block_on(async {
+        block(&self.handle, async {
             let st = self.statement(sql).await?;
             Ok(st.columns().iter().map(|c| c.name().to_owned()).collect())
         })

@@ -45,6 +45,22 @@ pub fn tables(conn: &Conn) -> StoreResult<Vec<String>> {
     conn.query_all(sql, params![], |r| r.get(0))
 }
 
+/// The first of the store's tables that holds a row, and its count; `None`
+/// when every table is empty (a new deployment's database).
+pub fn first_table_with_rows(conn: &Conn) -> StoreResult<Option<(String, i64)>> {
+    for name in tables(conn)? {
+        let rows: i64 = conn.query_row(
+            &format!("SELECT COUNT(*) FROM {}", ident(&name)),
+            params![],
+            |r| r.get(0),
+        )?;
+        if rows > 0 {
+            return Ok(Some((name, rows)));
+        }
+    }
+    Ok(None)
+}
+
 /// Quotes a catalogue name for use as an identifier.
 pub(crate) fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

@@ -118,7 +118,8 @@ pub fn set_active(
 /// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).
 pub fn advance(conn: &Conn, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
     conn.execute(
-        "UPDATE tasks SET next_run_at = ?2, active = CASE WHEN ?2 IS NULL THEN 0 ELSE active END, updated_at = ?3 WHERE id = ?1",
+        // Typed where PostgreSQL cannot infer it (a bare `?2 IS NULL`).
+        "UPDATE tasks SET next_run_at = ?2, active = CASE WHEN CAST(?2 AS BIGINT) IS NULL THEN 0 ELSE active END, updated_at = ?3 WHERE id = ?1",
         params![id, next_run_at, now_ms()],
     )?;
     Ok(())

@@ -1503,13 +1503,16 @@ async fn a_control_action_whose_store_write_fails_answers_500_internal_with_no_d
     h.create_space("alpha").await;
     // The database refuses the write `control clear` makes, with a message
     // that must stay in the host's log.
-    h.write(|tx| {
-        inspect::execute_script(
-            tx,
-            "CREATE TRIGGER refuse_clear BEFORE INSERT ON session_state \
-             BEGIN SELECT RAISE(ABORT, 'SECRET-DB-TEXT session_state'); END;",
-        )
-    });
+    let trigger = if crate::common::on_postgres() {
+        "CREATE FUNCTION refuse_clear() RETURNS trigger AS $$ \
+         BEGIN RAISE EXCEPTION 'SECRET-DB-TEXT session_state'; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER refuse_clear BEFORE INSERT ON session_state \
+         FOR EACH ROW EXECUTE FUNCTION refuse_clear();"
+    } else {
+        "CREATE TRIGGER refuse_clear BEFORE INSERT ON session_state \
+         BEGIN SELECT RAISE(ABORT, 'SECRET-DB-TEXT session_state'); END;"
+    };
+    h.write(move |tx| inspect::execute_script(tx, trigger));
     let (st, v) = h
         .owner(Method::POST, "/api/control/clear", Some("alpha"), None)
         .await;

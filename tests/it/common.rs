@@ -11,6 +11,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 use tempfile::TempDir;
+
+use crate::pg::PgDatabase;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) struct HostOptions {
@@ -37,7 +39,7 @@ impl Default for HostOptions {
 }
 
 pub(crate) struct TestHost {
-    pub dir: TempDir,
+    pub dir: TestDir,
     pub data: PathBuf,
     pub url: String,
     pub owner_token: String,
@@ -108,7 +110,27 @@ pub(crate) async fn mercury_status(host: &TestHost) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub(crate) async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
+/// A test host's directory (the data dir is inside it), and its
+/// PostgreSQL database when this run keeps the rows there
+/// (`MERCURY_TEST_STORAGE=postgres`, the nextest profile `postgres`).
+pub(crate) struct TestDir {
+    tmp: TempDir,
+    // Dropped after the temp dir: the host has stopped by then.
+    pg: Option<PgDatabase>,
+}
+
+impl TestDir {
+    pub(crate) fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+}
+
+/// Whether this run's hosts keep their rows on PostgreSQL.
+pub(crate) fn on_postgres() -> bool {
+    std::env::var("MERCURY_TEST_STORAGE").as_deref() == Ok("postgres")
+}
+
+pub(crate) async fn prepare(opts: &HostOptions) -> (TestDir, PathBuf, u16) {
     let port = free_port();
     let mut builder = mercury::host::temp_host::TempHost::builder()
         .model(&opts.model.to_string())
@@ -117,8 +139,12 @@ pub(crate) async fn prepare(opts: &HostOptions) -> (TempDir, PathBuf, u16) {
     for (k, v) in &opts.config {
         builder = builder.set(k, v.clone());
     }
-    let (dir, data) = builder.prepare().await.expect("prepare the data dir");
-    (dir, data, port)
+    let pg = on_postgres().then(PgDatabase::create);
+    if let Some(db) = &pg {
+        builder = builder.postgres(&db.url());
+    }
+    let (tmp, data) = builder.prepare().await.expect("prepare the data dir");
+    (TestDir { tmp, pg }, data, port)
 }
 
 impl TestHost {
@@ -146,7 +172,7 @@ impl TestHost {
 
     /// A host running inside this test process on a data dir prepared
     /// (and maybe rewritten) by the caller: the upgrade tests.
-    pub(crate) async fn start_on(dir: TempDir, data: PathBuf) -> TestHost {
+    pub(crate) async fn start_on(dir: TestDir, data: PathBuf) -> TestHost {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let shutdown = CancellationToken::new();
@@ -217,7 +243,7 @@ impl TestHost {
     }
 
     fn finish(
-        dir: TempDir,
+        dir: TestDir,
         data: PathBuf,
         port: u16,
         shutdown: CancellationToken,
@@ -276,13 +302,19 @@ impl TestHost {
 
     /// Stops an in-process host and hands back its data dir, to start it
     /// again (maybe reconfigured) with [`Self::start_on`].
-    pub(crate) async fn stop_keeping(mut self) -> (TempDir, PathBuf) {
+    pub(crate) async fn stop_keeping(mut self) -> (TestDir, PathBuf) {
         self.shutdown.cancel();
         if let Some(t) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
         }
         let data = self.data.clone();
-        let dir = std::mem::replace(&mut self.dir, TempDir::new().expect("a temp dir"));
+        let dir = std::mem::replace(
+            &mut self.dir,
+            TestDir {
+                tmp: TempDir::new().expect("a temp dir"),
+                pg: None,
+            },
+        );
         (dir, data)
     }
 
@@ -387,6 +419,15 @@ impl TestHost {
             .find(|c| c.external_id == external)
             .expect("the conversation was stored")
             .id;
+        // Its first message's turn ends here, not in the middle of the
+        // caller's before/after comparison (a slower backend shows the race).
+        let pending = format!(
+            "SELECT COUNT(*) FROM messages WHERE conversation_id = {id} AND status = 'pending'"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.count(&pending) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
         let (st, v) = self
             .owner(
                 Method::POST,

@@ -229,7 +229,7 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
         }
         ("GET", "/api/runs/{id}") => {
             w.host.write(|tx| {
- tx.execute("INSERT OR IGNORE INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0)", &[])?;
+ tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0) ON CONFLICT DO NOTHING", &[])?;
  Ok(())
  });
             ("/api/runs/matrix-run".into(), None, 200)

@@ -767,15 +767,22 @@ async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing()
         .await;
     assert_eq!(st, 201, "{v}");
     let task = v["task"]["id"].as_i64().unwrap();
-    assert_eq!(
-        h.wait_count(
+    let n = h
+        .wait_count(
             "SELECT COUNT(*) FROM task_runs WHERE status = 'done'",
             1,
-            30
+            30,
         )
-        .await,
-        1
-    );
+        .await;
+    if n != 1 {
+        for t in ["tasks", "task_runs", "messages", "runs"] {
+            eprintln!(
+                "DEBUG {t}: {:?}",
+                h.read(|c| mercury::storage::inspect::rows_as_text(c, t))
+            );
+        }
+    }
+    assert_eq!(n, 1);
     let (task_id, run_id, finished): (i64, Option<String>, Option<i64>) = h.read(|c| {
         c.query_row(
             "SELECT task_id, run_id, finished_at FROM task_runs",

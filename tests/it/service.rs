@@ -159,7 +159,7 @@ impl Drop for UnitUser {
 
 /// A data dir owned by the unit's user, with binaries it can reach.
 struct ServiceDir {
-    _dir: tempfile::TempDir,
+    _dir: crate::common::TestDir,
     data: PathBuf,
     bin: PathBuf,
     port: u16,

@@ -624,7 +624,7 @@ async fn shadow_prune_keeps_the_newest_and_never_the_running_one() {
 
 /// A live data dir (not serving) and a snapshot of it under a fresh root.
 struct UpFixture {
-    _live_dir: tempfile::TempDir,
+    _live_dir: crate::common::TestDir,
     live: std::path::PathBuf,
     _root_dir: tempfile::TempDir,
     root: std::path::PathBuf,

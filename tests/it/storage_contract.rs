@@ -456,6 +456,13 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
         let audit = store.read(|c| links::audit_for(c, "s1", 2)).await.unwrap();
         assert_eq!(audit.len(), 2, "{name}");
         assert!(audit[0].id > audit[1].id, "{name}: newest first");
+        // The instance-wide trail (global admins) takes only a limit.
+        let all = store.read(|c| links::audit_all(c, 2)).await.unwrap();
+        assert_eq!(
+            all.iter().map(|a| a.id).collect::<Vec<_>>(),
+            audit.iter().map(|a| a.id).collect::<Vec<_>>(),
+            "{name}"
+        );
         store
             .write(move |tx| links::revoke(tx, link.id, "owner"))
             .await
@@ -530,6 +537,19 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
             "{name}"
         );
         assert_eq!(store.read(tasks::next_due_at).await.unwrap(), Some(100));
+        // A firing: the one-shot task advanced to done and its run and
+        // message queued, in one write (what the scheduler's tick does).
+        let first = due[0].clone();
+        let message = store
+            .write(move |tx| {
+                tasks::advance(tx, first.id, None)?;
+                tasks::queue_firing(tx, &first)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: a task firing: {e}"));
+        assert!(message > 0, "{name}");
+        let after = store.read(|c| tasks::due(c, 250)).await.unwrap();
+        assert_eq!(after.len(), 1, "{name}: the fired one-shot task is done");
 
         // Pairings: capped, expiring, taken once.
         let p = |code: &str, sender: &str| pairings::Pairing {
