@@ -36,6 +36,7 @@ pub mod actors;
 pub(crate) mod adapters;
 pub(crate) mod agent;
 pub mod api;
+pub mod ui;
 pub(crate) mod app;
 pub(crate) mod bench;
 pub mod cli;
