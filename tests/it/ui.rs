@@ -203,6 +203,16 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
+    // `mrctl ui login` prints a whole link on the URL it reached the host at.
+    let out = host.mrctl(&host.owner_token, None).args(["ui", "login"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let link = printed.lines().next().unwrap().to_owned();
+    assert!(link.starts_with(&format!("{}/ui/link/mrc_", host.url)), "{printed}");
+    let r = http.get(&link).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(r.headers()[SET_COOKIE].to_str().unwrap().contains("HttpOnly"));
+
     // Sign out: the cookie stops working.
     let r = http
         .post(format!("{}/ui/logout", host.url))
