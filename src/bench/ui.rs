@@ -104,7 +104,11 @@ pub(crate) fn print(opts: &UiBenchOptions, seeded: Duration, figs: &[PageFigures
             f.page,
             ms(percentile(&f.times, 50.0)),
             ms(p99),
-            if p99 <= Duration::from_millis(50) { "met" } else { "MISSED" }
+            if p99 <= Duration::from_millis(50) {
+                "met"
+            } else {
+                "MISSED"
+            }
         );
     }
 }

@@ -55,7 +55,11 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/ui/spaces/{space}/runs", get(pages::runs))
         .route("/ui/runs/{run}", get(pages::run))
-        .route("/ui/static/ui.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
+        .route("/ui/links", get(pages::links_page))
+        .route(
+            "/ui/static/ui.css",
+            get(|| async { asset("text/css; charset=utf-8", CSS) }),
+        )
         .route(
             "/ui/static/ui.js",
             get(|| async { asset("text/javascript; charset=utf-8", JS) }),
@@ -85,10 +89,19 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 async fn security_headers(req: Request, next: Next) -> Response {
     let mut answer = next.run(req).await;
     let h = answer.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }

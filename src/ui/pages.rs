@@ -30,7 +30,7 @@ use crate::storage::signins::{self, NewSignin};
 use crate::storage::spaces::{self, KvTable};
 use crate::storage::tokens::{self, TokenKind};
 use crate::storage::ui_lists::{self, RunFilter};
-use crate::storage::{messages, runs, spend, tasks};
+use crate::storage::{links, messages, runs, spend, tasks};
 use crate::workspace::files::{self, FilesError};
 use crate::workspace::safe::SafePathError;
 
@@ -40,6 +40,8 @@ use crate::workspace::safe::SafePathError;
 pub(super) struct Chrome {
     pub(super) caller: Option<String>,
     pub(super) csrf: String,
+    /// A global admin: the instance-wide pages are in the menu.
+    pub(super) admin: bool,
 }
 
 impl Chrome {
@@ -47,6 +49,7 @@ impl Chrome {
         Self {
             caller: Some(viewer.caller().to_owned()),
             csrf: viewer.signin.csrf.clone(),
+            admin: viewer.global_admin,
         }
     }
 }
@@ -189,7 +192,11 @@ pub(super) async fn logout(
     Form(form): Form<CsrfForm>,
 ) -> UiResult<Response> {
     viewer.check_csrf(&form.csrf)?;
-    let (caller, id, now) = (viewer.caller().to_owned(), viewer.signin.id.clone(), now_ms());
+    let (caller, id, now) = (
+        viewer.caller().to_owned(),
+        viewer.signin.id.clone(),
+        now_ms(),
+    );
     app.rt
         .store
         .write(move |tx| signins::revoke(tx, &caller, &id, now))
@@ -200,10 +207,7 @@ pub(super) async fn logout(
 
 /// `POST /ui/login-links` with a user token as bearer (what `mrctl ui
 /// login` calls): a one-time sign-in link for the token's caller.
-pub(super) async fn mint_link(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-) -> Response {
+pub(super) async fn mint_link(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -372,7 +376,11 @@ pub(super) async fn overview(State(app): State<Arc<App>>, viewer: Viewer) -> UiR
             name,
             state: format!(
                 "{} ({})",
-                if s.connected { "connected" } else { "not connected" },
+                if s.connected {
+                    "connected"
+                } else {
+                    "not connected"
+                },
                 s.mode
             ),
             error: s.last_error.unwrap_or_default(),
@@ -381,7 +389,11 @@ pub(super) async fn overview(State(app): State<Arc<App>>, viewer: Viewer) -> UiR
     page(&OverviewPage {
         chrome: Chrome::of(&viewer),
         version: env!("CARGO_PKG_VERSION"),
-        mode: if app.rt.outbound.is_shadow() { "shadow" } else { "live" },
+        mode: if app.rt.outbound.is_shadow() {
+            "shadow"
+        } else {
+            "live"
+        },
         sandbox: app.rt.sandbox.name().to_owned(),
         active: c.active,
         adapters,
@@ -569,9 +581,7 @@ pub(super) async fn space(
             .into_iter()
             .map(|t| TaskRow {
                 id: t.id,
-                schedule: t
-                    .cron
-                    .unwrap_or_else(|| t.at.map(when).unwrap_or_default()),
+                schedule: t.cron.unwrap_or_else(|| t.at.map(when).unwrap_or_default()),
                 prompt: if t.active {
                     t.prompt
                 } else {
@@ -737,7 +747,9 @@ pub(super) async fn save_file(
     access.require(Permission::FilesWrite)?;
     let expect = form.if_match.trim().to_ascii_lowercase();
     if expect.len() > 128 || !expect.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(UiError::BadRequest("the form's file hash is not one this host gave".into()));
+        return Err(UiError::BadRequest(
+            "the form's file hash is not one this host gave".into(),
+        ));
     }
     // Browsers send a textarea's line breaks as CRLF.
     let content = form.content.replace("\r\n", "\n");
@@ -817,7 +829,11 @@ struct RunsPage {
 
 fn filter_word(raw: &str) -> UiResult<String> {
     let w = raw.trim();
-    if w.len() > 32 || !w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if w.len() > 32
+        || !w
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         return Err(UiError::BadRequest(
             "a status or kind filter is a short word".into(),
         ));
@@ -952,5 +968,191 @@ pub(super) async fn run(
             })
             .collect(),
         run,
+    })
+}
+
+// ---- links ----
+
+struct LinkRow {
+    id: i64,
+    holder: String,
+    target: String,
+    level: String,
+    by: String,
+    since: String,
+}
+
+struct NodeAt {
+    id: String,
+    x: i64,
+    y: i64,
+    tx: i64,
+    ty: i64,
+}
+
+struct EdgeAt {
+    level: String,
+    x1: i64,
+    y1: i64,
+    x2: i64,
+    y2: i64,
+    lx: i64,
+    ly: i64,
+}
+
+struct AuditLine {
+    at: String,
+    caller: String,
+    action: String,
+    spaces: String,
+    level: String,
+    request: String,
+    status: String,
+}
+
+#[derive(Template)]
+#[template(path = "ui/links.html")]
+struct LinksPage {
+    chrome: Chrome,
+    size: i64,
+    nodes: Vec<NodeAt>,
+    edges: Vec<EdgeAt>,
+    links: Vec<LinkRow>,
+    space: String,
+    audit: Vec<AuditLine>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct LinksQuery {
+    #[serde(default)]
+    space: String,
+}
+
+/// Where each space sits on the graph: on a circle, in id order, so the
+/// same links always draw the same picture.
+fn layout(ids: &[String], size: i64) -> Vec<(i64, i64)> {
+    let (c, r) = (size as f64 / 2.0, size as f64 / 2.0 - 70.0);
+    let n = ids.len().max(1) as f64;
+    (0..ids.len())
+        .map(|i| {
+            let a = std::f64::consts::TAU * i as f64 / n - std::f64::consts::FRAC_PI_2;
+            (
+                (c + r * a.cos()).round() as i64,
+                (c + r * a.sin()).round() as i64,
+            )
+        })
+        .collect()
+}
+
+/// The links graph (holder → target, drawn here as SVG) and the link audit
+/// log, filtered by space: instance-wide, for global admins, as the API's
+/// `links list --all` and `links audit`.
+pub(super) async fn links_page(
+    State(app): State<Arc<App>>,
+    viewer: Viewer,
+    Query(query): Query<LinksQuery>,
+) -> UiResult<Response> {
+    if !viewer.global_admin {
+        return Err(UiError::Forbidden(
+            "the links of the whole instance are for global admins".into(),
+        ));
+    }
+    let space = query.space.trim().to_owned();
+    if !space.is_empty() {
+        crate::ids::SpaceId::parse(&space).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    }
+    let filter = space.clone();
+    let (all, audit) = app
+        .rt
+        .store
+        .read(move |c| {
+            let audit = if filter.is_empty() {
+                links::audit_all(c, PAGE_ROWS)?
+            } else {
+                links::audit_for(c, &filter, PAGE_ROWS)?
+            };
+            Ok((links::all(c)?, audit))
+        })
+        .await?;
+    let live: Vec<_> = all.into_iter().filter(|l| l.revoked_at.is_none()).collect();
+    let mut ids: Vec<String> = live
+        .iter()
+        .flat_map(|l| [l.holder_space_id.clone(), l.target_space_id.clone()])
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let size = 520;
+    let at = layout(&ids, size);
+    let pos = |id: &str| ids.iter().position(|i| i == id).map_or((0, 0), |i| at[i]);
+    let nodes = ids
+        .iter()
+        .zip(&at)
+        .map(|(id, &(x, y))| NodeAt {
+            id: id.clone(),
+            x,
+            y,
+            tx: x + if x >= size / 2 {
+                10
+            } else {
+                -10 - 7 * id.len() as i64
+            },
+            ty: y + 4,
+        })
+        .collect();
+    let edges = live
+        .iter()
+        .map(|l| {
+            let ((x1, y1), (x2, y2)) = (pos(&l.holder_space_id), pos(&l.target_space_id));
+            // Stop short of the target's dot so the arrow head shows.
+            let (dx, dy) = ((x2 - x1) as f64, (y2 - y1) as f64);
+            let len = (dx * dx + dy * dy).sqrt().max(1.0);
+            EdgeAt {
+                level: l.level.clone(),
+                x1,
+                y1,
+                x2: x2 - (dx / len * 9.0).round() as i64,
+                y2: y2 - (dy / len * 9.0).round() as i64,
+                lx: (x1 + x2) / 2 + 4,
+                ly: (y1 + y2) / 2 - 4,
+            }
+        })
+        .collect();
+    page(&LinksPage {
+        chrome: Chrome::of(&viewer),
+        size,
+        nodes,
+        edges,
+        links: live
+            .into_iter()
+            .map(|l| LinkRow {
+                id: l.id,
+                holder: l.holder_space_id,
+                target: l.target_space_id,
+                level: l.level,
+                by: l.created_by,
+                since: when(l.created_at),
+            })
+            .collect(),
+        space,
+        audit: audit
+            .into_iter()
+            .map(|a| AuditLine {
+                at: when(a.at),
+                caller: a.caller_id,
+                action: a.action,
+                spaces: format!(
+                    "{} → {}",
+                    a.holder_space_id.unwrap_or_default(),
+                    a.target_space_id.unwrap_or_default()
+                ),
+                level: a.level.unwrap_or_default(),
+                request: format!(
+                    "{} {}",
+                    a.method.unwrap_or_default(),
+                    a.path.or(a.route).unwrap_or_default()
+                ),
+                status: a.status.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .collect(),
     })
 }

@@ -654,15 +654,31 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
             .await
             .unwrap();
         let s = secret.clone();
-        let live = store.read(move |c| signins::resolve(c, &s, 2_000)).await.unwrap();
-        assert_eq!(live.as_ref().map(|s| s.caller_id.as_str()), Some("api:ada"), "{name}");
+        let live = store
+            .read(move |c| signins::resolve(c, &s, 2_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            live.as_ref().map(|s| s.caller_id.as_str()),
+            Some("api:ada"),
+            "{name}"
+        );
         assert_eq!(live.unwrap().csrf.len(), 32, "{name}");
         let s = secret.clone();
-        let late = store.read(move |c| signins::resolve(c, &s, 10_000)).await.unwrap();
+        let late = store
+            .read(move |c| signins::resolve(c, &s, 10_000))
+            .await
+            .unwrap();
         assert!(late.is_none(), "{name}: an expired sign-in resolved");
-        let listed = store.read(|c| signins::list_for(c, "api:ada", 10)).await.unwrap();
+        let listed = store
+            .read(|c| signins::list_for(c, "api:ada", 10))
+            .await
+            .unwrap();
         assert_eq!(listed.len(), 1, "{name}");
-        let other = store.read(|c| signins::list_for(c, "api:bob", 10)).await.unwrap();
+        let other = store
+            .read(|c| signins::list_for(c, "api:bob", 10))
+            .await
+            .unwrap();
         assert!(other.is_empty(), "{name}");
         let i = id.clone();
         let by_other = store
@@ -676,7 +692,10 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
             .await
             .unwrap());
         let s = secret.clone();
-        let gone = store.read(move |c| signins::resolve(c, &s, 3_500)).await.unwrap();
+        let gone = store
+            .read(move |c| signins::resolve(c, &s, 3_500))
+            .await
+            .unwrap();
         assert!(gone.is_none(), "{name}: a revoked sign-in resolved");
 
         let tid = token_id.clone();
@@ -689,7 +708,11 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
             .write(move |tx| signins::redeem_link(tx, &l, 2_000))
             .await
             .unwrap();
-        assert_eq!(first, Some(("api:ada".to_owned(), token_id.clone())), "{name}");
+        assert_eq!(
+            first,
+            Some(("api:ada".to_owned(), token_id.clone())),
+            "{name}"
+        );
         let l = link.clone();
         let second = store
             .write(move |tx| signins::redeem_link(tx, &l, 2_001))
@@ -720,19 +743,31 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
             .read(|c| ui_lists::spaces_page(c, None, "", "", 2))
             .await
             .unwrap();
-        assert_eq!(first.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s0", "s1"], "{name}");
+        assert_eq!(
+            first.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s0", "s1"],
+            "{name}"
+        );
         assert!(more, "{name}");
         let (rest, more) = store
             .read(|c| ui_lists::spaces_page(c, None, "", "s3", 2))
             .await
             .unwrap();
-        assert_eq!(rest.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s4"], "{name}");
+        assert_eq!(
+            rest.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s4"],
+            "{name}"
+        );
         assert!(!more, "{name}");
         let (found, _) = store
             .read(|c| ui_lists::spaces_page(c, None, "TEAM 2", "", 10))
             .await
             .unwrap();
-        assert_eq!(found.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s2"], "{name}");
+        assert_eq!(
+            found.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s2"],
+            "{name}"
+        );
         let (literal, _) = store
             .read(|c| ui_lists::spaces_page(c, None, "_", "", 10))
             .await
@@ -742,6 +777,10 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
             .read(|c| ui_lists::spaces_page(c, Some("api:ada"), "", "", 10))
             .await
             .unwrap();
-        assert_eq!(mine.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s3"], "{name}");
+        assert_eq!(
+            mine.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s3"],
+            "{name}"
+        );
     }
 }

@@ -63,10 +63,17 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
     let r = http.get(format!("{}/ui/", host.url)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()[LOCATION], "/ui/login");
-    let r = http.get(format!("{}/ui/login", host.url)).send().await.unwrap();
+    let r = http
+        .get(format!("{}/ui/login", host.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let csp = r.headers()[CONTENT_SECURITY_POLICY].to_str().unwrap();
-    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     assert!(!csp.contains("unsafe-inline"), "{csp}");
     assert_eq!(r.headers()[X_CONTENT_TYPE_OPTIONS], "nosniff");
 
@@ -100,7 +107,13 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
         .await
         .unwrap();
     let set = r.headers()[SET_COOKIE].to_str().unwrap().to_owned();
-    for flag in ["HttpOnly", "SameSite=Strict", "Max-Age=", "Secure", "Path=/ui"] {
+    for flag in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Max-Age=",
+        "Secure",
+        "Path=/ui",
+    ] {
         assert!(set.contains(flag), "{flag} missing: {set}");
     }
     let cookie = sign_in(&host, &http, &host.owner_token).await;
@@ -111,7 +124,10 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
         .send()
         .await
         .unwrap();
-    assert!(!plain.headers()[SET_COOKIE].to_str().unwrap().contains("Secure"));
+    assert!(!plain.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .contains("Secure"));
 
     let (st, html) = get(&host, &http, "/ui/", &cookie).await;
     assert_eq!(st, StatusCode::OK);
@@ -124,7 +140,7 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
             .post(format!("{}/ui/logout", host.url))
             .header("cookie", &cookie)
             .header("content-type", "application/x-www-form-urlencoded")
-        .body(encoded(&form))
+            .body(encoded(&form))
             .send()
             .await
             .unwrap();
@@ -141,23 +157,49 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
     let bob_cookie = sign_in(&host, &http, &bob).await;
     let (st, html) = get(&host, &http, "/ui/spaces/alpha", &bob_cookie).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{html}");
-    assert_eq!(get(&host, &http, "/ui/spaces/beta", &bob_cookie).await.0, StatusCode::OK);
+    assert_eq!(
+        get(&host, &http, "/ui/spaces/beta", &bob_cookie).await.0,
+        StatusCode::OK
+    );
     assert_eq!(
         get(&host, &http, "/ui/spaces/nosuch", &bob_cookie).await.0,
         StatusCode::FORBIDDEN,
         "a missing space answers like another's"
     );
     let (_, list) = get(&host, &http, "/ui/spaces", &bob_cookie).await;
-    assert!(list.contains("/ui/spaces/beta") && !list.contains("/ui/spaces/alpha"), "{list}");
+    assert!(
+        list.contains("/ui/spaces/beta") && !list.contains("/ui/spaces/alpha"),
+        "{list}"
+    );
     let (_, all) = get(&host, &http, "/ui/spaces?q=alp", &cookie).await;
-    assert!(all.contains("/ui/spaces/alpha") && !all.contains("/ui/spaces/beta"), "{all}");
+    assert!(
+        all.contains("/ui/spaces/alpha") && !all.contains("/ui/spaces/beta"),
+        "{all}"
+    );
+
+    // The links graph, drawn on the server, and the audit: global admins only.
+    host.link("beta", "alpha", "read").await;
+    let (st, links) = get(&host, &http, "/ui/links", &cookie).await;
+    assert_eq!(st, StatusCode::OK);
+    let svg = &links[links.find("<svg").expect("an svg graph")..links.find("</svg>").unwrap()];
+    assert_eq!(svg.matches("<line").count(), 1, "{svg}");
+    assert!(
+        svg.contains(">alpha</text>")
+            && svg.contains(">beta</text>")
+            && svg.contains(">read</text>"),
+        "{svg}"
+    );
+    let (st, _) = get(&host, &http, "/ui/links?space=alpha", &cookie).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        get(&host, &http, "/ui/links", &bob_cookie).await.0,
+        StatusCode::FORBIDDEN
+    );
 
     // Sign-ins are listed and revocable; revoking the token ends them too.
     let (_, signins) = get(&host, &http, "/ui/signins", &cookie).await;
     assert!(signins.matches("<tr>").count() >= 3, "{signins}");
-    let (st, v) = host
-        .owner(Method::GET, "/api/tokens", None, None)
-        .await;
+    let (st, v) = host.owner(Method::GET, "/api/tokens", None, None).await;
     assert_eq!(st, 200);
     let bob_id = v["tokens"]
         .as_array()
@@ -190,10 +232,18 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
         .as_str()
         .unwrap()
         .to_owned();
-    let first = http.get(format!("{}{path}", host.url)).send().await.unwrap();
+    let first = http
+        .get(format!("{}{path}", host.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(first.status(), StatusCode::SEE_OTHER);
     assert!(first.headers().get(SET_COOKIE).is_some());
-    let again = http.get(format!("{}{path}", host.url)).send().await.unwrap();
+    let again = http
+        .get(format!("{}{path}", host.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status(), StatusCode::FORBIDDEN);
     assert!(again.headers().get(SET_COOKIE).is_none());
     let r = http
@@ -204,14 +254,28 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
     // `mrctl ui login` prints a whole link on the URL it reached the host at.
-    let out = host.mrctl(&host.owner_token, None).args(["ui", "login"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = host
+        .mrctl(&host.owner_token, None)
+        .args(["ui", "login"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed = String::from_utf8(out.stdout).unwrap();
     let link = printed.lines().next().unwrap().to_owned();
-    assert!(link.starts_with(&format!("{}/ui/link/mrc_", host.url)), "{printed}");
+    assert!(
+        link.starts_with(&format!("{}/ui/link/mrc_", host.url)),
+        "{printed}"
+    );
     let r = http.get(&link).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert!(r.headers()[SET_COOKIE].to_str().unwrap().contains("HttpOnly"));
+    assert!(r.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .contains("HttpOnly"));
 
     // Sign out: the cookie stops working.
     let r = http
@@ -223,7 +287,13 @@ async fn ui_sign_in_cookie_csrf_headers_and_access() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert!(r.headers()[SET_COOKIE].to_str().unwrap().contains("Max-Age=0"));
-    assert_eq!(get(&host, &http, "/ui/", &cookie).await.0, StatusCode::SEE_OTHER);
+    assert!(r.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .contains("Max-Age=0"));
+    assert_eq!(
+        get(&host, &http, "/ui/", &cookie).await.0,
+        StatusCode::SEE_OTHER
+    );
     host.stop().await;
 }

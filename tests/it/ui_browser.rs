@@ -157,19 +157,34 @@ async fn ui_browser_operator_walkthrough() {
     replace_text(&c, "chat-text", "hello there").await;
     follow(&c, Locator::Id("chat-send")).await;
     let messages = text_of(&c, "#messages").await;
-    assert!(messages.contains("hello there") && messages.contains("a plain answer"), "{messages}");
+    assert!(
+        messages.contains("hello there") && messages.contains("a plain answer"),
+        "{messages}"
+    );
 
     // Edit AGENTS.md; the next turn follows it.
     follow(&c, Locator::LinkText("AGENTS.md")).await;
-    replace_text(&c, "file-editor", "Answer every greeting with fruit. PINEAPPLE-RULE").await;
+    replace_text(
+        &c,
+        "file-editor",
+        "Answer every greeting with fruit. PINEAPPLE-RULE",
+    )
+    .await;
     follow(&c, Locator::Id("file-save")).await;
-    assert!(text_of(&c, "#file-content").await.contains("PINEAPPLE-RULE"));
+    assert!(text_of(&c, "#file-content")
+        .await
+        .contains("PINEAPPLE-RULE"));
     shot(&c, "agents-md").await;
-    c.goto(&format!("{}/ui/spaces/alpha", host.url)).await.unwrap();
+    c.goto(&format!("{}/ui/spaces/alpha", host.url))
+        .await
+        .unwrap();
     replace_text(&c, "chat-text", "hi again").await;
     follow(&c, Locator::Id("chat-send")).await;
     let messages = text_of(&c, "#messages").await;
-    assert!(messages.contains("pineapple, as AGENTS.md says"), "{messages}");
+    assert!(
+        messages.contains("pineapple, as AGENTS.md says"),
+        "{messages}"
+    );
     shot(&c, "space").await;
 
     // A run's trace.
@@ -225,9 +240,13 @@ async fn ui_browser_operator_walkthrough() {
 
     // A space admin of beta is refused alpha's page.
     sign_in(&c, &host, &bob).await;
-    c.goto(&format!("{}/ui/spaces/alpha", host.url)).await.unwrap();
+    c.goto(&format!("{}/ui/spaces/alpha", host.url))
+        .await
+        .unwrap();
     assert!(text_of(&c, "#error-status").await.starts_with("403"));
-    c.goto(&format!("{}/ui/spaces/beta", host.url)).await.unwrap();
+    c.goto(&format!("{}/ui/spaces/beta", host.url))
+        .await
+        .unwrap();
     assert_eq!(text_of(&c, "#space-title").await, "beta");
 
     c.close().await.unwrap();
@@ -318,7 +337,10 @@ async fn ui_browser_planted_payloads_never_run() {
         // Give any handler that might fire (an image's onerror) its moment.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let ran: Value = c
-            .execute(&format!("return {FLAG} === undefined ? null : {FLAG};"), vec![])
+            .execute(
+                &format!("return {FLAG} === undefined ? null : {FLAG};"),
+                vec![],
+            )
             .await
             .unwrap();
         assert_eq!(ran, Value::Null, "a payload ran on {path}");
@@ -331,11 +353,20 @@ async fn ui_browser_planted_payloads_never_run() {
             .unwrap();
         assert_eq!(planted, json!(0), "a payload became an element on {path}");
         let body = text_of(&c, "main").await;
-        assert!(body.contains(shown), "{path} does not show the text {shown:?}: {body}");
+        assert!(
+            body.contains(shown),
+            "{path} does not show the text {shown:?}: {body}"
+        );
     }
-    c.goto(&format!("{}/ui/spaces/evil", host.url)).await.unwrap();
-    assert!(text_of(&c, "#messages .sender").await.contains("<svg onload"));
-    c.goto(&format!("{}/ui/runs/run-evil", host.url)).await.unwrap();
+    c.goto(&format!("{}/ui/spaces/evil", host.url))
+        .await
+        .unwrap();
+    assert!(text_of(&c, "#messages .sender")
+        .await
+        .contains("<svg onload"));
+    c.goto(&format!("{}/ui/runs/run-evil", host.url))
+        .await
+        .unwrap();
     assert!(text_of(&c, "#trace").await.contains("<svg onload"));
     c.close().await.unwrap();
     host.stop().await;
