@@ -9,6 +9,8 @@
 #   - a Docker engine that answers (docker.io installed and dockerd started if needed),
 #   - PostgreSQL 15's server, psql, openssl and flock (the storage tests start a throwaway
 #     cluster with deploy/test-postgres.sh; docs/storage.md),
+#   - Debian's chromium and chromium-driver (the dashboard's browser tests drive it over
+#     WebDriver; tests/it/ui_browser.rs),
 #   - cargo-nextest (the test runner).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -25,6 +27,8 @@ for t in openssl:openssl flock:util-linux python3:python3; do
   command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t##*:}")
 done
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   apt-get update -qq

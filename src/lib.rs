@@ -57,4 +57,5 @@ pub mod shadow;
 pub mod spend;
 pub mod storage;
 pub(crate) mod telemetry;
+pub mod ui;
 pub mod workspace;

@@ -5,7 +5,8 @@
 //! `sandbox` (container start to first exec), `links` (a read route direct
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
 //! `review`, `adapters` (Telegram intake beside ingress alone) and `shadow`
-//! (snapshot beside `cp -a`); `docs/benchmarks.md` says how to read them.
+//! (snapshot beside `cp -a`), `ui` (the dashboard's pages at 10,000 spaces and
+//! 1,000,000 messages); `docs/benchmarks.md` says how to read them.
 //!
 //! Must never: touch a real data dir (every bench works in a temp dir), call
 //! a network model (the scripted model answers), or pass or fail on a
@@ -22,6 +23,7 @@ pub(crate) mod review_quality;
 pub(crate) mod sandbox;
 pub(crate) mod shadow;
 pub(crate) mod turns;
+pub(crate) mod ui;
 
 use std::path::Path;
 use std::time::Duration;

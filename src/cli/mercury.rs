@@ -156,6 +156,16 @@ enum BenchCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
         chats: u64,
     },
+    /// The dashboard's pages (/ui/), p50/p99, at 10,000 spaces and 1,000,000 messages.
+    Ui {
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        spaces: u64,
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+        messages: u64,
+        /// Requests per page.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        requests: u64,
+    },
     /// The same read routes direct and through a space link (act-as), side by side.
     Links {
         /// Requests per route and side.
@@ -463,6 +473,30 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                 }
                 Err(e) => {
                     eprintln!("mercury bench adapters: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Ui {
+                    spaces,
+                    messages,
+                    requests,
+                },
+        } => {
+            let opts = crate::bench::ui::UiBenchOptions {
+                spaces: spaces as usize,
+                messages: messages as usize,
+                requests: requests as usize,
+            };
+            match crate::bench::ui::run(&opts).await {
+                Ok((seeded, figs)) => {
+                    crate::bench::ui::print(&opts, seeded, &figs);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench ui: {e:#}");
                     ExitCode::from(1)
                 }
             }

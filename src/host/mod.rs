@@ -717,7 +717,8 @@ pub async fn serve_with(
         rt.clone(),
         shutdown.clone(),
     ));
-    let router = crate::api::router(app.clone());
+    // The dashboard's paths are its own (`/ui/…`); everything else is the API's.
+    let router = crate::ui::router(app.clone()).merge(crate::api::router(app.clone()));
     let tcp = match bound {
         Some(listener) => {
             listener

@@ -414,6 +414,33 @@ CREATE TABLE chat_windows (
   PRIMARY KEY (platform, conversation)
 );
 "#,
+    // 14: the dashboard's sign-ins (issue 27). A sign-in is a cookie's
+    // hash, the user token it was made from (revoking the token ends it),
+    // its CSRF secret and its expiry; a one-time link (`mrctl ui login`) is
+    // a hash that one sign-in consumes, within minutes of its making.
+    r#"
+CREATE TABLE ui_signins (
+  id TEXT PRIMARY KEY,
+  secret_hash TEXT NOT NULL UNIQUE,
+  caller_id TEXT NOT NULL,
+  token_id TEXT NOT NULL,
+  csrf TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  last_seen_at INTEGER NOT NULL,
+  revoked_at INTEGER,
+  agent TEXT NOT NULL
+);
+CREATE INDEX ui_signins_caller ON ui_signins (caller_id, created_at);
+CREATE TABLE ui_login_links (
+  secret_hash TEXT PRIMARY KEY,
+  caller_id TEXT NOT NULL,
+  token_id TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  used_at INTEGER
+);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

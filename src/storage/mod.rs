@@ -35,6 +35,7 @@ mod pg;
 pub mod rehearsal;
 pub mod runs;
 pub mod seed;
+pub mod signins;
 pub mod snapshot;
 pub mod space_settings;
 pub mod spaces;
@@ -44,6 +45,7 @@ pub mod status;
 pub mod task_runs;
 pub mod tasks;
 pub mod tokens;
+pub mod ui_lists;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

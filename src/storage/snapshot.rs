@@ -53,9 +53,11 @@ pub fn replace_tokens<T>(
         run_started_at_ms: max("SELECT COALESCE(MAX(started_at), 0) FROM runs")?,
     };
     conn.execute_batch("BEGIN")?;
-    // Not one live credential crosses.
+    // Not one live credential crosses (nor a dashboard sign-in's or link's hash).
     let swapped = conn
         .execute("DELETE FROM api_tokens", params![])
+        .and_then(|_| conn.execute("DELETE FROM ui_signins", params![]))
+        .and_then(|_| conn.execute("DELETE FROM ui_login_links", params![]))
         .and_then(|_| mint(&Tx::new(&conn)));
     match swapped {
         Ok(minted) => {

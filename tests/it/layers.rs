@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["bench"],
     &["host"],
-    &["api"],
+    &["api", "ui"],
     // An in-process adapter calls ingress, so it sits one row above it.
     &["adapters"],
     &["ingress"],

@@ -48,4 +48,6 @@ mod storage_contract;
 mod storage_pg;
 mod telegram;
 mod telegram_callers;
+mod ui;
+mod ui_browser;
 mod whatsapp;

@@ -451,6 +451,18 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     for i in 0..40 {
         host.token(&format!("api:user{i}"), "user").await;
     }
+    // And a dashboard sign-in, whose cookie hash must not cross either.
+    let signed_in = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{}/ui/login", host.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={}", host.owner_token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), 303);
     let root = tempfile::tempdir().unwrap();
     let root_path = std::fs::canonicalize(root.path()).unwrap();
     let live_rows = host.all_row_counts();
@@ -493,12 +505,15 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
             "the output names {id}"
         );
     }
-    // The copy: every row but the tokens, which are the shadow's own.
+    // The copy: every row but the tokens, which are the shadow's own, and
+    // the dashboard's sign-ins, which were made with live tokens.
     let copy = ro(&dir.join("state.db"));
     for (table, n) in &live_rows {
         let c = inspect::row_count(&copy, table).unwrap();
         if table == "api_tokens" {
             assert_eq!(c, 1, "only the shadow's owner token");
+        } else if table == "ui_signins" || table == "ui_login_links" {
+            assert_eq!(c, 0, "{table} crossed into the copy");
         } else {
             assert_eq!(c, *n, "{table}");
         }
@@ -512,8 +527,13 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     }
     // No live token hash survives in the copy's free pages either.
     let raw = std::fs::read(dir.join("state.db")).unwrap();
-    let live_hashes: Vec<String> =
-        host.read(|c| c.query_all("SELECT token_hash FROM api_tokens", &[], |r| r.get(0)));
+    let live_hashes: Vec<String> = host.read(|c| {
+        c.query_all(
+            "SELECT token_hash FROM api_tokens UNION ALL SELECT secret_hash FROM ui_signins",
+            &[],
+            |r| r.get(0),
+        )
+    });
     assert!(live_hashes.len() > 40, "{}", live_hashes.len());
     for h in &live_hashes {
         assert!(

@@ -629,3 +629,178 @@ async fn concurrent_writers_all_land_once() {
         assert_eq!(pending.len(), 200, "{name}");
     }
 }
+
+/// The dashboard's sign-ins and one-time links (issue 27): a sign-in lives
+/// while its token does and until revoked; a link signs in once, in time;
+/// the spaces page is cut in SQL, filtered by membership and search.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_signins_links_and_pages_hold_on_every_backend() {
+    use mercury::storage::{signins, ui_lists};
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let (token_id, _) = store
+            .write(|tx| {
+                tokens::mint(
+                    tx,
+                    &tokens::NewToken {
+                        caller_id: "api:ada",
+                        kind: tokens::TokenKind::User,
+                        space_id: None,
+                        run_id: None,
+                        label: None,
+                        created_by: None,
+                        expires_at: None,
+                        role: None,
+                        read_only: false,
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        let tid = token_id.clone();
+        let (id, secret) = store
+            .write(move |tx| {
+                signins::create(
+                    tx,
+                    &signins::NewSignin {
+                        caller_id: "api:ada",
+                        token_id: &tid,
+                        now: 1_000,
+                        expires_at: 10_000,
+                        agent: "test",
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        let s = secret.clone();
+        let live = store
+            .read(move |c| signins::resolve(c, &s, 2_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            live.as_ref().map(|s| s.caller_id.as_str()),
+            Some("api:ada"),
+            "{name}"
+        );
+        assert_eq!(live.unwrap().csrf.len(), 32, "{name}");
+        let s = secret.clone();
+        let late = store
+            .read(move |c| signins::resolve(c, &s, 10_000))
+            .await
+            .unwrap();
+        assert!(late.is_none(), "{name}: an expired sign-in resolved");
+        let listed = store
+            .read(|c| signins::list_for(c, "api:ada", 10))
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1, "{name}");
+        let other = store
+            .read(|c| signins::list_for(c, "api:bob", 10))
+            .await
+            .unwrap();
+        assert!(other.is_empty(), "{name}");
+        let i = id.clone();
+        let by_other = store
+            .write(move |tx| signins::revoke(tx, "api:bob", &i, 3_000))
+            .await
+            .unwrap();
+        assert!(!by_other, "{name}: another caller revoked a sign-in");
+        let i = id.clone();
+        assert!(store
+            .write(move |tx| signins::revoke(tx, "api:ada", &i, 3_000))
+            .await
+            .unwrap());
+        let s = secret.clone();
+        let gone = store
+            .read(move |c| signins::resolve(c, &s, 3_500))
+            .await
+            .unwrap();
+        assert!(gone.is_none(), "{name}: a revoked sign-in resolved");
+
+        let tid = token_id.clone();
+        let link = store
+            .write(move |tx| signins::create_link(tx, "api:ada", &tid, 1_000, 301_000))
+            .await
+            .unwrap();
+        let l = link.clone();
+        let first = store
+            .write(move |tx| signins::redeem_link(tx, &l, 2_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            first,
+            Some(("api:ada".to_owned(), token_id.clone())),
+            "{name}"
+        );
+        let l = link.clone();
+        let second = store
+            .write(move |tx| signins::redeem_link(tx, &l, 2_001))
+            .await
+            .unwrap();
+        assert!(second.is_none(), "{name}: a link signed in twice");
+        let tid = token_id.clone();
+        let stale = store
+            .write(move |tx| {
+                let l = signins::create_link(tx, "api:ada", &tid, 1_000, 301_000)?;
+                signins::redeem_link(tx, &l, 301_000)
+            })
+            .await
+            .unwrap();
+        assert!(stale.is_none(), "{name}: an expired link signed in");
+
+        store
+            .write(|tx| {
+                for i in 0..5 {
+                    spaces::create_space(tx, &format!("s{i}"), &format!("Team {i}%"), &[])?;
+                }
+                spaces::touch_member(tx, "s3", "api:ada", Some("Ada"))?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let (first, more) = store
+            .read(|c| ui_lists::spaces_page(c, None, "", "", 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            first.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s0", "s1"],
+            "{name}"
+        );
+        assert!(more, "{name}");
+        let (rest, more) = store
+            .read(|c| ui_lists::spaces_page(c, None, "", "s3", 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            rest.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s4"],
+            "{name}"
+        );
+        assert!(!more, "{name}");
+        let (found, _) = store
+            .read(|c| ui_lists::spaces_page(c, None, "TEAM 2", "", 10))
+            .await
+            .unwrap();
+        assert_eq!(
+            found.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s2"],
+            "{name}"
+        );
+        let (literal, _) = store
+            .read(|c| ui_lists::spaces_page(c, None, "_", "", 10))
+            .await
+            .unwrap();
+        assert!(literal.is_empty(), "{name}: '_' matched as a wildcard");
+        let (mine, _) = store
+            .read(|c| ui_lists::spaces_page(c, Some("api:ada"), "", "", 10))
+            .await
+            .unwrap();
+        assert_eq!(
+            mine.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s3"],
+            "{name}"
+        );
+    }
+}

@@ -167,6 +167,9 @@ pub enum Command {
     /// Workspace files of the space (AGENTS.md, MEMORY.md, knowledge/...).
     #[command(subcommand)]
     Files(FilesCmd),
+    /// The web dashboard at /ui/.
+    #[command(subcommand)]
+    Ui(UiCmd),
     /// Print a shell completion script (bash, zsh or fish) to stdout.
     Completions {
         /// The shell to complete for.
@@ -179,6 +182,13 @@ pub enum Command {
         #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UiCmd {
+    /// Print a one-time sign-in link to the dashboard for this token's user
+    /// (it signs in once, within 5 minutes).
+    Login,
 }
 
 #[derive(Debug, Subcommand)]

@@ -254,7 +254,14 @@ async fn execute(
     } else {
         call(&conn, &plan).await?
     };
-    let value = pick(&plan.then, value)?;
+    let mut value = pick(&plan.then, value)?;
+    if let (Command::Ui(UiCmd::Login), crate::client::Endpoint::Http { .. }) =
+        (&cli.command, &conn.endpoint)
+    {
+        // The host answers with a path: only this side knows the URL it was reached at.
+        let path = value["path"].as_str().unwrap_or_default().to_owned();
+        value["url"] = Value::String(format!("{}{path}", conn.endpoint.describe()));
+    }
     let (text, note) = if cli.json {
         let pretty = serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string());
         (format!("{pretty}\n"), None)

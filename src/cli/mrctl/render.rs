@@ -330,6 +330,20 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             }
             ControlCmd::Clear => "cleared the session\n".to_owned(),
         },
+        Command::Ui(UiCmd::Login) => {
+            let expires = field(v, "expires_at")
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.format("%H:%M:%S UTC").to_string())
+                .unwrap_or_default();
+            match field(v, "url").as_str() {
+                Some(url) => format!("{url}\n(signs in once, until {expires})\n"),
+                None => format!(
+                    "{}\n(a path on the host's HTTP listener; signs in once, until {expires})\n",
+                    cell(field(v, "path"))
+                ),
+            }
+        }
         Command::Send { .. } => format!(
             "queued as outbox item {} in conversation {}\n",
             cell(field(v, "outbox_id")),
