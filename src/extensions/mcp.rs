@@ -166,6 +166,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
                     }
                 }
                 if this.since_newline > this.cap {
+                    // Nothing of this read is handed on: the error is its result.
+                    buf.set_filled(before);
                     return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         format!("the server sent a message of more than {} bytes", this.cap),

@@ -24,7 +24,8 @@ use crate::storage::extensions as rows;
 pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(extensions_list))
-        .routes(routes!(extension_enable, extension_disable))
+        .routes(routes!(extension_enable))
+        .routes(routes!(extension_disable))
 }
 
 /// Across a link: the list only. Enabling is `ext.manage`, which no link
