@@ -315,8 +315,8 @@ mod tests {
 
     #[test]
     fn defaults_match_the_spec() {
-        assert_eq!(Permission::ALL.len(), 30);
-        assert_eq!(defaults(ROLE_ADMIN).len(), 30);
+        assert_eq!(Permission::ALL.len(), 31);
+        assert_eq!(defaults(ROLE_ADMIN).len(), 31);
         assert_eq!(
             defaults(ROLE_MEMBER),
             [Permission::Prompt].into_iter().collect()

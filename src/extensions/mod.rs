@@ -467,3 +467,79 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), ExtensionError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(read_only: bool) -> ExtTool {
+        ExtTool {
+            exposed: "web_x".into(),
+            extension: "web".into(),
+            server: "web".into(),
+            tool: "x".into(),
+            read_only,
+            spec: ToolSpec {
+                name: "web_x".into(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object"}),
+            },
+        }
+    }
+
+    #[test]
+    fn refusal_ask_and_shadow_run_only_read_only_tools_and_a_shadow_no_http() {
+        let (ro, acts) = (tool(true), tool(false));
+        for t in [Transport::Stdio, Transport::Http] {
+            assert_eq!(refusal(&acts, t, Mode::Acting), None);
+            assert!(refusal(&acts, t, Mode::Ask)
+                .unwrap()
+                .contains("not marked read-only"));
+            assert!(refusal(&acts, t, Mode::Shadow).is_some());
+        }
+        assert_eq!(refusal(&ro, Transport::Http, Mode::Ask), None);
+        assert_eq!(refusal(&ro, Transport::Stdio, Mode::Shadow), None);
+        assert!(refusal(&ro, Transport::Http, Mode::Shadow)
+            .unwrap()
+            .contains("a shadow calls no http server"));
+    }
+
+    #[test]
+    fn refusal_manifest_override_wins_over_the_hint_and_caps_hold() {
+        let m = manifest::parse(
+            "x",
+            "name = \"web\"\n[servers.web]\ntransport = \"http\"\nurl = \"http://h/mcp\"\n[servers.web.tools.post]\nread_only = false\n",
+        )
+        .unwrap();
+        let mut exts = TurnExtensions {
+            manifests: BTreeMap::new(),
+            tools: BTreeMap::new(),
+            unlisted: Vec::new(),
+            connections: Default::default(),
+        };
+        let t = |name: &str, hint: bool, schema: Value| CatalogTool {
+            server: "web".into(),
+            name: name.into(),
+            description: "d".into(),
+            input_schema: schema,
+            read_only_hint: hint,
+        };
+        let big =
+            serde_json::json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES)});
+        exts.add_tools(
+            &m,
+            &[
+                t("post", true, serde_json::json!({"type": "object"})),
+                t("get", true, serde_json::json!({"type": "object"})),
+                t("big", true, big),
+                t("bad name", true, serde_json::json!({"type": "object"})),
+            ],
+        );
+        assert!(!exts.tool("web_post").unwrap().read_only);
+        assert!(exts.tool("web_get").unwrap().read_only);
+        assert!(exts.tool("web_big").is_none());
+        assert_eq!(exts.specs().count(), 2);
+        assert_eq!(strip_and_cap("a\u{1b}[31mb\nc", 100), "a[31mb\nc");
+        assert!(strip_and_cap(&"é".repeat(100), 5).starts_with("éé\n[output truncated]"));
+    }
+}

@@ -81,8 +81,7 @@ pub(crate) async fn extensions_list(
 
 #[utoipa::path(post, path = "/api/extensions/{name}/enable", tag = "extensions",
     params(("name" = String, Path, description = "The installed extension")),
-    responses((status = 200, description = "Enabled", body = ExtensionSet),
-              (status = 404, description = "Not installed")))]
+    responses((status = 200, description = "Enabled (a 404: not installed)", body = ExtensionSet)))]
 pub(crate) async fn extension_enable(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
