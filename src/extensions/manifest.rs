@@ -147,7 +147,7 @@ impl Manifest {
             }
             match s.transport {
                 Transport::Stdio => {
-                    if s.command.is_empty() || s.command.iter().any(|a| a.is_empty()) {
+                    if s.command.is_empty() || s.command.iter().any(String::is_empty) {
                         return Err(bad(f("command"), "a stdio server needs a command (a non-empty list of non-empty strings)"));
                     }
                     if !s.command[0].starts_with('/') {

@@ -192,7 +192,7 @@ mod tests {
         let mut out = String::new();
         short.read_to_string(&mut out).await.unwrap();
         assert_eq!(out, "ab\ncd\n");
-        let long = vec![b'x'; 100];
+        let long = [b'x'; 100];
         let mut r = LineCap::new(&long[..], 10);
         let mut sink = Vec::new();
         assert!(r.read_to_end(&mut sink).await.is_err());
