@@ -29,7 +29,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
-use crate::extensions::{ExtTool, Mode as ExtMode, Transport, TurnExtensions};
+use crate::extensions::{
+    ExtTool, HookAnswer, HookPoint, Mode as ExtMode, Transport, TurnExtensions,
+};
 use crate::ids::{RunId, SpaceId};
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
@@ -325,15 +327,105 @@ async fn turn_loop(
 ) -> Result<String, TurnError> {
     let mut tool_specs = tools::tool_specs();
     let exts = load_extensions(rt, req, slot).await?;
+    let mut fragments = Vec::new();
     if let Some(exts) = &exts {
         tool_specs.extend(exts.specs().cloned());
+        let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text});
+        for (ext, answer) in
+            run_hooks(rt, req, slot, exts, HookPoint::BeforeTurn, args, acc).await?
+        {
+            match answer {
+                HookAnswer::Block(reason) => {
+                    exts.close().await;
+                    return Ok(format!("{ext} blocked this turn: {reason}"));
+                }
+                HookAnswer::Fragment(f) => {
+                    fragments.push(format!("# From the {ext} extension\n{f}"))
+                }
+                HookAnswer::Nothing => {}
+            }
+        }
     }
-    let result = turn_steps(rt, req, slot, acc, &tool_specs, exts.as_ref()).await;
+    let result = turn_steps(rt, req, slot, acc, &tool_specs, exts.as_ref(), &fragments).await;
+    if let (Some(exts), Ok(reply)) = (&exts, &result) {
+        let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text, "reply": reply});
+        run_hooks(rt, req, slot, exts, HookPoint::AfterTurn, args, acc).await?;
+    }
     // Before the sandbox closes: a stdio server ends with its connection.
     if let Some(exts) = &exts {
         exts.close().await;
     }
     result
+}
+
+/// Runs every enabled extension's hook at `point`, each a step of the
+/// trace. A hook that fails or overruns its time is logged and skipped; in
+/// an ask or a shadow an http hook is skipped (it could act outside).
+#[allow(clippy::too_many_arguments)]
+async fn run_hooks(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    exts: &TurnExtensions,
+    point: HookPoint,
+    args: serde_json::Value,
+    acc: &mut Accounting,
+) -> Result<Vec<(String, HookAnswer)>, TurnError> {
+    let cap = rt.settings.turn.output_cap_bytes;
+    let may_act = !rt.outbound.is_shadow() && req.kind != RunKind::Ask;
+    let mut out = Vec::new();
+    for hook in exts.hooks(point) {
+        let started_at = now_ms();
+        let clock = std::time::Instant::now();
+        let label = match point {
+            HookPoint::BeforeTurn => "before_turn",
+            HookPoint::AfterTurn => "after_turn",
+        };
+        // A tool step (run_steps.kind is model or tool) named `<ext>.<point>`,
+        // which no tool name can be.
+        let mut step = runs::RunStep {
+            kind: "tool".into(),
+            name: format!("{}.{label}", hook.extension),
+            arguments: Some(capped(
+                &crate::model::scripted::canonical_json(&args),
+                rt.settings.runs.step_output_bytes,
+            )),
+            started_at,
+            ..Default::default()
+        };
+        let answer = if hook.transport == Transport::Http && !may_act {
+            Err("skipped: an ask or a shadow calls no http hook".to_string())
+        } else if hook.transport == Transport::Stdio {
+            if rt.sandbox.unavailable_reason().is_some() {
+                Err("skipped: no sandbox on this host".to_string())
+            } else {
+                let guard = ensure_session(rt, req, slot).await?;
+                exts.run_hook(&hook, args.clone(), guard.as_deref(), cap)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        } else {
+            exts.run_hook(&hook, args.clone(), None, cap)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        step.duration_ms = clock.elapsed().as_millis() as u64;
+        match answer {
+            Ok(a) => {
+                step.output = Some(capped(
+                    &format!("{a:?}"),
+                    rt.settings.runs.step_output_bytes,
+                ));
+                out.push((hook.extension.clone(), a));
+            }
+            Err(e) => {
+                tracing::warn!(run = %req.run_id, extension = %hook.extension, hook = label, error = %e, "a hook failed and was skipped");
+                step.error = Some(e);
+            }
+        }
+        acc.push_step(step);
+    }
+    Ok(out)
 }
 
 /// The extensions the space enabled, their tools listed (a stdio server's
@@ -393,8 +485,23 @@ async fn turn_steps(
     acc: &mut Accounting,
     tool_specs: &[crate::model::ToolSpec],
     exts: Option<&TurnExtensions>,
+    fragments: &[String],
 ) -> Result<String, TurnError> {
     let mut messages = prompt::build(rt, &req.prompt, &req.user_text).await?;
+    // Hooks' fragments join the system prompt, before the history.
+    let at = usize::from(messages.first().is_some_and(|m| m.role == Role::System));
+    for (i, f) in fragments.iter().enumerate() {
+        messages.insert(
+            at + i,
+            ChatMessage {
+                role: Role::System,
+                content: f.clone(),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                tool_name: None,
+            },
+        );
+    }
     let steps = rt.settings.turn.max_steps;
     for _ in 0..steps {
         let response = call_model(rt, req, &messages, tool_specs, acc).await?;

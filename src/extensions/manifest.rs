@@ -16,7 +16,7 @@ pub const MANIFEST_FILE: &str = "extension.toml";
 /// Longest extension name: it prefixes tool names, which models cap at 64.
 const NAME_MAX: usize = 24;
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     /// `[a-z][a-z0-9]*`: the prefix of its tools (`<name>_<tool>`).
@@ -28,6 +28,51 @@ pub struct Manifest {
     /// The MCP servers, by id.
     #[serde(default)]
     pub servers: BTreeMap<String, Server>,
+    /// Tools of its own servers the host calls around every turn of a
+    /// space that enabled it (never offered to the model).
+    #[serde(default)]
+    pub hooks: Hooks,
+    /// Tools the host calls on a schedule in every space that enabled it;
+    /// the answer goes to the extension's `extension_state` there.
+    #[serde(default)]
+    pub jobs: BTreeMap<String, Job>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    /// An `http` server of this manifest (a job runs outside any turn, so
+    /// it has no sandbox to start a stdio server in).
+    pub server: String,
+    pub tool: String,
+    /// Every this many seconds (at least 1).
+    pub interval_secs: u64,
+    /// Arguments of the call (the space's id is added as `space`).
+    #[serde(default)]
+    pub arguments: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hooks {
+    /// Before the model is called: may add a system-prompt fragment, or
+    /// block the turn with a reason.
+    #[serde(default)]
+    pub before_turn: Option<HookTool>,
+    /// After the reply: told the message and the reply; its answer is kept
+    /// in the trace only.
+    #[serde(default)]
+    pub after_turn: Option<HookTool>,
+    /// Seconds one hook may take (default 5, at most 60).
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookTool {
+    pub server: String,
+    pub tool: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -228,6 +273,44 @@ impl Manifest {
                     ));
                 }
             }
+        }
+        for (k, h) in [
+            ("before_turn", &self.hooks.before_turn),
+            ("after_turn", &self.hooks.after_turn),
+        ] {
+            if let Some(h) = h {
+                if !self.servers.contains_key(&h.server) {
+                    return Err(bad(
+                        format!("hooks.{k}.server"),
+                        "names no server of this manifest",
+                    ));
+                }
+                if h.tool.is_empty() {
+                    return Err(bad(format!("hooks.{k}.tool"), "a tool name is required"));
+                }
+            }
+        }
+        for (id, j) in &self.jobs {
+            let f = |k: &str| format!("jobs.{id}.{k}");
+            match self.servers.get(&j.server).map(|s| s.transport) {
+                Some(Transport::Http) => {}
+                Some(Transport::Stdio) => {
+                    return Err(bad(
+                        f("server"),
+                        "a job calls an http server (it runs outside any turn's sandbox)",
+                    ))
+                }
+                None => return Err(bad(f("server"), "names no server of this manifest")),
+            }
+            if j.tool.is_empty() {
+                return Err(bad(f("tool"), "a tool name is required"));
+            }
+            if j.interval_secs == 0 {
+                return Err(bad(f("interval_secs"), "at least 1"));
+            }
+        }
+        if matches!(self.hooks.timeout_secs, Some(0) | Some(61..)) {
+            return Err(bad("hooks.timeout_secs".into(), "between 1 and 60 seconds"));
         }
         Ok(())
     }

@@ -62,7 +62,8 @@ pub(crate) async fn connect_http(
     let http = reqwest::Client::builder()
         // The only address this client calls is the manifest's.
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(deadline)
+        // A backstop behind the caller's own deadline, which says why.
+        .timeout(deadline + Duration::from_secs(5))
         .build()
         .map_err(|e| ExtensionError::Protocol(format!("http client: {e}")))?;
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())

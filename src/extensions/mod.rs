@@ -14,6 +14,7 @@
 //! run a tool that is not read-only in an `ask` or a shadow, call an `http`
 //! server from a shadow, or give the model more of an answer than the cap.
 
+pub mod jobs;
 pub mod manifest;
 pub(crate) mod mcp;
 
@@ -173,7 +174,13 @@ impl TurnExtensions {
     }
 
     fn add_tools(&mut self, m: &Manifest, tools: &[CatalogTool]) {
-        for t in tools.iter().take(MAX_TOOLS) {
+        let is_hook = |t: &CatalogTool| {
+            [&m.hooks.before_turn, &m.hooks.after_turn]
+                .into_iter()
+                .flatten()
+                .any(|h| h.server == t.server && h.tool == t.name)
+        };
+        for t in tools.iter().filter(|t| !is_hook(t)).take(MAX_TOOLS) {
             let Some(server) = m.servers.get(&t.server) else {
                 continue;
             };
@@ -341,19 +348,88 @@ impl TurnExtensions {
         deadline: Duration,
         cap: usize,
     ) -> Result<(String, bool), ExtensionError> {
-        let conn = self
-            .connection(&tool.extension, &tool.server, session, deadline)
-            .await?;
-        let answer = conn.call(&tool.tool, arguments, deadline).await;
+        self.call_raw(
+            &tool.extension,
+            &tool.server,
+            &tool.tool,
+            arguments,
+            session,
+            deadline,
+            cap,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn call_raw(
+        &self,
+        ext: &str,
+        server: &str,
+        tool: &str,
+        arguments: Value,
+        session: Option<&dyn SandboxSession>,
+        deadline: Duration,
+        cap: usize,
+    ) -> Result<(String, bool), ExtensionError> {
+        let conn = self.connection(ext, server, session, deadline).await?;
+        let answer = conn.call(tool, arguments, deadline).await;
         if answer.is_err() {
             // A server that hung or broke is not asked again this turn.
             self.connections
                 .lock()
                 .await
-                .remove(&(tool.extension.clone(), tool.server.clone()));
+                .remove(&(ext.to_owned(), server.to_owned()));
         }
         let (text, is_error) = answer?;
         Ok((strip_and_cap(&text, cap), is_error))
+    }
+
+    /// The hooks of `point` of every enabled extension, by extension name.
+    pub fn hooks(&self, point: HookPoint) -> Vec<Hook> {
+        self.manifests
+            .values()
+            .filter_map(|(m, _)| {
+                let h = match point {
+                    HookPoint::BeforeTurn => m.hooks.before_turn.as_ref(),
+                    HookPoint::AfterTurn => m.hooks.after_turn.as_ref(),
+                }?;
+                let transport = m.servers.get(&h.server)?.transport;
+                Some(Hook {
+                    extension: m.name.clone(),
+                    server: h.server.clone(),
+                    tool: h.tool.clone(),
+                    transport,
+                    timeout: Duration::from_secs(m.hooks.timeout_secs.unwrap_or(5)),
+                })
+            })
+            .collect()
+    }
+
+    /// Runs one hook within its time limit.
+    pub async fn run_hook(
+        &self,
+        hook: &Hook,
+        arguments: Value,
+        session: Option<&dyn SandboxSession>,
+        cap: usize,
+    ) -> Result<HookAnswer, ExtensionError> {
+        let (text, is_error) = self
+            .call_raw(
+                &hook.extension,
+                &hook.server,
+                &hook.tool,
+                arguments,
+                session,
+                hook.timeout,
+                cap,
+            )
+            .await?;
+        if is_error {
+            return Err(ExtensionError::Protocol(format!(
+                "the hook answered an error: {text}"
+            )));
+        }
+        Ok(HookAnswer::parse(&text))
     }
 
     /// Ends every connection (stdio servers die with their process).
@@ -363,6 +439,52 @@ impl TurnExtensions {
             if let Ok(c) = Arc::try_unwrap(c) {
                 c.close().await;
             }
+        }
+    }
+}
+
+/// Where in a turn a hook runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookPoint {
+    BeforeTurn,
+    AfterTurn,
+}
+
+/// One hook of one extension.
+#[derive(Debug, Clone)]
+pub struct Hook {
+    pub extension: String,
+    pub server: String,
+    pub tool: String,
+    pub transport: Transport,
+    pub timeout: Duration,
+}
+
+/// What a hook said: `{"block": "reason"}` stops the turn, `{"prompt":
+/// "…"}` (or plain text) is a system-prompt fragment; empty: nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookAnswer {
+    Nothing,
+    Fragment(String),
+    Block(String),
+}
+
+impl HookAnswer {
+    fn parse(text: &str) -> Self {
+        let text = text.trim();
+        if let Ok(Value::Object(o)) = serde_json::from_str::<Value>(text) {
+            if let Some(r) = o.get("block").and_then(Value::as_str) {
+                return HookAnswer::Block(r.to_owned());
+            }
+            return match o.get("prompt").and_then(Value::as_str) {
+                Some(p) if !p.trim().is_empty() => HookAnswer::Fragment(p.trim().to_owned()),
+                _ => HookAnswer::Nothing,
+            };
+        }
+        if text.is_empty() {
+            HookAnswer::Nothing
+        } else {
+            HookAnswer::Fragment(text.to_owned())
         }
     }
 }

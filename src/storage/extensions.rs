@@ -107,6 +107,26 @@ pub fn enabled_in(conn: &Conn, space: &str) -> StoreResult<Vec<Installed>> {
     )
 }
 
+/// Every space's enabled extensions, by space then name (the job loop).
+pub fn enabled_everywhere(conn: &Conn) -> StoreResult<Vec<(String, Installed)>> {
+    conn.query_all(
+        "SELECT s.space_id, e.name, e.manifest, e.installed_at, e.catalog FROM extensions e
+         JOIN space_extensions s ON s.name = e.name ORDER BY s.space_id, e.name",
+        params![],
+        |r| {
+            Ok((
+                r.get(0)?,
+                Installed {
+                    name: r.get(1)?,
+                    manifest: r.get(2)?,
+                    installed_at: r.get(3)?,
+                    catalog: r.get(4)?,
+                },
+            ))
+        },
+    )
+}
+
 /// One key of an extension's store in a space.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateEntry {

@@ -32,6 +32,7 @@ fn mercury_ext(data: &Path, args: &[&str]) -> std::process::Output {
 
 fn rules() -> Value {
     json!({"rules": [
+        {"match": "^user: hello hook", "match_any": "HOOK-FRAGMENT-42 for h", "reply": "fragment seen"},
         {"match": "^user: what time", "tool_calls": [{"name": "time_get_current_time", "arguments": {"timezone": "Europe/Paris"}}]},
         {"match": "^user: look up (\\w+)", "tool_calls": [{"name": "web_lookup", "arguments": {"q": "$1"}}]},
         {"match": "^user: post (\\w+)", "tool_calls": [{"name": "web_post_note", "arguments": {"text": "$1"}}]},
@@ -301,5 +302,67 @@ async fn extensions_the_http_broker_holds_the_credential_and_cuts_off_bad_server
         .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["reply"], "[web_lookup] broker says asked", "{v}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_hooks_add_a_prompt_fragment_or_block_a_turn() {
+    let token = "hook-fixture-token";
+    let var = "MERCURY_TEST_HOOK_MCP_TOKEN";
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(var, token) };
+    let fx = fixture(token).await;
+    let host = host().await;
+    host.create_space("h").await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("extension.toml"),
+        format!(
+            "name = \"hooks\"\n[servers.gate]\ntransport = \"http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ncredential_env = \"{var}\"\n[jobs.tick]\nserver = \"gate\"\ntool = \"tick\"\ninterval_secs = 1\narguments = {{ label = \"hello\" }}\n[hooks]\nbefore_turn = {{ server = \"gate\", tool = \"gate\" }}\nafter_turn = {{ server = \"gate\", tool = \"audit\" }}\ntimeout_secs = 5\n",
+            fx.port
+        ),
+    )
+    .unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Before enabling, no hook runs.
+    let v = host.chat("h", "hello hook").await;
+    assert_eq!(v["reply"], "ok", "{v}");
+    enable(&host, "h", "hooks").await;
+    let v = host.chat("h", "hello hook").await;
+    assert_eq!(v["reply"], "fragment seen", "{v}");
+    let steps = steps_of(&host, "h", &v["run_id"]).await;
+    let names: Vec<&str> = steps.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names.first(), Some(&"hooks.before_turn"), "{names:?}");
+    assert_eq!(names.last(), Some(&"hooks.after_turn"), "{names:?}");
+    assert_eq!(steps[0]["kind"], "tool");
+    assert!(
+        steps[0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("HOOK-FRAGMENT-42"),
+        "{steps:?}"
+    );
+    let v = host.chat("h", "a forbidden thing").await;
+    assert_eq!(
+        v["reply"], "hooks blocked this turn: the word forbidden is not answered here",
+        "{v}"
+    );
+    // The job fires on its interval and writes the space's extension_state.
+    let mut state = None;
+    for _ in 0..60 {
+        state = host.read(|c| mercury::storage::extensions::state_get(c, "hooks", "h", "label"));
+        if state.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(state.as_deref(), Some("hello h"));
+    let job = host.read(|c| mercury::storage::extensions::state_get(c, "hooks", "h", "job.tick"));
+    assert!(job.unwrap().contains("ticks"));
     host.stop().await;
 }
