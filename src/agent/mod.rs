@@ -340,7 +340,7 @@ async fn turn_loop(
                     return Ok(format!("{ext} blocked this turn: {reason}"));
                 }
                 HookAnswer::Fragment(f) => {
-                    fragments.push(format!("# From the {ext} extension\n{f}"))
+                    fragments.push(format!("# From the {ext} extension\n{f}"));
                 }
                 HookAnswer::Nothing => {}
             }

@@ -371,5 +371,21 @@ read_only = true
         let http = "name = \"w\"\n[servers.w]\ntransport = \"http\"\n";
         assert!(err(http).contains("servers.w.url"));
         assert!(err("name = \"w\"\n").contains("field `servers`"));
+        let job = format!("{GOOD}\n[jobs.j]\nserver = \"time\"\ntool = \"t\"\ninterval_secs = 5\n");
+        assert!(err(&job).contains("jobs.j.server"), "{}", err(&job));
+        let hook = GOOD.replace(
+            "[servers.time]",
+            "[hooks]\nbefore_turn = { server = \"nope\", tool = \"t\" }\n[servers.time]",
+        );
+        assert!(
+            err(&hook).contains("hooks.before_turn.server"),
+            "{}",
+            err(&hook)
+        );
+        let slow = GOOD.replace(
+            "[servers.time]",
+            "[hooks]\ntimeout_secs = 600\n[servers.time]",
+        );
+        assert!(err(&slow).contains("hooks.timeout_secs"));
     }
 }
