@@ -568,6 +568,12 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), ExtensionError> {
         path: p.display().to_string(),
         source,
     };
+    // Adding the installed copy again keeps it as it is.
+    if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize()) {
+        if a == b {
+            return Ok(());
+        }
+    }
     if dst.exists() {
         std::fs::remove_dir_all(dst).map_err(|e| io(dst, e))?;
     }
