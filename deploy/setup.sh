@@ -11,6 +11,7 @@
 #     cluster with deploy/test-postgres.sh; docs/storage.md),
 #   - Debian's chromium and chromium-driver (the dashboard's browser tests drive it over
 #     WebDriver; tests/it/ui_browser.rs),
+#   - a pinned virtualenv with mcp-server-time and the mcp SDK (extensions' tests),
 #   - cargo-nextest (the test runner).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -43,6 +44,21 @@ if ! docker info >/dev/null 2>&1; then
     sleep 1
   done
   docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start (see /tmp/mercury-dockerd.log)" >&2; exit 1; }
+fi
+
+# Extensions' MCP servers (docs/extensions.md, tests/it/extensions.rs): a
+# virtualenv on Debian's python3 (under /usr, which the bubblewrap sandbox
+# binds), pinned, so a stdio server runs inside the sandbox with this one
+# directory bound read-only.
+MCP_VENV=/opt/mercury/mcp-venv
+MCP_PINS="mcp-server-time==2026.10.19 mcp==2.3.0"
+if ! "$MCP_VENV/bin/python" -c "import mcp_server_time, mcp" >/dev/null 2>&1; then
+  echo "setup: installing $MCP_PINS in $MCP_VENV" >&2
+  python3 -c "import venv, ensurepip" >/dev/null 2>&1 || {
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; }
+  /usr/bin/python3 -m venv "$MCP_VENV"
+  # shellcheck disable=SC2086
+  "$MCP_VENV/bin/pip" install -q $MCP_PINS
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

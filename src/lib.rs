@@ -42,6 +42,7 @@ pub mod cli;
 pub(crate) mod client;
 pub mod clock;
 pub mod config;
+pub mod extensions;
 pub mod host;
 pub(crate) mod ids;
 pub mod ingress;

@@ -78,6 +78,8 @@ pub enum Permission {
     FilesRead,
     /// `files.write`
     FilesWrite,
+    /// `ext.manage`: enable or disable an installed extension in the space.
+    ExtManage,
 }
 
 impl Permission {
@@ -113,6 +115,7 @@ impl Permission {
         Permission::LinksAct,
         Permission::FilesRead,
         Permission::FilesWrite,
+        Permission::ExtManage,
     ];
 
     /// The wire name.
@@ -148,6 +151,7 @@ impl Permission {
             Permission::LinksAct => "links.act",
             Permission::FilesRead => "files.read",
             Permission::FilesWrite => "files.write",
+            Permission::ExtManage => "ext.manage",
         }
     }
 
@@ -160,6 +164,7 @@ impl Permission {
     /// extension's `ext.manage`) joins this list, and the rule follows.
     pub const fn manages_reach() -> &'static [Permission] {
         &[
+            Permission::ExtManage,
             Permission::LinksAct,
             Permission::LinksList,
             Permission::PermissionsSet,
@@ -310,8 +315,8 @@ mod tests {
 
     #[test]
     fn defaults_match_the_spec() {
-        assert_eq!(Permission::ALL.len(), 30);
-        assert_eq!(defaults(ROLE_ADMIN).len(), 30);
+        assert_eq!(Permission::ALL.len(), 31);
+        assert_eq!(defaults(ROLE_ADMIN).len(), 31);
         assert_eq!(
             defaults(ROLE_MEMBER),
             [Permission::Prompt].into_iter().collect()
@@ -336,6 +341,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "ext.manage",
                 "links.act",
                 "links.list",
                 "permissions.set",

@@ -29,6 +29,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
+use crate::extensions::{
+    ExtTool, HookAnswer, HookPoint, Mode as ExtMode, Transport, TurnExtensions,
+};
 use crate::ids::{RunId, SpaceId};
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
@@ -322,11 +325,186 @@ async fn turn_loop(
     slot: &SessionSlot,
     acc: &mut Accounting,
 ) -> Result<String, TurnError> {
+    let mut tool_specs = tools::tool_specs();
+    let exts = load_extensions(rt, req, slot).await?;
+    let mut fragments = Vec::new();
+    if let Some(exts) = &exts {
+        tool_specs.extend(exts.specs().cloned());
+        let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text});
+        for (ext, answer) in
+            run_hooks(rt, req, slot, exts, HookPoint::BeforeTurn, args, acc).await?
+        {
+            match answer {
+                HookAnswer::Block(reason) => {
+                    exts.close().await;
+                    return Ok(format!("{ext} blocked this turn: {reason}"));
+                }
+                HookAnswer::Fragment(f) => {
+                    fragments.push(format!("# From the {ext} extension\n{f}"));
+                }
+                HookAnswer::Nothing => {}
+            }
+        }
+    }
+    let result = turn_steps(rt, req, slot, acc, &tool_specs, exts.as_ref(), &fragments).await;
+    if let (Some(exts), Ok(reply)) = (&exts, &result) {
+        let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text, "reply": reply});
+        run_hooks(rt, req, slot, exts, HookPoint::AfterTurn, args, acc).await?;
+    }
+    // Before the sandbox closes: a stdio server ends with its connection.
+    if let Some(exts) = &exts {
+        exts.close().await;
+    }
+    result
+}
+
+/// Runs every enabled extension's hook at `point`, each a step of the
+/// trace. A hook that fails or overruns its time is logged and skipped; in
+/// an ask or a shadow an http hook is skipped (it could act outside).
+#[allow(clippy::too_many_arguments)]
+async fn run_hooks(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    exts: &TurnExtensions,
+    point: HookPoint,
+    args: serde_json::Value,
+    acc: &mut Accounting,
+) -> Result<Vec<(String, HookAnswer)>, TurnError> {
+    let cap = rt.settings.turn.output_cap_bytes;
+    let may_act = !rt.outbound.is_shadow() && req.kind != RunKind::Ask;
+    let mut out = Vec::new();
+    for hook in exts.hooks(point) {
+        let started_at = now_ms();
+        let clock = std::time::Instant::now();
+        let label = match point {
+            HookPoint::BeforeTurn => "before_turn",
+            HookPoint::AfterTurn => "after_turn",
+        };
+        // A tool step (run_steps.kind is model or tool) named `<ext>.<point>`,
+        // which no tool name can be.
+        let mut step = runs::RunStep {
+            kind: "tool".into(),
+            name: format!("{}.{label}", hook.extension),
+            arguments: Some(capped(
+                &crate::model::scripted::canonical_json(&args),
+                rt.settings.runs.step_output_bytes,
+            )),
+            started_at,
+            ..Default::default()
+        };
+        let answer = if hook.transport == Transport::Http && !may_act {
+            Err("skipped: an ask or a shadow calls no http hook".to_string())
+        } else if hook.transport == Transport::Stdio {
+            if rt.sandbox.unavailable_reason().is_some() {
+                Err("skipped: no sandbox on this host".to_string())
+            } else {
+                let guard = ensure_session(rt, req, slot).await?;
+                exts.run_hook(&hook, args.clone(), guard.as_deref(), cap)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        } else {
+            exts.run_hook(&hook, args.clone(), None, cap)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        step.duration_ms = clock.elapsed().as_millis() as u64;
+        match answer {
+            Ok(a) => {
+                step.output = Some(capped(
+                    &format!("{a:?}"),
+                    rt.settings.runs.step_output_bytes,
+                ));
+                out.push((hook.extension.clone(), a));
+            }
+            Err(e) => {
+                tracing::warn!(run = %req.run_id, extension = %hook.extension, hook = label, error = %e, "a hook failed and was skipped");
+                step.error = Some(e);
+            }
+        }
+        acc.push_step(step);
+    }
+    Ok(out)
+}
+
+/// The extensions the space enabled, their tools listed (a stdio server's
+/// inside the turn's sandbox, started for it) when no catalog is kept yet.
+async fn load_extensions(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+) -> Result<Option<TurnExtensions>, TurnError> {
+    let mut exts = match TurnExtensions::load(&rt.store, req.space_id.as_str()).await {
+        Ok(e) if e.is_empty() => return Ok(None),
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(space = %req.space_id, error = %e, "cannot read the space's extensions; none are offered");
+            return Ok(None);
+        }
+    };
+    if exts.unlisted().is_empty() {
+        return Ok(Some(exts));
+    }
+    let deadline = Duration::from_secs(rt.settings.turn.tool_timeout_secs);
+    let shadow = rt.outbound.is_shadow();
+    let needs_sandbox = exts
+        .unlisted()
+        .iter()
+        .any(|(e, s)| exts.transport(e, s) == Some(Transport::Stdio));
+    if needs_sandbox && rt.sandbox.unavailable_reason().is_none() {
+        let guard = ensure_session(rt, req, slot).await?;
+        exts.list_unlisted(&rt.store, guard.as_deref(), shadow, deadline)
+            .await;
+    } else {
+        exts.list_unlisted(&rt.store, None, shadow, deadline).await;
+    }
+    Ok(Some(exts))
+}
+
+/// The turn's sandbox session, started now (with its layer and run token)
+/// if no tool has needed it yet.
+async fn ensure_session<'a>(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &'a SessionSlot,
+) -> Result<tokio::sync::MutexGuard<'a, Option<Box<dyn SandboxSession>>>, TurnError> {
+    let workdir = ensure_layer(rt, req, slot).await?;
+    let mut guard = slot.session.lock().await;
+    if guard.is_none() {
+        slot.token_minted.store(true, Ordering::SeqCst);
+        *guard = Some(start_sandbox(rt, req, &workdir).await?);
+    }
+    Ok(guard)
+}
+
+async fn turn_steps(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    acc: &mut Accounting,
+    tool_specs: &[crate::model::ToolSpec],
+    exts: Option<&TurnExtensions>,
+    fragments: &[String],
+) -> Result<String, TurnError> {
     let mut messages = prompt::build(rt, &req.prompt, &req.user_text).await?;
-    let tool_specs = tools::tool_specs();
+    // Hooks' fragments join the system prompt, before the history.
+    let at = usize::from(messages.first().is_some_and(|m| m.role == Role::System));
+    for (i, f) in fragments.iter().enumerate() {
+        messages.insert(
+            at + i,
+            ChatMessage {
+                role: Role::System,
+                content: f.clone(),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                tool_name: None,
+            },
+        );
+    }
     let steps = rt.settings.turn.max_steps;
     for _ in 0..steps {
-        let response = call_model(rt, req, &messages, &tool_specs, acc).await?;
+        let response = call_model(rt, req, &messages, tool_specs, acc).await?;
         if response.tool_calls.is_empty() {
             return Ok(response.text);
         }
@@ -352,7 +530,10 @@ async fn turn_loop(
                 ..Default::default()
             };
             attach_late_reads(rt, req, acc);
-            let result = run_one_tool(rt, req, slot, call).await;
+            let result = match exts.and_then(|e| e.tool(&call.name).map(|t| (e, t))) {
+                Some((exts, tool)) => run_ext_tool(rt, req, slot, exts, tool, call).await,
+                None => run_one_tool(rt, req, slot, call).await,
+            };
             step.duration_ms = clock.elapsed().as_millis() as u64;
             step.source_spaces = rt.cross_reads.take(req.run_id.as_str());
             let result = match result {
@@ -373,6 +554,88 @@ async fn turn_loop(
         }
     }
     Err(TurnError::StepsExhausted(steps))
+}
+
+/// Runs one extension tool call: refused where the turn must not act, a
+/// stdio server's inside the turn's sandbox, an http server's by the host.
+async fn run_ext_tool(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    slot: &SessionSlot,
+    exts: &TurnExtensions,
+    tool: &ExtTool,
+    call: &crate::model::ToolCall,
+) -> Result<ToolResult, TurnError> {
+    let refused = |output: String| ToolResult {
+        error: Some(output.trim_start_matches("error: ").to_owned()),
+        output,
+        exit_code: None,
+    };
+    let mode = if rt.outbound.is_shadow() {
+        ExtMode::Shadow
+    } else if req.kind == RunKind::Ask {
+        ExtMode::Ask
+    } else {
+        ExtMode::Acting
+    };
+    let transport = exts
+        .transport(&tool.extension, &tool.server)
+        .unwrap_or(Transport::Stdio);
+    if let Some(why) = crate::extensions::refusal(tool, transport, mode) {
+        let args = capped(
+            &crate::model::scripted::canonical_json(&call.arguments),
+            200,
+        );
+        match mode {
+            ExtMode::Ask => rt.record_refusal(
+                req.run_id.as_str(),
+                crate::runtime::AskRefusal {
+                    method: "MCP".into(),
+                    route: tool.exposed.clone(),
+                    summary: format!("would have called {} with {args}", tool.exposed),
+                },
+            ),
+            _ => rt.outbound.record_refusal(
+                Some(req.space_id.as_str()),
+                "extension",
+                &format!("would have called {} with {args}", tool.exposed),
+            ),
+        }
+        return Ok(refused(format!("error: {why}")));
+    }
+    let deadline = Duration::from_secs(rt.settings.turn.tool_timeout_secs);
+    let cap = rt.settings.turn.output_cap_bytes;
+    let answer = if transport == Transport::Stdio {
+        if let Some(reason) = rt.sandbox.unavailable_reason() {
+            return Ok(refused(format!(
+                "error: no sandbox is available on this host ({reason}); tool calls are refused."
+            )));
+        }
+        let guard = ensure_session(rt, req, slot).await?;
+        exts.call(
+            tool,
+            call.arguments.clone(),
+            guard.as_deref(),
+            deadline,
+            cap,
+        )
+        .await
+    } else {
+        exts.call(tool, call.arguments.clone(), None, deadline, cap)
+            .await
+    };
+    Ok(match answer {
+        Ok((text, is_error)) => ToolResult {
+            output: if text.is_empty() {
+                "(no output)".into()
+            } else {
+                text
+            },
+            exit_code: Some(i64::from(is_error)),
+            error: None,
+        },
+        Err(e) => refused(format!("error: {}: {e}", tool.exposed)),
+    })
 }
 
 /// Runs one tool call: file tools on the host through the safe-path
@@ -418,11 +681,7 @@ async fn run_one_tool(
             })
         }
         tools::ToolPlan::Exec(exec) => {
-            let mut guard = slot.session.lock().await;
-            if guard.is_none() {
-                slot.token_minted.store(true, Ordering::SeqCst);
-                *guard = Some(start_sandbox(rt, req, &workdir).await?);
-            }
+            let guard = ensure_session(rt, req, slot).await?;
             let session = guard.as_deref().ok_or_else(|| {
                 TurnError::Sandbox(SandboxError::Gone("session slot empty".into()))
             })?;

@@ -93,6 +93,11 @@ enum Command {
         #[command(subcommand)]
         command: crate::cli::storage::StorageCommand,
     },
+    /// Extensions: install, list and remove them (docs/extensions.md).
+    Ext {
+        #[command(subcommand)]
+        command: crate::cli::ext::ExtCommand,
+    },
     /// The rehearsal bench: a shadow copy of a live bot (docs/shadow.md).
     Shadow {
         #[command(subcommand)]
@@ -609,6 +614,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
         }
         Command::Shadow { command } => crate::cli::shadow::run(command).await,
         Command::Storage { command } => crate::cli::storage::run(command).await,
+        Command::Ext { command } => crate::cli::ext::run(command).await,
         Command::Bench {
             command:
                 BenchCommand::Review {

@@ -713,6 +713,8 @@ pub async fn serve_with(
         background.spawn(listen::serve(listener, router, limits, shutdown.clone()));
     }
     background.spawn(app.limits.clone().prune_loop(shutdown.clone()));
+    // Extensions' scheduled calls (none on a shadow host).
+    background.spawn(crate::extensions::jobs::run(rt.clone(), shutdown.clone()));
     background.spawn(crate::host::containers::sweep_loop(
         rt.clone(),
         shutdown.clone(),

@@ -124,6 +124,29 @@ pub struct ExecRequest {
     pub output_cap: usize,
 }
 
+/// A long-lived process in a session whose stdin and stdout the caller
+/// speaks over (an extension's `stdio` MCP server).
+#[derive(Clone, Debug)]
+pub struct SpawnRequest {
+    pub argv: Vec<String>,
+    /// Host directories bound read-only at the same path inside.
+    pub ro_mounts: Vec<PathBuf>,
+}
+
+/// A spawned process: its pipes, and a handle that kills it (and all it
+/// started) when dropped. `close` of its session kills it too.
+pub struct SpawnedProcess {
+    pub stdin: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+    pub stdout: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    pub handle: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for SpawnedProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnedProcess")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecOutput {
     pub exit_code: i64,
@@ -208,6 +231,14 @@ pub trait SandboxSession: Send + Sync {
     /// Working directory of commands, as the session sees it (`/work` in docker).
     fn workdir(&self) -> &str;
     async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError>;
+    /// Starts a long-lived process with piped stdin and stdout, under the
+    /// session's isolation and limits. Backends that cannot say so.
+    async fn spawn(&self, req: SpawnRequest) -> Result<SpawnedProcess, SandboxError> {
+        let _ = req;
+        Err(SandboxError::Unavailable(
+            "this sandbox backend cannot run an extension's stdio server (use the bubblewrap backend)".into(),
+        ))
+    }
     /// A fact read from inside the session that proves where it ran
     /// (docker: the hostname, which equals the short container id).
     async fn proof(&self) -> Result<String, SandboxError>;

@@ -36,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{
     CappedBuffer, ExecOutput, ExecRequest, Isolation, SandboxBackend, SandboxError, SandboxSession,
-    SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR,
+    SandboxSpec, SpawnRequest, SpawnedProcess, CONTAINER_API_SOCKET, CONTAINER_WORKDIR,
 };
 
 /// Directories searched after `extra_path`, in the usual order.
@@ -372,15 +372,37 @@ impl ProcessSession {
         &self,
         req: &ExecRequest,
     ) -> Result<Option<(tokio::process::Command, Option<std::fs::File>)>, SandboxError> {
+        self.command_with(req, &[])
+    }
+
+    /// [`Self::command`] with host directories bound read-only at the same
+    /// path (bubblewrap only; unisolated commands see the host anyway).
+    fn command_with(
+        &self,
+        req: &ExecRequest,
+        ro_mounts: &[PathBuf],
+    ) -> Result<Option<(tokio::process::Command, Option<std::fs::File>)>, SandboxError> {
         let Some((program, args)) = req.argv.split_first() else {
             return Ok(None);
         };
         let (mut cmd, args_file) = match self.prefix.split_first() {
             Some((bwrap, bwrap_args)) => {
+                // The mounts go before the closing `--chdir /work --`.
+                let mut bwrap_args = bwrap_args.to_vec();
+                let at = bwrap_args.len().saturating_sub(3);
+                for m in ro_mounts.iter().rev() {
+                    for a in [
+                        m.as_os_str(),
+                        m.as_os_str(),
+                        std::ffi::OsStr::new("--ro-bind"),
+                    ] {
+                        bwrap_args.insert(at, a.to_os_string());
+                    }
+                }
                 // bwrap's arguments name host paths (the layer, the socket)
                 // and bwrap is pid 1 inside: read from a descriptor, they
                 // never show in its /proc/1/cmdline.
-                let file = bwrap_args_file(bwrap_args).map_err(|source| SandboxError::Io {
+                let file = bwrap_args_file(&bwrap_args).map_err(|source| SandboxError::Io {
                     path: "bwrap's argument descriptor".into(),
                     source,
                 })?;
@@ -563,6 +585,53 @@ impl SandboxSession for ProcessSession {
         })
     }
 
+    async fn spawn(&self, req: SpawnRequest) -> Result<SpawnedProcess, SandboxError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(SandboxError::Gone(format!("session {} is closed", self.id)));
+        }
+        let exec = ExecRequest {
+            argv: req.argv.clone(),
+            // Some: the command's stdin is a pipe.
+            stdin: Some(Vec::new()),
+            timeout: Duration::MAX,
+            output_cap: 0,
+        };
+        let Some((mut cmd, _args_file)) = self.command_with(&exec, &req.ro_mounts)? else {
+            return Err(SandboxError::Io {
+                path: self.workdir.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+            });
+        };
+        let program = &req.argv[0];
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Io {
+            path: format!("{program} (in {})", self.workdir),
+            source,
+        })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(SandboxError::Gone(format!("{program}: no pipes")));
+        };
+        // Its stderr is drained and dropped: a server that logs must not
+        // block on a full pipe.
+        if let Some(mut err) = child.stderr.take() {
+            tokio::spawn(async move {
+                let mut sink = tokio::io::sink();
+                let _ = tokio::io::copy(&mut err, &mut sink).await;
+            });
+        }
+        let pgid = child.id();
+        if let Some(pgid) = pgid {
+            self.groups().insert(pgid);
+        }
+        Ok(SpawnedProcess {
+            stdin: Box::new(stdin),
+            stdout: Box::new(stdout),
+            handle: Box::new(SpawnedGroup {
+                pgid,
+                _child: child,
+            }),
+        })
+    }
+
     /// `process:<pid of a shell>`: shows a command really ran, on this host.
     /// It proves nothing about isolation, because there is none.
     /// Under bubblewrap: `bwrap:<hostname>`, read inside the session's own
@@ -626,6 +695,21 @@ impl SandboxSession for ProcessSession {
 impl Drop for ProcessSession {
     fn drop(&mut self) {
         for pgid in self.groups().drain() {
+            kill_group_detached(pgid);
+        }
+    }
+}
+
+/// A spawned process's group, killed when the handle is dropped (the
+/// session's `close` kills it too: it is listed with the session).
+struct SpawnedGroup {
+    pgid: Option<u32>,
+    _child: tokio::process::Child,
+}
+
+impl Drop for SpawnedGroup {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid {
             kill_group_detached(pgid);
         }
     }

@@ -441,6 +441,33 @@ CREATE TABLE ui_login_links (
   used_at INTEGER
 );
 "#,
+    // 15: extensions (issue 29). What the operator installed (the manifest's
+    // text as `mercury ext add` checked it, and the tool catalog its servers
+    // answered, cached until the next install), which spaces enabled which
+    // extension, and each extension's key/value store per space.
+    r#"
+CREATE TABLE extensions (
+  name TEXT PRIMARY KEY,
+  manifest TEXT NOT NULL,
+  installed_at INTEGER NOT NULL,
+  catalog TEXT
+);
+CREATE TABLE space_extensions (
+  space_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  enabled_by TEXT NOT NULL,
+  enabled_at INTEGER NOT NULL,
+  PRIMARY KEY (space_id, name)
+);
+CREATE TABLE extension_state (
+  extension TEXT NOT NULL,
+  space_id TEXT NOT NULL,
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (extension, space_id, key)
+);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

@@ -23,6 +23,7 @@ mod conn;
 pub mod conversations;
 pub mod copy;
 pub mod exchanges;
+pub mod extensions;
 pub mod identities;
 #[cfg(feature = "test-hooks")]
 pub mod inspect;

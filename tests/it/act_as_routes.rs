@@ -167,7 +167,8 @@ const BEFORE_THE_MOVE: &[ActAsRoute] = {
 };
 
 /// Entries added since the move, each by its issue: issue 18's workspace
-/// files (reads at `read`, writes at `admin`) and one run's trace.
+/// files (reads at `read`, writes at `admin`) and one run's trace; issue
+/// 29's list of extensions (enabling one is `ext.manage`, never across a link).
 const ADDED_SINCE: &[ActAsRoute] = {
     use LinkLevel::{Admin, Read};
     const fn r(method: &'static str, path: &'static str, level: LinkLevel) -> ActAsRoute {
@@ -184,6 +185,7 @@ const ADDED_SINCE: &[ActAsRoute] = {
         r("PUT", "/api/files/{*path}", Admin),
         r("DELETE", "/api/files/{*path}", Admin),
         r("GET", "/api/runs/{id}", Read),
+        r("GET", "/api/extensions", Read),
     ]
 };
 

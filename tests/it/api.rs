@@ -739,8 +739,8 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
         .collect();
     assert_eq!(
         valid.len(),
-        30,
-        "18 built-in names plus the 10 new ones plus files.read and files.write"
+        31,
+        "18 built-in names plus the 10 new ones plus files.read and files.write plus ext.manage"
     );
     let cron = |c: &str| json!({"cron": c, "prompt": "x"});
     let past = "2001-01-01T00:00:00Z";

@@ -19,6 +19,8 @@ const LAYERS: &[&[&str]] = &[
     &["app"],
     &["actors"],
     &["agent", "review", "shadow"],
+    // Extensions: manifests, and the MCP calls a turn makes.
+    &["extensions"],
     &["links", "perms", "redaction", "runtime"],
     // Prices, caps and the one seam every model call passes through.
     &["spend"],

@@ -18,6 +18,7 @@ mod chat_seam;
 mod common;
 mod discord;
 mod docker_turns;
+mod extensions;
 mod files;
 mod layers;
 mod link_reach;

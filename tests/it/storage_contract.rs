@@ -800,6 +800,72 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
         assert_eq!(
             mine.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
             ["s3"],
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_installs_enablement_and_state_behave_alike() {
+    use mercury::storage::extensions as ext;
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        seed(&store, "s1").await;
+        let enabled_missing = store
+            .write(|tx| ext::enable(tx, "s1", "time", "owner", 1))
+            .await
+            .unwrap();
+        assert!(!enabled_missing, "{name}: only an installed one is enabled");
+        store
+            .write(|tx| {
+                ext::install(tx, "time", "name = \"time\"", 10)?;
+                ext::install(tx, "web", "name = \"web\"", 10)?;
+                ext::set_catalog(tx, "time", 10, "[]")?;
+                // A catalog for an older install is not kept.
+                ext::set_catalog(tx, "web", 9, "[]")?;
+                assert!(ext::enable(tx, "s1", "time", "owner", 11)?);
+                assert!(ext::enable(tx, "s1", "time", "owner", 12)?);
+                ext::state_set(tx, "time", "s1", "k", "v1", 13)?;
+                ext::state_set(tx, "time", "s1", "k", "v2", 14)
+            })
+            .await
+            .unwrap();
+        let (all, on, state, got) = store
+            .read(|c| {
+                Ok((
+                    ext::list(c)?,
+                    ext::enabled_in(c, "s1")?,
+                    ext::state_list(c, "s1")?,
+                    ext::state_get(c, "time", "s1", "k")?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2, "{name}");
+        assert_eq!(all[0].catalog.as_deref(), Some("[]"), "{name}");
+        assert_eq!(all[1].catalog, None, "{name}");
+        assert_eq!(
+            on.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["time"],
+            "{name}"
+        );
+        assert_eq!(state.len(), 1, "{name}");
+        assert_eq!(got.as_deref(), Some("v2"), "{name}");
+        // Reinstalling drops the catalog; removing drops enablement and state.
+        let removed = store
+            .write(|tx| {
+                ext::install(tx, "time", "name = \"time\"", 20)?;
+                ext::remove(tx, "time")
+            })
+            .await
+            .unwrap();
+        assert!(removed, "{name}");
+        let (on, state) = store
+            .read(|c| Ok((ext::enabled_in(c, "s1")?, ext::state_list(c, "s1")?)))
+            .await
+            .unwrap();
+        assert!(on.is_empty() && state.is_empty(), "{name}");
+        assert!(
+            !store
+                .write(|tx| ext::disable(tx, "s1", "time"))
+                .await
+                .unwrap(),
             "{name}"
         );
     }

@@ -72,6 +72,7 @@ resources![
     review,
     files,
     spend,
+    extensions,
 ];
 
 /// A JSON body, taken as a `Result` so a handler checks the caller's

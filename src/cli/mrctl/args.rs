@@ -95,6 +95,9 @@ pub enum Command {
     /// The model chain the space's turns use.
     #[command(subcommand)]
     Model(ModelCmd),
+    /// Extensions the operator installed: list them, enable or disable one here.
+    #[command(subcommand)]
+    Ext(ExtCmd),
     /// Stop, compact or clear the space's session.
     #[command(subcommand)]
     Control(ControlCmd),
@@ -540,6 +543,22 @@ pub enum MutesCmd {
     Delete {
         /// The caller id.
         caller: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExtCmd {
+    /// Every installed extension, and whether the space enabled it.
+    List,
+    /// Offer an installed extension's tools to the space's agent (ext.manage).
+    Enable {
+        /// The extension's name.
+        name: String,
+    },
+    /// Stop offering them (ext.manage).
+    Disable {
+        /// The extension's name.
+        name: String,
     },
 }
 

@@ -317,6 +317,17 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
                 RequestPlan::delete(format!("/api/mutes/{}", encode(caller)))
             }
         },
+        Command::Ext(cmd) => match cmd {
+            ExtCmd::List => RequestPlan::get("/api/extensions"),
+            ExtCmd::Enable { name } => {
+                non_empty("the extension's name", name)?;
+                RequestPlan::post(format!("/api/extensions/{}/enable", encode(name)))
+            }
+            ExtCmd::Disable { name } => {
+                non_empty("the extension's name", name)?;
+                RequestPlan::post(format!("/api/extensions/{}/disable", encode(name)))
+            }
+        },
         Command::Model(cmd) => match cmd {
             ModelCmd::Get => RequestPlan::get("/api/model"),
             ModelCmd::Set { specs, use_default } => {

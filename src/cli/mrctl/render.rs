@@ -294,6 +294,31 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 }
             }
         },
+        Command::Ext(cmd) => match cmd {
+            ExtCmd::List => items(v, "extensions")
+                .iter()
+                .map(|e| {
+                    let state = if field(e, "enabled").as_bool() == Some(true) {
+                        "enabled"
+                    } else {
+                        "-"
+                    };
+                    row(&[
+                        cell(field(e, "name")),
+                        state.to_string(),
+                        cell(field(e, "description")),
+                    ])
+                })
+                .collect(),
+            ExtCmd::Enable { .. } | ExtCmd::Disable { .. } => {
+                let what = if field(v, "enabled").as_bool() == Some(true) {
+                    "enabled"
+                } else {
+                    "disabled"
+                };
+                format!("{} {what}\n", cell(field(v, "name")))
+            }
+        },
         Command::Model(cmd) => {
             let chain = items(v, "chain").iter().map(cell).collect::<Vec<_>>();
             match (cmd, chain.is_empty()) {

@@ -1,0 +1,368 @@
+//! Extensions on MCP (issue 29), against real servers no one here wrote: the
+//! PyPI `mcp-server-time` over stdio inside the bubblewrap sandbox, and an
+//! HTTP server on the PyPI `mcp` SDK (tests/fixtures/mcp_http_server.py)
+//! for the host's broker. Both come from the virtualenv `deploy/setup.sh`
+//! installs. The docker backend is not covered: its agent image holds no
+//! Python, and `stdio` servers run only under the process backend for now.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::common::{free_port, HostOptions, TestHost};
+
+const VENV_PYTHON: &str = "/opt/mercury/mcp-venv/bin/python";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn mercury_ext(data: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .arg("ext")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .output()
+        .expect("run mercury ext")
+}
+
+fn rules() -> Value {
+    json!({"rules": [
+        {"match": "^user: hello hook", "match_any": "HOOK-FRAGMENT-42 for h", "reply": "fragment seen"},
+        {"match": "^user: what time", "tool_calls": [{"name": "time_get_current_time", "arguments": {"timezone": "Europe/Paris"}}]},
+        {"match": "^user: look up (\\w+)", "tool_calls": [{"name": "web_lookup", "arguments": {"q": "$1"}}]},
+        {"match": "^user: post (\\w+)", "tool_calls": [{"name": "web_post_note", "arguments": {"text": "$1"}}]},
+        {"match": "^user: hang", "tool_calls": [{"name": "web_hang", "arguments": {}}]},
+        {"match": "^user: huge", "tool_calls": [{"name": "web_huge", "arguments": {}}]},
+        {"match": "^user: snoop (\\S+)", "tool_calls": [{"name": "shell", "arguments": {"command": "env; grep -rl -- '$1' /work /tmp /run 2>/dev/null; echo snooped"}}]},
+        {"match": "(?s)^tool_result\\(([a-z_]+)\\): (.*)", "reply": "[$1] $2"},
+        {"reply": "ok"}
+    ]})
+}
+
+async fn host() -> TestHost {
+    TestHost::start(HostOptions {
+        model: rules(),
+        sandbox: "process",
+        config: vec![("turn.tool_timeout_secs", 5.into())],
+        ..Default::default()
+    })
+    .await
+}
+
+async fn enable(host: &TestHost, space: &str, name: &str) {
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            &format!("/api/extensions/{name}/enable"),
+            Some(space),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// The fixture HTTP server on a free port; killed when dropped.
+struct Fixture {
+    child: Child,
+    port: u16,
+    seen: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn fixture(token: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    let port = free_port();
+    let child = Command::new(VENV_PYTHON)
+        .arg(repo().join("tests/fixtures/mcp_http_server.py"))
+        .arg(port.to_string())
+        .arg(token)
+        .arg(&seen)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the fixture server (deploy/setup.sh installs its virtualenv)");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Fixture {
+        child,
+        port,
+        seen,
+        _dir: dir,
+    }
+}
+
+/// An extension `web` on the fixture, its credential in host env `var`.
+fn web_extension(port: u16, var: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("extension.toml"),
+        format!(
+            "name = \"web\"\ndescription = \"the fixture\"\n[servers.web]\ntransport = \"http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ncredential_env = \"{var}\"\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+async fn steps_of(host: &TestHost, space: &str, run: &Value) -> Vec<Value> {
+    let (st, v) = host
+        .owner(
+            Method::GET,
+            &format!("/api/runs/{}", run.as_str().unwrap()),
+            Some(space),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    v["steps"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn extensions_a_bad_manifest_is_refused_at_add_with_its_field_named() {
+    let host = host().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("extension.toml"),
+        "name = \"bad\"\n[servers.s]\ntransport = \"stdio\"\ncommand = [\"python\"]\n",
+    )
+    .unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("servers.s.command"), "{err}");
+    let listed = mercury_ext(&host.data, &["list"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).trim().is_empty());
+    // An unknown field is named too.
+    std::fs::write(
+        dir.path().join("extension.toml"),
+        "name = \"bad\"\ntoken = \"k\"\n",
+    )
+    .unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_time_over_stdio_in_the_sandbox_answers_and_is_traced() {
+    let host = host().await;
+    for s in ["alpha", "beta"] {
+        host.create_space(s).await;
+    }
+    let out = mercury_ext(
+        &host.data,
+        &["add", repo().join("examples/time").to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&mercury_ext(&host.data, &["list"]).stdout).into_owned();
+    assert!(listed.starts_with("time\t"), "{listed}");
+    // A member cannot enable it: ext.manage is an admin's.
+    host.grant("alpha", "bob", "member").await;
+    let bob = host.token("bob", "user").await;
+    let (st, _) = host
+        .call(
+            Method::POST,
+            "/api/extensions/time/enable",
+            Some(&bob),
+            Some("alpha"),
+            None,
+        )
+        .await;
+    assert_eq!(st, 403);
+    enable(&host, "alpha", "time").await;
+
+    let v = host.chat("alpha", "what time is it in Paris?").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(reply.starts_with("[time_get_current_time]"), "{v}");
+    assert!(reply.contains("Europe/Paris"), "{v}");
+    let steps = steps_of(&host, "alpha", &v["run_id"]).await;
+    let call = steps
+        .iter()
+        .find(|s| s["name"] == "time_get_current_time")
+        .expect("the MCP call is a step");
+    assert_eq!(call["kind"], "tool");
+    assert!(call["arguments"].as_str().unwrap().contains("Europe/Paris"));
+    assert!(call["output"].as_str().unwrap().contains("Europe/Paris"));
+    // A second turn uses the kept catalog and still answers.
+    let v = host.chat("alpha", "what time is it now?").await;
+    assert!(v["reply"].as_str().unwrap().contains("datetime"), "{v}");
+
+    // Beta never enabled it: the tool does not exist there.
+    let v = host.chat("beta", "what time is it in Paris?").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(reply.contains("there is no tool named"), "{v}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_the_http_broker_holds_the_credential_and_cuts_off_bad_servers() {
+    let token = format!("fixture-secret-{}", uuid::Uuid::new_v4().simple());
+    let var = "MERCURY_TEST_WEB_MCP_TOKEN";
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(var, &token) };
+    let fx = fixture(&token).await;
+    let host = host().await;
+    for s in ["mgmt", "x"] {
+        host.create_space(s).await;
+    }
+    let ext = web_extension(fx.port, var);
+    let out = mercury_ext(&host.data, &["add", ext.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    enable(&host, "x", "web").await;
+
+    let v = host.chat("x", "look up hello").await;
+    assert_eq!(v["reply"], "[web_lookup] broker says hello", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(&fx.seen).unwrap(),
+        format!("Bearer {token}")
+    );
+    // The credential is nowhere a sandbox command can read.
+    let v = host.chat("x", &format!("snoop {token}")).await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(reply.contains("snooped"), "{v}");
+    assert!(
+        !reply.contains(&token),
+        "the sandbox saw the credential: {reply}"
+    );
+
+    // A server that hangs or answers 10 MB is cut off with a sentence.
+    let v = host.chat("x", "hang").await;
+    assert!(v["reply"].as_str().unwrap().contains("cut off"), "{v}");
+    let v = host.chat("x", "huge").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(reply.starts_with("[web_huge] error:"), "{reply:.300}");
+    assert!(reply.len() < 4096, "{}", reply.len());
+    // …and the host keeps answering.
+    let v = host.chat("x", "look up again").await;
+    assert_eq!(v["reply"], "[web_lookup] broker says again", "{v}");
+
+    // ask: a read-only tool runs, one that acts is refused and listed.
+    host.grant("mgmt", "alice", "admin").await;
+    host.link("mgmt", "x", "admin").await;
+    let alice = host.token("alice", "user").await;
+    let (st, v) = host
+        .act_as(
+            Method::POST,
+            "/api/ask",
+            &alice,
+            "mgmt",
+            "x",
+            Some(json!({"message": "post secretly", "as": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["reply"]
+            .as_str()
+            .unwrap()
+            .contains("not marked read-only"),
+        "{v}"
+    );
+    let refusals = v["refusals"].as_array().unwrap();
+    assert!(
+        refusals.iter().any(|r| r["route"] == "web_post_note"),
+        "{v}"
+    );
+    let (st, v) = host
+        .act_as(
+            Method::POST,
+            "/api/ask",
+            &alice,
+            "mgmt",
+            "x",
+            Some(json!({"message": "look up asked", "as": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["reply"], "[web_lookup] broker says asked", "{v}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_hooks_add_a_prompt_fragment_or_block_a_turn() {
+    let token = "hook-fixture-token";
+    let var = "MERCURY_TEST_HOOK_MCP_TOKEN";
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(var, token) };
+    let fx = fixture(token).await;
+    let host = host().await;
+    host.create_space("h").await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("extension.toml"),
+        format!(
+            "name = \"hooks\"\n[servers.gate]\ntransport = \"http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ncredential_env = \"{var}\"\n[jobs.tick]\nserver = \"gate\"\ntool = \"tick\"\ninterval_secs = 1\narguments = {{ label = \"hello\" }}\n[hooks]\nbefore_turn = {{ server = \"gate\", tool = \"gate\" }}\nafter_turn = {{ server = \"gate\", tool = \"audit\" }}\ntimeout_secs = 5\n",
+            fx.port
+        ),
+    )
+    .unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Before enabling, no hook runs.
+    let v = host.chat("h", "hello hook").await;
+    assert_eq!(v["reply"], "ok", "{v}");
+    enable(&host, "h", "hooks").await;
+    let v = host.chat("h", "hello hook").await;
+    assert_eq!(v["reply"], "fragment seen", "{v}");
+    let steps = steps_of(&host, "h", &v["run_id"]).await;
+    let names: Vec<&str> = steps.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names.first(), Some(&"hooks.before_turn"), "{names:?}");
+    assert_eq!(names.last(), Some(&"hooks.after_turn"), "{names:?}");
+    assert_eq!(steps[0]["kind"], "tool");
+    assert!(
+        steps[0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("HOOK-FRAGMENT-42"),
+        "{steps:?}"
+    );
+    let v = host.chat("h", "a forbidden thing").await;
+    assert_eq!(
+        v["reply"], "hooks blocked this turn: the word forbidden is not answered here",
+        "{v}"
+    );
+    // The job fires on its interval and writes the space's extension_state.
+    let mut state = None;
+    for _ in 0..60 {
+        state = host.read(|c| mercury::storage::extensions::state_get(c, "hooks", "h", "label"));
+        if state.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(state.as_deref(), Some("hello h"));
+    let job = host.read(|c| mercury::storage::extensions::state_get(c, "hooks", "h", "job.tick"));
+    assert!(job.unwrap().contains("ticks"));
+    host.stop().await;
+}
