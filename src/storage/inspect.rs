@@ -52,6 +52,15 @@ pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
     Ok(out)
 }
 
+/// Messages of the conversation `id` still waiting for their turn.
+pub fn pending_in_conversation(conn: &Conn, id: i64) -> StoreResult<i64> {
+    conn.query_row(
+        "SELECT COUNT(*) FROM messages WHERE conversation_id = ?1 AND status = 'pending'",
+        params![id],
+        |r| r.get(0),
+    )
+}
+
 /// A test's own statement answering one integer (`SELECT COUNT(*) …`).
 pub fn count(conn: &Conn, sql: &str) -> StoreResult<i64> {
     conn.query_row(sql, params![], |r| r.get(0))

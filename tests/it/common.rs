@@ -421,11 +421,10 @@ impl TestHost {
             .id;
         // Its first message's turn ends here, not in the middle of the
         // caller's before/after comparison (a slower backend shows the race).
-        let pending = format!(
-            "SELECT COUNT(*) FROM messages WHERE conversation_id = {id} AND status = 'pending'"
-        );
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while self.count(&pending) > 0 && std::time::Instant::now() < deadline {
+        while self.read(|c| inspect::pending_in_conversation(c, id)) > 0
+            && std::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let (st, v) = self

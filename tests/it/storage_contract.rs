@@ -800,6 +800,10 @@ async fn ui_signins_links_and_pages_hold_on_every_backend() {
         assert_eq!(
             mine.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
             ["s3"],
+            "{name}"
+        );
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extensions_installs_enablement_and_state_behave_alike() {
