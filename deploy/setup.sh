@@ -54,8 +54,10 @@ MCP_VENV=/opt/mercury/mcp-venv
 MCP_PINS="mcp-server-time==2026.10.19 mcp==2.3.0"
 if ! "$MCP_VENV/bin/python" -c "import mcp_server_time, mcp" >/dev/null 2>&1; then
   echo "setup: installing $MCP_PINS in $MCP_VENV" >&2
-  python3 -c "import venv, ensurepip" >/dev/null 2>&1 || {
-    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; }
+  # Debian's own python3 makes the venv (a python3 earlier on PATH, pyenv's
+  # say, is not under /usr), so it is the one that must have venv.
+  /usr/bin/python3 -c "import venv, ensurepip" >/dev/null 2>&1 || {
+    apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null; }
   /usr/bin/python3 -m venv "$MCP_VENV"
   # shellcheck disable=SC2086
   "$MCP_VENV/bin/pip" install -q $MCP_PINS
