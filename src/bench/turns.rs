@@ -300,13 +300,20 @@ pub(crate) async fn run(opts: &TurnsOptions) -> anyhow::Result<TurnsComparison> 
     Ok(TurnsComparison { sqlite, postgres })
 }
 
-/// A new data dir at `data` (its rows on a scratch database of `server`
-/// when given, dropped when the returned handle goes) and its store.
+/// A new data dir for the phase `label` under `dir` (its rows on a scratch
+/// database of `server` when given, dropped when the returned handle goes):
+/// where it is, and that handle.
 async fn fresh_host(
-    data: &Path,
+    dir: &Path,
     server: Option<&PostgresServer>,
     label: &'static str,
-) -> anyhow::Result<Option<ScratchDatabase>> {
+) -> anyhow::Result<(std::path::PathBuf, Option<ScratchDatabase>)> {
+    let backend = if server.is_some() {
+        Backend::Postgres
+    } else {
+        Backend::Sqlite
+    };
+    let data = dir.join(format!("{label}-{}", backend.name()));
     let scratch = match server {
         None => None,
         Some(server) => {
@@ -328,8 +335,8 @@ async fn fresh_host(
         }),
         _ => None,
     };
-    host::init_with(data, "owner", init.as_ref()).await?;
-    Ok(scratch)
+    host::init_with(&data, "owner", init.as_ref()).await?;
+    Ok((data, scratch))
 }
 
 /// The plain-insert baseline on the half's own backend.
@@ -408,13 +415,7 @@ async fn ingest_phase(
     opts: &TurnsOptions,
     server: Option<&PostgresServer>,
 ) -> anyhow::Result<IngestFigures> {
-    let half = if server.is_some() {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let data = dir.join(format!("ingest-{half}"));
-    let _scratch = fresh_host(&data, server, "ingest").await?;
+    let (data, _scratch) = fresh_host(dir, server, "ingest").await?;
     let paths = DataPaths::new(&data);
     let mut settings = host::load_settings(&paths)?;
     // The bench's senders are strangers to a fresh data dir: `open` lets them
@@ -475,13 +476,7 @@ async fn turn_phase(
     opts: &TurnsOptions,
     server: Option<&PostgresServer>,
 ) -> anyhow::Result<TurnFigures> {
-    let half = if server.is_some() {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let data = dir.join(format!("turns-{half}"));
-    let _scratch = fresh_host(&data, server, "turns").await?;
+    let (data, _scratch) = fresh_host(dir, server, "turns").await?;
     let model = dir.join("model.json");
     std::fs::write(&model, r#"{"rules": [{"purpose": "turn", "reply": "ok"}]}"#)
         .context("writing the bench model")?;

@@ -126,8 +126,10 @@ impl Drop for ScratchDatabase {
     }
 }
 
-/// Runs `f` on a thread of its own: a PostgreSQL statement blocks on its
-/// pool's runtime, which a thread driving async tasks must not do.
+/// Runs `f` on a plain thread of its own, where every PostgreSQL statement
+/// blocks on the pool's runtime directly (from a thread with a runtime's
+/// context storage would move each statement to a thread of its own, and
+/// the baseline would time those hand-offs).
 fn off_runtime<T: Send>(f: impl FnOnce() -> StoreResult<T> + Send) -> StoreResult<T> {
     std::thread::scope(|s| s.spawn(f).join())
         .map_err(|_| StoreError::Join("a bench database thread panicked".into()))?

@@ -624,13 +624,11 @@ impl TestHost {
         })
     }
 
-    /// Runs `f` on one of the store's read connections, on a thread of its
-    /// own: a PostgreSQL read blocks on its pool's runtime, which a thread
-    /// driving the test's async body must not do.
-    pub(crate) fn read<T: Send>(&self, f: impl FnOnce(&Conn) -> StoreResult<T> + Send) -> T {
-        let store = self.store();
-        std::thread::scope(|s| s.spawn(|| store.read_blocking(f)).join())
-            .expect("the read's thread")
+    /// Runs `f` on one of the store's read connections (a short blocking
+    /// read; from the test's async body too, which storage allows for).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Conn) -> StoreResult<T>) -> T {
+        self.store()
+            .read_blocking(f)
             .expect("a read of the database")
     }
 
