@@ -17,8 +17,10 @@ pub mod docker;
 pub mod image;
 pub mod process;
 mod relay;
+mod root_drop;
 
 pub use relay::sweep_relays;
+pub use root_drop::NOBODY;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 //!
 //! - **bubblewrap** (the default wherever `bwrap` works): each exec runs
 //!   under `bwrap` with new user, mount, pid, network, ipc and uts
-//!   namespaces, all capabilities dropped, as uid/gid 65534 inside; it sees
+//!   namespaces, all capabilities dropped, as uid/gid 65534 inside (and
+//!   `nobody` on the host when the host is root: `root_drop`); it sees
 //!   `/usr` read-only, a sized `/tmp`, its own `/proc` and `/dev`, the
 //!   workspace at `/work` (the only writable host directory), and, when
 //!   given, `mrctl` and the API socket under `/run/mercury/`. No network.
@@ -34,6 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::root_drop::{host_is_root, RootDrop, NOBODY};
 use super::{
     CappedBuffer, ExecOutput, ExecRequest, Isolation, SandboxBackend, SandboxError, SandboxSession,
     SandboxSpec, SpawnRequest, SpawnedProcess, CONTAINER_API_SOCKET, CONTAINER_WORKDIR,
@@ -235,11 +237,17 @@ impl SandboxBackend for ProcessBackend {
 
     async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
         // Commands act as the host user (mapped to 65534 inside, without
-        // capabilities): a workspace a docker run handed to nobody must come
-        // back to the host user, links changed themselves, never followed.
+        // capabilities), or as nobody on a root host (see `root_drop`): the
+        // workspace goes to whoever that is, links changed themselves,
+        // never followed.
         let root = live.to_path_buf();
+        let to_nobody = matches!(self.mode, ProcessMode::Bubblewrap(_)) && host_is_root();
         tokio::task::spawn_blocking(move || {
-            let (uid, gid) = super::effective_ids();
+            let (uid, gid) = if to_nobody {
+                (NOBODY, NOBODY)
+            } else {
+                super::effective_ids()
+            };
             super::hand_tree_to(&root, uid, gid)
         })
         .await
@@ -385,7 +393,7 @@ impl ProcessSession {
         let Some((program, args)) = req.argv.split_first() else {
             return Ok(None);
         };
-        let (mut cmd, args_file) = match self.prefix.split_first() {
+        let (mut cmd, args_file, root_drop) = match self.prefix.split_first() {
             Some((bwrap, bwrap_args)) => {
                 // The mounts go before the closing `--chdir /work --`.
                 let mut bwrap_args = bwrap_args.to_vec();
@@ -402,6 +410,11 @@ impl ProcessSession {
                 // bwrap's arguments name host paths (the layer, the socket)
                 // and bwrap is pid 1 inside: read from a descriptor, they
                 // never show in its /proc/1/cmdline.
+                let root_drop = if host_is_root() {
+                    Some(RootDrop::stage(&mut bwrap_args, NOBODY, NOBODY)?)
+                } else {
+                    None
+                };
                 let file = bwrap_args_file(&bwrap_args).map_err(|source| SandboxError::Io {
                     path: "bwrap's argument descriptor".into(),
                     source,
@@ -419,9 +432,9 @@ impl ProcessSession {
                         Ok(())
                     });
                 }
-                (c, Some(file))
+                (c, Some(file), root_drop)
             }
-            None => (tokio::process::Command::new(program), None),
+            None => (tokio::process::Command::new(program), None, None),
         };
         // bwrap refuses to start with capabilities unless it is setuid
         // ("Unexpected capabilities but not setuid"), and a command needs
@@ -473,6 +486,10 @@ impl ProcessSession {
             .kill_on_drop(true)
             // Its own group, so one signal reaches everything it spawned.
             .process_group(0);
+        // Last: it drops root, after which the steps above could not run.
+        if let Some(drop) = root_drop {
+            drop.install(&mut cmd);
+        }
         Ok(Some((cmd, args_file)))
     }
 }
@@ -1071,6 +1088,7 @@ mod tests {
         std::os::unix::fs::symlink(&canary, ws.join("link")).expect("link");
         let backend = bwrap();
         assert_eq!(backend.isolation(), Isolation::Namespaces);
+        backend.prepare_workspace(&ws).await.expect("prepare");
         let session = backend
             .start(spec(&ws, &[("A", "1")]))
             .await

@@ -429,3 +429,50 @@ async fn bubblewrap_a_file_a_turn_writes_cannot_be_run_as_a_program() {
 async fn docker_a_file_a_turn_writes_cannot_be_run_as_a_program() {
     a_file_a_turn_writes_cannot_be_run_as_a_program("docker").await;
 }
+
+/// Issue 23, item 10: bubblewrap maps the sandbox's uid to the uid that
+/// starts it, so on a root host a turn ran as host root. It must run as
+/// nobody on the host: its files come back nobody's, without setuid, and the
+/// data dir stays closed to nobody all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bubblewrap_a_root_hosts_turn_runs_and_writes_as_nobody_on_the_host() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the host under test must run as root");
+        return;
+    }
+    let host = TestHost::start(HostOptions {
+        model: json!({"rules": [
+            {"match": "^user: run$", "tool_calls": [{"name": "shell", "arguments": {"command":
+                "echo made > made.txt && chmod 4755 made.txt && mkdir -p d && echo x > d/y; \
+                 cat AGENTS.md >/dev/null && echo agents=read"}}]},
+            {"match": "(?s)^tool_result\\(shell\\): (.*)$", "reply": "$1"}
+        ]}),
+        sandbox: "process",
+        ..Default::default()
+    })
+    .await;
+    host.create_space("alpha").await;
+    let v = chat(&host, "alpha", "run").await;
+    let out = reply(&v);
+    assert!(out.contains("agents=read"), "{v}");
+    let ws = host.data.join("spaces").join("alpha");
+    for file in [ws.join("made.txt"), ws.join("d").join("y")] {
+        let meta = std::fs::symlink_metadata(&file).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (65534, 65534),
+            "{}",
+            file.display()
+        );
+        assert_eq!(meta.mode() & 0o6000, 0, "{}", file.display());
+    }
+    let data_mode = std::fs::metadata(&host.data).unwrap().permissions().mode();
+    assert_eq!(
+        data_mode & 0o077,
+        0,
+        "the data dir was opened: {data_mode:o}"
+    );
+    host.stop().await;
+}

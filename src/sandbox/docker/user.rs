@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::sandbox::SandboxError;
 
 /// uid and gid of `nobody`, the container user when the host runs as root.
-pub const NOBODY: u32 = 65534;
+pub use crate::sandbox::NOBODY;
 
 /// The `user` of the container. A non-root host runs the container as its
 /// own uid:gid so files in the workspace stay the host user's. A root host
