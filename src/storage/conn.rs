@@ -388,6 +388,19 @@ impl Conn {
         }
     }
 
+    /// One transaction-control statement (`BEGIN`, `SAVEPOINT`, …), run by
+    /// every write: SQLite keeps it prepared, so each write does not parse
+    /// it again; PostgreSQL sends it as a simple query.
+    pub(super) fn control(&self, sql: &str) -> StoreResult<()> {
+        match &self.backend {
+            Backend::Sqlite(c) => {
+                c.prepare_cached(sql)?.execute([])?;
+                Ok(())
+            }
+            Backend::Postgres(c) => c.batch(sql),
+        }
+    }
+
     /// Runs statements without parameters, one after the other (schema
     /// changes and transaction control).
     pub(super) fn execute_batch(&self, sql: &str) -> StoreResult<()> {

@@ -205,16 +205,16 @@ fn run_batch(conn: &Conn, mut jobs: Vec<WriteJob>) -> bool {
         Dialect::Postgres => "BEGIN",
     };
     let failure = (|| -> StoreResult<()> {
-        conn.execute_batch(begin)?;
+        conn.control(begin)?;
         let tx = Tx::new(conn);
         for job in &mut jobs {
-            conn.execute_batch("SAVEPOINT sp_write")?;
+            conn.control("SAVEPOINT sp_write")?;
             if !job.run(&tx) {
-                conn.execute_batch("ROLLBACK TO SAVEPOINT sp_write")?;
+                conn.control("ROLLBACK TO SAVEPOINT sp_write")?;
             }
-            conn.execute_batch("RELEASE SAVEPOINT sp_write")?;
+            conn.control("RELEASE SAVEPOINT sp_write")?;
         }
-        conn.execute_batch("COMMIT")
+        conn.control("COMMIT")
     })()
     .err()
     .map(|e| e.to_string());

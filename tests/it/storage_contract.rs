@@ -874,3 +874,181 @@ async fn extensions_installs_enablement_and_state_behave_alike() {
         );
     }
 }
+
+/// The spend ledger (issue 26) on every backend: what is reserved counts
+/// until it is released, settling replaces the worst case with the cost,
+/// a crashed host's reservations are released by instance, a space's caps
+/// round-trip whole, a notice goes out once per period, and the quarter-hour
+/// buckets hold settled calls only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spend_ledger_reserves_settles_releases_and_buckets_alike() {
+    use mercury::storage::spend::{self as ledger, NewReservation, SpaceBudget};
+    const T0: i64 = 1_800_000_000_000;
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let reservation = |instance: &'static str,
+                           space: Option<&'static str>,
+                           purpose: &'static str,
+                           amount: i64,
+                           at: i64| {
+            move |tx: &mercury::storage::Tx<'_>| {
+                ledger::reserve(
+                    tx,
+                    &NewReservation {
+                        at,
+                        instance,
+                        shadow: false,
+                        space_id: space,
+                        purpose,
+                        model: "openai:gpt-x",
+                        amount,
+                    },
+                )
+            }
+        };
+        let a = store
+            .write(reservation("h1", Some("s1"), "turn", 500, T0))
+            .await
+            .unwrap();
+        let b = store
+            .write(reservation("h1", Some("s2"), "judge", 300, T0 + 10))
+            .await
+            .unwrap();
+        let c = store
+            .write(reservation("h2", Some("s1"), "turn", 700, T0 + 20))
+            .await
+            .unwrap();
+        assert!(a < b && b < c, "{name}: ids increase");
+        // A shadow's rows never count against the live deployment.
+        let shadow = store
+            .write(|tx| {
+                ledger::reserve(
+                    tx,
+                    &NewReservation {
+                        at: T0,
+                        instance: "shadow",
+                        shadow: true,
+                        space_id: Some("s1"),
+                        purpose: "turn",
+                        model: "openai:gpt-x",
+                        amount: 9_000,
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        let used = |since: i64| {
+            store.read(move |conn| {
+                Ok((
+                    ledger::used_since(conn, false, since)?,
+                    ledger::used_since_by_purpose(conn, false, "turn", since)?,
+                    ledger::used_since_by_space(conn, false, "s1", since)?,
+                    ledger::open_reservations(conn)?,
+                ))
+            })
+        };
+        assert_eq!(used(T0).await.unwrap(), (1_500, 1_200, 1_200, 4), "{name}");
+        assert_eq!(used(T0 + 15).await.unwrap(), (700, 700, 700, 4), "{name}");
+        // Settled at its cost; released for nothing; settling twice is a no-op.
+        store
+            .write(move |tx| {
+                ledger::settle(tx, a, 120, 1_000, 20)?;
+                ledger::release(tx, b)?;
+                ledger::settle(tx, a, 999_999, 0, 0)?;
+                ledger::settle(tx, b, 999_999, 0, 0)
+            })
+            .await
+            .unwrap();
+        assert_eq!(used(T0).await.unwrap(), (820, 820, 820, 2), "{name}");
+        // Host h2 crashed with `c` open: released at its start, h1's kept.
+        let released = store
+            .write(|tx| ledger::release_left_by(tx, "h2"))
+            .await
+            .unwrap();
+        assert_eq!(released, 1, "{name}");
+        assert_eq!(used(T0).await.unwrap(), (120, 120, 120, 1), "{name}");
+        store
+            .write(move |tx| ledger::release(tx, shadow))
+            .await
+            .unwrap();
+
+        let buckets = store
+            .read(|conn| ledger::cost_buckets(conn, false, T0 - 1))
+            .await
+            .unwrap();
+        assert_eq!(buckets.len(), 1, "{name}: settled calls only: {buckets:?}");
+        let bucket = &buckets[0];
+        assert_eq!(
+            (
+                bucket.space_id.as_deref(),
+                bucket.purpose.as_str(),
+                bucket.amount,
+                bucket.calls
+            ),
+            (Some("s1"), "turn", 120, 1),
+            "{name}"
+        );
+        assert_eq!((bucket.tokens_in, bucket.tokens_out), (1_000, 20), "{name}");
+        assert_eq!(
+            bucket.at,
+            T0 / ledger::BUCKET_MS * ledger::BUCKET_MS,
+            "{name}"
+        );
+
+        // A space's caps round-trip whole, and a second write replaces them.
+        let budget = SpaceBudget {
+            space_id: "s1".into(),
+            daily: Some(2.0),
+            monthly: None,
+            timezone: Some("Europe/Amsterdam".into()),
+            updated_at: T0,
+        };
+        let (b1, b2) = (
+            budget.clone(),
+            SpaceBudget {
+                monthly: Some(20.0),
+                updated_at: T0 + 1,
+                ..budget.clone()
+            },
+        );
+        store
+            .write(move |tx| ledger::set_space_budget(tx, &b1))
+            .await
+            .unwrap();
+        store
+            .write(move |tx| ledger::set_space_budget(tx, &b2))
+            .await
+            .unwrap();
+        let (one, all, none) = store
+            .read(|conn| {
+                Ok((
+                    ledger::space_budget(conn, "s1")?,
+                    ledger::space_budgets(conn)?,
+                    ledger::space_budget(conn, "s9")?,
+                ))
+            })
+            .await
+            .unwrap();
+        let want = SpaceBudget {
+            monthly: Some(20.0),
+            updated_at: T0 + 1,
+            ..budget
+        };
+        assert_eq!(one.as_ref(), Some(&want), "{name}");
+        assert_eq!(all, vec![want], "{name}");
+        assert_eq!(none, None, "{name}");
+
+        // A notice once per key and period.
+        let notes = store
+            .write(|tx| {
+                Ok((
+                    ledger::note_once(tx, "cap:global", T0, T0 + 5)?,
+                    ledger::note_once(tx, "cap:global", T0, T0 + 6)?,
+                    ledger::note_once(tx, "cap:global", T0 + 86_400_000, T0 + 86_400_001)?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(notes, (true, false, true), "{name}");
+    }
+}
