@@ -653,7 +653,7 @@ async fn run_web_fetch(
         Ok(cost) => acc.cost += cost,
         Err(crate::spend::SpendError::Store(e)) => return Err(TurnError::Store(e)),
         Err(e) => {
-            tracing::warn!(run = %req.run_id, error = %e, "cannot end web_fetch's reservation")
+            tracing::warn!(run = %req.run_id, error = %e, "cannot end web_fetch's reservation");
         }
     }
     let cap = rt.settings.turn.output_cap_bytes;

@@ -93,7 +93,7 @@ pub fn extract(html: &str) -> String {
         let name: String = tag
             .trim_start_matches('/')
             .chars()
-            .take_while(|c| c.is_ascii_alphanumeric())
+            .take_while(char::is_ascii_alphanumeric)
             .collect();
         i = end + 1;
         if !closing && SKIPPED.contains(&name.as_str()) && !tag.ends_with('/') {

@@ -191,3 +191,35 @@ async fn fire(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(interval: Option<u64>, cron: Option<&str>) -> manifest::Job {
+        manifest::Job {
+            server: "s".into(),
+            tool: "t".into(),
+            interval_secs: interval,
+            cron: cron.map(str::to_owned),
+            arguments: Default::default(),
+        }
+    }
+
+    #[test]
+    fn jobs_fire_on_their_interval_or_their_cron_schedule() {
+        // 2023-11-14T22:13:20Z.
+        let t0 = 1_700_000_000_000;
+        let every = job(Some(60), None);
+        assert!(!due(&every, t0, t0 + 59_999));
+        assert!(due(&every, t0, t0 + 60_000));
+        // At minute 15 of every hour: due from 22:15:00, not before.
+        let cron = job(None, Some("15 * * * *"));
+        let at_15 = 1_700_000_100_000; // 22:15:00Z
+        assert!(!due(&cron, t0, at_15 - 1));
+        assert!(due(&cron, t0, at_15));
+        // Fired at 22:15, next due at 23:15.
+        assert!(!due(&cron, at_15, at_15 + 59 * 60_000));
+        assert!(due(&cron, at_15, at_15 + 3_600_000));
+    }
+}

@@ -72,7 +72,7 @@ pub fn check_schema(key: &str, schema: &toml::Table) -> Result<(), (String, Stri
     }
     for k in ["minLength", "maxLength"] {
         if let Some(v) = schema.get(k) {
-            if ty != "string" || !v.as_integer().is_some_and(|n| n >= 0) {
+            if ty != "string" || v.as_integer().is_none_or(|n| n < 0) {
                 return bad(&format!(".{k}"), "a whole number ≥ 0, for a string key");
             }
         }
