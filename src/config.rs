@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 pub mod platforms;
+pub mod web;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -78,6 +79,10 @@ pub struct Settings {
     pub log: LogConfig,
     pub adapters: AdaptersConfig,
     pub storage: StorageConfig,
+    /// The host's `web_fetch` tool: egress policy and caps.
+    pub web: web::WebConfig,
+    /// Installed extensions, host-wide.
+    pub extensions: ExtensionsConfig,
     /// Shadow mode (issue 14): nothing leaves the host; every outbound send
     /// goes to `<data_dir>/shadow/transcript.jsonl`. `MERCURY_SHADOW` takes
     /// only `1` or `true`.
@@ -207,6 +212,16 @@ impl Default for WorkspaceConfig {
             max_entries: 100_000,
         }
     }
+}
+
+/// Extensions, host-wide (docs/extensions.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExtensionsConfig {
+    /// On a shadow host: the `http` servers (`<extension>.<server>`) its
+    /// turns may call (read-only tools only); every other one is refused.
+    /// A live host ignores it.
+    pub shadow_http: Vec<String>,
 }
 
 /// Run traces (`run_steps`).
@@ -600,6 +615,8 @@ impl Default for Settings {
             log: LogConfig::default(),
             adapters: AdaptersConfig::default(),
             storage: StorageConfig::default(),
+            web: web::WebConfig::default(),
+            extensions: ExtensionsConfig::default(),
             shadow: false,
             shadow_root: String::new(),
         }
@@ -943,6 +960,15 @@ workspace:                      # how large a workspace tree may grow (besides s
 runs:                           # run traces
   keep_days: 30                 # days: run traces (run_steps) older than this are deleted
   step_output_bytes: 2048       # bytes: output text kept per traced step
+web:                            # the host's web_fetch tool (off per space until `mrctl config set web.fetch on`)
+  allow: []                     # names (wiki.corp, *.corp.example), IPs or CIDRs let past the loopback/private/link-local refusal
+  deny: []                      # names, IPs or CIDRs always refused (matched after DNS)
+  max_bytes: 2097152            # bytes: one response body read at most (the rest is cut off)
+  timeout_secs: 20              # seconds: one fetch, DNS, redirects and body included
+  max_redirects: 5              # count: redirects followed, each checked like the first URL
+  fetch_cost: 0.0               # amount: charged per fetch to the space's budget
+extensions:                     # installed extensions (docs/extensions.md)
+  shadow_http: []               # on a shadow: <extension>.<server> http servers its turns may call
 adapters:                       # in-process chat adapters (docs/adapters.md)
   # Telegram. The bot token is read from MERCURY_TELEGRAM_BOT_TOKEN only.
   telegram:
@@ -1431,6 +1457,18 @@ impl Settings {
         }
         for p in platforms::all() {
             p.check(self).map_err(|(key, why)| key_err(&key, why))?;
+        }
+        self.web.check().map_err(|(key, why)| key_err(&key, why))?;
+        for s in &self.extensions.shadow_http {
+            let ok = s
+                .split_once('.')
+                .is_some_and(|(e, v)| !e.is_empty() && !v.is_empty() && !v.contains('.'));
+            if !ok {
+                return Err(key_err(
+                    "extensions.shadow_http",
+                    format!("{s:?} is not <extension>.<server>"),
+                ));
+            }
         }
         if !(self.shadow_root.is_empty() || self.shadow_root.starts_with('/')) {
             return Err(key_err(

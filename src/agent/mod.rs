@@ -326,8 +326,22 @@ async fn turn_loop(
     acc: &mut Accounting,
 ) -> Result<String, TurnError> {
     let mut tool_specs = tools::tool_specs();
+    if web_fetch_on(rt, req).await? {
+        tool_specs.push(crate::extensions::web::spec());
+    }
     let exts = load_extensions(rt, req, slot).await?;
     let mut fragments = Vec::new();
+    let skills = crate::extensions::skills_of(
+        &rt.store,
+        req.space_id.as_str(),
+        &rt.paths.root.join("extensions"),
+    )
+    .await
+    .unwrap_or_else(|e| {
+        tracing::warn!(space = %req.space_id, error = %e, "cannot read the space's skills; none are offered");
+        Vec::new()
+    });
+    fragments.extend(crate::extensions::skills_prompt(&skills));
     if let Some(exts) = &exts {
         tool_specs.extend(exts.specs().cloned());
         let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text});
@@ -394,6 +408,8 @@ async fn run_hooks(
             ..Default::default()
         };
         let answer = if hook.transport == Transport::Http && !may_act {
+            // A hook may act outside: the shadow's own list of http
+            // servers covers its read-only tools only, never a hook.
             Err("skipped: an ask or a shadow calls no http hook".to_string())
         } else if hook.transport == Transport::Stdio {
             if rt.sandbox.unavailable_reason().is_some() {
@@ -435,7 +451,17 @@ async fn load_extensions(
     req: &TurnRequest,
     slot: &SessionSlot,
 ) -> Result<Option<TurnExtensions>, TurnError> {
-    let mut exts = match TurnExtensions::load(&rt.store, req.space_id.as_str()).await {
+    let role = match &req.token_role {
+        Some(r) => r.clone(),
+        None => {
+            let (space, caller) = (req.space_id.to_string(), req.caller_id.clone());
+            let global = rt.settings.is_global_admin(&caller);
+            rt.store
+                .read(move |c| crate::perms::resolve_role(c, &space, &caller, global))
+                .await?
+        }
+    };
+    let mut exts = match TurnExtensions::load(&rt.store, req.space_id.as_str(), &role).await {
         Ok(e) if e.is_empty() => return Ok(None),
         Ok(e) => e,
         Err(e) => {
@@ -447,7 +473,8 @@ async fn load_extensions(
         return Ok(Some(exts));
     }
     let deadline = Duration::from_secs(rt.settings.turn.tool_timeout_secs);
-    let shadow = rt.outbound.is_shadow();
+    let named = rt.settings.extensions.shadow_http.as_slice();
+    let shadow = rt.outbound.is_shadow().then_some(named);
     let needs_sandbox = exts
         .unlisted()
         .iter()
@@ -530,8 +557,11 @@ async fn turn_steps(
                 ..Default::default()
             };
             attach_late_reads(rt, req, acc);
+            let web = call.name == crate::extensions::web::TOOL_NAME
+                && tool_specs.iter().any(|t| t.name == call.name);
             let result = match exts.and_then(|e| e.tool(&call.name).map(|t| (e, t))) {
                 Some((exts, tool)) => run_ext_tool(rt, req, slot, exts, tool, call).await,
+                None if web => run_web_fetch(rt, req, call, acc).await,
                 None => run_one_tool(rt, req, slot, call).await,
             };
             step.duration_ms = clock.elapsed().as_millis() as u64;
@@ -554,6 +584,87 @@ async fn turn_steps(
         }
     }
     Err(TurnError::StepsExhausted(steps))
+}
+
+/// Whether the space's admin turned `web_fetch` on (`web.fetch` = `on`).
+async fn web_fetch_on(rt: &Arc<Runtime>, req: &TurnRequest) -> Result<bool, TurnError> {
+    let space = req.space_id.to_string();
+    let v = rt
+        .store
+        .read(move |c| {
+            crate::storage::spaces::kv_get(
+                c,
+                crate::storage::spaces::KvTable::Config,
+                &space,
+                crate::extensions::web::CONFIG_KEY,
+            )
+        })
+        .await?;
+    Ok(v.as_deref() == Some("on"))
+}
+
+/// Runs one `web_fetch` on the host: charged to the space's budget first
+/// (`web.fetch_cost`, through the spend seam's caps), then fetched under
+/// the egress policy. It only reads, so an ask and a shadow run it too.
+async fn run_web_fetch(
+    rt: &Arc<Runtime>,
+    req: &TurnRequest,
+    call: &crate::model::ToolCall,
+    acc: &mut Accounting,
+) -> Result<ToolResult, TurnError> {
+    let refused = |output: String| ToolResult {
+        error: Some(output.trim_start_matches("error: ").to_owned()),
+        output,
+        exit_code: None,
+    };
+    let Some(url) = call.arguments.get("url").and_then(|u| u.as_str()) else {
+        return Ok(refused(
+            "error: web_fetch needs {\"url\": \"http://…\"}".to_owned(),
+        ));
+    };
+    let charge = crate::spend::Charge {
+        space: Some(req.space_id.to_string()),
+        purpose: spend_purpose(req.kind),
+    };
+    let reservation = match rt
+        .spend
+        .reserve_tool(
+            &charge,
+            crate::extensions::web::TOOL_NAME,
+            rt.settings.web.fetch_cost,
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(crate::spend::SpendError::Capped(hit)) => {
+            return Ok(refused(format!(
+                "error: web_fetch: {} of {} is reached; nothing was fetched",
+                hit.cap,
+                crate::spend::format_amount(hit.limit, &hit.currency)
+            )))
+        }
+        Err(crate::spend::SpendError::Store(e)) => return Err(TurnError::Store(e)),
+        Err(e) => return Ok(refused(format!("error: web_fetch: {e}"))),
+    };
+    let fetched = crate::extensions::web::fetch(&rt.settings.web, url).await;
+    // A fetch that gave no page (refused, cut off in time) costs nothing,
+    // as a model call that failed does not.
+    match rt.spend.end_tool(reservation, fetched.is_ok()).await {
+        Ok(cost) => acc.cost += cost,
+        Err(crate::spend::SpendError::Store(e)) => return Err(TurnError::Store(e)),
+        Err(e) => {
+            tracing::warn!(run = %req.run_id, error = %e, "cannot end web_fetch's reservation");
+        }
+    }
+    let cap = rt.settings.turn.output_cap_bytes;
+    Ok(match fetched {
+        Ok(page) => ToolResult {
+            output: crate::extensions::strip_and_cap(&page.render(), cap),
+            exit_code: Some(0),
+            error: None,
+        },
+        Err(e) => refused(format!("error: web_fetch: {e}")),
+    })
 }
 
 /// Runs one extension tool call: refused where the turn must not act, a
@@ -581,7 +692,15 @@ async fn run_ext_tool(
     let transport = exts
         .transport(&tool.extension, &tool.server)
         .unwrap_or(Transport::Stdio);
-    if let Some(why) = crate::extensions::refusal(tool, transport, mode) {
+    if let Some(why) = exts.forbidden(tool) {
+        return Ok(refused(format!("error: {why}")));
+    }
+    let named = rt
+        .settings
+        .extensions
+        .shadow_http
+        .contains(&format!("{}.{}", tool.extension, tool.server));
+    if let Some(why) = crate::extensions::refusal(tool, transport, mode, named) {
         let args = capped(
             &crate::model::scripted::canonical_json(&call.arguments),
             200,
@@ -972,6 +1091,20 @@ async fn start_sandbox(
             ("MERCURY_SPACE".into(), req.space_id.to_string()),
             ("MERCURY_SOCKET".into(), socket_inside),
         ],
+        // The enabled extensions' skills, read-only at a fixed path.
+        ro_binds: crate::extensions::skills_of(
+            &rt.store,
+            req.space_id.as_str(),
+            &rt.paths.root.join("extensions"),
+        )
+        .await
+        .map_err(|e| SandboxError::Engine(format!("the space's skills: {e}")))?
+        .into_iter()
+        .map(|sk| {
+            let inside = sk.inside();
+            (sk.host_dir, inside)
+        })
+        .collect(),
         limits: SandboxLimits {
             memory_bytes: s.memory_mb << 20,
             nano_cpus: (s.cpus * 1e9) as i64,

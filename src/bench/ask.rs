@@ -96,6 +96,7 @@ pub(crate) async fn run(opts: &AskOptions) -> anyhow::Result<AskFigures> {
             kind: RunKind::Ask,
             workspace: dst.clone(),
             api_socket: None,
+            ro_binds: Vec::new(),
             env: Vec::new(),
             limits: SandboxLimits::default(),
         };

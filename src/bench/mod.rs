@@ -4,7 +4,7 @@
 //! Benches: `turns` (ingest throughput and per-turn orchestration overhead),
 //! `sandbox` (container start to first exec), `links` (a read route direct
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
-//! `review`, `adapters` (Telegram intake beside ingress alone) and `shadow`
+//! `ext` (an MCP tool call beside a `shell` call), `review`, `adapters` (Telegram intake beside ingress alone) and `shadow`
 //! (snapshot beside `cp -a`), `ui` (the dashboard's pages at 10,000 spaces and
 //! 1,000,000 messages); `docs/benchmarks.md` says how to read them.
 //!
@@ -17,6 +17,7 @@
 
 pub(crate) mod adapters;
 pub(crate) mod ask;
+pub(crate) mod ext;
 pub(crate) mod links;
 pub(crate) mod review;
 pub(crate) mod review_quality;

@@ -96,6 +96,7 @@ async fn start_and_exec(
         kind: RunKind::Live,
         workspace: workspace.to_path_buf(),
         api_socket: None,
+        ro_binds: Vec::new(),
         env: vec![("MERCURY_SPACE".into(), "bench".into())],
         limits: SandboxLimits::default(),
     };

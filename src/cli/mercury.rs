@@ -153,6 +153,12 @@ enum BenchCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
         runs: u16,
     },
+    /// An extension's MCP tool call (mcp-server-time over stdio, cold and warm) beside a `shell` call, one bubblewrap session.
+    Ext {
+        /// Measured calls of each kind (after one warm-up).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        runs: u16,
+    },
     /// Messages/s taken in through the Telegram adapter (against a local fake Bot API) beside ingress alone.
     Adapters {
         #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
@@ -449,6 +455,18 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
             Err(e) => {
                 eprintln!("mercury image build: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Bench {
+            command: BenchCommand::Ext { runs },
+        } => match crate::bench::ext::run(usize::from(runs)).await {
+            Ok(figures) => {
+                print!("{}", crate::bench::ext::report(&figures));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("mercury bench ext: {e:#}");
                 ExitCode::from(1)
             }
         },

@@ -1,7 +1,9 @@
 //! Extensions' jobs: each enabled extension's `[jobs.*]` called on its
-//! interval in every space that enabled it, the answer written to that
-//! space's `extension_state` (`job.<id>` = the answer's text; an answer
-//! `{"state": {"k": "v"}}` also sets each key).
+//! interval or cron schedule in every space that enabled it, the answer
+//! written to that space's `extension_state` (`job.<id>` = the answer's
+//! text; an answer `{"state": {"k": "v"}}` also sets each key). Every firing
+//! is a run of kind `job` in that space with one step (`<ext>.job.<id>`),
+//! read with `mrctl runs show ID` like a turn's.
 //!
 //! Must never: run on a shadow host, or let one slow server hold the others
 //! past its time limit.
@@ -17,6 +19,7 @@ use super::{credential, manifest, mcp, strip_and_cap};
 use crate::clock::now_ms;
 use crate::runtime::Runtime;
 use crate::storage::extensions as rows;
+use crate::storage::runs as rows_runs;
 
 /// How often the loop looks for due jobs.
 const TICK: Duration = Duration::from_millis(500);
@@ -52,7 +55,7 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
             for (id, job) in &m.jobs {
                 let key = (space.clone(), m.name.clone(), id.clone());
                 let since = *last.entry(key.clone()).or_insert(now);
-                if now - since < (job.interval_secs as i64) * 1000 {
+                if !due(job, since, now) {
                     continue;
                 }
                 last.insert(key, now);
@@ -68,12 +71,65 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
     }
 }
 
+/// Whether `job`, last fired (or first seen) at `since`, is due at `now`.
+fn due(job: &manifest::Job, since: i64, now: i64) -> bool {
+    match (&job.cron, job.interval_secs) {
+        (Some(expr), _) => crate::schedule::parse_cron(expr)
+            .and_then(|c| crate::schedule::next_fire(&c, since))
+            .is_ok_and(|next| next <= now),
+        (None, Some(secs)) => now - since >= i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000,
+        (None, None) => false,
+    }
+}
+
+/// Fires one job as a run of kind `job` of `space`: the run row, its one
+/// step (arguments, answer or error, duration), closed done or failed.
 async fn run_one(
     rt: &Runtime,
     space: &str,
     m: &manifest::Manifest,
     id: &str,
     job: &manifest::Job,
+) -> Result<(), super::ExtensionError> {
+    let run_id = crate::ids::RunId::new().to_string();
+    let (r, s) = (run_id.clone(), space.to_owned());
+    rt.store
+        .write(move |tx| rows_runs::start(tx, &r, &s, "job", None, None))
+        .await?;
+    let started_at = now_ms();
+    let clock = std::time::Instant::now();
+    let mut step = rows_runs::RunStep {
+        seq: 1,
+        kind: "tool".into(),
+        name: format!("{}.job.{id}", m.name),
+        started_at,
+        ..Default::default()
+    };
+    let outcome = fire(rt, space, m, id, job, &mut step).await;
+    step.duration_ms = clock.elapsed().as_millis() as u64;
+    let error = outcome
+        .as_ref()
+        .err()
+        .map(|e| crate::redaction::secrets::scrub_error(&e.to_string()));
+    step.error.clone_from(&error);
+    let status = if error.is_some() { "failed" } else { "done" };
+    let (r, steps) = (run_id, vec![step]);
+    rt.store
+        .write(move |tx| {
+            rows_runs::record_steps(tx, &r, &steps)?;
+            rows_runs::finish(tx, &r, status, error.as_deref())
+        })
+        .await?;
+    outcome
+}
+
+async fn fire(
+    rt: &Runtime,
+    space: &str,
+    m: &manifest::Manifest,
+    id: &str,
+    job: &manifest::Job,
+    step: &mut rows_runs::RunStep,
 ) -> Result<(), super::ExtensionError> {
     let server = m
         .servers
@@ -87,9 +143,25 @@ async fn run_one(
         .filter_map(|(k, v)| serde_json::to_value(v).ok().map(|v| (k.clone(), v)))
         .collect();
     args.insert("space".into(), Value::String(space.to_owned()));
+    let (sp, mm) = (space.to_owned(), m.clone());
+    let config = rt
+        .store
+        .read(move |c| super::space_config::values(c, &sp, &mm))
+        .await?;
+    if config.as_object().is_some_and(|o| !o.is_empty()) {
+        args.insert("config".into(), config);
+    }
+    let cap = rt.settings.runs.step_output_bytes;
+    step.arguments = Some(strip_and_cap(
+        &crate::model::scripted::canonical_json(&Value::Object(args.clone())),
+        cap,
+    ));
     let answer = conn.call(&job.tool, Value::Object(args), JOB_TIMEOUT).await;
     conn.close().await;
     let (text, is_error) = answer?;
+    step.output_bytes = Some(text.len() as u64);
+    step.output = Some(strip_and_cap(&text, cap));
+    step.exit_code = Some(i64::from(is_error));
     if is_error {
         return Err(super::ExtensionError::Protocol(format!(
             "the job's tool answered an error: {}",
@@ -118,4 +190,36 @@ async fn run_one(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(interval: Option<u64>, cron: Option<&str>) -> manifest::Job {
+        manifest::Job {
+            server: "s".into(),
+            tool: "t".into(),
+            interval_secs: interval,
+            cron: cron.map(str::to_owned),
+            arguments: Default::default(),
+        }
+    }
+
+    #[test]
+    fn jobs_fire_on_their_interval_or_their_cron_schedule() {
+        // 2023-11-14T22:13:20Z.
+        let t0 = 1_700_000_000_000;
+        let every = job(Some(60), None);
+        assert!(!due(&every, t0, t0 + 59_999));
+        assert!(due(&every, t0, t0 + 60_000));
+        // At minute 15 of every hour: due from 22:15:00, not before.
+        let cron = job(None, Some("15 * * * *"));
+        let at_15 = 1_700_000_100_000; // 22:15:00Z
+        assert!(!due(&cron, t0, at_15 - 1));
+        assert!(due(&cron, t0, at_15));
+        // Fired at 22:15, next due at 23:15.
+        assert!(!due(&cron, at_15, at_15 + 59 * 60_000));
+        assert!(due(&cron, at_15, at_15 + 3_600_000));
+    }
 }

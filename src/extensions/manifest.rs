@@ -36,6 +36,50 @@ pub struct Manifest {
     /// the answer goes to the extension's `extension_state` there.
     #[serde(default)]
     pub jobs: BTreeMap<String, Job>,
+    /// Directories of this extension holding a `SKILL.md`, offered to the
+    /// agent by name and description and readable in the sandbox.
+    #[serde(default)]
+    pub skills: Vec<Skill>,
+    /// Per-space config keys (`<name>.<key>`), each with a schema in the
+    /// JSON-schema subset [`super::space_config`] checks.
+    #[serde(default)]
+    pub config: BTreeMap<String, toml::Table>,
+    /// The extension's own permission, `ext.<name>`: calling its tools needs it.
+    #[serde(default)]
+    pub permission: PermissionDecl,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Skill {
+    /// 1-32 of a-z, 0-9, '-', '_': its directory under /run/mercury/skills/<ext>/.
+    pub name: String,
+    /// The directory, relative to the extension's own (it holds `SKILL.md`).
+    pub path: PathBuf,
+    /// One line the agent reads in its system prompt.
+    pub description: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionDecl {
+    /// Roles that hold `ext.<name>` by default in every space (a space's own
+    /// `role.<role>.permissions` override decides for that role there).
+    /// `admin` holds it always.
+    #[serde(default = "default_roles")]
+    pub roles: Vec<String>,
+}
+
+fn default_roles() -> Vec<String> {
+    vec!["admin".into(), "member".into()]
+}
+
+impl Default for PermissionDecl {
+    fn default() -> Self {
+        Self {
+            roles: default_roles(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -45,8 +89,12 @@ pub struct Job {
     /// it has no sandbox to start a stdio server in).
     pub server: String,
     pub tool: String,
-    /// Every this many seconds (at least 1).
-    pub interval_secs: u64,
+    /// Every this many seconds (at least 1)…
+    #[serde(default)]
+    pub interval_secs: Option<u64>,
+    /// …or on this cron schedule (five fields, UTC): exactly one of the two.
+    #[serde(default)]
+    pub cron: Option<String>,
     /// Arguments of the call (the space's id is added as `space`).
     #[serde(default)]
     pub arguments: BTreeMap<String, toml::Value>,
@@ -158,6 +206,11 @@ pub fn parse(label: &str, text: &str) -> Result<Manifest, ManifestError> {
     Ok(manifest)
 }
 
+/// Whether `s` is a valid extension name (1-24 of a-z, 0-9, a letter first).
+pub fn is_extension_name(s: &str) -> bool {
+    is_ident(s, NAME_MAX) && !s.contains(['_', '-'])
+}
+
 fn is_ident(s: &str, max: usize) -> bool {
     !s.is_empty()
         && s.len() <= max
@@ -173,7 +226,7 @@ impl Manifest {
             field,
             why: why.to_owned(),
         };
-        if !is_ident(&self.name, NAME_MAX) || self.name.contains(['_', '-']) {
+        if !is_extension_name(&self.name) {
             return Err(bad(
                 "name".into(),
                 "must be 1-24 of a-z and 0-9, starting with a letter (it prefixes the tool names)",
@@ -305,9 +358,60 @@ impl Manifest {
             if j.tool.is_empty() {
                 return Err(bad(f("tool"), "a tool name is required"));
             }
-            if j.interval_secs == 0 {
-                return Err(bad(f("interval_secs"), "at least 1"));
+            match (j.interval_secs, &j.cron) {
+                (Some(0), _) => return Err(bad(f("interval_secs"), "at least 1")),
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(bad(
+                        f("cron"),
+                        "a job has exactly one of interval_secs and cron",
+                    ))
+                }
+                (None, Some(c)) => {
+                    crate::schedule::parse_cron(c).map_err(|why| bad(f("cron"), &why))?;
+                }
+                (Some(_), None) => {}
             }
+        }
+        if self.name == "manage" {
+            return Err(bad(
+                "name".into(),
+                "\"manage\" is taken: the extension's permission ext.<name> would be ext.manage",
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, sk) in self.skills.iter().enumerate() {
+            let f = |k: &str| format!("skills[{i}].{k}");
+            if !is_ident(&sk.name, 32) {
+                return Err(bad(
+                    f("name"),
+                    "a skill name is 1-32 of a-z, 0-9, '_', '-', starting with a letter",
+                ));
+            }
+            if !seen.insert(sk.name.clone()) {
+                return Err(bad(f("name"), "two skills have this name"));
+            }
+            let ok = !sk.path.as_os_str().is_empty()
+                && sk
+                    .path
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !ok {
+                return Err(bad(
+                    f("path"),
+                    "a directory inside the extension (relative, without '..')",
+                ));
+            }
+            if sk.description.trim().is_empty() || sk.description.chars().count() > 300 {
+                return Err(bad(f("description"), "one line of 1-300 characters"));
+            }
+        }
+        for (key, schema) in &self.config {
+            super::space_config::check_schema(key, schema)
+                .map_err(|(field, why)| bad(format!("config.{key}{field}"), &why))?;
+        }
+        for r in &self.permission.roles {
+            crate::perms::validate_role_name(r)
+                .map_err(|why| bad("permission.roles".into(), &why))?;
         }
         if matches!(self.hooks.timeout_secs, Some(0) | Some(61..)) {
             return Err(bad("hooks.timeout_secs".into(), "between 1 and 60 seconds"));

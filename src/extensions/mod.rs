@@ -14,9 +14,12 @@
 //! run a tool that is not read-only in an `ask` or a shadow, call an `http`
 //! server from a shadow, or give the model more of an answer than the cap.
 
+pub mod html_text;
 pub mod jobs;
 pub mod manifest;
 pub(crate) mod mcp;
+pub mod space_config;
+pub mod web;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -97,11 +100,18 @@ pub enum Mode {
 }
 
 /// Why a tool call is refused before it runs, as the model reads it.
-pub fn refusal(tool: &ExtTool, transport: Transport, mode: Mode) -> Option<String> {
+/// `shadow_named`: the shadow's own config (`extensions.shadow_http`) names
+/// the tool's http server.
+pub fn refusal(
+    tool: &ExtTool,
+    transport: Transport,
+    mode: Mode,
+    shadow_named: bool,
+) -> Option<String> {
     match mode {
         Mode::Acting => None,
-        Mode::Shadow if transport == Transport::Http => Some(format!(
-            "{} is served over http by the host and a shadow calls no http server; the call was refused",
+        Mode::Shadow if transport == Transport::Http && !shadow_named => Some(format!(
+            "{} is served over http by the host and a shadow calls no http server its config (extensions.shadow_http) does not name; the call was refused",
             tool.exposed
         )),
         Mode::Ask | Mode::Shadow if !tool.read_only => Some(format!(
@@ -112,9 +122,133 @@ pub fn refusal(tool: &ExtTool, transport: Transport, mode: Mode) -> Option<Strin
     }
 }
 
+/// The permission an extension's tools need: `ext.<name>`.
+pub fn permission_of(extension: &str) -> String {
+    format!("ext.{extension}")
+}
+
+/// Whether `name` is an extension's permission (`ext.<name>`, not `ext.manage`).
+pub fn is_permission_name(name: &str) -> bool {
+    name.strip_prefix("ext.")
+        .is_some_and(|e| e != "manage" && manifest::is_extension_name(e))
+}
+
+/// Whether `role` holds `m`'s permission in `space`: `admin` and `system`
+/// always; a role the space overrides (`role.<role>.permissions`) when its
+/// list names `ext.<name>`; any other role when the manifest's
+/// `[permission] roles` names it.
+pub fn role_holds(
+    c: &crate::storage::Conn,
+    space: &str,
+    role: &str,
+    m: &Manifest,
+) -> crate::storage::StoreResult<bool> {
+    if role == crate::perms::ROLE_ADMIN || role == crate::perms::ROLE_SYSTEM {
+        return Ok(true);
+    }
+    if role == crate::perms::ROLE_NONE {
+        return Ok(false);
+    }
+    let own = permission_of(&m.name);
+    let key = crate::perms::override_key(role);
+    Ok(
+        match crate::storage::spaces::kv_get(
+            c,
+            crate::storage::spaces::KvTable::Config,
+            space,
+            &key,
+        )? {
+            Some(list) => list.split(',').any(|p| p.trim() == own),
+            None => m.permission.roles.iter().any(|r| r == role),
+        },
+    )
+}
+
+/// One skill of an enabled extension, as a turn offers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferedSkill {
+    pub extension: String,
+    pub name: String,
+    pub description: String,
+    /// Its directory on the host (inside the installed copy).
+    pub host_dir: std::path::PathBuf,
+}
+
+impl OfferedSkill {
+    /// Where the sandbox reads it.
+    pub fn inside(&self) -> String {
+        format!("{SKILLS_INSIDE}/{}/{}", self.extension, self.name)
+    }
+}
+
+/// The fixed root of the skills inside a sandbox.
+pub const SKILLS_INSIDE: &str = "/run/mercury/skills";
+
+/// The skills of the extensions `space` enabled whose `SKILL.md` is in
+/// the installed copy under `extensions_dir` (a skill whose directory or
+/// file is missing, or is a link, is logged and left out).
+pub async fn skills_of(
+    store: &Store,
+    space: &str,
+    extensions_dir: &Path,
+) -> Result<Vec<OfferedSkill>, ExtensionError> {
+    let space = space.to_owned();
+    let enabled = store.read(move |c| rows::enabled_in(c, &space)).await?;
+    let mut out = Vec::new();
+    for row in enabled {
+        let Ok(m) = manifest::parse(&row.name, &row.manifest) else {
+            continue;
+        };
+        for sk in &m.skills {
+            let dir = extensions_dir.join(&m.name).join(&sk.path);
+            let plain = |p: &Path| {
+                std::fs::symlink_metadata(p).is_ok_and(|md| !md.file_type().is_symlink())
+            };
+            if !(plain(&dir) && dir.is_dir() && plain(&dir.join("SKILL.md"))) {
+                tracing::warn!(extension = %m.name, skill = %sk.name, "a skill's directory or SKILL.md is missing; it is not offered");
+                continue;
+            }
+            out.push(OfferedSkill {
+                extension: m.name.clone(),
+                name: sk.name.clone(),
+                description: sk.description.clone(),
+                host_dir: dir,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The system-prompt section listing `skills` (empty: none).
+pub fn skills_prompt(skills: &[OfferedSkill]) -> Option<String> {
+    if skills.is_empty() {
+        return None;
+    }
+    let mut out = String::from(
+        "# Skills\nInstructions from this space's extensions. Read a skill's SKILL.md (with `shell`: cat PATH/SKILL.md) before doing what it describes.\n",
+    );
+    for s in skills {
+        out.push_str(&format!(
+            "- {}/{}: {} ({})\n",
+            s.extension,
+            s.name,
+            s.description.replace('\n', " "),
+            s.inside()
+        ));
+    }
+    Some(out)
+}
+
 /// The extensions enabled in one space, for one turn.
 pub struct TurnExtensions {
     manifests: BTreeMap<String, (Manifest, i64)>,
+    /// Extensions whose permission the turn's role does not hold: their
+    /// tools are not offered, and a call is refused with a sentence.
+    unpermitted: std::collections::BTreeSet<String>,
+    /// Each extension's config values in this space (for hooks).
+    config: BTreeMap<String, Value>,
+    /// The role the turn acts with (what its permission checks name).
+    role: String,
     tools: BTreeMap<String, ExtTool>,
     /// Servers whose catalog is not cached: listed on the turn's first need.
     unlisted: Vec<(String, String)>,
@@ -122,25 +256,50 @@ pub struct TurnExtensions {
 }
 
 impl TurnExtensions {
-    /// Reads what `space` enabled. A manifest that no longer parses is
-    /// logged and left out.
-    pub async fn load(store: &Store, space: &str) -> Result<Self, ExtensionError> {
-        let space = space.to_owned();
-        let enabled = store.read(move |c| rows::enabled_in(c, &space)).await?;
+    /// Reads what `space` enabled, for a turn acting with `role`. A
+    /// manifest that no longer parses is logged and left out.
+    pub async fn load(store: &Store, space: &str, role: &str) -> Result<Self, ExtensionError> {
+        let (space, role, role_name) = (space.to_owned(), role.to_owned(), role.to_owned());
+        let enabled = store
+            .read(move |c| {
+                let mut out = Vec::new();
+                for row in rows::enabled_in(c, &space)? {
+                    let parsed = manifest::parse(&row.name, &row.manifest);
+                    let extra = match &parsed {
+                        Ok(m) => Some((
+                            role_holds(c, &space, &role, m)?,
+                            space_config::values(c, &space, m)?,
+                        )),
+                        Err(_) => None,
+                    };
+                    out.push((row, parsed, extra));
+                }
+                Ok(out)
+            })
+            .await?;
         let mut this = Self {
             manifests: BTreeMap::new(),
+            unpermitted: Default::default(),
+            config: BTreeMap::new(),
+            role: role_name,
             tools: BTreeMap::new(),
             unlisted: Vec::new(),
             connections: Default::default(),
         };
-        for row in enabled {
-            let m = match manifest::parse(&row.name, &row.manifest) {
+        for (row, parsed, extra) in enabled {
+            let m = match parsed {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(extension = %row.name, error = %e, "an installed manifest no longer parses; its tools are not offered");
                     continue;
                 }
             };
+            if let Some((holds, config)) = extra {
+                if !holds {
+                    this.unpermitted.insert(m.name.clone());
+                }
+                this.config.insert(m.name.clone(), config);
+            }
             let catalog: Option<Vec<CatalogTool>> = row
                 .catalog
                 .as_deref()
@@ -229,14 +388,16 @@ impl TurnExtensions {
         &mut self,
         store: &Store,
         session: Option<&dyn SandboxSession>,
-        shadow: bool,
+        shadow: Option<&[String]>,
         deadline: Duration,
     ) {
         let unlisted = std::mem::take(&mut self.unlisted);
         let mut by_ext: BTreeMap<String, Vec<CatalogTool>> = BTreeMap::new();
         let mut failed: std::collections::BTreeSet<String> = Default::default();
         for (ext, server) in unlisted {
-            if shadow && self.transport(&ext, &server) == Some(Transport::Http) {
+            let named = shadow.is_some_and(|named| named.contains(&format!("{ext}.{server}")));
+            if shadow.is_some() && !named && self.transport(&ext, &server) == Some(Transport::Http)
+            {
                 failed.insert(ext);
                 continue;
             }
@@ -289,8 +450,25 @@ impl TurnExtensions {
         }
     }
 
+    /// The tools offered to the model: those of extensions whose
+    /// permission the turn's role holds.
     pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
-        self.tools.values().map(|t| &t.spec)
+        self.tools
+            .values()
+            .filter(|t| !self.unpermitted.contains(&t.extension))
+            .map(|t| &t.spec)
+    }
+
+    /// Why the turn's role may not call `tool` (`None`: it may).
+    pub fn forbidden(&self, tool: &ExtTool) -> Option<String> {
+        self.unpermitted.contains(&tool.extension).then(|| {
+            format!(
+                "{} needs the permission {}, which the role {} does not hold in this space; the call was refused",
+                tool.exposed,
+                permission_of(&tool.extension),
+                self.role
+            )
+        })
     }
 
     pub fn tool(&self, exposed: &str) -> Option<&ExtTool> {
@@ -413,6 +591,14 @@ impl TurnExtensions {
         session: Option<&dyn SandboxSession>,
         cap: usize,
     ) -> Result<HookAnswer, ExtensionError> {
+        let mut arguments = arguments;
+        if let (Some(obj), Some(cfg)) =
+            (arguments.as_object_mut(), self.config.get(&hook.extension))
+        {
+            if cfg.as_object().is_some_and(|o| !o.is_empty()) {
+                obj.insert("config".into(), cfg.clone());
+            }
+        }
         let (text, is_error) = self
             .call_raw(
                 &hook.extension,
@@ -508,7 +694,7 @@ fn credential(spec: &manifest::Server) -> Result<Option<String>, ExtensionError>
 
 /// Control characters (but newlines and tabs) dropped, then at most `cap`
 /// bytes at a character boundary.
-fn strip_and_cap(text: &str, cap: usize) -> String {
+pub(crate) fn strip_and_cap(text: &str, cap: usize) -> String {
     let mut out: String = text
         .chars()
         .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
@@ -619,17 +805,20 @@ mod tests {
     fn refusal_ask_and_shadow_run_only_read_only_tools_and_a_shadow_no_http() {
         let (ro, acts) = (tool(true), tool(false));
         for t in [Transport::Stdio, Transport::Http] {
-            assert_eq!(refusal(&acts, t, Mode::Acting), None);
-            assert!(refusal(&acts, t, Mode::Ask)
+            assert_eq!(refusal(&acts, t, Mode::Acting, false), None);
+            assert!(refusal(&acts, t, Mode::Ask, false)
                 .unwrap()
                 .contains("not marked read-only"));
-            assert!(refusal(&acts, t, Mode::Shadow).is_some());
+            assert!(refusal(&acts, t, Mode::Shadow, false).is_some());
+            // Named by the shadow's config, a tool that acts is still refused.
+            assert!(refusal(&acts, t, Mode::Shadow, true).is_some());
         }
-        assert_eq!(refusal(&ro, Transport::Http, Mode::Ask), None);
-        assert_eq!(refusal(&ro, Transport::Stdio, Mode::Shadow), None);
-        assert!(refusal(&ro, Transport::Http, Mode::Shadow)
+        assert_eq!(refusal(&ro, Transport::Http, Mode::Ask, false), None);
+        assert_eq!(refusal(&ro, Transport::Stdio, Mode::Shadow, false), None);
+        assert!(refusal(&ro, Transport::Http, Mode::Shadow, false)
             .unwrap()
             .contains("a shadow calls no http server"));
+        assert_eq!(refusal(&ro, Transport::Http, Mode::Shadow, true), None);
     }
 
     #[test]
@@ -641,6 +830,9 @@ mod tests {
         .unwrap();
         let mut exts = TurnExtensions {
             manifests: BTreeMap::new(),
+            unpermitted: Default::default(),
+            config: BTreeMap::new(),
+            role: "admin".into(),
             tools: BTreeMap::new(),
             unlisted: Vec::new(),
             connections: Default::default(),

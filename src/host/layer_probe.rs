@@ -224,6 +224,7 @@ async fn sandbox_view(
         kind: RunKind::Ask,
         workspace: merged.clone(),
         api_socket: None,
+        ro_binds: Vec::new(),
         env: Vec::new(),
         limits: SandboxLimits::default(),
     };

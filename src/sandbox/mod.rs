@@ -113,6 +113,9 @@ pub struct SandboxSpec {
     /// Nothing from the host's own environment is added by a backend.
     pub env: Vec<(String, String)>,
     pub limits: SandboxLimits,
+    /// Host directories bound read-only at the given absolute path inside
+    /// (the enabled extensions' skills, under `/run/mercury/skills/`).
+    pub ro_binds: Vec<(PathBuf, String)>,
 }
 
 #[derive(Clone, Debug)]

@@ -119,6 +119,7 @@ impl ProcessBackend {
                 kind: super::RunKind::Live,
                 workspace: dir.path().to_path_buf(),
                 api_socket: None,
+                ro_binds: Vec::new(),
                 env: Vec::new(),
                 limits: super::SandboxLimits::default(),
             })
@@ -194,6 +195,9 @@ impl ProcessBackend {
         }
         if let Some(socket) = &spec.api_socket {
             push(&[os("--bind"), socket.as_os_str(), os(CONTAINER_API_SOCKET)]);
+        }
+        for (host, inside) in &spec.ro_binds {
+            push(&[os("--ro-bind"), host.as_os_str(), inside.as_ref()]);
         }
         push(&[os("--chdir"), os(CONTAINER_WORKDIR), os("--")]);
         a
@@ -860,6 +864,7 @@ mod tests {
             kind: RunKind::Live,
             workspace: workspace.to_path_buf(),
             api_socket: None,
+            ro_binds: Vec::new(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -95,6 +95,15 @@ pub struct Charge {
     pub purpose: SpendPurpose,
 }
 
+/// A tool call's reserved cost, until [`Spend::end_tool`].
+#[derive(Debug)]
+pub struct ToolReservation {
+    id: i64,
+    label: String,
+    cost: f64,
+    purpose: SpendPurpose,
+}
+
 /// An answer and what it cost.
 #[derive(Debug)]
 pub struct Metered {
@@ -467,6 +476,40 @@ impl Spend {
             ))
             .saturating_add(1)
         });
+        let id = self.reserve(charge, spec, worst, price.is_some()).await?;
+        let answer = model.provider.complete(req).await;
+        match answer {
+            Ok(response) => {
+                let cost = price.map_or(0.0, |p| {
+                    cost_at(p, response.usage.input_tokens, response.usage.output_tokens)
+                });
+                let (tin, tout) = (response.usage.input_tokens, response.usage.output_tokens);
+                let nanos = to_nanos(cost);
+                self.store
+                    .write(move |tx| ledger::settle(tx, id, nanos, tin, tout))
+                    .await?;
+                self.metrics.cost(charge.purpose.as_str(), spec, cost);
+                Ok(Metered { response, cost })
+            }
+            Err(e) => {
+                if let Err(release) = self.store.write(move |tx| ledger::release(tx, id)).await {
+                    tracing::error!(error = %release, "cannot release a spend reservation; it is released at the next start");
+                }
+                Err(SpendError::Model(e))
+            }
+        }
+    }
+
+    /// Checks every cap covering `charge` against `worst` more and, when
+    /// none is crossed, reserves it under `spec` (a model spec, or
+    /// `tool:<name>`): the ledger row's id.
+    async fn reserve(
+        &self,
+        charge: &Charge,
+        spec: &str,
+        worst: i64,
+        priced: bool,
+    ) -> Result<i64, SpendError> {
         let now = self.now_ms();
         let (settings, charge_w, instance, shadow) = (
             self.settings.clone(),
@@ -474,7 +517,6 @@ impl Spend {
             self.instance.clone(),
             self.shadow(),
         );
-        let priced = price.is_some();
         let spec_w = spec.to_owned();
         let decision = self
             .store
@@ -541,26 +583,43 @@ impl Spend {
                 })
             }
         };
-        let answer = model.provider.complete(req).await;
-        match answer {
-            Ok(response) => {
-                let cost = price.map_or(0.0, |p| {
-                    cost_at(p, response.usage.input_tokens, response.usage.output_tokens)
-                });
-                let (tin, tout) = (response.usage.input_tokens, response.usage.output_tokens);
-                let nanos = to_nanos(cost);
-                self.store
-                    .write(move |tx| ledger::settle(tx, id, nanos, tin, tout))
-                    .await?;
-                self.metrics.cost(charge.purpose.as_str(), spec, cost);
-                Ok(Metered { response, cost })
-            }
-            Err(e) => {
-                if let Err(release) = self.store.write(move |tx| ledger::release(tx, id)).await {
-                    tracing::error!(error = %release, "cannot release a spend reservation; it is released at the next start");
-                }
-                Err(SpendError::Model(e))
-            }
+        Ok(id)
+    }
+
+    /// A tool's fixed cost (`web_fetch`'s `web.fetch_cost`) reserved
+    /// through the same caps as a model call, as ledger model
+    /// `tool:<name>` (a cost of 0 is priced: it is known). The caller ends
+    /// it with [`Spend::end_tool`]: settled when the tool did its work,
+    /// released when it did not.
+    pub async fn reserve_tool(
+        &self,
+        charge: &Charge,
+        tool: &str,
+        cost: f64,
+    ) -> Result<ToolReservation, SpendError> {
+        let label = format!("tool:{tool}");
+        let nanos = to_nanos(cost);
+        let id = self.reserve(charge, &label, nanos, true).await?;
+        Ok(ToolReservation {
+            id,
+            label,
+            cost,
+            purpose: charge.purpose,
+        })
+    }
+
+    /// Settles (`done`) or releases a tool's reservation: what it cost.
+    pub async fn end_tool(&self, r: ToolReservation, done: bool) -> Result<f64, SpendError> {
+        let (id, nanos) = (r.id, to_nanos(r.cost));
+        if done {
+            self.store
+                .write(move |tx| ledger::settle(tx, id, nanos, 0, 0))
+                .await?;
+            self.metrics.cost(r.purpose.as_str(), &r.label, r.cost);
+            Ok(r.cost)
+        } else {
+            self.store.write(move |tx| ledger::release(tx, id)).await?;
+            Ok(0.0)
         }
     }
 

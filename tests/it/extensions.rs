@@ -366,3 +366,366 @@ async fn extensions_hooks_add_a_prompt_fragment_or_block_a_turn() {
     assert!(job.unwrap().contains("ticks"));
     host.stop().await;
 }
+
+/// A copy of `examples/time` whose manifest gets `extra` appended (and, when
+/// `permission_roles` is set, that `[permission]` instead of the example's).
+fn time_copy(permission_roles: Option<&str>, extra: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = repo().join("examples/time");
+    let mut manifest = std::fs::read_to_string(src.join("extension.toml")).unwrap();
+    if let Some(roles) = permission_roles {
+        let at = manifest.find("[permission]").unwrap();
+        manifest.truncate(at);
+        manifest.push_str(&format!("[permission]\nroles = {roles}\n"));
+    }
+    manifest.push_str(extra);
+    std::fs::write(dir.path().join("extension.toml"), manifest).unwrap();
+    std::fs::create_dir_all(dir.path().join("skills/meeting")).unwrap();
+    std::fs::copy(
+        src.join("skills/meeting/SKILL.md"),
+        dir.path().join("skills/meeting/SKILL.md"),
+    )
+    .unwrap();
+    dir
+}
+
+fn add(host: &TestHost, dir: &Path) {
+    let out = mercury_ext(&host.data, &["add", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn skills_host() -> TestHost {
+    TestHost::start(HostOptions {
+        model: json!({"rules": [
+            {"match": "^user: which skills", "match_any": "- time/meeting: Plan a meeting across time zones with the time tools \\(/run/mercury/skills/time/meeting\\)", "reply": "skill offered"},
+            {"match": "^user: which skills", "reply": "no skill"},
+            {"match": "^user: read the skill", "tool_calls": [{"name": "shell", "arguments": {"command": "cat /run/mercury/skills/time/meeting/SKILL.md; echo tamper > /run/mercury/skills/time/meeting/SKILL.md && echo WROTE || echo refused-write"}}]},
+            {"match": "(?s)^tool_result\\(([a-z_]+)\\): (.*)", "reply": "[$1] $2"},
+            {"reply": "ok"}
+        ]}),
+        sandbox: "process",
+        config: vec![("turn.tool_timeout_secs", 5.into())],
+        ..Default::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_skills_are_offered_in_the_prompt_and_readable_read_only_in_the_sandbox() {
+    let host = skills_host().await;
+    for s in ["on", "off"] {
+        host.create_space(s).await;
+    }
+    add(&host, &repo().join("examples/time"));
+    enable(&host, "on", "time").await;
+    let v = host.chat("on", "which skills do you have?").await;
+    assert_eq!(v["reply"], "skill offered", "{v}");
+    let v = host.chat("off", "which skills do you have?").await;
+    assert_eq!(v["reply"], "no skill", "{v}");
+
+    let v = host.chat("on", "read the skill").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(
+        reply.contains("# Planning a meeting across time zones"),
+        "{v}"
+    );
+    assert!(
+        reply.contains("refused-write") && !reply.contains("WROTE"),
+        "{v}"
+    );
+    let installed = host.data.join("extensions/time/skills/meeting/SKILL.md");
+    assert!(!std::fs::read_to_string(installed)
+        .unwrap()
+        .contains("tamper"));
+    // A space without the extension has no such directory.
+    let v = host.chat("off", "read the skill").await;
+    assert!(!v["reply"].as_str().unwrap().contains("Planning"), "{v}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn extensions_config_keys_are_checked_against_the_manifest_schema() {
+    let host = host().await;
+    for s in ["c", "d"] {
+        host.create_space(s).await;
+    }
+    // A schema outside the subset is refused at add, the field named.
+    let bad = time_copy(
+        None,
+        "\n[config.when]\ntype = \"string\"\nformat = \"date-time\"\n",
+    );
+    let out = mercury_ext(&host.data, &["add", bad.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("field `config.when.format`"), "{err}");
+    assert!(err.contains("JSON-schema subset"), "{err}");
+
+    let good = time_copy(
+        None,
+        "\n[config.slots]\ntype = \"integer\"\nminimum = 1\nmaximum = 8\n",
+    );
+    add(&host, good.path());
+    enable(&host, "c", "time").await;
+    let set = |key: &str, value: &str| json!({"key": key, "value": value});
+    let put = |space: &'static str, body: Value| {
+        let host = &host;
+        async move {
+            host.owner(Method::PUT, "/api/config", Some(space), Some(body))
+                .await
+        }
+    };
+    let (st, v) = put("c", set("time.home_zone", "Europe/Paris")).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = put("c", set("time.home_zone", "not a zone!")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v.to_string()
+            .contains("time.home_zone: must match the pattern"),
+        "{v}"
+    );
+    let (st, v) = put("c", set("time.slots", "9")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v.to_string().contains("time.slots: must be at most 8"),
+        "{v}"
+    );
+    let (st, v) = put("c", set("time.slots", "three")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("must be a whole number"), "{v}");
+    let (st, v) = put("c", set("time.slots", "3")).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = put("c", set("time.colour", "red")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("declares no such key"), "{v}");
+    // A space that did not enable it cannot set its keys.
+    let (st, v) = put("d", set("time.slots", "3")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("not enabled in this space"), "{v}");
+    // A member cannot set them (config.set).
+    host.grant("c", "bob", "member").await;
+    let bob = host.token("bob", "user").await;
+    let (st, _) = host
+        .call(
+            Method::PUT,
+            "/api/config",
+            Some(&bob),
+            Some("c"),
+            Some(set("time.slots", "2")),
+        )
+        .await;
+    assert_eq!(st, 403);
+    let stored = host.read(|c| {
+        mercury::storage::spaces::kv_get(
+            c,
+            mercury::storage::spaces::KvTable::Config,
+            "c",
+            "time.slots",
+        )
+    });
+    assert_eq!(stored.as_deref(), Some("3"));
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_own_permission_gates_its_tools_through_the_roles() {
+    let host = host().await;
+    host.create_space("p").await;
+    let ext = time_copy(Some("[\"admin\"]"), "");
+    add(&host, ext.path());
+    enable(&host, "p", "time").await;
+    host.grant("p", "bob", "member").await;
+    let bob = host.token("bob", "user").await;
+    let chat = |text: &'static str| {
+        let (host, bob) = (&host, bob.clone());
+        async move {
+            let (st, v) = host
+                .call(
+                    Method::POST,
+                    "/api/chat",
+                    Some(&bob),
+                    Some("p"),
+                    Some(json!({"text": text})),
+                )
+                .await;
+            assert_eq!(st, 200, "{v}");
+            v["reply"].as_str().unwrap().to_owned()
+        }
+    };
+    // A member does not hold ext.time (the manifest gives it to admin only).
+    let reply = chat("what time is it in Paris?").await;
+    assert!(
+        reply.contains("time_get_current_time needs the permission ext.time, which the role member does not hold"),
+        "{reply}"
+    );
+    // Granted through the roles machinery: a role whose set names ext.time.
+    let (st, v) = host
+        .owner(
+            Method::PUT,
+            "/api/permissions",
+            Some("p"),
+            Some(json!({"role": "timekeeper", "permissions": ["prompt", "ext.time"]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = host
+        .owner(
+            Method::PUT,
+            "/api/permissions",
+            Some("p"),
+            Some(json!({"role": "x", "permissions": ["ext.nosuch_"]})),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    host.grant("p", "bob", "timekeeper").await;
+    let reply = chat("what time is it in Paris?").await;
+    assert!(
+        reply.starts_with("[time_get_current_time]") && reply.contains("Europe/Paris"),
+        "{reply}"
+    );
+    // Revoked: back to a member, refused again.
+    let (st, v) = host
+        .owner(Method::DELETE, "/api/roles/bob", Some("p"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let reply = chat("what time is it in Paris?").await;
+    assert!(reply.contains("needs the permission ext.time"), "{reply}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_job_runs_are_runs_with_a_step_in_runs_show() {
+    let token = "job-fixture-token";
+    let var = "MERCURY_TEST_JOB_MCP_TOKEN";
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(var, token) };
+    let fx = fixture(token).await;
+    let host = host().await;
+    host.create_space("j").await;
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = format!(
+        "name = \"jobs\"\n[servers.gate]\ntransport = \"http\"\nurl = \"http://127.0.0.1:{}/mcp\"\ncredential_env = \"{var}\"\n[jobs.tick]\nserver = \"gate\"\ntool = \"tick\"\ninterval_secs = 1\narguments = {{ label = \"run\" }}\n",
+        fx.port
+    );
+    // A cron schedule is checked at add (both, or a bad expression, refused).
+    for (bad, field) in [
+        (
+            manifest.replace(
+                "interval_secs = 1",
+                "interval_secs = 1\ncron = \"* * * * *\"",
+            ),
+            "jobs.tick.cron",
+        ),
+        (
+            manifest.replace("interval_secs = 1", "cron = \"61 * * * *\""),
+            "jobs.tick.cron",
+        ),
+    ] {
+        std::fs::write(dir.path().join("extension.toml"), bad).unwrap();
+        let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(field));
+    }
+    std::fs::write(dir.path().join("extension.toml"), &manifest).unwrap();
+    add(&host, dir.path());
+    enable(&host, "j", "jobs").await;
+    let mut runs = Vec::new();
+    for _ in 0..60 {
+        runs = host
+            .read(|c| mercury::storage::runs::list(c, "j", 20))
+            .into_iter()
+            .filter(|r| r.kind == "job" && r.status == "done")
+            .collect();
+        if !runs.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let run = runs.first().expect("a job run in the space");
+    let steps = steps_of(&host, "j", &json!(run.id)).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["name"], "jobs.job.tick");
+    assert_eq!(steps[0]["kind"], "tool");
+    assert!(
+        steps[0]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("\"label\":\"run\""),
+        "{steps:?}"
+    );
+    assert!(
+        steps[0]["output"].as_str().unwrap().contains("ticks"),
+        "{steps:?}"
+    );
+    host.stop().await;
+}
+
+/// A shadow host (its data dir under the temp root) with `extra` config.
+async fn shadow_host(extra: Vec<(&'static str, serde_yaml_ng::Value)>) -> TestHost {
+    let root = std::fs::canonicalize(std::env::temp_dir()).unwrap();
+    let mut config = vec![
+        ("turn.tool_timeout_secs", 5.into()),
+        ("shadow", true.into()),
+        ("shadow_root", root.display().to_string().into()),
+    ];
+    config.extend(extra);
+    TestHost::start(HostOptions {
+        model: rules(),
+        sandbox: "process",
+        config,
+        ..Default::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_a_shadow_calls_only_the_http_servers_its_config_names() {
+    let token = "shadow-fixture-token";
+    let var = "MERCURY_TEST_SHADOW_MCP_TOKEN";
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(var, token) };
+    let fx = fixture(token).await;
+    for (named, expect) in [
+        (false, None),
+        (true, Some("[web_lookup] broker says shadowed")),
+    ] {
+        let extra = if named {
+            vec![(
+                "extensions.shadow_http",
+                serde_yaml_ng::from_str("['web.web']").unwrap(),
+            )]
+        } else {
+            Vec::new()
+        };
+        let host = shadow_host(extra).await;
+        host.create_space("s").await;
+        let ext = web_extension(fx.port, var);
+        add(&host, ext.path());
+        enable(&host, "s", "web").await;
+        let v = host.chat("s", "look up shadowed").await;
+        let reply = v["reply"].as_str().unwrap();
+        match expect {
+            Some(want) => assert_eq!(reply, want, "{v}"),
+            // Unnamed, the server is not even listed: there is no such tool.
+            None => assert!(
+                reply.contains("there is no tool named \"web_lookup\""),
+                "{v}"
+            ),
+        }
+        if named {
+            // Named, a tool that acts is still refused in a shadow.
+            let v = host.chat("s", "post quietly").await;
+            assert!(
+                v["reply"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not marked read-only"),
+                "{v}"
+            );
+        }
+        host.stop().await;
+    }
+}

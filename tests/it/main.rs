@@ -51,4 +51,5 @@ mod telegram;
 mod telegram_callers;
 mod ui;
 mod ui_browser;
+mod web_fetch;
 mod whatsapp;

@@ -36,6 +36,7 @@ async fn contract(backend: Arc<dyn SandboxBackend>) {
         kind: RunKind::Live,
         workspace: ws.clone(),
         api_socket: None,
+        ro_binds: Vec::new(),
         env: vec![("MERCURY_SPACE".into(), "contract".into())],
         limits: SandboxLimits {
             tmp_bytes: 1 << 20,

@@ -342,7 +342,7 @@ pub(crate) async fn permissions_set(
         .permissions
         .iter()
         .map(String::as_str)
-        .filter(|p| Permission::parse(p).is_none())
+        .filter(|p| Permission::parse(p).is_none() && !crate::extensions::is_permission_name(p))
         .collect();
     if !unknown.is_empty() {
         let valid: Vec<&str> = Permission::ALL.iter().map(|p| p.as_str()).collect();

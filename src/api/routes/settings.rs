@@ -172,6 +172,10 @@ pub(crate) const CONFIG_KEYS: &[(&str, &str)] = &[
         "rate_limit.per_minute",
         "turns one caller may start per minute (1-1000)",
     ),
+    (
+        "web.fetch",
+        "on or off: the agent's web_fetch tool (the host fetches; off by default)",
+    ),
 ];
 
 fn validate_config(key: &str, value: &str) -> ApiResult<()> {
@@ -184,6 +188,7 @@ fn validate_config(key: &str, value: &str) -> ApiResult<()> {
             bad("must be true or false")
         }
         "trigger.patterns" if value.len() > 500 => bad("is longer than 500 characters"),
+        "web.fetch" if !matches!(value, "on" | "off") => bad("must be on or off"),
         "rate_limit.per_minute" => match value.parse::<u32>() {
             Ok(1..=1000) => Ok(()),
             _ => bad("must be a whole number from 1 to 1000"),
@@ -250,7 +255,17 @@ pub(crate) async fn config_set(
     let sid = auth.require(Permission::ConfigSet)?.space.clone();
     let space = sid.to_string();
     let b = body(b)?;
-    validate_config(&b.key, &b.value)?;
+    // `<extension>.<key>`: the installed extension's schema decides.
+    let (k, v, sp) = (b.key.clone(), b.value.clone(), space.clone());
+    let ext = app
+        .rt
+        .store
+        .read(move |c| crate::extensions::space_config::check_set(c, &sp, &k, &v))
+        .await?;
+    match ext {
+        Some(checked) => checked.map_err(ApiError::bad_request)?,
+        None => validate_config(&b.key, &b.value)?,
+    }
     let by = auth.caller.caller_id.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {

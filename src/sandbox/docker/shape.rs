@@ -41,6 +41,12 @@ pub(super) fn create_body(
     if let Some(socket) = &spec.api_socket {
         mounts.push(bind_mount(socket, CONTAINER_API_SOCKET));
     }
+    for (host, inside) in &spec.ro_binds {
+        mounts.push(Mount {
+            read_only: Some(true),
+            ..bind_mount(host, inside)
+        });
+    }
     let limits = &spec.limits;
     ContainerCreateBody {
         image: Some(image.to_string()),
@@ -124,6 +130,7 @@ mod tests {
             kind: RunKind::Ask,
             workspace: PathBuf::from("/data/spaces/space-1/live"),
             api_socket,
+            ro_binds: Vec::new(),
             env: vec![
                 ("MERCURY_RUN_TOKEN".into(), "tok-123".into()),
                 ("MERCURY_SPACE".into(), "space-1".into()),

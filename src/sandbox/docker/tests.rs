@@ -94,6 +94,7 @@ impl Fixture {
             kind: RunKind::Task,
             workspace: self.workspace.path().to_path_buf(),
             api_socket: None,
+            ro_binds: Vec::new(),
             env: vec![
                 ("MERCURY_RUN_TOKEN".into(), "tok-123".into()),
                 ("MERCURY_SPACE".into(), "space-1".into()),
