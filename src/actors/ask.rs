@@ -153,6 +153,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         purpose: Purpose::Ask,
         model_chain: chain,
         token_role: Some(args.role.clone()),
+        preread: None,
         layer: agent::LayerPlan::Throwaway(view.layer),
     };
     let outcome = agent::run_turn(rt, req, CancellationToken::new()).await;

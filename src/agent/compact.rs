@@ -64,9 +64,17 @@ pub(crate) async fn compact(rt: &Arc<Runtime>, space: &str) -> Result<Value, Com
         space: Some(space.clone()),
         purpose: crate::spend::SpendPurpose::Compact,
     };
-    let answer = super::complete_with_chain(&rt, &chain, Purpose::Compact, &charge, &messages, &[])
-        .await
-        .map_err(|e| CompactError::Model(e.to_string()))?;
+    let answer = super::complete_with_chain(
+        &rt,
+        &chain,
+        Purpose::Compact,
+        &charge,
+        &messages,
+        &[],
+        crate::spend::CallContext::default(),
+    )
+    .await
+    .map_err(|e| CompactError::Model(e.to_string()))?;
     let (space2, spec, summary, usage, cost) = (
         space.clone(),
         answer.spec,

@@ -95,11 +95,27 @@ pub(crate) async fn run_and_commit(
                     .contains(&Permission::LinksAct);
                 // The same rule ingress applied to let the message in.
                 let rule = spaces::trigger_rule(tx, &rt2.settings.trigger, &space_s)?;
-                Ok((model_chain(tx, &rt2, &space_s)?, links_act, rule, crashed))
+                // Read here, the turn need not read them again: the spend
+                // seam need not reserve when no cap covers the turn, and a
+                // space without extensions costs no further read.
+                let preread = super::TurnPreread {
+                    space_budget: crate::storage::spend::space_budget(tx, &space_s)?,
+                    extensions: std::sync::Mutex::new(Some(
+                        crate::extensions::TurnExtensions::read(tx, &space_s, &role)?,
+                    )),
+                    role,
+                };
+                Ok((
+                    model_chain(tx, &rt2, &space_s)?,
+                    links_act,
+                    rule,
+                    crashed,
+                    preread,
+                ))
             })
             .await
     };
-    let (chain, links_paragraph, trigger, crashed) = match prep {
+    let (chain, links_paragraph, trigger, crashed, preread) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -155,6 +171,7 @@ pub(crate) async fn run_and_commit(
         purpose: Purpose::Turn,
         model_chain: chain,
         token_role: None,
+        preread: Some(preread),
         layer: LayerPlan::MergeOnSuccess,
     };
     let outcome = super::run_turn(rt, req, cancel).await;

@@ -51,6 +51,19 @@ pub(crate) enum LayerPlan {
     Throwaway(TurnLayer),
 }
 
+/// What a live or task turn's opening transaction read with the run's
+/// start, so the turn does not read it again (one round trip each).
+#[derive(Debug)]
+pub(crate) struct TurnPreread {
+    /// The role the turn acts with: the mapped operator's for a mapped
+    /// sender, as the run's links paragraph is decided.
+    pub role: String,
+    /// The space's own spend caps (`None`: it has none of its own).
+    pub space_budget: Option<crate::storage::spend::SpaceBudget>,
+    /// The enabled extensions, taken once by the turn.
+    pub extensions: std::sync::Mutex<Option<crate::extensions::EnabledRead>>,
+}
+
 #[derive(Debug)]
 pub(crate) struct TurnRequest {
     pub space_id: SpaceId,
@@ -70,6 +83,9 @@ pub(crate) struct TurnRequest {
     pub model_chain: Vec<String>,
     /// A fixed role for the run token (ask turns); `None`: the caller's own role.
     pub token_role: Option<String>,
+    /// What the run's opening transaction already read (`None`: nothing;
+    /// the turn reads it itself).
+    pub preread: Option<TurnPreread>,
     pub layer: LayerPlan,
 }
 
@@ -451,17 +467,28 @@ async fn load_extensions(
     req: &TurnRequest,
     slot: &SessionSlot,
 ) -> Result<Option<TurnExtensions>, TurnError> {
-    let role = match &req.token_role {
-        Some(r) => r.clone(),
+    let preread = req.preread.as_ref().and_then(|p| {
+        let taken = p.extensions.lock().ok().and_then(|mut e| e.take());
+        taken.map(|e| (p.role.as_str(), e))
+    });
+    let loaded = match preread {
+        Some((_, enabled)) if enabled.is_empty() => return Ok(None),
+        Some((role, enabled)) => Ok(TurnExtensions::from_read(enabled, role)),
         None => {
-            let (space, caller) = (req.space_id.to_string(), req.caller_id.clone());
-            let global = rt.settings.is_global_admin(&caller);
-            rt.store
-                .read(move |c| crate::perms::resolve_role(c, &space, &caller, global))
-                .await?
+            let role = match &req.token_role {
+                Some(r) => r.clone(),
+                None => {
+                    let (space, caller) = (req.space_id.to_string(), req.caller_id.clone());
+                    let global = rt.settings.is_global_admin(&caller);
+                    rt.store
+                        .read(move |c| crate::perms::resolve_role(c, &space, &caller, global))
+                        .await?
+                }
+            };
+            TurnExtensions::load(&rt.store, req.space_id.as_str(), &role).await
         }
     };
-    let mut exts = match TurnExtensions::load(&rt.store, req.space_id.as_str(), &role).await {
+    let mut exts = match loaded {
         Ok(e) if e.is_empty() => return Ok(None),
         Ok(e) => e,
         Err(e) => {
@@ -881,6 +908,32 @@ async fn call_model(
         space: Some(req.space_id.to_string()),
         purpose: spend_purpose(req.kind),
     };
+    // The usage row commits with the spend settlement: one write per call.
+    let record: crate::spend::AlsoRecord = {
+        let (run_id, space, kind) = (
+            req.run_id.to_string(),
+            req.space_id.to_string(),
+            req.kind.as_str(),
+        );
+        Arc::new(move |tx, s| {
+            runs::record_usage(
+                tx,
+                &runs::UsageRow {
+                    run_id: Some(&run_id),
+                    space_id: &space,
+                    model: &s.spec,
+                    kind,
+                    tokens_in: s.tokens_in,
+                    tokens_out: s.tokens_out,
+                    cost: s.cost,
+                },
+            )
+        })
+    };
+    let ctx = crate::spend::CallContext {
+        space_budget: req.preread.as_ref().map(|p| p.space_budget.clone()),
+        also: Some(record),
+    };
     let answer = match complete_with_chain(
         rt,
         &req.model_chain,
@@ -888,6 +941,7 @@ async fn call_model(
         &charge,
         messages,
         tool_specs,
+        ctx,
     )
     .await
     {
@@ -919,30 +973,6 @@ async fn call_model(
     acc.tokens_in += answer.response.usage.input_tokens;
     acc.tokens_out += answer.response.usage.output_tokens;
     acc.cost += answer.cost;
-    let (run_id, space, spec, kind, cost) = (
-        req.run_id.to_string(),
-        req.space_id.to_string(),
-        answer.spec,
-        req.kind.as_str(),
-        answer.cost,
-    );
-    let usage = answer.response.usage;
-    rt.store
-        .write(move |tx| {
-            runs::record_usage(
-                tx,
-                &runs::UsageRow {
-                    run_id: Some(&run_id),
-                    space_id: &space,
-                    model: &spec,
-                    kind,
-                    tokens_in: usage.input_tokens,
-                    tokens_out: usage.output_tokens,
-                    cost,
-                },
-            )
-        })
-        .await?;
     Ok(answer.response)
 }
 
@@ -978,8 +1008,9 @@ pub(crate) enum ChainError {
 
 /// Tries each spec of `chain` in order until one answers (live work: it
 /// counts against the model gate so background review calls hold back),
-/// each call through the spend seam. Recording the usage is the caller's,
-/// so it can share its transaction.
+/// each call through the spend seam. `ctx.also` (the caller's usage row)
+/// is written with the answering call's settlement; without it, recording
+/// the usage is the caller's, so it can share a transaction of its own.
 pub(crate) async fn complete_with_chain(
     rt: &Arc<Runtime>,
     chain: &[String],
@@ -987,6 +1018,7 @@ pub(crate) async fn complete_with_chain(
     charge: &crate::spend::Charge,
     messages: &[ChatMessage],
     tools: &[crate::model::ToolSpec],
+    ctx: crate::spend::CallContext,
 ) -> Result<ChainAnswer, ChainError> {
     let mut failures = Vec::new();
     for spec in chain {
@@ -1007,7 +1039,10 @@ pub(crate) async fn complete_with_chain(
         // Counted as live while the call runs; taking the permit never waits.
         let live = rt.model_gate.live();
         let started = std::time::Instant::now();
-        let answer = rt.spend.call(charge, spec, &model, &request).await;
+        let answer = rt
+            .spend
+            .call_in(charge, spec, &model, &request, ctx.clone())
+            .await;
         drop(live);
         match answer {
             Ok(metered) => {
@@ -1025,6 +1060,13 @@ pub(crate) async fn complete_with_chain(
                 });
             }
             Err(crate::spend::SpendError::Capped(hit)) => return Err(ChainError::Capped(hit)),
+            // The ledger (or the usage row with it) could not be written: the
+            // next spec would be called and fail alike, or pay twice.
+            Err(crate::spend::SpendError::Store(e)) => {
+                return Err(ChainError::Failed(crate::redaction::secrets::scrub_error(
+                    &format!("the model call could not be recorded ({spec}: {e})"),
+                )))
+            }
             Err(crate::spend::SpendError::Model(e)) => {
                 rt.metrics
                     .model_call(spec, false, started.elapsed(), (0, 0));

@@ -32,7 +32,7 @@ use serde_json::Value;
 use crate::model::ToolSpec;
 use crate::sandbox::{SandboxSession, SpawnRequest};
 use crate::storage::extensions as rows;
-use crate::storage::Store;
+use crate::storage::{Conn, Store, StoreResult};
 pub use manifest::{Manifest, ManifestError, Transport};
 
 /// Tools offered per extension, at most.
@@ -255,28 +255,65 @@ pub struct TurnExtensions {
     connections: tokio::sync::Mutex<BTreeMap<(String, String), Arc<mcp::Connection>>>,
 }
 
+/// A space's enabled extensions as one read found them: each row, its
+/// manifest parsed, and (when it parses) whether the turn's role holds its
+/// permission and the space's config values for it.
+#[derive(Default)]
+pub struct EnabledRead(Vec<EnabledRow>);
+
+/// One enabled extension: its row, its parsed manifest, and (when it parses)
+/// whether the role holds its permission and the space's values for it.
+type EnabledRow = (
+    rows::Installed,
+    Result<Manifest, ManifestError>,
+    Option<(bool, Value)>,
+);
+
+impl std::fmt::Debug for EnabledRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(row, _, _)| &row.name))
+            .finish()
+    }
+}
+
+impl EnabledRead {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl TurnExtensions {
     /// Reads what `space` enabled, for a turn acting with `role`. A
     /// manifest that no longer parses is logged and left out.
     pub async fn load(store: &Store, space: &str, role: &str) -> Result<Self, ExtensionError> {
-        let (space, role, role_name) = (space.to_owned(), role.to_owned(), role.to_owned());
-        let enabled = store
-            .read(move |c| {
-                let mut out = Vec::new();
-                for row in rows::enabled_in(c, &space)? {
-                    let parsed = manifest::parse(&row.name, &row.manifest);
-                    let extra = match &parsed {
-                        Ok(m) => Some((
-                            role_holds(c, &space, &role, m)?,
-                            space_config::values(c, &space, m)?,
-                        )),
-                        Err(_) => None,
-                    };
-                    out.push((row, parsed, extra));
-                }
-                Ok(out)
-            })
-            .await?;
+        let (space, role_r) = (space.to_owned(), role.to_owned());
+        let enabled = store.read(move |c| Self::read(c, &space, &role_r)).await?;
+        Ok(Self::from_read(enabled, role))
+    }
+
+    /// What [`Self::load`] reads, inside a caller's own read or transaction
+    /// (a turn's opening write reads it with the rest).
+    pub fn read(c: &Conn, space: &str, role: &str) -> StoreResult<EnabledRead> {
+        let mut out = Vec::new();
+        for row in rows::enabled_in(c, space)? {
+            let parsed = manifest::parse(&row.name, &row.manifest);
+            let extra = match &parsed {
+                Ok(m) => Some((
+                    role_holds(c, space, role, m)?,
+                    space_config::values(c, space, m)?,
+                )),
+                Err(_) => None,
+            };
+            out.push((row, parsed, extra));
+        }
+        Ok(EnabledRead(out))
+    }
+
+    /// The turn's view of what [`Self::read`] found.
+    pub fn from_read(enabled: EnabledRead, role: &str) -> Self {
+        let role_name = role.to_owned();
+        let enabled = enabled.0;
         let mut this = Self {
             manifests: BTreeMap::new(),
             unpermitted: Default::default(),
@@ -312,7 +349,7 @@ impl TurnExtensions {
             }
             this.manifests.insert(m.name.clone(), (m, row.installed_at));
         }
-        Ok(this)
+        this
     }
 
     pub fn is_empty(&self) -> bool {

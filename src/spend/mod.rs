@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::config::{CapPair, Price, Settings};
 use crate::model::{ModelError, ModelRequest, ModelResponse, ResolvedModel};
 use crate::storage::spend::{self as ledger, NewReservation, SpaceBudget};
-use crate::storage::{Store, StoreError};
+use crate::storage::{Store, StoreError, StoreResult, Tx};
 use crate::telemetry::Metrics;
 
 /// The kinds of model call a cap can cover.
@@ -86,6 +86,47 @@ impl SpendPurpose {
     }
 }
 
+/// A call's settlement: its reservation settled at the cost, or, when none
+/// was made, its row written settled.
+#[derive(Clone)]
+struct LedgerRow {
+    reserved: Option<i64>,
+    at: i64,
+    instance: String,
+    shadow: bool,
+    space: Option<String>,
+    purpose: &'static str,
+    nanos: i64,
+    settled: Settled,
+}
+
+impl LedgerRow {
+    fn settle(&self, tx: &Tx<'_>) -> StoreResult<()> {
+        let id = match self.reserved {
+            Some(id) => id,
+            None => ledger::reserve(
+                tx,
+                &NewReservation {
+                    at: self.at,
+                    instance: &self.instance,
+                    shadow: self.shadow,
+                    space_id: self.space.as_deref(),
+                    purpose: self.purpose,
+                    model: &self.settled.spec,
+                    amount: self.nanos,
+                },
+            )?,
+        };
+        ledger::settle(
+            tx,
+            id,
+            self.nanos,
+            self.settled.tokens_in,
+            self.settled.tokens_out,
+        )
+    }
+}
+
 /// Who a call is charged to.
 #[derive(Debug, Clone)]
 pub struct Charge {
@@ -93,6 +134,32 @@ pub struct Charge {
     /// space it reads, but is not charged to it).
     pub space: Option<String>,
     pub purpose: SpendPurpose,
+}
+
+/// A settled call, as the caller's own record of it sees it.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub spec: String,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    /// In the deployment's currency.
+    pub cost: f64,
+}
+
+/// The caller's row about a call (a turn's usage row), written in the same
+/// transaction as the settlement: one commit, not two, on the turn's path.
+pub type AlsoRecord = Arc<dyn Fn(&Tx<'_>, &Settled) -> StoreResult<()> + Send + Sync>;
+
+/// What a caller knows about a call beyond its charge (the default: nothing).
+#[derive(Clone, Default)]
+pub struct CallContext {
+    /// The charged space's own caps as the caller's transaction just read
+    /// them (`None`: not read). When they and the config leave no cap over
+    /// the call, nothing is reserved: the call's ledger row is written once
+    /// it answered, settled, with the settlement.
+    pub space_budget: Option<Option<SpaceBudget>>,
+    /// Written with the settlement.
+    pub also: Option<AlsoRecord>,
 }
 
 /// A tool call's reserved cost, until [`Spend::end_tool`].
@@ -467,6 +534,21 @@ impl Spend {
         model: &ResolvedModel,
         req: &ModelRequest,
     ) -> Result<Metered, SpendError> {
+        self.call_in(charge, spec, model, req, CallContext::default())
+            .await
+    }
+
+    /// [`Self::call`] with what the caller knows (see [`CallContext`]). If
+    /// the write of `ctx.also` fails, the settlement is written alone and
+    /// the error returned: a reservation never outlives its answer.
+    pub async fn call_in(
+        &self,
+        charge: &Charge,
+        spec: &str,
+        model: &ResolvedModel,
+        req: &ModelRequest,
+        ctx: CallContext,
+    ) -> Result<Metered, SpendError> {
         let price = price_of(&self.settings, spec);
         let worst = price.map_or(0, |p| {
             to_nanos(cost_at(
@@ -476,7 +558,16 @@ impl Spend {
             ))
             .saturating_add(1)
         });
-        let id = self.reserve(charge, spec, worst, price.is_some()).await?;
+        let now = self.now_ms();
+        // No cap to cross: a reservation would guard nothing.
+        let uncapped = ctx
+            .space_budget
+            .as_ref()
+            .is_some_and(|own| caps_for(&self.settings, charge, own.as_ref(), now).is_empty());
+        let reserved = match uncapped {
+            true => None,
+            false => Some(self.reserve(charge, spec, worst, price.is_some()).await?),
+        };
         let answer = model.provider.complete(req).await;
         match answer {
             Ok(response) => {
@@ -484,16 +575,46 @@ impl Spend {
                     cost_at(p, response.usage.input_tokens, response.usage.output_tokens)
                 });
                 let (tin, tout) = (response.usage.input_tokens, response.usage.output_tokens);
-                let nanos = to_nanos(cost);
-                self.store
-                    .write(move |tx| ledger::settle(tx, id, nanos, tin, tout))
-                    .await?;
+                let settled = Settled {
+                    spec: spec.to_owned(),
+                    tokens_in: tin,
+                    tokens_out: tout,
+                    cost,
+                };
+                let row = LedgerRow {
+                    reserved,
+                    at: now,
+                    instance: self.instance.clone(),
+                    shadow: self.shadow(),
+                    space: charge.space.clone(),
+                    purpose: charge.purpose.as_str(),
+                    nanos: to_nanos(cost),
+                    settled,
+                };
+                let (alone, also) = (row.clone(), ctx.also);
+                let together = self
+                    .store
+                    .write(move |tx| {
+                        row.settle(tx)?;
+                        match also {
+                            Some(record) => record(tx, &row.settled),
+                            None => Ok(()),
+                        }
+                    })
+                    .await;
+                if let Err(e) = together {
+                    self.store.write(move |tx| alone.settle(tx)).await?;
+                    return Err(SpendError::Store(e));
+                }
                 self.metrics.cost(charge.purpose.as_str(), spec, cost);
                 Ok(Metered { response, cost })
             }
             Err(e) => {
-                if let Err(release) = self.store.write(move |tx| ledger::release(tx, id)).await {
-                    tracing::error!(error = %release, "cannot release a spend reservation; it is released at the next start");
+                if let Some(id) = reserved {
+                    if let Err(release) = self.store.write(move |tx| ledger::release(tx, id)).await
+                    {
+                        tracing::error!(error = %release, "cannot release a spend reservation; it is released at the next start");
+                    }
                 }
                 Err(SpendError::Model(e))
             }
