@@ -228,6 +228,13 @@ async fn sandbox_view(
         env: Vec::new(),
         limits: SandboxLimits::default(),
     };
+    // As a turn does: on a root host the session runs as nobody, who must
+    // own what it writes (the chown lands in the probe layer's upper).
+    if let Err(e) = backend.prepare_workspace(&merged).await {
+        return Some(Verdict::Fail(format!(
+            "{label} cannot be given a turn's layer: {e}"
+        )));
+    }
     let session = match backend.start(spec).await {
         Ok(s) => s,
         Err(e) => {
