@@ -80,7 +80,7 @@ fn platform_id(raw: &str) -> ApiResult<()> {
     Ok(())
 }
 
-#[utoipa::path(post, path = "/api/identities", tag = "identities", request_body = LinkIdentity,
+#[utoipa::path(post, path = "/api/identities", operation_id = "linkIdentity", summary = "Map a platform sender to an operator", tag = "identities", request_body = LinkIdentity,
     responses((status = 201, description = "Mapped", body = IdentityReply),
         (status = 409, description = "The platform id is mapped already", body = crate::api::error::ErrorBody)))]
 pub(crate) async fn link(
@@ -103,7 +103,7 @@ pub(crate) async fn link(
     Ok((StatusCode::CREATED, Json(IdentityReply { identity })))
 }
 
-#[utoipa::path(delete, path = "/api/identities/{platform_id}", tag = "identities",
+#[utoipa::path(delete, path = "/api/identities/{platform_id}", operation_id = "unlinkIdentity", summary = "Remove a platform sender's mapping", tag = "identities",
     params(("platform_id" = String, Path, description = "`<platform>:<sender id>`",
         pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)),
     responses((status = 200, description = "Unmapped", body = Unlinked)))]
@@ -129,7 +129,7 @@ pub(crate) async fn unlink(
     }))
 }
 
-#[utoipa::path(get, path = "/api/identities", tag = "identities",
+#[utoipa::path(get, path = "/api/identities", operation_id = "listIdentities", summary = "List every identity mapping", tag = "identities",
     responses((status = 200, description = "Every mapping", body = IdentityList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -140,7 +140,7 @@ pub(crate) async fn list(
     Ok(Json(IdentityList { identities: list }))
 }
 
-#[utoipa::path(get, path = "/api/identities/audit", tag = "identities", params(AuditQuery),
+#[utoipa::path(get, path = "/api/identities/audit", operation_id = "identityAudit", summary = "The identity mappings' audit trail, newest first", tag = "identities", params(AuditQuery),
     responses((status = 200, description = "The mappings' audit, newest first", body = IdentityAuditList)))]
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,

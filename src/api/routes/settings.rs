@@ -92,7 +92,7 @@ fn pref_key(raw: &str) -> ApiResult<String> {
     }
 }
 
-#[utoipa::path(get, path = "/api/prefs", tag = "settings",
+#[utoipa::path(get, path = "/api/prefs", operation_id = "listPrefs", summary = "List the space's preferences", tag = "settings",
     responses((status = 200, description = "The space's preferences", body = PreferenceList)))]
 pub(crate) async fn prefs_list(
     State(app): State<Arc<App>>,
@@ -107,7 +107,7 @@ pub(crate) async fn prefs_list(
     Ok(Json(PreferenceList { preferences: list }))
 }
 
-#[utoipa::path(put, path = "/api/prefs", tag = "settings", request_body = KeyValue,
+#[utoipa::path(put, path = "/api/prefs", operation_id = "setPref", summary = "Set a preference of the space", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
 pub(crate) async fn prefs_set(
     State(app): State<Arc<App>>,
@@ -135,7 +135,7 @@ pub(crate) async fn prefs_set(
     Ok(audited(json!({ "value": before }), out))
 }
 
-#[utoipa::path(delete, path = "/api/prefs/{key}", tag = "settings",
+#[utoipa::path(delete, path = "/api/prefs/{key}", operation_id = "deletePref", summary = "Delete a preference of the space", tag = "settings",
     params(("key" = String, Path, description = "The preference key")),
     responses((status = 200, description = "Deleted (or was absent)", body = KeyDeleted)))]
 pub(crate) async fn prefs_delete(
@@ -215,7 +215,7 @@ pub(crate) struct ConfigList {
     pub available: Vec<ConfigKey>,
 }
 
-#[utoipa::path(get, path = "/api/config", tag = "settings",
+#[utoipa::path(get, path = "/api/config", operation_id = "getConfig", summary = "Show the space's settings and every key", tag = "settings",
     responses((status = 200, description = "The space's config", body = ConfigList)))]
 pub(crate) async fn config_get(
     State(app): State<Arc<App>>,
@@ -240,7 +240,7 @@ pub(crate) async fn config_get(
     }))
 }
 
-#[utoipa::path(put, path = "/api/config", tag = "settings", request_body = KeyValue,
+#[utoipa::path(put, path = "/api/config", operation_id = "setConfig", summary = "Set a key of the space's settings", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
 pub(crate) async fn config_set(
     State(app): State<Arc<App>>,
@@ -287,7 +287,7 @@ impl ModelChain {
     }
 }
 
-#[utoipa::path(get, path = "/api/model", tag = "settings",
+#[utoipa::path(get, path = "/api/model", operation_id = "getModel", summary = "Show the space's model chain", tag = "settings",
     responses((status = 200, description = "The space's model chain", body = ModelChain)))]
 pub(crate) async fn model_get(
     State(app): State<Arc<App>>,
@@ -314,7 +314,7 @@ pub(crate) struct ModelBody {
     chain: Vec<String>,
 }
 
-#[utoipa::path(put, path = "/api/model", tag = "settings", request_body = ModelBody,
+#[utoipa::path(put, path = "/api/model", operation_id = "setModel", summary = "Set the space's model chain", tag = "settings", request_body = ModelBody,
     responses((status = 200, description = "The chain now in force", body = ModelChain)))]
 pub(crate) async fn model_set(
     State(app): State<Arc<App>>,
@@ -382,7 +382,7 @@ pub(crate) struct MuteList {
     pub mutes: Vec<Mute>,
 }
 
-#[utoipa::path(get, path = "/api/mutes", tag = "settings",
+#[utoipa::path(get, path = "/api/mutes", operation_id = "listMutes", summary = "List the space's muted callers", tag = "settings",
     responses((status = 200, description = "The space's mutes", body = MuteList)))]
 pub(crate) async fn mutes_list(
     State(app): State<Arc<App>>,
@@ -433,7 +433,7 @@ pub(crate) struct MuteDeleted {
     pub deleted: bool,
 }
 
-#[utoipa::path(post, path = "/api/mutes", tag = "settings", request_body = MuteBody,
+#[utoipa::path(post, path = "/api/mutes", operation_id = "muteCaller", summary = "Mute a caller in the space", tag = "settings", request_body = MuteBody,
     responses((status = 200, description = "Muted", body = MuteReply)))]
 pub(crate) async fn mutes_set(
     State(app): State<Arc<App>>,
@@ -483,7 +483,7 @@ pub(crate) async fn mutes_set(
     Ok(Json(out))
 }
 
-#[utoipa::path(delete, path = "/api/mutes/{caller}", tag = "settings",
+#[utoipa::path(delete, path = "/api/mutes/{caller}", operation_id = "unmuteCaller", summary = "Unmute a caller in the space", tag = "settings",
     params(("caller" = String, Path, description = "The muted caller")),
     responses((status = 200, description = "Unmuted (or was not muted)", body = MuteDeleted)))]
 pub(crate) async fn mutes_delete(
