@@ -753,6 +753,12 @@ pub async fn serve_with(
         rt.settings.sandbox.workspace_mb
     );
     startup_summary(&rt, &tcp.local_addr()?.to_string(), &adapters);
+    // Said now, not at the first scan: the operator is watching this start.
+    if rt.settings.review.enabled {
+        if let Some(why) = crate::review::digest::no_destination(&rt).await {
+            tracing::warn!(target: "mercury::startup", "review digest: {why}");
+        }
+    }
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     // Each listener has its own connection budget: idle TCP clients cannot
     // starve api.sock, where run tokens and local operators connect.
