@@ -1138,6 +1138,40 @@ fn apply_env(
     Ok(())
 }
 
+/// The config keys `env` sets (`MERCURY_<KEY>`) and the values a host reads
+/// from them, in key order: what a host's environment adds to its file (a
+/// shadow snapshot records them, docs/shadow.md).
+pub fn env_keys(env: &BTreeMap<String, String>) -> Result<Vec<(String, Value)>, ConfigError> {
+    let defaults = serde_yaml_ng::to_value(Settings::default())
+        .map_err(|e| key_err("(defaults)", e.to_string()))?;
+    let mut out = Vec::new();
+    collect_env(&defaults, "", env, &mut out)?;
+    Ok(out)
+}
+
+fn collect_env(
+    defaults: &Value,
+    path: &str,
+    env: &BTreeMap<String, String>,
+    out: &mut Vec<(String, Value)>,
+) -> Result<(), ConfigError> {
+    let Value::Mapping(dmap) = defaults else {
+        return Ok(());
+    };
+    for (k, dv) in dmap {
+        let Some(key) = k.as_str() else { continue };
+        let full = join(path, key);
+        if dv.is_mapping() && full != "prices" {
+            collect_env(dv, &full, env, out)?;
+            continue;
+        }
+        if let Some(raw) = env.get(&env_name(&full)) {
+            out.push((full.clone(), parse_env_value(&full, dv, raw)?));
+        }
+    }
+    Ok(())
+}
+
 fn parse_env_value(key: &str, default: &Value, raw: &str) -> Result<Value, ConfigError> {
     let raw = raw.trim();
     // Shadow mode protects people: a typo must not quietly mean "live".

@@ -567,6 +567,9 @@ pub async fn serve_with(
     }
     if settings.shadow {
         SHADOW_PROCESS.store(true, std::sync::atomic::Ordering::SeqCst);
+    } else if let Err(e) = crate::shadow::settings::record(&data_dir, &env) {
+        // What a later snapshot carries into its shadow (docs/shadow.md).
+        tracing::warn!(error = %e, "cannot record the settings of the environment for shadows");
     }
     let tag = log_tag();
     for loose in data_dir::loose_modes(&paths) {
