@@ -702,7 +702,7 @@ async fn openapi_operations_have_unique_ids_and_summaries() {
             let at = format!("{} {path}", m.to_uppercase());
             match op["operationId"].as_str() {
                 Some(id) if !id.trim().is_empty() => {
-                    ids.entry(id.to_owned()).or_default().push(at.clone())
+                    ids.entry(id.to_owned()).or_default().push(at.clone());
                 }
                 _ => panic!("{at} has no operationId"),
             }
