@@ -310,9 +310,14 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
         }
         ShadowCommand::Status { root: r } => {
             match root(r).and_then(|root| crate::host::shadow::status(&root)) {
-                Ok(s) => {
+                Ok((s, running)) => {
                     print!("{s}");
-                    ExitCode::SUCCESS
+                    // 3 like `mercury status` with no host: scripts can ask "is one up?".
+                    if running {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(3)
+                    }
                 }
                 Err(e) => exit_for("status", &e),
             }

@@ -422,8 +422,10 @@ pub async fn down(root: &Path) -> ShadowResult<DownReport> {
     })
 }
 
-/// `status`: the running shadow, or the current snapshot when none runs.
-pub fn status(root: &Path) -> ShadowResult<String> {
+/// `status`: the running shadow, or the current snapshot when none runs;
+/// and whether one runs (`mercury shadow status` exits 3 when none does,
+/// like `mercury status`).
+pub fn status(root: &Path) -> ShadowResult<(String, bool)> {
     let now = now_ms();
     let describe = |m: &Manifest| {
         format!(
@@ -442,21 +444,30 @@ pub fn status(root: &Path) -> ShadowResult<String> {
     match running(root)? {
         Some(r) => {
             let m = Manifest::read(&r.data_dir)?;
-            Ok(format!(
-                "shadow running: {}\n  pid {}, port {} ({}), up {}\n",
-                describe(&m),
-                r.pid,
-                r.port,
-                r.url,
-                human_duration(now - r.started_at_ms)
+            Ok((
+                format!(
+                    "shadow running: {}\n  pid {}, port {} ({}), up {}\n",
+                    describe(&m),
+                    r.pid,
+                    r.port,
+                    r.url,
+                    human_duration(now - r.started_at_ms)
+                ),
+                true,
             ))
         }
         None => match snapshot::resolve(root, "current") {
-            Ok(dir) => Ok(format!(
-                "no shadow is running; current {}\n",
-                describe(&Manifest::read(&dir)?)
+            Ok(dir) => Ok((
+                format!(
+                    "no shadow is running; current {}\n",
+                    describe(&Manifest::read(&dir)?)
+                ),
+                false,
             )),
-            Err(_) => Ok("no shadow is running and there is no snapshot\n".to_owned()),
+            Err(_) => Ok((
+                "no shadow is running and there is no snapshot\n".to_owned(),
+                false,
+            )),
         },
     }
 }

@@ -203,6 +203,13 @@ pub(super) fn paging_hint(cmd: &Command, v: &Value) -> Option<String> {
     ))
 }
 
+/// Whether the server's sentence says the request named no working space
+/// (or no holder for `--space`).
+pub(super) fn is_missing_space(message: &str) -> bool {
+    message.contains("x-mercury-space header naming a space")
+        || message.contains("acting in another space needs a holder")
+}
+
 /// The server's sentences about the request headers, as what to set here.
 pub(super) fn rewrite_header_message(message: &str) -> String {
     if message.contains("x-mercury-space header naming a space") {

@@ -98,7 +98,13 @@ fn api_failure(status: u16, body: &Value) -> Failure {
             _ => format!("the server answered with status {status}"),
         },
     };
-    message = guide::rewrite_header_message(&message);
+    let rewritten = guide::rewrite_header_message(&message);
+    // A missing working space (or holder) is how mrctl was called, not a
+    // refusal: a usage error, exit 2, like a malformed id (issue 25).
+    if status == 400 && rewritten != message && guide::is_missing_space(&message) {
+        return Failure::Usage(UsageError(rewritten));
+    }
+    message = rewritten;
     if status == 401 {
         message.push_str("; check the token (--token-file, MERCURY_TOKEN or $MERCURY_DATA_DIR/global/owner.token)");
     }
@@ -1022,6 +1028,20 @@ mod tests {
             &json!({"error": {"message": "acting in another space needs a holder: send x-mercury-space (or use a run token)"}}),
         );
         assert!(f.to_string().contains("--space acts through a link"), "{f}");
+        // Issue 25: a missing working space is a usage error (exit 2), a
+        // refusal stays 1.
+        assert_eq!(exit_code(&f), 2);
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "this route needs the x-mercury-space header naming a space"}}),
+        );
+        assert_eq!(exit_code(&f), 2);
+        assert!(f.to_string().contains("--in <space id>"), "{f}");
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "limit must be between 1 and 200"}}),
+        );
+        assert_eq!(exit_code(&f), 1);
     }
 
     #[test]
