@@ -1833,3 +1833,75 @@ async fn a_grant_without_a_role_grants_member() {
     assert_eq!(granted[0]["role"], "member", "{v}");
     h.stop().await;
 }
+
+/// Issue 25: changes the host makes but that will not work say so: a model
+/// chain naming a provider the host has no key for, and an identity mapped
+/// to an operator id this host never saw (a typo maps a phone to nobody).
+/// `mrctl` prints the warning on stderr and still exits 0.
+#[tokio::test]
+async fn keyless_models_and_unseen_operators_are_warned_about() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("warned").await;
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("warned"),
+            Some(json!({"chain": ["anthropic:claude-x"]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no API key for anthropic:claude-x"),
+        "{v}"
+    );
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("warned"),
+            Some(json!({"chain": []})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v.get("warning").is_none(), "{v}");
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": "telegram:77", "caller_id": "ownr"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"ownr\" was never seen"),
+        "{v}"
+    );
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": "telegram:78", "caller_id": "owner"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert!(v.get("warning").is_none(), "{v}");
+    let mut cmd = h.mrctl(&h.owner_token, None);
+    cmd.args(["identities", "link", "telegram:79", "nobody-here"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("warning: operator \"nobody-here\" was never seen"));
+    h.stop().await;
+}

@@ -50,6 +50,34 @@ pub(crate) struct LinkIdentity {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct IdentityReply {
     pub identity: Identity,
+    /// Set when the operator id was never seen on this host (no token, no
+    /// role, not the owner or an admin): a typo maps the sender to nobody.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// Whether `caller` is an operator this host knows: the owner, a global
+/// admin, the holder of a token, or granted a role in some space.
+fn operator_known(
+    c: &crate::storage::Conn,
+    settings: &crate::config::Settings,
+    caller: &str,
+) -> crate::storage::StoreResult<bool> {
+    if settings.owner == caller || settings.admins.iter().any(|a| a == caller) {
+        return Ok(true);
+    }
+    if crate::storage::tokens::list(c)?.iter().any(|t| t.caller_id == caller) {
+        return Ok(true);
+    }
+    for space in crate::storage::spaces::list_spaces(c)? {
+        if crate::storage::spaces::list_roles(c, &space.id)?
+            .iter()
+            .any(|r| r.caller_id == caller)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// A mapping as removed: `caller_id` is the operator it mapped to.
@@ -95,12 +123,23 @@ pub(crate) async fn link(
         .map_err(ApiError::bad_request)?;
     ids::validate_operator_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let by = auth.caller.caller_id.clone();
-    let identity = app
+    let settings = app.rt.settings.clone();
+    let (identity, known) = app
         .rt
         .store
-        .write(move |tx| identities::link(tx, &b.platform_id, &b.caller_id, &by))
+        .write(move |tx| {
+            let known = operator_known(tx, &settings, &b.caller_id)?;
+            Ok((identities::link(tx, &b.platform_id, &b.caller_id, &by)?, known))
+        })
         .await?;
-    Ok((StatusCode::CREATED, Json(IdentityReply { identity })))
+    let warning = (!known).then(|| {
+        format!(
+            "operator {:?} was never seen on this host (no token, no role, not the owner or an \
+             admin): check the spelling; the mapping is stored",
+            identity.caller_id
+        )
+    });
+    Ok((StatusCode::CREATED, Json(IdentityReply { identity, warning })))
 }
 
 #[utoipa::path(delete, path = "/api/identities/{platform_id}", operation_id = "unlinkIdentity", summary = "Remove a platform sender's mapping", tag = "identities",

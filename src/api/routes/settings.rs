@@ -276,6 +276,10 @@ pub(crate) struct ModelChain {
     pub chain: Vec<String>,
     /// `space` (set here) or `default` (the host's chain).
     pub source: String,
+    /// Set by `PUT /api/model` when a spec of the chain names a provider
+    /// this host has no API key for: stored anyway, but its turns will fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 impl ModelChain {
@@ -283,8 +287,29 @@ impl ModelChain {
         Self {
             chain,
             source: source.to_owned(),
+            warning: None,
         }
     }
+}
+
+/// The warning of a chain whose specs name providers this host has no key
+/// for (`openai:gpt-4o` without `MERCURY_OPENAI_API_KEY`).
+fn keyless_warning(app: &App, chain: &[String]) -> Option<String> {
+    let keyless: Vec<&str> = chain
+        .iter()
+        .filter(|s| {
+            s.split_once(':')
+                .is_some_and(|(p, _)| !app.rt.models.has_key_for(p))
+        })
+        .map(String::as_str)
+        .collect();
+    (!keyless.is_empty()).then(|| {
+        format!(
+            "this host has no API key for {}: its turns will fail until the key is set \
+             (MERCURY_OPENAI_API_KEY / MERCURY_ANTHROPIC_API_KEY, then restart)",
+            keyless.join(", ")
+        )
+    })
 }
 
 #[utoipa::path(get, path = "/api/model", operation_id = "getModel", summary = "Show the space's model chain", tag = "settings",
@@ -356,6 +381,7 @@ pub(crate) async fn model_set(
     }
     let by = auth.caller.caller_id.clone();
     let default = app.rt.settings.model_chain();
+    let warning = keyless_warning(&app, &chain);
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let stored = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
@@ -374,6 +400,7 @@ pub(crate) async fn model_set(
         }
     })
     .await?;
+    let out = ModelChain { warning, ..out };
     Ok(audited(before, out))
 }
 

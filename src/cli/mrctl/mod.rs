@@ -1207,6 +1207,37 @@ mod tests {
             &json!({"tasks": [{"id": 3, "cron": "0 9 * * *", "at": null, "active": false, "silent": true, "next_run_at": null, "prompt": "standup"}]}),
         );
         assert_eq!(out, "3\tcron 0 9 * * *\tpaused,silent\tnext -\tstandup\n");
+        // Issue 25: a shadow's send is held, not queued.
+        let send = parse(&["send", "hi"]).command;
+        let (text, _) = render(
+            &send,
+            &json!({"outbox_id": null, "conversation_id": 4, "shadow": true}),
+        );
+        assert!(text.starts_with("held (shadow copy"), "{text}");
+        let (text, _) = render(
+            &send,
+            &json!({"outbox_id": 7, "conversation_id": 4, "shadow": false}),
+        );
+        assert_eq!(text, "queued as outbox item 7 in conversation 4\n");
+        // `review report DATE` renders a daily report for a person.
+        let report = parse(&["review", "report", "2026-09-28"]).command;
+        let (text, _) = render(
+            &report,
+            &json!({"date": "2026-09-28", "kind": "daily", "report": {
+                "window_since": "2026-09-27T03:00:00Z", "window_until": "2026-09-28T03:00:00Z",
+                "findings": [{"space": "family", "message_id": 12, "reply_id": 13, "kind": "wrong_answer",
+                    "scope": "space", "target_layer": "memory", "severity": 3,
+                    "summary": "Named the wrong capital.", "evidence": "Lyon", "suggestion": "Paris"}],
+                "footer": {"exchanges_judged": 9, "spaces_judged": 2, "judge_calls": 5, "cost": 0.01, "currency": "USD"}
+            }}),
+        );
+        assert!(text.starts_with("Conversation review 2026-09-28 (daily)\nwindow: 2026-09-27T03:00:00Z to 2026-09-28T03:00:00Z\nfindings: 1\n"), "{text}");
+        assert!(text.contains("1. wrong_answer (severity 3, space, memory) in family at [msg 12] (reply [msg 13])\n   Named the wrong capital.\n   evidence: Lyon\n   suggestion: Paris\n"), "{text}");
+        assert!(
+            text.contains("9 exchanges in 2 spaces judged, 5 judge calls"),
+            "{text}"
+        );
+        assert!(!text.contains('{'), "not JSON: {text}");
     }
 
     #[test]

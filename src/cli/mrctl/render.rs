@@ -388,6 +388,11 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 ),
             }
         }
+        // A shadow copy delivers nothing: the send is held in its transcript.
+        Command::Send { .. } if field(v, "shadow").as_bool() == Some(true) => format!(
+            "held (shadow copy: not delivered, written to the shadow's transcript) for conversation {}\n",
+            cell(field(v, "conversation_id"))
+        ),
         Command::Send { .. } => format!(
             "queued as outbox item {} in conversation {}\n",
             cell(field(v, "outbox_id")),
@@ -667,6 +672,13 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             ("cost", money(field(v, "cost"), field(v, "currency"))),
         ]),
     };
+    // A server's warning about a change it made anyway (a key-less
+    // provider, an operator never seen) is for the person, on stderr.
+    if note.is_none() {
+        note = field(v, "warning")
+            .as_str()
+            .map(|w| format!("warning: {w}"));
+    }
     (out, note)
 }
 
