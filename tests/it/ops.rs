@@ -372,7 +372,9 @@ async fn ops_log_format_json_writes_one_object_per_line() {
     h.chat("ops-json", "hello").await;
     let log = wait_log(&h, "\"turn\"").await;
     let mut turn = None;
-    for l in log.lines().filter(|l| l.starts_with('{')) {
+    // Issue 25: every line, the start-up lines ("serving on ...") included.
+    assert!(log.contains("serving on http://"), "{log}");
+    for l in log.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
         if v["fields"]["message"] == "turn" {
             turn = Some(v);
