@@ -6,6 +6,9 @@
 # (status_code_conformance), every body fits its documented schema
 # (response_schema_conformance), and no refused request changed a row
 # (no_partial_write, .ci/schemathesis_hooks.py). Any failure fails the run.
+# Before fuzzing, the served document itself is checked against the OpenAPI
+# 3.1 rules with openapi-spec-validator (pinned, same venv; issue 25):
+# unique operationIds, resolvable $refs, valid parameters and schemas.
 #
 # The host is the debug binary the test run built (MERCURY_BIN to choose
 # another), on a loopback port, with a scripted model and the process
@@ -15,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SCHEMATHESIS_VERSION=4.32.5
+SPEC_VALIDATOR_VERSION=0.9.0
 BIN=${MERCURY_BIN:-${CARGO_TARGET_DIR:-target}/debug/mercury}
 VENV=${SCHEMATHESIS_VENV:-.venv}
 MAX_EXAMPLES=${SCHEMATHESIS_MAX_EXAMPLES:-25}
@@ -23,12 +27,14 @@ MAX_TIME=${SCHEMATHESIS_MAX_TIME:-210}
 if [ ! -x "$BIN" ]; then
     cargo build --features test-hooks --bin mercury
 fi
-if [ ! -x "$VENV/bin/st" ] || ! "$VENV/bin/st" --version | grep -q "$SCHEMATHESIS_VERSION"; then
-    if ! python3 -m venv "$VENV"; then
+if [ ! -x "$VENV/bin/st" ] || ! "$VENV/bin/st" --version | grep -q "$SCHEMATHESIS_VERSION" \
+    || ! "$VENV/bin/pip" show openapi-spec-validator 2>/dev/null | grep -qx "Version: $SPEC_VALIDATOR_VERSION"; then
+    if [ ! -x "$VENV/bin/pip" ] && ! python3 -m venv "$VENV"; then
         apt-get install -y -qq python3-venv >/dev/null
         /usr/bin/python3 -m venv "$VENV"
     fi
-    "$VENV/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
+    "$VENV/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION" \
+        "openapi-spec-validator==$SPEC_VALIDATOR_VERSION"
 fi
 
 WORK=$(mktemp -d)
@@ -66,6 +72,11 @@ TOKEN=$(tr -d '[:space:]' < "$DATA/global/owner.token")
 SPACE=fuzz
 curl -fsS -X POST "$URL/api/spaces" -H "Authorization: Bearer $TOKEN" \
     -H 'content-type: application/json' -d "{\"id\":\"$SPACE\"}" >/dev/null
+
+# The document must be valid OpenAPI before it is worth fuzzing against.
+curl -fsS "$URL/api/openapi.json" -o "$WORK/openapi.json"
+echo "openapi-spec-validator $SPEC_VALIDATOR_VERSION on $URL/api/openapi.json"
+"$VENV/bin/openapi-spec-validator" "$WORK/openapi.json"
 
 echo "schemathesis $SCHEMATHESIS_VERSION against $URL/api/openapi.json (max $MAX_EXAMPLES cases per operation, ${MAX_TIME}s)"
 status=0

@@ -1111,7 +1111,22 @@ fn merge(base: &mut Value, over: Value, path: &str) -> Result<(), ConfigError> {
                         merge(slot, v, &full)?;
                     }
                     Some(slot) => *slot = v,
-                    None => return Err(key_err(&full, "unknown key")),
+                    None => {
+                        // A typo's nearest sibling, by the same measure as
+                        // an unknown variable's (issue 25).
+                        let siblings: Vec<String> = b
+                            .keys()
+                            .filter_map(|k| k.as_str())
+                            .map(str::to_owned)
+                            .collect();
+                        let why = match nearest_key(&key, &siblings) {
+                            Some(near) => {
+                                format!("unknown key; did you mean {}?", join(path, &near))
+                            }
+                            None => "unknown key".to_owned(),
+                        };
+                        return Err(key_err(&full, why));
+                    }
                 }
             }
             Ok(())
@@ -1159,6 +1174,40 @@ fn apply_env(
         let value = parse_env_value(&full, dv, raw)?;
         if let Some(slot) = merged.get_mut(k.clone()) {
             *slot = value;
+        }
+    }
+    Ok(())
+}
+
+/// The config keys `env` sets (`MERCURY_<KEY>`) and the values a host reads
+/// from them, in key order: what a host's environment adds to its file (a
+/// shadow snapshot records them, docs/shadow.md).
+pub fn env_keys(env: &BTreeMap<String, String>) -> Result<Vec<(String, Value)>, ConfigError> {
+    let defaults = serde_yaml_ng::to_value(Settings::default())
+        .map_err(|e| key_err("(defaults)", e.to_string()))?;
+    let mut out = Vec::new();
+    collect_env(&defaults, "", env, &mut out)?;
+    Ok(out)
+}
+
+fn collect_env(
+    defaults: &Value,
+    path: &str,
+    env: &BTreeMap<String, String>,
+    out: &mut Vec<(String, Value)>,
+) -> Result<(), ConfigError> {
+    let Value::Mapping(dmap) = defaults else {
+        return Ok(());
+    };
+    for (k, dv) in dmap {
+        let Some(key) = k.as_str() else { continue };
+        let full = join(path, key);
+        if dv.is_mapping() && full != "prices" {
+            collect_env(dv, &full, env, out)?;
+            continue;
+        }
+        if let Some(raw) = env.get(&env_name(&full)) {
+            out.push((full.clone(), parse_env_value(&full, dv, raw)?));
         }
     }
     Ok(())
@@ -1672,6 +1721,17 @@ fn closest(name: &str, known: &[String]) -> Option<String> {
         .map(|(_, k)| k.clone())
 }
 
+/// The sibling nearest to an unknown YAML key by edit distance, if it is
+/// within a third of the key's length (at least 2).
+fn nearest_key(key: &str, siblings: &[String]) -> Option<String> {
+    siblings
+        .iter()
+        .map(|s| (strsim::damerau_levenshtein(key, s), s))
+        .filter(|(d, _)| *d <= (key.chars().count() / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, s)| s.clone())
+}
+
 /// The provider of a model spec that needs an API key, and that key's variable.
 pub fn key_var_of(spec: &str) -> Option<(&'static str, &'static str)> {
     match spec.split_once(':').map(|(p, _)| p) {
@@ -1986,5 +2046,44 @@ mod tests {
         let v: Value = serde_yaml_ng::from_str("shadow_root: rel/dir").unwrap();
         let e = from_value(v, &env(&[])).unwrap_err();
         assert!(e.to_string().contains("shadow_root"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_yaml_key_gets_a_did_you_mean() {
+        let v: Value = serde_yaml_ng::from_str("reveiw:\n  owner: me\n").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err().to_string();
+        assert!(e.contains("did you mean review?"), "{e}");
+        let v: Value = serde_yaml_ng::from_str("review:\n  ownr: me\n").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err().to_string();
+        assert!(
+            e.contains("review.ownr") && e.contains("did you mean review.owner?"),
+            "{e}"
+        );
+        let v: Value = serde_yaml_ng::from_str("zzzzzzzz: 1\n").unwrap();
+        let e = from_value(v, &env(&[])).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown key") && !e.contains("did you mean"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn env_keys_are_what_the_environment_sets() {
+        let keys = env_keys(&env(&[
+            ("MERCURY_PROVIDERS_OPENAI_BASE_URL", "http://proxy/v1"),
+            ("MERCURY_PROVIDERS_MAX_RETRIES", "5"),
+            ("MERCURY_OPENAI_API_KEY", "sk-not-a-config-key"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            keys,
+            vec![
+                (
+                    "providers.openai_base_url".to_owned(),
+                    Value::from("http://proxy/v1")
+                ),
+                ("providers.max_retries".to_owned(), Value::from(5u64)),
+            ]
+        );
     }
 }

@@ -229,6 +229,17 @@ impl ModelRegistry {
         &self.scripted
     }
 
+    /// Whether this host holds an API key for `provider` (`openai`,
+    /// `anthropic`); any other provider needs none.
+    pub fn has_key_for(&self, provider: &str) -> bool {
+        let held = |k: &Option<String>| k.as_deref().is_some_and(|k| !k.trim().is_empty());
+        match provider {
+            "openai" => held(&self.settings.openai_api_key),
+            "anthropic" => held(&self.settings.anthropic_api_key),
+            _ => true,
+        }
+    }
+
     pub fn get(&self, spec: &str) -> Result<Arc<ResolvedModel>, ModelError> {
         if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(spec).cloned()) {
             return Ok(m);

@@ -158,7 +158,7 @@ pub struct Health {
     pub mode: String,
 }
 
-#[utoipa::path(get, path = "/healthz", tag = "host",
+#[utoipa::path(get, path = "/healthz", operation_id = "health", summary = "Whether the host is up", tag = "host",
     responses((status = 200, description = "The host is up", body = Health)))]
 async fn healthz(axum::extract::State(app): axum::extract::State<Arc<App>>) -> Json<Health> {
     let shadow = app.rt.outbound.is_shadow();
@@ -174,7 +174,7 @@ async fn healthz(axum::extract::State(app): axum::extract::State<Arc<App>>) -> J
 }
 
 /// This document. No token: it describes the API, it gives no access.
-#[utoipa::path(get, path = "/api/openapi.json", tag = "host",
+#[utoipa::path(get, path = "/api/openapi.json", operation_id = "getOpenApi", summary = "This OpenAPI document", tag = "host",
     responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
 async fn openapi_json(
     Extension(doc): Extension<Arc<utoipa::openapi::OpenApi>>,

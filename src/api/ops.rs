@@ -70,7 +70,7 @@ async fn render(app: &App) -> ApiResult<Response> {
     Ok(([(CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], body).into_response())
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "ops",
+#[utoipa::path(get, path = "/metrics", operation_id = "getMetrics", summary = "Prometheus metrics", tag = "ops",
     responses((status = 200, description = "Prometheus text exposition (bounded labels)",
         content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(
@@ -147,9 +147,12 @@ pub struct ReviewStatus {
     pub enabled: bool,
     /// RFC 3339, UTC; absent when review is off.
     pub next_run: Option<String>,
+    /// Why the digest has nowhere to go (no `review.owner`, or no DM of the
+    /// owner on a chat platform); absent when it has a DM or review is off.
+    pub digest_undeliverable: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/status", tag = "ops",
+#[utoipa::path(get, path = "/api/status", operation_id = "getStatus", summary = "The host's status (what mercury status prints)", tag = "ops",
     responses((status = 200, description = "What `mercury status` prints", body = Status)))]
 async fn status(
     State(app): State<Arc<App>>,
@@ -211,6 +214,11 @@ async fn status(
             enabled: s.review.enabled,
             next_run: crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
                 .map(|t| t.to_rfc3339()),
+            digest_undeliverable: if s.review.enabled {
+                crate::review::digest::no_destination(&app.rt).await
+            } else {
+                None
+            },
         },
     }))
 }

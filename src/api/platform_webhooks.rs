@@ -48,7 +48,7 @@ fn same_secret(given: &[u8], expected: &str) -> bool {
 }
 
 /// A Telegram `Update`, posted by Telegram to a webhook-mode adapter.
-#[utoipa::path(post, path = "/api/adapters/telegram/webhook", tag = "adapters",
+#[utoipa::path(post, path = "/api/adapters/telegram/webhook", operation_id = "telegramWebhook", summary = "Telegram webhook (checked with its secret token)", tag = "adapters",
     params(("x-telegram-bot-api-secret-token" = String, Header,
         description = "The secret the adapter gave setWebhook; checked before the body is read")),
     request_body(content = Object, description = "A Telegram Update (Bot API JSON)"),
@@ -91,7 +91,7 @@ fn closing(e: ApiError) -> axum::response::Response {
 
 /// The handshake of a WhatsApp webhook subscription: Meta sends the verify
 /// token it was given and a challenge to echo.
-#[utoipa::path(get, path = "/api/adapters/whatsapp/webhook", tag = "adapters",
+#[utoipa::path(get, path = "/api/adapters/whatsapp/webhook", operation_id = "whatsappWebhookVerify", summary = "WhatsApp webhook subscription check (hub.verify_token)", tag = "adapters",
     params(
         ("hub.mode" = String, Query, description = "`subscribe`"),
         ("hub.verify_token" = String, Query, description = "MERCURY_WHATSAPP_VERIFY_TOKEN"),
@@ -131,7 +131,7 @@ async fn whatsapp_verify(
 }
 
 /// A WhatsApp Cloud API notification (messages, statuses), signed by Meta.
-#[utoipa::path(post, path = "/api/adapters/whatsapp/webhook", tag = "adapters",
+#[utoipa::path(post, path = "/api/adapters/whatsapp/webhook", operation_id = "whatsappWebhook", summary = "WhatsApp webhook (checked with its body signature)", tag = "adapters",
     params(("x-hub-signature-256" = String, Header,
         description = "sha256=<hex HMAC-SHA256 of the raw body under the app secret>; checked before the body is parsed")),
     request_body(content = Object, description = "A webhook notification (Graph API JSON)"),

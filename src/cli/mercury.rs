@@ -279,6 +279,7 @@ enum ReviewCommand {
 }
 
 pub fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     // `serve` reads its config once, before logging starts: every log line
     // of a shadow host carries `shadow=1` and the log has its format from
@@ -300,6 +301,48 @@ pub fn main() -> ExitCode {
         }
     };
     runtime.block_on(run(cli, settings))
+}
+
+/// What `mercury init` prints after it made the data dir: the commands of
+/// the README's quick start, for this data dir.
+fn init_next_steps(data_dir: &std::path::Path) -> String {
+    let d = data_dir.display();
+    format!(
+        "\nnext steps:\n\
+         \x20 1. a model key: export MERCURY_OPENAI_API_KEY=sk-... (or MERCURY_ANTHROPIC_API_KEY; \
+         docs/models.md)\n\
+         \x20 2. start the host: mercury serve --data-dir {d}\n\
+         \x20 3. in another shell: export MERCURY_DATA_DIR={d}\n\
+         \x20    mrctl spaces create family --name Family\n\
+         \x20    mrctl --in family chat hello\n\
+         \x20 4. check it: mercury doctor --data-dir {d}; mercury status --data-dir {d}\n\
+         \x20 chat platforms (Telegram, Discord, ...): docs/adapters.md\n"
+    )
+}
+
+/// The exit status when stdout was closed under us (`mercury shadow diff
+/// --json | head`): 128 + SIGPIPE, what a C tool killed by the signal gives.
+pub const EXIT_CLOSED_STDOUT: i32 = 141;
+
+/// `println!` panics when stdout is a closed pipe (the process ignores
+/// SIGPIPE, as Rust programs do, so a host's sockets never kill it). Every
+/// command's output goes through `println!`, so the one place to make a
+/// closed stdout a quiet exit instead of a panic message is the panic hook;
+/// every other panic is reported as before.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(EXIT_CLOSED_STDOUT);
+        }
+        report(info);
+    }));
 }
 
 /// `log.format` of the config `serve` runs with; for other commands,
@@ -408,6 +451,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             Ok(token) => {
                 println!("initialised {}", data_dir.display());
                 println!("owner token written to {} (mode 0600)", token.display());
+                print!("{}", init_next_steps(&data_dir));
                 ExitCode::SUCCESS
             }
             Err(e) => {

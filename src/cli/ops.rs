@@ -168,6 +168,9 @@ fn render_status(v: &Value) -> String {
             _ => "off".to_owned(),
         }
     ));
+    if let Some(why) = review["digest_undeliverable"].as_str() {
+        out.push_str(&format!("review digest: not delivered: {why}\n"));
+    }
     out
 }
 

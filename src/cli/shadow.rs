@@ -50,6 +50,9 @@ pub enum ShadowCommand {
         /// No live scheduled task may be due within this window.
         #[arg(long, default_value = "30m")]
         window: String,
+        /// Serve the shadow on this port instead of its snapshot's.
+        #[arg(long)]
+        port: Option<u16>,
         #[arg(long, env = "MERCURY_SHADOW_ROOT")]
         root: Option<PathBuf>,
     },
@@ -134,6 +137,31 @@ fn live_store_of(data_dir: &std::path::Path) -> anyhow::Result<Option<crate::sto
     })
 }
 
+/// Keys whose values are ids of people: said to differ, never printed.
+const UNSHOWN: &[&str] = &["admins", "owner", "review.owner", "review.owner_names"];
+
+/// `shadow up`'s list of every setting that differs from the live host's.
+fn render_differences(diffs: &Result<Vec<crate::shadow::settings::Difference>, String>) -> String {
+    match diffs {
+        Err(why) => format!("  settings: the live host's could not be read ({why})\n"),
+        Ok(d) if d.is_empty() => "  settings: the same as the live host's\n".to_owned(),
+        Ok(d) => {
+            let mut out = format!(
+                "  settings that differ from the live host's ({}):\n",
+                d.len()
+            );
+            for (key, live, shadow) in d {
+                if UNSHOWN.contains(&key.as_str()) {
+                    out.push_str(&format!("    {key}: differs (not shown)\n"));
+                } else {
+                    out.push_str(&format!("    {key}: {shadow} (live: {live})\n"));
+                }
+            }
+            out
+        }
+    }
+}
+
 fn usage(cmd: &str, m: String) -> ExitCode {
     eprintln!("mercury shadow {cmd}: {m}");
     ExitCode::from(2)
@@ -216,6 +244,7 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             min_free_mem,
             min_free_disk,
             window,
+            port,
             root: r,
         } => {
             let parsed = (|| {
@@ -228,6 +257,7 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                     min_free_disk: parse_size(&min_free_disk)
                         .map_err(|m| format!("--min-free-disk: {m}"))?,
                     window_ms: parse_duration(&window).map_err(|m| format!("--window: {m}"))?,
+                    port,
                 })
             })();
             let mut opts = match parsed {
@@ -239,7 +269,8 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                 Err(e) => return exit_for("up", &e),
             };
             match crate::host::shadow::up(&opts).await {
-                Ok((rec, m)) => {
+                Ok(started) => {
+                    let (rec, m) = (&started.running, &started.manifest);
                     println!(
                         "shadow up: snapshot {} (admins: {}) on {}, pid {}",
                         rec.snapshot,
@@ -255,6 +286,7 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                         "  log: {}",
                         crate::host::shadow::log_path(&rec.data_dir).display()
                     );
+                    print!("{}", render_differences(&started.differences));
                     ExitCode::SUCCESS
                 }
                 Err(e) => exit_for("up", &e),
@@ -278,9 +310,14 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
         }
         ShadowCommand::Status { root: r } => {
             match root(r).and_then(|root| crate::host::shadow::status(&root)) {
-                Ok(s) => {
+                Ok((s, running)) => {
                     print!("{s}");
-                    ExitCode::SUCCESS
+                    // 3 like `mercury status` with no host: scripts can ask "is one up?".
+                    if running {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(3)
+                    }
                 }
                 Err(e) => exit_for("status", &e),
             }

@@ -296,7 +296,7 @@ async fn sandbox_backend(
             Ok(b) => Ok(Arc::new(b)),
             Err(e) if s.allow_unisolated => {
                 tracing::warn!(reason = %e, "sandbox: process without bubblewrap, as sandbox.allow_unisolated asks: tools run as plain host processes, NOT isolated");
-                eprintln!("mercury: {}WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)", log_tag());
+                say(true, &format!("WARNING: tools run as plain host processes, NOT isolated ({e}; sandbox.allow_unisolated: true)"));
                 Ok(Arc::new(ProcessBackend::unisolated(mrctl_dir.clone())))
             }
             Err(e) => bail!(
@@ -320,9 +320,9 @@ async fn sandbox_backend(
                 Err(bwrap_err) => {
                     let reason = format!("no Docker engine ({docker_err}) and {bwrap_err}");
                     tracing::error!(%reason, "sandbox: auto found no isolating backend: every tool call is refused");
-                    eprintln!(
-                        "mercury: {}no sandbox is available, tool calls are refused: {reason}",
-                        log_tag()
+                    say(
+                        true,
+                        &format!("no sandbox is available, tool calls are refused: {reason}"),
                     );
                     Ok(Arc::new(sandbox::Unavailable { reason }))
                 }
@@ -447,6 +447,25 @@ pub const METRICS_CONNECTIONS: usize = 64;
 static SHADOW_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// `"shadow=1 "` in a shadow host's process, else empty.
+/// Set when the log is JSON (`log.format: json`, never on a shadow, whose
+/// log is text): the host's plain stderr lines then go through the log too,
+/// so every line of its stderr is one JSON object.
+static JSON_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One line for the operator at start-up or shutdown: `mercury: <line>` on
+/// stderr, or a log event of `mercury::startup` when the log is JSON.
+pub fn say(warning: bool, line: &str) {
+    if JSON_LOG.load(std::sync::atomic::Ordering::SeqCst) {
+        if warning {
+            tracing::warn!(target: "mercury::startup", "{line}");
+        } else {
+            tracing::info!(target: "mercury::startup", "{line}");
+        }
+    } else {
+        eprintln!("mercury: {}{line}", log_tag());
+    }
+}
+
 pub fn log_tag() -> &'static str {
     if SHADOW_PROCESS.load(std::sync::atomic::Ordering::SeqCst) {
         "shadow=1 "
@@ -565,12 +584,17 @@ pub async fn serve_with(
     for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
         data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    if !settings.shadow && settings.log.format == config::LogFormat::Json {
+        JSON_LOG.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     if settings.shadow {
         SHADOW_PROCESS.store(true, std::sync::atomic::Ordering::SeqCst);
+    } else if let Err(e) = crate::shadow::settings::record(&data_dir, &env) {
+        // What a later snapshot carries into its shadow (docs/shadow.md).
+        tracing::warn!(error = %e, "cannot record the settings of the environment for shadows");
     }
-    let tag = log_tag();
     for loose in data_dir::loose_modes(&paths) {
-        eprintln!("mercury: {tag}warning: {loose}");
+        say(true, &format!("warning: {loose}"));
     }
     if settings.shadow {
         eprintln!(
@@ -737,22 +761,34 @@ pub async fn serve_with(
         .with_context(|| format!("binding {}", paths.socket.display()))?;
     // Containers run as another uid; the token, not the socket mode, is the gate.
     std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o666))?;
-    eprintln!(
-        "mercury: {tag}serving on http://{} and {}",
-        tcp.local_addr()?,
-        paths.socket.display()
+    say(
+        false,
+        &format!(
+            "serving on http://{} and {}",
+            tcp.local_addr()?,
+            paths.socket.display()
+        ),
     );
-    eprintln!(
-        "mercury: {tag}sandbox backend: {} ({}), workspace quota {} MB",
-        rt.sandbox.name(),
-        match rt.sandbox.isolation() {
-            sandbox::Isolation::Container => "containers",
-            sandbox::Isolation::Namespaces => "bubblewrap namespaces",
-            sandbox::Isolation::None => "NOT isolated",
-        },
-        rt.settings.sandbox.workspace_mb
+    say(
+        false,
+        &format!(
+            "sandbox backend: {} ({}), workspace quota {} MB",
+            rt.sandbox.name(),
+            match rt.sandbox.isolation() {
+                sandbox::Isolation::Container => "containers",
+                sandbox::Isolation::Namespaces => "bubblewrap namespaces",
+                sandbox::Isolation::None => "NOT isolated",
+            },
+            rt.settings.sandbox.workspace_mb
+        ),
     );
     startup_summary(&rt, &tcp.local_addr()?.to_string(), &adapters);
+    // Said now, not at the first scan: the operator is watching this start.
+    if rt.settings.review.enabled {
+        if let Some(why) = crate::review::digest::no_destination(&rt).await {
+            tracing::warn!(target: "mercury::startup", "review digest: {why}");
+        }
+    }
     let drain = Duration::from_secs(rt.settings.http.drain_secs);
     // Each listener has its own connection budget: idle TCP clients cannot
     // starve api.sock, where run tokens and local operators connect.
@@ -862,7 +898,7 @@ pub fn cancel_on_signals(token: CancellationToken) {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-        eprintln!("mercury: {}shutting down", log_tag());
+        say(false, "shutting down");
         token.cancel();
     });
 }

@@ -33,6 +33,18 @@ pub struct UpOptions {
     pub min_free_mem: u64,
     pub min_free_disk: u64,
     pub window_ms: i64,
+    /// The shadow's port instead of its snapshot's `bind` port.
+    pub port: Option<u16>,
+}
+
+/// What `up` started, and how its settings differ from the live host's.
+#[derive(Debug)]
+pub struct Started {
+    pub running: Running,
+    pub manifest: Manifest,
+    /// Every effective setting that differs: `(key, live, shadow)`; `None`
+    /// when the live host's settings could not be read (the reason).
+    pub differences: Result<Vec<crate::shadow::settings::Difference>, String>,
 }
 
 /// The log file of a snapshot's shadow host.
@@ -200,21 +212,38 @@ fn child_env(root: &Path) -> BTreeMap<String, String> {
 }
 
 /// Starts the shadow host on `opts.snapshot` after every refusal passed.
-pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
+pub async fn up(opts: &UpOptions) -> ShadowResult<Started> {
     let dir = snapshot::resolve(&opts.root, &opts.snapshot)?;
     let manifest = Manifest::read(&dir)?;
     // The first refusal of check_up, asked before the engine or a port is.
     let already_running = running(&opts.root)?.map(|r| r.snapshot);
     check_not_running(already_running.as_deref())?;
     let paths = DataPaths::new(&dir);
-    let child_env = child_env(&opts.root);
+    let mut child_env = child_env(&opts.root);
     // The settings the child will have: its file and its own environment.
-    let env: BTreeMap<String, String> = child_env
-        .iter()
-        .filter(|(k, _)| k.starts_with("MERCURY_"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let settings = config::load(&paths.config, &env)?;
+    let of = |child_env: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        child_env
+            .iter()
+            .filter(|(k, _)| k.starts_with("MERCURY_"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut settings = config::load(&paths.config, &of(&child_env))?;
+    if let Some(port) = opts.port {
+        // `--port` moves the shadow off its snapshot's port, on the same address.
+        let ip = settings
+            .bind
+            .parse::<std::net::SocketAddr>()
+            .map(|a| a.ip())
+            .map_err(|_| {
+                ShadowError::Invalid(format!("bind {:?} is not ADDR:PORT", settings.bind))
+            })?;
+        child_env.insert(
+            "MERCURY_BIND".into(),
+            std::net::SocketAddr::new(ip, port).to_string(),
+        );
+        settings = config::load(&paths.config, &of(&child_env))?;
+    }
     let live = PathBuf::from(&manifest.live_data_dir);
     let live_settings = config::load(&DataPaths::new(&live).config, &Default::default()).ok();
     let live_backend = live_settings
@@ -326,7 +355,14 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<(Running, Manifest)> {
         started_at_ms: now_ms(),
     };
     write_running(&opts.root, &rec)?;
-    Ok((rec, manifest))
+    let differences = crate::shadow::settings::effective_live(&live)
+        .map(|l| crate::shadow::settings::differences(&l, &settings))
+        .map_err(|e| e.to_string());
+    Ok(Started {
+        running: rec,
+        manifest,
+        differences,
+    })
 }
 
 fn write_running(root: &Path, rec: &Running) -> ShadowResult<()> {
@@ -386,8 +422,10 @@ pub async fn down(root: &Path) -> ShadowResult<DownReport> {
     })
 }
 
-/// `status`: the running shadow, or the current snapshot when none runs.
-pub fn status(root: &Path) -> ShadowResult<String> {
+/// `status`: the running shadow, or the current snapshot when none runs;
+/// and whether one runs (`mercury shadow status` exits 3 when none does,
+/// like `mercury status`).
+pub fn status(root: &Path) -> ShadowResult<(String, bool)> {
     let now = now_ms();
     let describe = |m: &Manifest| {
         format!(
@@ -406,21 +444,30 @@ pub fn status(root: &Path) -> ShadowResult<String> {
     match running(root)? {
         Some(r) => {
             let m = Manifest::read(&r.data_dir)?;
-            Ok(format!(
-                "shadow running: {}\n  pid {}, port {} ({}), up {}\n",
-                describe(&m),
-                r.pid,
-                r.port,
-                r.url,
-                human_duration(now - r.started_at_ms)
+            Ok((
+                format!(
+                    "shadow running: {}\n  pid {}, port {} ({}), up {}\n",
+                    describe(&m),
+                    r.pid,
+                    r.port,
+                    r.url,
+                    human_duration(now - r.started_at_ms)
+                ),
+                true,
             ))
         }
         None => match snapshot::resolve(root, "current") {
-            Ok(dir) => Ok(format!(
-                "no shadow is running; current {}\n",
-                describe(&Manifest::read(&dir)?)
+            Ok(dir) => Ok((
+                format!(
+                    "no shadow is running; current {}\n",
+                    describe(&Manifest::read(&dir)?)
+                ),
+                false,
             )),
-            Err(_) => Ok("no shadow is running and there is no snapshot\n".to_owned()),
+            Err(_) => Ok((
+                "no shadow is running and there is no snapshot\n".to_owned(),
+                false,
+            )),
         },
     }
 }

@@ -233,7 +233,7 @@ pub(crate) async fn run(
                 "Conversation review {date}: the scan failed and no report was written. \
                  The reason is in run {run_id}."
             );
-            summary.digest = send_digest(ctx, text, false).await;
+            summary.digest = send_digest(ctx, &date, text, false).await;
             finish_run(rt, &summary).await;
             return summary;
         }
@@ -251,13 +251,13 @@ pub(crate) async fn run(
     // Rendering and gating are regex work: off the async runtime. The digest
     // is made here too, for the path the report is about to be written to.
     let checked = {
-        let (report, gate, path) = (report.clone(), gate.clone(), dir.join("report.md"));
+        let (report, gate) = (report.clone(), gate.clone());
         worker
             .run(move || {
                 let markdown = report.to_markdown();
                 let json = report.to_json();
                 let gated = report::gate(&markdown, &json, &gate).map_err(|g| g.kinds);
-                let digest = digest::report_digest(&report, &path, &gate);
+                let digest = digest::report_digest(&report, &gate);
                 Ok((markdown, json, gated, digest))
             })
             .await
@@ -282,8 +282,13 @@ pub(crate) async fn run(
         tracing::error!(run = %run_id, kinds = %names, "review report blocked by the identifier gate");
         summary.status = ScanStatus::Blocked;
         summary.error = Some(format!("blocked by the identifier gate ({names} found)"));
-        summary.digest =
-            send_digest(ctx, digest::blocked_digest(&date, &kinds, run_id), true).await;
+        summary.digest = send_digest(
+            ctx,
+            &date,
+            digest::blocked_digest(&date, &kinds, run_id),
+            true,
+        )
+        .await;
         finish_run(rt, &summary).await;
         return summary;
     }
@@ -313,8 +318,16 @@ pub(crate) async fn run(
     summary.report_path = Some(written.markdown.display().to_string());
     summary.report_json_path = Some(written.json.display().to_string());
     summary.digest = match digest_text {
-        Ok(text) => send_digest(ctx, text, false).await,
-        Err(kinds) => send_digest(ctx, digest::blocked_digest(&date, &kinds, run_id), true).await,
+        Ok(text) => send_digest(ctx, &date, text, false).await,
+        Err(kinds) => {
+            send_digest(
+                ctx,
+                &date,
+                digest::blocked_digest(&date, &kinds, run_id),
+                true,
+            )
+            .await
+        }
     };
     finish_run(rt, &summary).await;
     // The journal's evidence that live turns went first: how often a judge
@@ -346,9 +359,28 @@ fn fill_counts(summary: &mut ScanSummary, report: &Report) {
     summary.cost = f.cost;
 }
 
-async fn send_digest(ctx: &ScanContext, text: String, blocked: bool) -> DigestOutcome {
+/// Sends the digest to the owner's DM and keeps it as the last digest
+/// (`mrctl review digest`), delivered or not.
+async fn send_digest(ctx: &ScanContext, date: &str, text: String, blocked: bool) -> DigestOutcome {
     let owner = ctx.rt.settings.review.owner.clone();
-    digest::deliver(&ctx.rt, ctx.spaces.as_ref(), &owner, text, blocked).await
+    let outcome =
+        digest::deliver(&ctx.rt, ctx.spaces.as_ref(), &owner, text.clone(), blocked).await;
+    let latest = digest::LatestDigest {
+        date: date.to_owned(),
+        at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        text,
+        sent: outcome.sent,
+        platform: outcome.platform.clone(),
+        conversation_id: outcome.conversation_id,
+        reason: outcome.reason.clone(),
+    };
+    let reviews = ctx.rt.paths.reviews.clone();
+    match tokio::task::spawn_blocking(move || digest::save_latest(&reviews, &latest)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cannot keep the review digest"),
+        Err(e) => tracing::error!(error = %e, "the review digest writer failed"),
+    }
+    outcome
 }
 
 async fn finish_run(rt: &Runtime, summary: &ScanSummary) {

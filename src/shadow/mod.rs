@@ -12,6 +12,7 @@ pub mod credential;
 pub mod diff;
 pub mod guard;
 pub mod manifest;
+pub mod settings;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};

@@ -225,7 +225,18 @@ fn make(
             ("storage.password_file", Yaml::from("")),
         ]);
     }
-    config::set_keys(&shadow.config, &keys)?;
+    // The live host's environment-set keys (recorded at its start) go
+    // first, so the snapshot's own keys always win.
+    let recorded = super::settings::read(&live.root)?.unwrap_or_default();
+    let mut all: Vec<(&str, Yaml)> = recorded
+        .settings
+        .iter()
+        .filter(|(k, _)| super::settings::is_carried(k))
+        .filter(|(k, _)| !(matches!(source, LiveStore::Postgres(_)) && k.starts_with("storage.")))
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    all.extend(keys.iter().map(|(k, v)| (*k, v.clone())));
+    write_config(&shadow.config, &all)?;
     // What the diff compares against, before the shadow ever runs.
     super::diff::write_baseline(at.dir)?;
     let manifest = Manifest {
@@ -253,6 +264,31 @@ fn make(
         .map_err(io_err(format!("writing {}", mpath.display())))?;
     point_current(at.root, at.id)?;
     Ok(manifest)
+}
+
+/// Sets `keys` in the shadow's copy of the live `mercury.yaml`, keeping the
+/// live file's comments outside the sections it changes; a file that cannot
+/// be edited line by line is re-serialised (its comments lost) instead.
+fn write_config(path: &Path, keys: &[(&str, Yaml)]) -> ShadowResult<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err(format!("reading {}", path.display()))(e)),
+    };
+    match super::settings::edit_keeping_comments(&text, keys) {
+        Some(edited) => {
+            // Validated as the host will read it before it is written.
+            let doc: Yaml = serde_yaml_ng::from_str(&edited)
+                .map_err(|e| ShadowError::Invalid(format!("the edited config: {e}")))?;
+            config::from_value(doc, &Default::default())?;
+            std::fs::write(path, edited).map_err(io_err(format!("writing {}", path.display())))
+        }
+        None => {
+            let pairs: Vec<(&str, Yaml)> = keys.to_vec();
+            config::set_keys(path, &pairs)?;
+            Ok(())
+        }
+    }
 }
 
 /// Refuses a shadow root and a live data dir (both resolved) that contain

@@ -168,7 +168,8 @@ const BEFORE_THE_MOVE: &[ActAsRoute] = {
 
 /// Entries added since the move, each by its issue: issue 18's workspace
 /// files (reads at `read`, writes at `admin`) and one run's trace; issue
-/// 29's list of extensions (enabling one is `ext.manage`, never across a link).
+/// 29's list of extensions (enabling one is `ext.manage`, never across a link);
+/// issue 25's one message by id (conversation-scoped like the other message reads).
 const ADDED_SINCE: &[ActAsRoute] = {
     use LinkLevel::{Admin, Read};
     const fn r(method: &'static str, path: &'static str, level: LinkLevel) -> ActAsRoute {
@@ -186,6 +187,12 @@ const ADDED_SINCE: &[ActAsRoute] = {
         r("DELETE", "/api/files/{*path}", Admin),
         r("GET", "/api/runs/{id}", Read),
         r("GET", "/api/extensions", Read),
+        ActAsRoute {
+            method: "GET",
+            path: "/api/messages/{id}",
+            level: Read,
+            conversation_scoped: true,
+        },
     ]
 };
 

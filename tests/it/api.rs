@@ -1553,3 +1553,355 @@ async fn durations_past_100_years_are_a_400_not_an_overflow() {
     assert_eq!(h.count("SELECT COUNT(*) FROM mutes"), 0);
     h.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// messages show (issue 25 item 5)
+// ---------------------------------------------------------------------------
+
+/// `GET /api/messages/{id}?context=N` answers the message a review finding
+/// cites (`[msg N]`) with up to N messages of its conversation on each side,
+/// oldest first; another space's message is 404; through a link it is served
+/// under the link's rules (tagged with its source, a conversation-scoped link
+/// reaches only its conversation); `mrctl messages show` marks the message and
+/// `messages recent` prints each message's id.
+#[tokio::test]
+async fn messages_show_answers_one_message_with_its_context_here_and_through_links() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("shown").await;
+    h.create_space("hq").await;
+    let a = h.platform_conversation("conv-a", "shown").await;
+    let b = h.platform_conversation("conv-b", "shown").await;
+    let base = chrono::Utc::now().timestamp_millis() - 3_600_000;
+    // Ten messages in conversation a, interleaved with ten in b, one a minute.
+    let ids: Vec<(i64, i64)> = h.write(move |tx| {
+        let mut out = Vec::new();
+        for i in 0..20i64 {
+            let conv = if i % 2 == 0 { a } else { b };
+            tx.execute(
+                "INSERT INTO messages (space_id, conversation_id, sender_id, sender_name, role, text, created_at) \
+                 VALUES ('shown', ?1, 'test:s', 'Sam', 'user', ?2, ?3)",
+                &[&conv, &format!("line {i}"), &(base + i * 60_000)],
+            )?;
+            out.push((
+                conv,
+                tx.query_row(
+                    "SELECT MAX(id) FROM messages WHERE conversation_id = ?1",
+                    &[&conv],
+                    |r| r.get(0),
+                )?,
+            ));
+        }
+        Ok(out)
+    });
+    let in_a: Vec<i64> = ids
+        .iter()
+        .filter(|(c, _)| *c == a)
+        .map(|(_, id)| *id)
+        .collect();
+    let target = in_a[4];
+    let (st, v) = h
+        .owner(
+            Method::GET,
+            &format!("/api/messages/{target}?context=2"),
+            Some("shown"),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["message_id"], target);
+    let got: Vec<i64> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        in_a[2..7].to_vec(),
+        "two before and two after, in its conversation only"
+    );
+    // No context: the message alone; at the edge of the conversation: fewer.
+    let (_, v) = h
+        .owner(
+            Method::GET,
+            &format!("/api/messages/{target}"),
+            Some("shown"),
+            None,
+        )
+        .await;
+    assert_eq!(v["messages"].as_array().unwrap().len(), 1, "{v}");
+    let (_, v) = h
+        .owner(
+            Method::GET,
+            &format!("/api/messages/{}?context=3", in_a[0]),
+            Some("shown"),
+            None,
+        )
+        .await;
+    let got: Vec<i64> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(got[0], in_a[0], "{v}");
+    assert_eq!(got.len(), 4, "nothing before the first: {v}");
+    // Refusals, in words, and no row written.
+    let before = h.all_row_counts();
+    for (path, space, status, words) in [
+        (
+            format!("/api/messages/{target}"),
+            "hq",
+            404,
+            "no such message in this space",
+        ),
+        (
+            "/api/messages/abc".to_owned(),
+            "shown",
+            400,
+            "message id must be a number",
+        ),
+        (
+            format!("/api/messages/{target}?context=51"),
+            "shown",
+            400,
+            "context must be between 0 and 50",
+        ),
+        (
+            "/api/messages/999999".to_owned(),
+            "shown",
+            404,
+            "no such message",
+        ),
+    ] {
+        let (st, v) = h.owner(Method::GET, &path, Some(space), None).await;
+        assert_eq!(st, status, "{path}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(words),
+            "{path}: {v}"
+        );
+    }
+    assert_eq!(h.all_row_counts(), before);
+
+    // Through a read link from hq: served, tagged with its source.
+    h.link("hq", "shown", "read").await;
+    let (st, v) = h
+        .act_as(
+            Method::GET,
+            &format!("/api/messages/{target}?context=1"),
+            &h.owner_token.clone(),
+            "hq",
+            "shown",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["source_space"], "shown");
+    assert!(
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["source_space"] == "shown"),
+        "{v}"
+    );
+    // A link scoped to conversation b does not reach a's message.
+    h.create_space("desk").await;
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/links",
+            None,
+            Some(
+                json!({"holder": "desk", "target": "shown", "level": "read", "conversation_id": b}),
+            ),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = h
+        .act_as(
+            Method::GET,
+            &format!("/api/messages/{target}"),
+            &h.owner_token.clone(),
+            "desk",
+            "shown",
+            None,
+        )
+        .await;
+    assert_eq!(st, 404, "{v}");
+    let in_b = ids.iter().find(|(c, _)| *c == b).unwrap().1;
+    let (st, v) = h
+        .act_as(
+            Method::GET,
+            &format!("/api/messages/{in_b}?context=1"),
+            &h.owner_token.clone(),
+            "desk",
+            "shown",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["conversation_id"] == b),
+        "{v}"
+    );
+
+    // mrctl: the message marked, its neighbours beside it, every line an id.
+    let mut cmd = h.mrctl(&h.owner_token, None);
+    cmd.args([
+        "--in",
+        "shown",
+        "messages",
+        "show",
+        &target.to_string(),
+        "--context",
+        "1",
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[1].starts_with(&format!("> [msg {target}] [")),
+        "{text}"
+    );
+    assert!(lines[1].ends_with("Sam: line 8"), "{text}");
+    assert!(
+        lines[0].starts_with(&format!("  [msg {}] [", in_a[3])),
+        "{text}"
+    );
+    let mut cmd = h.mrctl(&h.owner_token, Some("shown"));
+    cmd.args(["messages", "recent", "--since", "2h", "--limit", "3"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !text.is_empty() && text.lines().all(|l| l.starts_with("[msg ")),
+        "{text}"
+    );
+    let mut cmd = h.mrctl(&h.owner_token, Some("shown"));
+    cmd.args(["messages", "show", "abc"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("message id must be a number"));
+    h.stop().await;
+}
+
+/// Issue 25: a grant that names no role is the least one, `member`, not
+/// `admin` (an operator who forgot `--role` handed out the space).
+#[tokio::test]
+async fn a_grant_without_a_role_grants_member() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("least").await;
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/roles",
+            Some("least"),
+            Some(json!({"caller_id": "test:newcomer"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["role"], "member", "{v}");
+    let (_, v) = h
+        .owner(Method::GET, "/api/roles", Some("least"), None)
+        .await;
+    let granted: Vec<&Value> = v["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["caller_id"] == "test:newcomer")
+        .collect();
+    assert_eq!(granted.len(), 1, "{v}");
+    assert_eq!(granted[0]["role"], "member", "{v}");
+    h.stop().await;
+}
+
+/// Issue 25: changes the host makes but that will not work say so: a model
+/// chain naming a provider the host has no key for, and an identity mapped
+/// to an operator id this host never saw (a typo maps a phone to nobody).
+/// `mrctl` prints the warning on stderr and still exits 0.
+#[tokio::test]
+async fn keyless_models_and_unseen_operators_are_warned_about() {
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("warned").await;
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("warned"),
+            Some(json!({"chain": ["anthropic:claude-x"]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no API key for anthropic:claude-x"),
+        "{v}"
+    );
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("warned"),
+            Some(json!({"chain": []})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v.get("warning").is_none(), "{v}");
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": "telegram:77", "caller_id": "ownr"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert!(
+        v["warning"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"ownr\" was never seen"),
+        "{v}"
+    );
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": "telegram:78", "caller_id": "owner"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert!(v.get("warning").is_none(), "{v}");
+    let mut cmd = h.mrctl(&h.owner_token, None);
+    cmd.args(["identities", "link", "telegram:79", "nobody-here"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("warning: operator \"nobody-here\" was never seen"));
+    h.stop().await;
+}

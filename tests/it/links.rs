@@ -227,6 +227,15 @@ async fn request_for(w: &World, route: &ActAsRoute) -> (String, Option<Value>, u
             std::fs::write(w.host.data.join("spaces/t/notes/gone.md"), "x").unwrap();
             ("/api/files/notes/gone.md".into(), None, 200)
         }
+        ("GET", "/api/messages/{id}") => {
+            // In the world's conversation, which a conversation-filtered edge reaches.
+            let conv = w.conversation;
+            let id: i64 = w.host.write(move |tx| {
+                tx.execute("INSERT INTO messages (space_id, conversation_id, sender_id, role, text, created_at) VALUES ('t', ?1, 'test:m', 'user', 'matrix', 0)", &[&conv])?;
+                tx.query_row("SELECT MAX(id) FROM messages WHERE space_id = 't'", &[], |r| r.get(0))
+            });
+            (format!("/api/messages/{id}"), None, 200)
+        }
         ("GET", "/api/runs/{id}") => {
             w.host.write(|tx| {
  tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('matrix-run', 't', 'live', 'done', 0) ON CONFLICT DO NOTHING", &[])?;
@@ -500,11 +509,18 @@ async fn reads_through_a_link_leave_the_target_byte_identical() {
  tx.execute("INSERT INTO runs (id, space_id, kind, status, started_at) VALUES ('r1', 't', 'live', 'done', 0)", &[])?;
  Ok(())
  });
+    // And a message of t, to be shown by id.
+    let mid: i64 = w.host.write(|tx| {
+        tx.execute("INSERT INTO messages (space_id, sender_id, role, text, created_at) VALUES ('t', 'test:m', 'user', 'shown', 0)", &[])?;
+        tx.query_row("SELECT MAX(id) FROM messages WHERE space_id = 't'", &[], |r| r.get(0))
+    });
+    let message_path = format!("/api/messages/{mid}?context=2");
     let rows_before = w.host.rows_mentioning("t", &["space_link_audit"]);
     let files_before = w.host.workspace_hashes("t");
     for route in ACT_AS_ROUTES.iter().filter(|r| r.level == LinkLevel::Read) {
         let path = match route.path {
             "/api/messages" => "/api/messages?q=a",
+            "/api/messages/{id}" => message_path.as_str(),
             "/api/files/{*path}" => "/api/files/AGENTS.md",
             "/api/runs/{id}" => "/api/runs/r1",
             p => p,

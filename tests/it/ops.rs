@@ -372,7 +372,9 @@ async fn ops_log_format_json_writes_one_object_per_line() {
     h.chat("ops-json", "hello").await;
     let log = wait_log(&h, "\"turn\"").await;
     let mut turn = None;
-    for l in log.lines().filter(|l| l.starts_with('{')) {
+    // Issue 25: every line, the start-up lines ("serving on ...") included.
+    assert!(log.contains("serving on http://"), "{log}");
+    for l in log.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
         if v["fields"]["message"] == "turn" {
             turn = Some(v);
@@ -552,9 +554,10 @@ async fn ops_mrctl_exit_codes_json_errors_and_header_hints() {
     // A bad token: 2.
     let (code, _, err) = run(&["whoami"], "not-a-token", None);
     assert_eq!(code, Some(2), "{err}");
-    // A space header the server asked for, said as what to set.
+    // A space header the server asked for, said as what to set; a usage
+    // error, 2 (issue 25).
     let (code, _, err) = run(&["prefs", "list"], &owner, None);
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("set MERCURY_SPACE="), "{err}");
     assert!(!err.contains("x-mercury-space"), "{err}");
     // Lists have headers, and an empty one says so.
@@ -641,4 +644,57 @@ fn ops_mrctl_help_of_every_command() {
     for (name, help) in helps {
         insta::assert_snapshot!(name, help);
     }
+}
+
+/// Issue 25: `mercury init` prints the next steps for its data dir, and a
+/// command whose stdout is a closed pipe (`mercury shadow diff --json |
+/// head`) exits quietly (141, as a tool killed by SIGPIPE) instead of
+/// panicking; `mercury shadow status` with no shadow exits 3 like
+/// `mercury status` with no host.
+#[test]
+fn ops_init_prints_next_steps_and_a_closed_stdout_is_a_quiet_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = mercury_cli()
+        .args(["init", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("next steps:"), "{text}");
+    assert!(
+        text.contains(&format!("mercury serve --data-dir {}", data.display())),
+        "{text}"
+    );
+    assert!(text.contains("mrctl --in family chat hello"), "{text}");
+
+    // stdout: a pipe whose reading end is already closed.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = mercury_cli()
+        .args(["init", "--data-dir"])
+        .arg(dir.path().join("data2"))
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.trim().is_empty(), "quiet: {err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+
+    let root = tempfile::tempdir().unwrap();
+    let out = mercury_cli()
+        .args(["shadow", "status", "--root"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no shadow is running"));
 }

@@ -484,10 +484,15 @@ async fn review_checkpoint_flags_the_planted_wrong_answer_and_digests_to_the_own
         )),
         "{text}"
     );
+    // Issue 25: the last line is a command, not a server path.
     assert!(
-        text.ends_with(&format!("Report: {}", md_path.display())),
+        text.ends_with(&format!(
+            "The whole report: mrctl review report {}",
+            summary["date"].as_str().unwrap()
+        )),
         "{text}"
     );
+    assert!(!text.contains(&md_path.display().to_string()), "{text}");
     host.stop().await;
 }
 
@@ -586,9 +591,151 @@ async fn review_run_now_is_for_global_admins_only() {
         (Some("done"), Some(0)),
         "{v}"
     );
+    assert!(
+        v["digest"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("review.owner has no DM with the bot on a chat platform"),
+        "{v}"
+    );
+    host.stop().await;
+}
+
+/// Issue 25 item 2, the two setups where the digest went nowhere: an owner
+/// who only used the console chat (it was "queued" to the console, which
+/// nothing delivers), and an owner whose phone is linked to their operator
+/// id with `identities link` (the DM was looked up under the operator id
+/// only). The first is said at start-up, in `/api/status` and in the scan's
+/// answer, and the digest stays readable (`GET /api/review/digest`,
+/// `mrctl review digest`); the second reaches the phone's DM.
+#[tokio::test]
+async fn review_digest_reaches_the_owners_linked_dm_and_is_kept_when_there_is_none() {
+    let host = TestHost::start_process_captured(options(
+        model("n/a"),
+        vec![
+            ("review.owner", Yaml::String("owner".into())),
+            ("review.enabled", Yaml::Bool(true)),
+        ],
+    ))
+    .await;
+    host.create_space("home").await;
+    // The owner talks to the bot on the console only.
+    host.chat("home", "hello from the console").await;
+    let (st, v) = host
+        .owner(Method::GET, "/api/review/digest", None, None)
+        .await;
+    assert_eq!(st, 404, "no digest before the first scan: {v}");
+    let (st, status) = host.owner(Method::GET, "/api/status", None, None).await;
+    assert_eq!(st, 200, "{status}");
+    let why = status["review"]["digest_undeliverable"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("has no DM with the bot on a chat platform"),
+        "{status}"
+    );
+    assert!(
+        host.stderr()
+            .contains("review digest: review.owner \"owner\" has no DM"),
+        "the start-up log says so:\n{}",
+        host.stderr()
+    );
+    let printed = crate::common::mercury_status(&host).await;
+    assert!(
+        printed.contains("review digest: not delivered: review.owner \"owner\" has no DM"),
+        "{printed}"
+    );
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
     assert_eq!(
-        v["digest"]["reason"],
-        "review.owner has no DM conversation with the bot yet"
+        v["digest"]["sent"], false,
+        "never queued to the console: {v}"
+    );
+    let (st, latest) = host
+        .owner(Method::GET, "/api/review/digest", None, None)
+        .await;
+    assert_eq!(st, 200, "{latest}");
+    assert_eq!(latest["sent"], false);
+    assert_eq!(latest["date"], v["date"]);
+    let text = latest["text"].as_str().unwrap();
+    assert!(text.starts_with("Conversation review "), "{text}");
+    assert!(!text.lines().last().unwrap().contains('/'), "{text}");
+    // No outbox row went to the console.
+    assert_eq!(host.count("SELECT COUNT(*) FROM outbox"), 0);
+    let mut cmd = host.mrctl(&host.owner_token, None);
+    cmd.args(["review", "digest"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.starts_with(text), "{shown}");
+    assert!(
+        shown.contains("delivered: no (review.owner has no DM"),
+        "{shown}"
+    );
+
+    // The owner's phone, linked to the operator id, writes a DM.
+    let (st, v) = host
+        .owner(
+            Method::POST,
+            "/api/identities",
+            None,
+            Some(json!({"platform_id": format!("whatsapp:{OWNER}"), "caller_id": "owner"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let adapter = host.adapter_token("adapter:whatsapp", "whatsapp").await;
+    ingress(
+        &host,
+        &adapter,
+        OWNER,
+        (OWNER, OWNER_NAME),
+        "hi",
+        "p0",
+        false,
+    )
+    .await;
+    host.create_space("owner-dm").await;
+    let dm = link(&host, OWNER, "owner-dm").await;
+    ask(
+        &host,
+        &adapter,
+        OWNER,
+        (OWNER, OWNER_NAME),
+        "hello again",
+        "p1",
+        false,
+    )
+    .await;
+    let (_, status) = host.owner(Method::GET, "/api/status", None, None).await;
+    assert!(
+        status["review"]["digest_undeliverable"].is_null(),
+        "{status}"
+    );
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let digest = &v["digest"];
+    assert_eq!(
+        (digest["sent"].as_bool(), digest["platform"].as_str()),
+        (Some(true), Some("whatsapp")),
+        "{v}"
+    );
+    let item = outbox_item(&host, digest["outbox_id"].as_i64().unwrap()).await;
+    assert_eq!(item["external_id"], OWNER);
+    assert_eq!(item["platform"], "whatsapp");
+    assert_eq!(digest["conversation_id"], dm);
+    let (_, latest) = host
+        .owner(Method::GET, "/api/review/digest", None, None)
+        .await;
+    assert_eq!(
+        (latest["sent"].as_bool(), latest["platform"].as_str()),
+        (Some(true), Some("whatsapp"))
     );
     host.stop().await;
 }

@@ -815,7 +815,7 @@ async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agree
     let name = format!("{date}-weekly");
     let out = output(
         host.mrctl(&host.owner_token, None)
-            .args(["review", "report", &name]),
+            .args(["--json", "review", "report", &name]),
     )
     .await;
     let weekly: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

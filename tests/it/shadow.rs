@@ -1256,3 +1256,82 @@ async fn shadow_auth_set_key_writes_the_shadows_own_key_and_never_prints_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Issue 25 item 1: a live host configured by its environment
+/// (`MERCURY_PROVIDERS_OPENAI_BASE_URL`, as the README allows for any key)
+/// records those settings; the snapshot carries them into the shadow's
+/// `mercury.yaml` (whose comments it keeps), `shadow up --port` serves on the
+/// port given, and `up` lists every setting that differs from the live host's
+/// (ids of people said to differ, never printed).
+#[tokio::test]
+async fn shadow_keeps_the_live_environment_settings_and_comments_and_up_lists_what_differs() {
+    let proxy = "http://127.0.0.1:4000/v1";
+    let live = TestHost::start_process(HostOptions {
+        env: vec![
+            ("MERCURY_PROVIDERS_OPENAI_BASE_URL", proxy.to_string()),
+            ("MERCURY_PROVIDERS_MAX_RETRIES", "5".to_string()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let recorded: Value =
+        serde_json::from_str(&std::fs::read_to_string(live.data.join("environment.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        recorded["settings"]["providers.openai_base_url"], proxy,
+        "{recorded}"
+    );
+    assert_eq!(
+        recorded["settings"]["providers.max_retries"], 5,
+        "{recorded}"
+    );
+    // The operator's comments in the live file.
+    let cfg = live.data.join("mercury.yaml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("# the family bot, set up on day one\n{text}# keep the port\n"),
+    )
+    .unwrap();
+
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let (code, out, err) = snapshot_cli(&live.data, &root, &["--admins", "api:rehearser"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let snap_cfg = std::fs::read_to_string(root.join("current/mercury.yaml")).unwrap();
+    assert!(
+        snap_cfg.starts_with("# the family bot, set up on day one\n"),
+        "{snap_cfg}"
+    );
+    assert!(snap_cfg.contains("# keep the port"), "{snap_cfg}");
+    let shadow =
+        mercury::config::load(&root.join("current/mercury.yaml"), &Default::default()).unwrap();
+    assert_eq!(shadow.providers.openai_base_url, proxy);
+    assert_eq!(shadow.providers.max_retries, 5);
+    assert!(shadow.shadow);
+
+    let port = crate::common::free_port();
+    let (code, out, err) = shadow_cli(&root, &["up", "--port", &port.to_string()], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let running: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
+    assert_eq!(running["port"], port, "{running}");
+    assert!(
+        out.contains("settings that differ from the live host's"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("    bind: \"127.0.0.1:{port}\" (live: ")),
+        "{out}"
+    );
+    assert!(out.contains("    shadow: true (live: false)"), "{out}");
+    assert!(out.contains("    admins: differs (not shown)"), "{out}");
+    assert!(!out.contains("rehearser"), "an admin id was printed: {out}");
+    assert!(
+        !out.contains("providers.openai_base_url"),
+        "carried, so the same: {out}"
+    );
+    let (code, out, err) = shadow_cli(&root, &["down"], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    live.stop().await;
+}

@@ -37,7 +37,7 @@ pub(crate) struct AskBody {
     as_role: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/ask", tag = "ask", request_body = AskBody,
+#[utoipa::path(post, path = "/api/ask", operation_id = "askSpace", summary = "Run one turn of the space's agent on a throwaway copy of its workspace", tag = "ask", request_body = AskBody,
     responses((status = 200, description = "The turn's outcome", body = AskOutcome)))]
 pub(crate) async fn ask(
     State(app): State<Arc<App>>,

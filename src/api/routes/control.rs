@@ -63,7 +63,7 @@ pub(crate) enum ControlOutcome {
     Compacted(Compacted),
 }
 
-#[utoipa::path(post, path = "/api/control/{action}", tag = "control",
+#[utoipa::path(post, path = "/api/control/{action}", operation_id = "controlSession", summary = "Stop, compact or clear the space's session", tag = "control",
     params(("action" = String, Path, description = "stop, compact or clear")),
     responses((status = 200, description = "Done", body = ControlOutcome),
         (status = 502, description = "compact: the model did not answer", body = crate::api::error::ErrorBody)))]
@@ -98,7 +98,7 @@ pub(crate) struct Injected {
 
 /// Test hook: panics the space's actor (compiled only with `test-hooks`).
 #[cfg(feature = "test-hooks")]
-#[utoipa::path(post, path = "/api/test/panic", tag = "test-hooks",
+#[utoipa::path(post, path = "/api/test/panic", operation_id = "testInjectPanic", summary = "Make the space's actor panic (test builds only)", tag = "test-hooks",
     responses((status = 200, description = "The space's actor panicked (and restarts)", body = Injected)))]
 pub(crate) async fn inject_panic(
     State(app): State<Arc<App>>,

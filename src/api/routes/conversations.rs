@@ -43,7 +43,7 @@ pub(crate) struct ConversationList {
     pub conversations: Vec<Conversation>,
 }
 
-#[utoipa::path(get, path = "/api/conversations", tag = "conversations", params(ListQuery),
+#[utoipa::path(get, path = "/api/conversations", operation_id = "listConversations", summary = "List the space's conversations", tag = "conversations", params(ListQuery),
     responses((status = 200, description = "The space's conversations", body = ConversationList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -91,7 +91,7 @@ pub(crate) struct ConversationSpace {
     pub space_id: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/conversations/{id}/link", tag = "conversations",
+#[utoipa::path(post, path = "/api/conversations/{id}/link", operation_id = "linkConversation", summary = "Route a conversation's messages to a space", tag = "conversations",
     params(("id" = i64, Path, description = "The conversation")), request_body = LinkBody,
     responses((status = 200, description = "Linked", body = ConversationSpace)))]
 pub(crate) async fn link(
@@ -127,7 +127,7 @@ pub(crate) async fn link(
     Ok(Json(out))
 }
 
-#[utoipa::path(post, path = "/api/conversations/{id}/unlink", tag = "conversations",
+#[utoipa::path(post, path = "/api/conversations/{id}/unlink", operation_id = "unlinkConversation", summary = "Detach a conversation from its space", tag = "conversations",
     params(("id" = i64, Path, description = "The conversation")),
     responses((status = 200, description = "Unlinked", body = ConversationSpace)))]
 pub(crate) async fn unlink(

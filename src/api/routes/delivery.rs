@@ -52,7 +52,7 @@ pub(crate) struct Ingested {
     pub space_id: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/ingress", tag = "delivery", request_body = IngressMessage,
+#[utoipa::path(post, path = "/api/ingress", operation_id = "postIngress", summary = "Take in a message from a platform bridge", tag = "delivery", request_body = IngressMessage,
     responses((status = 202, description = "Taken in", body = Ingested),
         (status = 200, description = "A duplicate of a message already taken in", body = Ingested)))]
 pub(crate) async fn ingress(
@@ -122,7 +122,7 @@ pub(crate) struct ChatReply {
     pub reply: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/chat", tag = "delivery", request_body = ChatBody,
+#[utoipa::path(post, path = "/api/chat", operation_id = "chat", summary = "Run an agent turn and answer with its reply", tag = "delivery", request_body = ChatBody,
     responses((status = 200, description = "The turn ended", body = ChatReply),
         (status = 409, description = "The caller's console conversation was linked to another space", body = crate::api::error::ErrorBody),
         (status = 429, description = "The caller is slowed down", body = crate::api::error::ErrorBody)))]
@@ -207,7 +207,7 @@ pub(crate) struct Sent {
     pub shadow: bool,
 }
 
-#[utoipa::path(post, path = "/api/send", tag = "delivery", request_body = SendBody,
+#[utoipa::path(post, path = "/api/send", operation_id = "sendMessage", summary = "Queue a message to a conversation of the space", tag = "delivery", request_body = SendBody,
     responses((status = 202, description = "Queued for delivery", body = Sent)))]
 pub(crate) async fn send(
     State(app): State<Arc<App>>,
@@ -291,7 +291,7 @@ pub(crate) struct OutboxPage {
     pub next_after: i64,
 }
 
-#[utoipa::path(get, path = "/api/outbox", tag = "delivery", params(OutboxQuery),
+#[utoipa::path(get, path = "/api/outbox", operation_id = "listOutbox", summary = "Replies waiting to be delivered", tag = "delivery", params(OutboxQuery),
     responses((status = 200, description = "Replies to deliver", body = OutboxPage)))]
 pub(crate) async fn outbox(
     State(app): State<Arc<App>>,

@@ -54,7 +54,7 @@ pub(crate) struct ExtensionSet {
     pub changed: bool,
 }
 
-#[utoipa::path(get, path = "/api/extensions", tag = "extensions",
+#[utoipa::path(get, path = "/api/extensions", operation_id = "listExtensions", summary = "List installed extensions and which this space enabled", tag = "extensions",
     responses((status = 200, description = "Installed extensions, and which this space enabled", body = ExtensionList)))]
 pub(crate) async fn extensions_list(
     State(app): State<Arc<App>>,
@@ -79,7 +79,7 @@ pub(crate) async fn extensions_list(
     Ok(Json(ExtensionList { extensions }))
 }
 
-#[utoipa::path(post, path = "/api/extensions/{name}/enable", tag = "extensions",
+#[utoipa::path(post, path = "/api/extensions/{name}/enable", operation_id = "enableExtension", summary = "Offer an installed extension's tools in this space", tag = "extensions",
     params(("name" = String, Path, description = "The installed extension")),
     responses((status = 200, description = "Enabled (a 404: not installed)", body = ExtensionSet)))]
 pub(crate) async fn extension_enable(
@@ -110,7 +110,7 @@ pub(crate) async fn extension_enable(
     ))
 }
 
-#[utoipa::path(post, path = "/api/extensions/{name}/disable", tag = "extensions",
+#[utoipa::path(post, path = "/api/extensions/{name}/disable", operation_id = "disableExtension", summary = "Stop offering an extension's tools in this space", tag = "extensions",
     params(("name" = String, Path, description = "The extension")),
     responses((status = 200, description = "Disabled (or was not enabled)", body = ExtensionSet)))]
 pub(crate) async fn extension_disable(

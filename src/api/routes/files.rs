@@ -171,7 +171,7 @@ fn refuse_own_turn(auth: &Auth) -> ApiResult<()> {
     Ok(())
 }
 
-#[utoipa::path(get, path = "/api/files", tag = "files", params(ListQuery),
+#[utoipa::path(get, path = "/api/files", operation_id = "listFiles", summary = "List a directory of the space's workspace", tag = "files", params(ListQuery),
     responses((status = 200, description = "The directory's entries", body = FileList),
         (status = 400, description = "Not a directory path of the workspace", body = crate::api::error::ErrorBody),
         (status = 404, description = "No such directory", body = crate::api::error::ErrorBody)))]
@@ -192,7 +192,7 @@ pub(crate) async fn list(
     }))
 }
 
-#[utoipa::path(get, path = "/api/files/{*path}", tag = "files",
+#[utoipa::path(get, path = "/api/files/{*path}", operation_id = "readFile", summary = "Read a file of the space's workspace", tag = "files",
     params(("path" = String, Path, description = "A file of the workspace, relative")),
     responses((status = 200, description = "The file, whole", body = FileRead),
         (status = 404, description = "No such file", body = crate::api::error::ErrorBody),
@@ -221,7 +221,7 @@ fn audit_of(change: &FileChange) -> AuditChange {
     }
 }
 
-#[utoipa::path(put, path = "/api/files/{*path}", tag = "files", request_body = WriteBody,
+#[utoipa::path(put, path = "/api/files/{*path}", operation_id = "writeFile", summary = "Write a file of the space's workspace (audited, If-Match)", tag = "files", request_body = WriteBody,
     params(("path" = String, Path, description = "A file of the workspace, relative"),
         ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)")),
     responses((status = 200, description = "Written", body = FileWritten),
@@ -274,7 +274,7 @@ pub(crate) async fn write(
     ))
 }
 
-#[utoipa::path(delete, path = "/api/files/{*path}", tag = "files",
+#[utoipa::path(delete, path = "/api/files/{*path}", operation_id = "deleteFile", summary = "Delete a file of the space's workspace (audited, If-Match)", tag = "files",
     params(("path" = String, Path, description = "A file of the workspace, relative"),
         ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)")),
     responses((status = 200, description = "Deleted", body = FileDeleted),

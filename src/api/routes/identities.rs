@@ -50,6 +50,34 @@ pub(crate) struct LinkIdentity {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct IdentityReply {
     pub identity: Identity,
+    /// Set when the operator id was never seen on this host (no token, no
+    /// role, not the owner or an admin): a typo maps the sender to nobody.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// Whether `caller` is an operator this host knows: the owner, a global
+/// admin, the holder of a token, or granted a role in some space.
+fn operator_known(
+    c: &crate::storage::Conn,
+    settings: &crate::config::Settings,
+    caller: &str,
+) -> crate::storage::StoreResult<bool> {
+    if settings.owner == caller || settings.admins.iter().any(|a| a == caller) {
+        return Ok(true);
+    }
+    if crate::storage::tokens::list(c)?.iter().any(|t| t.caller_id == caller) {
+        return Ok(true);
+    }
+    for space in crate::storage::spaces::list_spaces(c)? {
+        if crate::storage::spaces::list_roles(c, &space.id)?
+            .iter()
+            .any(|r| r.caller_id == caller)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// A mapping as removed: `caller_id` is the operator it mapped to.
@@ -80,7 +108,7 @@ fn platform_id(raw: &str) -> ApiResult<()> {
     Ok(())
 }
 
-#[utoipa::path(post, path = "/api/identities", tag = "identities", request_body = LinkIdentity,
+#[utoipa::path(post, path = "/api/identities", operation_id = "linkIdentity", summary = "Map a platform sender to an operator", tag = "identities", request_body = LinkIdentity,
     responses((status = 201, description = "Mapped", body = IdentityReply),
         (status = 409, description = "The platform id is mapped already", body = crate::api::error::ErrorBody)))]
 pub(crate) async fn link(
@@ -95,15 +123,26 @@ pub(crate) async fn link(
         .map_err(ApiError::bad_request)?;
     ids::validate_operator_id(&b.caller_id).map_err(ApiError::bad_request)?;
     let by = auth.caller.caller_id.clone();
-    let identity = app
+    let settings = app.rt.settings.clone();
+    let (identity, known) = app
         .rt
         .store
-        .write(move |tx| identities::link(tx, &b.platform_id, &b.caller_id, &by))
+        .write(move |tx| {
+            let known = operator_known(tx, &settings, &b.caller_id)?;
+            Ok((identities::link(tx, &b.platform_id, &b.caller_id, &by)?, known))
+        })
         .await?;
-    Ok((StatusCode::CREATED, Json(IdentityReply { identity })))
+    let warning = (!known).then(|| {
+        format!(
+            "operator {:?} was never seen on this host (no token, no role, not the owner or an \
+             admin): check the spelling; the mapping is stored",
+            identity.caller_id
+        )
+    });
+    Ok((StatusCode::CREATED, Json(IdentityReply { identity, warning })))
 }
 
-#[utoipa::path(delete, path = "/api/identities/{platform_id}", tag = "identities",
+#[utoipa::path(delete, path = "/api/identities/{platform_id}", operation_id = "unlinkIdentity", summary = "Remove a platform sender's mapping", tag = "identities",
     params(("platform_id" = String, Path, description = "`<platform>:<sender id>`",
         pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)),
     responses((status = 200, description = "Unmapped", body = Unlinked)))]
@@ -129,7 +168,7 @@ pub(crate) async fn unlink(
     }))
 }
 
-#[utoipa::path(get, path = "/api/identities", tag = "identities",
+#[utoipa::path(get, path = "/api/identities", operation_id = "listIdentities", summary = "List every identity mapping", tag = "identities",
     responses((status = 200, description = "Every mapping", body = IdentityList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -140,7 +179,7 @@ pub(crate) async fn list(
     Ok(Json(IdentityList { identities: list }))
 }
 
-#[utoipa::path(get, path = "/api/identities/audit", tag = "identities", params(AuditQuery),
+#[utoipa::path(get, path = "/api/identities/audit", operation_id = "identityAudit", summary = "The identity mappings' audit trail, newest first", tag = "identities", params(AuditQuery),
     responses((status = 200, description = "The mappings' audit, newest first", body = IdentityAuditList)))]
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,

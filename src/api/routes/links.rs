@@ -199,7 +199,7 @@ fn audit_row(caller: &str, action: &str, link: &SpaceLink) -> AuditRow {
     }
 }
 
-#[utoipa::path(post, path = "/api/links", tag = "links", request_body = CreateLink,
+#[utoipa::path(post, path = "/api/links", operation_id = "createLink", summary = "Create a space link (or a pair with both)", tag = "links", request_body = CreateLink,
     responses((status = 201, description = "Created (two with both)", body = LinksCreated),
         (status = 409, description = "Such a link exists", body = crate::api::error::ErrorBody)))]
 pub(crate) async fn create(
@@ -300,7 +300,7 @@ pub(crate) struct UpdateLink {
     disclosure: Option<String>,
 }
 
-#[utoipa::path(patch, path = "/api/links/{id}", tag = "links",
+#[utoipa::path(patch, path = "/api/links/{id}", operation_id = "updateLink", summary = "Change a link's level or disclosure", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)), request_body = UpdateLink,
     responses((status = 200, description = "Updated", body = LinkChanged)))]
 pub(crate) async fn update(
@@ -366,7 +366,7 @@ pub(crate) fn taken_back_detail(settled: &Settlement, removed: &[LinkRole]) -> O
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-#[utoipa::path(delete, path = "/api/links/{id}", tag = "links",
+#[utoipa::path(delete, path = "/api/links/{id}", operation_id = "revokeLink", summary = "Revoke a space link", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)),
     responses((status = 200, description = "Revoked, with the roles it gave", body = LinkChanged)))]
 pub(crate) async fn revoke(
@@ -450,7 +450,7 @@ fn names_of(
     Ok(names)
 }
 
-#[utoipa::path(get, path = "/api/links", tag = "links", params(ListQuery),
+#[utoipa::path(get, path = "/api/links", operation_id = "listLinks", summary = "List the links touching this space", tag = "links", params(ListQuery),
     responses((status = 200, description = "The links touching this space, or with `all=true` every link", body = LinkListing)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -510,7 +510,7 @@ pub(crate) async fn list(
     })))
 }
 
-#[utoipa::path(get, path = "/api/links/{id}", tag = "links",
+#[utoipa::path(get, path = "/api/links/{id}", operation_id = "getLink", summary = "Show one link and the roles it gave", tag = "links",
     params(("id" = i64, Path, description = LINK_ID)),
     responses((status = 200, description = "The link and the roles it gave", body = LinkDetail)))]
 pub(crate) async fn inspect(
@@ -546,7 +546,7 @@ pub(crate) async fn inspect(
     }))
 }
 
-#[utoipa::path(get, path = "/api/links/audit", tag = "links", params(AuditListQuery),
+#[utoipa::path(get, path = "/api/links/audit", operation_id = "linkAudit", summary = "The links' audit trail, newest first", tag = "links", params(AuditListQuery),
     responses((status = 200, description = "This space's link audit (with `all=true` every row), newest first", body = LinkAudit)))]
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,

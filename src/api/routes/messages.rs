@@ -1,5 +1,6 @@
-//! Reading a space's history: search, and `recent` (a time range, oldest
-//! first, paged with a cursor), plus the runs list and one run's trace.
+//! Reading a space's history: search, `recent` (a time range, oldest
+//! first, paged with a cursor), one message by id with its neighbours (what a
+//! review finding's `[msg N]` cites), plus the runs list and one run's trace.
 
 use std::sync::Arc;
 
@@ -25,15 +26,17 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(search))
         .routes(routes!(recent))
+        .routes(routes!(show))
         .routes(routes!(runs))
         .routes(routes!(run_trace))
 }
 
-/// Across a link: all three reads; the two message reads also serve a
+/// Across a link: every read; the three message reads also serve a
 /// conversation-filtered edge (restricted to its conversation).
 pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::conversation_read("GET", "/api/messages"),
     ActAsRoute::conversation_read("GET", "/api/messages/recent"),
+    ActAsRoute::conversation_read("GET", "/api/messages/{id}"),
     ActAsRoute::new("GET", "/api/runs", Read),
     ActAsRoute::new("GET", "/api/runs/{id}", Read),
 ];
@@ -54,7 +57,7 @@ pub(crate) struct MessageList {
     pub messages: Vec<Message>,
 }
 
-#[utoipa::path(get, path = "/api/messages", tag = "messages", params(SearchQuery),
+#[utoipa::path(get, path = "/api/messages", operation_id = "searchMessages", summary = "Full-text search of the space's messages", tag = "messages", params(SearchQuery),
     responses((status = 200, description = "Matching messages of the space", body = MessageList)))]
 pub(crate) async fn search(
     State(app): State<Arc<App>>,
@@ -101,7 +104,7 @@ pub(crate) struct RecentPage {
     pub next_cursor: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/messages/recent", tag = "messages", params(RecentQuery),
+#[utoipa::path(get, path = "/api/messages/recent", operation_id = "recentMessages", summary = "A page of the space's messages in a time range", tag = "messages", params(RecentQuery),
     responses((status = 200, description = "A page of the range", body = RecentPage)))]
 pub(crate) async fn recent(
     State(app): State<Arc<App>>,
@@ -144,6 +147,118 @@ pub(crate) async fn recent(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
+pub(crate) struct ShowQuery {
+    /// How many messages of the same conversation to give before and after
+    /// it: 0 to 50 (default 0).
+    #[param(minimum = 0, maximum = 50)]
+    context: Option<u32>,
+}
+
+/// The most `context` may ask for on each side.
+const MAX_CONTEXT: u32 = 50;
+
+/// How far back the context before a message is looked for.
+const CONTEXT_WINDOW_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// One message and its neighbours, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MessageInContext {
+    pub space_id: String,
+    /// The message asked for; it is the one of `messages` with this id.
+    pub message_id: i64,
+    /// Up to `context` messages of its conversation before it, the message,
+    /// and up to `context` after it.
+    pub messages: Vec<Message>,
+}
+
+#[utoipa::path(get, path = "/api/messages/{id}", operation_id = "getMessage", summary = "Show one message by id, with its neighbours", tag = "messages",
+    params(("id" = i64, Path, description = "The message (the N of a review finding's `[msg N]`)"), ShowQuery),
+    responses((status = 200, description = "The message and its context", body = MessageInContext),
+        (status = 404, description = "No such message in this space (or in the link's conversation)", body = crate::api::error::ErrorBody)))]
+pub(crate) async fn show(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    id: PathArg<i64>,
+    q: Params<ShowQuery>,
+) -> ApiResult<Json<MessageInContext>> {
+    let ctx = auth.require(Permission::MessagesRead)?;
+    let id = path_arg(id).map_err(|_| ApiError::bad_request("message id must be a number"))?;
+    let context = params(q)?.context.unwrap_or(0);
+    if context > MAX_CONTEXT {
+        return Err(ApiError::bad_request(format!(
+            "context must be between 0 and {MAX_CONTEXT}"
+        )));
+    }
+    let space = ctx.space.to_string();
+    // A conversation-scoped link reaches only its conversation's messages.
+    let scope = auth.via.as_ref().and_then(|v| v.conversation);
+    let found = app
+        .rt
+        .store
+        .read(move |c| {
+            let Some(msg) = messages::get(c, id)?.filter(|m| {
+                m.space_id == space && scope.is_none_or(|s| m.conversation_id == Some(s))
+            }) else {
+                return Ok(None);
+            };
+            let conv = msg.conversation_id;
+            let at = Cursor {
+                created_at: msg.created_at,
+                id: msg.id,
+            };
+            // Before: the last `context` of the window up to the message,
+            // paged forward (the store's range read is oldest first).
+            let mut before: std::collections::VecDeque<Message> = Default::default();
+            if context > 0 {
+                let since = msg.created_at.saturating_sub(CONTEXT_WINDOW_MS);
+                let mut cursor = None;
+                'pages: loop {
+                    let (page, next) = messages::recent(
+                        c,
+                        &space,
+                        conv,
+                        since,
+                        msg.created_at.saturating_add(1),
+                        500,
+                        cursor,
+                    )?;
+                    for m in page {
+                        if (m.created_at, m.id) >= (at.created_at, at.id) {
+                            break 'pages;
+                        }
+                        before.push_back(m);
+                        if before.len() > context as usize {
+                            before.pop_front();
+                        }
+                    }
+                    match next {
+                        Some(n) => cursor = Some(n),
+                        None => break,
+                    }
+                }
+            }
+            let after = if context > 0 {
+                messages::recent(c, &space, conv, i64::MIN, i64::MAX, context, Some(at))?.0
+            } else {
+                Vec::new()
+            };
+            let mut all: Vec<Message> = before.into_iter().collect();
+            all.push(msg);
+            all.extend(after);
+            Ok(Some(all))
+        })
+        .await?;
+    let messages = found.ok_or_else(|| ApiError::not_found("no such message in this space"))?;
+    Ok(Json(MessageInContext {
+        space_id: ctx.space.to_string(),
+        message_id: id,
+        messages,
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct RunsQuery {
     /// Runs to answer, newest first (clamped to 1-500, default 20).
     limit: Option<u32>,
@@ -154,7 +269,7 @@ pub(crate) struct RunList {
     pub runs: Vec<Run>,
 }
 
-#[utoipa::path(get, path = "/api/runs", tag = "messages", params(RunsQuery),
+#[utoipa::path(get, path = "/api/runs", operation_id = "listRuns", summary = "List the space's latest agent runs", tag = "messages", params(RunsQuery),
     responses((status = 200, description = "The space's latest runs", body = RunList)))]
 pub(crate) async fn runs(
     State(app): State<Arc<App>>,
@@ -184,7 +299,7 @@ pub(crate) struct RunTrace {
     pub steps: Vec<runs::RunStep>,
 }
 
-#[utoipa::path(get, path = "/api/runs/{id}", tag = "messages",
+#[utoipa::path(get, path = "/api/runs/{id}", operation_id = "getRun", summary = "Show one run and its trace", tag = "messages",
     params(("id" = String, Path, description = "The run")),
     responses((status = 200, description = "The run, its usage and its steps", body = RunTrace),
         (status = 404, description = "No such run in this space", body = crate::api::error::ErrorBody)))]

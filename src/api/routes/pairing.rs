@@ -134,7 +134,7 @@ fn subject(b: SenderBody, what: &str) -> ApiResult<(RuleKind, String, String)> {
     Ok((kind, platform.to_owned(), subject))
 }
 
-#[utoipa::path(get, path = "/api/pairings", tag = "senders",
+#[utoipa::path(get, path = "/api/pairings", operation_id = "listPairings", summary = "List pending pairing requests", tag = "senders",
     responses((status = 200, description = "Pending pairing requests", body = PairingList)))]
 pub(crate) async fn list_pairings(
     State(app): State<Arc<App>>,
@@ -194,7 +194,7 @@ async fn decide_request(
     })
 }
 
-#[utoipa::path(post, path = "/api/pairings/{code}/approve", tag = "senders",
+#[utoipa::path(post, path = "/api/pairings/{code}/approve", operation_id = "approvePairing", summary = "Approve a pairing request", tag = "senders",
     params(("code" = String, Path, description = "The request's 8-character code", min_length = 8, max_length = 8)),
     responses((status = 200, description = "Approved: the sender is allowed", body = PairingDecided),
         (status = 404, description = "No such pending request", body = crate::api::error::ErrorBody)))]
@@ -208,7 +208,7 @@ pub(crate) async fn approve(
     Ok(Json(decide_request(&app, &auth, code, Decision::Allowed).await?))
 }
 
-#[utoipa::path(post, path = "/api/pairings/{code}/deny", tag = "senders",
+#[utoipa::path(post, path = "/api/pairings/{code}/deny", operation_id = "denyPairing", summary = "Deny a pairing request", tag = "senders",
     params(("code" = String, Path, description = "The request's 8-character code", min_length = 8, max_length = 8)),
     responses((status = 200, description = "Denied: the sender gets nothing from now on", body = PairingDecided),
         (status = 404, description = "No such pending request", body = crate::api::error::ErrorBody)))]
@@ -222,7 +222,7 @@ pub(crate) async fn deny(
     Ok(Json(decide_request(&app, &auth, code, Decision::Denied).await?))
 }
 
-#[utoipa::path(get, path = "/api/senders", tag = "senders",
+#[utoipa::path(get, path = "/api/senders", operation_id = "listSenders", summary = "List every sender allow and deny decision", tag = "senders",
     responses((status = 200, description = "Every allow and deny decision", body = SenderList)))]
 pub(crate) async fn list_senders(
     State(app): State<Arc<App>>,
@@ -253,7 +253,7 @@ async fn decide_subject(
     Ok(SenderDecided { rule })
 }
 
-#[utoipa::path(post, path = "/api/senders/allow", tag = "senders", request_body = SenderBody,
+#[utoipa::path(post, path = "/api/senders/allow", operation_id = "allowSender", summary = "Allow a sender or a group", tag = "senders", request_body = SenderBody,
     responses((status = 200, description = "Allowed", body = SenderDecided)))]
 pub(crate) async fn allow_sender(
     State(app): State<Arc<App>>,
@@ -265,7 +265,7 @@ pub(crate) async fn allow_sender(
     Ok(Json(decide_subject(&app, &auth, b, Decision::Allowed).await?))
 }
 
-#[utoipa::path(post, path = "/api/senders/deny", tag = "senders", request_body = SenderBody,
+#[utoipa::path(post, path = "/api/senders/deny", operation_id = "denySender", summary = "Deny a sender or a group", tag = "senders", request_body = SenderBody,
     responses((status = 200, description = "Denied: nothing from it is answered", body = SenderDecided)))]
 pub(crate) async fn deny_sender(
     State(app): State<Arc<App>>,

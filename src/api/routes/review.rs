@@ -37,11 +37,31 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(report))
         .routes(routes!(weekly))
         .routes(routes!(ledger))
+        .routes(routes!(latest_digest))
+}
+
+/// `GET /api/review/digest`: the last digest, delivered or not (it stays
+/// readable when the owner has no DM to take it).
+#[utoipa::path(get, path = "/api/review/digest", operation_id = "getReviewDigest", summary = "The last review digest, delivered or not", tag = "review",
+    responses((status = 200, description = "The last digest and where it went", body = crate::review::digest::LatestDigest),
+        (status = 404, description = "No digest was made yet", body = crate::api::error::ErrorBody)))]
+pub(crate) async fn latest_digest(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<crate::review::digest::LatestDigest>> {
+    auth.require_global_admin()?;
+    let dir = app.rt.paths.reviews.clone();
+    tokio::task::spawn_blocking(move || crate::review::digest::read_latest(&dir))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no review digest was made yet (the first scan makes one)"))
 }
 
 /// `POST /api/review/weekly`: runs the weekly synthesis now and answers its
 /// summary (global admins: it reads every space).
-#[utoipa::path(post, path = "/api/review/weekly", tag = "review",
+#[utoipa::path(post, path = "/api/review/weekly", operation_id = "runWeeklyReview", summary = "Run the weekly synthesis now", tag = "review",
     responses((status = 200, description = "The weekly synthesis ran", body = crate::review::weekly::WeeklySummary),
         (status = 503, description = "It could not run", body = crate::api::error::ErrorBody)))]
 pub(crate) async fn weekly(
@@ -68,7 +88,7 @@ pub(crate) struct LedgerView {
     pub rows: Vec<crate::review::ledger::LedgerRow>,
 }
 
-#[utoipa::path(get, path = "/api/review/ledger", tag = "review",
+#[utoipa::path(get, path = "/api/review/ledger", operation_id = "reviewLedger", summary = "The review intake ledger", tag = "review",
     responses((status = 200, description = "The intake ledger", body = LedgerView)))]
 pub(crate) async fn ledger(
     State(app): State<Arc<App>>,
@@ -103,7 +123,7 @@ pub(crate) struct ReportBody {
     pub report: Value,
 }
 
-#[utoipa::path(get, path = "/api/review/reports", tag = "review",
+#[utoipa::path(get, path = "/api/review/reports", operation_id = "listReviewReports", summary = "List the review reports, oldest first", tag = "review",
     responses((status = 200, description = "The reports on the box, oldest first", body = ReportList)))]
 pub(crate) async fn reports(
     State(app): State<Arc<App>>,
@@ -117,7 +137,7 @@ pub(crate) async fn reports(
     Ok(Json(ReportList { reports }))
 }
 
-#[utoipa::path(get, path = "/api/review/reports/{name}", tag = "review",
+#[utoipa::path(get, path = "/api/review/reports/{name}", operation_id = "getReviewReport", summary = "Read one review report", tag = "review",
     params(("name" = String, Path, description = "`YYYY-MM-DD`, `YYYY-MM-DD-daily` or `YYYY-MM-DD-weekly`")),
     responses((status = 200, description = "The report's report.json", body = ReportBody),
         (status = 400, description = "Not a report name", body = crate::api::error::ErrorBody),
@@ -164,7 +184,7 @@ pub(crate) enum ScanAnswer {
     Running(ScanRunning),
 }
 
-#[utoipa::path(post, path = "/api/review/run", tag = "review",
+#[utoipa::path(post, path = "/api/review/run", operation_id = "runReview", summary = "Scan the review window now", tag = "review",
     responses((status = 200, description = "The scan ended", body = ScanSummary),
         (status = 202, description = "Still running after the wait", body = ScanRunning)))]
 pub(crate) async fn run(

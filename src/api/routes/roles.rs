@@ -45,7 +45,7 @@ pub(crate) struct RoleList {
     pub roles: Vec<RoleGrant>,
 }
 
-#[utoipa::path(get, path = "/api/roles", tag = "roles",
+#[utoipa::path(get, path = "/api/roles", operation_id = "listRoles", summary = "List the roles granted in the space", tag = "roles",
     responses((status = 200, description = "The roles granted in the space", body = RoleList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -65,7 +65,7 @@ pub(crate) async fn list(
 pub(crate) struct GrantBody {
     #[schema(min_length = 1, max_length = 200)]
     caller_id: String,
-    /// Default `admin`.
+    /// Default `member` (least privilege: `admin` must be asked for).
     role: Option<String>,
 }
 
@@ -145,7 +145,7 @@ fn reach_refusal(what: &str) -> String {
     )
 }
 
-#[utoipa::path(post, path = "/api/roles", tag = "roles", request_body = GrantBody,
+#[utoipa::path(post, path = "/api/roles", operation_id = "grantRole", summary = "Grant a role to a caller in the space", tag = "roles", request_body = GrantBody,
     responses((status = 200, description = "Granted", body = Granted)))]
 pub(crate) async fn grant(
     State(app): State<Arc<App>>,
@@ -157,7 +157,7 @@ pub(crate) async fn grant(
     crate::ids::validate_caller_id(&b.caller_id).map_err(ApiError::bad_request)?;
     crate::ids::refuse_shared_placeholder(&b.caller_id, "granted a role")
         .map_err(ApiError::bad_request)?;
-    let role = b.role.unwrap_or_else(|| perms::ROLE_ADMIN.into());
+    let role = b.role.unwrap_or_else(|| perms::ROLE_MEMBER.into());
     perms::validate_role_name(&role).map_err(ApiError::bad_request)?;
     let sid = ctx.space.clone();
     let space = sid.to_string();
@@ -208,7 +208,7 @@ pub(crate) async fn grant(
     Ok((Extension(change), Json(out)))
 }
 
-#[utoipa::path(delete, path = "/api/roles/{caller}", tag = "roles",
+#[utoipa::path(delete, path = "/api/roles/{caller}", operation_id = "revokeRole", summary = "Take a caller's granted role away", tag = "roles",
     params(("caller" = String, Path, description = "The caller whose role goes")),
     responses((status = 200, description = "Revoked (or had none)", body = Revoked)))]
 pub(crate) async fn revoke(
@@ -277,7 +277,7 @@ fn names<'a>(perms: impl IntoIterator<Item = &'a Permission>) -> Vec<String> {
     perms.into_iter().map(|p| p.as_str().to_owned()).collect()
 }
 
-#[utoipa::path(get, path = "/api/permissions", tag = "roles", params(PermQuery),
+#[utoipa::path(get, path = "/api/permissions", operation_id = "getPermissions", summary = "Show each role's permissions in the space", tag = "roles", params(PermQuery),
     responses((status = 200, description = "Permission sets", body = PermissionsView)))]
 pub(crate) async fn permissions_get(
     State(app): State<Arc<App>>,
@@ -320,7 +320,7 @@ pub(crate) struct PermBody {
     permissions: Vec<String>,
 }
 
-#[utoipa::path(put, path = "/api/permissions", tag = "roles", request_body = PermBody,
+#[utoipa::path(put, path = "/api/permissions", operation_id = "setPermissions", summary = "Replace a role's permissions in the space", tag = "roles", request_body = PermBody,
     responses((status = 200, description = "The role's set now", body = RolePermissions)))]
 pub(crate) async fn permissions_set(
     State(app): State<Arc<App>>,

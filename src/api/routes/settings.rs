@@ -92,7 +92,7 @@ fn pref_key(raw: &str) -> ApiResult<String> {
     }
 }
 
-#[utoipa::path(get, path = "/api/prefs", tag = "settings",
+#[utoipa::path(get, path = "/api/prefs", operation_id = "listPrefs", summary = "List the space's preferences", tag = "settings",
     responses((status = 200, description = "The space's preferences", body = PreferenceList)))]
 pub(crate) async fn prefs_list(
     State(app): State<Arc<App>>,
@@ -107,7 +107,7 @@ pub(crate) async fn prefs_list(
     Ok(Json(PreferenceList { preferences: list }))
 }
 
-#[utoipa::path(put, path = "/api/prefs", tag = "settings", request_body = KeyValue,
+#[utoipa::path(put, path = "/api/prefs", operation_id = "setPref", summary = "Set a preference of the space", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
 pub(crate) async fn prefs_set(
     State(app): State<Arc<App>>,
@@ -135,7 +135,7 @@ pub(crate) async fn prefs_set(
     Ok(audited(json!({ "value": before }), out))
 }
 
-#[utoipa::path(delete, path = "/api/prefs/{key}", tag = "settings",
+#[utoipa::path(delete, path = "/api/prefs/{key}", operation_id = "deletePref", summary = "Delete a preference of the space", tag = "settings",
     params(("key" = String, Path, description = "The preference key")),
     responses((status = 200, description = "Deleted (or was absent)", body = KeyDeleted)))]
 pub(crate) async fn prefs_delete(
@@ -220,7 +220,7 @@ pub(crate) struct ConfigList {
     pub available: Vec<ConfigKey>,
 }
 
-#[utoipa::path(get, path = "/api/config", tag = "settings",
+#[utoipa::path(get, path = "/api/config", operation_id = "getConfig", summary = "Show the space's settings and every key", tag = "settings",
     responses((status = 200, description = "The space's config", body = ConfigList)))]
 pub(crate) async fn config_get(
     State(app): State<Arc<App>>,
@@ -245,7 +245,7 @@ pub(crate) async fn config_get(
     }))
 }
 
-#[utoipa::path(put, path = "/api/config", tag = "settings", request_body = KeyValue,
+#[utoipa::path(put, path = "/api/config", operation_id = "setConfig", summary = "Set a key of the space's settings", tag = "settings", request_body = KeyValue,
     responses((status = 200, description = "Set", body = KeySet)))]
 pub(crate) async fn config_set(
     State(app): State<Arc<App>>,
@@ -291,6 +291,10 @@ pub(crate) struct ModelChain {
     pub chain: Vec<String>,
     /// `space` (set here) or `default` (the host's chain).
     pub source: String,
+    /// Set by `PUT /api/model` when a spec of the chain names a provider
+    /// this host has no API key for: stored anyway, but its turns will fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 impl ModelChain {
@@ -298,11 +302,32 @@ impl ModelChain {
         Self {
             chain,
             source: source.to_owned(),
+            warning: None,
         }
     }
 }
 
-#[utoipa::path(get, path = "/api/model", tag = "settings",
+/// The warning of a chain whose specs name providers this host has no key
+/// for (`openai:gpt-4o` without `MERCURY_OPENAI_API_KEY`).
+fn keyless_warning(app: &App, chain: &[String]) -> Option<String> {
+    let keyless: Vec<&str> = chain
+        .iter()
+        .filter(|s| {
+            s.split_once(':')
+                .is_some_and(|(p, _)| !app.rt.models.has_key_for(p))
+        })
+        .map(String::as_str)
+        .collect();
+    (!keyless.is_empty()).then(|| {
+        format!(
+            "this host has no API key for {}: its turns will fail until the key is set \
+             (MERCURY_OPENAI_API_KEY / MERCURY_ANTHROPIC_API_KEY, then restart)",
+            keyless.join(", ")
+        )
+    })
+}
+
+#[utoipa::path(get, path = "/api/model", operation_id = "getModel", summary = "Show the space's model chain", tag = "settings",
     responses((status = 200, description = "The space's model chain", body = ModelChain)))]
 pub(crate) async fn model_get(
     State(app): State<Arc<App>>,
@@ -329,7 +354,7 @@ pub(crate) struct ModelBody {
     chain: Vec<String>,
 }
 
-#[utoipa::path(put, path = "/api/model", tag = "settings", request_body = ModelBody,
+#[utoipa::path(put, path = "/api/model", operation_id = "setModel", summary = "Set the space's model chain", tag = "settings", request_body = ModelBody,
     responses((status = 200, description = "The chain now in force", body = ModelChain)))]
 pub(crate) async fn model_set(
     State(app): State<Arc<App>>,
@@ -371,6 +396,7 @@ pub(crate) async fn model_set(
     }
     let by = auth.caller.caller_id.clone();
     let default = app.rt.settings.model_chain();
+    let warning = keyless_warning(&app, &chain);
     let link = auth.via.as_ref().map(|v| v.edge_id);
     let (before, out) = apply(&app, &sid, move |tx| {
         let stored = spaces::kv_get(tx, KvTable::Config, &space, "model")?;
@@ -389,6 +415,7 @@ pub(crate) async fn model_set(
         }
     })
     .await?;
+    let out = ModelChain { warning, ..out };
     Ok(audited(before, out))
 }
 
@@ -397,7 +424,7 @@ pub(crate) struct MuteList {
     pub mutes: Vec<Mute>,
 }
 
-#[utoipa::path(get, path = "/api/mutes", tag = "settings",
+#[utoipa::path(get, path = "/api/mutes", operation_id = "listMutes", summary = "List the space's muted callers", tag = "settings",
     responses((status = 200, description = "The space's mutes", body = MuteList)))]
 pub(crate) async fn mutes_list(
     State(app): State<Arc<App>>,
@@ -448,7 +475,7 @@ pub(crate) struct MuteDeleted {
     pub deleted: bool,
 }
 
-#[utoipa::path(post, path = "/api/mutes", tag = "settings", request_body = MuteBody,
+#[utoipa::path(post, path = "/api/mutes", operation_id = "muteCaller", summary = "Mute a caller in the space", tag = "settings", request_body = MuteBody,
     responses((status = 200, description = "Muted", body = MuteReply)))]
 pub(crate) async fn mutes_set(
     State(app): State<Arc<App>>,
@@ -498,7 +525,7 @@ pub(crate) async fn mutes_set(
     Ok(Json(out))
 }
 
-#[utoipa::path(delete, path = "/api/mutes/{caller}", tag = "settings",
+#[utoipa::path(delete, path = "/api/mutes/{caller}", operation_id = "unmuteCaller", summary = "Unmute a caller in the space", tag = "settings",
     params(("caller" = String, Path, description = "The muted caller")),
     responses((status = 200, description = "Unmuted (or was not muted)", body = MuteDeleted)))]
 pub(crate) async fn mutes_delete(

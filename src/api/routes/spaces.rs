@@ -72,7 +72,7 @@ pub(crate) struct ViaLink {
     pub conversation_id: Option<i64>,
 }
 
-#[utoipa::path(get, path = "/api/whoami", tag = "spaces",
+#[utoipa::path(get, path = "/api/whoami", operation_id = "whoami", summary = "Who the token is, in which space, with which permissions", tag = "spaces",
     responses((status = 200, description = "The caller", body = WhoAmI)))]
 pub(crate) async fn whoami(State(app): State<Arc<App>>, Extension(auth): Extension<Auth>) -> Json<WhoAmI> {
     let shadow = app.rt.outbound.is_shadow();
@@ -127,7 +127,7 @@ pub(crate) struct SpaceReply {
     pub space: Space,
 }
 
-#[utoipa::path(get, path = "/api/spaces", tag = "spaces",
+#[utoipa::path(get, path = "/api/spaces", operation_id = "listSpaces", summary = "List the spaces the caller may see", tag = "spaces",
     responses((status = 200, description = "Every space for a global admin; else the spaces where the caller holds a role", body = SpaceList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -161,7 +161,7 @@ pub(crate) struct CreateSpace {
     tags: Vec<String>,
 }
 
-#[utoipa::path(post, path = "/api/spaces", tag = "spaces", request_body = CreateSpace,
+#[utoipa::path(post, path = "/api/spaces", operation_id = "createSpace", summary = "Create a space", tag = "spaces", request_body = CreateSpace,
     responses((status = 201, description = "Created", body = SpaceReply),
         (status = 409, description = "The space exists", body = crate::api::error::ErrorBody)))]
 pub(crate) async fn create(
@@ -187,7 +187,7 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(SpaceReply { space })))
 }
 
-#[utoipa::path(get, path = "/api/spaces/current", tag = "spaces",
+#[utoipa::path(get, path = "/api/spaces/current", operation_id = "getCurrentSpace", summary = "Show the space of the request", tag = "spaces",
     responses((status = 200, description = "The space of the request", body = SpaceReply)))]
 pub(crate) async fn current(
     State(app): State<Arc<App>>,
@@ -218,7 +218,7 @@ pub(crate) struct Renamed {
     pub name: String,
 }
 
-#[utoipa::path(put, path = "/api/spaces/current/name", tag = "spaces", request_body = Rename,
+#[utoipa::path(put, path = "/api/spaces/current/name", operation_id = "renameCurrentSpace", summary = "Rename the space of the request", tag = "spaces", request_body = Rename,
     responses((status = 200, description = "Renamed", body = Renamed)))]
 pub(crate) async fn rename(
     State(app): State<Arc<App>>,
@@ -253,7 +253,7 @@ pub(crate) struct SpaceDeleted {
 /// (revoked and audited, with the roles those links granted), and its
 /// workspace, so a space re-created with the same id starts from the
 /// templates with no link and no file of the old one.
-#[utoipa::path(delete, path = "/api/spaces/current", tag = "spaces",
+#[utoipa::path(delete, path = "/api/spaces/current", operation_id = "deleteCurrentSpace", summary = "Delete the space of the request and everything in it", tag = "spaces",
     responses((status = 200, description = "Deleted, with every link touching it revoked", body = SpaceDeleted)))]
 pub(crate) async fn delete_current(
     State(app): State<Arc<App>>,

@@ -49,7 +49,7 @@ pub(crate) struct CostQuery {
     space: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/cost", tag = "spend", params(CostQuery),
+#[utoipa::path(get, path = "/api/cost", operation_id = "getCost", summary = "Settled model cost by space, day, purpose and model", tag = "spend", params(CostQuery),
     responses((status = 200, description = "Settled cost by space, local day, purpose and model", body = CostReport)))]
 pub(crate) async fn cost(
     State(app): State<Arc<App>>,
@@ -87,7 +87,7 @@ pub(crate) struct BudgetView {
     pub space: Option<SpaceBudget>,
 }
 
-#[utoipa::path(get, path = "/api/budget", tag = "spend",
+#[utoipa::path(get, path = "/api/budget", operation_id = "getBudget", summary = "The spend caps in force and what each used", tag = "spend",
     responses((status = 200, description = "The caps in force (the space's too, with x-mercury-space) and what each used this period", body = BudgetView)))]
 pub(crate) async fn show(
     State(app): State<Arc<App>>,
@@ -146,7 +146,7 @@ fn amount(name: &str, v: Option<Option<f64>>) -> ApiResult<Option<Option<f64>>> 
     }
 }
 
-#[utoipa::path(put, path = "/api/budget", tag = "spend", request_body = BudgetBody,
+#[utoipa::path(put, path = "/api/budget", operation_id = "setBudget", summary = "Set the space's own spend caps", tag = "spend", request_body = BudgetBody,
     responses((status = 200, description = "The space's caps as they stand now", body = SpaceBudget)))]
 pub(crate) async fn set(
     State(app): State<Arc<App>>,
@@ -217,7 +217,7 @@ pub(crate) struct ClockNow {
 
 /// Test hook: moves the spend clock (compiled only with `test-hooks`).
 #[cfg(feature = "test-hooks")]
-#[utoipa::path(post, path = "/api/test/spend-clock", tag = "test-hooks", request_body = AdvanceBody,
+#[utoipa::path(post, path = "/api/test/spend-clock", operation_id = "testAdvanceSpendClock", summary = "Move the spend clock (test builds only)", tag = "test-hooks", request_body = AdvanceBody,
     responses((status = 200, description = "The spend clock moved", body = ClockNow)))]
 pub(crate) async fn advance_clock(
     State(app): State<Arc<App>>,

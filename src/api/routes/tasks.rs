@@ -68,7 +68,7 @@ pub(crate) struct TaskQueued {
 
 const TASK_ID: &str = "The task";
 
-#[utoipa::path(get, path = "/api/tasks", tag = "tasks",
+#[utoipa::path(get, path = "/api/tasks", operation_id = "listTasks", summary = "List the space's scheduled tasks", tag = "tasks",
     responses((status = 200, description = "The space's tasks", body = TaskList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -93,7 +93,7 @@ pub(crate) struct CreateTask {
     silent: bool,
 }
 
-#[utoipa::path(post, path = "/api/tasks", tag = "tasks", request_body = CreateTask,
+#[utoipa::path(post, path = "/api/tasks", operation_id = "createTask", summary = "Schedule a prompt (cron or once)", tag = "tasks", request_body = CreateTask,
     responses((status = 201, description = "Created", body = TaskReply)))]
 pub(crate) async fn create(
     State(app): State<Arc<App>>,
@@ -172,7 +172,7 @@ async fn set_active(
     Ok(Json(out))
 }
 
-#[utoipa::path(post, path = "/api/tasks/{id}/pause", tag = "tasks",
+#[utoipa::path(post, path = "/api/tasks/{id}/pause", operation_id = "pauseTask", summary = "Pause a task", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Paused", body = TaskReply)))]
 pub(crate) async fn pause(
@@ -184,7 +184,7 @@ pub(crate) async fn pause(
     set_active(&app, &auth, Permission::TasksPause, id, false).await
 }
 
-#[utoipa::path(post, path = "/api/tasks/{id}/resume", tag = "tasks",
+#[utoipa::path(post, path = "/api/tasks/{id}/resume", operation_id = "resumeTask", summary = "Resume a paused task", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Resumed at its next time from now", body = TaskReply)))]
 pub(crate) async fn resume(
@@ -196,7 +196,7 @@ pub(crate) async fn resume(
     set_active(&app, &auth, Permission::TasksResume, id, true).await
 }
 
-#[utoipa::path(delete, path = "/api/tasks/{id}", tag = "tasks",
+#[utoipa::path(delete, path = "/api/tasks/{id}", operation_id = "deleteTask", summary = "Delete a task", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 200, description = "Deleted", body = TaskDeleted)))]
 pub(crate) async fn delete(
@@ -218,7 +218,7 @@ pub(crate) async fn delete(
     Ok(Json(out))
 }
 
-#[utoipa::path(post, path = "/api/tasks/{id}/run", tag = "tasks",
+#[utoipa::path(post, path = "/api/tasks/{id}/run", operation_id = "runTask", summary = "Fire a task now", tag = "tasks",
     params(("id" = i64, Path, description = TASK_ID)),
     responses((status = 202, description = "A firing is queued", body = TaskQueued)))]
 pub(crate) async fn run_now(

@@ -77,7 +77,7 @@ pub(crate) struct TokenRevoked {
     pub revoked: bool,
 }
 
-#[utoipa::path(post, path = "/api/tokens", tag = "tokens", request_body = CreateToken,
+#[utoipa::path(post, path = "/api/tokens", operation_id = "createToken", summary = "Mint an API token", tag = "tokens", request_body = CreateToken,
     responses((status = 201, description = "Minted", body = Minted)))]
 pub(crate) async fn create(
     State(app): State<Arc<App>>,
@@ -206,7 +206,7 @@ pub(crate) async fn create(
     ))
 }
 
-#[utoipa::path(get, path = "/api/tokens", tag = "tokens",
+#[utoipa::path(get, path = "/api/tokens", operation_id = "listTokens", summary = "List every API token (never the secrets)", tag = "tokens",
     responses((status = 200, description = "Every token, without secrets", body = TokenList)))]
 pub(crate) async fn list(
     State(app): State<Arc<App>>,
@@ -217,7 +217,7 @@ pub(crate) async fn list(
     Ok(Json(TokenList { tokens: list }))
 }
 
-#[utoipa::path(delete, path = "/api/tokens/{id}", tag = "tokens",
+#[utoipa::path(delete, path = "/api/tokens/{id}", operation_id = "revokeToken", summary = "Revoke an API token", tag = "tokens",
     params(("id" = String, Path, description = "The token's id (not its secret)")),
     responses((status = 200, description = "Revoked", body = TokenRevoked)))]
 pub(crate) async fn revoke(

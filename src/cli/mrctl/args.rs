@@ -6,10 +6,12 @@ use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 
 /// Command-line client for the Mercury API.
 ///
-/// Connection: MERCURY_SOCKET (a Unix socket path) or MERCURY_URL (default
-/// http://127.0.0.1:8787). Token: --token-file, else MERCURY_TOKEN, else
-/// $MERCURY_DATA_DIR/global/owner.token. Space: MERCURY_SPACE names the space
-/// a command works in (inside a turn, the run token names it).
+/// Connection: MERCURY_SOCKET (a Unix socket path) or MERCURY_URL, else the
+/// data dir's api.sock, else its mercury.yaml `bind` (the data dir is
+/// MERCURY_DATA_DIR, default ./mercury-data like `mercury`), else
+/// http://127.0.0.1:8787. Token: --token-file, else MERCURY_TOKEN, else
+/// <data dir>/global/owner.token. Space: --in SPACE (else MERCURY_SPACE) names
+/// the space a command works in (inside a turn, the run token names it).
 #[derive(Debug, Parser)]
 #[command(
     name = "mrctl",
@@ -26,10 +28,14 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
-    /// Act in SPACE through a space link held by the space in MERCURY_SPACE
-    /// (the holder); the link's level decides what is allowed.
+    /// Act in SPACE through a space link held by the working space (--in or
+    /// MERCURY_SPACE, the holder); the link's level decides what is allowed.
     #[arg(long, global = true, value_name = "SPACE")]
     pub space: Option<String>,
+
+    /// The space the command works in (beats MERCURY_SPACE).
+    #[arg(long = "in", global = true, value_name = "SPACE")]
+    pub in_space: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -38,7 +44,8 @@ pub struct Cli {
 /// The examples and exit codes under `mrctl --help`.
 pub const EXAMPLES: &str = "\
 Examples:
-  MERCURY_SPACE=family mrctl whoami            who am I in the space family
+  mrctl --in family whoami                     who am I in the space family
+  mrctl --in family prefs list                 (MERCURY_SPACE=family does the same)
   MERCURY_SPACE=family mrctl chat 'what is on today?'
   MERCURY_SPACE=family mrctl tasks create --cron '0 9 * * 1-5' --prompt 'standup notes'
   MERCURY_SPACE=family mrctl tasks list
@@ -48,8 +55,12 @@ Examples:
   MERCURY_SPACE=family mrctl --space work ask 'what did we decide about the release?'
   mrctl completions bash > /etc/bash_completion.d/mrctl
 
---space TARGET acts in TARGET through a space link held by the space in
-MERCURY_SPACE (the holder): both are needed, and the link decides what is allowed.
+--in SPACE (or MERCURY_SPACE) is the space a command works in. --space TARGET acts
+in TARGET through a space link held by that space (the holder): both are needed,
+and the link decides what is allowed.
+
+The host is found through MERCURY_SOCKET or MERCURY_URL, else the data dir
+(MERCURY_DATA_DIR, default ./mercury-data): its api.sock, else its `bind`.
 
 Exit status: 0 done; 1 the server refused; 2 usage, connection or token (401);
 3 it ran but ended failed or blocked (a failed chat turn, a failed ask, a blocked review).";
@@ -373,6 +384,16 @@ pub enum ConversationsCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum MessagesCmd {
+    /// One message by id (the N of a review report's `[msg N]`), with --context
+    /// N messages of its conversation before and after it.
+    #[command(after_help = "Example: MERCURY_SPACE=family mrctl messages show 1234 --context 3")]
+    Show {
+        /// The message's id (`[msg N]` in the output of recent, search and review reports).
+        id: String,
+        /// Also this many messages before and after it (0-50).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=50))]
+        context: Option<u32>,
+    },
     /// Full-text search, newest first.
     Search {
         /// Words to find (SQLite FTS syntax).
@@ -493,7 +514,7 @@ pub enum RolesCmd {
     Grant {
         /// The caller id (e.g. telegram:12345 or an operator's id).
         caller: String,
-        /// Role to grant (server default: admin).
+        /// Role to grant (server default: member).
         #[arg(long)]
         role: Option<String>,
     },
@@ -718,7 +739,7 @@ pub enum ReviewCmd {
     RunNow,
     /// The review reports on the host, daily and weekly, oldest first.
     Reports,
-    /// One report's JSON: DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
+    /// One report, rendered (its JSON with --json): DATE is YYYY-MM-DD (the daily) or YYYY-MM-DD-weekly.
     Report {
         /// YYYY-MM-DD for a daily report, YYYY-MM-DD-weekly for a weekly one.
         date: String,
@@ -727,6 +748,9 @@ pub enum ReviewCmd {
     Ledger,
     /// Run the weekly synthesis now and wait for its report.
     WeeklyNow,
+    /// The last digest the owner was sent (or would have been: it is kept
+    /// when no DM could take it), and where it went.
+    Digest,
 }
 
 #[derive(Debug, Subcommand)]

@@ -203,20 +203,28 @@ pub(super) fn paging_hint(cmd: &Command, v: &Value) -> Option<String> {
     ))
 }
 
+/// Whether the server's sentence says the request named no working space
+/// (or no holder for `--space`).
+pub(super) fn is_missing_space(message: &str) -> bool {
+    message.contains("x-mercury-space header naming a space")
+        || message.contains("acting in another space needs a holder")
+}
+
 /// The server's sentences about the request headers, as what to set here.
 pub(super) fn rewrite_header_message(message: &str) -> String {
     if message.contains("x-mercury-space header naming a space") {
-        return "this command works in a space: set MERCURY_SPACE=<space id> \
-                (inside a turn the run token names it)"
+        return "this command works in a space: give --in <space id> or set \
+                MERCURY_SPACE=<space id> (inside a turn the run token names it)"
             .to_owned();
     }
     if message.contains("acting in another space needs a holder") {
-        return "--space acts through a link from the space in MERCURY_SPACE: set \
-                MERCURY_SPACE=<holder space> as well"
+        return "--space acts through a link from the working space: give \
+                --in <holder space> (or set MERCURY_SPACE) as well"
             .to_owned();
     }
     if message.contains("x-mercury-act-as names the holder space itself") {
-        return "--space names the same space as MERCURY_SPACE: drop --space".to_owned();
+        return "--space names the working space itself (--in / MERCURY_SPACE): drop --space"
+            .to_owned();
     }
     message
         .replace("x-mercury-act-as", "--space")

@@ -98,7 +98,13 @@ fn api_failure(status: u16, body: &Value) -> Failure {
             _ => format!("the server answered with status {status}"),
         },
     };
-    message = guide::rewrite_header_message(&message);
+    let rewritten = guide::rewrite_header_message(&message);
+    // A missing working space (or holder) is how mrctl was called, not a
+    // refusal: a usage error, exit 2, like a malformed id (issue 25).
+    if status == 400 && rewritten != message && guide::is_missing_space(&message) {
+        return Failure::Usage(UsageError(rewritten));
+    }
+    message = rewritten;
     if status == 401 {
         message.push_str("; check the token (--token-file, MERCURY_TOKEN or $MERCURY_DATA_DIR/global/owner.token)");
     }
@@ -244,9 +250,13 @@ async fn execute(
     files::read_put_content(&mut cli, stdin)?;
     // Planned before the connection is set up: a usage error needs no token.
     let plan = plan(&cli)?;
-    let conn = Connection::from_env(env, cli.token_file.as_deref(), cli.space.clone())?;
+    let env = with_data_dir(env);
+    let mut conn = Connection::from_env(&env, cli.token_file.as_deref(), cli.space.clone())?;
+    if let Some(space) = &cli.in_space {
+        conn.space = Some(space.clone());
+    }
     if let Command::Files(FilesCmd::Edit { path }) = &cli.command {
-        let text = files::edit(&conn, &plan, path, env).await?;
+        let text = files::edit(&conn, &plan, path, &env).await?;
         return write_all(out, &text);
     }
     let value = if plan.then == Then::FollowCursor {
@@ -282,6 +292,63 @@ async fn execute(
         Some(why) => Err(Failure::Ended(why)),
         None => Ok(()),
     }
+}
+
+/// `mercury`'s default data dir, which mrctl reads the same way.
+const DEFAULT_DATA_DIR: &str = "./mercury-data";
+
+/// The environment as the connection reads it, with what the data dir says
+/// filled in: MERCURY_DATA_DIR defaults to `./mercury-data` (like `mercury`),
+/// and when neither MERCURY_SOCKET nor MERCURY_URL is set the host is reached
+/// at the data dir's `api.sock` when it exists, else at the `bind` of its
+/// `mercury.yaml` (MERCURY_BIND beats the file, as it does for the host). A
+/// wildcard bind (`0.0.0.0`, `::`) is reached on loopback.
+fn with_data_dir(env: &dyn Fn(&str) -> Option<String>) -> impl Fn(&str) -> Option<String> + '_ {
+    let set = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    let dir = set("MERCURY_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.to_owned());
+    let paths = crate::workspace::DataPaths::new(std::path::Path::new(dir.trim()));
+    let mut found: Option<(&'static str, String)> = None;
+    if set("MERCURY_SOCKET").is_none() && set("MERCURY_URL").is_none() {
+        if paths.socket.exists() {
+            found = Some(("MERCURY_SOCKET", paths.socket.display().to_string()));
+        } else if let Some(bind) = set("MERCURY_BIND").or_else(|| config_bind(&paths.config)) {
+            found = bind_url(&bind).map(|url| ("MERCURY_URL", url));
+        }
+    }
+    move |k: &str| {
+        if k == "MERCURY_DATA_DIR" {
+            return Some(dir.clone());
+        }
+        match &found {
+            Some((name, value)) if *name == k => Some(value.clone()),
+            _ => env(k),
+        }
+    }
+}
+
+/// The top-level `bind` of a data dir's `mercury.yaml`, if it has one.
+fn config_bind(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    doc.get("bind")?.as_str().map(str::to_owned)
+}
+
+/// `http://ADDR:PORT` for a `bind` value; a wildcard address becomes loopback.
+fn bind_url(bind: &str) -> Option<String> {
+    let addr: std::net::SocketAddr = bind.trim().parse().ok()?;
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        }
+        ip => ip,
+    };
+    Some(format!(
+        "http://{}",
+        std::net::SocketAddr::new(ip, addr.port())
+    ))
 }
 
 /// Text that came from another space through a link (`source_space` in the
@@ -711,9 +778,11 @@ mod tests {
         assert_eq!(encode("."), "%2E");
         assert_eq!(encode("a.b"), "a.b");
         assert_eq!(
-            planned(&["tasks", "run", ".."]).target(),
-            "/api/tasks/%2E%2E/run"
+            planned(&["prefs", "delete", ".."]).target(),
+            "/api/prefs/%2E%2E"
         );
+        // A task id is a number before it is a path segment at all.
+        assert!(usage_err(&["tasks", "run", ".."]).starts_with("task id must be a number"));
     }
 
     #[test]
@@ -860,6 +929,15 @@ mod tests {
         assert!(usage_err(&["whoami", "--space", "Other Space"]).contains("--space"));
         assert!(usage_err(&["model", "set", "gpt-4o"]).contains("PROVIDER:MODEL"));
         assert!(usage_err(&["send", ""]).contains("must not be empty"));
+        // Issue 25: a malformed id is said in words, before any request.
+        for cmd in ["pause", "resume", "run", "delete"] {
+            assert!(
+                usage_err(&["tasks", cmd, "abc"]).starts_with("task id must be a number"),
+                "{cmd}"
+            );
+        }
+        assert!(usage_err(&["messages", "show", "x1"]).starts_with("message id must be a number"));
+        assert!(usage_err(&["--in", "Bad Space", "whoami"]).contains("--in"));
     }
 
     #[test]
@@ -950,6 +1028,20 @@ mod tests {
             &json!({"error": {"message": "acting in another space needs a holder: send x-mercury-space (or use a run token)"}}),
         );
         assert!(f.to_string().contains("--space acts through a link"), "{f}");
+        // Issue 25: a missing working space is a usage error (exit 2), a
+        // refusal stays 1.
+        assert_eq!(exit_code(&f), 2);
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "this route needs the x-mercury-space header naming a space"}}),
+        );
+        assert_eq!(exit_code(&f), 2);
+        assert!(f.to_string().contains("--in <space id>"), "{f}");
+        let f = api_failure(
+            400,
+            &json!({"error": {"message": "limit must be between 1 and 200"}}),
+        );
+        assert_eq!(exit_code(&f), 1);
     }
 
     #[test]
@@ -1115,6 +1207,37 @@ mod tests {
             &json!({"tasks": [{"id": 3, "cron": "0 9 * * *", "at": null, "active": false, "silent": true, "next_run_at": null, "prompt": "standup"}]}),
         );
         assert_eq!(out, "3\tcron 0 9 * * *\tpaused,silent\tnext -\tstandup\n");
+        // Issue 25: a shadow's send is held, not queued.
+        let send = parse(&["send", "hi"]).command;
+        let (text, _) = render(
+            &send,
+            &json!({"outbox_id": null, "conversation_id": 4, "shadow": true}),
+        );
+        assert!(text.starts_with("held (shadow copy"), "{text}");
+        let (text, _) = render(
+            &send,
+            &json!({"outbox_id": 7, "conversation_id": 4, "shadow": false}),
+        );
+        assert_eq!(text, "queued as outbox item 7 in conversation 4\n");
+        // `review report DATE` renders a daily report for a person.
+        let report = parse(&["review", "report", "2026-09-28"]).command;
+        let (text, _) = render(
+            &report,
+            &json!({"date": "2026-09-28", "kind": "daily", "report": {
+                "window_since": "2026-09-27T03:00:00Z", "window_until": "2026-09-28T03:00:00Z",
+                "findings": [{"space": "family", "message_id": 12, "reply_id": 13, "kind": "wrong_answer",
+                    "scope": "space", "target_layer": "memory", "severity": 3,
+                    "summary": "Named the wrong capital.", "evidence": "Lyon", "suggestion": "Paris"}],
+                "footer": {"exchanges_judged": 9, "spaces_judged": 2, "judge_calls": 5, "cost": 0.01, "currency": "USD"}
+            }}),
+        );
+        assert!(text.starts_with("Conversation review 2026-09-28 (daily)\nwindow: 2026-09-27T03:00:00Z to 2026-09-28T03:00:00Z\nfindings: 1\n"), "{text}");
+        assert!(text.contains("1. wrong_answer (severity 3, space, memory) in family at [msg 12] (reply [msg 13])\n   Named the wrong capital.\n   evidence: Lyon\n   suggestion: Paris\n"), "{text}");
+        assert!(
+            text.contains("9 exchanges in 2 spaces judged, 5 judge calls"),
+            "{text}"
+        );
+        assert!(!text.contains('{'), "not JSON: {text}");
     }
 
     #[test]
@@ -1355,6 +1478,94 @@ mod tests {
         assert_eq!(echo["authorization"], "Bearer t2");
         assert_eq!(echo["space"], "s2");
         Ok(())
+    }
+
+    /// Issue 25 item 4: `--in SPACE` names the working space (beating
+    /// MERCURY_SPACE) while `--space` still acts through a link; with only
+    /// MERCURY_DATA_DIR set the host is found at the data dir's `api.sock`,
+    /// else at its `bind`, and the owner token is read from it.
+    #[tokio::test]
+    async fn in_names_the_working_space_and_the_data_dir_finds_the_host(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // A data dir whose mercury.yaml binds a wildcard address: reached on loopback.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let seen: Seen = Arc::default();
+        let app = test_app(seen.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("global"))?;
+        std::fs::write(dir.path().join("global/owner.token"), "owner-tok\n")?;
+        std::fs::write(
+            dir.path().join("mercury.yaml"),
+            format!("# the operator's file\nbind: 0.0.0.0:{port}\n"),
+        )?;
+        let data = dir.path().to_str().ok_or("utf8")?;
+        let env = [("MERCURY_DATA_DIR", data), ("MERCURY_SPACE", "family")];
+        let o = invoke(&["--json", "--in", "work", "prefs", "list"], &env, "").await;
+        let echo = json_out(&o);
+        assert_eq!(echo["space"], "work", "--in beats MERCURY_SPACE");
+        assert_eq!(echo["act_as"], Value::Null, "--in is not a link");
+        assert_eq!(echo["authorization"], "Bearer owner-tok");
+        assert_eq!(echo["host"], format!("127.0.0.1:{port}"));
+        // --space keeps its meaning beside --in.
+        let o = invoke(
+            &[
+                "--json", "--in", "family", "--space", "work", "prefs", "list",
+            ],
+            &env,
+            "",
+        )
+        .await;
+        let echo = json_out(&o);
+        assert_eq!(
+            (echo["space"].clone(), echo["act_as"].clone()),
+            (json!("family"), json!("work"))
+        );
+        // A malformed --in is a usage error before any request.
+        let before = seen.lock().map_err(|_| "poisoned")?.len();
+        let o = invoke(&["--in", "No Such", "prefs", "list"], &env, "").await;
+        assert_eq!(o.code, 2, "{}", o.err);
+        assert!(o.err.contains("--in"), "{}", o.err);
+        assert_eq!(seen.lock().map_err(|_| "poisoned")?.len(), before);
+
+        // The data dir's api.sock, when there is one, is preferred to its bind.
+        let sock = dir.path().join("api.sock");
+        let unix = tokio::net::UnixListener::bind(&sock)?;
+        let sock_seen: Seen = Arc::default();
+        let app = test_app(sock_seen.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(unix, app).await;
+        });
+        let o = invoke(&["--json", "--in", "work", "whoami"], &env, "").await;
+        assert_eq!(json_out(&o)["path"], "/api/whoami");
+        assert_eq!(sock_seen.lock().map_err(|_| "poisoned")?.len(), 1);
+        // MERCURY_URL still beats the data dir.
+        let url = format!("http://127.0.0.1:{port}");
+        let env2 = [("MERCURY_DATA_DIR", data), ("MERCURY_URL", url.as_str())];
+        let o = invoke(&["--json", "--in", "work", "whoami"], &env2, "").await;
+        json_out(&o);
+        assert_eq!(sock_seen.lock().map_err(|_| "poisoned")?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn the_data_dir_defaults_to_mercury_data() {
+        let env = env_of(&[]);
+        let env = with_data_dir(&env);
+        assert_eq!(env("MERCURY_DATA_DIR").as_deref(), Some("./mercury-data"));
+        assert_eq!(
+            bind_url("0.0.0.0:8787").as_deref(),
+            Some("http://127.0.0.1:8787")
+        );
+        assert_eq!(bind_url("[::]:9").as_deref(), Some("http://[::1]:9"));
+        assert_eq!(
+            bind_url("10.0.0.2:80").as_deref(),
+            Some("http://10.0.0.2:80")
+        );
+        assert_eq!(bind_url("nonsense"), None);
     }
 
     #[tokio::test]

@@ -122,6 +122,9 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
     if let Some(space) = &cli.space {
         check_space_id("--space", space)?;
     }
+    if let Some(space) = &cli.in_space {
+        check_space_id("--in", space)?;
+    }
     let p = match &cli.command {
         Command::Whoami => RequestPlan::get("/api/whoami"),
         Command::Ui(UiCmd::Login) => RequestPlan::post("/ui/login-links"),
@@ -167,6 +170,11 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             }
         },
         Command::Messages(cmd) => match cmd {
+            MessagesCmd::Show { id, context } => {
+                let id = number_id("message", id)?;
+                RequestPlan::get(format!("/api/messages/{id}"))
+                    .query("context", context.map(|c| c.to_string()))
+            }
             MessagesCmd::Search { query, limit } => {
                 non_empty("the search query", query)?;
                 RequestPlan::get("/api/messages")
@@ -251,8 +259,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
             TasksCmd::Resume { id } => task_action(id, "resume")?,
             TasksCmd::Run { id } => task_action(id, "run")?,
             TasksCmd::Delete { id } => {
-                non_empty("the task id", id)?;
-                RequestPlan::delete(format!("/api/tasks/{}", encode(id)))
+                RequestPlan::delete(format!("/api/tasks/{}", number_id("task", id)?))
             }
         },
         Command::Roles(cmd) => match cmd {
@@ -571,6 +578,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         }
         Command::Review(ReviewCmd::Ledger) => RequestPlan::get("/api/review/ledger"),
         Command::Review(ReviewCmd::WeeklyNow) => RequestPlan::post("/api/review/weekly"),
+        Command::Review(ReviewCmd::Digest) => RequestPlan::get("/api/review/digest"),
         Command::Budget(BudgetCmd::Show) => RequestPlan::get("/api/budget"),
         Command::Budget(BudgetCmd::Set {
             daily,
@@ -636,11 +644,8 @@ pub(super) fn file_route(path: &str) -> Result<String, UsageError> {
 }
 
 pub(super) fn task_action(id: &str, action: &str) -> Result<RequestPlan, UsageError> {
-    non_empty("the task id", id)?;
-    Ok(RequestPlan::post(format!(
-        "/api/tasks/{}/{action}",
-        encode(id)
-    )))
+    let id = number_id("task", id)?;
+    Ok(RequestPlan::post(format!("/api/tasks/{id}/{action}")))
 }
 
 pub(super) fn non_empty(what: &str, value: &str) -> Result<(), UsageError> {
@@ -649,6 +654,16 @@ pub(super) fn non_empty(what: &str, value: &str) -> Result<(), UsageError> {
     } else {
         Ok(())
     }
+}
+
+/// A numeric id (tasks, messages): a typo is a usage error here, in words,
+/// rather than the server's path-parse answer.
+pub(super) fn number_id(what: &str, id: &str) -> Result<i64, UsageError> {
+    id.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| UsageError(format!("{what} id must be a number (got {id:?})")))
 }
 
 /// The server's own space-id rule (`SpaceId::parse`), so a typo fails here

@@ -65,12 +65,30 @@ pub(super) fn message_line(m: &Value) -> String {
     .find_map(|v| v.as_str().filter(|s| !s.is_empty()))
     .unwrap_or("?");
     let text = field(m, "text").as_str().unwrap_or_default();
+    // The id as review reports cite it (`[msg N]`, for `messages show N`).
     // Continuation lines are indented so each message still starts with `[`.
+    let id = match field(m, "id") {
+        Value::Null => String::new(),
+        id => format!("[msg {}] ", cell(id)),
+    };
     format!(
-        "[{}] {sender}: {}\n",
+        "{id}[{}] {sender}: {}\n",
         time_cell(field(m, "created_at")),
         text.replace('\n', "\n    ")
     )
+}
+
+/// `messages show`: the message asked for is marked with `>`, its context
+/// indented beside it.
+fn message_in_context(v: &Value) -> String {
+    let target = field(v, "message_id");
+    items(v, "messages")
+        .iter()
+        .map(|m| {
+            let mark = if field(m, "id") == target { "> " } else { "  " };
+            format!("{mark}{}", message_line(m))
+        })
+        .collect()
 }
 
 pub(super) fn kv_lines(pairs: &[(&str, String)]) -> String {
@@ -208,6 +226,7 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 )
             }
         },
+        Command::Messages(MessagesCmd::Show { .. }) => message_in_context(v),
         Command::Messages(_) => items(v, "messages").iter().map(message_line).collect(),
         Command::Prefs(cmd) => match cmd {
             PrefsCmd::List => items(v, "preferences")
@@ -369,6 +388,11 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                 ),
             }
         }
+        // A shadow copy delivers nothing: the send is held in its transcript.
+        Command::Send { .. } if field(v, "shadow").as_bool() == Some(true) => format!(
+            "held (shadow copy: not delivered, written to the shadow's transcript) for conversation {}\n",
+            cell(field(v, "conversation_id"))
+        ),
         Command::Send { .. } => format!(
             "queued as outbox item {} in conversation {}\n",
             cell(field(v, "outbox_id")),
@@ -619,13 +643,8 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             .iter()
             .map(|r| row(&[cell(field(r, "name")), cell(field(r, "kind"))]))
             .collect(),
-        // A report is for tools: its JSON, pretty.
-        Command::Review(ReviewCmd::Report { .. }) => {
-            format!(
-                "{}\n",
-                serde_json::to_string_pretty(field(v, "report")).unwrap_or_default()
-            )
-        }
+        Command::Review(ReviewCmd::Report { .. }) => render_report(v),
+        Command::Review(ReviewCmd::Digest) => render_digest(v),
         Command::Review(ReviewCmd::Ledger) => items(v, "rows")
             .iter()
             .map(|r| {
@@ -653,6 +672,13 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             ("cost", money(field(v, "cost"), field(v, "currency"))),
         ]),
     };
+    // A server's warning about a change it made anyway (a key-less
+    // provider, an operator never seen) is for the person, on stderr.
+    if note.is_none() {
+        note = field(v, "warning")
+            .as_str()
+            .map(|w| format!("warning: {w}"));
+    }
     (out, note)
 }
 
@@ -968,12 +994,107 @@ pub(super) fn render_review_run(v: &Value) -> String {
     pairs.push((
         "digest",
         if field(digest, "sent").as_bool() == Some(true) {
-            format!("queued (outbox {})", cell(field(digest, "outbox_id")))
+            format!(
+                "queued to the owner's {} DM (outbox {})",
+                cell(field(digest, "platform")),
+                cell(field(digest, "outbox_id"))
+            )
         } else {
             format!("not sent: {}", cell(field(digest, "reason")))
         },
     ));
     kv_lines(&pairs)
+}
+
+/// `review digest`: the text as sent, then where it went.
+fn render_digest(v: &Value) -> String {
+    let mut out = format!("{}\n\n", field(v, "text").as_str().unwrap_or_default());
+    out.push_str(&format!("made: {}\n", cell(field(v, "at"))));
+    if field(v, "sent").as_bool() == Some(true) {
+        out.push_str(&format!(
+            "delivered: queued to the owner's {} DM (conversation {})\n",
+            cell(field(v, "platform")),
+            cell(field(v, "conversation_id"))
+        ));
+    } else {
+        out.push_str(&format!("delivered: no ({})\n", cell(field(v, "reason"))));
+    }
+    out
+}
+
+/// `review report DATE`: a daily report as a person reads it (each finding
+/// with the `[msg N]` that `messages show N` opens); a weekly one by its
+/// headline numbers. The whole JSON is `--json`.
+fn render_report(v: &Value) -> String {
+    let r = field(v, "report");
+    let date = cell(field(v, "date"));
+    let kind = cell(field(v, "kind"));
+    let mut out = format!("Conversation review {date} ({kind})\n");
+    if let (Some(since), Some(until)) = (
+        field(r, "window_since").as_str(),
+        field(r, "window_until").as_str(),
+    ) {
+        out.push_str(&format!("window: {since} to {until}\n"));
+    }
+    let Some(findings) = field(r, "findings").as_array() else {
+        // Not a daily report: its scalar fields, one a line.
+        if let Some(map) = r.as_object() {
+            for (k, x) in map {
+                match x {
+                    Value::Object(o) => {
+                        let inner: Vec<String> = o
+                            .iter()
+                            .filter(|(_, y)| !y.is_object() && !y.is_array())
+                            .map(|(ik, y)| format!("{ik} {}", cell(y)))
+                            .collect();
+                        if !inner.is_empty() {
+                            out.push_str(&format!("{k}: {}\n", inner.join(", ")));
+                        }
+                    }
+                    Value::Array(a) => out.push_str(&format!("{k}: {} entries\n", a.len())),
+                    _ => out.push_str(&format!("{k}: {}\n", cell(x))),
+                }
+            }
+        }
+        return out;
+    };
+    out.push_str(&format!("findings: {}\n", findings.len()));
+    for (i, f) in findings.iter().enumerate() {
+        out.push_str(&format!(
+            "\n{}. {} (severity {}, {}, {}) in {} at [msg {}] (reply [msg {}])\n",
+            i + 1,
+            cell(field(f, "kind")),
+            cell(field(f, "severity")),
+            cell(field(f, "scope")),
+            cell(field(f, "target_layer")),
+            cell(field(f, "space")),
+            cell(field(f, "message_id")),
+            cell(field(f, "reply_id")),
+        ));
+        for (label, key) in [
+            ("", "summary"),
+            ("evidence: ", "evidence"),
+            ("suggestion: ", "suggestion"),
+        ] {
+            if let Some(text) = field(f, key).as_str().filter(|s| !s.is_empty()) {
+                out.push_str(&format!("   {label}{}\n", text.replace('\n', "\n   ")));
+            }
+        }
+    }
+    let footer = field(r, "footer");
+    if footer.is_object() {
+        out.push_str(&format!(
+            "\n{} exchanges in {} spaces judged, {} judge calls, cost {}\n",
+            cell(field(footer, "exchanges_judged")),
+            cell(field(footer, "spaces_judged")),
+            cell(field(footer, "judge_calls")),
+            money(field(footer, "cost"), field(footer, "currency")),
+        ));
+        if findings.iter().any(|f| !field(f, "message_id").is_null()) {
+            out.push_str("a finding's message: mrctl --in SPACE messages show N --context 3\n");
+        }
+    }
+    out
 }
 
 /// One table for `config get`: every available key with its value in this
