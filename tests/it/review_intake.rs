@@ -819,6 +819,7 @@ async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agree
     )
     .await;
     let weekly: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let weekly = weekly["report"].clone();
     assert_eq!(weekly["verdicts"]["n"], 12, "{weekly}");
     let out = output(
         host.mrctl(&host.owner_token, None)
