@@ -1084,7 +1084,7 @@ pub fn from_value(file: Value, env: &BTreeMap<String, String>) -> Result<Setting
         .map_err(|e| key_err("(defaults)", e.to_string()))?;
     let mut merged = defaults.clone();
     merge(&mut merged, file, "")?;
-    apply_env(&mut merged, &defaults, "", env)?;
+    apply_env(&mut merged, &defaults, env)?;
     let mut settings: Settings = serde_yaml_ng::from_value(merged).map_err(|e| {
         // serde_yaml_ng names the path in its message; keep it whole.
         key_err("(file)", e.to_string())
@@ -1150,29 +1150,21 @@ pub fn env_name(path: &str) -> String {
     format!("MERCURY_{}", path.to_uppercase().replace('.', "_"))
 }
 
+/// Sets in `merged` every key the environment sets: the walk is
+/// [`collect_env`]'s, so what a host applies and what it records are one list.
 fn apply_env(
     merged: &mut Value,
     defaults: &Value,
-    path: &str,
     env: &BTreeMap<String, String>,
 ) -> Result<(), ConfigError> {
-    let Value::Mapping(dmap) = defaults else {
-        return Ok(());
-    };
-    for (k, dv) in dmap {
-        let Some(key) = k.as_str() else { continue };
-        let full = join(path, key);
-        if dv.is_mapping() && full != "prices" {
-            if let Some(slot) = merged.get_mut(k.clone()) {
-                apply_env(slot, dv, &full, env)?;
-            }
-            continue;
+    let mut sets = Vec::new();
+    collect_env(defaults, "", env, &mut sets)?;
+    for (key, value) in sets {
+        let mut slot = Some(&mut *merged);
+        for part in key.split('.') {
+            slot = slot.and_then(|v| v.get_mut(part));
         }
-        let Some(raw) = env.get(&env_name(&full)) else {
-            continue;
-        };
-        let value = parse_env_value(&full, dv, raw)?;
-        if let Some(slot) = merged.get_mut(k.clone()) {
+        if let Some(slot) = slot {
             *slot = value;
         }
     }
