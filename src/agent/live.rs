@@ -64,6 +64,7 @@ pub(crate) async fn run_and_commit(
             message.id,
         );
         let task_run = message.task_run_id;
+        let conversation = message.conversation_id;
         rt.store
             .write(move |tx| {
                 // Counted before this attempt is: the attempts a crash cut
@@ -98,7 +99,15 @@ pub(crate) async fn run_and_commit(
                 // Read here, the turn need not read them again: the spend
                 // seam need not reserve when no cap covers the turn, and a
                 // space without extensions costs no further read.
+                // A global admin in a direct conversation reads why a turn
+                // failed; in a group the others would read it too.
+                let reason_to_caller = global
+                    && match conversation {
+                        Some(c) => conversations::get(tx, c)?.is_some_and(|c| c.kind == "dm"),
+                        None => false,
+                    };
                 let preread = super::TurnPreread {
+                    reason_to_caller,
                     space_budget: crate::storage::spend::space_budget(tx, &space_s)?,
                     extensions: std::sync::Mutex::new(Some(
                         crate::extensions::TurnExtensions::read(tx, &space_s, &role)?,
@@ -258,6 +267,9 @@ async fn commit(
                     created_at: now_ms(),
                     run_id: Some(&run_id),
                     reply_to: Some(message.id),
+                    // Marks a failed turn's reply (the failure or capped
+                    // sentence), which the prompt history leaves out.
+                    status: (outcome.status == TurnStatus::Failed).then_some("failed"),
                     ..Default::default()
                 },
             )?;

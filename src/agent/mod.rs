@@ -58,6 +58,9 @@ pub(crate) struct TurnPreread {
     /// The role the turn acts with: the mapped operator's for a mapped
     /// sender, as the run's links paragraph is decided.
     pub role: String,
+    /// The caller is a global admin in a direct conversation: a failed
+    /// turn's reply says why, and where its trace is.
+    pub reason_to_caller: bool,
     /// The space's own spend caps (`None`: it has none of its own).
     pub space_budget: Option<crate::storage::spend::SpaceBudget>,
     /// The enabled extensions, taken once by the turn.
@@ -242,11 +245,14 @@ pub(crate) async fn run_turn(
             // The reason is for runs.error and the log; the participant
             // reads the configured generic sentence (a model error can
             // carry a provider's body, a path or a script's name).
-            (
-                TurnStatus::Failed,
-                Some(rt.settings.turn.failure_reply.clone()),
-                Some(msg),
-            )
+            let mut reply = rt.settings.turn.failure_reply.clone();
+            if req.preread.as_ref().is_some_and(|p| p.reason_to_caller) {
+                reply.push_str(&format!(
+                    "\n\n(You are a global admin, so the reason: {msg}. The trace: mrctl runs show {})",
+                    req.run_id
+                ));
+            }
+            (TurnStatus::Failed, Some(reply), Some(msg))
         }
     };
     let took = started.elapsed();

@@ -36,8 +36,11 @@ pub(crate) const REPLY_FOR_TAIL: &str =
 // statistics, would pick that one and filter every message of the space.
 pub(crate) const PENDING_TAIL: &str =
     "FROM messages INDEXED BY messages_pending WHERE space_id = ?1 AND status = 'pending' ORDER BY id";
+// A failed turn's reply row has status 'failed': the canned sentence the
+// participant read is not something the model said, so its history leaves it out.
 pub(crate) const HISTORY_TAIL: &str = "FROM messages WHERE space_id = ?1 AND id > ?2 AND id < ?3
            AND role IN ('user','assistant','ambient')
+           AND (role <> 'assistant' OR status IS NULL OR status <> 'failed')
          ORDER BY id DESC LIMIT ?4";
 
 const COLS: &str = "id, space_id, conversation_id, sender_id, sender_name, role, text, platform_message_id, created_at, run_id, status, reply_to, task_run_id";

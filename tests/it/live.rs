@@ -540,6 +540,82 @@ async fn a_model_failure_gives_the_generic_failure_reply_and_a_failed_run() {
     h.stop().await;
 }
 
+/// Issue 25: the canned sentence a failed turn answered with is not something
+/// the model said, so the next turn's history leaves it out (the rule that
+/// would see it in the request answers first if it is there).
+#[tokio::test]
+async fn a_failed_turns_reply_is_left_out_of_the_next_prompt() {
+    let h = TestHost::start(opts(json!({"rules": [
+        {"purpose": "turn", "match_any": "assistant: Sorry, something went wrong", "reply": "the failure was in my history"},
+        {"purpose": "turn", "match": "^user: hello$", "reply": "hi"},
+    ]})))
+    .await;
+    let adapter = h.token("bridge", "adapter").await;
+    let (space, failed) = send(&h, &adapter, "oops", "olga", "something unexpected", "p-1").await;
+    h.wait_count(
+        &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {failed}"),
+        1,
+        30,
+    )
+    .await;
+    assert_eq!(
+        replies(&h, &space)[0].1,
+        mercury::config::DEFAULT_FAILURE_REPLY
+    );
+    let (_, next) = send(&h, &adapter, "oops", "olga", "hello", "p-2").await;
+    h.wait_count(
+        &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {next}"),
+        1,
+        30,
+    )
+    .await;
+    assert_eq!(replies(&h, &space)[1].1, "hi");
+    h.stop().await;
+}
+
+/// Issue 25: a global admin talking to the bot directly reads why a turn
+/// failed and where its trace is; a stranger in the same space does not.
+#[tokio::test]
+async fn a_failed_turn_tells_a_global_admin_in_a_dm_the_reason() {
+    let h = TestHost::start(opts(
+        json!({"rules": [{"purpose": "turn", "match": "^user: hello$", "reply": "hi"}]}),
+    ))
+    .await;
+    h.create_space("ops").await;
+    let v = h.chat("ops", "something unexpected").await;
+    let reply = v["reply"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reply.starts_with(mercury::config::DEFAULT_FAILURE_REPLY),
+        "{v}"
+    );
+    assert!(
+        reply.contains("no rule matches") && reply.contains("mrctl runs show "),
+        "the owner reads the reason and the trace's command: {reply}"
+    );
+    // A platform stranger's failed turn says only the generic sentence.
+    let adapter = h.token("bridge", "adapter").await;
+    let (other, mid) = send(
+        &h,
+        &adapter,
+        "dm-olga",
+        "olga",
+        "something unexpected",
+        "p-1",
+    )
+    .await;
+    h.wait_count(
+        &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {mid}"),
+        1,
+        30,
+    )
+    .await;
+    assert_eq!(
+        replies(&h, &other)[0].1,
+        mercury::config::DEFAULT_FAILURE_REPLY
+    );
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn a_muted_caller_is_stored_not_answered() {
     let h = TestHost::start(opts(
