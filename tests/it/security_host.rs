@@ -193,7 +193,14 @@ async fn a_fifo_under_models_fails_its_turn_and_the_host_keeps_answering() {
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["status"], "failed", "{v}");
     // The participant reads the generic sentence; the reason is the run's.
-    assert_eq!(v["reply"], mercury::config::DEFAULT_FAILURE_REPLY, "{v}");
+    // (The owner in the console is a global admin in a direct conversation,
+    // so the reason follows the sentence; a participant reads the sentence only.)
+    assert!(
+        v["reply"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(mercury::config::DEFAULT_FAILURE_REPLY)),
+        "{v}"
+    );
     let run = v["run_id"].as_str().unwrap();
     let error: String = h.read(|c| {
         c.query_row("SELECT error FROM runs WHERE id = ?1", &[&run], |r| {
@@ -234,7 +241,11 @@ async fn a_model_file_that_is_not_a_rules_file_is_never_quoted() {
         assert_eq!(st, 200, "{v}");
         let (status, reply, error) = owner_chat(&h, "team", "hello").await;
         assert_eq!(status, "failed", "{text}: {reply}");
-        assert_eq!(reply, mercury::config::DEFAULT_FAILURE_REPLY);
+        assert!(
+            reply.starts_with(mercury::config::DEFAULT_FAILURE_REPLY),
+            "{reply}"
+        );
+        assert!(!reply.contains(canary), "{reply}");
         assert!(
             error.contains(&format!("case{i}.json")),
             "the run's error names the file: {error}"

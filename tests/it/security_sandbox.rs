@@ -195,7 +195,7 @@ async fn a_turn_past_the_quota_fails_and_leaves_the_workspace_as_it_was(sandbox:
         error.contains("workspace quota (sandbox.workspace_mb = 2)"),
         "{error}"
     );
-    assert_eq!(reply(&v), mercury::config::DEFAULT_FAILURE_REPLY);
+    assert!(reply(&v).starts_with(mercury::config::DEFAULT_FAILURE_REPLY));
     assert_eq!(host.workspace_hashes("alpha"), before);
     assert!(!host.data.join("spaces/alpha/big").exists());
     // Within the quota, a turn's writes are kept.

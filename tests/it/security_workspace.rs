@@ -85,7 +85,12 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
             v["status"], "failed",
             "{turn}: {v}, the tool said {tool_output:?}"
         );
-        assert_eq!(v["reply"], mercury::config::DEFAULT_FAILURE_REPLY, "{turn}");
+        assert!(
+            v["reply"]
+                .as_str()
+                .is_some_and(|r| r.starts_with(mercury::config::DEFAULT_FAILURE_REPLY)),
+            "{turn}: {v}"
+        );
         let error = run_error(&host, &v["run_id"]);
         assert!(error.contains(says), "{turn}: {error}");
         assert!(
@@ -192,7 +197,10 @@ async fn a_message_that_crashes_the_host_twice_is_answered_with_the_failure_repl
             |r| r.get(0),
         )
     });
-    assert_eq!(reply, mercury::config::DEFAULT_FAILURE_REPLY);
+    assert!(
+        reply.starts_with(mercury::config::DEFAULT_FAILURE_REPLY),
+        "{reply}"
+    );
     assert_eq!(
         h.count("SELECT COUNT(*) FROM outbox WHERE text = (SELECT text FROM messages WHERE role = 'assistant')"),
         1,
