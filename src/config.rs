@@ -1061,6 +1061,32 @@ fn set_dotted(root: &mut Value, dotted: &str, value: Value) -> Result<(), Config
     Err(key_err(dotted, "an empty key"))
 }
 
+/// The currency label `path` names (the default's when it names none or the
+/// file is absent), without validating the rest: a shadow's report labels
+/// its cost with it, and a key the operator's shell would set is no reason
+/// to refuse that.
+pub fn currency_of(path: &Path) -> Result<String, ConfigError> {
+    let fallback = || Settings::default().currency;
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(fallback()),
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    let file: Value = serde_yaml_ng::from_str(&text).map_err(|e| ConfigError::Yaml {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(match file.get("currency").and_then(Value::as_str) {
+        Some(c) if !c.trim().is_empty() => c.trim().to_owned(),
+        _ => fallback(),
+    })
+}
+
 /// Reads `path` (absent file = all defaults), applies `env`, validates.
 pub fn load(path: &Path, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
     let file: Value = match std::fs::read_to_string(path) {
@@ -1792,6 +1818,17 @@ pub fn process_env() -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shadows_currency_is_read_from_its_file_and_defaults_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mercury.yaml");
+        assert_eq!(currency_of(&path).unwrap(), "USD");
+        std::fs::write(&path, "currency: EUR\nport: 1\n").unwrap();
+        assert_eq!(currency_of(&path).unwrap(), "EUR");
+        std::fs::write(&path, "port: [\n").unwrap();
+        assert!(matches!(currency_of(&path), Err(ConfigError::Yaml { .. })));
+    }
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -300,8 +300,12 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             match crate::host::shadow::down(&root).await {
                 Ok(d) => {
                     println!(
-                        "shadow down: snapshot {}: {} run(s), {} tokens in / {} out, cost ${:.4}",
-                        d.snapshot, d.runs, d.tokens_in, d.tokens_out, d.cost
+                        "shadow down: snapshot {}: {} run(s), {} tokens in / {} out, cost {}",
+                        d.snapshot,
+                        d.runs,
+                        d.tokens_in,
+                        d.tokens_out,
+                        crate::spend::format_amount(d.cost, &d.currency)
                     );
                     ExitCode::SUCCESS
                 }

@@ -385,6 +385,8 @@ pub struct DownReport {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The shadow's currency, which `cost` is in.
+    pub currency: String,
 }
 
 /// Stops the running shadow (SIGTERM, then its drain) and reports its cost
@@ -419,6 +421,7 @@ pub async fn down(root: &Path) -> ShadowResult<DownReport> {
         tokens_in: runs.tokens_in,
         tokens_out: runs.tokens_out,
         cost: runs.cost,
+        currency: runs.currency,
     })
 }
 

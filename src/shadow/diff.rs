@@ -70,6 +70,21 @@ pub struct RunsAndCost {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
+    /// The shadow's deployment currency (its `mercury.yaml`), which `cost`
+    /// is in: printed in the one currency format (docs/spend.md).
+    #[serde(default = "default_currency")]
+    pub currency: String,
+}
+
+fn default_currency() -> String {
+    crate::config::Settings::default().currency
+}
+
+impl RunsAndCost {
+    /// `cost` in the one currency format.
+    pub fn cost_text(&self) -> String {
+        crate::spend::format_amount(self.cost, &self.currency)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -188,6 +203,7 @@ pub fn runs_and_cost(
     now_db: &Conn,
     manifest: &Manifest,
     space: Option<&str>,
+    currency: &str,
 ) -> ShadowResult<RunsAndCost> {
     let runs = rehearsal::runs_started_after(now_db, manifest.marks.run_started_at_ms, space)
         .map_err(db_err("counting the shadow's runs"))?;
@@ -198,6 +214,7 @@ pub fn runs_and_cost(
         tokens_in: i as u64,
         tokens_out: o as u64,
         cost: c,
+        currency: currency.to_owned(),
     })
 }
 
@@ -208,6 +225,7 @@ pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
         &open_read_only_conn(&dir.join("state.db"))?,
         &manifest,
         None,
+        &crate::config::currency_of(&crate::workspace::DataPaths::new(dir).config)?,
     )
 }
 
@@ -268,7 +286,12 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         })
         .collect();
 
-    let runs = runs_and_cost(&now_db, &manifest, space)?;
+    let runs = runs_and_cost(
+        &now_db,
+        &manifest,
+        space,
+        &crate::config::currency_of(&crate::workspace::DataPaths::new(dir).config)?,
+    )?;
 
     let base_files: TreeHashes = {
         let p = dir.join(BASELINE_FILES);
@@ -576,8 +599,11 @@ pub fn render(r: &DiffReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\nruns: {}, tokens {} in / {} out, cost ${:.4}",
-        r.runs.runs, r.runs.tokens_in, r.runs.tokens_out, r.runs.cost
+        "\nruns: {}, tokens {} in / {} out, cost {}",
+        r.runs.runs,
+        r.runs.tokens_in,
+        r.runs.tokens_out,
+        r.runs.cost_text()
     );
     let _ = writeln!(s, "\nworkspace files ({}):", r.files.len());
     if r.files.is_empty() {

@@ -1167,7 +1167,17 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
     // down stops it and prints the cost.
     let (code, out, err) = shadow_cli(&root, &["down"], &[]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("cost $"), "{out}");
+    // In the one currency format, the shadow's own currency (docs/spend.md).
+    let cost = out.split("cost ").nth(1).unwrap_or_default().trim();
+    assert!(
+        cost.ends_with(" USD")
+            && cost
+                .split(' ')
+                .next()
+                .is_some_and(|n| n.parse::<f64>().is_ok()),
+        "{out}"
+    );
+    assert!(!out.contains('$'), "{out}");
     assert!(!root.join("running.json").exists());
 
     // logs prints the shadow host's log.
