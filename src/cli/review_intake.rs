@@ -130,13 +130,39 @@ pub async fn intake(
             return ExitCode::from(1);
         }
     };
+    // One intake per data dir, under one instance name: whatever that name
+    // left reserved is a crashed run's, released before this run calls.
+    let _lock = match crate::workspace::data_dir::lock_intake(&paths) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mercury review intake: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let instance = match crate::sandbox::docker::instance_id_for(&paths.root) {
+        Ok(id) => format!("intake:{id}"),
+        Err(e) => {
+            eprintln!("mercury review intake: the instance id: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let settings = std::sync::Arc::new(s.clone());
     let spend = std::sync::Arc::new(crate::spend::Spend::new(
         settings,
         store,
-        format!("intake:{}", std::process::id()),
+        instance,
         std::sync::Arc::default(),
     ));
+    match spend.release_left_behind().await {
+        Ok(0) => {}
+        Ok(n) => eprintln!(
+            "mercury review intake: released {n} reservation(s) a crashed intake left open"
+        ),
+        Err(e) => {
+            eprintln!("mercury review intake: the spend ledger: {e}");
+            return ExitCode::from(1);
+        }
+    }
     let verifier = Verifier {
         model: std::sync::Arc::new(resolved),
         spend,

@@ -23,10 +23,15 @@ pub const FILE_MODE: u32 = 0o600;
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {
     #[error(
-        "{path} is held by another mercury serve (pid {}): one host per data dir",
+        "{path} is held by another {holder} (pid {}): one at a time per data dir",
         pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string())
     )]
-    Locked { path: String, pid: Option<u32> },
+    Locked {
+        path: String,
+        pid: Option<u32>,
+        /// The command that holds it (`mercury serve`, `mercury review intake`).
+        holder: &'static str,
+    },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -63,7 +68,21 @@ pub struct HostLock {
 /// Takes the lock without waiting; [`DataDirError::Locked`] names the pid
 /// of the host that holds it.
 pub fn lock(paths: &DataPaths) -> Result<HostLock, DataDirError> {
-    let path = lock_path(paths);
+    lock_file(lock_path(paths), "mercury serve")
+}
+
+/// `<data_dir>/intake.lock`: one `mercury review intake` per data dir, so
+/// the reservations its instance left open can only be a crashed run's.
+pub fn intake_lock_path(paths: &DataPaths) -> PathBuf {
+    paths.root.join("intake.lock")
+}
+
+/// The intake's own lock, taken the way [`lock`] takes the host's.
+pub fn lock_intake(paths: &DataPaths) -> Result<HostLock, DataDirError> {
+    lock_file(intake_lock_path(paths), "mercury review intake")
+}
+
+fn lock_file(path: PathBuf, holder: &'static str) -> Result<HostLock, DataDirError> {
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -83,6 +102,7 @@ pub fn lock(paths: &DataPaths) -> Result<HostLock, DataDirError> {
             return Err(DataDirError::Locked {
                 path: path.display().to_string(),
                 pid: text.trim().parse().ok(),
+                holder,
             });
         }
         return Err(io_err(&path)(e));

@@ -991,3 +991,64 @@ async fn review_intake_refuses_a_flooding_source_by_name_and_stops_at_its_call_b
     assert_eq!(triage["taken_in"], json!(["fair/2026-01-07"]), "{triage}");
     assert_eq!(server.received_requests().await.unwrap().len(), 7);
 }
+
+/// A crashed intake leaves its reservations open; the next intake on the
+/// same data dir releases them before it calls, and never another
+/// instance's; two intakes on one data dir cannot run at once.
+#[tokio::test]
+async fn review_intake_releases_what_a_crashed_intake_reserved_and_runs_one_at_a_time() {
+    use mercury::storage::spend::{self as ledger, NewReservation};
+    let (_dir, data, _) = crate::common::prepare(&options()).await;
+    let paths = mercury::workspace::DataPaths::new(&data);
+    let settings = mercury::host::load_settings(&paths).unwrap();
+    let store = mercury::storage::Store::open_at(
+        &mercury::host::store_location(&settings, &paths).unwrap(),
+    )
+    .unwrap();
+    let ours = format!(
+        "intake:{}",
+        mercury::sandbox::docker::instance_id_for(&data).unwrap()
+    );
+    for instance in [ours.clone(), "a-live-host".to_owned()] {
+        store
+            .write(move |tx| {
+                ledger::reserve(
+                    tx,
+                    &NewReservation {
+                        at: mercury::clock::now_ms(),
+                        instance: &instance,
+                        shadow: false,
+                        space_id: None,
+                        purpose: "intake",
+                        model: "scripted:x",
+                        amount: 5_000,
+                    },
+                )
+            })
+            .await
+            .unwrap();
+    }
+    let open = || store.read(ledger::open_reservations);
+    assert_eq!(open().await.unwrap(), 2);
+    let data_s = data.to_str().unwrap().to_owned();
+    // While another intake holds the data dir, this one refuses, touching nothing.
+    let held = mercury::workspace::data_dir::lock_intake(&paths).unwrap();
+    let out = mercury(&["review", "intake", "--data-dir", &data_s], None).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        stderr.contains("is held by another mercury review intake (pid "),
+        "{stderr}"
+    );
+    assert_eq!(open().await.unwrap(), 2);
+    drop(held);
+    let out = mercury(&["review", "intake", "--data-dir", &data_s], None).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("released 1 reservation(s) a crashed intake left open"),
+        "{stderr}"
+    );
+    // The live host's reservation is its own to release at its start.
+    assert_eq!(open().await.unwrap(), 1);
+}
