@@ -857,18 +857,48 @@ fn deliver_spend_notices(rt: &Arc<Runtime>, spaces: &SpaceDirectory) {
     };
     let (rt, spaces) = (rt.clone(), spaces.clone());
     tokio::spawn(async move {
-        while let Some(text) = notices.recv().await {
-            let owner = rt.settings.review.owner.clone();
-            let outcome =
-                crate::review::digest::deliver(&rt, &spaces, &owner, text.clone(), false).await;
-            if !outcome.sent {
-                tracing::warn!(
-                    reason = outcome.reason.as_deref().unwrap_or("-"),
-                    "the owner's spend notice was not sent: {text}"
-                );
+        // What a stopped host owed first; a notice read here may also be
+        // on the channel (written after start, before this read): once.
+        let mut handed = std::collections::BTreeSet::new();
+        let left = match rt.spend.pending_notices().await {
+            Ok(left) => left,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the owner's spend notices left unsent");
+                Vec::new()
+            }
+        };
+        for notice in left {
+            handed.insert((notice.key.clone(), notice.period_start));
+            deliver_spend_notice(&rt, &spaces, &notice).await;
+        }
+        while let Some(notice) = notices.recv().await {
+            if handed.insert((notice.key.clone(), notice.period_start)) {
+                deliver_spend_notice(&rt, &spaces, &notice).await;
             }
         }
     });
+}
+
+/// Queues one notice in the owner's DM, then marks its row handled (a stop
+/// in between sends it twice rather than never).
+async fn deliver_spend_notice(
+    rt: &Arc<Runtime>,
+    spaces: &SpaceDirectory,
+    notice: &crate::spend::PendingNotice,
+) {
+    let owner = rt.settings.review.owner.clone();
+    let outcome =
+        crate::review::digest::deliver(rt, spaces, &owner, notice.text.clone(), false).await;
+    if !outcome.sent {
+        tracing::warn!(
+            reason = outcome.reason.as_deref().unwrap_or("-"),
+            "the owner's spend notice was not sent: {}",
+            notice.text
+        );
+    }
+    if let Err(e) = rt.spend.notice_handled(notice).await {
+        tracing::error!(error = %e, "cannot mark the owner's spend notice handled; it is sent again at the next start");
+    }
 }
 
 /// The start-up warning for every configured model with no price.

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::config::{CapPair, Price, Settings};
 use crate::model::{ModelError, ModelRequest, ModelResponse, ResolvedModel};
+pub use crate::storage::spend::PendingNotice;
 use crate::storage::spend::{self as ledger, NewReservation, SpaceBudget};
 use crate::storage::{Store, StoreError, StoreResult, Tx};
 use crate::telemetry::Metrics;
@@ -430,7 +431,7 @@ fn caps_for(settings: &Settings, charge: &Charge, own: Option<&SpaceBudget>, now
 /// What the reserving write decided.
 enum Decision {
     Go(i64),
-    Capped(CapHit),
+    Capped(CapHit, PendingNotice),
     Unpriced,
 }
 
@@ -448,10 +449,12 @@ pub struct Spend {
     /// stops a call in a period (so at most one per cap per period: the
     /// channel needs no bound); the host's notice task receives them and
     /// queues each through the review digest's channel. Never closed while
-    /// this struct lives; a notice sent with no receiver is only logged.
-    notice_tx: tokio::sync::mpsc::UnboundedSender<String>,
+    /// this struct lives; a notice sent with no receiver is only logged. The
+    /// channel is only the fast path: each notice is a ledger row first
+    /// ([`Spend::pending_notices`] after a stop).
+    notice_tx: tokio::sync::mpsc::UnboundedSender<PendingNotice>,
     /// The receiving end, until the host takes it ([`Spend::take_notices`]).
-    notice_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    notice_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<PendingNotice>>>,
 }
 
 impl Spend {
@@ -475,8 +478,26 @@ impl Spend {
 
     /// The owner's notices, for the one task that delivers them (`None`
     /// after the first take).
-    pub fn take_notices(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    pub fn take_notices(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<PendingNotice>> {
         self.notice_rx.lock().ok().and_then(|mut rx| rx.take())
+    }
+
+    /// The notices this instance wrote and never handed on: a host stopped
+    /// between the cap and the owner's DM. Sent at start, before new ones.
+    pub async fn pending_notices(&self) -> Result<Vec<PendingNotice>, StoreError> {
+        let instance = self.instance.clone();
+        self.store
+            .read(move |conn| ledger::pending_notices(conn, &instance))
+            .await
+    }
+
+    /// `notice` was handed to the owner's channel (or refused there, with
+    /// its reason logged): it is never sent again.
+    pub async fn notice_handled(&self, notice: &PendingNotice) -> Result<(), StoreError> {
+        let (key, since, now) = (notice.key.clone(), notice.period_start, self.now_ms());
+        self.store
+            .write(move |tx| ledger::notice_handled(tx, &key, since, now))
+            .await
     }
 
     /// The owner's notice of a cap that stopped a call.
@@ -661,17 +682,29 @@ impl Spend {
                         Counts::Space(s) => ledger::used_since_by_space(tx, shadow, s, cap.since)?,
                     };
                     if used.saturating_add(worst) > cap.limit {
-                        let first =
-                            ledger::note_once(tx, &format!("cap:{}", cap.key), cap.since, now)?;
-                        return Ok(Decision::Capped(CapHit {
+                        let mut hit = CapHit {
                             key: cap.key.clone(),
                             cap: cap.cap.clone(),
                             limit: from_nanos(cap.limit),
                             used: from_nanos(used),
                             currency: settings.currency.clone(),
                             period_start: cap.since,
-                            first_in_period: first,
-                        }));
+                            first_in_period: false,
+                        };
+                        let notice = PendingNotice {
+                            key: format!("cap:{}", cap.key),
+                            period_start: cap.since,
+                            text: Self::notice(&hit),
+                        };
+                        hit.first_in_period = ledger::note_notice_once(
+                            tx,
+                            &notice.key,
+                            notice.period_start,
+                            now,
+                            &instance,
+                            &notice.text,
+                        )?;
+                        return Ok(Decision::Capped(hit, notice));
                     }
                 }
                 let id = ledger::reserve(
@@ -691,9 +724,9 @@ impl Spend {
             .await?;
         let id = match decision {
             Decision::Go(id) => id,
-            Decision::Capped(hit) => {
+            Decision::Capped(hit, notice) => {
                 tracing::warn!(purpose = charge.purpose.as_str(), space = charge.space.as_deref().unwrap_or("-"), cap = %hit.cap, "a spend cap stopped a model call");
-                if hit.first_in_period && self.notice_tx.send(Self::notice(&hit)).is_err() {
+                if hit.first_in_period && self.notice_tx.send(notice).is_err() {
                     tracing::warn!(cap = %hit.cap, "no one delivers the owner's spend notice");
                 }
                 return Err(SpendError::Capped(hit));

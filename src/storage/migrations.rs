@@ -468,6 +468,16 @@ CREATE TABLE extension_state (
   PRIMARY KEY (extension, space_id, key)
 );
 "#,
+    // 16: the owner's spend notices outlive the host (issue 26). A notice
+    // row carries its text and the instance that owes it; it is handled
+    // once the digest's channel took it, so a host stopped in between
+    // sends it at its next start instead of losing it.
+    r#"
+ALTER TABLE spend_notices ADD COLUMN text TEXT;
+ALTER TABLE spend_notices ADD COLUMN instance TEXT;
+ALTER TABLE spend_notices ADD COLUMN handled_at INTEGER;
+CREATE INDEX spend_notices_pending ON spend_notices (instance, handled_at);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

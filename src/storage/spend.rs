@@ -164,6 +164,61 @@ pub fn note_once(tx: &Tx, key: &str, period_start: i64, at: i64) -> StoreResult<
     Ok(inserted.is_some())
 }
 
+/// An owner's notice written but not yet handed to its channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingNotice {
+    pub key: String,
+    pub period_start: i64,
+    pub text: String,
+}
+
+/// [`note_once`] for a notice that must reach the owner: its `text` is kept,
+/// owed by `instance`, until [`notice_handled`] marks it.
+pub fn note_notice_once(
+    tx: &Tx,
+    key: &str,
+    period_start: i64,
+    at: i64,
+    instance: &str,
+    text: &str,
+) -> StoreResult<bool> {
+    let inserted: Option<i64> = tx.query_opt(
+        "INSERT INTO spend_notices (key, period_start, at, text, instance) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (key, period_start) DO NOTHING RETURNING 1",
+        params![key, period_start, at, text, instance],
+        |r| r.get(0),
+    )?;
+    Ok(inserted.is_some())
+}
+
+/// The notices `instance` wrote and never handed on (it stopped first),
+/// oldest first.
+pub fn pending_notices(conn: &Conn, instance: &str) -> StoreResult<Vec<PendingNotice>> {
+    conn.query_all(
+        "SELECT key, period_start, text FROM spend_notices
+         WHERE instance = ?1 AND handled_at IS NULL AND text IS NOT NULL
+         ORDER BY at, key",
+        params![instance],
+        |r| {
+            Ok(PendingNotice {
+                key: r.get(0)?,
+                period_start: r.get(1)?,
+                text: r.get(2)?,
+            })
+        },
+    )
+}
+
+/// The notice was handed to its channel (sent, or refused with a reason
+/// that was logged): never pending again.
+pub fn notice_handled(tx: &Tx, key: &str, period_start: i64, at: i64) -> StoreResult<()> {
+    tx.execute(
+        "UPDATE spend_notices SET handled_at = ?3 WHERE key = ?1 AND period_start = ?2 AND handled_at IS NULL",
+        params![key, period_start, at],
+    )?;
+    Ok(())
+}
+
 /// Settled cost in one quarter hour (local days are made of these, in any
 /// time zone) for one space, kind of call and model.
 #[derive(Debug, Clone, PartialEq)]

@@ -553,3 +553,65 @@ async fn spend_a_review_scan_stops_at_its_cap_and_says_so_in_its_report() {
     assert!(md.contains("- cost: 16.00 USD"), "{md}");
     host.stop().await;
 }
+
+/// A notice written when a cap stopped a call, whose host stopped before
+/// handing it to the owner's DM, is sent at the host's next start, once;
+/// another host's pending notice is left to that host.
+#[tokio::test]
+async fn spend_an_owner_notice_left_unsent_by_a_stopped_host_is_sent_at_its_next_start() {
+    use mercury::storage::spend as ledger;
+    let p = provider(false).await;
+    let host = TestHost::start(priced(
+        &p,
+        vec![
+            ("ingress.auto_space", Yaml::Bool(false)),
+            ("review.owner", Yaml::String(OWNER.into())),
+        ],
+    ))
+    .await;
+    owner_dm(&host, &p).await;
+    let (dir, data) = host.stop_keeping().await;
+    let paths = mercury::workspace::DataPaths::new(&data);
+    let settings = mercury::host::load_settings(&paths).unwrap();
+    let store = mercury::storage::Store::open_at(
+        &mercury::host::store_location(&settings, &paths).unwrap(),
+    )
+    .unwrap();
+    let ours = mercury::sandbox::docker::instance_id_for(&data).unwrap();
+    let now = mercury::clock::now_ms();
+    for (instance, key, text) in [
+        (
+            ours.clone(),
+            "cap:global:daily",
+            "Spend cap reached: left by the stopped host.",
+        ),
+        (
+            "another-host".to_owned(),
+            "cap:global:monthly",
+            "Spend cap reached: another host's.",
+        ),
+    ] {
+        store
+            .write(move |tx| ledger::note_notice_once(tx, key, now - 1_000, now, &instance, text))
+            .await
+            .unwrap();
+    }
+    drop(store);
+    let host = TestHost::start_on(dir, data).await;
+    let notices = owner_notices(&host, 1).await;
+    assert_eq!(
+        notices,
+        vec!["Spend cap reached: left by the stopped host.".to_owned()]
+    );
+    let pending =
+        |instance: String| host.read(move |conn| ledger::pending_notices(conn, &instance));
+    for _ in 0..100 {
+        if pending(ours.clone()).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(pending(ours).is_empty(), "the notice is still pending");
+    assert_eq!(pending("another-host".to_owned()).len(), 1);
+    host.stop().await;
+}

@@ -1050,5 +1050,37 @@ async fn the_spend_ledger_reserves_settles_releases_and_buckets_alike() {
             .await
             .unwrap();
         assert_eq!(notes, (true, false, true), "{name}");
+
+        // An owner's notice keeps its text, owed by its instance, until handled.
+        let firsts = store
+            .write(|tx| {
+                Ok((
+                    ledger::note_notice_once(tx, "cap:space:s1:daily", T0, T0 + 7, "h1", "one")?,
+                    ledger::note_notice_once(tx, "cap:space:s1:daily", T0, T0 + 8, "h1", "two")?,
+                    ledger::note_notice_once(tx, "cap:global:monthly", T0, T0 + 9, "h2", "three")?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(firsts, (true, false, true), "{name}");
+        let pending = |instance: &'static str| {
+            store.read(move |conn| ledger::pending_notices(conn, instance))
+        };
+        let h1 = pending("h1").await.unwrap();
+        assert_eq!(
+            h1,
+            vec![ledger::PendingNotice {
+                key: "cap:space:s1:daily".into(),
+                period_start: T0,
+                text: "one".into(),
+            }],
+            "{name}: the first text, the plain note_once rows never"
+        );
+        store
+            .write(|tx| ledger::notice_handled(tx, "cap:space:s1:daily", T0, T0 + 10))
+            .await
+            .unwrap();
+        assert!(pending("h1").await.unwrap().is_empty(), "{name}");
+        assert_eq!(pending("h2").await.unwrap().len(), 1, "{name}");
     }
 }
