@@ -151,6 +151,37 @@ pub(crate) fn list(reviews: &Path) -> Result<Vec<ReportEntry>, CatalogError> {
         .collect())
 }
 
+/// The reports that cite any of `ids` (a finding's `message_id` or
+/// `reply_id`, wherever it sits in the report): what a deletion request
+/// names for the operator to read or remove.
+pub(crate) fn citing(
+    reviews: &Path,
+    ids: &std::collections::BTreeSet<i64>,
+) -> Result<Vec<ReportEntry>, CatalogError> {
+    fn cites(v: &Value, ids: &std::collections::BTreeSet<i64>) -> bool {
+        match v {
+            Value::Object(map) => map.iter().any(|(k, v)| {
+                (matches!(k.as_str(), "message_id" | "reply_id")
+                    && v.as_i64().is_some_and(|id| ids.contains(&id)))
+                    || cites(v, ids)
+            }),
+            Value::Array(items) => items.iter().any(|v| cites(v, ids)),
+            _ => false,
+        }
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for entry in list(reviews)? {
+        let name = ReportName::parse(&entry.name)?;
+        if cites(&read(reviews, &name)?, ids) {
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
 fn is_plain_file(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
 }

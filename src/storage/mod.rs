@@ -24,6 +24,7 @@ pub mod conversations;
 pub mod copy;
 pub mod exchanges;
 pub mod extensions;
+pub mod forget;
 pub mod identities;
 #[cfg(feature = "test-hooks")]
 pub mod inspect;

@@ -554,3 +554,117 @@ async fn pairing_discord_strangers_get_a_code_through_the_adapter() {
     assert_eq!(fake.replies()["2002"][0].body["content"], "pong");
     h.stop().await;
 }
+
+/// A deletion request (`mrctl senders forget`, issue 25): one person's
+/// messages, direct conversation, memberships, runs and pairing rows go in
+/// every space; the group's other people keep theirs; a deny stays; the
+/// review reports citing a deleted message are named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairing_senders_forget_deletes_one_person_everywhere_and_names_the_reports_citing_them() {
+    let h = TestHost::start(HostOptions::default()).await;
+    let adapter = h.adapter_token("bridge", "test").await;
+    // Ada asks for a code first (a pending pairing and its reply), then is allowed.
+    let v = dm_in(&h, &adapter, "dm-ada", "ada", "a-0").await;
+    assert_eq!(v["status"], "pairing", "{v}");
+    mrctl_ok(&h, &["senders", "allow", "test:ada"]);
+    let v = dm_in(&h, &adapter, "dm-ada", "ada", "a-1").await;
+    assert_eq!(v["status"], "queued", "{v}");
+    answered(&h, v["message_id"].as_i64().unwrap()).await;
+    // In a group, Ada and Bob.
+    mrctl_ok(&h, &["senders", "allow", "--conversation", "test:grp"]);
+    let mut group = Vec::new();
+    for (who, mid) in [("ada", "g-1"), ("bob", "g-2")] {
+        let (_, v) = h
+            .ingest(&adapter, "grp", who, "mercury hi", mid, true)
+            .await;
+        assert_eq!(v["status"], "queued", "{v}");
+        let id = v["message_id"].as_i64().unwrap();
+        answered(&h, id).await;
+        group.push(id);
+    }
+    let (ada_group, bob_group) = (group[0], group[1]);
+    let spaces_before =
+        h.count("SELECT COUNT(DISTINCT space_id) FROM messages WHERE sender_id = 'test:ada'");
+    assert_eq!(spaces_before, 2, "a DM space and the group's");
+    // Two daily reports: one cites Ada's message, one Bob's.
+    for (date, id) in [("2026-01-05", ada_group), ("2026-01-06", bob_group)] {
+        let dir = h.data.join(format!("reviews/{date}-daily"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("report.json"),
+            json!({"date": date, "findings": [{"message_id": id, "reply_id": id + 1}]}).to_string(),
+        )
+        .unwrap();
+    }
+
+    // Not for a space admin, not for a malformed id.
+    let member = h.token("someone", "user").await;
+    let (st, v) = h
+        .call(
+            Method::POST,
+            "/api/senders/forget",
+            Some(&member),
+            None,
+            Some(json!({"sender": "test:ada"})),
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    let out = h
+        .mrctl(&h.owner_token, None)
+        .args(["senders", "forget", "ada"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("<platform>:<id>"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = mrctl_ok(&h, &["senders", "forget", "test:ada"]);
+    assert!(out.starts_with("forgot test:ada\n"), "{out}");
+    assert!(
+        out.contains("review reports citing their messages"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  2026-01-05\n") && !out.contains("2026-01-06"),
+        "{out}"
+    );
+    for (what, sql, want) in [
+        ("her messages", "SELECT COUNT(*) FROM messages WHERE sender_id = 'test:ada'", 0),
+        ("the bot's replies in her DM", "SELECT COUNT(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE c.external_id = 'dm-ada'", 0),
+        ("her DM conversation", "SELECT COUNT(*) FROM conversations WHERE external_id = 'dm-ada'", 0),
+        ("what was sent to her DM", "SELECT COUNT(*) FROM outbox WHERE external_id = 'dm-ada'", 0),
+        ("her memberships", "SELECT COUNT(*) FROM members WHERE caller_id = 'test:ada'", 0),
+        ("her runs", "SELECT COUNT(*) FROM runs WHERE caller_id = 'test:ada'", 0),
+        ("her allow decision", "SELECT COUNT(*) FROM allowed_senders WHERE subject = 'test:ada'", 0),
+        ("her pairing requests", "SELECT COUNT(*) FROM pairings WHERE sender = 'test:ada'", 0),
+        ("Bob's message", "SELECT COUNT(*) FROM messages WHERE sender_id = 'test:bob'", 1),
+        ("the reply to Bob", &format!("SELECT COUNT(*) FROM messages WHERE reply_to = {bob_group}"), 1),
+        ("Bob's membership", "SELECT COUNT(*) FROM members WHERE caller_id = 'test:bob'", 1),
+        ("the group's decision", "SELECT COUNT(*) FROM allowed_senders WHERE subject = 'grp'", 1),
+    ] {
+        assert_eq!(h.count(sql), want, "{what}");
+    }
+    // Forgotten twice: nothing left to find.
+    let out = mrctl_ok(&h, &["senders", "forget", "test:ada"]);
+    assert!(out.contains("no space held a row of theirs"), "{out}");
+    assert!(
+        out.contains("no review report cites their messages"),
+        "{out}"
+    );
+    // A deny is the operator's protection: it stays, and says so.
+    mrctl_ok(&h, &["senders", "deny", "test:mallory"]);
+    let v: Value = serde_json::from_str(&mrctl_ok(
+        &h,
+        &["--json", "senders", "forget", "test:mallory"],
+    ))
+    .unwrap();
+    assert_eq!(v["instance"]["deny_kept"], true, "{v}");
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM allowed_senders WHERE subject = 'test:mallory' AND status = 'denied'"),
+        1
+    );
+    h.stop().await;
+}

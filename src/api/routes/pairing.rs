@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{body, path_arg, Body, Json, PathArg};
+use super::{apply, body, path_arg, Body, Json, PathArg};
 use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
@@ -23,6 +23,8 @@ use crate::ids;
 use crate::ingress::policy::{CODE_ALPHABET, CODE_LEN, NO_SPACE};
 use crate::links::ActAsRoute;
 use crate::runtime::OutboundSend;
+use crate::review::catalog::{self, ReportEntry};
+use crate::storage::forget::{self, InstanceForgotten, SpaceForgotten};
 use crate::storage::pairings::{self, Decision, Pairing, RuleKind, SenderRule};
 
 /// Pairing requests and sender decisions.
@@ -34,6 +36,7 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(list_senders))
         .routes(routes!(allow_sender))
         .routes(routes!(deny_sender))
+        .routes(routes!(forget_sender))
 }
 
 /// None on purpose: who may talk to the bot is instance-wide, for global admins only.
@@ -275,6 +278,99 @@ pub(crate) async fn deny_sender(
     auth.require_global_admin()?;
     let b = body(b)?;
     Ok(Json(decide_subject(&app, &auth, b, Decision::Denied).await?))
+}
+
+/// One person, by their platform sender id.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForgetBody {
+    /// A platform sender's caller id, `<platform>:<sender id>`.
+    #[schema(pattern = r"^[a-z0-9-]{1,32}:.+$", max_length = 200)]
+    sender: String,
+}
+
+/// What was deleted, where, and what is left for the operator to read.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SenderForgotten {
+    pub sender: String,
+    /// Each space that held a row of theirs, and what it no longer holds.
+    pub spaces: Vec<SpaceForgotten>,
+    pub instance: InstanceForgotten,
+    /// The review reports that cite a deleted message: their evidence may
+    /// quote the person (read, then delete them by hand).
+    pub reports: Vec<ReportEntry>,
+}
+
+#[utoipa::path(post, path = "/api/senders/forget", operation_id = "forgetSender", summary = "Delete one person's messages, memberships and pairing rows in every space", tag = "senders", request_body = ForgetBody,
+    responses((status = 200, description = "Forgotten: what was deleted, and the reports citing it", body = SenderForgotten)))]
+pub(crate) async fn forget_sender(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<ForgetBody>,
+) -> ApiResult<Json<SenderForgotten>> {
+    auth.require_global_admin()?;
+    let b = body(b)?;
+    let (_, platform, sender) = subject(
+        SenderBody {
+            sender: Some(b.sender),
+            conversation: None,
+        },
+        "forgotten",
+    )?;
+    let who = sender.clone();
+    let held = app
+        .rt
+        .store
+        .read(move |conn| forget::spaces_of(conn, &who))
+        .await?;
+    // Each space in its own writer's order; a failure part way leaves the
+    // spaces not reached as they were, and forgetting again finishes them.
+    let mut spaces = Vec::with_capacity(held.len());
+    for space in held {
+        let sid = ids::SpaceId::parse(&space).map_err(|e| {
+            ApiError::internal(format!("a stored space id is invalid: {space:?}: {e}"))
+        })?;
+        let (who, platform) = (sender.clone(), platform.clone());
+        spaces.push(
+            apply(&app, &sid, move |tx| {
+                forget::forget_in_space(tx, &space, &who, &platform)
+            })
+            .await?,
+        );
+    }
+    let direct: Vec<i64> = spaces
+        .iter()
+        .flat_map(|s| s.direct_conversations.iter().copied())
+        .collect();
+    let (who, p) = (sender.clone(), platform.clone());
+    let instance = app
+        .rt
+        .store
+        .write(move |tx| forget::forget_instance(tx, &who, &p, &direct))
+        .await?;
+    let cited: std::collections::BTreeSet<i64> = spaces
+        .iter()
+        .flat_map(|s| s.message_ids.iter().copied())
+        .collect();
+    let dir = app.rt.paths.reviews.clone();
+    let reports = tokio::task::spawn_blocking(move || catalog::citing(&dir, &cited))
+        .await
+        .map_err(|e| ApiError::internal(format!("the report scan stopped: {e}")))?
+        .map_err(|e| ApiError::internal(format!("reading the review reports: {e}")))?;
+    tracing::info!(
+        by = %auth.caller.caller_id,
+        sender = %sender,
+        spaces = spaces.len(),
+        messages = spaces.iter().map(|s| s.messages).sum::<usize>(),
+        reports = reports.len(),
+        "a sender was forgotten"
+    );
+    Ok(Json(SenderForgotten {
+        sender,
+        spaces,
+        instance,
+        reports,
+    }))
 }
 
 #[cfg(test)]

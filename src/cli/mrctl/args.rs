@@ -731,6 +731,16 @@ pub enum SendersCmd {
     },
     /// Every allow and deny decision.
     List,
+    /// Delete one person's messages, memberships and pairing rows everywhere
+    ///
+    /// A deletion request: their messages and direct conversations,
+    /// memberships, roles, mutes, runs and pairing rows, in every space. A
+    /// deny decision about them stays. Names the review reports that cite
+    /// what was deleted.
+    Forget {
+        /// The platform sender, e.g. telegram:42.
+        sender: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -450,6 +450,10 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
         },
         Command::Senders(cmd) => match cmd {
             SendersCmd::List => RequestPlan::get("/api/senders"),
+            SendersCmd::Forget { sender } => {
+                non_empty("the sender", sender)?;
+                RequestPlan::post("/api/senders/forget").body(json!({ "sender": sender.trim() }))
+            }
             SendersCmd::Allow {
                 sender,
                 conversation,

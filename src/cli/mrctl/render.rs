@@ -507,6 +507,7 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
                     ])
                 })
                 .collect(),
+            SendersCmd::Forget { .. } => forgotten(v),
             SendersCmd::Allow { .. } | SendersCmd::Deny { .. } => {
                 let r = field(v, "rule");
                 format!(
@@ -1160,4 +1161,51 @@ pub(super) fn mute_row(m: &Value) -> String {
         format!("until {}", time_cell(until))
     };
     row(&[cell(field(m, "caller_id")), until, cell(field(m, "reason"))])
+}
+
+/// `senders forget`: each space's deletions, the instance's, then what is
+/// left for the operator (a kept deny, a linked operator, citing reports).
+fn forgotten(v: &Value) -> String {
+    let count = |r: &Value, k: &str| field(r, k).as_u64().unwrap_or(0);
+    let mut out = format!("forgot {}\n", cell(field(v, "sender")));
+    let spaces = items(v, "spaces");
+    if spaces.is_empty() {
+        out.push_str("no space held a row of theirs\n");
+    }
+    for s in spaces {
+        out.push_str(&format!(
+            "space {}: {} messages, {} memberships, {} runs, {} queued replies deleted\n",
+            cell(field(s, "space_id")),
+            count(s, "messages"),
+            count(s, "memberships"),
+            count(s, "runs"),
+            count(s, "outbox"),
+        ));
+    }
+    let i = field(v, "instance");
+    out.push_str(&format!(
+        "instance: {} direct conversations, {} pairing requests, {} allow decisions deleted\n",
+        count(i, "conversations"),
+        count(i, "pairings"),
+        count(i, "allowed"),
+    ));
+    if field(i, "deny_kept").as_bool() == Some(true) {
+        out.push_str("kept: the deny decision about them (mrctl senders list)\n");
+    }
+    if let Some(op) = field(i, "linked_to").as_str() {
+        out.push_str(&format!(
+            "kept: their id is linked to operator {} (mrctl identities unlink)\n",
+            cell(&Value::String(op.to_owned()))
+        ));
+    }
+    let reports = items(v, "reports");
+    if reports.is_empty() {
+        out.push_str("no review report cites their messages\n");
+    } else {
+        out.push_str("review reports citing their messages (read, then delete by hand):\n");
+        for r in reports {
+            out.push_str(&format!("  {}\n", cell(field(r, "name"))));
+        }
+    }
+    out
 }
