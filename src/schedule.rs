@@ -1,6 +1,8 @@
 //! Cron and one-shot schedules for tasks. Cron expressions are the standard
-//! five fields, evaluated in UTC. Must never: accept an expression that has
-//! no future fire time, or an `at` in the past.
+//! five fields, evaluated in a time zone: the space's `timezone` config key,
+//! else the deployment's `timezone` (so `0 9 * * *` is nine on the space's
+//! clock, through daylight saving changes). Must never: accept an
+//! expression that has no future fire time, or an `at` in the past.
 
 use std::str::FromStr;
 
@@ -18,11 +20,23 @@ pub(crate) fn parse_cron(expr: &str) -> Result<Cron, String> {
     Ok(cron)
 }
 
-/// The first fire time strictly after `after_ms`.
-pub(crate) fn next_fire(cron: &Cron, after_ms: i64) -> Result<i64, String> {
+/// The zone a space's cron times are read in: its own `timezone` when set
+/// and valid, else the deployment's, else UTC (both are validated where
+/// they are set; a stored value that no longer parses falls through).
+pub(crate) fn zone(space: Option<&str>, deployment: &str) -> chrono_tz::Tz {
+    space
+        .filter(|z| !z.trim().is_empty())
+        .and_then(|z| z.trim().parse().ok())
+        .or_else(|| deployment.trim().parse().ok())
+        .unwrap_or(chrono_tz::UTC)
+}
+
+/// The first fire time strictly after `after_ms`, the expression read on
+/// the clock of `tz`.
+pub(crate) fn next_fire(cron: &Cron, after_ms: i64, tz: chrono_tz::Tz) -> Result<i64, String> {
     let start: DateTime<Utc> =
         DateTime::from_timestamp_millis(after_ms).ok_or_else(|| "time out of range".to_string())?;
-    cron.find_next_occurrence(&start, false)
+    cron.find_next_occurrence(&start.with_timezone(&tz), false)
         .map(|t| t.timestamp_millis())
         .map_err(|e| format!("cron {:?} has no next fire time: {e}", cron.as_str()))
 }
@@ -48,8 +62,45 @@ mod tests {
         assert!(parse_cron("61 * * * *").is_err());
         let c = parse_cron("*/5 * * * *").unwrap();
         let now = 1_700_000_000_000;
-        let next = next_fire(&c, now).unwrap();
+        let next = next_fire(&c, now, chrono_tz::UTC).unwrap();
         assert!(next > now && next - now <= 5 * 60_000);
+    }
+
+    #[test]
+    fn cron_is_read_on_the_zones_clock_through_daylight_saving() {
+        let nine = parse_cron("0 9 * * *").unwrap();
+        let ams: chrono_tz::Tz = "Europe/Amsterdam".parse().unwrap();
+        // 2026-03-28 12:00 UTC: the next nine in Amsterdam is on the 29th,
+        // the first day of summer time (UTC+2): 07:00 UTC.
+        let before_dst = 1_774_699_200_000;
+        assert_eq!(
+            next_fire(&nine, before_dst, ams).unwrap(),
+            1_774_767_600_000
+        );
+        // In winter (UTC+1), nine is 08:00 UTC: 2026-01-16.
+        let winter = 1_768_478_400_000; // 2026-01-15 12:00 UTC
+        assert_eq!(next_fire(&nine, winter, ams).unwrap(), 1_768_550_400_000);
+        assert_eq!(
+            next_fire(&nine, winter, chrono_tz::UTC).unwrap(),
+            1_768_554_000_000
+        );
+    }
+
+    #[test]
+    fn the_space_zone_beats_the_deployments_and_a_bad_one_falls_through() {
+        assert_eq!(
+            zone(Some("Asia/Tokyo"), "Europe/Amsterdam"),
+            chrono_tz::Asia::Tokyo
+        );
+        assert_eq!(
+            zone(Some(""), "Europe/Amsterdam"),
+            chrono_tz::Europe::Amsterdam
+        );
+        assert_eq!(
+            zone(Some("Mars/Olympus"), "Europe/Amsterdam"),
+            chrono_tz::Europe::Amsterdam
+        );
+        assert_eq!(zone(None, "nowhere"), chrono_tz::UTC);
     }
 
     #[test]

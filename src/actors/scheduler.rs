@@ -15,7 +15,7 @@ use super::SpaceDirectory;
 use crate::clock::now_ms;
 use crate::ids::SpaceId;
 use crate::runtime::Runtime;
-use crate::schedule::{next_fire, parse_cron};
+use crate::schedule::{next_fire, parse_cron, zone};
 use crate::storage::tasks;
 use crate::storage::StoreResult;
 
@@ -61,7 +61,12 @@ impl Actor for TaskScheduler {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SchedulerMsg::Tick => {
-                let fired = state.rt.store.write(fire_due).await;
+                let deployment = state.rt.settings.timezone.clone();
+                let fired = state
+                    .rt
+                    .store
+                    .write(move |tx| fire_due(tx, &deployment))
+                    .await;
                 match fired {
                     Ok(spaces) => {
                         for space in spaces {
@@ -83,13 +88,17 @@ impl Actor for TaskScheduler {
     }
 }
 
-/// Queues every due task and advances it; returns the spaces to wake.
-fn fire_due(tx: &crate::storage::Tx<'_>) -> StoreResult<Vec<String>> {
+/// Queues every due task and advances it (a cron task to its next time on
+/// its space's clock); returns the spaces to wake.
+fn fire_due(tx: &crate::storage::Tx<'_>, deployment: &str) -> StoreResult<Vec<String>> {
     let now = now_ms();
     let mut woke = Vec::new();
     for task in tasks::due(tx, now)? {
         let next = match task.cron.as_deref().map(parse_cron) {
-            Some(Ok(c)) => next_fire(&c, now).ok(),
+            Some(Ok(c)) => {
+                let own = tasks::space_timezone(tx, &task.space_id)?;
+                next_fire(&c, now, zone(own.as_deref(), deployment)).ok()
+            }
             Some(Err(e)) => {
                 tracing::error!(task = task.id, error = %e, "stored cron no longer parses; pausing the task");
                 None

@@ -108,7 +108,7 @@ pub(crate) async fn run_and_commit(
                     };
                 let preread = super::TurnPreread {
                     reason_to_caller,
-                    space_budget: crate::storage::spend::space_budget(tx, &space_s)?,
+                    space_budget: crate::storage::spend::space_caps(tx, &space_s)?,
                     extensions: std::sync::Mutex::new(Some(
                         crate::extensions::TurnExtensions::read(tx, &space_s, &role)?,
                     )),

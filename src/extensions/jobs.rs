@@ -48,6 +48,8 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
             }
         };
         let now = now_ms();
+        // A job's cron is read on the deployment's clock (`timezone`).
+        let tz = crate::schedule::zone(None, &rt.settings.timezone);
         for (space, row) in enabled {
             let Ok(m) = manifest::parse(&row.name, &row.manifest) else {
                 continue;
@@ -55,7 +57,7 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
             for (id, job) in &m.jobs {
                 let key = (space.clone(), m.name.clone(), id.clone());
                 let since = *last.entry(key.clone()).or_insert(now);
-                if !due(job, since, now) {
+                if !due(job, since, now, tz) {
                     continue;
                 }
                 last.insert(key, now);
@@ -72,10 +74,10 @@ pub async fn run(rt: Arc<Runtime>, shutdown: CancellationToken) {
 }
 
 /// Whether `job`, last fired (or first seen) at `since`, is due at `now`.
-fn due(job: &manifest::Job, since: i64, now: i64) -> bool {
+fn due(job: &manifest::Job, since: i64, now: i64, tz: chrono_tz::Tz) -> bool {
     match (&job.cron, job.interval_secs) {
         (Some(expr), _) => crate::schedule::parse_cron(expr)
-            .and_then(|c| crate::schedule::next_fire(&c, since))
+            .and_then(|c| crate::schedule::next_fire(&c, since, tz))
             .is_ok_and(|next| next <= now),
         (None, Some(secs)) => now - since >= i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000,
         (None, None) => false,
@@ -211,15 +213,15 @@ mod tests {
         // 2023-11-14T22:13:20Z.
         let t0 = 1_700_000_000_000;
         let every = job(Some(60), None);
-        assert!(!due(&every, t0, t0 + 59_999));
-        assert!(due(&every, t0, t0 + 60_000));
+        assert!(!due(&every, t0, t0 + 59_999, chrono_tz::UTC));
+        assert!(due(&every, t0, t0 + 60_000, chrono_tz::UTC));
         // At minute 15 of every hour: due from 22:15:00, not before.
         let cron = job(None, Some("15 * * * *"));
         let at_15 = 1_700_000_100_000; // 22:15:00Z
-        assert!(!due(&cron, t0, at_15 - 1));
-        assert!(due(&cron, t0, at_15));
+        assert!(!due(&cron, t0, at_15 - 1, chrono_tz::UTC));
+        assert!(due(&cron, t0, at_15, chrono_tz::UTC));
         // Fired at 22:15, next due at 23:15.
-        assert!(!due(&cron, at_15, at_15 + 59 * 60_000));
-        assert!(due(&cron, at_15, at_15 + 3_600_000));
+        assert!(!due(&cron, at_15, at_15 + 59 * 60_000, chrono_tz::UTC));
+        assert!(due(&cron, at_15, at_15 + 3_600_000, chrono_tz::UTC));
     }
 }

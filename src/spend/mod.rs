@@ -665,7 +665,7 @@ impl Spend {
             .write(move |tx| {
                 let own = match &charge_w.space {
                     Some(space) if charge_w.purpose.charges_space() => {
-                        ledger::space_budget(tx, space)?
+                        ledger::space_caps(tx, space)?
                     }
                     _ => None,
                 };
@@ -798,7 +798,7 @@ impl Spend {
         self.store
             .read(move |conn| {
                 let own = match &space {
-                    Some(s) => ledger::space_budget(conn, s)?,
+                    Some(s) => ledger::space_caps(conn, s)?,
                     None => None,
                 };
                 let mut caps = Vec::new();

@@ -125,6 +125,26 @@ pub fn space_budget(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>
     )
 }
 
+/// The caps a space's calls are checked under: its own row, its periods
+/// in the budget's own time zone, else the space's `timezone` config key
+/// (its clock for tasks too); `None` when it has neither.
+pub fn space_caps(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>> {
+    let own = space_budget(conn, space)?;
+    if own.as_ref().is_some_and(|b| b.timezone.is_some()) {
+        return Ok(own);
+    }
+    let Some(zone) = super::tasks::space_timezone(conn, space)? else {
+        return Ok(own);
+    };
+    Ok(Some(SpaceBudget {
+        timezone: Some(zone),
+        ..own.unwrap_or_else(|| SpaceBudget {
+            space_id: space.to_owned(),
+            ..SpaceBudget::default()
+        })
+    }))
+}
+
 pub fn space_budgets(conn: &Conn) -> StoreResult<Vec<SpaceBudget>> {
     conn.query_all(
         "SELECT space_id, daily, monthly, timezone, updated_at FROM space_budgets ORDER BY space_id",

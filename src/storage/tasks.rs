@@ -21,23 +21,34 @@ pub struct Task {
     pub created_by: String,
     pub created_at: i64,
     pub updated_at: i64,
+    /// `active`, `paused`, or `done` (a one-shot task that fired: inactive,
+    /// with no next run).
+    pub state: &'static str,
 }
 
 const COLS: &str = "id, space_id, cron, at, prompt, silent, active, next_run_at, created_by, created_at, updated_at";
 
 fn from_row(r: &Row<'_>) -> StoreResult<Task> {
+    let (cron, active, next_run_at): (Option<String>, bool, Option<i64>) =
+        (r.get(2)?, r.get(6)?, r.get(7)?);
+    let state = match (active, &cron, next_run_at) {
+        (true, _, _) => "active",
+        (false, None, None) => "done",
+        (false, _, _) => "paused",
+    };
     Ok(Task {
         id: r.get(0)?,
         space_id: r.get(1)?,
-        cron: r.get(2)?,
+        cron,
         at: r.get(3)?,
         prompt: r.get(4)?,
         silent: r.get(5)?,
-        active: r.get(6)?,
-        next_run_at: r.get(7)?,
+        active,
+        next_run_at,
         created_by: r.get(8)?,
         created_at: r.get(9)?,
         updated_at: r.get(10)?,
+        state,
     })
 }
 
@@ -123,6 +134,12 @@ pub fn advance(conn: &Conn, id: i64, next_run_at: Option<i64>) -> StoreResult<()
         params![id, next_run_at, now_ms()],
     )?;
     Ok(())
+}
+
+/// The space's own `timezone` config key (its tasks' clock), if set.
+pub fn space_timezone(conn: &Conn, space: &str) -> StoreResult<Option<String>> {
+    super::spaces::kv_get(conn, super::spaces::KvTable::Config, space, "timezone")
+        .map(|z| z.filter(|z| !z.trim().is_empty()))
 }
 
 pub fn delete(conn: &Conn, space: &str, id: i64) -> StoreResult<()> {

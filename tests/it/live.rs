@@ -825,7 +825,7 @@ async fn a_caller_over_the_rate_limit_is_told_to_slow_down() {
 // Tasks and control
 // ---------------------------------------------------------------------------
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing() {
     let h = TestHost::start(opts(json!({"rules": [
         {"purpose": "turn", "match": "^user: water the plants$", "reply": "Plants watered."}
@@ -888,7 +888,107 @@ async fn a_one_shot_task_fires_a_turn_through_the_space_and_records_the_firing()
         v["tasks"][0]["active"], false,
         "a one-shot task is done after it fired: {v}"
     );
+    assert_eq!(v["tasks"][0]["state"], "done", "{v}");
+    // And mrctl says so, not "paused".
+    let out = h
+        .mrctl(&h.owner_token, Some("garden"))
+        .args(["tasks", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        listed.contains("done") && !listed.contains("paused"),
+        "{listed}"
+    );
     assert_eq!(h.count("SELECT COUNT(*) FROM task_runs"), 1, "fired once");
+    h.stop().await;
+}
+
+/// Cron times are read on the space's clock: its `timezone` config key,
+/// else the deployment's; setting it moves the space's tasks at once; a
+/// zone that is not one is refused with the key named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_cron_is_read_in_the_spaces_time_zone_and_moves_when_it_changes() {
+    use chrono::TimeZone;
+    let h = TestHost::start(HostOptions {
+        config: vec![("timezone", serde_yaml_ng::Value::from("America/New_York"))],
+        ..opts(json!({"rules": [{"purpose": "turn", "reply": "ok"}]}))
+    })
+    .await;
+    h.create_space("garden").await;
+    let next_nine = |tz: chrono_tz::Tz| {
+        let now = chrono::Utc::now().with_timezone(&tz);
+        let today = tz
+            .from_local_datetime(&now.date_naive().and_hms_opt(9, 0, 0).unwrap())
+            .earliest()
+            .unwrap();
+        let t = if today > now {
+            today
+        } else {
+            tz.from_local_datetime(
+                &(now.date_naive().succ_opt().unwrap())
+                    .and_hms_opt(9, 0, 0)
+                    .unwrap(),
+            )
+            .earliest()
+            .unwrap()
+        };
+        t.timestamp_millis()
+    };
+    let (st, v) = h
+        .owner(
+            Method::POST,
+            "/api/tasks",
+            Some("garden"),
+            Some(json!({"cron": "0 9 * * *", "prompt": "water the plants"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["timezone"], "America/New_York", "the deployment's: {v}");
+    assert_eq!(
+        v["task"]["next_run_at"].as_i64(),
+        Some(next_nine(chrono_tz::America::New_York)),
+        "{v}"
+    );
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/config",
+            Some("garden"),
+            Some(json!({"key": "timezone", "value": "Mars/Olympus"})),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("timezone: is not an IANA time zone"),
+        "{v}"
+    );
+    let out = h
+        .mrctl(&h.owner_token, Some("garden"))
+        .args(["config", "set", "timezone", "Asia/Tokyo"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (_, v) = h
+        .owner(Method::GET, "/api/tasks", Some("garden"), None)
+        .await;
+    assert_eq!(v["timezone"], "Asia/Tokyo", "{v}");
+    assert_eq!(
+        v["tasks"][0]["next_run_at"].as_i64(),
+        Some(next_nine(chrono_tz::Asia::Tokyo)),
+        "moved to nine in Tokyo: {v}"
+    );
+    let out = h
+        .mrctl(&h.owner_token, Some("garden"))
+        .args(["tasks", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("cron 0 9 * * * (Asia/Tokyo)"), "{listed}");
     h.stop().await;
 }
 

@@ -12,6 +12,7 @@ use utoipa_axum::routes;
 
 use super::{apply, audited, body, path_arg, text_field, Body, Json, PathArg};
 use crate::perms::Permission;
+use crate::schedule::zone;
 use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
@@ -176,6 +177,10 @@ pub(crate) const CONFIG_KEYS: &[(&str, &str)] = &[
         "web.fetch",
         "on or off: the agent's web_fetch tool (the host fetches; off by default)",
     ),
+    (
+        "timezone",
+        "IANA time zone (Europe/Amsterdam) the space's task cron times are read in; blank: the deployment's timezone",
+    ),
 ];
 
 fn validate_config(key: &str, value: &str) -> ApiResult<()> {
@@ -189,6 +194,11 @@ fn validate_config(key: &str, value: &str) -> ApiResult<()> {
         }
         "trigger.patterns" if value.len() > 500 => bad("is longer than 500 characters"),
         "web.fetch" if !matches!(value, "on" | "off") => bad("must be on or off"),
+        "timezone"
+            if !value.trim().is_empty() && value.trim().parse::<chrono_tz::Tz>().is_err() =>
+        {
+            bad("is not an IANA time zone name (e.g. Europe/Amsterdam, America/New_York, UTC)")
+        }
         "rate_limit.per_minute" => match value.parse::<u32>() {
             Ok(1..=1000) => Ok(()),
             _ => bad("must be a whole number from 1 to 1000"),
@@ -268,10 +278,15 @@ pub(crate) async fn config_set(
     }
     let by = auth.caller.caller_id.clone();
     let link = auth.via.as_ref().map(|v| v.edge_id);
+    let deployment = app.rt.settings.timezone.clone();
     let (before, out) = apply(&app, &sid, move |tx| {
         let before = spaces::kv_get(tx, KvTable::Config, &space, &b.key)?;
         restore::note_kv_write(tx, link, &space, ChangeKind::Config, &b.key, Some(&b.value))?;
         spaces::kv_set(tx, KvTable::Config, &space, &b.key, &b.value, &by)?;
+        if b.key == "timezone" {
+            // The space's cron tasks now run on its new clock.
+            super::tasks::reschedule(tx, &space, zone(Some(&b.value), &deployment))?;
+        }
         Ok((
             before,
             KeySet {

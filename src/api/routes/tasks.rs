@@ -17,7 +17,7 @@ use crate::app::App;
 use crate::clock::now_ms;
 use crate::links::ActAsRoute;
 use crate::links::LinkLevel::{Admin, Read};
-use crate::schedule::{next_fire, parse_at, parse_cron};
+use crate::schedule::{next_fire, parse_at, parse_cron, zone};
 use crate::storage::tasks::queue_firing;
 use crate::storage::tasks::{self, NewTask, Task};
 use crate::storage::StoreError;
@@ -45,12 +45,51 @@ pub(crate) const ACT_AS: &[ActAsRoute] = &[
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct TaskList {
     pub tasks: Vec<Task>,
+    /// The IANA zone the space's cron expressions are read in (its
+    /// `timezone` config key, else the deployment's `timezone`).
+    pub timezone: String,
+}
+
+/// Moves every active cron task of `space` to its next time on the clock of
+/// `tz` (the space's zone just changed), in the caller's transaction.
+pub(super) fn reschedule(
+    tx: &crate::storage::Tx<'_>,
+    space: &str,
+    tz: chrono_tz::Tz,
+) -> Result<usize, StoreError> {
+    let now = now_ms();
+    let mut moved = 0;
+    for task in tasks::list(tx, space)? {
+        let Some(expr) = task.cron.as_deref().filter(|_| task.active) else {
+            continue;
+        };
+        // A stored cron was parsed at creation; one that no longer does is
+        // left for the scheduler, which pauses it and says so.
+        if let Ok(next) = parse_cron(expr).and_then(|c| next_fire(&c, now, tz)) {
+            tasks::advance(tx, task.id, Some(next))?;
+            moved += 1;
+        }
+    }
+    Ok(moved)
+}
+
+/// The zone a space's cron times are read in (see [`TaskList::timezone`]).
+async fn zone_of(app: &App, space: &str) -> ApiResult<chrono_tz::Tz> {
+    let sp = space.to_owned();
+    let own = app
+        .rt
+        .store
+        .read(move |c| tasks::space_timezone(c, &sp))
+        .await?;
+    Ok(zone(own.as_deref(), &app.rt.settings.timezone))
 }
 
 /// One task as it stands after the change.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct TaskReply {
     pub task: Task,
+    /// The zone its cron expression is read in (see [`TaskList::timezone`]).
+    pub timezone: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -75,8 +114,12 @@ pub(crate) async fn list(
     Extension(auth): Extension<Auth>,
 ) -> ApiResult<Json<TaskList>> {
     let space = auth.require(Permission::TasksList)?.space.to_string();
+    let tz = zone_of(&app, &space).await?;
     let list = app.rt.store.read(move |c| tasks::list(c, &space)).await?;
-    Ok(Json(TaskList { tasks: list }))
+    Ok(Json(TaskList {
+        tasks: list,
+        timezone: tz.name().to_owned(),
+    }))
 }
 
 /// Exactly one of `cron` (a 5-field cron line) and `at` (a duration from
@@ -108,7 +151,8 @@ pub(crate) async fn create(
     let (cron, at, next) = match (&b.cron, &b.at) {
         (Some(c), None) => {
             let parsed = parse_cron(c).map_err(ApiError::bad_request)?;
-            let next = next_fire(&parsed, now).map_err(ApiError::bad_request)?;
+            let tz = zone_of(&app, &space).await?;
+            let next = next_fire(&parsed, now, tz).map_err(ApiError::bad_request)?;
             (Some(c.trim().to_owned()), None, next)
         }
         (None, Some(a)) => {
@@ -118,6 +162,7 @@ pub(crate) async fn create(
         _ => return Err(ApiError::bad_request("give exactly one of cron and at")),
     };
     let by = auth.caller.caller_id.clone();
+    let zone_name = zone_of(&app, &space).await?.name().to_owned();
     let out = apply(&app, &sid, move |tx| {
             let task = tasks::create(
                 tx,
@@ -131,7 +176,10 @@ pub(crate) async fn create(
                     created_by: &by,
                 },
             )?;
-            Ok(TaskReply { task })
+            Ok(TaskReply {
+                task,
+                timezone: zone_name,
+            })
         })
         .await?;
     Ok((StatusCode::CREATED, Json(out)))
@@ -146,6 +194,7 @@ async fn set_active(
 ) -> ApiResult<Json<TaskReply>> {
     let sid = auth.require(perm)?.space.clone();
     let space = sid.to_string();
+    let tz = zone_of(app, &space).await?;
     let out = app.spaces.apply_with(&sid, move |tx| {
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
@@ -153,7 +202,7 @@ async fn set_active(
             let next = match (&task.cron, active) {
                 (Some(c), true) => Some(
                     parse_cron(c)
-                        .and_then(|c| next_fire(&c, now_ms()))
+                        .and_then(|c| next_fire(&c, now_ms(), tz))
                         .map_err(|e| Refusal::Refused(ApiError::bad_request(e)))?,
                 ),
                 _ => None,
@@ -166,7 +215,10 @@ async fn set_active(
             tasks::set_active(tx, &space, id, active, next)?;
             let task = tasks::get(tx, &space, id)?
                 .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            Ok(TaskReply { task })
+            Ok(TaskReply {
+                task,
+                timezone: tz.name().to_owned(),
+            })
         })
         .await?;
     Ok(Json(out))

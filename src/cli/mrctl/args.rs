@@ -463,7 +463,7 @@ pub enum ConfigCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum TasksCmd {
-    /// Every task of the space with its next run.
+    /// Every task of the space: its cron and the zone it is read in, its state (active, paused, done), its next run.
     List,
     /// Schedule a prompt: repeating (--cron) or once (--at).
     #[command(
@@ -471,10 +471,12 @@ pub enum TasksCmd {
     )]
     #[command(group(ArgGroup::new("when").required(true).args(["cron", "at"])))]
     Create {
-        /// Five-field cron expression (minute hour day month weekday).
+        /// Five-field cron expression (minute hour day month weekday), read on
+        /// the space's clock: its `timezone` (mrctl config set timezone
+        /// Europe/Amsterdam), else the deployment's `timezone` (UTC by default).
         #[arg(long, value_name = "EXPR")]
         cron: Option<String>,
-        /// RFC 3339 time in the future.
+        /// RFC 3339 time in the future, with its offset (2030-01-01T08:00:00+01:00).
         #[arg(long, value_name = "TIME")]
         at: Option<String>,
         /// What the agent is asked when the task fires.

@@ -260,9 +260,12 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             }
         },
         Command::Tasks(cmd) => match cmd {
-            TasksCmd::List => items(v, "tasks").iter().map(task_row).collect(),
+            TasksCmd::List => items(v, "tasks")
+                .iter()
+                .map(|t| task_row(t, field(v, "timezone")))
+                .collect(),
             TasksCmd::Create { .. } | TasksCmd::Pause { .. } | TasksCmd::Resume { .. } => {
-                task_row(field(v, "task"))
+                task_row(field(v, "task"), field(v, "timezone"))
             }
             TasksCmd::Run { .. } => format!(
                 "task {} fired as message {}\n",
@@ -1131,15 +1134,18 @@ pub(super) fn render_config(v: &Value) -> String {
     out
 }
 
-pub(super) fn task_row(t: &Value) -> String {
-    let schedule = match field(t, "cron").as_str() {
-        Some(c) => format!("cron {c}"),
-        None => format!("at {}", time_cell(field(t, "at"))),
+/// One task: its cron expression with the zone it is read in (the space's
+/// clock), its state (`active`, `paused`, `done`), its next run (UTC).
+pub(super) fn task_row(t: &Value, zone: &Value) -> String {
+    let schedule = match (field(t, "cron").as_str(), zone.as_str()) {
+        (Some(c), Some(z)) => format!("cron {c} ({z})"),
+        (Some(c), None) => format!("cron {c}"),
+        (None, _) => format!("at {}", time_cell(field(t, "at"))),
     };
-    let mut state = if field(t, "active").as_bool() == Some(false) {
-        "paused".to_owned()
-    } else {
-        "active".to_owned()
+    let mut state = match field(t, "state").as_str() {
+        Some(s) => s.to_owned(),
+        None if field(t, "active").as_bool() == Some(false) => "paused".to_owned(),
+        None => "active".to_owned(),
     };
     if field(t, "silent").as_bool() == Some(true) {
         state.push_str(",silent");
