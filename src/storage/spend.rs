@@ -279,3 +279,54 @@ pub fn cost_buckets(conn: &Conn, shadow: bool, since: i64) -> StoreResult<Vec<Co
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::spaces::{self, KvTable};
+
+    #[test]
+    fn a_spaces_caps_take_its_config_zone_unless_the_budget_names_one() {
+        let db = crate::storage::test_conn();
+        let conn = Tx::new(&db);
+        spaces::create_space(&conn, "s1", "S1", &[]).unwrap();
+        assert_eq!(space_caps(&conn, "s1").unwrap(), None);
+        spaces::kv_set(
+            &conn,
+            KvTable::Config,
+            "s1",
+            "timezone",
+            "Asia/Tokyo",
+            "owner",
+        )
+        .unwrap();
+        let caps = space_caps(&conn, "s1").unwrap().unwrap();
+        assert_eq!(
+            (caps.daily, caps.timezone.as_deref()),
+            (None, Some("Asia/Tokyo"))
+        );
+        let own = SpaceBudget {
+            space_id: "s1".into(),
+            daily: Some(2.0),
+            monthly: None,
+            timezone: None,
+            updated_at: 1,
+        };
+        set_space_budget(&conn, &own).unwrap();
+        let caps = space_caps(&conn, "s1").unwrap().unwrap();
+        assert_eq!(
+            (caps.daily, caps.timezone.as_deref()),
+            (Some(2.0), Some("Asia/Tokyo"))
+        );
+        set_space_budget(
+            &conn,
+            &SpaceBudget {
+                timezone: Some("Europe/Amsterdam".into()),
+                ..own
+            },
+        )
+        .unwrap();
+        let caps = space_caps(&conn, "s1").unwrap().unwrap();
+        assert_eq!(caps.timezone.as_deref(), Some("Europe/Amsterdam"));
+    }
+}
