@@ -34,6 +34,9 @@ pub struct AskOutcome {
     pub reply: Option<String>,
     pub error: Option<String>,
     pub refusals: Vec<AskRefusal>,
+    /// What the turn wrote in its throwaway copy: never in the target's
+    /// workspace (listed so the asker sees what the agent tried).
+    pub discarded: crate::agent::Discarded,
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub cost: f64,
@@ -172,6 +175,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         reply: outcome.reply,
         error: outcome.error,
         refusals: rt.take_refusals(run_id.as_str()),
+        discarded: outcome.discarded,
         tokens_in: outcome.tokens_in,
         tokens_out: outcome.tokens_out,
         cost: outcome.cost,

@@ -151,6 +151,7 @@ pub(crate) async fn run_and_commit(
             tokens_out: 0,
             cost: 0.0,
             steps: Vec::new(),
+            discarded: Default::default(),
         };
         if let Err(e) = commit(rt, &message, &run_id, outcome).await {
             tracing::error!(space = %space, message = message.id, error = %e, "cannot fail a crash-looping message");

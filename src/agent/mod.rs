@@ -121,7 +121,22 @@ pub(crate) struct TurnOutcome {
     /// The turn's trace: every model call and tool call, in order. A live
     /// turn's is stored with its commit; an ask's goes back to the asker.
     pub steps: Vec<runs::RunStep>,
+    /// A throwaway layer's changes, read before it was dropped (an ask's
+    /// writes to its copy, which never reach the workspace); empty for a
+    /// turn that merges.
+    pub discarded: Discarded,
 }
+
+/// What a throwaway copy held when it was thrown away.
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct Discarded {
+    pub changes: Vec<crate::workspace::layer::LayerChange>,
+    /// More changes than [`DISCARDED_MAX`] were made; the rest are not listed.
+    pub more: bool,
+}
+
+/// How many of a throwaway copy's changes are listed.
+pub(crate) const DISCARDED_MAX: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 enum TurnError {
@@ -191,6 +206,7 @@ pub(crate) async fn run_turn(
         }
     }
     let layer = slot.layer.lock().ok().and_then(|mut l| l.take());
+    let mut discarded = Discarded::default();
     let result = match (layer, result) {
         (Some(layer), Some(Ok(text))) if merge => {
             match tokio::task::spawn_blocking(move || layer.commit()).await {
@@ -200,7 +216,20 @@ pub(crate) async fn run_turn(
             }
         }
         (Some(layer), result) => {
-            let _ = tokio::task::spawn_blocking(move || layer.discard()).await;
+            let listed = tokio::task::spawn_blocking(move || {
+                // A merging turn that failed wrote nothing anyone asked about.
+                let listed = (!merge).then(|| layer.changes(DISCARDED_MAX));
+                layer.discard();
+                listed
+            })
+            .await;
+            match listed {
+                Ok(Some(Ok((changes, more)))) => discarded = Discarded { changes, more },
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(run = %req.run_id, error = %e, "cannot list a throwaway copy's changes");
+                }
+                Ok(None) | Err(_) => {}
+            }
             result
         }
         (None, result) => result,
@@ -286,6 +315,7 @@ pub(crate) async fn run_turn(
         tokens_out: acc.tokens_out,
         cost: acc.cost,
         steps,
+        discarded,
     }
 }
 

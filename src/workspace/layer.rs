@@ -80,6 +80,22 @@ pub enum LayerBudget {
     Throwaway { quota_mb: u64, limits: WalkLimits },
 }
 
+/// One path a turn changed in its layer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct LayerChange {
+    /// Relative to the workspace root, `/`-separated.
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Created or rewritten (a file or a symlink).
+    Written,
+    Deleted,
+}
+
 /// One turn's (or one ask's) overlay over a workspace.
 #[derive(Debug)]
 pub struct TurnLayer {
@@ -288,6 +304,45 @@ impl TurnLayer {
                 }
             },
         }
+    }
+
+    /// What the turn changed in its copy, read from the upper layer (for an
+    /// `ask`, whose copy is thrown away: what it would have written). Files
+    /// and symlinks written, entries deleted (whiteouts), sorted; at most
+    /// `max`, and `true` when there were more. Call once nothing can write
+    /// the upper; every step is a no-follow open below the layer.
+    pub fn changes(&self, max: usize) -> io::Result<(Vec<LayerChange>, bool)> {
+        let upper = WorkspaceRoot::open(&self.layer.join("upper"))
+            .map_err(|e| io::Error::other(format!("opening the upper layer: {e}")))?;
+        let mut out = Vec::new();
+        let mut more = false;
+        let mut stack = vec![(upper, String::new(), 0usize)];
+        while let Some((dir, prefix, depth)) = stack.pop() {
+            for e in dir.entries()? {
+                let path = format!("{prefix}{}", e.name.to_string_lossy());
+                let change = match e.kind {
+                    EntryKind::Other if is_whiteout(&e) => Some(ChangeKind::Deleted),
+                    EntryKind::File | EntryKind::Symlink => Some(ChangeKind::Written),
+                    EntryKind::Dir if depth < self.limits.max_depth => {
+                        stack.push((dir.child_dir(&e.name)?, format!("{path}/"), depth + 1));
+                        None
+                    }
+                    EntryKind::Dir | EntryKind::Other => None,
+                };
+                if let Some(kind) = change {
+                    if out.len() == max {
+                        more = true;
+                        break;
+                    }
+                    out.push(LayerChange { path, kind });
+                }
+            }
+            if more {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok((out, more))
     }
 
     /// Throws the turn's changes away.
@@ -793,6 +848,51 @@ mod tests {
             ]
         );
         assert_eq!(std::fs::read_dir(t.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_throwaway_copy_lists_what_it_wrote_and_deleted_and_leaves_the_workspace() {
+        assert!(is_root(), "the layer tests need root");
+        let t = tempfile::tempdir().unwrap();
+        let live = t.path().join("ws");
+        std::fs::create_dir_all(live.join("notes")).unwrap();
+        for f in ["keep.txt", "gone.txt", "notes/old.md"] {
+            std::fs::write(live.join(f), "v1").unwrap();
+        }
+        let before = tree(&live);
+        let layer = TurnLayer::mount(
+            &live,
+            &t.path().join("tmp"),
+            "ask-list",
+            LayerBudget::Throwaway {
+                quota_mb: 4,
+                limits: WalkLimits::default(),
+            },
+        )
+        .unwrap();
+        let m = layer.merged().to_owned();
+        std::fs::remove_file(m.join("gone.txt")).unwrap();
+        std::fs::write(m.join("notes/old.md"), "v2").unwrap();
+        std::fs::create_dir_all(m.join("a/b")).unwrap();
+        std::fs::write(m.join("a/b/new\nline.txt"), "n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", m.join("link")).unwrap();
+        let (changes, more) = layer.changes(10).unwrap();
+        let listed: Vec<(String, ChangeKind)> =
+            changes.into_iter().map(|c| (c.path, c.kind)).collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("a/b/new\nline.txt".to_owned(), ChangeKind::Written),
+                ("gone.txt".to_owned(), ChangeKind::Deleted),
+                ("link".to_owned(), ChangeKind::Written),
+                ("notes/old.md".to_owned(), ChangeKind::Written),
+            ]
+        );
+        assert!(!more);
+        let (two, more) = layer.changes(2).unwrap();
+        assert_eq!((two.len(), more), (2, true));
+        layer.discard();
+        assert_eq!(tree(&live), before);
     }
 
     #[test]

@@ -90,6 +90,15 @@ async fn an_adversarial_ask_changes_nothing_in_the_target_and_lists_its_refusals
         ],
         "{v}"
     );
+    // What the agent wrote in its copy is listed, and went with the copy.
+    assert_eq!(
+        v["discarded"],
+        json!({"changes": [
+            {"path": "MEMORY.md", "kind": "written"},
+            {"path": "new.txt", "kind": "written"}
+        ], "more": false}),
+        "{v}"
+    );
     assert!(v["tokens_in"].as_u64().unwrap() > 0);
     // X is byte-identical: rows (but usage accounting, token_usage and the
     // spend ledger, and the link audit) and files.
@@ -137,6 +146,10 @@ async fn the_reply_uses_the_targets_own_instructions() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("[x] X says PINEAPPLE-42"), "{text}");
     assert!(text.contains("refused writes: none"), "{text}");
+    assert!(
+        text.contains("written in the throwaway copy (discarded): nothing"),
+        "{text}"
+    );
     assert!(text.contains("tokens:"), "{text}");
     host.stop().await;
 }

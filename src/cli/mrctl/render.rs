@@ -846,7 +846,8 @@ pub(super) fn render_files(cmd: &FilesCmd, v: &Value) -> String {
     }
 }
 
-/// `ask`: the reply labelled with the space, then the refusals, then the cost.
+/// `ask`: the reply labelled with the space, then the refusals, what the
+/// throwaway copy was written (discarded), then the cost.
 pub(super) fn render_ask(v: &Value) -> String {
     let source = match field(v, "source_space") {
         Value::Null => field(v, "space_id"),
@@ -867,6 +868,23 @@ pub(super) fn render_ask(v: &Value) -> String {
                 "- {}\n",
                 field(r, "summary").as_str().unwrap_or_default()
             ));
+        }
+    }
+    let discarded = field(v, "discarded");
+    let changes = items(discarded, "changes");
+    if changes.is_empty() {
+        out.push_str("\nwritten in the throwaway copy (discarded): nothing\n");
+    } else {
+        out.push_str("\nwritten in the throwaway copy (discarded):\n");
+        for c in changes {
+            out.push_str(&format!(
+                "- {} {}\n",
+                cell(field(c, "kind")),
+                cell(field(c, "path"))
+            ));
+        }
+        if field(discarded, "more").as_bool() == Some(true) {
+            out.push_str("- … and more, not listed\n");
         }
     }
     out.push_str(&format!(
