@@ -90,7 +90,16 @@ async fn open_metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
 pub struct Status {
     pub version: &'static str,
     pub uptime_secs: u64,
+    /// The deployment's model chain (`model`; a space may set its own).
+    pub model_chain: Vec<String>,
+    /// Spaces on the host, and how many have a live actor now.
+    pub spaces_total: i64,
     pub spaces_active: usize,
+    /// The latest runs that failed in the last 24 hours (at most 5), newest
+    /// first: `mrctl runs show RUN` with the space reads the trace.
+    pub recent_failures: Vec<crate::storage::stats::FailedRun>,
+    /// An enabled adapter is disconnected (`mercury status` exits 4).
+    pub degraded: bool,
     pub queue: QueueStatus,
     /// Turns running now; each holds at most one container or sandbox.
     pub running_turns: usize,
@@ -184,6 +193,23 @@ async fn status(
             last_error: a.last_error,
         });
     }
+    let since = crate::clock::now_ms() - 86_400_000;
+    let (spaces_total, recent_failures) = app
+        .rt
+        .store
+        .read(move |c| Ok((stats::spaces(c)?, stats::recent_failures(c, since, 5)?)))
+        .await?;
+    let recent_failures = recent_failures
+        .into_iter()
+        .map(|mut f| {
+            f.error = f
+                .error
+                .as_deref()
+                .map(crate::redaction::secrets::scrub_error);
+            f
+        })
+        .collect();
+    let degraded = adapters.iter().any(|a| a.state == "disconnected");
     let (today, month) = app.rt.spend.totals().await?;
     let spend = SpendStatus {
         currency: s.currency.clone(),
@@ -198,7 +224,11 @@ async fn status(
         spend,
         version: env!("CARGO_PKG_VERSION"),
         uptime_secs: app.rt.metrics.uptime().as_secs(),
+        model_chain: s.model_chain(),
+        spaces_total,
         spaces_active: app.spaces.active_count(),
+        recent_failures,
+        degraded,
         queue: QueueStatus {
             pending: now.queue_total,
             top: now.queue_top,

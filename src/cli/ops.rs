@@ -50,7 +50,12 @@ pub async fn status(data: &Path, json: bool) -> ExitCode {
             } else {
                 print!("{}", render_status(&v));
             }
-            ExitCode::SUCCESS
+            // Running, but not all there: a monitor's check fails on it.
+            if v["degraded"] == Value::Bool(true) {
+                ExitCode::from(4)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Ok((code, v)) => {
             let msg = v["error"]["message"]
@@ -84,7 +89,25 @@ fn render_status(v: &Value) -> String {
     out.push_str("running: yes\n");
     out.push_str(&format!("version: {}\n", s("version")));
     out.push_str(&format!("uptime: {} s\n", s("uptime_secs")));
-    out.push_str(&format!("active spaces: {}\n", s("spaces_active")));
+    let chain: Vec<&str> = v["model_chain"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    out.push_str(&format!(
+        "model: {}\n",
+        if chain.is_empty() {
+            "(none)".to_owned()
+        } else {
+            chain.join(" -> ")
+        }
+    ));
+    out.push_str(&format!(
+        "spaces: {} ({} active)\n",
+        s("spaces_total"),
+        s("spaces_active")
+    ));
     out.push_str(&format!("queue: {} pending", v["queue"]["pending"]));
     let top: Vec<String> = v["queue"]["top"]
         .as_array()
@@ -170,6 +193,35 @@ fn render_status(v: &Value) -> String {
     ));
     if let Some(why) = review["digest_undeliverable"].as_str() {
         out.push_str(&format!("review digest: not delivered: {why}\n"));
+    }
+    let failures = v["recent_failures"].as_array().cloned().unwrap_or_default();
+    if failures.is_empty() {
+        out.push_str("failed runs (24 h): none\n");
+    } else {
+        out.push_str("failed runs (24 h, newest first; mrctl runs show RUN):\n");
+        for f in &failures {
+            let at = f["started_at"]
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+                .unwrap_or_default();
+            let error: String = f["error"]
+                .as_str()
+                .unwrap_or("-")
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .take(160)
+                .collect();
+            out.push_str(&format!(
+                "  {} {} {} {at}: {error}\n",
+                f["run_id"].as_str().unwrap_or("?"),
+                f["space_id"].as_str().unwrap_or("?"),
+                f["kind"].as_str().unwrap_or("?"),
+            ));
+        }
+    }
+    if v["degraded"] == Value::Bool(true) {
+        out.push_str("attention: an enabled adapter is disconnected (exit 4)\n");
     }
     out
 }

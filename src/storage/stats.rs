@@ -26,6 +26,39 @@ pub fn pending_by_space(conn: &Conn, limit: i64) -> StoreResult<Vec<(String, i64
     )
 }
 
+/// Spaces on the host.
+pub fn spaces(conn: &Conn) -> StoreResult<i64> {
+    conn.query_row("SELECT COUNT(*) FROM spaces", params![], |r| r.get(0))
+}
+
+/// One failed run, for `mercury status`.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, utoipa::ToSchema)]
+pub struct FailedRun {
+    pub run_id: String,
+    pub space_id: String,
+    pub kind: String,
+    pub started_at: i64,
+    pub error: Option<String>,
+}
+
+/// The `limit` latest runs that failed since `since_ms`, newest first.
+pub fn recent_failures(conn: &Conn, since_ms: i64, limit: i64) -> StoreResult<Vec<FailedRun>> {
+    conn.query_all(
+        "SELECT id, space_id, kind, started_at, error FROM runs
+         WHERE status = 'failed' AND started_at >= ?1 ORDER BY started_at DESC, id LIMIT ?2",
+        params![since_ms, limit],
+        |r| {
+            Ok(FailedRun {
+                run_id: r.get(0)?,
+                space_id: r.get(1)?,
+                kind: r.get(2)?,
+                started_at: r.get(3)?,
+                error: r.get(4)?,
+            })
+        },
+    )
+}
+
 /// Runs of `kind` started at or after `since_ms`.
 pub fn runs_of_kind_since(conn: &Conn, kind: &str, since_ms: i64) -> StoreResult<i64> {
     conn.query_row(

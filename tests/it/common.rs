@@ -101,13 +101,21 @@ pub(crate) async fn serve_refused_without(opts: &HostOptions, var: &str) -> Stri
 
 /// `mercury status --data-dir <host's>`: its stdout.
 pub(crate) async fn mercury_status(host: &TestHost) -> String {
+    mercury_status_exit(host).await.0
+}
+
+/// `mercury status --data-dir <host's>`: its stdout and exit code.
+pub(crate) async fn mercury_status_exit(host: &TestHost) -> (String, Option<i32>) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
         .args(["status", "--data-dir"])
         .arg(&host.data)
         .output()
         .await
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code(),
+    )
 }
 
 /// A test host's directory (the data dir is inside it), and its

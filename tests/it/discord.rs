@@ -712,11 +712,12 @@ async fn discord_dm_and_guild_mentions_get_threaded_replies() {
     assert_eq!(dc["connected"], true, "{health}");
     assert!(dc["last_update_at"].as_i64().is_some(), "{health}");
     assert!(!health.to_string().contains(TOKEN));
-    let text = crate::common::mercury_status(&host).await;
+    let (text, code) = crate::common::mercury_status_exit(&host).await;
     assert!(
         text.contains("adapters: discord connected (gateway; last update 20"),
         "{text}"
     );
+    assert_eq!(code, Some(0), "{text}");
     host.stop().await;
 }
 
@@ -921,9 +922,15 @@ async fn discord_without_a_token_refuses_to_start_and_a_wrong_one_shows_on_healt
         fake.identifies().is_empty(),
         "no identify with a refused token"
     );
-    let text = crate::common::mercury_status(&host).await;
+    let (text, code) = crate::common::mercury_status_exit(&host).await;
     assert!(
         text.contains("adapters: discord disconnected (gateway; last error: GET /users/@me: 401"),
+        "{text}"
+    );
+    // An enabled adapter down: running, but a monitor's check fails.
+    assert_eq!(code, Some(4), "{text}");
+    assert!(
+        text.contains("attention: an enabled adapter is disconnected"),
         "{text}"
     );
     assert!(!text.contains("wrong.discord.token"), "{text}");

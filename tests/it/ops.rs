@@ -427,13 +427,44 @@ async fn ops_status_says_running_or_not_with_its_exit_codes() {
         "running: yes",
         "version: 0.1.0",
         "uptime: ",
+        "model: scripted:",
+        "spaces: 1 (",
         "queue: 0 pending",
         "sandbox: ",
         "adapters: (none)",
         "review: off",
+        "spend: ",
+        "failed runs (24 h): none",
     ] {
         assert!(text.contains(part), "{part} in:\n{text}");
     }
+    assert!(!text.contains("attention:"), "{text}");
+    // A turn whose model has no answer fails; status names it.
+    let rules = h.data.join("models/none.json");
+    std::fs::write(&rules, r#"{"rules": []}"#).unwrap();
+    let (st, v) = h
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("ops-status"),
+            Some(json!({"chain": [format!("scripted:{}", rules.display())]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let failed = h.chat("ops-status", "hello?").await;
+    let run = failed["run_id"].as_str().unwrap().to_owned();
+    let out = mercury_cli()
+        .args(["status", "--data-dir"])
+        .arg(&h.data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("failed runs (24 h, newest first; mrctl runs show RUN):")
+            && text.contains(&format!("  {run} ops-status live ")),
+        "{text}"
+    );
     let out = mercury_cli()
         .args(["status", "--json", "--data-dir"])
         .arg(&h.data)
@@ -442,6 +473,9 @@ async fn ops_status_says_running_or_not_with_its_exit_codes() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["version"], "0.1.0");
     assert_eq!(v["review"]["enabled"], false);
+    assert_eq!(v["spaces_total"], 1);
+    assert_eq!(v["degraded"], false);
+    assert_eq!(v["recent_failures"][0]["run_id"], run.as_str(), "{v}");
     h.stop().await;
 }
 
