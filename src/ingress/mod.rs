@@ -254,6 +254,38 @@ pub fn auto_space_id(
     SpaceId::parse(&id)
 }
 
+/// An auto-created space's name says who the chat is, to the operator and
+/// whoever may read the space (who reads its messages, names included):
+/// `telegram DM: Ada` (the sender's name), `telegram group: Family` (the
+/// group's title). The id stays platform + hash: ids reach logs, metrics
+/// and reports, names do not. Control and invisible characters are
+/// dropped and the name is cut at 60 characters; with no usable name, a
+/// neutral one from the id.
+fn auto_space_name(platform: &str, id: &SpaceId, m: &IngressMessage, kind: &str) -> String {
+    let who = match kind {
+        "dm" => m.sender_name.as_deref().or(m.title.as_deref()),
+        _ => m.title.as_deref(),
+    };
+    let clean: String = who
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_control() && !crate::links::is_invisible(*c))
+        .collect::<String>()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(60)
+        .collect();
+    let label = if kind == "dm" { "DM" } else { "group" };
+    if clean.is_empty() {
+        let tail = id.as_str().rsplit('-').next().unwrap_or_default();
+        format!("{platform} {label} {}", &tail[..tail.len().min(8)])
+    } else {
+        format!("{platform} {label}: {clean}")
+    }
+}
+
 /// Stores an inbound platform message and decides what it needs, in one
 /// transaction. The sender policy comes first: a message it refuses leaves
 /// no conversation, space, member or message row.
@@ -295,9 +327,7 @@ pub fn ingest_tx(
             let id = auto_space_id(&m.platform, &m.conversation)
                 .map_err(|e| StoreError::Invalid(e.to_string()))?;
             if !spaces::space_exists(tx, id.as_str())? {
-                // Neither the title (a DM's is the sender's name) nor the id.
-                let tail = id.as_str().rsplit('-').next().unwrap_or_default();
-                let name = format!("{} {kind} {}", m.platform, &tail[..tail.len().min(8)]);
+                let name = auto_space_name(&m.platform, &id, m, kind);
                 spaces::create_space(tx, id.as_str(), &name, &[])?;
                 created_space = true;
             }
@@ -462,6 +492,43 @@ mod tests {
         assert!(long.as_str().len() <= 63);
         let weird = auto_space_id("p", "@@@").unwrap();
         assert!(SpaceId::parse(weird.as_str()).is_ok());
+    }
+
+    #[test]
+    fn auto_space_names_say_who_the_chat_is_and_nothing_hidden() {
+        let m = |sender: Option<&str>, title: Option<&str>, is_group: bool| IngressMessage {
+            platform: "telegram".into(),
+            conversation: "42".into(),
+            sender_id: "42".into(),
+            sender_name: sender.map(str::to_owned),
+            text: "hi".into(),
+            message_id: "1".into(),
+            is_group,
+            mentions_bot: false,
+            reply_to_bot: false,
+            title: title.map(str::to_owned),
+        };
+        let id = auto_space_id("telegram", "42").unwrap();
+        let name = |msg: &IngressMessage, kind: &str| auto_space_name("telegram", &id, msg, kind);
+        assert_eq!(
+            name(&m(Some("Ada"), Some("Ada L"), false), "dm"),
+            "telegram DM: Ada"
+        );
+        assert_eq!(
+            name(&m(Some("Ada"), Some("Family\n  chat"), true), "group"),
+            "telegram group: Family chat"
+        );
+        // Bidi and zero-width characters are dropped, the length is bounded.
+        let hostile = format!("Ev\u{202e}il\u{200b}{}", "x".repeat(200));
+        let n = name(&m(Some(&hostile), None, false), "dm");
+        assert!(n.starts_with("telegram DM: Evil"), "{n}");
+        assert!(n.chars().count() <= "telegram DM: ".len() + 60, "{n}");
+        // No name at all: a neutral one from the id.
+        let tail = &id.as_str().rsplit('-').next().unwrap()[..8];
+        assert_eq!(
+            name(&m(None, Some(" \u{200b} "), true), "group"),
+            format!("telegram group {tail}")
+        );
     }
 
     #[test]

@@ -766,10 +766,10 @@ async fn spaces_list_per_caller_kind_and_auto_space_ids_carry_no_platform_id() {
             r.get(0)
         })
     });
-    assert!(
-        !name.contains("Jane") && !name.contains("3161234"),
-        "{name}"
-    );
+    // The name says who the chat is (to those who may read the space);
+    // neither it nor the id carries the phone number.
+    assert_eq!(name, "whatsapp DM: Jane Doe");
+    assert!(!name.contains("3161234"), "{name}");
 }
 
 // ---------------------------------------------------------------------------
