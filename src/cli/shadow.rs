@@ -91,6 +91,19 @@ pub enum ShadowCommand {
         #[arg(long, env = "MERCURY_SHADOW_ROOT")]
         root: Option<PathBuf>,
     },
+    /// Copy one rehearsed file into the live workspace, through the live
+    /// host's audited file write, only if the live file is still what the
+    /// snapshot saw (If-Match its hash; for a file the rehearsal added,
+    /// only if the live has none). A file the rehearsal deleted is deleted.
+    Promote {
+        /// SPACE/PATH, as `mercury shadow diff` lists it (family/AGENTS.md).
+        #[arg(long, value_name = "SPACE/PATH")]
+        file: String,
+        #[arg(long, default_value = "current")]
+        snapshot: String,
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
     /// The shadow's own model credential.
     Auth {
         #[command(subcommand)]
@@ -338,6 +351,33 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             match crate::host::shadow::logs(&root, snapshot.as_deref(), follow).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => exit_for("logs", &e),
+            }
+        }
+        ShadowCommand::Promote {
+            file,
+            snapshot,
+            root: r,
+        } => {
+            let root = match root(r) {
+                Ok(r) => r,
+                Err(e) => return exit_for("promote", &e),
+            };
+            let token = std::env::var("MERCURY_TOKEN")
+                .ok()
+                .filter(|t| !t.trim().is_empty());
+            match crate::host::promote::promote_file(&root, &snapshot, &file, token).await {
+                Ok(p) => {
+                    println!(
+                        "promoted {}/{}: {} in the live workspace through its audited file write ({} -> {})",
+                        p.space,
+                        p.path,
+                        p.action,
+                        p.before.as_deref().unwrap_or("new"),
+                        p.after.as_deref().unwrap_or("gone"),
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit_for("promote", &e),
             }
         }
         ShadowCommand::Diff {

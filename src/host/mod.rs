@@ -12,6 +12,7 @@ pub mod containers;
 pub mod demo;
 pub mod layer_probe;
 pub mod listen;
+pub mod promote;
 pub mod shadow;
 pub mod temp_host;
 

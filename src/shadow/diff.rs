@@ -102,6 +102,10 @@ pub struct FileChange {
     /// `agents`, `memory`, `knowledge` or `other`.
     pub class: String,
     pub change: FileChangeKind,
+    /// For `AGENTS.md`, `MEMORY.md` and `knowledge/`: the changed lines
+    /// (`shadow::text_diff::line_diff`), or one line saying why there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diff: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -176,6 +180,35 @@ fn walk(dir: &WorkspaceRoot, prefix: &str, out: &mut BTreeMap<String, String>) -
         }
     }
     Ok(())
+}
+
+/// One diffed file's changed lines, the snapshot's text against the
+/// shadow's now (an added file against nothing, a removed one to nothing).
+fn content_diff(
+    dir: &Path,
+    base: Option<&super::text_diff::Texts>,
+    space: &str,
+    path: &str,
+    change: FileChangeKind,
+) -> Vec<String> {
+    use super::text_diff::{line_diff, read_text};
+    let before = match change {
+        FileChangeKind::Added => Some(String::new()),
+        _ => match base {
+            None => {
+                return vec!["(no text kept: the snapshot was taken before content diffs)".into()]
+            }
+            Some(b) => b.get(space).and_then(|m| m.get(path)).cloned(),
+        },
+    };
+    let after = match change {
+        FileChangeKind::Removed => Some(String::new()),
+        _ => read_text(&dir.join("spaces"), space, path),
+    };
+    match (before, after) {
+        (Some(b), Some(a)) => line_diff(&b, &a),
+        _ => vec!["(not diffed: larger than 256 KiB, or not UTF-8 text)".into()],
+    }
 }
 
 fn class_of(path: &str) -> &'static str {
@@ -301,6 +334,7 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
             .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
     };
     let now_files = tree_hashes(&dir.join("spaces"), space)?;
+    let base_text = super::text_diff::read_baseline_text(dir)?;
     let mut files = Vec::new();
     let empty = BTreeMap::new();
     let mut spaces: Vec<&String> = base_files.keys().chain(now_files.keys()).collect();
@@ -321,11 +355,17 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
                 (Some(x), Some(y)) if x != y => FileChangeKind::Changed,
                 _ => continue,
             };
+            let diff = if super::text_diff::is_diffed(p) {
+                content_diff(dir, base_text.as_ref(), s, p, change)
+            } else {
+                Vec::new()
+            };
             files.push(FileChange {
                 space: s.clone(),
                 path: p.clone(),
                 class: class_of(p).to_owned(),
                 change,
+                diff,
             });
         }
     }
@@ -468,6 +508,7 @@ pub fn redacted(report: DiffReport, list: &RedactionList) -> ShadowResult<DiffRe
         .map(|x| FileChange {
             space: f.line(&x.space),
             path: f.line(&x.path),
+            diff: x.diff.iter().map(|l| f.line(l)).collect(),
             ..x
         })
         .collect();
@@ -537,6 +578,7 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
             .map_err(io_err(format!("setting the mode of {}", db.display())))?;
     }
     let hashes = tree_hashes(&dir.join("spaces"), None)?;
+    super::text_diff::write_baseline_text(dir, &hashes)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_FILES);
     crate::workspace::data_dir::private_file(&p)
@@ -611,6 +653,9 @@ pub fn render(r: &DiffReport) -> String {
     }
     for f in &r.files {
         let _ = writeln!(s, "  {:?} {}/{} [{}]", f.change, f.space, f.path, f.class);
+        for l in &f.diff {
+            let _ = writeln!(s, "      {l}");
+        }
     }
     let _ = writeln!(s, "\nsends held in the transcript ({}):", r.sends.len());
     for e in &r.sends {

@@ -677,7 +677,9 @@ impl From<FilesError> for UiError {
             FilesError::Path(SafePathError::Escapes(p)) => UiError::Forbidden(p),
             FilesError::Path(p @ SafePathError::Io { .. }) => UiError::Internal(p.to_string()),
             FilesError::Path(p) => UiError::BadRequest(p.to_string()),
-            e @ (FilesError::Stale { .. } | FilesError::StaleMissing(_)) => {
+            e @ (FilesError::Stale { .. }
+            | FilesError::StaleMissing(_)
+            | FilesError::Exists { .. }) => {
                 UiError::Stale(format!("{e}; reload the page to edit what is there now"))
             }
             e @ (FilesError::TooLarge { .. } | FilesError::OverQuota { .. }) => {

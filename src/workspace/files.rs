@@ -35,6 +35,10 @@ pub enum FilesError {
     #[error("{0:?} does not exist, so it cannot match If-Match; nothing was written")]
     StaleMissing(String),
     #[error(
+        "{path:?} exists (its hash is {current}), and If-None-Match: * asked that it did not; nothing was written"
+    )]
+    Exists { path: String, current: String },
+    #[error(
         "writing {path:?} ({size} bytes) would take the workspace to {total} bytes, past its \
          quota of {quota_mb} MB (sandbox.workspace_mb); nothing was written"
     )]
@@ -267,9 +271,18 @@ fn current(root: &WorkspaceRoot, rel: &str) -> FilesResult<Option<(String, u64)>
     Ok(Some((hash_file(root, rel)?, size)))
 }
 
+/// The `if_match` that means "only if there is no such file" (the API's
+/// `If-None-Match: *`); never a hash, which is hex.
+pub const ABSENT: &str = "*";
+
 fn check_match(rel: &str, now: Option<&(String, u64)>, if_match: Option<&str>) -> FilesResult<()> {
     match (if_match, now) {
         (None, _) => Ok(()),
+        (Some(ABSENT), None) => Ok(()),
+        (Some(ABSENT), Some((hash, _))) => Err(FilesError::Exists {
+            path: rel.to_owned(),
+            current: hash.clone(),
+        }),
         (Some(want), Some((hash, _))) if want == hash => Ok(()),
         (Some(_), Some((hash, _))) => Err(FilesError::Stale {
             path: rel.to_owned(),

@@ -190,3 +190,122 @@ async fn shadow_diff_redacts_sends_rows_and_authors_and_raw_needs_a_global_admin
         assert!(leaks(&err).is_empty(), "{err}");
     }
 }
+
+/// `shadow diff` shows the changed lines of AGENTS.md, MEMORY.md and
+/// knowledge/; `shadow promote --file` puts one rehearsed file into the
+/// live workspace through the live host's audited write, only while the
+/// live file is what the snapshot saw (issue 25).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_diff_shows_content_changes_and_promote_writes_one_file_only_if_the_live_is_unchanged(
+) {
+    let live = TestHost::start(HostOptions::default()).await;
+    live.create_space("alpha").await;
+    let ws = live.data.join("spaces/alpha");
+    std::fs::write(
+        ws.join("AGENTS.md"),
+        "# Alpha\nBe brief.\nAnswer in English.\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(ws.join("knowledge")).unwrap();
+    std::fs::write(ws.join("knowledge/faq.md"), "Q: hours?\nA: nine to five\n").unwrap();
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let root_s = root.to_str().unwrap();
+    let (code, out, err) = run(
+        &[
+            "shadow",
+            "snapshot",
+            "--data-dir",
+            live.data.to_str().unwrap(),
+            "--root",
+            root_s,
+            "--admins",
+            "api:rehearser",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    // The rehearsal: one instruction changed, a page added, one removed.
+    let shadow_ws = std::fs::canonicalize(root.join("current"))
+        .unwrap()
+        .join("spaces/alpha");
+    std::fs::write(
+        shadow_ws.join("AGENTS.md"),
+        "# Alpha\nBe brief and kind.\nAnswer in English.\n",
+    )
+    .unwrap();
+    std::fs::write(shadow_ws.join("knowledge/new.md"), "fresh page\n").unwrap();
+    std::fs::remove_file(shadow_ws.join("knowledge/faq.md")).unwrap();
+
+    let (code, out, err) = diff(&root, &[], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let want = "  Changed alpha/AGENTS.md [agents]\n      @@ line 2\n      - Be brief.\n      + Be brief and kind.\n";
+    assert!(out.contains(want), "{out}");
+    assert!(
+        out.contains("  Removed alpha/knowledge/faq.md [knowledge]\n      @@ line 1\n      - Q: hours?\n      - A: nine to five\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  Added alpha/knowledge/new.md [knowledge]\n      @@ line 1\n      + fresh page\n"
+        ),
+        "{out}"
+    );
+
+    let promote = |file: &str| {
+        run(
+            &["shadow", "promote", "--root", root_s, "--file", file],
+            &[],
+        )
+    };
+    let (code, out, err) = promote("alpha/AGENTS.md");
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with("promoted alpha/AGENTS.md: written in the live workspace"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("AGENTS.md")).unwrap(),
+        "# Alpha\nBe brief and kind.\nAnswer in English.\n"
+    );
+    // The live file is no longer what the snapshot saw: a second promotion is refused.
+    let (code, out, err) = promote("alpha/AGENTS.md");
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("changed since the snapshot") && err.contains("nothing was written"),
+        "{err}"
+    );
+    // An added page goes in only while the live has none; a removed one is removed.
+    std::fs::write(ws.join("knowledge/new.md"), "the live's own\n").unwrap();
+    let (code, _, err) = promote("alpha/knowledge/new.md");
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("knowledge/new.md")).unwrap(),
+        "the live's own\n"
+    );
+    std::fs::remove_file(ws.join("knowledge/new.md")).unwrap();
+    let (code, out, err) = promote("alpha/knowledge/new.md");
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("knowledge/new.md")).unwrap(),
+        "fresh page\n"
+    );
+    let (code, out, err) = promote("alpha/knowledge/faq.md");
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(": deleted in the live workspace"), "{out}");
+    assert!(!ws.join("knowledge/faq.md").exists());
+    // Bad input is a sentence and touches nothing.
+    for (file, says) in [
+        ("AGENTS.md", "must be SPACE/PATH"),
+        ("alpha/../../etc/passwd", "alpha/../../etc/passwd"),
+        (
+            "alpha/keep.txt",
+            "neither in the snapshot nor in the shadow",
+        ),
+    ] {
+        let (code, _, err) = promote(file);
+        assert_eq!(code, Some(2), "{file}: {err}");
+        assert!(err.contains(says), "{file}: {err}");
+    }
+    live.stop().await;
+}

@@ -121,9 +121,9 @@ impl From<FilesError> for ApiError {
             FilesError::Limit(e @ WalkError::Io { .. }) => ApiError::internal(e),
             FilesError::Limit(e) => ApiError::TooLarge(format!("{e}; nothing was written")),
             e @ FilesError::NotText(_) => ApiError::BadContentType(e.to_string()),
-            e @ (FilesError::Stale { .. } | FilesError::StaleMissing(_)) => {
-                ApiError::PreconditionFailed(e.to_string())
-            }
+            e @ (FilesError::Stale { .. }
+            | FilesError::StaleMissing(_)
+            | FilesError::Exists { .. }) => ApiError::PreconditionFailed(e.to_string()),
             e @ (FilesError::Empty | FilesError::NotADirectory(_)) => {
                 ApiError::bad_request(e.to_string())
             }
@@ -140,8 +140,22 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// `If-Match: <hash>` (quotes, as in an ETag, are dropped).
+/// `If-Match: <hash>` (quotes, as in an ETag, are dropped), or
+/// `If-None-Match: *` (the file must not exist yet); not both.
 fn if_match(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    if let Some(v) = headers.get(axum::http::header::IF_NONE_MATCH) {
+        if v.to_str().ok().map(str::trim) != Some("*") {
+            return Err(ApiError::bad_request(
+                "If-None-Match takes only * (write only if the file does not exist)",
+            ));
+        }
+        if headers.contains_key(axum::http::header::IF_MATCH) {
+            return Err(ApiError::bad_request(
+                "give If-Match or If-None-Match, not both",
+            ));
+        }
+        return Ok(Some(files::ABSENT.to_owned()));
+    }
     match headers.get(axum::http::header::IF_MATCH) {
         None => Ok(None),
         Some(v) => {
@@ -223,7 +237,8 @@ fn audit_of(change: &FileChange) -> AuditChange {
 
 #[utoipa::path(put, path = "/api/files/{*path}", operation_id = "writeFile", summary = "Write a file of the space's workspace (audited, If-Match)", tag = "files", request_body = WriteBody,
     params(("path" = String, Path, description = "A file of the workspace, relative"),
-        ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)")),
+        ("If-Match" = Option<String>, Header, description = "The hash the file must still have (hex)"),
+        ("If-None-Match" = Option<String>, Header, description = "* : write only if the file does not exist")),
     responses((status = 200, description = "Written", body = FileWritten),
         (status = 409, description = "A turn's own token, or a turn kept the space busy", body = crate::api::error::ErrorBody),
         (status = 412, description = "The file's hash is not If-Match", body = crate::api::error::ErrorBody),
