@@ -51,8 +51,32 @@ enum Command {
         #[arg(long)]
         bind: Option<String>,
     },
-    /// Is the host running? Version, uptime, spaces, queue, turns, adapters,
-    /// next review (exit 0 running, 3 not running, 2 usage, 1 error).
+    /// Archive a data dir while its host serves: the database (one
+    /// consistent copy), workspaces, model files, review reports and
+    /// mercury.yaml, secrets left out unless --with-secrets (exit 2 refused).
+    Backup {
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// The archive to write (a new file, 0600; never overwritten).
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+        /// Keep the API tokens, dashboard sign-ins and global/owner.token.
+        #[arg(long)]
+        with_secrets: bool,
+    },
+    /// Make a new data dir from a `mercury backup` archive (a backup without
+    /// secrets gets a new owner token; exit 2 refused).
+    Restore {
+        /// The archive `mercury backup` wrote.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// The data dir to make: new, or an empty directory.
+        #[arg(long, env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// Is the host running? Version, uptime, model, spaces, queue, turns, adapters,
+    /// next review, spend, failed runs (exit 0 running, 3 not running, 4 an
+    /// enabled adapter disconnected, 2 usage, 1 error).
     Status {
         #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
         data_dir: PathBuf,
@@ -482,6 +506,56 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         }
         Command::Status { data_dir, json } => crate::cli::ops::status(&data_dir, json).await,
+        Command::Backup {
+            data_dir,
+            to,
+            with_secrets,
+        } => {
+            let run = tokio::task::spawn_blocking(move || {
+                crate::host::backup::backup(&data_dir, &to, with_secrets)
+            })
+            .await;
+            match run {
+                Ok(Ok(r)) => {
+                    println!(
+                        "backed up to {} ({} bytes; {})",
+                        r.file.display(),
+                        r.bytes,
+                        if r.with_secrets {
+                            "with its secrets: keep it as safe as the data dir"
+                        } else {
+                            "without secrets: a restore mints a new owner token"
+                        }
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(e)) => backup_exit("backup", &e),
+                Err(e) => {
+                    eprintln!("mercury backup: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Restore { from, data_dir } => {
+            match crate::host::backup::restore(&from, &data_dir).await {
+                Ok(r) => {
+                    println!(
+                        "restored {} spaces into {} (backup of {}, {}){}",
+                        r.spaces,
+                        r.data_dir.display(),
+                        r.backup.source_data_dir,
+                        r.backup.created_at,
+                        if r.new_owner_token {
+                            "; a new owner token is in global/owner.token"
+                        } else {
+                            ""
+                        }
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => backup_exit("restore", &e),
+            }
+        }
         Command::Doctor { data_dir } => crate::cli::ops::doctor(&data_dir).await,
         Command::Demo { keep } => match crate::host::demo::run(keep).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -815,4 +889,15 @@ fn review(cmd: ReviewCommand) -> ExitCode {
             }
         }
     }
+}
+
+fn backup_exit(cmd: &str, e: &crate::host::backup::BackupError) -> ExitCode {
+    eprintln!("mercury {cmd}: {e}");
+    ExitCode::from(
+        if matches!(e, crate::host::backup::BackupError::Refused(_)) {
+            2
+        } else {
+            1
+        },
+    )
 }

@@ -8,6 +8,7 @@
 // Start-up refusals and warnings an operator must see whatever MERCURY_LOG filters; the demo's and shadow's own output.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod backup;
 pub mod containers;
 pub mod demo;
 pub mod layer_probe;

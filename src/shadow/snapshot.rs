@@ -452,7 +452,7 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 /// copy, one top-level entry at a time (for progress on large trees).
 // Progress on stderr for large copies (issue 14).
 #[allow(clippy::print_stderr)]
-fn copy_dirs(
+pub(crate) fn copy_dirs(
     from: &Path,
     to: &Path,
     progress: bool,

@@ -731,3 +731,140 @@ fn ops_init_prints_next_steps_and_a_closed_stdout_is_a_quiet_exit() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("no shadow is running"));
 }
+
+/// `mercury backup` of a serving host and `mercury restore` into a new data
+/// dir (issue 25): the rows and files come back, secrets only when asked
+/// for, nothing is overwritten or mixed, and an archive entry that is not a
+/// plain file or directory is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_backup_of_a_serving_host_restores_its_rows_and_files_and_keeps_secrets_out() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = TestHost::start(HostOptions::default()).await;
+    h.create_space("fam").await;
+    h.chat("fam", "hello").await;
+    std::fs::write(h.data.join("spaces/fam/notes.md"), "remember the milk\n").unwrap();
+    let messages = h.count("SELECT COUNT(*) FROM messages");
+    let tokens = h.count("SELECT COUNT(*) FROM api_tokens");
+    let out_dir = tempfile::tempdir().unwrap();
+    let archive = out_dir.path().join("fam.tar");
+    let run = |args: &[&str]| {
+        let out = mercury_cli().args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let data = h.data.to_str().unwrap().to_owned();
+    let a = archive.to_str().unwrap().to_owned();
+    let (code, out, err) = run(&["backup", "--data-dir", &data, "--to", &a]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("without secrets"), "{out}");
+    assert_eq!(
+        std::fs::metadata(&archive).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let bytes = std::fs::read(&archive).unwrap();
+    let secret = h.owner_token.as_bytes();
+    assert!(
+        !bytes.windows(secret.len()).any(|w| w == secret),
+        "the owner token is in the archive"
+    );
+    let (code, _, err) = run(&["backup", "--data-dir", &data, "--to", &a]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("never overwrites"), "{err}");
+
+    let restored = out_dir.path().join("restored");
+    let r = restored.to_str().unwrap().to_owned();
+    let (code, out, err) = run(&["restore", "--from", &a, "--data-dir", &r]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with("restored 1 spaces into") && out.contains("a new owner token"),
+        "{out}"
+    );
+    let store = mercury::storage::Store::open(&restored.join("state.db")).unwrap();
+    let count = |sql: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .read(move |c| mercury::storage::inspect::count(c, sql))
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(count("SELECT COUNT(*) FROM messages").await, messages);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM api_tokens").await,
+        1,
+        "only the new owner token"
+    );
+    assert_eq!(
+        std::fs::read_to_string(restored.join("spaces/fam/notes.md")).unwrap(),
+        "remember the milk\n"
+    );
+    let new_token = std::fs::read_to_string(restored.join("global/owner.token")).unwrap();
+    assert_ne!(new_token.trim(), h.owner_token);
+    assert_eq!(
+        std::fs::metadata(restored.join("state.db"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    assert!(!restored.join("backup.json").exists());
+    // Never into a data dir that holds anything.
+    let (code, _, err) = run(&["restore", "--from", &a, "--data-dir", &r]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not empty"), "{err}");
+
+    // With its secrets, the owner token and the token rows come back as they were.
+    let with = out_dir.path().join("with.tar");
+    let w = with.to_str().unwrap().to_owned();
+    let (code, out, err) = run(&["backup", "--data-dir", &data, "--to", &w, "--with-secrets"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let again = out_dir.path().join("again");
+    let g = again.to_str().unwrap().to_owned();
+    let (code, out, err) = run(&["restore", "--from", &w, "--data-dir", &g]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        std::fs::read_to_string(again.join("global/owner.token"))
+            .unwrap()
+            .trim(),
+        h.owner_token
+    );
+    let store2 = mercury::storage::Store::open(&again.join("state.db")).unwrap();
+    let n = store2
+        .read(|c| mercury::storage::inspect::count(c, "SELECT COUNT(*) FROM api_tokens"))
+        .await
+        .unwrap();
+    assert_eq!(n, tokens);
+
+    // A planted symlink entry is refused, and nothing is left behind.
+    let evil = out_dir.path().join("evil.tar");
+    {
+        let mut b = tar::Builder::new(std::fs::File::create(&evil).unwrap());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        b.append_link(&mut header, "spaces", "/etc").unwrap();
+        b.finish().unwrap();
+    }
+    let target = out_dir.path().join("evil-dir");
+    let (code, _, err) = run(&[
+        "restore",
+        "--from",
+        evil.to_str().unwrap(),
+        "--data-dir",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a file or directory"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&target)
+            .map(std::iter::Iterator::count)
+            .unwrap_or(0),
+        0
+    );
+    h.stop().await;
+}
