@@ -240,6 +240,12 @@ impl ModelRegistry {
         }
     }
 
+    /// Asks `provider`'s endpoint with this host's settings and key
+    /// (`mercury doctor` through `GET /api/doctor`).
+    pub async fn probe(&self, provider: &str) -> Option<crate::model::EndpointProbe> {
+        crate::model::probe_endpoint(&self.settings, provider).await
+    }
+
     pub fn get(&self, spec: &str) -> Result<Arc<ResolvedModel>, ModelError> {
         if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(spec).cloned()) {
             return Ok(m);

@@ -32,6 +32,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(metrics))
         .routes(routes!(status))
+        .routes(routes!(doctor))
 }
 
 /// The `metrics.bind` listener: `/metrics` only, no token.
@@ -251,4 +252,108 @@ async fn status(
             },
         },
     }))
+}
+
+/// One check the running host made of what it uses.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HostCheck {
+    /// `ok`, `warn` or `fail`.
+    pub level: &'static str,
+    pub what: String,
+    pub detail: String,
+}
+
+/// What `mercury doctor` adds when a host runs: its own view.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HostDoctor {
+    pub checks: Vec<HostCheck>,
+}
+
+#[utoipa::path(get, path = "/api/doctor", operation_id = "getDoctor", summary = "The running host's checks of what it uses (keys, model endpoints, adapters, sandbox)", tag = "ops",
+    responses((status = 200, description = "Each check, with its level", body = HostDoctor)))]
+async fn doctor(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+) -> ApiResult<Json<HostDoctor>> {
+    auth.require_global_admin()?;
+    let s = &app.rt.settings;
+    let mut checks = Vec::new();
+    let mut push = |level: &'static str, what: &str, detail: String| {
+        checks.push(HostCheck {
+            level,
+            what: what.to_owned(),
+            detail: crate::redaction::secrets::scrub_error(&detail),
+        })
+    };
+    let mut providers: Vec<String> = Vec::new();
+    let mut keyless = 0;
+    for (purpose, spec) in s.configured_specs() {
+        let Some((provider, _)) = spec.split_once(':') else {
+            continue;
+        };
+        if !app.rt.models.has_key_for(provider) {
+            keyless += 1;
+            push(
+                "fail",
+                "host model keys",
+                format!("{spec} ({purpose}) has no key in the running host's environment"),
+            );
+        }
+        if !providers.iter().any(|p| p == provider) {
+            providers.push(provider.to_owned());
+        }
+    }
+    if keyless == 0 {
+        push(
+            "ok",
+            "host model keys",
+            "every provider the host's chains name has a key".into(),
+        );
+    }
+    for provider in &providers {
+        match app.rt.models.probe(provider).await {
+            None => {}
+            Some(crate::model::EndpointProbe::Answered(d)) => push("ok", "host model endpoint", d),
+            Some(crate::model::EndpointProbe::KeyRefused(d)) => push(
+                "fail",
+                "host model endpoint",
+                format!("{d}: the key is refused"),
+            ),
+            Some(crate::model::EndpointProbe::Unreachable(d)) => {
+                push("fail", "host model endpoint", d)
+            }
+        }
+    }
+    for (name, a) in app.adapters.statuses() {
+        if a.connected {
+            push("ok", "host adapters", format!("{name} connected"));
+        } else {
+            push(
+                "fail",
+                "host adapters",
+                format!(
+                    "{name} disconnected{}",
+                    a.last_error.map(|e| format!(": {e}")).unwrap_or_default()
+                ),
+            );
+        }
+    }
+    match app.rt.sandbox.unavailable_reason() {
+        Some(why) => push(
+            "fail",
+            "host sandbox",
+            format!("tool calls are refused: {why}"),
+        ),
+        None if app.rt.sandbox.isolation() == crate::sandbox::Isolation::None => push(
+            "warn",
+            "host sandbox",
+            format!("{} does not isolate tool calls", app.rt.sandbox.name()),
+        ),
+        None => push(
+            "ok",
+            "host sandbox",
+            format!("{} isolates tool calls", app.rt.sandbox.name()),
+        ),
+    }
+    Ok(Json(HostDoctor { checks }))
 }

@@ -263,7 +263,8 @@ pub async fn doctor(data: &Path) -> ExitCode {
         return ExitCode::from(2);
     }
     let env = config::process_env();
-    let checks = run_checks(&paths, &env).await;
+    let mut checks = run_checks(&paths, &env).await;
+    checks.extend(host_checks(&paths).await);
     for c in &checks {
         let tag = match c.level {
             Level::Ok => "ok  ",
@@ -278,6 +279,57 @@ pub async fn doctor(data: &Path) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The running host's own checks (`GET /api/doctor` over `api.sock`): its
+/// environment, not this shell's, decides keys and endpoints. No host
+/// running is a warning: the checks above are then this shell's alone.
+async fn host_checks(paths: &DataPaths) -> Vec<Check> {
+    let Ok(token) = std::fs::read_to_string(paths.owner_token()) else {
+        return vec![check(
+            Level::Warn,
+            "host",
+            "cannot read the owner token, so the running host was not asked (run as the data dir's owner)",
+        )];
+    };
+    let conn = Connection::new(Endpoint::Unix(paths.socket.clone())).with_token(token.trim());
+    match client::request(&conn, Method::GET, "/api/doctor", None).await {
+        Ok((200, v)) => v["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| Check {
+                level: match c["level"].as_str() {
+                    Some("ok") => Level::Ok,
+                    Some("warn") => Level::Warn,
+                    _ => Level::Fail,
+                },
+                what: "host",
+                detail: format!(
+                    "{}: {}",
+                    c["what"].as_str().unwrap_or("?"),
+                    c["detail"].as_str().unwrap_or("?")
+                ),
+            })
+            .collect(),
+        Ok((code, v)) => vec![check(
+            Level::Fail,
+            "host",
+            format!(
+                "the running host answered {code}: {}",
+                v["error"]["message"].as_str().unwrap_or("no message")
+            ),
+        )],
+        Err(ClientError::Connect { .. }) => vec![check(
+            Level::Warn,
+            "host",
+            format!(
+                "no host answers on {}: the checks above are this shell's, not the service's",
+                paths.socket.display()
+            ),
+        )],
+        Err(e) => vec![check(Level::Fail, "host", e.to_string())],
     }
 }
 

@@ -311,3 +311,61 @@ mod tests {
         }
     }
 }
+
+/// What `mercury doctor` learns from a provider's endpoint, asked by the
+/// running host with its own settings and key: a model list request, which
+/// costs nothing and proves the address, the TLS and the key together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(tag = "verdict", content = "detail", rename_all = "snake_case")]
+pub enum EndpointProbe {
+    /// It answered (the status said).
+    Answered(String),
+    /// It answered that the key is not good (401/403).
+    KeyRefused(String),
+    /// It did not answer (the transport's error; scrub it before showing).
+    Unreachable(String),
+}
+
+/// Asks `provider`'s endpoint (`openai`: `GET {base}/models`; `anthropic`:
+/// `GET {base}/v1/models`) with the host's key. Never sends more, never
+/// prints the key. `None` for a provider with no endpoint (`scripted`).
+pub async fn probe_endpoint(settings: &ProviderSettings, provider: &str) -> Option<EndpointProbe> {
+    let client = reqwest::Client::builder()
+        .timeout(settings.request_timeout.min(Duration::from_secs(10)))
+        .build()
+        .ok()?;
+    let (url, req) = match provider {
+        "openai" => {
+            let url = format!("{}/models", settings.openai_base_url.trim_end_matches('/'));
+            let mut req = client.get(&url);
+            if let Some(k) = settings.openai_api_key.as_deref().filter(|k| !k.is_empty()) {
+                req = req.bearer_auth(k);
+            }
+            (url, req)
+        }
+        "anthropic" => {
+            let url = format!(
+                "{}/v1/models",
+                settings.anthropic_base_url.trim_end_matches('/')
+            );
+            let mut req = client.get(&url).header("anthropic-version", "2023-06-01");
+            if let Some(k) = settings
+                .anthropic_api_key
+                .as_deref()
+                .filter(|k| !k.is_empty())
+            {
+                req = req.header("x-api-key", k);
+            }
+            (url, req)
+        }
+        _ => return None,
+    };
+    Some(match req.send().await {
+        Ok(r) if matches!(r.status().as_u16(), 401 | 403) => {
+            EndpointProbe::KeyRefused(format!("{url} answered {}", r.status().as_u16()))
+        }
+        Ok(r) => EndpointProbe::Answered(format!("{url} answered {}", r.status().as_u16())),
+        // The caller scrubs: a base URL may carry userinfo.
+        Err(e) => EndpointProbe::Unreachable(format!("{url}: {e}")),
+    })
+}

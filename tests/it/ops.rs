@@ -523,6 +523,7 @@ async fn ops_doctor_passes_a_good_data_dir_and_fails_a_bad_one() {
         "docker:",
         "ok   data dir:",
         "disk:",
+        "warn host: no host answers on",
     ] {
         assert!(text.contains(part), "{part} in:\n{text}");
     }
@@ -866,5 +867,56 @@ async fn ops_backup_of_a_serving_host_restores_its_rows_and_files_and_keeps_secr
             .unwrap_or(0),
         0
     );
+    h.stop().await;
+}
+
+/// `mercury doctor` asks the running host what it uses (issue 25): its own
+/// environment's keys, not the shell's, and its model endpoint with its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_doctor_asks_the_running_host_for_its_keys_and_endpoint() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/models"))
+        .respond_with(ResponseTemplate::new(401))
+        .mount(&server)
+        .await;
+    let h = TestHost::start(HostOptions {
+        config: vec![
+            ("model", Yaml::from("openai:gpt-fake")),
+            (
+                "providers.openai_base_url",
+                Yaml::from(format!("{}/v1", server.uri())),
+            ),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let out = mercury_cli()
+        .args(["doctor", "--data-dir"])
+        .arg(&h.data)
+        .env("MERCURY_OPENAI_API_KEY", "sk-this-shell-only")
+        .env_remove("MERCURY_SANDBOX_BACKEND")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    // This shell has a key; the service does not, and its endpoint says so.
+    assert!(text.contains("ok   model keys:"), "{text}");
+    assert!(
+        text.contains("FAIL host: host model keys: openai:gpt-fake (model) has no key in the running host's environment"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "FAIL host: host model endpoint: {}/v1/models answered 401: the key is refused",
+            server.uri()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("host: host sandbox:"), "{text}");
+    assert!(!text.contains("sk-this-shell-only"), "{text}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
     h.stop().await;
 }
