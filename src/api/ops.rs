@@ -283,7 +283,7 @@ async fn doctor(
             level,
             what: what.to_owned(),
             detail: crate::redaction::secrets::scrub_error(&detail),
-        })
+        });
     };
     let mut providers: Vec<String> = Vec::new();
     let mut keyless = 0;
@@ -320,7 +320,7 @@ async fn doctor(
                 format!("{d}: the key is refused"),
             ),
             Some(crate::model::EndpointProbe::Unreachable(d)) => {
-                push("fail", "host model endpoint", d)
+                push("fail", "host model endpoint", d);
             }
         }
     }
