@@ -160,6 +160,10 @@ pub struct ReviewStatus {
     /// Why the digest has nowhere to go (no `review.owner`, or no DM of the
     /// owner on a chat platform); absent when it has a DM or review is off.
     pub digest_undeliverable: Option<String>,
+    /// The judge's model chain as this host resolved it (`review.model`,
+    /// else `model`, from its file and its environment): what `mercury
+    /// review intake` verifies with when it finds this host running.
+    pub judge_chain: Vec<String>,
 }
 
 #[utoipa::path(get, path = "/api/status", operation_id = "getStatus", summary = "The host's status (what mercury status prints)", tag = "ops",
@@ -245,6 +249,7 @@ async fn status(
             enabled: s.review.enabled,
             next_run: crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())
                 .map(|t| t.to_rfc3339()),
+            judge_chain: crate::review::scan::judge_chain(s),
             digest_undeliverable: if s.review.enabled {
                 crate::review::digest::no_destination(&app.rt).await
             } else {

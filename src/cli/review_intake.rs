@@ -22,6 +22,21 @@ use crate::workspace::DataPaths;
 pub const TOKEN_ENV: &str = "MERCURY_INTAKE_TOKEN";
 
 /// `review.intake_dir`, or `<data_dir>/reviews/intake`.
+/// The running host's judge model (`GET /api/status`, over its socket
+/// with the owner token); `None` when no host answers or it names none.
+async fn host_judge(paths: &DataPaths) -> Option<String> {
+    let token = std::fs::read_to_string(paths.owner_token()).ok()?;
+    let conn = crate::client::Connection::new(crate::client::Endpoint::Unix(paths.socket.clone()))
+        .with_token(token.trim());
+    match crate::client::request(&conn, reqwest::Method::GET, "/api/status", None).await {
+        Ok((200, v)) => v["review"]["judge_chain"][0]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
 pub fn intake_dir(paths: &DataPaths, s: &Settings) -> PathBuf {
     ledger::intake_dir(&paths.reviews, &s.review)
 }
@@ -108,7 +123,18 @@ pub async fn intake(
             return ExitCode::from(1);
         }
     };
-    let spec = scan::judge_chain(&s).into_iter().next().unwrap_or_default();
+    let local = scan::judge_chain(&s).into_iter().next().unwrap_or_default();
+    // The service's environment may name another judge than this shell's:
+    // a running host's own answer wins.
+    let spec = match host_judge(&paths).await {
+        Some(hosted) if hosted != local => {
+            eprintln!(
+                "mercury review intake: verifying with the running host's judge model {hosted} (this shell's config says {local:?})"
+            );
+            hosted
+        }
+        _ => local,
+    };
     let env = crate::config::process_env();
     let resolved =
         match crate::model::resolve_model(&spec, &crate::host::provider_settings(&s, &env)) {

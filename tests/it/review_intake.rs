@@ -1052,3 +1052,27 @@ async fn review_intake_releases_what_a_crashed_intake_reserved_and_runs_one_at_a
     // The live host's reservation is its own to release at its start.
     assert_eq!(open().await.unwrap(), 1);
 }
+
+/// With a host running on the data dir, the intake verifies with the
+/// host's own judge model, not one this shell's environment names (issue 25).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_intake_verifies_with_the_running_hosts_judge_model() {
+    let host = TestHost::start(options()).await;
+    let data = host.data.to_str().unwrap().to_owned();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        // This shell names a judge the host does not use (and has no key for).
+        .env("MERCURY_REVIEW_MODEL", "openai:gpt-not-the-hosts")
+        .stdin(std::process::Stdio::null())
+        .args(["review", "intake", "--data-dir", &data]);
+    let out = output(&mut c).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("verifying with the running host's judge model scripted:")
+            && stderr.contains("(this shell's config says \"openai:gpt-not-the-hosts\")"),
+        "{stderr}"
+    );
+    host.stop().await;
+}
