@@ -86,6 +86,9 @@ pub enum ShadowCommand {
         /// of the shadow, by its token in MERCURY_TOKEN.
         #[arg(long)]
         raw: bool,
+        /// Also list every added message, 50 a page: page N (from 1).
+        #[arg(long, value_name = "N")]
+        messages_page: Option<usize>,
         #[arg(long, default_value = "current")]
         snapshot: String,
         #[arg(long, env = "MERCURY_SHADOW_ROOT")]
@@ -384,6 +387,7 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
             space,
             json,
             raw,
+            messages_page,
             snapshot,
             root: r,
         } => {
@@ -392,9 +396,9 @@ pub async fn run(cmd: ShadowCommand) -> ExitCode {
                 if raw {
                     let token = std::env::var("MERCURY_TOKEN").ok();
                     crate::shadow::diff::raw_allowed(&dir, token.as_deref())?;
-                    crate::shadow::diff::diff(&dir, space.as_deref())
+                    crate::shadow::diff::diff_paged(&dir, space.as_deref(), messages_page)
                 } else {
-                    crate::shadow::diff::diff_redacted(&dir, space.as_deref())
+                    crate::shadow::diff::diff_redacted(&dir, space.as_deref(), messages_page)
                 }
             });
             match res {

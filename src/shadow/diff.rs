@@ -122,6 +122,23 @@ pub struct DiffReport {
     /// went through the review's redactor and gate.
     #[serde(default)]
     pub raw: bool,
+    /// One page of every added message, when asked for (`--messages-page N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_page: Option<MessagePage>,
+}
+
+/// Messages per page of `--messages-page`.
+pub const MESSAGES_PER_PAGE: usize = 50;
+
+/// One page of the messages the shadow added, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MessagePage {
+    /// 1-based.
+    pub page: usize,
+    pub pages: usize,
+    pub total: usize,
+    /// `<space> <role>: <first line, at most 200 characters>`.
+    pub lines: Vec<String>,
 }
 
 /// Every file of every workspace under `spaces_dir` (of the one named
@@ -264,6 +281,15 @@ pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
 
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
+    diff_paged(dir, space, None)
+}
+
+/// [`diff`] with page `page` (1-based) of every added message.
+pub fn diff_paged(
+    dir: &Path,
+    space: Option<&str>,
+    page: Option<usize>,
+) -> ShadowResult<DiffReport> {
     let manifest = Manifest::read(dir)?;
     let base_db = open_read_only_conn(&dir.join(BASELINE_DB))?;
     let now_db = open_read_only_conn(&dir.join("state.db"))?;
@@ -292,9 +318,40 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
 
     let mark = manifest.marks.message_id;
     let mut per_space: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
+    let mut message_page = None;
     {
         let added = rehearsal::messages_after(&now_db, mark, space)
             .map_err(db_err("reading the shadow's messages"))?;
+        if let Some(page) = page {
+            let total = added.len();
+            let pages = total.div_ceil(MESSAGES_PER_PAGE).max(1);
+            if page == 0 || page > pages {
+                return Err(ShadowError::Refused(format!(
+                    "--messages-page {page}: there are {pages} page(s) of {MESSAGES_PER_PAGE} ({total} messages added)"
+                )));
+            }
+            let lines = added
+                .iter()
+                .skip((page - 1) * MESSAGES_PER_PAGE)
+                .take(MESSAGES_PER_PAGE)
+                .map(|(s, role, text)| {
+                    let first: String = text
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .chars()
+                        .take(200)
+                        .collect();
+                    format!("{s} {role}: {first}")
+                })
+                .collect();
+            message_page = Some(MessagePage {
+                page,
+                pages,
+                total,
+                lines,
+            });
+        }
         for (s, role, text) in added {
             let e = per_space.entry(s).or_default();
             e.0 += 1;
@@ -395,13 +452,18 @@ pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
         sends,
         refusals,
         raw: true,
+        message_page,
     })
 }
 
 /// The diff of the snapshot at `dir` with every line through the review's
 /// redactor and gate: what `mercury shadow diff` prints.
-pub fn diff_redacted(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
-    let report = diff(dir, space)?;
+pub fn diff_redacted(
+    dir: &Path,
+    space: Option<&str>,
+    page: Option<usize>,
+) -> ShadowResult<DiffReport> {
+    let report = diff_paged(dir, space, page)?;
     let list = redaction_list(dir, &report)?;
     redacted(report, &list)
 }
@@ -532,6 +594,10 @@ pub fn redacted(report: DiffReport, list: &RedactionList) -> ShadowResult<DiffRe
         sends,
         refusals,
         raw: false,
+        message_page: report.message_page.map(|p| MessagePage {
+            lines: p.lines.iter().map(|l| f.line(l)).collect(),
+            ..p
+        }),
     })
 }
 
@@ -637,6 +703,19 @@ pub fn render(r: &DiffReport) -> String {
         let _ = writeln!(s, "  {}: {}", m.space, m.count);
         for l in &m.first_lines {
             let _ = writeln!(s, "    {l}");
+        }
+    }
+    if let Some(p) = &r.message_page {
+        let _ = writeln!(
+            s,
+            "\nmessages added, page {} of {} ({} in all):",
+            p.page, p.pages, p.total
+        );
+        for l in &p.lines {
+            let _ = writeln!(s, "  {l}");
+        }
+        if p.page < p.pages {
+            let _ = writeln!(s, "  (next: --messages-page {})", p.page + 1);
         }
     }
     let _ = writeln!(

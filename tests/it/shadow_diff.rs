@@ -14,6 +14,7 @@ use crate::common::{HostOptions, TestHost};
 const NAME: &str = "Olivia Bakker";
 const WA: &str = "whatsapp:31612345678@s.whatsapp.net";
 const EMAIL: &str = "olivia.bakker@example.com";
+const WA_PHONE: &str = "+31 6 1234 5678";
 
 fn mercury_cmd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mercury"));
@@ -250,6 +251,43 @@ async fn shadow_diff_shows_content_changes_and_promote_writes_one_file_only_if_t
             "  Added alpha/knowledge/new.md [knowledge]\n      @@ line 1\n      + fresh page\n"
         ),
         "{out}"
+    );
+
+    // Every added message, a page at a time, redacted like the rest.
+    let snap_db = std::fs::canonicalize(root.join("current"))
+        .unwrap()
+        .join("state.db");
+    let mut script = String::new();
+    for i in 1..=60 {
+        let text = if i == 55 {
+            format!("call {WA_PHONE} tomorrow")
+        } else {
+            format!("msg {i}")
+        };
+        script.push_str(&format!(
+            "INSERT INTO messages (space_id, role, text, created_at) VALUES ('alpha', 'user', '{text}', {i});\n"
+        ));
+    }
+    mercury::storage::inspect::execute_script_on_file(&snap_db, &script).unwrap();
+    let (code, out, err) = diff(&root, &["--messages-page", "2"], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("messages added, page 2 of 2 (60 in all):\n  alpha user: msg 51\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("msg 50\n") && out.contains("  alpha user: msg 60\n"),
+        "{out}"
+    );
+    assert!(leaks(&out).is_empty(), "{:?} in {out}", leaks(&out));
+    let (code, out, err) = diff(&root, &["--messages-page", "1"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("  (next: --messages-page 2)"), "{out}");
+    let (code, _, err) = diff(&root, &["--messages-page", "3"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("there are 2 page(s) of 50 (60 messages added)"),
+        "{err}"
     );
 
     let promote = |file: &str| {
