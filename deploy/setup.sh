@@ -63,6 +63,16 @@ if ! "$MCP_VENV/bin/python" -c "import mcp_server_time, mcp" >/dev/null 2>&1; th
   "$MCP_VENV/bin/pip" install -q $MCP_PINS
 fi
 
+# A real LiteLLM proxy for the model clients' interop tests
+# (tests/it/litellm.rs, docs/models.md "Behind a LiteLLM proxy"), pinned.
+LITELLM_VENV=/opt/mercury/litellm-venv
+LITELLM_PIN="litellm[proxy]==1.108.7"
+if ! "$LITELLM_VENV/bin/litellm" --version >/dev/null 2>&1; then
+  echo "setup: installing $LITELLM_PIN in $LITELLM_VENV" >&2
+  /usr/bin/python3 -m venv "$LITELLM_VENV"
+  "$LITELLM_VENV/bin/pip" install -q "$LITELLM_PIN"
+fi
+
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest

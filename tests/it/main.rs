@@ -23,6 +23,7 @@ mod files;
 mod layers;
 mod link_reach;
 mod links;
+mod litellm;
 mod live;
 mod openapi;
 mod ops;
