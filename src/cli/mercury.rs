@@ -51,6 +51,11 @@ enum Command {
         #[arg(long)]
         bind: Option<String>,
     },
+    /// A first run, question by question: provider, base URL, model, key (a
+    /// test call), a Telegram bot and its owner, the systemd unit. Every
+    /// answer can be a flag instead (--yes asks nothing; exit 2 bad input,
+    /// 1 the test call failed and nothing was written).
+    Onboard(crate::cli::onboard::OnboardArgs),
     /// Archive a data dir while its host serves: the database (one
     /// consistent copy), workspaces, model files, review reports and
     /// mercury.yaml, secrets left out unless --with-secrets (exit 2 refused).
@@ -506,6 +511,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         }
         Command::Status { data_dir, json } => crate::cli::ops::status(&data_dir, json).await,
+        Command::Onboard(args) => crate::cli::onboard::run(args).await,
         Command::Backup {
             data_dir,
             to,

@@ -6,6 +6,7 @@
 pub mod ext;
 pub mod mercury;
 pub mod mrctl;
+pub mod onboard;
 pub mod ops;
 pub mod review_intake;
 pub mod shadow;

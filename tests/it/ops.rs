@@ -920,3 +920,198 @@ async fn ops_doctor_asks_the_running_host_for_its_keys_and_endpoint() {
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
     h.stop().await;
 }
+
+/// `mercury onboard` on a real pseudo-terminal (issue 25): each question,
+/// the key and the bot token typed without echo, one test call with them,
+/// then the config, the env file (0600) and the unit; scripted with flags,
+/// a refused key writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_onboard_asks_on_a_terminal_hides_secrets_tests_the_key_and_writes_the_setup() {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/models"))
+        .and(header("authorization", "Bearer sk-typed-key"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/models"))
+        .respond_with(ResponseTemplate::new(401))
+        .mount(&server)
+        .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let unit = tmp.path().join("mercury.service");
+    let (mut master, slave) = unsafe {
+        let (mut m, mut s) = (0, 0);
+        assert_eq!(
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null()
+            ),
+            0
+        );
+        (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
+    };
+    let mut child = mercury_cli()
+        .args(["onboard", "--data-dir"])
+        .arg(&data)
+        .arg("--unit")
+        .arg(&unit)
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave)
+        .spawn()
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (seen, mut m) = (seen.clone(), master.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = m.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let base = format!("{}/v1", server.uri());
+    for (prompt, answer) in [
+        ("Model provider, openai or anthropic [openai]: ", ""),
+        ("Base URL [https://api.openai.com/v1]: ", base.as_str()),
+        ("Model [gpt-4o-mini]: ", "gpt-test"),
+        ("API key (not shown): ", "sk-typed-key"),
+        ("(empty: no Telegram) (not shown): ", "123:tg-secret"),
+        ("Your Telegram user id (digits; empty: none): ", "4242"),
+    ] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !seen.lock().unwrap().contains(prompt) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {prompt:?} in {:?}",
+                seen.lock().unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        master.write_all(format!("{answer}\n").as_bytes()).unwrap();
+    }
+    let status = child.wait().unwrap();
+    drop(master);
+    let _ = reader.join();
+    let text = seen.lock().unwrap().clone();
+    assert!(status.success(), "{text}");
+    assert!(
+        !text.contains("sk-typed-key") && !text.contains("tg-secret"),
+        "a secret was echoed: {text}"
+    );
+    assert!(
+        text.contains(&format!("test call: {base}/models answered 200")),
+        "{text}"
+    );
+    let cfg = std::fs::read_to_string(data.join("mercury.yaml")).unwrap();
+    let doc: Yaml = serde_yaml_ng::from_str(&cfg).unwrap();
+    assert_eq!(doc["model"], Yaml::from("openai:gpt-test"), "{cfg}");
+    assert_eq!(
+        doc["providers"]["openai_base_url"],
+        Yaml::from(base.as_str()),
+        "{cfg}"
+    );
+    assert_eq!(doc["review"]["owner"], Yaml::from("owner"), "{cfg}");
+    assert!(
+        text.contains("telegram:4242 is now owner (a global admin)"),
+        "{text}"
+    );
+    let store = mercury::storage::Store::open(&data.join("state.db")).unwrap();
+    let linked = store
+        .read(|c| mercury::storage::identities::operator_for(c, "telegram:4242"))
+        .await
+        .unwrap();
+    assert_eq!(linked.as_deref(), Some("owner"));
+    drop(store);
+    assert_eq!(
+        doc["adapters"]["telegram"]["enabled"],
+        Yaml::Bool(true),
+        "{cfg}"
+    );
+    assert!(
+        !cfg.contains("sk-typed-key") && !cfg.contains("tg-secret"),
+        "{cfg}"
+    );
+    let env_file = data.join("mercury.env");
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap(),
+        "MERCURY_OPENAI_API_KEY=sk-typed-key\nMERCURY_TELEGRAM_BOT_TOKEN=123:tg-secret\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&env_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let unit_text = std::fs::read_to_string(&unit).unwrap();
+    let data_abs = std::fs::canonicalize(&data).unwrap();
+    assert!(
+        unit_text.contains(&format!(
+            "EnvironmentFile={}",
+            data_abs.join("mercury.env").display()
+        )),
+        "{unit_text}"
+    );
+    assert!(
+        unit_text.contains(&format!("serve --data-dir {}", data_abs.display())),
+        "{unit_text}"
+    );
+    assert!(unit_text.contains("AmbientCapabilities=CAP_SYS_ADMIN CAP_DAC_OVERRIDE"));
+    assert!(data.join("global/owner.token").is_file());
+
+    // Scripted: a refused key is an exit 1 and writes nothing.
+    let key = tmp.path().join("bad.key");
+    std::fs::write(&key, "sk-wrong\n").unwrap();
+    let other = tmp.path().join("other");
+    let out = mercury_cli()
+        .args(["onboard", "--yes", "--provider", "openai", "--model", "m"])
+        .args(["--base-url", &base, "--telegram-token-file", "-"])
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--data-dir")
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("answered 401: the key is refused; nothing was written"),
+        "{err}"
+    );
+    assert!(!other.exists());
+    // Bad input is a usage error: an unknown provider, a shared Telegram id.
+    for extra in [
+        &["--provider", "gemini"][..],
+        &[
+            "--provider",
+            "openai",
+            "--owner-telegram-id",
+            "1087968824",
+            "--no-test-call",
+        ][..],
+    ] {
+        let out = mercury_cli()
+            .args(["onboard", "--yes"])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(&other)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {out:?}");
+        assert!(!other.exists());
+    }
+}
