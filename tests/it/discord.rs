@@ -951,6 +951,15 @@ async fn discord_a_session_lost_while_down_is_backfilled_over_rest() {
     ));
     fake.until(60, "two replies", |f| f.replies().len() == 2)
         .await;
+    // Killed once both replies are marked delivered: a kill between the
+    // POST and its mark resends (delivery is at least once), which is not
+    // what this test is about.
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        2,
+        30,
+    )
+    .await;
     host.kill();
     // Down longer than Discord keeps a session: what is sent meanwhile is
     // in no replay.
