@@ -34,6 +34,17 @@ pub struct App {
     /// The chat adapters' health and webhook inboxes (`/healthz`, the
     /// Telegram webhook route).
     pub adapters: AdapterBoard,
+    /// The host's own turn-layer probe (`GET /api/doctor`): the composition
+    /// root owns it; `None` where no host built this `App`.
+    pub layer_check: Option<Arc<dyn LayerCheck>>,
+}
+
+/// Builds a turn's layer for real as this process (its user, capabilities
+/// and mount namespace: the service's), for `mercury doctor`.
+#[async_trait::async_trait]
+pub trait LayerCheck: Send + Sync {
+    /// `(what, level, detail)` per finding; level `ok`, `warn` or `fail`.
+    async fn check(&self) -> Vec<(String, &'static str, String)>;
 }
 
 /// Why a space was not created.

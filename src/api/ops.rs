@@ -360,5 +360,10 @@ async fn doctor(
             format!("{} isolates tool calls", app.rt.sandbox.name()),
         ),
     }
+    if let Some(probe) = &app.layer_check {
+        for (what, level, detail) in probe.check().await {
+            push(level, &what, detail);
+        }
+    }
     Ok(Json(HostDoctor { checks }))
 }

@@ -698,6 +698,10 @@ pub async fn serve_with(
         shutdown: shutdown.clone(),
         review,
         adapters: Default::default(),
+        layer_check: Some(Arc::new(HostLayerCheck {
+            paths: paths.clone(),
+            settings: rt.settings.clone(),
+        })),
     });
     // Durable before acknowledged: whatever was pending when the host stopped runs now.
     let pending = rt.store.read(messages::spaces_with_pending).await?;
@@ -847,6 +851,30 @@ fn startup_summary(rt: &Runtime, bind: &str, constructed: &[OutboundAdapter]) {
         metrics_bind = if s.metrics.bind.is_empty() { "-" } else { s.metrics.bind.as_str() },
         "mercury started"
     );
+}
+
+/// `mercury doctor`'s turn-layer probe, run by the serving host itself.
+struct HostLayerCheck {
+    paths: DataPaths,
+    settings: Arc<Settings>,
+}
+
+#[async_trait::async_trait]
+impl crate::app::LayerCheck for HostLayerCheck {
+    async fn check(&self) -> Vec<(String, &'static str, String)> {
+        layer_probe::check(&self.paths, &self.settings)
+            .await
+            .into_iter()
+            .map(|f| {
+                let (level, detail) = match f.verdict {
+                    layer_probe::Verdict::Ok(d) => ("ok", d),
+                    layer_probe::Verdict::Warn(d) => ("warn", d),
+                    layer_probe::Verdict::Fail(d) => ("fail", d),
+                };
+                (format!("host {}", f.what), level, detail)
+            })
+            .collect()
+    }
 }
 
 /// Queues each owner notice of a spend cap (`Spend::take_notices`) to

@@ -916,6 +916,8 @@ async fn ops_doctor_asks_the_running_host_for_its_keys_and_endpoint() {
         "{text}"
     );
     assert!(text.contains("host: host sandbox:"), "{text}");
+    // The serving process built a turn's layer itself (its rights, its mounts).
+    assert!(text.contains("ok   host: host turn layer:"), "{text}");
     assert!(!text.contains("sk-this-shell-only"), "{text}");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
     h.stop().await;
