@@ -15,9 +15,8 @@ use reqwest::Method;
 use serde::Serialize;
 
 use crate::client::{self, Connection, Endpoint};
-use crate::shadow::diff::{TreeHashes, BASELINE_FILES};
 use crate::shadow::manifest::Manifest;
-use crate::shadow::{io_err, snapshot, text_diff, ShadowError, ShadowResult};
+use crate::shadow::{snapshot, text_diff, ShadowError, ShadowResult};
 use crate::workspace::DataPaths;
 
 /// What a promotion did in the live workspace.
@@ -57,13 +56,7 @@ pub async fn promote_file(
         crate::workspace::files::file_path(rel).map_err(|e| refused(format!("{file:?}: {e}")))?;
     let dir = snapshot::resolve(root, which)?;
     let manifest = Manifest::read(&dir)?;
-    let base: TreeHashes = {
-        let p = dir.join(BASELINE_FILES);
-        let text =
-            std::fs::read_to_string(&p).map_err(io_err(format!("reading {}", p.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
-    };
+    let base = crate::shadow::diff::baseline_files(&dir)?;
     let seen = base.get(space).and_then(|m| m.get(&rel)).cloned();
     let now = crate::shadow::diff::tree_hashes(&dir.join("spaces"), Some(space))?
         .get(space)

@@ -279,6 +279,13 @@ pub fn cost_of(dir: &Path) -> ShadowResult<RunsAndCost> {
     )
 }
 
+/// Every workspace file of the snapshot at `dir` by hash, as it was taken.
+pub fn baseline_files(dir: &Path) -> ShadowResult<TreeHashes> {
+    let p = dir.join(BASELINE_FILES);
+    let text = std::fs::read_to_string(&p).map_err(io_err(format!("reading {}", p.display())))?;
+    serde_json::from_str(&text).map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))
+}
+
 /// The diff of the snapshot at `dir`, for one space or all.
 pub fn diff(dir: &Path, space: Option<&str>) -> ShadowResult<DiffReport> {
     diff_paged(dir, space, None)
@@ -383,13 +390,7 @@ pub fn diff_paged(
         &crate::config::currency_of(&crate::workspace::DataPaths::new(dir).config)?,
     )?;
 
-    let base_files: TreeHashes = {
-        let p = dir.join(BASELINE_FILES);
-        let text =
-            std::fs::read_to_string(&p).map_err(io_err(format!("reading {}", p.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| ShadowError::Invalid(format!("{}: {e}", p.display())))?
-    };
+    let base_files = baseline_files(dir)?;
     let now_files = tree_hashes(&dir.join("spaces"), space)?;
     let base_text = super::text_diff::read_baseline_text(dir)?;
     let mut files = Vec::new();
