@@ -16,6 +16,7 @@ pub const DIFF_TABLES: &[&str] = &[
     "tasks",
     "space_roles",
     "mutes",
+    "extension_state",
 ];
 
 /// One compared row: `((space, key), value, updated by)`.
@@ -28,6 +29,8 @@ fn diff_sql(table: &str) -> Option<&'static str> {
         "tasks" => "SELECT space_id, CAST(id AS TEXT), COALESCE(cron, 'at ' || strftime('%Y-%m-%dT%H:%M:%SZ', at / 1000, 'unixepoch')) || ' ' || CASE active WHEN 1 THEN 'active' ELSE 'paused' END || (CASE silent WHEN 1 THEN ' silent' ELSE '' END) || ': ' || prompt, created_by FROM tasks",
         "space_roles" => "SELECT space_id, caller_id, role, COALESCE(granted_by, '') FROM space_roles",
         "mutes" => "SELECT space_id, caller_id, COALESCE('until ' || strftime('%Y-%m-%dT%H:%M:%SZ', until / 1000, 'unixepoch'), 'forever') || COALESCE(' (' || reason || ')', ''), updated_by FROM mutes",
+        // An extension's key/value store: `<extension>.<key>`, written by the extension.
+        "extension_state" => "SELECT space_id, extension || '.' || key, value, 'extension ' || extension FROM extension_state",
         _ => return None,
     })
 }

@@ -268,7 +268,17 @@ async fn shadow_diff_shows_content_changes_and_promote_writes_one_file_only_if_t
             "INSERT INTO messages (space_id, role, text, created_at) VALUES ('alpha', 'user', '{text}', {i});\n"
         ));
     }
+    // An extension's state the rehearsal wrote is a changed row like the rest.
+    script.push_str(
+        "INSERT INTO extension_state (extension, space_id, key, value, updated_at) VALUES ('notes', 'alpha', 'last', '\"tidy up\"', 1);\n",
+    );
     mercury::storage::inspect::execute_script_on_file(&snap_db, &script).unwrap();
+    let (code, out, err) = diff(&root, &[], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("  alpha extension_state notes.last: (none) -> \"\\\"tidy up\\\"\" by extension notes\n"),
+        "{out}"
+    );
     let (code, out, err) = diff(&root, &["--messages-page", "2"], &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(
