@@ -164,6 +164,28 @@ pub fn role_holds(
     )
 }
 
+/// The `ext.<name>` permissions `role` holds in `space`, of the
+/// extensions enabled there (by [`role_holds`]'s rule), sorted: what
+/// `mrctl permissions get` lists beside the built-in ones.
+pub fn held_permissions(
+    c: &crate::storage::Conn,
+    space: &str,
+    role: &str,
+) -> crate::storage::StoreResult<Vec<String>> {
+    let mut out = Vec::new();
+    for row in rows::enabled_in(c, space)? {
+        // A manifest that no longer parses offers nothing, so it grants nothing.
+        let Ok(m) = manifest::parse(&row.name, &row.manifest) else {
+            continue;
+        };
+        if role_holds(c, space, role, &m)? {
+            out.push(permission_of(&m.name));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// One skill of an enabled extension, as a turn offers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfferedSkill {

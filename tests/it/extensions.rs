@@ -580,6 +580,31 @@ async fn extensions_own_permission_gates_its_tools_through_the_roles() {
         )
         .await;
     assert_eq!(st, 400, "{v}");
+    // `permissions get` lists who holds ext.time: admin (by the manifest)
+    // and timekeeper (by its set), not member.
+    let (st, v) = host
+        .owner(Method::GET, "/api/permissions", Some("p"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let holds = |role: &str| {
+        v["roles"][role]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "ext.time"))
+    };
+    assert!(
+        holds("admin") && holds("timekeeper") && !holds("member"),
+        "{v}"
+    );
+    let (st, v) = host
+        .owner(
+            Method::GET,
+            "/api/permissions?role=timekeeper",
+            Some("p"),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["permissions"], json!(["prompt", "ext.time"]), "{v}");
     host.grant("p", "bob", "timekeeper").await;
     let reply = chat("what time is it in Paris?").await;
     assert!(

@@ -290,17 +290,20 @@ pub(crate) async fn permissions_get(
         .rt
         .store
         .read(move |c| {
+            // The built-in permissions, then the enabled extensions' `ext.<name>`.
+            let held = |role: &str| -> crate::storage::StoreResult<Vec<String>> {
+                let mut all = names(&perms::role_permissions(c, &space, role)?);
+                all.extend(crate::extensions::held_permissions(c, &space, role)?);
+                Ok(all)
+            };
             if let Some(role) = q.role {
-                let p = perms::role_permissions(c, &space, &role)?;
-                return Ok(PermissionsView::Role(RolePermissions {
-                    role,
-                    permissions: names(&p),
-                }));
+                let permissions = held(&role)?;
+                return Ok(PermissionsView::Role(RolePermissions { role, permissions }));
             }
             let mut roles = BTreeMap::new();
             for role in perms::roles_in_space(c, &space)? {
-                let p = perms::role_permissions(c, &space, &role)?;
-                roles.insert(role, names(&p));
+                let p = held(&role)?;
+                roles.insert(role, p);
             }
             Ok(PermissionsView::Space(SpacePermissions {
                 roles,
