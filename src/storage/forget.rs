@@ -63,77 +63,43 @@ pub fn spaces_of(conn: &Conn, sender: &str) -> StoreResult<Vec<String>> {
     )
 }
 
-/// The direct conversations `sender` wrote in (on their own platform).
-fn direct_conversations(conn: &Conn, sender: &str, platform: &str) -> StoreResult<Vec<i64>> {
-    conn.query_all(
-        "SELECT c.id FROM conversations c
-         WHERE c.kind = 'dm' AND c.platform = ?2
-           AND EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.sender_id = ?1)
-         ORDER BY c.id",
-        params![sender, platform],
-        |r| r.get(0),
-    )
-}
+/// The person's direct conversations in this space (on their own
+/// platform), as a subquery over `?1` (the space), `?2` (the sender) and
+/// `?3` (the platform): every statement names all three, as PostgreSQL
+/// types its parameters by their use.
+const DIRECT: &str = "SELECT c.id FROM conversations c WHERE c.kind = 'dm' AND c.platform = ?3
+    AND EXISTS (SELECT 1 FROM messages x WHERE x.conversation_id = c.id AND x.sender_id = ?2 AND x.space_id = ?1)";
 
 /// Deletes what `space` holds of `sender` (platform `platform`), in one
-/// transaction of the space's writer.
+/// transaction of the space's writer, a statement per table.
 pub fn forget_in_space(
     tx: &Tx,
     space: &str,
     sender: &str,
     platform: &str,
 ) -> StoreResult<SpaceForgotten> {
-    let direct = direct_conversations(tx, sender, platform)?;
-    let mut ids: Vec<i64> = tx.query_all(
-        "SELECT id FROM messages WHERE space_id = ?1 AND sender_id = ?2",
-        params![space, sender],
-        |r| r.get(0),
+    let args = params![space, sender, platform];
+    let direct: Vec<i64> = tx.query_all(&format!("{DIRECT} ORDER BY c.id"), args, |r| r.get(0))?;
+    // Their messages in this space, and every message of their direct conversations.
+    let mine = format!(
+        "SELECT id FROM messages WHERE space_id = ?1 AND (sender_id = ?2 OR conversation_id IN ({DIRECT}))"
+    );
+    let ids: Vec<i64> = tx.query_all(&format!("{mine} ORDER BY id"), args, |r| r.get(0))?;
+    // The runs they started or that answered one of those messages.
+    let runs = format!(
+        "SELECT id FROM runs WHERE space_id = ?1 AND (caller_id = ?2 OR trigger_message_id IN ({mine})
+           OR id IN (SELECT run_id FROM messages WHERE run_id IS NOT NULL AND id IN ({mine})))"
+    );
+    tx.execute(
+        &format!("DELETE FROM run_steps WHERE run_id IN ({runs})"),
+        args,
     )?;
-    let mut outbox = 0;
-    for c in &direct {
-        ids.extend(tx.query_all(
-            "SELECT id FROM messages WHERE space_id = ?1 AND conversation_id = ?2",
-            params![space, c],
-            |r| r.get::<_, i64>(0),
-        )?);
-        outbox += tx.execute(
-            "DELETE FROM outbox WHERE space_id = ?1 AND conversation_id = ?2",
-            params![space, c],
-        )?;
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    let runs: Vec<String> = {
-        let mut runs: Vec<String> = tx.query_all(
-            "SELECT id FROM runs WHERE space_id = ?1 AND caller_id = ?2",
-            params![space, sender],
-            |r| r.get(0),
-        )?;
-        for id in &ids {
-            runs.extend(tx.query_all(
-                "SELECT id FROM runs WHERE space_id = ?1 AND trigger_message_id = ?2
-                 UNION SELECT run_id FROM messages WHERE id = ?2 AND run_id IS NOT NULL",
-                params![space, id],
-                |r| r.get::<_, String>(0),
-            )?);
-        }
-        runs.sort_unstable();
-        runs.dedup();
-        runs
-    };
-    for run in &runs {
-        tx.execute("DELETE FROM run_steps WHERE run_id = ?1", params![run])?;
-        tx.execute(
-            "DELETE FROM runs WHERE id = ?1 AND space_id = ?2",
-            params![run, space],
-        )?;
-    }
-    for id in &ids {
-        tx.execute(
-            "DELETE FROM messages WHERE id = ?1 AND space_id = ?2",
-            params![id, space],
-        )?;
-    }
+    let run_count = tx.execute(&format!("DELETE FROM runs WHERE id IN ({runs})"), args)?;
+    let outbox = tx.execute(
+        &format!("DELETE FROM outbox WHERE space_id = ?1 AND conversation_id IN ({DIRECT})"),
+        args,
+    )?;
+    tx.execute(&format!("DELETE FROM messages WHERE id IN ({mine})"), args)?;
     let mut memberships = 0;
     for table in ["members", "space_roles", "mutes"] {
         memberships += tx.execute(
@@ -146,7 +112,7 @@ pub fn forget_in_space(
         messages: ids.len(),
         message_ids: ids,
         memberships,
-        runs: runs.len(),
+        runs: run_count,
         outbox,
         direct_conversations: direct,
     })
