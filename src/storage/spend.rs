@@ -129,19 +129,41 @@ pub fn space_budget(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>
 /// in the budget's own time zone, else the space's `timezone` config key
 /// (its clock for tasks too); `None` when it has neither.
 pub fn space_caps(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>> {
-    let own = space_budget(conn, space)?;
-    if own.as_ref().is_some_and(|b| b.timezone.is_some()) {
-        return Ok(own);
+    // One statement: it runs in every turn's opening write.
+    let (own, daily, monthly, own_zone, updated_at, config_zone): (
+        Option<String>,
+        Option<f64>,
+        Option<f64>,
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+    ) = conn.query_row(
+        "SELECT b.space_id, b.daily, b.monthly, b.timezone, b.updated_at, c.value
+         FROM (SELECT CAST(?1 AS TEXT) AS id) s
+         LEFT JOIN space_budgets b ON b.space_id = s.id
+         LEFT JOIN space_config c ON c.space_id = s.id AND c.key = 'timezone'",
+        params![space],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        },
+    )?;
+    let timezone = own_zone.or(config_zone.filter(|z| !z.trim().is_empty()));
+    if own.is_none() && timezone.is_none() {
+        return Ok(None);
     }
-    let Some(zone) = super::tasks::space_timezone(conn, space)? else {
-        return Ok(own);
-    };
     Ok(Some(SpaceBudget {
-        timezone: Some(zone),
-        ..own.unwrap_or_else(|| SpaceBudget {
-            space_id: space.to_owned(),
-            ..SpaceBudget::default()
-        })
+        space_id: space.to_owned(),
+        daily,
+        monthly,
+        timezone,
+        updated_at: updated_at.unwrap_or(0),
     }))
 }
 
