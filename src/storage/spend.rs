@@ -130,41 +130,27 @@ pub fn space_budget(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>
 /// (its clock for tasks too); `None` when it has neither.
 pub fn space_caps(conn: &Conn, space: &str) -> StoreResult<Option<SpaceBudget>> {
     // One statement: it runs in every turn's opening write.
-    let (own, daily, monthly, own_zone, updated_at, config_zone): (
-        Option<String>,
-        Option<f64>,
-        Option<f64>,
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-    ) = conn.query_row(
+    let (own, budget) = conn.query_row(
         "SELECT b.space_id, b.daily, b.monthly, b.timezone, b.updated_at, c.value
          FROM (SELECT CAST(?1 AS TEXT) AS id) s
          LEFT JOIN space_budgets b ON b.space_id = s.id
          LEFT JOIN space_config c ON c.space_id = s.id AND c.key = 'timezone'",
         params![space],
         |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
+            let own: Option<String> = r.get(0)?;
+            let own_zone: Option<String> = r.get(3)?;
+            let config_zone: Option<String> = r.get(5)?;
+            let budget = SpaceBudget {
+                space_id: space.to_owned(),
+                daily: r.get(1)?,
+                monthly: r.get(2)?,
+                timezone: own_zone.or(config_zone.filter(|z| !z.trim().is_empty())),
+                updated_at: r.get::<_, Option<i64>>(4)?.unwrap_or(0),
+            };
+            Ok((own.is_some(), budget))
         },
     )?;
-    let timezone = own_zone.or(config_zone.filter(|z| !z.trim().is_empty()));
-    if own.is_none() && timezone.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(SpaceBudget {
-        space_id: space.to_owned(),
-        daily,
-        monthly,
-        timezone,
-        updated_at: updated_at.unwrap_or(0),
-    }))
+    Ok((own || budget.timezone.is_some()).then_some(budget))
 }
 
 pub fn space_budgets(conn: &Conn) -> StoreResult<Vec<SpaceBudget>> {
