@@ -58,10 +58,8 @@ pub async fn promote_file(
     let manifest = Manifest::read(&dir)?;
     let base = crate::shadow::diff::baseline_files(&dir)?;
     let seen = base.get(space).and_then(|m| m.get(&rel)).cloned();
-    let now = crate::shadow::diff::tree_hashes(&dir.join("spaces"), Some(space))?
-        .get(space)
-        .and_then(|m| m.get(&rel))
-        .cloned();
+    let now = shadow_hash(&dir.join("spaces"), space, &rel)
+        .map_err(|e| refused(format!("{file} in the shadow: {e}")))?;
     if now.is_some() && now == seen {
         return Err(refused(format!(
             "{file} is as the snapshot took it: the rehearsal did not change it, nothing to promote"
@@ -132,5 +130,25 @@ pub async fn promote_file(
             "the live host answered {code}: {}; nothing was promoted",
             v["error"]["message"].as_str().unwrap_or("no message")
         ))),
+    }
+}
+
+/// The hash of the shadow's file (the files API's hash, as the baseline
+/// has it), read through the safe-path walk; `None` when there is none.
+fn shadow_hash(
+    spaces: &Path,
+    space: &str,
+    rel: &str,
+) -> Result<Option<String>, crate::workspace::files::FilesError> {
+    use crate::workspace::files::FilesError;
+    use crate::workspace::safe::{SafePathError, WorkspaceRoot};
+    let found = WorkspaceRoot::open(spaces)
+        .and_then(|root| root.open_dir(space))
+        .map_err(FilesError::from)
+        .and_then(|ws| crate::workspace::files::hash_file(&ws, rel));
+    match found {
+        Ok(h) => Ok(Some(h)),
+        Err(FilesError::Path(SafePathError::NotFound(_))) => Ok(None),
+        Err(e) => Err(e),
     }
 }
