@@ -22,6 +22,13 @@ use crate::host::layer_probe::Verdict;
 use crate::workspace::{data_dir, DataPaths};
 
 /// `mercury status`.
+/// The data dir's own host, over `api.sock`, as its owner (the owner token
+/// file): how `status`, `doctor` and the intake ask the running host.
+pub(crate) fn owner_connection(paths: &DataPaths) -> std::io::Result<Connection> {
+    let token = std::fs::read_to_string(paths.owner_token())?;
+    Ok(Connection::new(Endpoint::Unix(paths.socket.clone())).with_token(token.trim()))
+}
+
 pub async fn status(data: &Path, json: bool) -> ExitCode {
     let paths = DataPaths::new(data);
     // A PostgreSQL deployment's data dir has a config and no state.db.
@@ -32,8 +39,8 @@ pub async fn status(data: &Path, json: bool) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let token = match std::fs::read_to_string(paths.owner_token()) {
-        Ok(t) => t.trim().to_owned(),
+    let conn = match owner_connection(&paths) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!(
                 "mercury status: cannot read the owner token {} ({e}); run as the user that owns the data dir",
@@ -42,7 +49,6 @@ pub async fn status(data: &Path, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let conn = Connection::new(Endpoint::Unix(paths.socket.clone())).with_token(token);
     match client::request(&conn, Method::GET, "/api/status", None).await {
         Ok((200, v)) => {
             if json {
@@ -286,14 +292,13 @@ pub async fn doctor(data: &Path) -> ExitCode {
 /// environment, not this shell's, decides keys and endpoints. No host
 /// running is a warning: the checks above are then this shell's alone.
 async fn host_checks(paths: &DataPaths) -> Vec<Check> {
-    let Ok(token) = std::fs::read_to_string(paths.owner_token()) else {
+    let Ok(conn) = owner_connection(paths) else {
         return vec![check(
             Level::Warn,
             "host",
             "cannot read the owner token, so the running host was not asked (run as the data dir's owner)",
         )];
     };
-    let conn = Connection::new(Endpoint::Unix(paths.socket.clone())).with_token(token.trim());
     match client::request(&conn, Method::GET, "/api/doctor", None).await {
         Ok((200, v)) => v["checks"]
             .as_array()

@@ -21,13 +21,10 @@ use crate::workspace::DataPaths;
 /// The token `--from URL` sources pull with, when no --token-file is given.
 pub const TOKEN_ENV: &str = "MERCURY_INTAKE_TOKEN";
 
-/// `review.intake_dir`, or `<data_dir>/reviews/intake`.
 /// The running host's judge model (`GET /api/status`, over its socket
 /// with the owner token); `None` when no host answers or it names none.
 async fn host_judge(paths: &DataPaths) -> Option<String> {
-    let token = std::fs::read_to_string(paths.owner_token()).ok()?;
-    let conn = crate::client::Connection::new(crate::client::Endpoint::Unix(paths.socket.clone()))
-        .with_token(token.trim());
+    let conn = crate::cli::ops::owner_connection(paths).ok()?;
     match crate::client::request(&conn, reqwest::Method::GET, "/api/status", None).await {
         Ok((200, v)) => v["review"]["judge_chain"][0]
             .as_str()
@@ -37,6 +34,7 @@ async fn host_judge(paths: &DataPaths) -> Option<String> {
     }
 }
 
+/// `review.intake_dir`, or `<data_dir>/reviews/intake`.
 pub fn intake_dir(paths: &DataPaths, s: &Settings) -> PathBuf {
     ledger::intake_dir(&paths.reviews, &s.review)
 }
