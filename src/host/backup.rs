@@ -155,7 +155,8 @@ pub fn backup(data_dir: &Path, to: &Path, with_secrets: bool) -> Result<BackupRe
         source_data_dir: root.display().to_string(),
         with_secrets,
     };
-    let json = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| io("writing backup.json")(std::io::Error::other(e)))?;
     std::fs::write(staging.path().join(MANIFEST), json).map_err(io("writing backup.json"))?;
 
     let partial = parent.join(format!(

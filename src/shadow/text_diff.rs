@@ -53,14 +53,14 @@ pub fn write_baseline_text(dir: &Path, files: &super::diff::TreeHashes) -> Shado
     let spaces = dir.join("spaces");
     let mut out = Texts::new();
     let mut total = 0u64;
-    for (space, paths) in files {
+    'spaces: for (space, paths) in files {
         for path in paths.keys().filter(|p| is_diffed(p)) {
             let Some(text) = read_text(&spaces, space, path) else {
                 continue;
             };
             total += text.len() as u64;
             if total > MAX_TOTAL_BYTES {
-                break;
+                break 'spaces;
             }
             out.entry(space.clone())
                 .or_default()
