@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::config::Settings;
-use crate::redaction::{IdentifierGate, RedactionList};
+use crate::redaction::IdentifierGate;
 use crate::review::intake::{self, IntakeError, IntakeRun, Source, Verifier};
 use crate::review::ledger::{self, Approval};
 use crate::review::scan;
@@ -42,8 +42,7 @@ pub fn intake_dir(paths: &DataPaths, s: &Settings) -> PathBuf {
 /// The gate of everything the intake writes: the identifier patterns and
 /// this host's `review.owner_names`.
 pub fn intake_gate(s: &Settings) -> Result<IdentifierGate, String> {
-    let list = RedactionList::new().with_names(s.review.owner_names.iter().cloned());
-    IdentifierGate::new(&list).map_err(|e| e.to_string())
+    ledger::intake_gate(&s.review)
 }
 
 fn settings(data_dir: &Path) -> Result<(DataPaths, Settings), String> {
@@ -267,6 +266,15 @@ pub fn approve(
             return ExitCode::from(2);
         }
         Err(e) => return fail("approve", &e),
+    };
+    // The intake, this and the dashboard's approval each rewrite the triage
+    // and the ledger: one at a time, so no ledger row is lost.
+    let _lock = match crate::workspace::data_dir::lock_intake(&paths) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mercury review approve: {e}");
+            return ExitCode::from(2);
+        }
     };
     match ledger::approve(&dir, &approval, by, &gate) {
         Ok(a) => {

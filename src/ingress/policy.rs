@@ -20,7 +20,7 @@ use crate::clock::now_ms;
 use crate::config::{DmPolicy, Settings};
 use crate::runtime::{Outbound, OutboundSend};
 use crate::storage::conversations::{self, Conversation};
-use crate::storage::pairings::{self, Decision, Pairing, RuleKind};
+use crate::storage::pairings::{self, Decision, Pairing, RuleKind, SenderRule};
 use crate::storage::StoreResult;
 
 use super::IngressMessage;
@@ -32,6 +32,52 @@ pub const CODE_LEN: usize = 8;
 /// The outbox's space of a reply that belongs to no space (a stranger's
 /// pairing code, the owner's notice when the owner's DM has none).
 pub const NO_SPACE: &str = "(pairing)";
+
+/// What an approved stranger is told, once.
+pub const APPROVED_REPLY: &str = "You are approved: send your message again and I will answer.";
+
+/// A pairing code as an operator typed it, checked and upper-cased.
+pub fn parse_code(raw: &str) -> Result<String, String> {
+    let code = raw.trim().to_ascii_uppercase();
+    if code.len() != CODE_LEN || !code.bytes().all(|b| CODE_ALPHABET.contains(&b)) {
+        return Err(format!(
+            "{raw:?} is not a pairing code: 8 characters such as K7QM4XPA (see `mrctl pairing list`)"
+        ));
+    }
+    Ok(code)
+}
+
+/// An operator's answer to pending request `code` (the API's and the
+/// dashboard's one path): the request is taken, `decision` recorded for its
+/// sender, and an approved stranger told once, all in `tx`. None: no such
+/// pending request (expired, decided, or never made).
+pub fn decide_request(
+    tx: &crate::storage::Tx<'_>,
+    outbound: &Outbound,
+    code: &str,
+    decision: Decision,
+    by: &str,
+) -> StoreResult<Option<(Pairing, SenderRule)>> {
+    let Some(p) = pairings::take(tx, code, now_ms())? else {
+        return Ok(None);
+    };
+    let rule = pairings::decide(tx, RuleKind::Sender, &p.platform, &p.sender, decision, by)?;
+    if decision == Decision::Allowed {
+        outbound.enqueue(
+            tx,
+            &OutboundSend {
+                space: NO_SPACE,
+                conversation_id: None,
+                platform: &p.platform,
+                external_id: &p.conversation,
+                message_id: None,
+                text: APPROVED_REPLY,
+                source: "pairing",
+            },
+        )?;
+    }
+    Ok(Some((p, rule)))
+}
 
 /// What the policy lets a message do.
 #[derive(Debug, Clone, PartialEq)]

@@ -38,6 +38,13 @@ pub(crate) fn intake_dir(reviews: &Path, cfg: &crate::config::ReviewConfig) -> s
     }
 }
 
+/// The gate every intake and ledger file passes: the review's identifier
+/// gate with the owner's names (`review.owner_names`) as identifiers too.
+pub(crate) fn intake_gate(cfg: &crate::config::ReviewConfig) -> Result<IdentifierGate, String> {
+    let list = crate::redaction::RedactionList::new().with_names(cfg.owner_names.iter().cloned());
+    IdentifierGate::new(&list).map_err(|e| e.to_string())
+}
+
 /// What the ledger feeds back to the daily judge (M3.2).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Feedback {

@@ -91,6 +91,19 @@ pub fn list(conn: &Conn, space: &str, limit: u32) -> StoreResult<Vec<Run>> {
     )
 }
 
+/// The latest run that message `message_id` of `space` started (a finding
+/// of the review links its exchange to this run's trace).
+pub fn latest_for_message(conn: &Conn, space: &str, message_id: i64) -> StoreResult<Option<Run>> {
+    conn.query_row(
+        &format!(
+            "SELECT {COLS} FROM runs WHERE space_id = ?1 AND trigger_message_id = ?2 ORDER BY started_at DESC, id DESC LIMIT 1"
+        ),
+        params![space, message_id],
+        from_row,
+    )
+    .optional()
+}
+
 /// The `error` of a run a host crash interrupted (left `running`, marked at
 /// the next start), as opposed to a run whose actor was stopped.
 pub const CRASHED: &str = "host stopped during the run";

@@ -126,6 +126,41 @@ pub fn set_active(
     Ok(())
 }
 
+/// Pauses or resumes task `id` of `space` by the one rule the API and the
+/// dashboard share: a resumed cron task fires at its next time after `now`
+/// in `tz` (never once for every time it missed), and a one-shot task whose
+/// time has passed cannot be resumed. `Ok(Err(why))` is that refusal, with
+/// nothing written; the task as it stands after the change otherwise.
+pub fn switch(
+    tx: &Tx<'_>,
+    space: &str,
+    id: i64,
+    active: bool,
+    now: i64,
+    tz: chrono_tz::Tz,
+) -> StoreResult<Result<Task, String>> {
+    let task = get(tx, space, id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+    let next = match (&task.cron, active) {
+        (Some(c), true) => {
+            match crate::schedule::parse_cron(c)
+                .and_then(|c| crate::schedule::next_fire(&c, now, tz))
+            {
+                Ok(t) => Some(t),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        _ => None,
+    };
+    if active && task.cron.is_none() && task.next_run_at.is_none_or(|t| t <= now) {
+        return Ok(Err(format!(
+            "task {id} was a one-shot task whose time has passed"
+        )));
+    }
+    set_active(tx, space, id, active, next)?;
+    let task = get(tx, space, id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+    Ok(Ok(task))
+}
+
 /// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).
 pub fn advance(conn: &Conn, id: i64, next_run_at: Option<i64>) -> StoreResult<()> {
     conn.execute(

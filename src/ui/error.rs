@@ -42,6 +42,24 @@ pub enum UiError {
 
 pub(super) type UiResult<T> = Result<T, UiError>;
 
+impl From<crate::actors::ActorError> for UiError {
+    fn from(e: crate::actors::ActorError) -> Self {
+        use crate::actors::{ActorError, ControlError, SpawnError};
+        match e {
+            ActorError::Store(s)
+            | ActorError::Spawn(SpawnError::Store(s))
+            | ActorError::Control(ControlError::Store(s)) => UiError::Store(s),
+            ActorError::Spawn(SpawnError::NoSuchSpace(id)) => {
+                UiError::NotFound(format!("space {id} does not exist"))
+            }
+            e @ (ActorError::Unavailable(_) | ActorError::Busy(_) | ActorError::Timeout(_)) => {
+                UiError::Unavailable(format!("{e}; try again"))
+            }
+            e => UiError::Internal(e.to_string()),
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "ui/error.html")]
 struct ErrorPage<'a> {

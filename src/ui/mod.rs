@@ -10,8 +10,11 @@
 //! sign-in's CSRF token, or decide access any other way than the API does
 //! (`crate::perms`).
 
+mod actions;
 mod error;
 mod pages;
+mod pairing;
+mod review;
 mod session;
 
 use std::sync::Arc;
@@ -54,8 +57,20 @@ pub fn router(app: Arc<App>) -> Router {
             get(pages::file).post(pages::save_file),
         )
         .route("/ui/spaces/{space}/runs", get(pages::runs))
+        .route(
+            "/ui/spaces/{space}/tasks/{id}/{action}",
+            post(actions::task_switch),
+        )
+        .route("/ui/spaces/{space}/mutes", post(actions::mute))
+        .route("/ui/spaces/{space}/unmute", post(actions::unmute))
+        .route("/ui/spaces/{space}/stop", post(actions::stop))
         .route("/ui/runs/{run}", get(pages::run))
         .route("/ui/links", get(pages::links_page))
+        .route("/ui/pairings", get(pairing::list))
+        .route("/ui/review", get(review::overview))
+        .route("/ui/review/reports/{name}", get(review::report))
+        .route("/ui/review/approve", post(review::approve))
+        .route("/ui/pairings/{code}/{action}", post(pairing::decide))
         .route(
             "/ui/static/ui.css",
             get(|| async { asset("text/css; charset=utf-8", CSS) }),

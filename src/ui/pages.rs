@@ -45,7 +45,7 @@ pub(super) struct Chrome {
 }
 
 impl Chrome {
-    fn of(viewer: &Viewer) -> Self {
+    pub(super) fn of(viewer: &Viewer) -> Self {
         Self {
             caller: Some(viewer.caller().to_owned()),
             csrf: viewer.signin.csrf.clone(),
@@ -61,15 +61,15 @@ pub(super) const PAGE_ROWS: u32 = 50;
 /// How long a file save waits behind a turn of the space (as the files API).
 const WRITE_WAIT: Duration = Duration::from_secs(60);
 
-fn page(t: &impl Template) -> UiResult<Response> {
+pub(super) fn page(t: &impl Template) -> UiResult<Response> {
     Ok(Html(t.render()?).into_response())
 }
 
-fn see_other(to: &str) -> Response {
+pub(super) fn see_other(to: &str) -> Response {
     Redirect::to(to).into_response()
 }
 
-fn when(ms: i64) -> String {
+pub(super) fn when(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_default()
@@ -492,6 +492,21 @@ struct TaskRow {
     id: i64,
     schedule: String,
     prompt: String,
+    /// `active`, `paused` or `done` (a fired one-shot task), as `tasks list`.
+    state: &'static str,
+}
+
+struct MuteRow {
+    caller_id: String,
+    until: String,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct SpaceQuery {
+    /// What an action just did (a fixed word; see `actions::notice_of`).
+    #[serde(default)]
+    did: String,
 }
 
 #[derive(Template)]
@@ -501,10 +516,15 @@ struct SpacePage {
     space: crate::storage::spaces::Space,
     role: String,
     can_prompt: bool,
+    can_pause: bool,
+    can_resume: bool,
+    can_mute: bool,
+    can_stop: bool,
+    notice: &'static str,
     members: Vec<PairRow>,
     prefs: Vec<PairRow>,
     tasks: Vec<TaskRow>,
-    mutes: Vec<String>,
+    mutes: Vec<MuteRow>,
     messages: Vec<MessageRow>,
 }
 
@@ -512,6 +532,7 @@ pub(super) async fn space(
     State(app): State<Arc<App>>,
     viewer: Viewer,
     Path(raw): Path<String>,
+    Query(query): Query<SpaceQuery>,
 ) -> UiResult<Response> {
     let access = space_access(&app, &viewer, &raw).await?;
     let id = access.space.to_string();
@@ -568,6 +589,11 @@ pub(super) async fn space(
         chrome: Chrome::of(&viewer),
         space,
         can_prompt: access.has(Permission::Prompt),
+        can_pause: access.has(Permission::TasksPause),
+        can_resume: access.has(Permission::TasksResume),
+        can_mute: access.has(Permission::MutesSet),
+        can_stop: access.has(Permission::Stop),
+        notice: super::actions::notice_of(&query.did),
         role: access.role,
         members,
         prefs: prefs
@@ -581,15 +607,19 @@ pub(super) async fn space(
             .into_iter()
             .map(|t| TaskRow {
                 id: t.id,
+                state: t.state,
                 schedule: t.cron.unwrap_or_else(|| t.at.map(when).unwrap_or_default()),
-                prompt: if t.active {
-                    t.prompt
-                } else {
-                    format!("(paused) {}", t.prompt)
-                },
+                prompt: t.prompt,
             })
             .collect(),
-        mutes: mutes.into_iter().map(|m| m.caller_id).collect(),
+        mutes: mutes
+            .into_iter()
+            .map(|m| MuteRow {
+                caller_id: m.caller_id,
+                until: m.until.map(when).unwrap_or_else(|| "until unmuted".into()),
+                reason: m.reason.unwrap_or_default(),
+            })
+            .collect(),
         messages: recent
             .into_iter()
             .rev()
@@ -1054,11 +1084,7 @@ pub(super) async fn links_page(
     viewer: Viewer,
     Query(query): Query<LinksQuery>,
 ) -> UiResult<Response> {
-    if !viewer.global_admin {
-        return Err(UiError::Forbidden(
-            "the links of the whole instance are for global admins".into(),
-        ));
-    }
+    viewer.require_admin("the links of the whole instance")?;
     let space = query.space.trim().to_owned();
     if !space.is_empty() {
         crate::ids::SpaceId::parse(&space).map_err(|e| UiError::BadRequest(e.to_string()))?;

@@ -38,6 +38,15 @@ impl Viewer {
         &self.signin.caller_id
     }
 
+    /// Refuses a viewer who is not a global admin; `what` names the page.
+    pub(super) fn require_admin(&self, what: &str) -> UiResult<()> {
+        if self.global_admin {
+            Ok(())
+        } else {
+            Err(UiError::Forbidden(format!("{what} are for global admins")))
+        }
+    }
+
     /// Refuses a form whose `csrf` field is not this sign-in's.
     pub(super) fn check_csrf(&self, sent: &str) -> UiResult<()> {
         if equal_in_constant_time(sent.as_bytes(), self.signin.csrf.as_bytes()) {

@@ -52,5 +52,6 @@ mod telegram;
 mod telegram_callers;
 mod ui;
 mod ui_browser;
+mod ui_ops;
 mod web_fetch;
 mod whatsapp;

@@ -369,6 +369,29 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
                 .map(|r| r.status),
             Some("done".into())
         );
+        // The run a message started, the latest of its attempts.
+        let trigger = found[0].id;
+        store
+            .write(move |tx| {
+                runs::start(tx, "run-a", "s1", "turn", Some("owner"), Some(trigger))?;
+                runs::start(tx, "run-b", "s1", "turn", Some("owner"), Some(trigger))
+            })
+            .await
+            .unwrap();
+        let latest = store
+            .read(move |c| runs::latest_for_message(c, "s1", trigger))
+            .await
+            .unwrap()
+            .map(|r| r.id);
+        assert!(
+            matches!(latest.as_deref(), Some("run-a" | "run-b")),
+            "{name}: {latest:?}"
+        );
+        assert!(store
+            .read(move |c| runs::latest_for_message(c, "s2", trigger))
+            .await
+            .unwrap()
+            .is_none());
 
         // Outbox: in id order after a mark, per platform.
         store

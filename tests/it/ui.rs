@@ -36,7 +36,12 @@ pub(crate) async fn sign_in(host: &TestHost, http: &Client, token: &str) -> Stri
     cookie.split(';').next().unwrap().to_owned()
 }
 
-async fn get(host: &TestHost, http: &Client, path: &str, cookie: &str) -> (StatusCode, String) {
+pub(crate) async fn get(
+    host: &TestHost,
+    http: &Client,
+    path: &str,
+    cookie: &str,
+) -> (StatusCode, String) {
     let r = http
         .get(format!("{}{path}", host.url))
         .header("cookie", cookie)
@@ -47,8 +52,33 @@ async fn get(host: &TestHost, http: &Client, path: &str, cookie: &str) -> (Statu
     (st, r.text().await.unwrap())
 }
 
+/// Posts a form as the signed-in browser would; the status and the
+/// redirect's target (empty when none).
+pub(crate) async fn post_form(
+    host: &TestHost,
+    http: &Client,
+    path: &str,
+    cookie: &str,
+    form: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let r = http
+        .post(format!("{}{path}", host.url))
+        .header("cookie", cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(encoded(form))
+        .send()
+        .await
+        .unwrap();
+    let to = r
+        .headers()
+        .get(LOCATION)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (r.status(), to)
+}
+
 /// The CSRF token the page's sign-out form carries.
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
     html[at..at + 32].to_owned()
 }

@@ -20,9 +20,8 @@ use crate::api::{ApiError, ApiResult, Auth};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::ids;
-use crate::ingress::policy::{CODE_ALPHABET, CODE_LEN, NO_SPACE};
+use crate::ingress::policy;
 use crate::links::ActAsRoute;
-use crate::runtime::OutboundSend;
 use crate::review::catalog::{self, ReportEntry};
 use crate::storage::forget::{self, InstanceForgotten, SpaceForgotten};
 use crate::storage::pairings::{self, Decision, Pairing, RuleKind, SenderRule};
@@ -41,9 +40,6 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
 
 /// None on purpose: who may talk to the bot is instance-wide, for global admins only.
 pub(crate) const ACT_AS: &[ActAsRoute] = &[];
-
-/// What an approved stranger is told (once, through the outbox).
-pub(crate) const APPROVED_REPLY: &str = "You are approved: send your message again and I will answer.";
 
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct PairingList {
@@ -85,13 +81,7 @@ pub(crate) struct SenderBody {
 
 /// A code as typed: 8 characters of the pairing alphabet, any case.
 fn code_arg(raw: &str) -> ApiResult<String> {
-    let code = raw.trim().to_ascii_uppercase();
-    if code.len() != CODE_LEN || !code.bytes().all(|b| CODE_ALPHABET.contains(&b)) {
-        return Err(ApiError::bad_request(format!(
-            "{raw:?} is not a pairing code: 8 characters such as K7QM4XPA (see `mrctl pairing list`)"
-        )));
-    }
-    Ok(code)
+    policy::parse_code(raw).map_err(ApiError::bad_request)
 }
 
 /// The (kind, platform, subject) a body names, checked.
@@ -168,28 +158,9 @@ async fn decide_request(
     let done = app
         .rt
         .store
-        .write(move |tx| {
-            let Some(p) = pairings::take(tx, &wanted, now_ms())? else {
-                return Ok(None);
-            };
-            let rule = pairings::decide(tx, RuleKind::Sender, &p.platform, &p.sender, decision, &by)?;
-            if decision == Decision::Allowed {
-                outbound.enqueue(
-                    tx,
-                    &OutboundSend {
-                        space: NO_SPACE,
-                        conversation_id: None,
-                        platform: &p.platform,
-                        external_id: &p.conversation,
-                        message_id: None,
-                        text: APPROVED_REPLY,
-                        source: "pairing",
-                    },
-                )?;
-            }
-            Ok(Some(PairingDecided { pairing: p, rule }))
-        })
-        .await?;
+        .write(move |tx| policy::decide_request(tx, &outbound, &wanted, decision, &by))
+        .await?
+        .map(|(pairing, rule)| PairingDecided { pairing, rule });
     done.ok_or_else(|| {
         ApiError::not_found(format!(
             "no pending pairing request {code} (it may have expired or been decided; see `mrctl pairing list`)"

@@ -195,26 +195,11 @@ async fn set_active(
     let sid = auth.require(perm)?.space.clone();
     let space = sid.to_string();
     let tz = zone_of(app, &space).await?;
-    let out = app.spaces.apply_with(&sid, move |tx| {
-            let task = tasks::get(tx, &space, id)?
-                .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-            // A resumed cron task fires at its next time from now, not at once for every miss.
-            let next = match (&task.cron, active) {
-                (Some(c), true) => Some(
-                    parse_cron(c)
-                        .and_then(|c| next_fire(&c, now_ms(), tz))
-                        .map_err(|e| Refusal::Refused(ApiError::bad_request(e)))?,
-                ),
-                _ => None,
-            };
-            if active && task.cron.is_none() && task.next_run_at.is_none_or(|t| t <= now_ms()) {
-                return Err(Refusal::Refused(ApiError::bad_request(format!(
-                    "task {id} was a one-shot task whose time has passed"
-                ))));
-            }
-            tasks::set_active(tx, &space, id, active, next)?;
-            let task = tasks::get(tx, &space, id)?
-                .ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
+    let out = app
+        .spaces
+        .apply_with(&sid, move |tx| {
+            let task = tasks::switch(tx, &space, id, active, now_ms(), tz)?
+                .map_err(|why| Refusal::Refused(ApiError::bad_request(why)))?;
             Ok(TaskReply {
                 task,
                 timezone: tz.name().to_owned(),
