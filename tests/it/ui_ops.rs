@@ -6,6 +6,8 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+use mercury::storage::Query;
+
 use crate::common::{HostOptions, TestHost};
 use crate::ui::{csrf_of, get, no_redirects, post_form, sign_in};
 
@@ -186,5 +188,328 @@ async fn ui_task_mute_and_stop_actions() {
     .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     assert_eq!(task_state(), "active");
+    host.stop().await;
+}
+
+async fn dm_in(h: &TestHost, adapter: &str, conv: &str, sender: &str, mid: &str) {
+    let (st, v) = h.ingest(adapter, conv, sender, "hello", mid, false).await;
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(v["status"], "pairing", "{v}");
+}
+
+fn pending_codes(h: &TestHost) -> Vec<(String, String)> {
+    let now = mercury::clock::now_ms();
+    h.read(move |c| mercury::storage::pairings::list(c, now))
+        .into_iter()
+        .map(|p| (p.sender, p.code))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_pairing_requests_are_approved_and_denied_by_global_admins_only() {
+    let host = TestHost::start(HostOptions::default()).await;
+    let http = no_redirects();
+    let adapter = host.adapter_token("bridge", "test").await;
+    dm_in(&host, &adapter, "dm-ada", "ada", "a-1").await;
+    dm_in(&host, &adapter, "dm-bo", "bo", "b-1").await;
+    let codes = pending_codes(&host);
+    let code_of = |who: &str| {
+        codes
+            .iter()
+            .find(|(s, _)| s == &format!("test:{who}"))
+            .unwrap()
+            .1
+            .clone()
+    };
+    let cookie = sign_in(&host, &http, &host.owner_token).await;
+    let (st, page) = get(&host, &http, "/ui/pairings", &cookie).await;
+    assert_eq!(st, StatusCode::OK);
+    let csrf = csrf_of(&page);
+    for who in ["ada", "bo"] {
+        assert!(
+            page.contains(&format!("data-code=\"{}\"", code_of(who))),
+            "{page}"
+        );
+    }
+
+    // A space admin is refused the page and the decision.
+    host.create_space("beta").await;
+    let bob = host.token("api:bob", "user").await;
+    host.grant("beta", "api:bob", "admin").await;
+    let bob_cookie = sign_in(&host, &http, &bob).await;
+    assert_eq!(
+        get(&host, &http, "/ui/pairings", &bob_cookie).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (_, bob_page) = get(&host, &http, "/ui/spaces/beta", &bob_cookie).await;
+    let bob_csrf = csrf_of(&bob_page);
+    let approve_ada = format!("/ui/pairings/{}/approve", code_of("ada"));
+    let (st, _) = post_form(
+        &host,
+        &http,
+        &approve_ada,
+        &bob_cookie,
+        &[("csrf", &bob_csrf)],
+    )
+    .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    // Without the CSRF token: refused too.
+    let (st, _) = post_form(&host, &http, &approve_ada, &cookie, &[]).await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    assert_eq!(pending_codes(&host).len(), 2);
+
+    // Approve ada: allowed, told once; deny bo: denied, told nothing.
+    let (st, to) = post_form(&host, &http, &approve_ada, &cookie, &[("csrf", &csrf)]).await;
+    assert_eq!(
+        (st, to.as_str()),
+        (StatusCode::SEE_OTHER, "/ui/pairings?did=approved")
+    );
+    let deny_bo = format!("/ui/pairings/{}/deny", code_of("bo"));
+    let (st, _) = post_form(&host, &http, &deny_bo, &cookie, &[("csrf", &csrf)]).await;
+    assert_eq!(st, StatusCode::SEE_OTHER);
+    assert!(pending_codes(&host).is_empty());
+    let (_, v) = host.owner(Method::GET, "/api/senders", None, None).await;
+    let rules = v["senders"].as_array().unwrap();
+    let decision = |who: &str| {
+        rules
+            .iter()
+            .find(|r| r["subject"] == format!("test:{who}"))
+            .map(|r| r["status"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(decision("ada").as_deref(), Some("allowed"), "{v}");
+    assert_eq!(decision("bo").as_deref(), Some("denied"), "{v}");
+    let told = |conv: &'static str| -> Vec<String> {
+        host.read(move |c| {
+            c.query_all(
+                "SELECT text FROM outbox WHERE external_id = ?1 ORDER BY id",
+                &[&conv],
+                |r| r.get(0),
+            )
+        })
+    };
+    let ada_told = told("dm-ada");
+    assert!(
+        ada_told.last().unwrap().contains("You are approved"),
+        "{ada_told:?}"
+    );
+    assert!(!told("dm-bo").iter().any(|t| t.contains("You are approved")));
+
+    // A decided (or malformed) code: a clear 404 (or 400), nothing changed.
+    let (st, _) = post_form(&host, &http, &approve_ada, &cookie, &[("csrf", &csrf)]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _) = post_form(
+        &host,
+        &http,
+        "/ui/pairings/0OIL/approve",
+        &cookie,
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(told("dm-ada").len(), ada_told.len());
+    host.stop().await;
+}
+
+fn judge_rule(user_re: &str, kind: &str, layer: &str, summary: &str) -> serde_json::Value {
+    let finding = json!({
+        "message_id": 0, "kind": kind, "scope": "space", "target_layer": layer,
+        "severity": 2, "summary": summary, "evidence": "see the reply",
+        "suggestion": "answer correctly"
+    })
+    .to_string()
+    .replace("\"message_id\":0", "\"message_id\":$1");
+    json!({"purpose": "judge",
+           "match": format!("\\[msg (\\d+)\\]\\n(?:context: [^\\n]*\\n)*user [^\\n]*{user_re}"),
+           "reply": format!("{{\"findings\": [{finding}]}}")})
+}
+
+/// Runs a command off the runtime (the host it calls runs in this process).
+async fn output(mut cmd: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+fn mercury_cmd(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mercury"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .args(args);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli_does() {
+    let rules = vec![
+        judge_rule(
+            "capital of France",
+            "wrong_answer",
+            "memory",
+            "The assistant named the wrong capital of France.",
+        ),
+        judge_rule(
+            "weather",
+            "tone",
+            "character",
+            "The reply about the weather was curt.",
+        ),
+        json!({"purpose": "judge", "reply": "{\"findings\": []}"}),
+        json!({"purpose": "intake", "reply": "{\"real\": true, \"reason\": \"The reply is wrong.\"}"}),
+        json!({"purpose": "turn", "match": "capital of France", "reply": "Lyon."}),
+        json!({"purpose": "turn", "reply": "Sunny."}),
+    ];
+    let host = TestHost::start(HostOptions {
+        model: json!({ "rules": rules }),
+        config: vec![
+            ("review.batch_size", serde_yaml_ng::Value::Number(1.into())),
+            (
+                "review.calls_per_minute",
+                serde_yaml_ng::Value::Number(600.into()),
+            ),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let http = no_redirects();
+    host.create_space("family").await;
+    host.chat("family", "What is the capital of France?").await;
+    host.chat("family", "How is the weather today?").await;
+    let (st, run) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{run}");
+    let date = run["date"].as_str().unwrap().to_owned();
+
+    let cookie = sign_in(&host, &http, &host.owner_token).await;
+    let (st, page) = get(&host, &http, "/ui/review", &cookie).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(page.contains("id=\"no-triage\""), "{page}");
+    assert!(
+        page.contains(&format!("/ui/review/reports/{date}")),
+        "{page}"
+    );
+    let csrf = csrf_of(&page);
+
+    // The daily report: each finding links to its exchange and to the
+    // trace of the run that answered it.
+    let (st, report) = get(&host, &http, &format!("/ui/review/reports/{date}"), &cookie).await;
+    assert_eq!(st, StatusCode::OK, "{report}");
+    assert!(
+        report.contains("The assistant named the wrong capital of France."),
+        "{report}"
+    );
+    let at = report.find("href=\"/ui/runs/").expect("a trace link") + "href=\"/ui/runs/".len();
+    let run_id = &report[at..at + report[at..].find('"').unwrap()];
+    let (st, trace) = get(&host, &http, &format!("/ui/runs/{run_id}"), &cookie).await;
+    assert_eq!(st, StatusCode::OK, "{trace}");
+    assert!(report.contains("/ui/spaces/family#m"), "{report}");
+    let (st, _) = get(&host, &http, "/ui/review/reports/not-a-date", &cookie).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+
+    // The intake makes the triage; the page shows its rows.
+    let data = host.data.to_str().unwrap().to_owned();
+    let out = output(mercury_cmd(&["review", "intake", "--data-dir", &data])).await;
+    assert!(out.status.success(), "{out:?}");
+    let intake = host.data.join("reviews/intake");
+    let triage: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake.join("triage.json")).unwrap())
+            .unwrap();
+    let row_of = |needle: &str| {
+        triage["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["finding"]["summary"].as_str().unwrap().contains(needle))
+            .unwrap()["row"]
+            .as_u64()
+            .unwrap()
+            .to_string()
+    };
+    let (capital, weather) = (row_of("capital"), row_of("weather"));
+    let (_, page) = get(&host, &http, "/ui/review", &cookie).await;
+    assert!(page.contains(&format!("name=\"row-{capital}\"")), "{page}");
+    assert!(page.contains(&format!("name=\"row-{weather}\"")), "{page}");
+
+    // Refused without the CSRF token, with a decision that is no word, and
+    // while an intake holds the lock: nothing is written.
+    let capital_field = format!("row-{capital}");
+    let weather_field = format!("row-{weather}");
+    let chosen = |csrf: &'static str| {
+        vec![
+            ("csrf", csrf),
+            (capital_field.as_str(), "proposed"),
+            (weather_field.as_str(), "reject"),
+        ]
+    };
+    let (st, _) = post_form(&host, &http, "/ui/review/approve", &cookie, &chosen("")).await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let csrf: &'static str = Box::leak(csrf.into_boxed_str());
+    let (st, _) = post_form(
+        &host,
+        &http,
+        "/ui/review/approve",
+        &cookie,
+        &[("csrf", csrf), (capital_field.as_str(), "maybe")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    {
+        let paths = mercury::workspace::DataPaths::new(&host.data);
+        let _held = mercury::workspace::data_dir::lock_intake(&paths).unwrap();
+        let (st, _) = post_form(&host, &http, "/ui/review/approve", &cookie, &chosen(csrf)).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert!(!intake.join("ledger.json").exists());
+
+    // A space admin is refused the page and the approval.
+    host.create_space("beta").await;
+    let bob = host.token("api:bob", "user").await;
+    host.grant("beta", "api:bob", "admin").await;
+    let bob_cookie = sign_in(&host, &http, &bob).await;
+    assert_eq!(
+        get(&host, &http, "/ui/review", &bob_cookie).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (_, bob_page) = get(&host, &http, "/ui/spaces/beta", &bob_cookie).await;
+    let bob_csrf: &'static str = Box::leak(csrf_of(&bob_page).into_boxed_str());
+    let (st, _) = post_form(
+        &host,
+        &http,
+        "/ui/review/approve",
+        &bob_cookie,
+        &chosen(bob_csrf),
+    )
+    .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+
+    // Approved: the capital row as proposed (a new bug), the weather row
+    // rejected; every row is in the ledger, as `mercury review approve` does.
+    let (st, to) = post_form(&host, &http, "/ui/review/approve", &cookie, &chosen(csrf)).await;
+    assert_eq!(
+        (st, to.as_str()),
+        (StatusCode::SEE_OTHER, "/ui/review?did=approved-2-of-2")
+    );
+    let ledger: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake.join("ledger.json")).unwrap())
+            .unwrap();
+    let rows = ledger["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{ledger}");
+    let approved_as = |needle: &str| {
+        rows.iter()
+            .find(|r| r["summary"].as_str().unwrap().contains(needle))
+            .unwrap()["approved"]
+            .clone()
+    };
+    assert_eq!(approved_as("capital"), json!("new"));
+    assert_eq!(approved_as("weather"), json!("reject"));
+    assert!(std::fs::read_dir(intake.join("bugs")).unwrap().count() >= 1);
+    let (_, page) = get(&host, &http, &to, &cookie).await;
+    assert!(page.contains("2 of 2 row(s) approved"), "{page}");
+    assert!(page.contains("id=\"no-triage\""), "{page}");
+    // Nothing is waiting now: a second post is a clear 400.
+    let (st, _) = post_form(&host, &http, "/ui/review/approve", &cookie, &chosen(csrf)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
     host.stop().await;
 }
