@@ -52,39 +52,8 @@ pub fn log_path(snapshot_dir: &Path) -> PathBuf {
     snapshot_dir.join("shadow").join("host.log")
 }
 
-fn pid_alive(pid: u32) -> bool {
-    // A zombie (exited, not yet reaped) is gone for our purposes.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            .is_some_and(|state| state != 'Z' && state != 'X'),
-        Err(_) => false,
-    }
-}
-
-/// Is `pid` the shadow host serving `data_dir`? (Never signal a reused pid.)
-fn is_shadow_process(pid: u32, data_dir: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let want = data_dir.as_os_str().as_encoded_bytes();
-    pid_alive(pid)
-        && cmdline.split(|b| *b == 0).any(|arg| arg == want)
-        && cmdline.split(|b| *b == 0).any(|arg| arg == b"serve")
-}
-
-/// The recorded shadow when it still runs; a stale record is removed.
-pub fn running(root: &Path) -> ShadowResult<Option<Running>> {
-    match Running::read(root)? {
-        Some(r) if is_shadow_process(r.pid, &r.data_dir) => Ok(Some(r)),
-        Some(_) => {
-            let _ = std::fs::remove_file(Running::path(root));
-            Ok(None)
-        }
-        None => Ok(None),
-    }
-}
+use crate::shadow::manifest::pid_alive;
+pub use crate::shadow::manifest::running;
 
 fn free_mem() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;

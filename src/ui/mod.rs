@@ -14,6 +14,7 @@ mod actions;
 mod error;
 mod pages;
 mod pairing;
+mod rehearsal;
 mod review;
 mod session;
 
@@ -67,6 +68,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ui/runs/{run}", get(pages::run))
         .route("/ui/links", get(pages::links_page))
         .route("/ui/pairings", get(pairing::list))
+        .route("/ui/rehearsal", get(rehearsal::overview))
+        .route("/ui/rehearsal/{id}", get(rehearsal::diff_page))
         .route("/ui/review", get(review::overview))
         .route("/ui/review/reports/{name}", get(review::report))
         .route("/ui/review/approve", post(review::approve))

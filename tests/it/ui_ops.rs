@@ -513,3 +513,128 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
     assert_eq!(st, StatusCode::BAD_REQUEST);
     host.stop().await;
 }
+
+/// A live host whose `shadow_root` is a fresh directory, a snapshot of it
+/// taken with `mercury shadow snapshot`, and the shadow's copy changed as a
+/// rehearsal would change it: an instruction, a preference naming a phone
+/// number, a held send.
+pub(crate) async fn rehearsed_host() -> (TestHost, tempfile::TempDir, String) {
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let host = TestHost::start(HostOptions {
+        config: vec![(
+            "shadow_root",
+            serde_yaml_ng::Value::from(root.display().to_string()),
+        )],
+        ..Default::default()
+    })
+    .await;
+    host.create_space("alpha").await;
+    std::fs::write(
+        host.data.join("spaces/alpha/AGENTS.md"),
+        "# Alpha\nBe brief.\nAnswer in English.\n",
+    )
+    .unwrap();
+    host.chat("alpha", "hello").await;
+    let data = host.data.to_str().unwrap().to_owned();
+    let root_s = root.to_str().unwrap().to_owned();
+    let out = output(mercury_cmd(&[
+        "shadow",
+        "snapshot",
+        "--data-dir",
+        &data,
+        "--root",
+        &root_s,
+        "--admins",
+        "api:rehearser",
+    ]))
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let snap = std::fs::canonicalize(root.join("current")).unwrap();
+    let id = snap.file_name().unwrap().to_str().unwrap().to_owned();
+    std::fs::write(
+        snap.join("spaces/alpha/AGENTS.md"),
+        "# Alpha\nBe brief and kind.\nAnswer in English.\n",
+    )
+    .unwrap();
+    mercury::storage::inspect::execute_script_on_file(
+        &snap.join("state.db"),
+        "INSERT INTO space_preferences (space_id, key, value, updated_by, updated_at)
+           VALUES ('alpha', 'contact', 'call +31 6 1234 5678 <script>window.pwned=1</script>', 'owner', 1);",
+    )
+    .unwrap();
+    let send = json!({"kind": "send", "time": 1, "space": "alpha", "conversation": 1,
+        "platform": "telegram", "external_id": "42", "text": "Held: see you at nine", "source": "send"});
+    let transcript = snap.join("shadow/transcript.jsonl");
+    let mut text = std::fs::read_to_string(&transcript).unwrap_or_default();
+    text.push_str(&format!("{send}\n"));
+    std::fs::write(&transcript, text).unwrap();
+    (host, root_dir, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_rehearsal_lists_snapshots_and_shows_a_redacted_diff_side_by_side() {
+    let (host, _root, id) = rehearsed_host().await;
+    let http = no_redirects();
+    let cookie = sign_in(&host, &http, &host.owner_token).await;
+    let (st, page) = get(&host, &http, "/ui/rehearsal", &cookie).await;
+    assert_eq!(st, StatusCode::OK, "{page}");
+    assert!(page.contains(&format!("data-snapshot=\"{id}\"")), "{page}");
+    assert!(page.contains("No shadow runs."), "{page}");
+
+    let (st, diff) = get(&host, &http, &format!("/ui/rehearsal/{id}"), &cookie).await;
+    assert_eq!(st, StatusCode::OK, "{diff}");
+    assert!(diff.contains("data-file=\"alpha/AGENTS.md\""), "{diff}");
+    assert!(
+        diff.contains("<span class=\"del\">- Be brief.</span>"),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("<span class=\"add\">+ Be brief and kind.</span>"),
+        "{diff}"
+    );
+    assert!(diff.contains("space_preferences"), "{diff}");
+    assert!(diff.contains("Held: see you at nine"), "{diff}");
+    // Redacted as `mercury shadow diff` is, and escaped on output.
+    assert!(
+        !diff.contains("1234 5678") && !diff.contains("612345678"),
+        "{diff}"
+    );
+    assert!(!diff.contains("<script>window"), "{diff}");
+    let (_, only_beta) = get(
+        &host,
+        &http,
+        &format!("/ui/rehearsal/{id}?space=beta"),
+        &cookie,
+    )
+    .await;
+    assert!(
+        !only_beta.contains("data-file=\"alpha/AGENTS.md\""),
+        "{only_beta}"
+    );
+
+    // Only a snapshot id under the root: anything else is refused.
+    // (A bare `..`, even percent-encoded, never reaches the host: the URL resolves it.)
+    for bad in [".hidden", "nosuch", "%2e%2e%2fetc"] {
+        let (st, _) = get(&host, &http, &format!("/ui/rehearsal/{bad}"), &cookie).await;
+        assert!(
+            st == StatusCode::NOT_FOUND || st == StatusCode::BAD_REQUEST,
+            "{bad}: {st}"
+        );
+    }
+    let (st, _) = get(&host, &http, &format!("/ui/rehearsal/{id}?page=9"), &cookie).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+
+    // A space admin is refused both pages.
+    host.create_space("beta").await;
+    let bob = host.token("api:bob", "user").await;
+    host.grant("beta", "api:bob", "admin").await;
+    let bob_cookie = sign_in(&host, &http, &bob).await;
+    for path in ["/ui/rehearsal".to_owned(), format!("/ui/rehearsal/{id}")] {
+        assert_eq!(
+            get(&host, &http, &path, &bob_cookie).await.0,
+            StatusCode::FORBIDDEN
+        );
+    }
+    host.stop().await;
+}
