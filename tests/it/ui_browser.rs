@@ -253,6 +253,78 @@ async fn ui_browser_operator_walkthrough() {
     host.stop().await;
 }
 
+/// The review's intake triage approved from the page (one row rejected,
+/// one left out), as `mercury review approve` would; then a rehearsal's
+/// diff, reached from the menu.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_browser_approves_an_intake_row_and_views_a_shadow_diff() {
+    let root = tempfile::tempdir().unwrap();
+    let host = TestHost::start(crate::ui_ops::review_options(vec![
+        crate::ui_ops::shadow_root_of(&root),
+    ]))
+    .await;
+    crate::ui_ops::scanned(&host).await;
+    let triage = crate::ui_ops::triaged(&host).await;
+    let weather = crate::ui_ops::row_of(&triage, "weather");
+    let id = crate::ui_ops::rehearse(&host, root.path()).await;
+    let d = driver().await;
+    let c = browser(&d).await;
+    sign_in(&c, &host, &host.owner_token).await;
+
+    follow(&c, Locator::LinkText("Review")).await;
+    let rows = text_of(&c, "#triage").await;
+    assert!(
+        rows.contains("The reply about the weather was curt."),
+        "{rows}"
+    );
+    c.find(Locator::Id(&format!("decide-{weather}")))
+        .await
+        .unwrap()
+        .select_by_value("reject")
+        .await
+        .unwrap();
+    shot(&c, "review").await;
+    follow(&c, Locator::Id("approve-chosen")).await;
+    let notice = text_of(&c, "#notice").await;
+    assert!(notice.starts_with("1 of 2 row(s) approved"), "{notice}");
+    let ledger: Value = serde_json::from_str(
+        &std::fs::read_to_string(host.data.join("reviews/intake/ledger.json")).unwrap(),
+    )
+    .unwrap();
+    let approved: Vec<&Value> = ledger["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["approved"])
+        .collect();
+    assert_eq!(approved.len(), 2, "{ledger}");
+    assert!(
+        approved.contains(&&json!("reject")) && approved.contains(&&Value::Null),
+        "{ledger}"
+    );
+
+    follow(&c, Locator::LinkText("Rehearsal")).await;
+    follow(&c, Locator::LinkText(&id)).await;
+    let files = text_of(&c, "#diff-files").await;
+    assert!(
+        files.contains("- Be brief.") && files.contains("+ Be brief and kind."),
+        "{files}"
+    );
+    let rows = text_of(&c, "#diff-rows").await;
+    assert!(
+        rows.contains("space_preferences") && !rows.contains("1234 5678"),
+        "{rows}"
+    );
+    let ran: Value = c
+        .execute("return window.pwned === undefined;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(ran, Value::Bool(true), "a planted script ran");
+    shot(&c, "rehearsal-diff").await;
+    c.close().await.unwrap();
+    host.stop().await;
+}
+
 const FLAG: &str = "window.__mercury_pwned";
 
 /// Payloads that set [`FLAG`] if any of them ever runs.

@@ -340,8 +340,9 @@ fn mercury_cmd(args: &[&str]) -> std::process::Command {
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli_does() {
+/// A host whose judge flags two exchanges (a wrong capital, a curt weather
+/// reply) and whose intake finds every finding real; `extra` config too.
+pub(crate) fn review_options(extra: Vec<(&'static str, serde_yaml_ng::Value)>) -> HostOptions {
     let rules = vec![
         judge_rule(
             "capital of France",
@@ -360,19 +361,23 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
         json!({"purpose": "turn", "match": "capital of France", "reply": "Lyon."}),
         json!({"purpose": "turn", "reply": "Sunny."}),
     ];
-    let host = TestHost::start(HostOptions {
+    let mut config = vec![
+        ("review.batch_size", serde_yaml_ng::Value::Number(1.into())),
+        (
+            "review.calls_per_minute",
+            serde_yaml_ng::Value::Number(600.into()),
+        ),
+    ];
+    config.extend(extra);
+    HostOptions {
         model: json!({ "rules": rules }),
-        config: vec![
-            ("review.batch_size", serde_yaml_ng::Value::Number(1.into())),
-            (
-                "review.calls_per_minute",
-                serde_yaml_ng::Value::Number(600.into()),
-            ),
-        ],
+        config,
         ..Default::default()
-    })
-    .await;
-    let http = no_redirects();
+    }
+}
+
+/// Two exchanges in `family`, the day's scan; the report's date.
+pub(crate) async fn scanned(host: &TestHost) -> String {
     host.create_space("family").await;
     host.chat("family", "What is the capital of France?").await;
     host.chat("family", "How is the weather today?").await;
@@ -380,7 +385,36 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
         .owner(Method::POST, "/api/review/run", None, None)
         .await;
     assert_eq!(st, 200, "{run}");
-    let date = run["date"].as_str().unwrap().to_owned();
+    run["date"].as_str().unwrap().to_owned()
+}
+
+/// `mercury review intake` on the host's data dir; the triage it wrote.
+pub(crate) async fn triaged(host: &TestHost) -> serde_json::Value {
+    let data = host.data.to_str().unwrap().to_owned();
+    let out = output(mercury_cmd(&["review", "intake", "--data-dir", &data])).await;
+    assert!(out.status.success(), "{out:?}");
+    let path = host.data.join("reviews/intake/triage.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The triage row whose finding's summary holds `needle`.
+pub(crate) fn row_of(triage: &serde_json::Value, needle: &str) -> String {
+    triage["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["finding"]["summary"].as_str().unwrap().contains(needle))
+        .unwrap()["row"]
+        .as_u64()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli_does() {
+    let host = TestHost::start(review_options(Vec::new())).await;
+    let http = no_redirects();
+    let date = scanned(&host).await;
 
     let cookie = sign_in(&host, &http, &host.owner_token).await;
     let (st, page) = get(&host, &http, "/ui/review", &cookie).await;
@@ -409,25 +443,9 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
     assert_eq!(st, StatusCode::BAD_REQUEST);
 
     // The intake makes the triage; the page shows its rows.
-    let data = host.data.to_str().unwrap().to_owned();
-    let out = output(mercury_cmd(&["review", "intake", "--data-dir", &data])).await;
-    assert!(out.status.success(), "{out:?}");
+    let triage = triaged(&host).await;
     let intake = host.data.join("reviews/intake");
-    let triage: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(intake.join("triage.json")).unwrap())
-            .unwrap();
-    let row_of = |needle: &str| {
-        triage["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["finding"]["summary"].as_str().unwrap().contains(needle))
-            .unwrap()["row"]
-            .as_u64()
-            .unwrap()
-            .to_string()
-    };
-    let (capital, weather) = (row_of("capital"), row_of("weather"));
+    let (capital, weather) = (row_of(&triage, "capital"), row_of(&triage, "weather"));
     let (_, page) = get(&host, &http, "/ui/review", &cookie).await;
     assert!(page.contains(&format!("name=\"row-{capital}\"")), "{page}");
     assert!(page.contains(&format!("name=\"row-{weather}\"")), "{page}");
@@ -520,15 +538,27 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
 /// number, a held send.
 pub(crate) async fn rehearsed_host() -> (TestHost, tempfile::TempDir, String) {
     let root_dir = tempfile::tempdir().unwrap();
-    let root = std::fs::canonicalize(root_dir.path()).unwrap();
     let host = TestHost::start(HostOptions {
-        config: vec![(
-            "shadow_root",
-            serde_yaml_ng::Value::from(root.display().to_string()),
-        )],
+        config: vec![shadow_root_of(&root_dir)],
         ..Default::default()
     })
     .await;
+    let id = rehearse(&host, root_dir.path()).await;
+    (host, root_dir, id)
+}
+
+/// The `shadow_root` config key naming `dir`.
+pub(crate) fn shadow_root_of(dir: &tempfile::TempDir) -> (&'static str, serde_yaml_ng::Value) {
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    (
+        "shadow_root",
+        serde_yaml_ng::Value::from(root.display().to_string()),
+    )
+}
+
+/// Snapshots `host` under `root` and changes the copy; the snapshot's id.
+pub(crate) async fn rehearse(host: &TestHost, root: &std::path::Path) -> String {
+    let root = std::fs::canonicalize(root).unwrap();
     host.create_space("alpha").await;
     std::fs::write(
         host.data.join("spaces/alpha/AGENTS.md"),
@@ -569,7 +599,7 @@ pub(crate) async fn rehearsed_host() -> (TestHost, tempfile::TempDir, String) {
     let mut text = std::fs::read_to_string(&transcript).unwrap_or_default();
     text.push_str(&format!("{send}\n"));
     std::fs::write(&transcript, text).unwrap();
-    (host, root_dir, id)
+    id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
