@@ -507,6 +507,18 @@ pub(super) struct SpaceQuery {
     /// What an action just did (a fixed word; see `actions::notice_of`).
     #[serde(default)]
     did: String,
+    /// The space whose link the viewer reaches this one through.
+    #[serde(default)]
+    via: String,
+}
+
+/// A link from the page's space to another.
+struct LinkOut {
+    id: i64,
+    target: String,
+    level: String,
+    /// The one conversation a filtered edge reaches, or empty.
+    conversation: String,
 }
 
 #[derive(Template)]
@@ -521,6 +533,11 @@ struct SpacePage {
     can_mute: bool,
     can_stop: bool,
     notice: &'static str,
+    /// Set when the page is reached through a link: (holder, edge, level).
+    reach: Option<(String, i64, &'static str)>,
+    links_out: Vec<LinkOut>,
+    /// The viewer may open a linked space through this one (`links.act`).
+    can_act: bool,
     members: Vec<PairRow>,
     prefs: Vec<PairRow>,
     tasks: Vec<TaskRow>,
@@ -534,14 +551,17 @@ pub(super) async fn space(
     Path(raw): Path<String>,
     Query(query): Query<SpaceQuery>,
 ) -> UiResult<Response> {
-    let access = space_access(&app, &viewer, &raw).await?;
+    let access =
+        super::session::space_access_via(&app, &viewer, &raw, &query.via, "/ui/spaces/{space}")
+            .await?;
     let id = access.space.to_string();
+    let show_links = access.via.is_none() && access.has(Permission::LinksList);
     let (show_prefs, show_tasks, show_mutes) = (
         access.has(Permission::PrefsGet),
         access.has(Permission::TasksList),
         access.has(Permission::MutesList),
     );
-    let (space, members, prefs, tasks, mutes, recent) = app
+    let (space, members, prefs, tasks, mutes, recent, links_out) = app
         .rt
         .store
         .read(move |c| {
@@ -582,7 +602,24 @@ pub(super) async fn space(
                 Vec::new()
             };
             let recent = messages::history(c, &id, 0, i64::MAX, PAGE_ROWS)?;
-            Ok((space, members, prefs, tasks, mutes, recent))
+            let links_out: Vec<LinkOut> = if show_links {
+                links::touching(c, &id)?
+                    .into_iter()
+                    .filter(|l| l.holder_space_id == id && l.revoked_at.is_none())
+                    .map(|l| LinkOut {
+                        id: l.id,
+                        target: l.target_space_id,
+                        level: l.level,
+                        conversation: l
+                            .target_conversation_id
+                            .map(|c| c.to_string())
+                            .unwrap_or_default(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Ok((space, members, prefs, tasks, mutes, recent, links_out))
         })
         .await?;
     page(&SpacePage {
@@ -594,7 +631,13 @@ pub(super) async fn space(
         can_mute: access.has(Permission::MutesSet),
         can_stop: access.has(Permission::Stop),
         notice: super::actions::notice_of(&query.did),
-        role: access.role,
+        can_act: access.via.is_none() && access.has(Permission::LinksAct),
+        links_out,
+        reach: access
+            .via
+            .as_ref()
+            .map(|r| (r.holder.clone(), r.edge_id, r.level)),
+        role: access.role.clone(),
         members,
         prefs: prefs
             .into_iter()
@@ -623,11 +666,22 @@ pub(super) async fn space(
         messages: recent
             .into_iter()
             .rev()
-            .map(|m| MessageRow {
-                id: m.id,
-                sender: m.sender_name.or(m.sender_id).unwrap_or_default(),
-                role: m.role,
-                text: m.text,
+            .map(|m| {
+                // D-014: another space's text, read across a link, loses the
+                // characters that render as nothing or reorder it.
+                let tidy = |t: String| {
+                    if access.via.is_some() {
+                        crate::links::strip_invisible(&t)
+                    } else {
+                        t
+                    }
+                };
+                MessageRow {
+                    id: m.id,
+                    sender: tidy(m.sender_name.or(m.sender_id).unwrap_or_default()),
+                    role: m.role,
+                    text: tidy(m.text),
+                }
             })
             .collect(),
     })

@@ -16,7 +16,9 @@ use super::error::{UiError, UiResult};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::ids::SpaceId;
+use crate::links::LinkLevel;
 use crate::perms::{self, PermSet, Permission};
+use crate::storage::links::{self as link_audit, AuditRow};
 use crate::storage::signins::{self, Signin};
 use crate::storage::spaces;
 
@@ -133,7 +135,28 @@ pub(super) struct SpaceAccess {
     pub(super) space: SpaceId,
     pub(super) role: String,
     pub(super) perms: PermSet,
+    /// Set when the access is a space link's, not a role's in this space.
+    pub(super) via: Option<LinkReach>,
 }
+
+/// Access to a space through a link from a space where the viewer holds a
+/// role with `links.act` (D-011): read-only on the dashboard, audited.
+#[derive(Debug, Clone)]
+pub(super) struct LinkReach {
+    pub(super) holder: String,
+    pub(super) edge_id: i64,
+    pub(super) level: &'static str,
+}
+
+/// What the dashboard shows across a link: the reads of a `read` link
+/// (messages, preferences, tasks, mutes). Writes across a link stay with
+/// `mrctl --space`, where each is audited with what it changed.
+const LINK_READS: [Permission; 4] = [
+    Permission::MessagesRead,
+    Permission::PrefsGet,
+    Permission::TasksList,
+    Permission::MutesList,
+];
 
 impl SpaceAccess {
     pub(super) fn has(&self, perm: Permission) -> bool {
@@ -181,9 +204,86 @@ pub(super) async fn space_access(app: &App, viewer: &Viewer, raw: &str) -> UiRes
         space: space.clone(),
         role,
         perms,
+        via: None,
     };
     if !access.has(Permission::MessagesRead) {
         return Err(refused());
     }
     Ok(access)
+}
+
+/// [`space_access`], or else, when `via` names a space, the reach a link
+/// from it gives, decided as the API's act-as step decides a read (the
+/// viewer needs `links.act` in `via`; an unfiltered, unrevoked edge
+/// `via` → `raw` at `read` or above, a link never raising a non-admin of
+/// `via` above `read`). Every read through a link writes one audit row, as
+/// an act-as read does. A refusal says the same whether or not the target
+/// exists.
+pub(super) async fn space_access_via(
+    app: &App,
+    viewer: &Viewer,
+    raw: &str,
+    via: &str,
+    route: &str,
+) -> UiResult<SpaceAccess> {
+    let direct = space_access(app, viewer, raw).await;
+    let via = via.trim();
+    if via.is_empty() || via == raw || !matches!(direct, Err(UiError::Forbidden(_))) {
+        return direct;
+    }
+    let holder = space_access(app, viewer, via).await?;
+    holder.require(Permission::LinksAct)?;
+    let target = SpaceId::parse(raw).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    let (h, t) = (holder.space.to_string(), target.to_string());
+    let grants = app
+        .rt
+        .store
+        .read(move |c| {
+            if !spaces::space_exists(c, &t)? {
+                return Ok(Vec::new());
+            }
+            crate::links::active_grants(c, &h, &t)
+        })
+        .await?;
+    let cap = if holder.role == perms::ROLE_ADMIN {
+        LinkLevel::Admin
+    } else {
+        LinkLevel::Read
+    };
+    let grant =
+        crate::links::grant_for_request(&grants, LinkLevel::Read, false, cap).map_err(|_| {
+            UiError::Forbidden(format!(
+                "no space link from {} grants you access to space {target}",
+                holder.space
+            ))
+        })?;
+    let row = AuditRow {
+        caller_id: viewer.caller().to_owned(),
+        action: "act".into(),
+        holder_space_id: Some(holder.space.to_string()),
+        target_space_id: Some(target.to_string()),
+        link_id: Some(grant.edge_id),
+        level: Some(grant.level.as_str().to_owned()),
+        method: Some("GET".into()),
+        route: Some(route.to_owned()),
+        path: Some(route.replace("{space}", target.as_str())),
+        status: Some(200),
+        detail: Some("dashboard".into()),
+        ..Default::default()
+    };
+    // Written before the page is answered, so no read leaves none behind.
+    app.rt
+        .store
+        .write(move |tx| link_audit::audit(tx, &row).map(|_| ()))
+        .await?;
+    Ok(SpaceAccess {
+        space: target,
+        role: format!("via link #{} from {}", grant.edge_id, holder.space),
+        perms: LINK_READS.into_iter().collect(),
+        via: Some(LinkReach {
+            holder: holder.space.to_string(),
+            edge_id: grant.edge_id,
+            level: grant.level.as_str(),
+        }),
+    })
 }

@@ -668,3 +668,116 @@ async fn ui_rehearsal_lists_snapshots_and_shows_a_redacted_diff_side_by_side() {
     }
     host.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_link_reach_is_read_only_audited_tagged_and_ends_with_the_link() {
+    let host = TestHost::start(HostOptions::default()).await;
+    let http = no_redirects();
+    host.create_space("alpha").await;
+    host.create_space("beta").await;
+    // Zero-width characters hidden in alpha's text are stripped across the link.
+    host.chat("alpha", "the code word is sec\u{200b}ret").await;
+    let bob = host.token("api:bob", "user").await;
+    host.grant("beta", "api:bob", "admin").await;
+    let bob_cookie = sign_in(&host, &http, &bob).await;
+    assert_eq!(
+        get(&host, &http, "/ui/spaces/alpha?via=beta", &bob_cookie)
+            .await
+            .0,
+        StatusCode::FORBIDDEN,
+        "no link yet"
+    );
+    let link = host.link("beta", "alpha", "read").await;
+
+    // The holder's page lists the link and opens the target through it.
+    let (_, beta) = get(&host, &http, "/ui/spaces/beta", &bob_cookie).await;
+    assert!(
+        beta.contains("href=\"/ui/spaces/alpha?via=beta\""),
+        "{beta}"
+    );
+    assert!(beta.contains(&format!("#{link}")), "{beta}");
+    // Without `via` alpha stays refused; with it the page is alpha's, tagged.
+    assert_eq!(
+        get(&host, &http, "/ui/spaces/alpha", &bob_cookie).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let audits = || {
+        host.read(|c| mercury::storage::links::audit_for(c, "alpha", 100))
+            .into_iter()
+            .filter(|a| a.route.as_deref() == Some("/ui/spaces/{space}"))
+            .collect::<Vec<_>>()
+    };
+    assert!(audits().is_empty());
+    let (st, page) = get(&host, &http, "/ui/spaces/alpha?via=beta", &bob_cookie).await;
+    assert_eq!(st, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("id=\"reach\"") && page.contains(&format!("link #{link}")),
+        "{page}"
+    );
+    assert!(page.contains("data-source-space=\"alpha\""), "{page}");
+    assert!(page.contains("the code word is secret"), "{page}");
+    assert!(!page.contains('\u{200b}'));
+    // Read-only: no chat box, no action forms.
+    for form in [
+        "/ui/spaces/alpha/chat",
+        "/ui/spaces/alpha/stop",
+        "/ui/spaces/alpha/mutes",
+    ] {
+        assert!(!page.contains(form), "{form} offered across a read link");
+    }
+    let rows = audits();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].caller_id, "api:bob");
+    assert_eq!(rows[0].holder_space_id.as_deref(), Some("beta"));
+    assert_eq!(rows[0].link_id, Some(link));
+    assert_eq!(rows[0].level.as_deref(), Some("read"));
+    // A write posted across the link anyway is refused.
+    let csrf = csrf_of(&page);
+    let (st, _) = post_form(
+        &host,
+        &http,
+        "/ui/spaces/alpha/chat",
+        &bob_cookie,
+        &[("csrf", &csrf), ("text", "hi")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+
+    // A reader of beta without links.act gets nothing through the link.
+    let (st, v) = host
+        .owner(
+            Method::PUT,
+            "/api/permissions",
+            Some("beta"),
+            Some(json!({"role": "reader", "permissions": ["messages.read"]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let carol = host.token("api:carol", "user").await;
+    host.grant("beta", "api:carol", "reader").await;
+    let carol_cookie = sign_in(&host, &http, &carol).await;
+    assert_eq!(
+        get(&host, &http, "/ui/spaces/alpha?via=beta", &carol_cookie)
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    // Revoked: the very next page is refused.
+    let (st, v) = host
+        .owner(
+            Method::DELETE,
+            &format!("/api/links/{link}"),
+            Some("beta"),
+            None,
+        )
+        .await;
+    assert!(st == 200 || st == 204, "{st} {v}");
+    assert_eq!(
+        get(&host, &http, "/ui/spaces/alpha?via=beta", &bob_cookie)
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(audits().len(), 1);
+    host.stop().await;
+}
