@@ -328,6 +328,12 @@ struct OverviewPage {
     turns_minute: i64,
     failed_hour: i64,
     cost_today: String,
+    /// The deployment's daily cap (`budgets.global.daily`), or empty when none.
+    budget_today: String,
+    /// When the daily review scan fires next, or why it does not.
+    next_review: String,
+    /// The shadow that runs (global admins), or empty.
+    shadow: String,
 }
 
 /// The overview's numbers, as the page and its live updates show them.
@@ -402,7 +408,39 @@ pub(super) async fn overview(State(app): State<Arc<App>>, viewer: Viewer) -> UiR
         turns_minute: c.turns_minute,
         failed_hour: c.failed_hour,
         cost_today: c.cost_today,
+        budget_today: {
+            let cap = app.rt.settings.budgets.global.daily;
+            if cap > 0.0 {
+                format!("{cap:.2} {}", app.rt.settings.currency)
+            } else {
+                String::new()
+            }
+        },
+        next_review: match crate::actors::review_scheduler::next_fire(
+            &app.rt.settings.review,
+            chrono::Utc::now(),
+        ) {
+            Some(t) => format!("{} UTC", t.format("%Y-%m-%d %H:%M")),
+            None => "off (review.enabled is false)".into(),
+        },
+        shadow: if viewer.global_admin {
+            running_shadow(&app).await
+        } else {
+            String::new()
+        },
     })
+}
+
+/// "snapshot X at URL" for the shadow that runs, "none", or why it is unknown.
+async fn running_shadow(app: &App) -> String {
+    let Ok(root) = super::rehearsal::root(app) else {
+        return "unknown (no shadow root)".into();
+    };
+    match tokio::task::spawn_blocking(move || crate::shadow::manifest::running(&root)).await {
+        Ok(Ok(Some(r))) => format!("snapshot {} at {}", r.snapshot, r.url),
+        Ok(Ok(None)) => "none".into(),
+        _ => "unknown".into(),
+    }
 }
 
 /// The overview's numbers every few seconds, as `counts` events.

@@ -40,7 +40,7 @@ impl From<ShadowError> for UiError {
 
 /// The shadow root this host's operator uses: `shadow_root` when set, else
 /// `$HOME/mercury-shadow`, as `mercury shadow` finds it.
-fn root(app: &App) -> UiResult<PathBuf> {
+pub(super) fn root(app: &App) -> UiResult<PathBuf> {
     let set = app.rt.settings.shadow_root.trim();
     let explicit = (!set.is_empty()).then(|| std::path::Path::new(set));
     let home = std::env::var("HOME").ok();

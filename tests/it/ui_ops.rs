@@ -611,6 +611,17 @@ async fn ui_rehearsal_lists_snapshots_and_shows_a_redacted_diff_side_by_side() {
     assert_eq!(st, StatusCode::OK, "{page}");
     assert!(page.contains(&format!("data-snapshot=\"{id}\"")), "{page}");
     assert!(page.contains("No shadow runs."), "{page}");
+    // The overview says so too, and when the next review scan fires.
+    let (_, overview) = get(&host, &http, "/ui/", &cookie).await;
+    assert!(
+        overview.contains("<span id=\"shadow\">none</span>"),
+        "{overview}"
+    );
+    // (Test hosts run with review off; the review test's host has it on.)
+    assert!(
+        overview.contains("id=\"next-review\">off (review.enabled is false)</span>"),
+        "{overview}"
+    );
 
     let (st, diff) = get(&host, &http, &format!("/ui/rehearsal/{id}"), &cookie).await;
     assert_eq!(st, StatusCode::OK, "{diff}");
