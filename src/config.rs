@@ -75,6 +75,8 @@ pub struct Settings {
     pub files: FilesConfig,
     pub workspace: WorkspaceConfig,
     pub runs: RunsConfig,
+    pub links: LinksConfig,
+    pub outbox: OutboxConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub adapters: AdaptersConfig,
@@ -232,6 +234,37 @@ pub struct RunsConfig {
     pub keep_days: u32,
     /// Output text kept per step (the size is always recorded).
     pub step_output_bytes: usize,
+}
+
+/// Space links: how long their audit is kept.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinksConfig {
+    /// Audit rows (every act-as request, D-008) older than this many days are
+    /// deleted by the host's hourly retention sweep.
+    pub audit_keep_days: u32,
+}
+
+impl Default for LinksConfig {
+    fn default() -> Self {
+        Self {
+            audit_keep_days: 365,
+        }
+    }
+}
+
+/// The outbox: how long a delivered reply is kept (an undelivered one
+/// always is).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    pub keep_days: u32,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self { keep_days: 7 }
+    }
 }
 
 impl Default for RunsConfig {
@@ -611,6 +644,8 @@ impl Default for Settings {
             files: FilesConfig::default(),
             workspace: WorkspaceConfig::default(),
             runs: RunsConfig::default(),
+            links: LinksConfig::default(),
+            outbox: OutboxConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             adapters: AdaptersConfig::default(),
@@ -960,6 +995,10 @@ workspace:                      # how large a workspace tree may grow (besides s
 runs:                           # run traces
   keep_days: 30                 # days: run traces (run_steps) older than this are deleted
   step_output_bytes: 2048       # bytes: output text kept per traced step
+links:                          # space links
+  audit_keep_days: 365          # days: link audit rows (every act-as request) older than this are deleted
+outbox:                         # replies waiting for (or handed to) an adapter
+  keep_days: 7                  # days: delivered or acknowledged replies older than this are deleted; undelivered ones are kept
 web:                            # the host's web_fetch tool (off per space until `mrctl config set web.fetch on`)
   allow: []                     # names (wiki.corp, *.corp.example), IPs or CIDRs let past the loopback/private/link-local refusal
   deny: []                      # names, IPs or CIDRs always refused (matched after DNS)
@@ -1388,6 +1427,11 @@ impl Settings {
             ("workspace.max_depth", self.workspace.max_depth as u64),
             ("workspace.max_entries", self.workspace.max_entries),
             ("runs.keep_days", u64::from(self.runs.keep_days)),
+            (
+                "links.audit_keep_days",
+                u64::from(self.links.audit_keep_days),
+            ),
+            ("outbox.keep_days", u64::from(self.outbox.keep_days)),
             (
                 "sandbox.sweep_interval_secs",
                 self.sandbox.sweep_interval_secs,

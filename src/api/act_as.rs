@@ -235,7 +235,9 @@ pub(super) async fn act_as(
         Err(e) => e.status().as_u16(),
     };
     metrics.act_as(level, status);
-    tracing::info!(
+    // DEBUG: the audit row is the record (D-008); a line per read at INFO
+    // would grow the journal with every act-as request of a busy deployment.
+    tracing::debug!(
         target: "mercury::act_as",
         holder = holder.as_deref().unwrap_or("-"),
         target_space = %target_raw,

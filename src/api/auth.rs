@@ -204,10 +204,13 @@ pub async fn authenticate(
                 }
             }
             if grant.kind == TokenKind::Adapter
-                && !(path == "/api/ingress" || path == "/api/outbox")
+                && !matches!(
+                    path.as_str(),
+                    "/api/ingress" | "/api/outbox" | "/api/outbox/ack"
+                )
             {
                 return Ok(Err(ApiError::forbidden(
-                    "an adapter token may only call /api/ingress and /api/outbox",
+                    "an adapter token may only call /api/ingress, /api/outbox and /api/outbox/ack",
                 )));
             }
             let space_id = match (&grant.space_id, requested) {

@@ -6,7 +6,7 @@
 //! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers
 //! or `status` found no host running (see `cli::ops` for status and doctor).
 //!
-//! The log goes to stderr: `MERCURY_LOG` is its filter (default `info`),
+//! The log goes to stderr: `MERCURY_LOG` is its filter (default `info`; `warn` for `bench`),
 //! `log.format` (`MERCURY_LOG_FORMAT`) text or json; colour only on a terminal.
 
 use std::path::PathBuf;
@@ -318,7 +318,18 @@ pub fn main() -> ExitCode {
         _ => None,
     };
     let loaded = settings.as_ref().and_then(|r| r.as_ref().ok());
-    init_tracing(log_format(loaded), loaded.is_some_and(|s| s.shadow));
+    // A bench's hosts log at `warn` unless MERCURY_LOG says otherwise: a
+    // line per request (or per turn) would bury the figures it prints.
+    let default_filter = if matches!(cli.command, Command::Bench { .. }) {
+        "warn"
+    } else {
+        "info,ractor=warn"
+    };
+    init_tracing(
+        log_format(loaded),
+        loaded.is_some_and(|s| s.shadow),
+        default_filter,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -386,10 +397,10 @@ fn log_format(serve: Option<&crate::config::Settings>) -> crate::config::LogForm
     }
 }
 
-fn init_tracing(format: crate::config::LogFormat, shadow: bool) {
+fn init_tracing(format: crate::config::LogFormat, shadow: bool, default_filter: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MERCURY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ractor=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // The secrets of this process's environment are scrubbed from the first
     // line on; a host adds the ones it reads elsewhere (key files) itself.
     for (name, value) in crate::config::process_env() {

@@ -14,6 +14,7 @@ pub mod demo;
 pub mod layer_probe;
 pub mod listen;
 pub mod promote;
+pub mod retention;
 pub mod shadow;
 pub mod temp_host;
 
@@ -749,6 +750,7 @@ pub async fn serve_with(
         rt.clone(),
         shutdown.clone(),
     ));
+    background.spawn(retention::sweep_loop(rt.clone(), shutdown.clone()));
     // The dashboard's paths are its own (`/ui/…`); everything else is the API's.
     let router = crate::ui::router(app.clone()).merge(crate::api::router(app.clone()));
     let tcp = match bound {

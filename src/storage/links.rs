@@ -174,6 +174,16 @@ pub fn audit(conn: &Conn, a: &AuditRow) -> StoreResult<i64> {
 
 /// Completes an act-as row written before its handler ran: the status, and
 /// what the update changed where the route said so.
+/// Deletes the audit rows written before `before` (`links.audit_keep_days`);
+/// how many it deleted.
+pub fn prune_audit(conn: &Conn, before: i64) -> StoreResult<u64> {
+    let n = conn.execute(
+        "DELETE FROM space_link_audit WHERE at < ?1",
+        params![before],
+    )?;
+    Ok(n as u64)
+}
+
 pub fn audit_finish(
     conn: &Conn,
     id: i64,

@@ -1,6 +1,9 @@
 //! The outbox: replies waiting to be delivered to a platform, pulled by an
 //! adapter (`GET /api/outbox?after=`) or pushed by the webhook adapter.
-//! Rows are kept after delivery (with `delivered_at`), so nothing is lost.
+//! Rows are kept after delivery (with `delivered_at`) for `outbox.keep_days`,
+//! then deleted by the host's retention sweep; an undelivered row is never
+//! deleted, so nothing waiting to go out is lost. A pulling adapter marks
+//! what it delivered with `POST /api/outbox/ack {up_to}`.
 
 use super::{params, Conn, Optional, Query, Row};
 use serde::Serialize;
@@ -60,8 +63,11 @@ pub fn enqueue(
     Ok(id)
 }
 
-/// Items after `after_id`; only `platform`'s when given (an adapter token
-/// sees its own platform's replies, never another's).
+/// Undelivered items after `after_id`; only `platform`'s when given (an
+/// adapter token sees its own platform's replies, never another's). An item
+/// acknowledged (or delivered by an in-process adapter) is not handed out
+/// again, so an adapter restarting from `after=0` gets only what is still
+/// owed.
 pub fn after(
     conn: &Conn,
     after_id: i64,
@@ -69,8 +75,28 @@ pub fn after(
     platform: Option<&str>,
 ) -> StoreResult<Vec<OutboxItem>> {
     conn.query_all(&format!(
-        "SELECT {COLS} FROM outbox WHERE id > ?1 AND (?3 IS NULL OR platform = ?3) ORDER BY id LIMIT ?2"
+        "SELECT {COLS} FROM outbox WHERE delivered_at IS NULL AND id > ?1 AND (?3 IS NULL OR platform = ?3) ORDER BY id LIMIT ?2"
     ), params![after_id, limit, platform], from_row)
+}
+
+/// Marks every undelivered item up to `up_to` (of `platform`, when given)
+/// delivered at `now`; how many it marked.
+pub fn ack(conn: &Conn, up_to: i64, platform: Option<&str>, now: i64) -> StoreResult<u64> {
+    let n = conn.execute(
+        "UPDATE outbox SET delivered_at = ?3, attempts = attempts + 1 WHERE delivered_at IS NULL AND id <= ?1 AND (?2 IS NULL OR platform = ?2)",
+        params![up_to, platform, now],
+    )?;
+    Ok(n as u64)
+}
+
+/// Deletes the items delivered before `before` (never an undelivered one);
+/// how many it deleted.
+pub fn prune_delivered(conn: &Conn, before: i64) -> StoreResult<u64> {
+    let n = conn.execute(
+        "DELETE FROM outbox WHERE delivered_at IS NOT NULL AND delivered_at < ?1",
+        params![before],
+    )?;
+    Ok(n as u64)
 }
 
 pub fn mark_delivered(conn: &Conn, id: i64) -> StoreResult<()> {

@@ -30,6 +30,7 @@ mod ops;
 mod pairing;
 mod pg;
 mod redaction;
+mod retention;
 mod review;
 mod review_intake;
 mod sandbox_contract;

@@ -264,7 +264,10 @@ async fn wait_log(h: &TestHost, needle: &str) -> String {
 async fn ops_log_lines_for_turns_act_as_ingress_and_start_up_without_ansi() {
     let h = TestHost::start_process_captured(HostOptions {
         env: vec![
-            ("MERCURY_LOG", "info,mercury::ingress=debug".into()),
+            (
+                "MERCURY_LOG",
+                "info,mercury::ingress=debug,mercury::act_as=debug".into(),
+            ),
             ("MERCURY_SANDBOX", "docker".into()),
             ("MERCURY_REVIEW_MODEL", "anthropic:claude-x".into()),
             ("MERCURY_ANTHROPIC_API_KEY", String::new()),

@@ -32,6 +32,7 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(chat))
         .routes(routes!(send))
         .routes(routes!(outbox))
+        .routes(routes!(outbox_ack))
 }
 
 /// Across a link: an operator send, at `admin`. Absent on purpose: ingress and
@@ -338,4 +339,55 @@ pub(crate) async fn outbox(
         items,
         next_after: next,
     }))
+}
+
+/// `POST /api/outbox/ack`: the pulling adapter delivered everything up to
+/// `up_to` (the `next_after` of its last pull).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AckBody {
+    up_to: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Acked {
+    /// Items marked delivered now (ones already delivered are not counted).
+    pub acknowledged: u64,
+    pub up_to: i64,
+}
+
+#[utoipa::path(post, path = "/api/outbox/ack", operation_id = "ackOutbox", summary = "Mark pulled replies delivered, up to an id", tag = "delivery", request_body = AckBody,
+    responses((status = 200, description = "Marked delivered; a later pull starts after them", body = Acked)))]
+pub(crate) async fn outbox_ack(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    b: Body<AckBody>,
+) -> ApiResult<Json<Acked>> {
+    if auth.caller.kind != TokenKind::Adapter && !auth.caller.global_admin {
+        return Err(ApiError::forbidden(
+            "the outbox is for adapter tokens and global admins",
+        ));
+    }
+    let up_to = body(b)?.up_to;
+    if app.rt.outbound.is_shadow() {
+        return Err(ApiError::forbidden(
+            "this host is a shadow: nothing is delivered from it (see shadow/transcript.jsonl)",
+        ));
+    }
+    // An adapter acknowledges only its platform's replies; a global admin, all.
+    let platform = if auth.caller.kind == TokenKind::Adapter {
+        Some(auth.caller.platform.clone().ok_or_else(|| {
+            ApiError::forbidden(
+                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
+            )
+        })?)
+    } else {
+        None
+    };
+    let acknowledged = app
+        .rt
+        .store
+        .write(move |tx| outbox::ack(tx, up_to, platform.as_deref(), crate::clock::now_ms()))
+        .await?;
+    Ok(Json(Acked { acknowledged, up_to }))
 }
