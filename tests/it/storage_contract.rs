@@ -419,6 +419,25 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
         assert!(tg[0].id < tg[1].id);
         let one = store.read(|c| outbox::after(c, 0, 1, None)).await.unwrap();
         assert_eq!(one.len(), 1, "{name}");
+        // Acknowledged items are not pulled again; only delivered ones are pruned.
+        let first_tg = tg[0].id;
+        let acked = store
+            .write(move |tx| outbox::ack(tx, first_tg, Some("telegram"), 1_000))
+            .await
+            .unwrap();
+        assert_eq!(acked, 1, "{name}");
+        let tg = store
+            .read(|c| outbox::after(c, 0, 10, Some("telegram")))
+            .await
+            .unwrap();
+        assert_eq!(tg.len(), 1, "{name}: an acknowledged item came back");
+        let pruned = store
+            .write(|tx| outbox::prune_delivered(tx, 2_000))
+            .await
+            .unwrap();
+        assert_eq!(pruned, 1, "{name}");
+        let all = store.read(|c| outbox::after(c, 0, 10, None)).await.unwrap();
+        assert_eq!(all.len(), 2, "{name}: an undelivered item was pruned");
 
         // Links and their audit trail, newest first, limited.
         let link = store
@@ -486,6 +505,19 @@ async fn the_queries_the_api_serves_keep_their_order_and_limits() {
             audit.iter().map(|a| a.id).collect::<Vec<_>>(),
             "{name}"
         );
+        // Retention: rows written before a time go (`at` is the write's time).
+        let none_yet = store.write(|tx| links::prune_audit(tx, 0)).await.unwrap();
+        assert_eq!(none_yet, 0, "{name}");
+        let pruned = store
+            .write(|tx| links::prune_audit(tx, i64::MAX))
+            .await
+            .unwrap();
+        assert!(pruned >= 3, "{name}: {pruned}");
+        assert!(store
+            .read(|c| links::audit_for(c, "s1", 10))
+            .await
+            .unwrap()
+            .is_empty());
         store
             .write(move |tx| links::revoke(tx, link.id, "owner"))
             .await
