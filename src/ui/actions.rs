@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use super::error::{UiError, UiResult};
 use super::pages::see_other;
-use super::session::{space_access, Viewer};
+use super::session::{space_access, SpaceAccess, Viewer};
 use crate::actors::{ApplyError, ControlAction, Refusal};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
@@ -93,6 +93,23 @@ pub(super) async fn task_switch(
     Ok(back(&space, did))
 }
 
+/// The checks both mute forms make (as `POST /api/mutes` and `DELETE
+/// /api/mutes/{caller}`): the form's token, `mutes.set`, a caller id.
+async fn muting(
+    app: &App,
+    viewer: &Viewer,
+    raw: &str,
+    csrf: &str,
+    caller: &str,
+) -> UiResult<(SpaceAccess, String)> {
+    viewer.check_csrf(csrf)?;
+    let access = space_access(app, viewer, raw).await?;
+    access.require(Permission::MutesSet)?;
+    let caller = caller.trim().to_owned();
+    crate::ids::validate_caller_id(&caller).map_err(UiError::BadRequest)?;
+    Ok((access, caller))
+}
+
 #[derive(Deserialize)]
 pub(super) struct MuteForm {
     #[serde(default)]
@@ -112,11 +129,7 @@ pub(super) async fn mute(
     Path(raw): Path<String>,
     Form(form): Form<MuteForm>,
 ) -> UiResult<Response> {
-    viewer.check_csrf(&form.csrf)?;
-    let access = space_access(&app, &viewer, &raw).await?;
-    access.require(Permission::MutesSet)?;
-    let caller = form.caller_id.trim().to_owned();
-    crate::ids::validate_caller_id(&caller).map_err(UiError::BadRequest)?;
+    let (access, caller) = muting(&app, &viewer, &raw, &form.csrf, &form.caller_id).await?;
     let now = now_ms();
     let until = match form.duration.trim() {
         "" => None,
@@ -164,11 +177,7 @@ pub(super) async fn unmute(
     Path(raw): Path<String>,
     Form(form): Form<UnmuteForm>,
 ) -> UiResult<Response> {
-    viewer.check_csrf(&form.csrf)?;
-    let access = space_access(&app, &viewer, &raw).await?;
-    access.require(Permission::MutesSet)?;
-    let caller = form.caller_id.trim().to_owned();
-    crate::ids::validate_caller_id(&caller).map_err(UiError::BadRequest)?;
+    let (access, caller) = muting(&app, &viewer, &raw, &form.csrf, &form.caller_id).await?;
     let space = access.space.to_string();
     let sp = space.clone();
     app.spaces

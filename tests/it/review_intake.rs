@@ -163,7 +163,12 @@ async fn review_reports_are_read_by_admins_and_review_read_tokens_only() {
 }
 
 /// The judge's answer for the exchange whose user line matches `user_re`.
-fn judge_rule(user_re: &str, kind: &str, layer: &str, summary: &str) -> serde_json::Value {
+pub(crate) fn judge_rule(
+    user_re: &str,
+    kind: &str,
+    layer: &str,
+    summary: &str,
+) -> serde_json::Value {
     let finding = json!({
         "message_id": 0, "kind": kind, "scope": "space", "target_layer": layer,
         "severity": 2, "summary": summary, "evidence": "see the reply",

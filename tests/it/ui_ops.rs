@@ -9,6 +9,7 @@ use serde_json::json;
 use mercury::storage::Query;
 
 use crate::common::{HostOptions, TestHost};
+use crate::review_intake::judge_rule;
 use crate::ui::{csrf_of, get, no_redirects, post_form, sign_in};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,19 +309,6 @@ async fn ui_pairing_requests_are_approved_and_denied_by_global_admins_only() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(told("dm-ada").len(), ada_told.len());
     host.stop().await;
-}
-
-fn judge_rule(user_re: &str, kind: &str, layer: &str, summary: &str) -> serde_json::Value {
-    let finding = json!({
-        "message_id": 0, "kind": kind, "scope": "space", "target_layer": layer,
-        "severity": 2, "summary": summary, "evidence": "see the reply",
-        "suggestion": "answer correctly"
-    })
-    .to_string()
-    .replace("\"message_id\":0", "\"message_id\":$1");
-    json!({"purpose": "judge",
-           "match": format!("\\[msg (\\d+)\\]\\n(?:context: [^\\n]*\\n)*user [^\\n]*{user_re}"),
-           "reply": format!("{{\"findings\": [{finding}]}}")})
 }
 
 /// Runs a command off the runtime (the host it calls runs in this process).

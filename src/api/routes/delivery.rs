@@ -275,6 +275,24 @@ pub(crate) async fn send(
     Ok((StatusCode::ACCEPTED, Json(out)))
 }
 
+/// Whose outbox items a caller pulls and acknowledges: an adapter only its
+/// platform's, a global admin every platform's (None); anyone else none.
+fn outbox_platform(auth: &Auth) -> ApiResult<Option<String>> {
+    if auth.caller.kind == TokenKind::Adapter {
+        return auth.caller.platform.clone().map(Some).ok_or_else(|| {
+            ApiError::forbidden(
+                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
+            )
+        });
+    }
+    if auth.caller.global_admin {
+        return Ok(None);
+    }
+    Err(ApiError::forbidden(
+        "the outbox is for adapter tokens and global admins",
+    ))
+}
+
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -299,11 +317,7 @@ pub(crate) async fn outbox(
     Extension(auth): Extension<Auth>,
     q: Params<OutboxQuery>,
 ) -> ApiResult<Json<OutboxPage>> {
-    if auth.caller.kind != TokenKind::Adapter && !auth.caller.global_admin {
-        return Err(ApiError::forbidden(
-            "the outbox is for adapter tokens and global admins",
-        ));
-    }
+    let platform = outbox_platform(&auth)?;
     let q = params(q)?;
     // A shadow delivers nothing: the outbox it copied holds the live bot's
     // undelivered replies, which must never reach a person from here.
@@ -319,16 +333,6 @@ pub(crate) async fn outbox(
     }
     let after = q.after.unwrap_or(0);
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    // An adapter sees only its platform's replies; a global admin sees all.
-    let platform = if auth.caller.kind == TokenKind::Adapter {
-        Some(auth.caller.platform.clone().ok_or_else(|| {
-            ApiError::forbidden(
-                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
-            )
-        })?)
-    } else {
-        None
-    };
     let items = app
         .rt
         .store
@@ -363,27 +367,13 @@ pub(crate) async fn outbox_ack(
     Extension(auth): Extension<Auth>,
     b: Body<AckBody>,
 ) -> ApiResult<Json<Acked>> {
-    if auth.caller.kind != TokenKind::Adapter && !auth.caller.global_admin {
-        return Err(ApiError::forbidden(
-            "the outbox is for adapter tokens and global admins",
-        ));
-    }
+    let platform = outbox_platform(&auth)?;
     let up_to = body(b)?.up_to;
     if app.rt.outbound.is_shadow() {
         return Err(ApiError::forbidden(
             "this host is a shadow: nothing is delivered from it (see shadow/transcript.jsonl)",
         ));
     }
-    // An adapter acknowledges only its platform's replies; a global admin, all.
-    let platform = if auth.caller.kind == TokenKind::Adapter {
-        Some(auth.caller.platform.clone().ok_or_else(|| {
-            ApiError::forbidden(
-                "this adapter token is bound to no platform; mint one with `mrctl tokens create NAME --kind adapter --platform P`",
-            )
-        })?)
-    } else {
-        None
-    };
     let acknowledged = app
         .rt
         .store
