@@ -128,17 +128,19 @@ pub fn set_active(
 
 /// Pauses or resumes task `id` of `space` by the one rule the API and the
 /// dashboard share: a resumed cron task fires at its next time after `now`
-/// in `tz` (never once for every time it missed), and a one-shot task whose
-/// time has passed cannot be resumed. `Ok(Err(why))` is that refusal, with
-/// nothing written; the task as it stands after the change otherwise.
+/// on the space's clock (its `timezone` key, else `deployment_zone`), never
+/// once for every time it missed, and a one-shot task whose time has passed
+/// cannot be resumed. `Ok(Err(why))` is that refusal, with nothing written;
+/// otherwise the task as it stands after the change, and the zone used.
 pub fn switch(
     tx: &Tx<'_>,
     space: &str,
     id: i64,
     active: bool,
     now: i64,
-    tz: chrono_tz::Tz,
-) -> StoreResult<Result<Task, String>> {
+    deployment_zone: &str,
+) -> StoreResult<Result<(Task, chrono_tz::Tz), String>> {
+    let tz = crate::schedule::zone(space_timezone(tx, space)?.as_deref(), deployment_zone);
     let task = get(tx, space, id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
     let next = match (&task.cron, active) {
         (Some(c), true) => {
@@ -158,7 +160,7 @@ pub fn switch(
     }
     set_active(tx, space, id, active, next)?;
     let task = get(tx, space, id)?.ok_or_else(|| StoreError::NotFound(format!("task {id}")))?;
-    Ok(Ok(task))
+    Ok(Ok((task, tz)))
 }
 
 /// Moves a fired task on: a cron task to its next fire time, a one-shot task to done (inactive, no next run).

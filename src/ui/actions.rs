@@ -23,7 +23,6 @@ use crate::actors::{ApplyError, ControlAction, Refusal};
 use crate::app::App;
 use crate::clock::{now_ms, parse_duration_ms};
 use crate::perms::Permission;
-use crate::schedule::zone;
 use crate::storage::{spaces, tasks};
 
 /// What a space page says after an action: a fixed word, never form text.
@@ -77,16 +76,10 @@ pub(super) async fn task_switch(
     access.require(perm)?;
     let space = access.space.to_string();
     let sp = space.clone();
-    let own = app
-        .rt
-        .store
-        .read(move |c| tasks::space_timezone(c, &sp))
-        .await?;
-    let tz = zone(own.as_deref(), &app.rt.settings.timezone);
-    let sp = space.clone();
+    let deployment = app.rt.settings.timezone.clone();
     app.spaces
         .apply_with(&access.space, move |tx| {
-            tasks::switch(tx, &sp, id, active, now_ms(), tz)?.map_err(Refusal::Refused)
+            tasks::switch(tx, &sp, id, active, now_ms(), &deployment)?.map_err(Refusal::Refused)
         })
         .await
         .map_err(refused)?;

@@ -42,6 +42,19 @@ pub enum UiError {
 
 pub(super) type UiResult<T> = Result<T, UiError>;
 
+/// Runs file or report I/O off the async runtime; its error becomes the
+/// page's (a task that panicked is an internal error).
+pub(super) async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> UiResult<T>
+where
+    T: Send + 'static,
+    E: Into<UiError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => Err(UiError::Internal(format!("a dashboard task failed: {e}"))),
+    }
+}
+
 impl From<crate::actors::ActorError> for UiError {
     fn from(e: crate::actors::ActorError) -> Self {
         use crate::actors::{ActorError, ControlError, SpawnError};

@@ -21,7 +21,7 @@ use futures_util::Stream;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
-use super::error::{UiError, UiResult};
+use super::error::{blocking, UiError, UiResult};
 use super::session::{self, space_access, Viewer};
 use crate::app::App;
 use crate::clock::now_ms;
@@ -809,15 +809,6 @@ impl From<FilesError> for UiError {
             }
             e => UiError::BadRequest(e.to_string()),
         }
-    }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, FilesError> + Send + 'static,
-) -> UiResult<T> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => Ok(r?),
-        Err(e) => Err(UiError::Internal(format!("a files task failed: {e}"))),
     }
 }
 

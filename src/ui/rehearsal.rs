@@ -19,7 +19,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::error::{UiError, UiResult};
+use super::error::{blocking, UiError, UiResult};
 use super::pages::{page, when, Chrome};
 use super::session::Viewer;
 use crate::app::App;
@@ -45,14 +45,6 @@ pub(super) fn root(app: &App) -> UiResult<PathBuf> {
     let explicit = (!set.is_empty()).then(|| std::path::Path::new(set));
     let home = std::env::var("HOME").ok();
     Ok(crate::shadow::root_from(explicit, home.as_deref())?)
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, UiError> + Send + 'static,
-) -> UiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| UiError::Internal(format!("a rehearsal task failed: {e}")))?
 }
 
 struct SnapshotRow {
@@ -89,7 +81,7 @@ pub(super) async fn overview(State(app): State<Arc<App>>, viewer: Viewer) -> UiR
     viewer.require_admin(WHAT)?;
     let root = root(&app)?;
     let at = root.clone();
-    let (manifests, running) = blocking(move || {
+    let (manifests, running) = blocking::<_, UiError>(move || {
         let mut out = Vec::new();
         for id in snapshot::list(&at)? {
             // A snapshot whose manifest cannot be read is listed by its id.
@@ -212,13 +204,13 @@ fn lines_of(diff: Vec<String>) -> Vec<(&'static str, String)> {
         .collect()
 }
 
-fn render(r: DiffReport, space: String) -> DiffPage {
+fn render(chrome: Chrome, r: DiffReport, space: String) -> DiffPage {
     let (page_lines, page, pages, total) = match r.message_page {
         Some(p) => (p.lines, p.page, p.pages, p.total),
         None => (Vec::new(), 0, 0, 0),
     };
     DiffPage {
-        chrome: Chrome::default(),
+        chrome,
         runs: format!(
             "{} run(s), {} tokens in, {} out, cost {}",
             r.runs.runs,
@@ -288,7 +280,7 @@ pub(super) async fn diff_page(
     let root = root(&app)?;
     let only = space.clone();
     let page_no = q.page.unwrap_or(1);
-    let report = blocking(move || {
+    let report = blocking::<_, UiError>(move || {
         // `resolve` refuses an id with a separator or a leading dot, and one
         // that is not a snapshot under the root.
         let dir = snapshot::resolve(&root, &id).map_err(|e| match e {
@@ -299,7 +291,5 @@ pub(super) async fn diff_page(
         Ok(diff::diff_redacted(&dir, only, Some(page_no))?)
     })
     .await?;
-    let mut p = render(report, space);
-    p.chrome = Chrome::of(&viewer);
-    page(&p)
+    page(&render(Chrome::of(&viewer), report, space))
 }

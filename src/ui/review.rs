@@ -20,7 +20,7 @@ use axum::Form;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::{UiError, UiResult};
+use super::error::{blocking, UiError, UiResult};
 use super::pages::{page, see_other, Chrome};
 use super::session::Viewer;
 use crate::app::App;
@@ -35,14 +35,6 @@ const WEEKS: usize = 12;
 
 fn intake_dir(app: &App) -> PathBuf {
     ledger::intake_dir(&app.rt.paths.reviews, &app.rt.settings.review)
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, UiError> + Send + 'static,
-) -> UiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| UiError::Internal(format!("a review task failed: {e}")))?
 }
 
 impl From<IntakeError> for UiError {
@@ -124,7 +116,7 @@ pub(super) async fn overview(
     viewer.require_admin(WHAT)?;
     let reviews = app.rt.paths.reviews.clone();
     let dir = intake_dir(&app);
-    let (mut entries, weeks, ledger, pending) = blocking(move || {
+    let (mut entries, weeks, ledger, pending) = blocking::<_, UiError>(move || {
         let entries = catalog::list(&reviews)?;
         let mut weeks = Vec::new();
         for e in entries
@@ -239,7 +231,7 @@ pub(super) async fn report(
     let name = ReportName::parse(&raw)?;
     let reviews = app.rt.paths.reviews.clone();
     let n = name.clone();
-    let report = blocking(move || Ok(catalog::read(&reviews, &n)?)).await?;
+    let report = blocking::<_, UiError>(move || Ok(catalog::read(&reviews, &n)?)).await?;
     let findings: Vec<(String, i64, Value)> = report
         .get("findings")
         .and_then(Value::as_array)
@@ -281,8 +273,10 @@ pub(super) async fn report(
     }
     if let Some(footer) = report.get("footer").and_then(Value::as_object) {
         for (k, v) in footer {
-            if matches!(v, Value::Number(_) | Value::String(_)) {
-                lines.push((k.clone(), text(&Value::Object(footer.clone()), k)));
+            match v {
+                Value::String(t) => lines.push((k.clone(), t.clone())),
+                Value::Number(n) => lines.push((k.clone(), n.to_string())),
+                _ => {}
             }
         }
     }
@@ -360,7 +354,7 @@ pub(super) async fn approve(
     let dir = intake_dir(&app);
     let paths = app.rt.paths.clone();
     let who = viewer.caller().to_owned();
-    let done = blocking(move || {
+    let done = blocking::<_, UiError>(move || {
         let _lock = crate::workspace::data_dir::lock_intake(&paths)
             .map_err(|e| UiError::Unavailable(format!("{e}; approve when it ends")))?;
         Ok(ledger::approve(&dir, &approval, &who, &gate)?)

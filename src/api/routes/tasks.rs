@@ -194,11 +194,11 @@ async fn set_active(
 ) -> ApiResult<Json<TaskReply>> {
     let sid = auth.require(perm)?.space.clone();
     let space = sid.to_string();
-    let tz = zone_of(app, &space).await?;
+    let deployment = app.rt.settings.timezone.clone();
     let out = app
         .spaces
         .apply_with(&sid, move |tx| {
-            let task = tasks::switch(tx, &space, id, active, now_ms(), tz)?
+            let (task, tz) = tasks::switch(tx, &space, id, active, now_ms(), &deployment)?
                 .map_err(|why| Refusal::Refused(ApiError::bad_request(why)))?;
             Ok(TaskReply {
                 task,
