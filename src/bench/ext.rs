@@ -82,6 +82,7 @@ async fn measure(
                     "UTC".into(),
                 ],
                 ro_mounts: vec![VENV.into()],
+                image: None,
             })
             .await?;
         anyhow::Ok(crate::extensions::mcp::connect_stdio(process, deadline).await?)

@@ -1,5 +1,6 @@
-//! `mercury ext add|list|remove`: the operator installs extensions on a
-//! data dir (docs/extensions.md); a space only enables what is installed
+//! `mercury ext add|list|remove|image`: the operator installs extensions on
+//! a data dir (docs/extensions.md) and builds a `stdio` server's runtime
+//! image for the docker backend; a space only enables what is installed
 //! (`mrctl ext enable`). Exit codes: 0 done, 1 failed while running, 2 usage
 //! or refusal (a bad manifest, named by its field).
 //!
@@ -33,6 +34,52 @@ pub enum ExtCommand {
         #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
         data_dir: PathBuf,
     },
+    /// Build TAG, a stdio server's runtime image for the docker backend, from
+    /// host paths (a virtualenv, the interpreter's library): what their links
+    /// lead to and their ELF files' libraries come along. Nothing is pulled.
+    Image {
+        /// The image reference a manifest's `image` names, e.g. mercury-ext-time:1.
+        tag: String,
+        /// A host directory or file to copy at the same path (repeatable).
+        #[arg(long = "path", required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// `mercury ext image`: needs an engine, not a data dir.
+async fn build_image(tag: &str, paths: &[PathBuf]) -> ExitCode {
+    if !crate::extensions::manifest::is_image_reference(tag) {
+        eprintln!("mercury ext image: refused: {tag:?} is not a plain image reference (name[:tag], lowercase)");
+        return ExitCode::from(2);
+    }
+    if let Some(p) = paths.iter().find(|p| {
+        !p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+    }) {
+        eprintln!(
+            "mercury ext image: refused: --path {} must be absolute, without '..'",
+            p.display()
+        );
+        return ExitCode::from(2);
+    }
+    let backend = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("mercury ext image: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match crate::sandbox::runtime_image::build_runtime_image(backend.docker(), tag, paths).await {
+        Ok(n) => {
+            println!("built {tag} ({n} entries)");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mercury ext image: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn open(data_dir: &Path) -> Result<Store, String> {
@@ -47,6 +94,7 @@ pub async fn run(command: ExtCommand) -> ExitCode {
         ExtCommand::Add { data_dir, .. }
         | ExtCommand::List { data_dir }
         | ExtCommand::Remove { data_dir, .. } => data_dir.clone(),
+        ExtCommand::Image { tag, paths } => return build_image(tag, paths).await,
     };
     let store = match open(&data_dir).await {
         Ok(s) => s,
@@ -94,6 +142,7 @@ pub async fn run(command: ExtCommand) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        ExtCommand::Image { tag, paths } => build_image(&tag, &paths).await,
         ExtCommand::Remove { name, .. } => {
             match crate::extensions::uninstall(&store, &extensions_dir, &name).await {
                 Ok(true) => {

@@ -135,6 +135,12 @@ pub struct Server {
     /// sandbox at the same path (a pinned virtualenv `deploy/setup.sh` made).
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
+    /// stdio under the docker backend: a locally present image the server's
+    /// container starts from (the agent image holds no language runtime;
+    /// `mercury ext image` builds one from host paths, no registry). The
+    /// bubblewrap backend runs the command on the host's `/usr` and ignores it.
+    #[serde(default)]
+    pub image: Option<String>,
     /// http: the server's URL; the only address of it the host calls.
     #[serde(default)]
     pub url: Option<String>,
@@ -211,6 +217,31 @@ pub fn is_extension_name(s: &str) -> bool {
     is_ident(s, NAME_MAX) && !s.contains(['_', '-'])
 }
 
+/// Whether `s` is a plain local image reference: lowercase name components,
+/// an optional tag, no digest. Anything else (a space, an option-like `-x`)
+/// is refused before it reaches the engine.
+pub fn is_image_reference(s: &str) -> bool {
+    let (name, tag) = match s.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n, Some(t)),
+        _ => (s, None),
+    };
+    let name_ok = !name.is_empty()
+        && name.split('/').all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part.chars().all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
+                })
+        });
+    let tag_ok = tag.is_none_or(|t| {
+        !t.is_empty()
+            && t.len() <= 128
+            && t.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    });
+    s.len() <= 128 && name_ok && tag_ok
+}
+
 fn is_ident(s: &str, max: usize) -> bool {
     !s.is_empty()
         && s.len() <= max
@@ -262,6 +293,14 @@ impl Manifest {
                             ));
                         }
                     }
+                    if let Some(image) = &s.image {
+                        if !is_image_reference(image) {
+                            return Err(bad(
+                                f("image"),
+                                "an image reference (name[:tag], of a-z, 0-9, '.', '_', '-', '/', ':'; at most 128)",
+                            ));
+                        }
+                    }
                     for (k, set) in [
                         ("url", s.url.is_some()),
                         ("credential_env", s.credential_env.is_some()),
@@ -289,10 +328,10 @@ impl Manifest {
                             ))
                         }
                     }
-                    if !s.command.is_empty() || !s.mounts.is_empty() {
+                    if !s.command.is_empty() || !s.mounts.is_empty() || s.image.is_some() {
                         return Err(bad(
                             f("command"),
-                            "only a stdio server has a command or mounts",
+                            "only a stdio server has a command, mounts or an image",
                         ));
                     }
                     if s.credential_env.is_some() && s.credential_file.is_some() {
@@ -447,6 +486,33 @@ read_only = true
             m.servers["time"].tools["convert_time"].read_only,
             Some(true)
         );
+    }
+
+    #[test]
+    fn manifest_a_stdio_server_may_name_a_plain_local_image() {
+        let with =
+            |image: &str| GOOD.replace("mounts = [", &format!("image = \"{image}\"\nmounts = ["));
+        let m = parse("x", &with("mercury-ext-time:2026.10.19")).unwrap();
+        assert_eq!(
+            m.servers["time"].image.as_deref(),
+            Some("mercury-ext-time:2026.10.19")
+        );
+        for bad in [
+            "",
+            "Time",
+            "-x",
+            "time:",
+            "time:a/b",
+            "a b",
+            "time@sha256:00",
+        ] {
+            assert!(
+                err(&with(bad)).contains("servers.time.image"),
+                "{bad:?} was accepted"
+            );
+        }
+        let http = "name = \"w\"\n[servers.w]\ntransport = \"http\"\nurl = \"http://h/mcp\"\nimage = \"x:1\"\n";
+        assert!(err(http).contains("servers.w.command"), "{}", err(http));
     }
 
     #[test]

@@ -560,6 +560,7 @@ impl TurnExtensions {
                     .spawn(SpawnRequest {
                         argv: spec.command.clone(),
                         ro_mounts: spec.mounts.clone(),
+                        image: spec.image.clone(),
                     })
                     .await
                     .map_err(|e| ExtensionError::Start(e.to_string()))?;

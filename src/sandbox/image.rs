@@ -171,7 +171,17 @@ async fn build_from_context(
     tag: &str,
     context: Vec<u8>,
 ) -> Result<(), SandboxError> {
-    let labels = HashMap::from([IMAGE_LABEL]);
+    build_labelled(docker, tag, context, IMAGE_LABEL).await
+}
+
+/// Sends `context` to the classic builder under `tag`, labelled `label`.
+pub(super) async fn build_labelled(
+    docker: &Docker,
+    tag: &str,
+    context: Vec<u8>,
+    label: (&str, &str),
+) -> Result<(), SandboxError> {
+    let labels = HashMap::from([label]);
     let options = BuildImageOptionsBuilder::default()
         .dockerfile("Dockerfile")
         .t(tag)
@@ -274,26 +284,46 @@ fn sanitize_tag_part(version: &str) -> String {
 /// One entry of the image's root filesystem, keyed by its path without the
 /// leading `/`.
 #[derive(Debug)]
-enum RootEntry {
-    Dir { mode: u32 },
-    File { data: Vec<u8>, mode: u32 },
+pub(super) enum RootEntry {
+    Dir {
+        mode: u32,
+    },
+    File {
+        data: Vec<u8>,
+        mode: u32,
+    },
+    /// Only in an extension's runtime image (a virtualenv is made of links);
+    /// the agent image holds none, see the header.
+    Link {
+        target: String,
+    },
 }
 
 /// The whole root filesystem, ordered so every parent precedes its children
 /// and the tar (hence the layer) is byte-for-byte reproducible.
 #[derive(Debug, Default)]
-struct RootFs {
-    entries: BTreeMap<String, RootEntry>,
+pub(super) struct RootFs {
+    pub(super) entries: BTreeMap<String, RootEntry>,
 }
 
 impl RootFs {
-    fn dir(&mut self, path: &str, mode: u32) {
+    pub(super) fn link(&mut self, path: &str, target: &str) {
+        self.parents(path);
+        self.entries.insert(
+            path.to_string(),
+            RootEntry::Link {
+                target: target.to_string(),
+            },
+        );
+    }
+
+    pub(super) fn dir(&mut self, path: &str, mode: u32) {
         self.parents(path);
         self.entries
             .insert(path.to_string(), RootEntry::Dir { mode });
     }
 
-    fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) {
+    pub(super) fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) {
         self.parents(path);
         self.entries
             .insert(path.to_string(), RootEntry::File { data, mode });
@@ -319,16 +349,20 @@ impl RootFs {
 /// Reads every input and returns the build context as tar bytes: the
 /// Dockerfile at the top, the root filesystem under `rootfs/`.
 fn build_context(mrctl: &Path) -> Result<Vec<u8>, SandboxError> {
-    let rootfs = assemble_rootfs(mrctl)?;
+    context_of(DOCKERFILE, &assemble_rootfs(mrctl)?)
+}
+
+/// The tar build context of `dockerfile` and `rootfs` (under `rootfs/`).
+pub(super) fn context_of(dockerfile: &str, rootfs: &RootFs) -> Result<Vec<u8>, SandboxError> {
     let io_err = |source: io::Error| SandboxError::Io {
-        path: "agent image build context (in memory)".into(),
+        path: "image build context (in memory)".into(),
         source,
     };
 
     let mut builder = tar::Builder::new(Vec::new());
-    let mut header = new_header(tar::EntryType::Regular, 0o644, DOCKERFILE.len() as u64);
+    let mut header = new_header(tar::EntryType::Regular, 0o644, dockerfile.len() as u64);
     builder
-        .append_data(&mut header, "Dockerfile", DOCKERFILE.as_bytes())
+        .append_data(&mut header, "Dockerfile", dockerfile.as_bytes())
         .map_err(io_err)?;
     let mut header = new_header(tar::EntryType::Directory, 0o755, 0);
     builder
@@ -347,6 +381,12 @@ fn build_context(mrctl: &Path) -> Result<Vec<u8>, SandboxError> {
                 let mut header = new_header(tar::EntryType::Regular, *mode, data.len() as u64);
                 builder
                     .append_data(&mut header, &name, data.as_slice())
+                    .map_err(io_err)?;
+            }
+            RootEntry::Link { target } => {
+                let mut header = new_header(tar::EntryType::Symlink, 0o777, 0);
+                builder
+                    .append_link(&mut header, &name, target)
                     .map_err(io_err)?;
             }
         }
@@ -458,10 +498,10 @@ fn refuse_multi_call(binaries: &[PathBuf]) -> Result<(), SandboxError> {
 
 /// `nobody`'s home is `/tmp` (a tmpfs at run time) so tools that write under
 /// `$HOME` work without writing into the workspace.
-const PASSWD: &str = "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n";
-const GROUP: &str = "nobody:x:65534:\n";
+pub(super) const PASSWD: &str = "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n";
+pub(super) const GROUP: &str = "nobody:x:65534:\n";
 
-fn read_file(path: &Path) -> Result<Vec<u8>, SandboxError> {
+pub(super) fn read_file(path: &Path) -> Result<Vec<u8>, SandboxError> {
     std::fs::read(path).map_err(|source| SandboxError::Io {
         path: path.display().to_string(),
         source,
@@ -470,7 +510,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, SandboxError> {
 
 /// An absolute host path as a relative path inside the rootfs; `None` for
 /// anything that is not plain absolute components (no `..`, no `.`).
-fn image_path(path: &Path) -> Option<String> {
+pub(super) fn image_path(path: &Path) -> Option<String> {
     let mut parts = Vec::new();
     let mut components = path.components();
     if components.next() != Some(Component::RootDir) {
@@ -491,7 +531,7 @@ fn image_path(path: &Path) -> Option<String> {
 
 /// The shared libraries (and dynamic loader) `binary` loads, as ldd resolves
 /// them on this host; empty for a static binary.
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, SandboxError> {
+pub(super) fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, SandboxError> {
     let output = std::process::Command::new("ldd")
         .arg(binary)
         .env("LC_ALL", "C")

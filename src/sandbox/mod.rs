@@ -18,6 +18,7 @@ pub mod image;
 pub mod process;
 mod relay;
 mod root_drop;
+pub mod runtime_image;
 
 pub use relay::sweep_relays;
 pub use root_drop::NOBODY;
@@ -136,6 +137,10 @@ pub struct SpawnRequest {
     pub argv: Vec<String>,
     /// Host directories bound read-only at the same path inside.
     pub ro_mounts: Vec<PathBuf>,
+    /// The image a container backend starts the process from (its own
+    /// container beside the run's, same workspace, limits and labels); the
+    /// run's image when `None`. A backend without images ignores it.
+    pub image: Option<String>,
 }
 
 /// A spawned process: its pipes, and a handle that kills it (and all it

@@ -2,8 +2,9 @@
 //! PyPI `mcp-server-time` over stdio inside the bubblewrap sandbox, and an
 //! HTTP server on the PyPI `mcp` SDK (tests/fixtures/mcp_http_server.py)
 //! for the host's broker. Both come from the virtualenv `deploy/setup.sh`
-//! installs. The docker backend is not covered: its agent image holds no
-//! Python, and `stdio` servers run only under the process backend for now.
+//! installs. Under the docker backend a stdio server runs in its own
+//! container from a runtime image `mercury ext image` builds out of that
+//! virtualenv and the host's Python (the agent image holds no Python).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -753,4 +754,124 @@ async fn extensions_a_shadow_calls_only_the_http_servers_its_config_names() {
         }
         host.stop().await;
     }
+}
+
+/// The runtime image of the time server under the docker backend, built the
+/// way docs/extensions.md tells an operator to: `mercury ext image` from the
+/// pinned virtualenv, the interpreter's standard library and the zone data.
+fn build_time_image(tag: &str) {
+    let stdlib = std::fs::read_dir("/usr/lib")
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("python3.") && p.join("os.py").exists())
+        })
+        .expect("the host Python's standard library under /usr/lib");
+    let out = Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .args([
+            "ext",
+            "image",
+            tag,
+            "--path",
+            "/opt/mercury/mcp-venv",
+            "--path",
+        ])
+        .arg(&stdlib)
+        .output()
+        .expect("run mercury ext image");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&format!("built {tag}")));
+    // A relative path is refused before any engine work, with a sentence.
+    let out = Command::new(env!("CARGO_BIN_EXE_mercury"))
+        .args(["ext", "image", tag, "--path", "opt/venv"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be absolute"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_time_over_stdio_under_docker_runs_in_its_own_image() {
+    let tag = "mercury-ext-time-test:1";
+    build_time_image(tag);
+    let host = TestHost::start(HostOptions {
+        model: rules(),
+        sandbox: "docker",
+        config: vec![("turn.tool_timeout_secs", 30.into())],
+        ..Default::default()
+    })
+    .await;
+    host.create_space("alpha").await;
+    // The example's manifest, naming the image the docker backend starts.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = std::fs::read_to_string(repo().join("examples/time/extension.toml")).unwrap();
+    let manifest = manifest.replace("mercury-ext-time:2026.10.19", tag);
+    assert!(manifest.contains(tag), "the example names its image");
+    std::fs::write(dir.path().join("extension.toml"), manifest).unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    enable(&host, "alpha", "time").await;
+
+    let v = host.chat("alpha", "what time is it in Paris?").await;
+    let reply = v["reply"].as_str().unwrap();
+    assert!(reply.starts_with("[time_get_current_time]"), "{v}");
+    assert!(reply.contains("Europe/Paris"), "{v}");
+    let steps = steps_of(&host, "alpha", &v["run_id"]).await;
+    assert!(steps.iter().any(|s| s["name"] == "time_get_current_time"));
+
+    // The server ran in a container of that image, labelled with the run,
+    // and nothing of the turn is left once it ended.
+    let docker = bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let instance = mercury::sandbox::docker::instance_id_for(&host.data).unwrap();
+    let label = format!("mercury.instance={instance}");
+    let filters = std::collections::HashMap::from([("label", vec![label.as_str()])]);
+    let left = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+
+    // A manifest naming an image the engine lacks: its server cannot start
+    // (the sandbox tests hold the sentence naming the image), so its tools
+    // are not offered, and the host keeps answering.
+    let manifest = std::fs::read_to_string(dir.path().join("extension.toml"))
+        .unwrap()
+        .replace(tag, "mercury-ext-absent:0");
+    std::fs::write(dir.path().join("extension.toml"), manifest).unwrap();
+    let out = mercury_ext(&host.data, &["add", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = host.chat("alpha", "what time is it in Paris?").await;
+    assert!(
+        v["reply"]
+            .as_str()
+            .unwrap()
+            .contains("there is no tool named"),
+        "{v}"
+    );
+    let v = host.chat("alpha", "hello").await;
+    assert_eq!(v["reply"], "ok", "{v}");
+    host.stop().await;
 }

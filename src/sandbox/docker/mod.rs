@@ -7,7 +7,8 @@
 //! ties containers to one data dir.
 //!
 //! Must never: mount anything but the workspace (and the API socket when
-//! given), give the container a network, add a host environment variable to
+//! given, and the read-only directories the spec or a spawn request names),
+//! give the container a network, add a host environment variable to
 //! the container, touch a container without this instance's
 //! `mercury.instance` label, or sweep when the instance id is empty.
 //!
@@ -16,11 +17,14 @@
 //! negotiates the engine and derives the instance id; `shape` builds the
 //! create body (pure); `user` picks the container user and hands a root
 //! host's workspace to `nobody`; `session` is the exec session; `sweep` the
-//! orphan sweep; `tests` the tests against a real engine.
+//! orphan sweep; `spawn` a long-lived process's own container beside the
+//! run's (an extension's stdio server); `tests` the tests against a real
+//! engine.
 
 mod connect;
 mod session;
 mod shape;
+mod spawn;
 mod sweep;
 mod user;
 
@@ -167,7 +171,7 @@ impl SandboxBackend for DockerBackend {
         let mut shaped = spec.clone();
         shaped.api_socket = relay.as_ref().map(|r| r.path().to_owned());
         let body = shape::create_body(&self.image, &shaped, &workspace, user);
-        let id = self.create(&name, &spec, body).await?;
+        let id = self.create(&name, &spec, body.clone()).await?;
 
         if let Err(e) = self
             .docker
@@ -181,7 +185,12 @@ impl SandboxBackend for DockerBackend {
             )));
         }
         tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
-        Ok(Box::new(DockerSession::new(self.docker.clone(), id, relay)))
+        Ok(Box::new(DockerSession::new(
+            self.docker.clone(),
+            id,
+            relay,
+            session::SiblingShape { name, body },
+        )))
     }
 }
 

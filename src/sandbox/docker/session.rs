@@ -42,11 +42,24 @@ const DEATH_POLL: Duration = Duration::from_millis(25);
 /// what guarantees it.
 #[derive(Debug)]
 pub struct DockerSession {
-    docker: Docker,
+    pub(super) docker: Docker,
     id: String,
     closed: AtomicBool,
     /// The container's API socket; lives as long as the session.
     _relay: Option<crate::sandbox::relay::SocketRelay>,
+    /// What a spawned process's own container copies (see `spawn`).
+    pub(super) sibling: SiblingShape,
+    /// Containers of spawned processes still to remove at `close`.
+    pub(super) spawned: std::sync::Mutex<Vec<String>>,
+}
+
+/// The run container's name and create body: a spawned process's container
+/// is this body with another image and command, so it has the same
+/// workspace, mounts, limits, user, environment and labels by construction.
+#[derive(Debug, Clone)]
+pub(super) struct SiblingShape {
+    pub(super) name: String,
+    pub(super) body: bollard::models::ContainerCreateBody,
 }
 
 impl DockerSession {
@@ -55,12 +68,15 @@ impl DockerSession {
         docker: Docker,
         id: String,
         relay: Option<crate::sandbox::relay::SocketRelay>,
+        sibling: SiblingShape,
     ) -> Self {
         Self {
             docker,
             id,
             closed: AtomicBool::new(false),
             _relay: relay,
+            sibling,
+            spawned: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -116,7 +132,25 @@ impl SandboxSession for DockerSession {
         Ok(out.stdout.trim().to_string())
     }
 
+    async fn spawn(
+        &self,
+        req: crate::sandbox::SpawnRequest,
+    ) -> Result<crate::sandbox::SpawnedProcess, SandboxError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(SandboxError::Gone(format!(
+                "container {} is closed",
+                self.id
+            )));
+        }
+        self.spawn_sibling(req).await
+    }
+
     async fn close(&self) -> Result<(), SandboxError> {
+        // Spawned processes' containers first: they share the workspace.
+        let spawned = std::mem::take(&mut *self.spawned_ids());
+        for id in spawned {
+            remove_container(&self.docker, &id).await?;
+        }
         remove_container(&self.docker, &self.id).await?;
         self.closed.store(true, Ordering::SeqCst);
         Ok(())
@@ -311,6 +345,11 @@ impl Drop for DockerSession {
         // Best effort only: there may be no runtime left to run the removal.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let docker = self.docker.clone();
+            let spawned = std::mem::take(&mut *self.spawned_ids());
+            for id in spawned {
+                let docker = docker.clone();
+                runtime.spawn(async move { remove_container(&docker, &id).await });
+            }
             let id = std::mem::take(&mut self.id);
             tracing::warn!(container = %id, "sandbox session dropped without close; removing its container");
             runtime.spawn(async move {

@@ -787,3 +787,105 @@ async fn sweep_without_an_instance_id_is_refused() {
         assert!(err.to_string().contains("instance id"), "{err}");
     }
 }
+
+/// An extension's stdio server: its own container beside the run's, same
+/// workspace, labels and no network, speaking over attached pipes, removed
+/// with its handle and at close.
+#[tokio::test]
+async fn a_spawned_process_runs_in_its_own_container_and_speaks_over_its_pipes() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    Fixture::new()
+        .await
+        .run(|fx| async move {
+            std::fs::write(fx.workspace.path().join("seen.txt"), "shared workspace\n").unwrap();
+            let session = fx.backend.start(fx.spec("r-spawn")).await.expect("start");
+            let process = session
+                .spawn(crate::sandbox::SpawnRequest {
+                    argv: vec!["sh".into(), "-c".into(), "cat /work/seen.txt; cat".into()],
+                    ro_mounts: Vec::new(),
+                    image: None,
+                })
+                .await
+                .expect("spawn");
+            let crate::sandbox::SpawnedProcess {
+                mut stdin,
+                stdout,
+                handle,
+            } = process;
+            let mut lines = BufReader::new(stdout).lines();
+            assert_eq!(
+                lines.next_line().await.unwrap().as_deref(),
+                Some("shared workspace")
+            );
+            stdin.write_all(b"ping 1\n").await.unwrap();
+            stdin.flush().await.unwrap();
+            assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ping 1"));
+            // Two containers of this run now: the run's and the process's.
+            let ours = fx.ours().await;
+            assert_eq!(ours.len(), 2, "{ours:?}");
+            let mut spawned = None;
+            for id in &ours {
+                let info = fx.docker.inspect_container(id, None).await.unwrap();
+                let labels = info.config.unwrap().labels.unwrap();
+                assert_eq!(labels[LABEL_RUN], "r-spawn");
+                assert_eq!(
+                    info.host_config.unwrap().network_mode.as_deref(),
+                    Some("none")
+                );
+                if labels.contains_key(super::spawn::LABEL_SPAWNED) {
+                    spawned = Some(id.clone());
+                }
+            }
+            let spawned = spawned.expect("one container is the spawned process's");
+            // Dropping the handle removes the process's container.
+            drop(handle);
+            for _ in 0..100 {
+                if !fx.ours().await.contains(&spawned) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(!fx.ours().await.contains(&spawned));
+
+            // A second one is left running: close removes it with the run's.
+            let _kept = session
+                .spawn(crate::sandbox::SpawnRequest {
+                    argv: vec!["cat".into()],
+                    ro_mounts: Vec::new(),
+                    image: None,
+                })
+                .await
+                .expect("spawn");
+            assert_eq!(fx.ours().await.len(), 2);
+            session.close().await.expect("close");
+            assert!(
+                fx.ours().await.is_empty(),
+                "close left {:?}",
+                fx.ours().await
+            );
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_spawn_from_an_absent_image_is_refused_with_a_sentence_and_nothing_pulled() {
+    Fixture::new()
+        .await
+        .run(|fx| async move {
+            let session = fx.backend.start(fx.spec("r-noimage")).await.expect("start");
+            let err = session
+                .spawn(crate::sandbox::SpawnRequest {
+                    argv: vec!["/bin/true".into()],
+                    ro_mounts: Vec::new(),
+                    image: Some("mercury-ext-absent:never-built".into()),
+                })
+                .await
+                .expect_err("refused");
+            let text = err.to_string();
+            assert!(text.contains("mercury-ext-absent:never-built"), "{text}");
+            assert!(text.contains("mercury ext image"), "{text}");
+            assert_eq!(fx.ours().await.len(), 1, "only the run's container");
+            session.close().await.expect("close");
+        })
+        .await;
+}
