@@ -565,7 +565,12 @@ pub struct ReviewConfig {
     pub window_hours: u32,
     pub batch_size: u32,
     pub max_concurrency: u32,
+    /// The judge's quota floor: calls a minute it always gets, however busy
+    /// live traffic is (the quota starts here).
     pub calls_per_minute: u32,
+    /// The quota's ceiling: it climbs toward it while the provider has
+    /// budget to spare (docs/review.md, "Admission").
+    pub calls_per_minute_max: u32,
     /// Caller id that receives the digest.
     pub owner: String,
     /// Names redacted besides members' display names.
@@ -812,6 +817,7 @@ impl Default for ReviewConfig {
             batch_size: 10,
             max_concurrency: 1,
             calls_per_minute: 30,
+            calls_per_minute_max: 3000,
             owner: String::new(),
             owner_names: Vec::new(),
             spaces_include: Vec::new(),
@@ -959,7 +965,8 @@ review:                         # the daily conversation review
   window_hours: 24              # hours of conversation each scan reads
   batch_size: 10                # count: exchanges per judge call
   max_concurrency: 1            # count: judge calls at once
-  calls_per_minute: 30          # judge calls per minute
+  calls_per_minute: 30          # judge calls per minute at least (the adaptive quota's floor)
+  calls_per_minute_max: 3000    # judge calls per minute at most, while live traffic leaves the provider budget
   owner: ""                     # caller id that gets the digest DM
   owner_names: []               # list of names redacted from reports besides members' names
   spaces_include: []            # list of space ids; empty: every space
@@ -1402,6 +1409,10 @@ impl Settings {
                 "review.calls_per_minute",
                 u64::from(self.review.calls_per_minute),
             ),
+            (
+                "review.calls_per_minute_max",
+                u64::from(self.review.calls_per_minute_max),
+            ),
             ("review.window_hours", u64::from(self.review.window_hours)),
             ("http.body_limit_bytes", self.http.body_limit_bytes as u64),
             ("http.header_timeout_secs", self.http.header_timeout_secs),
@@ -1441,6 +1452,12 @@ impl Settings {
             if v == 0 {
                 return Err(key_err(key, "must be greater than 0"));
             }
+        }
+        if self.review.calls_per_minute_max < self.review.calls_per_minute {
+            return Err(key_err(
+                "review.calls_per_minute_max",
+                "must be at least review.calls_per_minute (the quota's floor)",
+            ));
         }
         if self.http.max_connections > MAX_CONNECTIONS_CEILING {
             return Err(key_err(

@@ -111,8 +111,10 @@ pub struct Snapshot {
     pub active_spaces: i64,
     /// Turns running now (each may hold a container or a bubblewrap sandbox).
     pub running_turns: i64,
-    /// Since start: judge calls that held back for live turns, and how long.
-    pub held_back: (u64, Duration),
+    /// The model gate: its background quota now (calls a minute), and since
+    /// start its steps down and the live calls it saw queued behind judge calls.
+    pub judge_quota: u32,
+    pub judge_adaptations: (u64, u64),
 }
 
 pub struct Metrics {
@@ -127,11 +129,12 @@ pub struct Metrics {
     judge_calls: Family<Outcome, Counter>,
     /// Settled cost, by purpose and model spec (never by space: bounded labels).
     cost: Family<PurposeModel, Counter<f64, AtomicU64>>,
-    held_back: Counter,
-    held_back_seconds: Counter<f64, AtomicU64>,
+    judge_quota: Gauge,
+    judge_quota_downs: Counter,
+    live_queued: Counter,
     /// What the gate had reported at the last scrape (the counters above
     /// advance by the difference, so they stay counters).
-    held_back_seen: Mutex<(u64, Duration)>,
+    adaptations_seen: Mutex<(u64, u64)>,
     act_as: Family<LevelStatus, Counter>,
     ingress: Family<Decision, Counter>,
     queue_depth: Gauge,
@@ -162,9 +165,10 @@ impl Metrics {
             sandbox_start_seconds: Family::new_with_constructor(latency),
             judge_calls: Family::default(),
             cost: Family::default(),
-            held_back: Counter::default(),
-            held_back_seconds: Counter::default(),
-            held_back_seen: Mutex::new((0, Duration::ZERO)),
+            judge_quota: Gauge::default(),
+            judge_quota_downs: Counter::default(),
+            live_queued: Counter::default(),
+            adaptations_seen: Mutex::new((0, 0)),
             act_as: Family::default(),
             ingress: Family::default(),
             queue_depth: Gauge::default(),
@@ -222,14 +226,19 @@ impl Metrics {
             m.cost.clone(),
         );
         registry.register(
-            "judge_held_back",
-            "Background model calls that held back for live turns",
-            m.held_back.clone(),
+            "judge_quota_per_minute",
+            "The model gate's background (judge) quota now, in calls a minute",
+            m.judge_quota.clone(),
         );
         registry.register(
-            "judge_held_back_seconds",
-            "Time background model calls held back for live turns",
-            m.held_back_seconds.clone(),
+            "judge_quota_downs",
+            "Steps down of the judge quota (a provider's 429/529, or live calls queued)",
+            m.judge_quota_downs.clone(),
+        );
+        registry.register(
+            "live_queued_behind_judge",
+            "Live model calls that ran beside judge calls and took far longer than lone ones",
+            m.live_queued.clone(),
         );
         registry.register(
             "act_as_requests",
@@ -381,12 +390,12 @@ impl Metrics {
         }
         self.active_spaces.set(now.active_spaces);
         self.running_turns.set(now.running_turns);
-        if let Ok(mut seen) = self.held_back_seen.lock() {
-            let (n, t) = now.held_back;
-            self.held_back.inc_by(n.saturating_sub(seen.0));
-            self.held_back_seconds
-                .inc_by(t.saturating_sub(seen.1).as_secs_f64());
-            *seen = (n.max(seen.0), t.max(seen.1));
+        self.judge_quota.set(i64::from(now.judge_quota));
+        if let Ok(mut seen) = self.adaptations_seen.lock() {
+            let (downs, queued) = now.judge_adaptations;
+            self.judge_quota_downs.inc_by(downs.saturating_sub(seen.0));
+            self.live_queued.inc_by(queued.saturating_sub(seen.1));
+            *seen = (downs.max(seen.0), queued.max(seen.1));
         }
         self.uptime.set(self.started.elapsed().as_secs_f64());
         let mut out = String::new();
@@ -440,17 +449,19 @@ mod tests {
     }
 
     #[test]
-    fn held_back_counters_follow_the_gate() {
+    fn judge_quota_series_follow_the_gate() {
         let m = Metrics::new();
-        let snap = |n, ms| Snapshot {
-            held_back: (n, Duration::from_millis(ms)),
+        let snap = |quota, downs, queued| Snapshot {
+            judge_quota: quota,
+            judge_adaptations: (downs, queued),
             ..Default::default()
         };
-        m.encode(&snap(2, 500));
-        let out = m.encode(&snap(3, 1500));
-        assert!(out.contains("mercury_judge_held_back_total 3"), "{out}");
+        m.encode(&snap(120, 2, 1));
+        let out = m.encode(&snap(60, 3, 1));
+        assert!(out.contains("mercury_judge_quota_per_minute 60"), "{out}");
+        assert!(out.contains("mercury_judge_quota_downs_total 3"), "{out}");
         assert!(
-            out.contains("mercury_judge_held_back_seconds_total 1.5"),
+            out.contains("mercury_live_queued_behind_judge_total 1"),
             "{out}"
         );
     }

@@ -57,7 +57,8 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
         queue_top: top,
         active_spaces: i64::try_from(app.spaces.active_count()).unwrap_or(i64::MAX),
         running_turns: i64::try_from(app.rt.live_run_ids().len()).unwrap_or(i64::MAX),
-        held_back: app.rt.model_gate.deferrals(),
+        judge_quota: app.rt.model_gate.per_minute(),
+        judge_adaptations: app.rt.model_gate.adaptations(),
     })
 }
 

@@ -18,6 +18,7 @@
 pub(crate) mod adapters;
 pub(crate) mod ask;
 pub(crate) mod ext;
+pub(crate) mod fake_provider;
 pub(crate) mod links;
 pub(crate) mod review;
 pub(crate) mod review_quality;

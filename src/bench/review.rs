@@ -1,11 +1,15 @@
 //! `mercury bench review`: does a scan stall live replies?
 //!
-//! Starts a real host on a temp data dir with a scripted model, seeds a
-//! window of exchanges, and measures the p99 of live `POST /api/chat` round
-//! trips with no scan, then while a scan runs, first with the model gate as
-//! configured (limiter and pool on) and then with it open (limiter and pool
-//! off), side by side. It also compares the judge's tokens per exchange when
-//! exchanges are batched against one exchange per call.
+//! Starts a real host on a temp data dir, its live and judge models served
+//! by one fake OpenAI-compatible provider with a requests- and tokens-per-
+//! minute budget they share (the contended resource in production is the
+//! key's rate limit, not the host's CPU; past it the fake answers 429),
+//! seeds a window of exchanges, and measures the p99 of live `POST /api/chat`
+//! round trips with no scan, then while scans run, first with the model gate
+//! as configured (slots and the adaptive quota) and then with it open, side
+//! by side, with the judge's calls a second during each: the scan's share of
+//! its open-gate throughput. It also compares the judge's tokens per
+//! exchange when exchanges are batched against one exchange per call.
 //!
 //! It prints ratios against its own baselines and asserts nothing: timings
 //! depend on the machine, so no test checks them.
@@ -25,6 +29,7 @@ use serde_json::json;
 use serde_yaml_ng::Value as Yaml;
 use tokio_util::sync::CancellationToken;
 
+use super::fake_provider::{Budget, FakeModel, FakeProvider};
 use crate::client::{request, Connection, Endpoint};
 use crate::clock::now_ms;
 use crate::model::gate::Admission;
@@ -49,6 +54,12 @@ pub(crate) struct BenchOptions {
     pub calls_per_minute: u32,
     /// Exchanges used for the tokens-per-exchange comparison.
     pub token_sample: usize,
+    /// The fake provider's budget (requests, tokens a minute; 0: none).
+    pub provider_rpm: u64,
+    pub provider_tpm: u64,
+    /// After the first scan starts, how long the gate may settle before the
+    /// loaded measurement.
+    pub settle: Duration,
 }
 
 impl Default for BenchOptions {
@@ -64,6 +75,9 @@ impl Default for BenchOptions {
             max_concurrency: review.max_concurrency,
             calls_per_minute: review.calls_per_minute,
             token_sample: 500,
+            provider_rpm: 3600,
+            provider_tpm: 0,
+            settle: Duration::from_secs(3),
         }
     }
 }
@@ -80,6 +94,12 @@ pub(crate) struct Phase {
     pub noise_floor: f64,
     /// Judge calls made while the live replies were measured.
     pub judge_calls: u64,
+    /// Those calls a second of the loaded measurement.
+    pub judge_per_second: f64,
+    /// Rate-limit answers of the fake provider during it, to live and to
+    /// judge calls.
+    pub live_429: u64,
+    pub judge_429: u64,
     /// Scans that ran to their end during the measurement.
     pub scans_finished: u64,
 }
@@ -113,14 +133,18 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "scripted model: live {} ms, judge {} ms; batch_size {}, max_concurrency {}, calls_per_minute {}\n",
-            o.live_latency_ms, o.judge_latency_ms, o.batch_size, o.max_concurrency, o.calls_per_minute
+            "fake provider: live {} ms, judge {} ms; budget {} requests/min, {} tokens/min (0: none), shared\n\
+             review: batch_size {}, max_concurrency {}, calls_per_minute {} (the quota's floor); settle {:?} before measuring\n",
+            o.live_latency_ms,
+            o.judge_latency_ms,
+            o.provider_rpm,
+            o.provider_tpm,
+            o.batch_size,
+            o.max_concurrency,
+            o.calls_per_minute,
+            o.settle
         )?;
-        writeln!(
-            f,
-            "{:<34}{:>20}{:>20}",
-            "", "limiter+pool on", "limiter+pool off"
-        )?;
+        writeln!(f, "{:<34}{:>20}{:>20}", "", "gate (adaptive)", "gate open")?;
         let row = |f: &mut fmt::Formatter<'_>, name: &str, a: String, b: String| {
             writeln!(f, "{name:<34}{a:>20}{b:>20}")
         };
@@ -169,9 +193,32 @@ impl fmt::Display for BenchReport {
         )?;
         row(
             f,
+            "judge calls/s during it",
+            format!("{:.1}", g.judge_per_second),
+            format!("{:.1}", p.judge_per_second),
+        )?;
+        row(
+            f,
+            "429s to live / judge calls",
+            format!("{} / {}", g.live_429, g.judge_429),
+            format!("{} / {}", p.live_429, p.judge_429),
+        )?;
+        row(
+            f,
             "scans finished during it",
             g.scans_finished.to_string(),
             p.scans_finished.to_string(),
+        )?;
+        let share = if p.judge_per_second > 0.0 {
+            g.judge_per_second / p.judge_per_second
+        } else {
+            f64::NAN
+        };
+        writeln!(
+            f,
+            "\nlive p99 ratio with the gate: {:.3} (target <= 1.05); scan throughput share of open: {:.2} (target >= 0.50)",
+            g.ratio(),
+            share
         )?;
         let ratio = self.tokens_per_exchange_batched / self.tokens_per_exchange_single;
         writeln!(
@@ -191,24 +238,38 @@ pub(crate) async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         .tempdir()?;
     let data = dir.path().join("data");
     crate::host::init(&data, "owner").await?;
-    let model = dir.path().join("model.json");
-    std::fs::write(
-        &model,
-        json!({"rules": [
-            {"purpose": "judge", "latency_ms": opts.judge_latency_ms, "reply": "{\"findings\": []}"},
-            {"purpose": "turn", "latency_ms": opts.live_latency_ms, "reply": "ok"}
-        ]})
-        .to_string(),
-    )?;
+    let fake = FakeProvider::start(
+        std::collections::BTreeMap::from([
+            (
+                "live".to_owned(),
+                FakeModel {
+                    latency: Duration::from_millis(opts.live_latency_ms),
+                    reply: "ok".into(),
+                },
+            ),
+            (
+                "judge".to_owned(),
+                FakeModel {
+                    latency: Duration::from_millis(opts.judge_latency_ms),
+                    reply: "{\"findings\": []}".into(),
+                },
+            ),
+        ]),
+        Budget {
+            rpm: opts.provider_rpm,
+            tpm: opts.provider_tpm,
+        },
+    )
+    .await?;
     eprintln!(
         "seeding {} exchanges in {} spaces…",
         opts.exchanges, opts.spaces
     );
     seed(&data.join("state.db"), &opts).await?;
     eprintln!("measuring with the limiter and pool on…");
-    let gated = phase(&data, &model, &opts, Admission::Gated).await?;
-    eprintln!("measuring with the limiter and pool off…");
-    let open = phase(&data, &model, &opts, Admission::Open).await?;
+    let gated = phase(&data, &fake, &opts, Admission::Gated).await?;
+    eprintln!("measuring with the gate open…");
+    let open = phase(&data, &fake, &opts, Admission::Open).await?;
     let sample = {
         let (db, opts2) = (data.join("state.db"), opts.clone());
         tokio::task::spawn_blocking(move || token_sample(&db, &opts2)).await??
@@ -302,15 +363,21 @@ async fn seed(db: &Path, opts: &BenchOptions) -> anyhow::Result<()> {
 /// The bench's settings, written through the one config writer.
 fn write_config(
     data: &Path,
-    model: &Path,
+    fake: &FakeProvider,
     opts: &BenchOptions,
 ) -> anyhow::Result<crate::config::Settings> {
     let num = |n: u64| Yaml::Number(n.into());
     let keys = [
+        ("model", Yaml::String("openai:live".into())),
+        ("review.model", Yaml::String("openai:judge".into())),
         (
-            "model",
-            Yaml::String(format!("scripted:{}", model.display())),
+            "providers.openai_base_url",
+            Yaml::String(fake.base_url.clone()),
         ),
+        // A live call refused past the budget waits the provider's
+        // Retry-After and asks again, as many times as it takes here, so a
+        // bench run measures the delay instead of failing on it.
+        ("providers.max_retries", num(20)),
         ("sandbox.backend", Yaml::String("process".into())),
         // The live client is one caller asking as fast as it can.
         ("ingress.per_caller_per_minute", num(1_000_000)),
@@ -333,14 +400,14 @@ struct BenchHost {
 impl BenchHost {
     async fn start(
         data: &Path,
-        model: &Path,
+        fake: &FakeProvider,
         opts: &BenchOptions,
         admission: Admission,
     ) -> anyhow::Result<Self> {
         // The caller binds: the port is the listener's, never guessed.
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
-        let settings = write_config(data, model, opts)?;
+        let settings = write_config(data, fake, opts)?;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let (data, shutdown) = (data.to_owned(), shutdown.clone());
@@ -393,15 +460,16 @@ impl BenchHost {
 /// the two idle runs against each other give the noise floor.
 async fn phase(
     data: &Path,
-    model: &Path,
+    fake: &FakeProvider,
     opts: &BenchOptions,
     admission: Admission,
 ) -> anyhow::Result<Phase> {
-    let host = BenchHost::start(data, model, opts, admission).await?;
-    let loaded = measure(data, &host.conn, opts).await;
+    let host = BenchHost::start(data, fake, opts, admission).await?;
+    let loaded = measure(data, fake, &host.conn, opts).await;
     host.stop().await?;
-    let (idle_before, loaded, judge_calls, scans_finished) = loaded?;
-    let host = BenchHost::start(data, model, opts, admission).await?;
+    let m = loaded?;
+    let (idle_before, loaded) = (m.idle, m.loaded);
+    let host = BenchHost::start(data, fake, opts, admission).await?;
     let idle_after = live_round_trips(&host.conn, opts.live_samples).await;
     host.stop().await?;
     let idle_after = idle_after?;
@@ -412,18 +480,35 @@ async fn phase(
         idle_p50_ms: percentile(&idle, 0.50),
         scan_p50_ms: percentile(&loaded, 0.50),
         noise_floor: percentile(&idle_after, 0.99) / percentile(&idle_before, 0.99),
-        judge_calls,
-        scans_finished,
+        judge_calls: m.judge_calls,
+        judge_per_second: m.judge_calls as f64 / m.seconds.max(1e-9),
+        live_429: m.live_429,
+        judge_429: m.judge_429,
+        scans_finished: m.scans_finished,
     })
 }
 
-type Measured = (Vec<f64>, Vec<f64>, u64, u64);
+/// One measurement: idle round trips, then round trips while scans run.
+struct Measured {
+    idle: Vec<f64>,
+    loaded: Vec<f64>,
+    /// During the loaded part: judge calls, its length, the fake's 429s.
+    judge_calls: u64,
+    seconds: f64,
+    live_429: u64,
+    judge_429: u64,
+    scans_finished: u64,
+}
 
 /// Idle round trips, then round trips while scans run; judge calls and
 /// finished scans during the second part.
-async fn measure(data: &Path, conn: &Connection, opts: &BenchOptions) -> anyhow::Result<Measured> {
+async fn measure(
+    data: &Path,
+    fake: &FakeProvider,
+    conn: &Connection,
+    opts: &BenchOptions,
+) -> anyhow::Result<Measured> {
     let idle = live_round_trips(conn, opts.live_samples).await?;
-    let calls_before = judge_calls(data)?;
     let stop = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicU64::new(0));
     let scans = tokio::spawn({
@@ -445,16 +530,32 @@ async fn measure(data: &Path, conn: &Connection, opts: &BenchOptions) -> anyhow:
         }
     });
     wait_for_scan(data).await?;
+    // Live traffic goes on while the gate finds its level.
+    let settle_until = Instant::now() + opts.settle;
+    while Instant::now() < settle_until {
+        live_round_trips(conn, 10).await?;
+    }
+    let calls_before = judge_calls(data)?;
+    let refused_before = fake.counts().refused;
+    let started = Instant::now();
     let loaded = live_round_trips(conn, opts.live_samples).await?;
-    stop.store(true, Ordering::Relaxed);
+    let seconds = started.elapsed().as_secs_f64();
     let calls = judge_calls(data)? - calls_before;
+    let refused = fake.counts().refused;
+    stop.store(true, Ordering::Relaxed);
     scans.abort();
-    Ok((
+    let delta = |model: &str| {
+        refused.get(model).copied().unwrap_or(0) - refused_before.get(model).copied().unwrap_or(0)
+    };
+    Ok(Measured {
         idle,
         loaded,
-        calls.max(0) as u64,
-        finished.load(Ordering::Relaxed),
-    ))
+        judge_calls: calls.max(0) as u64,
+        seconds,
+        live_429: delta("live"),
+        judge_429: delta("judge"),
+        scans_finished: finished.load(Ordering::Relaxed),
+    })
 }
 
 /// Waits until a review run is recorded as running (the scan has begun).

@@ -182,11 +182,17 @@ enum BenchCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
         runs: u16,
     },
-    /// An extension's MCP tool call (mcp-server-time over stdio, cold and warm) beside a `shell` call, one bubblewrap session.
+    /// An extension's MCP tool call (mcp-server-time over stdio, cold and warm) beside a `shell` call, in one sandbox session.
     Ext {
         /// Measured calls of each kind (after one warm-up).
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
         runs: u16,
+        /// The sandbox backend the turn and its server run under.
+        #[arg(long, value_enum, default_value = "bubblewrap")]
+        backend: crate::bench::ext::ExtBackend,
+        /// docker: the server's runtime image (`mercury ext image`, docs/extensions.md).
+        #[arg(long, default_value = "mercury-ext-time:2026.10.19")]
+        image: String,
     },
     /// Messages/s taken in through the Telegram adapter (against a local fake Bot API) beside ingress alone.
     Adapters {
@@ -252,6 +258,12 @@ enum BenchCommand {
         max_concurrency: Option<u32>,
         #[arg(long)]
         calls_per_minute: Option<u32>,
+        /// The fake provider's budget, shared by live and judge calls: requests a minute.
+        #[arg(long, default_value_t = 3600)]
+        provider_rpm: u64,
+        /// …and tokens a minute (0: no token limit).
+        #[arg(long, default_value_t = 0)]
+        provider_tpm: u64,
     },
 }
 
@@ -594,8 +606,13 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         },
         Command::Bench {
-            command: BenchCommand::Ext { runs },
-        } => match crate::bench::ext::run(usize::from(runs)).await {
+            command:
+                BenchCommand::Ext {
+                    runs,
+                    backend,
+                    image,
+                },
+        } => match crate::bench::ext::run(usize::from(runs), backend, &image).await {
             Ok(figures) => {
                 print!("{}", crate::bench::ext::report(&figures));
                 ExitCode::SUCCESS
@@ -779,6 +796,8 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     batch_size,
                     max_concurrency,
                     calls_per_minute,
+                    provider_rpm,
+                    provider_tpm,
                 },
         } => {
             let defaults = crate::bench::review::BenchOptions::default();
@@ -791,6 +810,8 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                 batch_size: batch_size.unwrap_or(defaults.batch_size).max(1),
                 max_concurrency: max_concurrency.unwrap_or(defaults.max_concurrency).max(1),
                 calls_per_minute: calls_per_minute.unwrap_or(defaults.calls_per_minute).max(1),
+                provider_rpm,
+                provider_tpm,
                 ..defaults
             };
             match crate::bench::review::run(opts).await {

@@ -133,14 +133,14 @@ pub async fn intake(
         _ => local,
     };
     let env = crate::config::process_env();
-    let resolved =
-        match crate::model::resolve_model(&spec, &crate::host::provider_settings(&s, &env)) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("mercury review intake: the verify model: {e}");
-                return ExitCode::from(2);
-            }
-        };
+    let providers = crate::host::provider_settings(&s, &env);
+    let resolved = match crate::model::resolve_model(&spec, &providers) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mercury review intake: the verify model: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // The verify calls are reserved in the data dir's own ledger, under the
     // same caps as the host's (its state.db, shared through WAL, or its server).
     let store = match crate::host::store_location(&s, &paths)
@@ -189,10 +189,11 @@ pub async fn intake(
     let verifier = Verifier {
         model: std::sync::Arc::new(resolved),
         spend,
-        gate: std::sync::Arc::new(crate::model::gate::ModelGate::new(
-            s.review.max_concurrency,
-            s.review.calls_per_minute,
-        )),
+        gate: std::sync::Arc::new(
+            crate::model::gate::ModelGate::new(s.review.max_concurrency, s.review.calls_per_minute)
+                .with_ceiling(s.review.calls_per_minute_max)
+                .with_throttles(providers.throttles.clone()),
+        ),
     };
     let dir = intake_dir(&paths, &s);
     let run = IntakeRun {

@@ -381,11 +381,15 @@ async fn build_runtime_with_env(
             crate::redaction::secrets::register(&password);
         }
     }
-    let model_gate = Arc::new(ModelGate::with_admission(
-        review_admission,
-        settings.review.max_concurrency,
-        settings.review.calls_per_minute,
-    ));
+    let model_gate = Arc::new(
+        ModelGate::with_admission(
+            review_admission,
+            settings.review.max_concurrency,
+            settings.review.calls_per_minute,
+        )
+        .with_ceiling(settings.review.calls_per_minute_max)
+        .with_throttles(providers.throttles.clone()),
+    );
     let outbound = crate::runtime::Outbound::for_settings(&settings, paths);
     let settings = Arc::new(settings);
     let metrics: Arc<crate::telemetry::Metrics> = Arc::default();

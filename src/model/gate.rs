@@ -1,37 +1,125 @@
-//! `ModelGate`: who may call the model when. Live turns always go first;
-//! background work (the review judge) is admitted through a bounded pool of
-//! slots, a rate limiter, and only while no live call is in flight.
+//! `ModelGate`: who may call the model when. Live turns (and tasks) always
+//! go first and never wait; background work (the review judge) is admitted
+//! through a bounded pool of slots and a governor rate limiter whose quota
+//! adapts, so the judge takes whatever of the provider's budget live traffic
+//! leaves (work-conserving) and gives it back as soon as live traffic needs it.
 //!
 //! Owns the admission rules, nothing else: it never calls a model itself.
 //!
 //! Must never: make a live turn wait (taking a live permit is a counter
-//! increment), or let background work run unbounded while the gate is
-//! `Gated` (every background permit holds a slot and passed the limiter).
+//! increment), let background work run unbounded while the gate is `Gated`
+//! (every background permit holds a slot and passed the limiter), or let the
+//! quota leave `[floor, ceiling]`.
 //!
-//! Live-first is a deferral, not a ban: a background caller waits for the
-//! live calls in flight to finish, but at most [`ModelGate::max_defer`] per
-//! permit, so a bot that is never idle still gets its daily review done (at
-//! the limiter's pace, one slot at a time).
+//! The quota (background calls a minute) starts at the floor
+//! (`review.calls_per_minute`, so a bot that is never idle still gets its
+//! review done) and moves between it and the ceiling
+//! (`review.calls_per_minute_max`):
+//! - **down, by half**, when a provider answered 429 or 529 to any call
+//!   (the [`ThrottleSignal`] the HTTP clients share with the gate), and no
+//!   step up for [`HOLD_AFTER_DOWN`];
+//! - **down, by a fifth**, when live calls queue: a live call that overlapped
+//!   judge calls took over [`QUEUE_FACTOR`] times the recent live calls that
+//!   ran alone (a local model serving one request at a time shows it so);
+//! - **up**, at most once per [`STEP`], when a background caller found the
+//!   limiter binding: by half when no live call ran in the last step (the
+//!   provider is idle as far as this host knows), by a quarter otherwise
+//!   (the provider may still have budget: only its 429 says it has none).
+//!
+//! So above the floor the judge probes the provider's budget and settles
+//! between half of what is left and all of it; a probe past it costs the
+//! calls of that moment one rate-limit answer (retried by the client after
+//! the provider's own `Retry-After`), after which the quota halves at once.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How long one background permit may be deferred for live calls.
-pub const DEFAULT_MAX_DEFER: Duration = Duration::from_secs(10);
+/// Least time between two steps up of the quota.
+pub const STEP: Duration = Duration::from_millis(250);
+
+/// No step up for this long after a throttle.
+pub const HOLD_AFTER_DOWN: Duration = Duration::from_secs(2);
+
+/// A live call that overlapped judge calls and took this many times the
+/// recent lone live calls counts as queued behind them.
+pub const QUEUE_FACTOR: f64 = 3.0;
+
+/// Default ceiling when none is configured.
+pub const DEFAULT_CEILING: u32 = 3_000;
 
 /// How background calls are admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Slots of `review.max_concurrency`, `review.calls_per_minute`, live first.
+    /// Slots of `review.max_concurrency` and the adaptive quota, live first.
     Gated,
-    /// No slots, no limiter, no deferral: only for `mercury bench review`, to
-    /// measure what the gate buys.
+    /// No slots, no limiter: only for `mercury bench review`, to measure
+    /// what the gate buys.
     Open,
+}
+
+/// Rate-limit answers (429, 529) the HTTP providers saw, shared by every
+/// client of one host and its model gate. Cloning shares the count.
+#[derive(Debug, Clone, Default)]
+pub struct ThrottleSignal(Arc<AtomicU64>);
+
+impl ThrottleSignal {
+    pub fn note(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The background quota and what moves it.
+struct AdaptiveQuota {
+    per_minute: u32,
+    floor: u32,
+    ceiling: u32,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    changed_at: Instant,
+    hold_until: Instant,
+    throttles_seen: u64,
+}
+
+impl AdaptiveQuota {
+    fn new(floor: u32, ceiling: u32) -> Self {
+        let floor = floor.max(1);
+        let now = Instant::now();
+        Self {
+            per_minute: floor,
+            floor,
+            ceiling: ceiling.max(floor),
+            limiter: Arc::new(limiter(floor)),
+            changed_at: now,
+            hold_until: now,
+            throttles_seen: 0,
+        }
+    }
+
+    /// Sets the quota (clamped); a new limiter only when it changed.
+    fn set(&mut self, per_minute: u32, now: Instant) -> bool {
+        let next = per_minute.clamp(self.floor, self.ceiling);
+        self.changed_at = now;
+        if next == self.per_minute {
+            return false;
+        }
+        self.per_minute = next;
+        self.limiter = Arc::new(limiter(next));
+        true
+    }
+}
+
+/// Burst of one, so calls are spread evenly.
+fn limiter(per_minute: u32) -> DefaultDirectRateLimiter {
+    let rate = NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN);
+    RateLimiter::direct(Quota::per_minute(rate).allow_burst(NonZeroU32::MIN))
 }
 
 pub struct ModelGate {
@@ -39,22 +127,25 @@ pub struct ModelGate {
     /// Live model calls in flight. Incremented by [`ModelGate::live`],
     /// decremented when the permit drops.
     live_in_flight: AtomicUsize,
-    /// Signalled whenever `live_in_flight` drops to zero; background callers
-    /// waiting for live calls to finish listen on it. Never closed.
-    live_idle: Notify,
+    /// Background calls in flight (holding a permit).
+    background_in_flight: Arc<AtomicUsize>,
     /// Background slots: one per concurrent judge call (`review.max_concurrency`).
-    /// Acquired by [`ModelGate::background`], released when the permit drops.
     /// Never closed.
     slots: Arc<Semaphore>,
     max_slots: usize,
-    /// Background call rate (`review.calls_per_minute`, burst of one so calls
-    /// are spread evenly). Only background callers consult it.
-    limiter: DefaultDirectRateLimiter,
-    max_defer: Duration,
-    /// Background permits that found a live call in flight and held back.
-    deferrals: AtomicU64,
-    /// Total time those permits held back, in microseconds.
-    deferred_micros: AtomicU64,
+    quota: Mutex<AdaptiveQuota>,
+    throttles: ThrottleSignal,
+    /// When the gate was made: the origin of the microsecond stamps below.
+    epoch: Instant,
+    /// When the last live call started, in microseconds since `epoch` + 1
+    /// (0: none yet).
+    last_live_start: AtomicU64,
+    /// Recent live calls that ran with no judge call in flight: an average
+    /// of their durations in microseconds (0: none yet).
+    lone_live_micros: AtomicU64,
+    /// Steps down, and live calls seen queued (for the scan's log line).
+    downs: AtomicU64,
+    queued: AtomicU64,
 }
 
 impl std::fmt::Debug for ModelGate {
@@ -63,6 +154,7 @@ impl std::fmt::Debug for ModelGate {
             .field("admission", &self.admission)
             .field("live_in_flight", &self.live_in_flight())
             .field("max_slots", &self.max_slots)
+            .field("per_minute", &self.per_minute())
             .finish()
     }
 }
@@ -71,13 +163,17 @@ impl std::fmt::Debug for ModelGate {
 #[must_use = "the live permit counts the call only while it is held"]
 pub struct LivePermit<'a> {
     gate: &'a ModelGate,
+    started: Instant,
+    /// Whether a judge call was in flight when this one started.
+    overlapped: bool,
 }
 
 impl Drop for LivePermit<'_> {
     fn drop(&mut self) {
-        if self.gate.live_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.gate.live_idle.notify_waiters();
-        }
+        let gate = self.gate;
+        gate.live_in_flight.fetch_sub(1, Ordering::AcqRel);
+        let overlapped = self.overlapped || gate.background_in_flight.load(Ordering::Acquire) > 0;
+        gate.live_finished(self.started.elapsed(), overlapped);
     }
 }
 
@@ -85,11 +181,20 @@ impl Drop for LivePermit<'_> {
 #[must_use = "the background slot is released when the permit drops"]
 pub struct BackgroundPermit {
     _slot: Option<OwnedSemaphorePermit>,
+    in_flight: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for BackgroundPermit {
+    fn drop(&mut self) {
+        if let Some(n) = &self.in_flight {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl ModelGate {
-    /// A gated gate: `max_concurrency` background slots, `calls_per_minute`
-    /// background calls (both clamped to at least one).
+    /// A gated gate: `max_concurrency` background slots, a quota starting at
+    /// `calls_per_minute` (its floor) with the default ceiling.
     pub fn new(max_concurrency: u32, calls_per_minute: u32) -> Self {
         Self::build(Admission::Gated, max_concurrency, calls_per_minute)
     }
@@ -109,32 +214,51 @@ impl ModelGate {
 
     fn build(admission: Admission, max_concurrency: u32, calls_per_minute: u32) -> Self {
         let slots = max_concurrency.max(1) as usize;
-        let rate = NonZeroU32::new(calls_per_minute).unwrap_or(NonZeroU32::MIN);
         Self {
             admission,
             live_in_flight: AtomicUsize::new(0),
-            live_idle: Notify::new(),
+            background_in_flight: Arc::new(AtomicUsize::new(0)),
             slots: Arc::new(Semaphore::new(slots)),
             max_slots: slots,
-            limiter: RateLimiter::direct(Quota::per_minute(rate).allow_burst(NonZeroU32::MIN)),
-            max_defer: DEFAULT_MAX_DEFER,
-            deferrals: AtomicU64::new(0),
-            deferred_micros: AtomicU64::new(0),
+            quota: Mutex::new(AdaptiveQuota::new(
+                calls_per_minute,
+                DEFAULT_CEILING.max(calls_per_minute),
+            )),
+            throttles: ThrottleSignal::default(),
+            epoch: Instant::now(),
+            last_live_start: AtomicU64::new(0),
+            lone_live_micros: AtomicU64::new(0),
+            downs: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
         }
     }
 
-    /// Changes how long a background permit may be deferred for live calls.
-    pub fn with_max_defer(mut self, max_defer: Duration) -> Self {
-        self.max_defer = max_defer;
+    /// The quota's ceiling (`review.calls_per_minute_max`; at least the floor).
+    pub fn with_ceiling(self, ceiling: u32) -> Self {
+        {
+            let mut q = self.lock();
+            q.ceiling = ceiling.max(q.floor);
+        }
         self
+    }
+
+    /// The providers' throttle signal this gate listens to.
+    pub fn with_throttles(mut self, throttles: ThrottleSignal) -> Self {
+        let seen = throttles.count();
+        self.lock().throttles_seen = seen;
+        self.throttles = throttles;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, AdaptiveQuota> {
+        // A poisoned quota is still a quota within its bounds.
+        self.quota
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn admission(&self) -> Admission {
         self.admission
-    }
-
-    pub fn max_defer(&self) -> Duration {
-        self.max_defer
     }
 
     /// Background calls that may run at once; `None` when the gate is open.
@@ -145,58 +269,141 @@ impl ModelGate {
         }
     }
 
+    /// The background quota now, in calls a minute.
+    pub fn per_minute(&self) -> u32 {
+        self.lock().per_minute
+    }
+
+    /// The quota's floor: the slowest background calls are ever admitted.
+    pub fn floor_per_minute(&self) -> u32 {
+        self.lock().floor
+    }
+
     pub fn live_in_flight(&self) -> usize {
         self.live_in_flight.load(Ordering::Acquire)
+    }
+
+    fn micros_since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// A live model call starts. Never waits.
     pub fn live(&self) -> LivePermit<'_> {
         self.live_in_flight.fetch_add(1, Ordering::AcqRel);
-        LivePermit { gate: self }
+        self.last_live_start.store(
+            self.micros_since_epoch().saturating_add(1),
+            Ordering::Relaxed,
+        );
+        LivePermit {
+            gate: self,
+            started: Instant::now(),
+            overlapped: self.background_in_flight.load(Ordering::Acquire) > 0,
+        }
+    }
+
+    /// A live call ended: a lone one updates the baseline; one that ran
+    /// beside judge calls and took far longer than it means live calls
+    /// queue behind them.
+    fn live_finished(&self, took: Duration, overlapped: bool) {
+        if self.admission == Admission::Open {
+            return;
+        }
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let lone = self.lone_live_micros.load(Ordering::Relaxed);
+        if !overlapped {
+            // An average over about the last eight lone calls.
+            let next = if lone == 0 {
+                micros
+            } else {
+                lone - lone / 8 + micros / 8
+            };
+            self.lone_live_micros.store(next.max(1), Ordering::Relaxed);
+            return;
+        }
+        if lone > 0 && micros as f64 > lone as f64 * QUEUE_FACTOR {
+            self.queued.fetch_add(1, Ordering::Relaxed);
+            let mut q = self.lock();
+            let now = Instant::now();
+            let next = q.per_minute - q.per_minute / 5;
+            if q.set(next, now) {
+                self.downs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Waits until a background call may start: a free slot, then the
-    /// limiter, then no live call in flight (deferred at most `max_defer`).
+    /// limiter at the quota of the moment.
     pub async fn background(&self) -> BackgroundPermit {
         if self.admission == Admission::Open {
-            return BackgroundPermit { _slot: None };
+            return BackgroundPermit {
+                _slot: None,
+                in_flight: None,
+            };
         }
         // The semaphore is owned by the gate and never closed, so acquiring
         // cannot fail; if it ever did, running without a slot beats
         // deadlocking the scan, and the limiter still bounds the rate.
         let slot = self.slots.clone().acquire_owned().await.ok();
-        self.limiter.until_ready().await;
-        if self.live_in_flight() > 0 {
-            let held = Instant::now();
-            let _ = tokio::time::timeout(self.max_defer, self.live_idle()).await;
-            self.deferrals.fetch_add(1, Ordering::Relaxed);
-            let micros = u64::try_from(held.elapsed().as_micros()).unwrap_or(u64::MAX);
-            self.deferred_micros.fetch_add(micros, Ordering::Relaxed);
-        }
-        BackgroundPermit { _slot: slot }
-    }
-
-    /// Since start: how many background permits held back for live calls,
-    /// and for how long in total (for the scan's log line).
-    pub fn deferrals(&self) -> (u64, Duration) {
-        (
-            self.deferrals.load(Ordering::Relaxed),
-            Duration::from_micros(self.deferred_micros.load(Ordering::Relaxed)),
-        )
-    }
-
-    /// Resolves when no live call is in flight.
-    async fn live_idle(&self) {
-        loop {
-            let idle = self.live_idle.notified();
-            tokio::pin!(idle);
-            // Register before checking, so a drop to zero in between is seen.
-            idle.as_mut().enable();
-            if self.live_in_flight() == 0 {
-                return;
+        let limiter = self.adapt(false);
+        if limiter.check().is_err() {
+            // The quota binds: the judge could use more than it gets. Look
+            // again every step while waiting, so a quota far below what the
+            // provider allows climbs at the step's pace, not at its own.
+            loop {
+                let limiter = self.adapt(true);
+                if tokio::time::timeout(STEP, limiter.until_ready())
+                    .await
+                    .is_ok()
+                {
+                    break;
+                }
             }
-            idle.await;
         }
+        self.background_in_flight.fetch_add(1, Ordering::AcqRel);
+        BackgroundPermit {
+            _slot: slot,
+            in_flight: Some(self.background_in_flight.clone()),
+        }
+    }
+
+    /// Applies the throttle signal and, when `pressed` (the limiter binds),
+    /// a step up; returns the limiter of the resulting quota.
+    fn adapt(&self, pressed: bool) -> Arc<DefaultDirectRateLimiter> {
+        let now = Instant::now();
+        let throttles = self.throttles.count();
+        let mut q = self.lock();
+        if throttles > q.throttles_seen {
+            q.throttles_seen = throttles;
+            let next = q.per_minute / 2;
+            if q.set(next, now) {
+                self.downs.fetch_add(1, Ordering::Relaxed);
+            }
+            q.hold_until = now + HOLD_AFTER_DOWN;
+        } else if pressed && now >= q.hold_until && now.duration_since(q.changed_at) >= STEP {
+            let last_live = self.last_live_start.load(Ordering::Relaxed);
+            let since_live = self
+                .micros_since_epoch()
+                .saturating_sub(last_live.saturating_sub(1));
+            let idle = self.live_in_flight() == 0
+                && (last_live == 0 || since_live >= STEP.as_micros() as u64);
+            let step = if idle {
+                q.per_minute / 2
+            } else {
+                q.per_minute / 4
+            };
+            let next = q.per_minute.saturating_add(step.max(1));
+            q.set(next, now);
+        }
+        q.limiter.clone()
+    }
+
+    /// Since start: steps down of the quota, and live calls seen queued
+    /// behind judge calls (for the scan's log line).
+    pub fn adaptations(&self) -> (u64, u64) {
+        (
+            self.downs.load(Ordering::Relaxed),
+            self.queued.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -218,36 +425,98 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn background_waits_for_live_calls_to_finish() {
-        let gate = Arc::new(ModelGate::new(1, 6000));
-        let live = gate.live();
-        let waiter = tokio::spawn({
-            let gate = gate.clone();
-            async move {
-                let _p = gate.background().await;
-                Instant::now()
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            !waiter.is_finished(),
-            "background ran while a live call was in flight"
-        );
-        let released = Instant::now();
-        drop(live);
-        let admitted = waiter.await.unwrap();
-        assert!(admitted >= released);
+    async fn background_runs_beside_live_calls_work_conserving() {
+        let gate = ModelGate::new(1, 6000);
+        let _live = gate.live();
+        let _p = tokio::time::timeout(Duration::from_millis(500), gate.background())
+            .await
+            .expect("a judge call is not held back while a live call runs");
     }
 
     #[tokio::test]
-    async fn background_deferral_is_bounded() {
-        let gate = ModelGate::new(1, 6000).with_max_defer(Duration::from_millis(50));
-        let _live = gate.live();
+    async fn a_waiting_judge_call_sees_the_quota_climb_at_the_steps_pace() {
+        // 6 a minute: the second call would wait 10 s at the floor.
+        let gate = ModelGate::new(1, 6).with_ceiling(600);
+        drop(gate.background().await);
         let started = Instant::now();
-        let _p = tokio::time::timeout(Duration::from_secs(5), gate.background())
-            .await
-            .expect("a background permit must not wait for ever behind live calls");
-        assert!(started.elapsed() >= Duration::from_millis(50));
+        drop(
+            tokio::time::timeout(Duration::from_secs(3), gate.background())
+                .await
+                .expect("the quota climbs while the call waits"),
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(gate.per_minute() > 6, "{}", gate.per_minute());
+    }
+
+    #[tokio::test]
+    async fn a_throttle_halves_the_quota_down_to_the_floor_and_holds_it() {
+        let throttles = ThrottleSignal::default();
+        let gate = ModelGate::new(4, 100)
+            .with_ceiling(1000)
+            .with_throttles(throttles.clone());
+        gate.lock().set(800, Instant::now());
+        throttles.note();
+        drop(gate.background().await);
+        assert_eq!(gate.per_minute(), 400);
+        // Each new throttle halves again; the floor holds.
+        for want in [200, 100, 100] {
+            throttles.note();
+            drop(gate.background().await);
+            assert_eq!(gate.per_minute(), want);
+        }
+        assert_eq!(gate.adaptations().0, 3, "only real changes count as steps");
+        // Within the hold, a binding limiter does not step up.
+        gate.lock().changed_at = Instant::now() - STEP * 2;
+        drop(gate.adapt(true));
+        assert_eq!(gate.per_minute(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_binding_limiter_steps_up_by_half_when_idle_by_a_quarter_beside_live_calls() {
+        let gate = ModelGate::new(1, 100).with_ceiling(190);
+        let past = Instant::now() - STEP * 2;
+        gate.lock().changed_at = past;
+        drop(gate.adapt(true));
+        assert_eq!(gate.per_minute(), 150, "idle provider: up by half");
+        // At most one step per STEP.
+        drop(gate.adapt(true));
+        assert_eq!(gate.per_minute(), 150);
+        // Not pressed: no step, however long since the last.
+        gate.lock().changed_at = past;
+        drop(gate.adapt(false));
+        assert_eq!(gate.per_minute(), 150);
+        let live = gate.live();
+        drop(gate.adapt(true));
+        assert_eq!(gate.per_minute(), 187, "beside live calls: up by a quarter");
+        drop(live);
+        // The ceiling holds.
+        gate.lock().changed_at = past;
+        gate.last_live_start.store(0, Ordering::Relaxed);
+        drop(gate.adapt(true));
+        assert_eq!(gate.per_minute(), 190);
+    }
+
+    #[tokio::test]
+    async fn a_live_call_queued_behind_judge_calls_steps_the_quota_down() {
+        let gate = ModelGate::new(2, 100).with_ceiling(1000);
+        gate.lock().set(500, Instant::now());
+        // Lone live calls of about 10 ms set the baseline.
+        for _ in 0..4 {
+            gate.live_finished(Duration::from_millis(10), false);
+        }
+        // Beside a judge call but not slower: nothing changes.
+        gate.live_finished(Duration::from_millis(20), true);
+        assert_eq!(gate.per_minute(), 500);
+        // Four times slower beside a judge call: down by a fifth.
+        gate.live_finished(Duration::from_millis(40), true);
+        assert_eq!(gate.per_minute(), 400);
+        assert_eq!(gate.adaptations(), (1, 1));
+        // Overlap is seen through the permits themselves.
+        let judge = gate.background().await;
+        let live = gate.live();
+        assert!(live.overlapped);
+        drop(live);
+        drop(judge);
     }
 
     #[tokio::test]

@@ -183,6 +183,8 @@ pub struct ProviderSettings {
     pub retry_base: Duration,
     /// Upper bound on any single wait, including a server's `Retry-After`.
     pub retry_after_cap: Duration,
+    /// Counts the providers' rate-limit answers for the model gate.
+    pub throttles: gate::ThrottleSignal,
 }
 
 impl Default for ProviderSettings {
@@ -196,6 +198,7 @@ impl Default for ProviderSettings {
             max_retries: 3,
             retry_base: Duration::from_millis(500),
             retry_after_cap: Duration::from_secs(30),
+            throttles: gate::ThrottleSignal::default(),
         }
     }
 }

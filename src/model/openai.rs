@@ -507,6 +507,8 @@ mod tests {
             2,
             "the 429 must have been retried once"
         );
+        // The model gate is told of it (it slows background calls).
+        assert_eq!(settings.throttles.count(), 1);
     }
 
     #[tokio::test]

@@ -21,11 +21,14 @@ const RETRYABLE_STATUSES: [u16; 6] = [429, 500, 502, 503, 504, 529];
 /// provider's complaint without dumping a whole HTML error page.
 const ERROR_BODY_LIMIT: usize = 500;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct RetryPolicy {
     pub max_retries: u32,
     pub base: Duration,
     pub cap: Duration,
+    /// Told of every rate-limit or overload answer (429, 529), retried or
+    /// not: the model gate slows background calls on it.
+    pub throttles: super::gate::ThrottleSignal,
 }
 
 impl RetryPolicy {
@@ -34,6 +37,7 @@ impl RetryPolicy {
             max_retries: settings.max_retries,
             base: settings.retry_base,
             cap: settings.retry_after_cap,
+            throttles: settings.throttles.clone(),
         }
     }
 }
@@ -220,6 +224,9 @@ pub(super) async fn send_with_retry(
             Err(err) => (format!("{what}: {}", describe_transport(&err)), None),
             Ok(response) => {
                 let status = response.status().as_u16();
+                if matches!(status, 429 | 529) {
+                    policy.throttles.note();
+                }
                 let retry_after = retry_after_from_headers(response.headers(), SystemTime::now());
                 let body = response.text().await;
                 match body {
@@ -396,6 +403,7 @@ mod tests {
             max_retries: 2,
             base: MS,
             cap: Duration::from_secs(1),
+            throttles: Default::default(),
         };
         let url = format!("http://{addr}/nothing");
         let err = send_with_retry(&policy, "test endpoint", || client.get(&url))

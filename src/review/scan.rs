@@ -143,20 +143,20 @@ pub(crate) fn judge_chain(settings: &Settings) -> Vec<String> {
 }
 
 /// How long the scan waits for the pool to judge one batch: two attempts,
-/// each a whole provider retry budget, behind the limiter's spacing for the
-/// batches ahead of it and the live-first deferral.
+/// each a whole provider retry budget, behind the limiter's spacing at its
+/// slowest (the quota's floor) for the batches ahead of it.
 pub(crate) fn judge_call_timeout(settings: &Settings, gate: &ModelGate) -> Duration {
     let p = &settings.providers;
     let retries = u64::from(p.max_retries);
     let per_call = p.request_timeout_secs * (retries + 1) + p.retry_after_cap_secs * retries;
     let spacing = match gate.background_slots() {
         Some(slots) => {
-            let every = 60u64.div_ceil(u64::from(settings.review.calls_per_minute.max(1)));
+            let every = 60u64.div_ceil(u64::from(gate.floor_per_minute().max(1)));
             every * slots as u64
         }
         None => 0,
     };
-    let per_attempt = per_call + spacing + gate.max_defer().as_secs() + 1;
+    let per_attempt = per_call + spacing + 1;
     Duration::from_secs(u64::from(judge::ATTEMPTS) * per_attempt + 60)
 }
 
@@ -203,7 +203,7 @@ pub(crate) async fn run(
         return summary;
     }
     tracing::info!(run = %run_id, trigger = ?trigger, "review scan started");
-    let deferrals_before = rt.model_gate.deferrals();
+    let adaptations_before = rt.model_gate.adaptations();
     let worker = match ScanThread::start(rt.model_gate.admission() == Admission::Gated) {
         Ok(w) => w,
         Err(e) => {
@@ -330,16 +330,18 @@ pub(crate) async fn run(
         }
     };
     finish_run(rt, &summary).await;
-    // The journal's evidence that live turns went first: how often a judge
-    // call held back for them (live turns themselves never wait on the gate).
-    let (n, held) = rt.model_gate.deferrals();
+    // The journal's evidence that live turns went first: how often the judge
+    // quota stepped down for them (live turns themselves never wait on the
+    // gate), and where it stands.
+    let (downs, queued) = rt.model_gate.adaptations();
     tracing::info!(
         run = %run_id,
         findings = summary.findings,
         exchanges = summary.exchanges_judged,
         judge_calls = summary.judge_calls,
-        held_back_for_live_turns = n - deferrals_before.0,
-        held_back_ms = (held.saturating_sub(deferrals_before.1)).as_millis() as u64,
+        judge_quota_downs = downs - adaptations_before.0,
+        live_calls_queued = queued - adaptations_before.1,
+        judge_quota_per_minute = rt.model_gate.per_minute(),
         "review scan done"
     );
     summary

@@ -212,7 +212,8 @@ async fn ops_metrics_count_a_real_turn_behind_an_admin_token() {
     }
     for series in [
         "mercury_model_tokens_total{provider=\"scripted\",direction=\"input\"}",
-        "mercury_judge_held_back_total",
+        "mercury_judge_quota_per_minute",
+        "mercury_judge_quota_downs_total",
         "mercury_active_spaces",
         "mercury_uptime_seconds",
     ] {
