@@ -133,11 +133,13 @@ pub(crate) fn signals(turns: &[UserTurn<'_>]) -> Vec<Signals> {
     out
 }
 
-/// Lower case, typographic apostrophes made plain, whitespace collapsed.
+/// Lower case, typographic apostrophes made plain, whitespace collapsed,
+/// leading mentions (`@mercury no, ...` in a group) left out.
 fn normal(text: &str) -> String {
     text.to_lowercase()
         .replace(['\u{2019}', '\u{2018}', '`'], "'")
         .split_whitespace()
+        .skip_while(|w| w.starts_with('@'))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -267,6 +269,7 @@ mod tests {
             "That’s not what I asked",
             "wrong again",
             "you are wrong",
+            "@mercury no, Paris",
         ] {
             assert!(is_correction(yes), "{yes}");
         }
