@@ -311,8 +311,11 @@ mod tests {
                     summary: format!("finding {i}"),
                     evidence: "e".into(),
                     suggestion: "s".into(),
+                    trace: None,
+                    friction: Vec::new(),
                 })
                 .collect(),
+            friction: Default::default(),
             footer: Footer {
                 spaces_judged: 1,
                 exchanges_judged: 9,

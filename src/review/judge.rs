@@ -8,6 +8,14 @@
 //! counted, when it does not hold. An answer that is not JSON at all is asked
 //! for once more, then the batch is skipped with the reason.
 //!
+//! After the reply, an exchange may carry `trace:` (the tool steps of the run
+//! its message started, by step number, redacted like the text) and
+//! `friction:` (its friction signals). A finding may cite one step of its own
+//! exchange's trace as `"trace_step": N`; a citation of a step that was not
+//! sent with that exchange is dropped (the finding stays) and counted. The
+//! judge never sees a run id: the host adds it to a citation it validated
+//! (a 32-hex run id can hold a digit run the gate would take for a phone).
+//!
 //! The judge only ever sees placeholders, so its answer must not contain an
 //! identifier: the answer goes through the identifier gate before anything
 //! in it is used, and a hit marks the batch as a leak, which blocks the
@@ -26,6 +34,7 @@ use serde_json::Value;
 
 use crate::model::{ChatMessage, ModelError, ModelRequest, Purpose, Role};
 use crate::redaction::{IdentifierGate, IdentifierKind};
+use crate::review::friction::{self, Signals};
 use crate::runtime::Runtime;
 use crate::storage::runs;
 
@@ -111,7 +120,34 @@ pub struct Finding {
     pub summary: String,
     pub evidence: String,
     pub suggestion: String,
+    /// The step of the exchange's trace the finding cites, validated
+    /// against the steps sent with that exchange.
+    pub trace_step: Option<u32>,
 }
+
+/// One tool step of a trace as the judge sees it (tool and error redacted).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeStep {
+    /// The step's number in its run.
+    pub step: u32,
+    pub tool: String,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// The trace summary of the run an exchange's message started.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeTrace {
+    /// The turn's status (`done`, `failed`).
+    pub status: String,
+    pub steps: Vec<JudgeStep>,
+    /// Tool steps left out (beyond the reader's cap).
+    pub more: u32,
+}
+
+/// Per message id of a batch: the trace steps sent with it, the only ones a
+/// finding about it may cite.
+pub(crate) type SentSteps = BTreeMap<i64, BTreeSet<u32>>;
 
 /// One exchange as the judge sees it: every text already redacted.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +160,34 @@ pub struct JudgeExchange {
     pub reply: String,
     /// `<speaker>: <text>` lines, oldest first.
     pub context: Vec<String>,
+    /// The run's trace summary, when the message started a run.
+    pub trace: Option<JudgeTrace>,
+    /// Its friction signals (names only: no text, nothing to redact).
+    pub friction: Signals,
+}
+
+impl JudgeExchange {
+    /// The steps this exchange sends (what a citation may name).
+    pub(crate) fn sent_steps(&self) -> BTreeSet<u32> {
+        self.trace
+            .as_ref()
+            .filter(|t| shows(t))
+            .map(|t| t.steps.iter().map(|s| s.step).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Whether a trace is worth its prompt lines: it has a tool step or failed.
+fn shows(t: &JudgeTrace) -> bool {
+    !t.steps.is_empty() || t.status == "failed"
+}
+
+/// The steps sent with each exchange of a batch.
+pub(crate) fn sent_steps(batch: &[JudgeExchange]) -> SentSteps {
+    batch
+        .iter()
+        .map(|e| (e.message_id, e.sent_steps()))
+        .collect()
 }
 
 /// The instructions of every judge call.
@@ -141,6 +205,14 @@ An empty list means every reply is fine.\n\
 - target_layer, where the fix belongs: one of {layers}\n\
 - severity: 1 (minor), 2 (clear problem) or 3 (serious)\n\
 - summary: one sentence; evidence: a short quote; suggestion: the fix.\n\
+After the reply an exchange may have a `trace:` line (the status of the turn's run) and \
+`step N:` lines (the tool calls of that run, with exit code and the error of a failed step), \
+and a `friction:` line of signals read off the conversation: correction (the user's next \
+message corrected this reply), rephrased (the user asked the same again within minutes), \
+not_answered (the user said the reply did not answer), failed_turn (the turn failed), \
+abandoned (the turn failed or got no reply and the user wrote no more). They are evidence, \
+not proof. When a finding rests on one step of its exchange's trace, add \
+\"trace_step\": N with that step's number; cite only a step listed under that exchange.\n\
 Personal identifiers were replaced by placeholders such as [PERSON_1] or [PHONE_2]. Keep \
 placeholders exactly as they are and never guess or write a real name, number or address.",
         kinds = FindingKind::list(),
@@ -188,6 +260,29 @@ pub(crate) fn render_batch(batch: &[JudgeExchange]) -> String {
         }
         out.push_str(&format!("user {}: {}\n", e.speaker, e.text));
         out.push_str(&format!("assistant: {}\n", e.reply));
+        if let Some(t) = e.trace.as_ref().filter(|t| shows(t)) {
+            out.push_str(&format!("trace: turn {}", t.status));
+            if t.steps.is_empty() {
+                out.push_str(", no tool calls");
+            }
+            if t.more > 0 {
+                out.push_str(&format!(" ({} more tool steps not shown)", t.more));
+            }
+            out.push('\n');
+            for s in &t.steps {
+                out.push_str(&format!("step {}: {}", s.step, s.tool));
+                if let Some(code) = s.exit_code {
+                    out.push_str(&format!(", exit {code}"));
+                }
+                if let Some(err) = &s.error {
+                    out.push_str(&format!(", error: {err}"));
+                }
+                out.push('\n');
+            }
+        }
+        if !e.friction.is_empty() {
+            out.push_str(&format!("friction: {}\n", friction::list(&e.friction)));
+        }
     }
     out
 }
@@ -222,6 +317,9 @@ pub(crate) struct ParsedOutput {
     pub findings: Vec<Finding>,
     /// Reason → items dropped for it.
     pub dropped: BTreeMap<String, u32>,
+    /// Trace citations dropped (their findings kept): the step was not sent
+    /// with that exchange, or the citation was not a step number.
+    pub dropped_citations: u32,
 }
 
 /// The answer is not JSON of the agreed shape at all.
@@ -229,11 +327,9 @@ pub(crate) struct ParsedOutput {
 #[error("{0}")]
 pub(crate) struct Unparsable(pub String);
 
-/// Parses and validates the judge's answer against the batch's message ids.
-pub(crate) fn parse_output(
-    text: &str,
-    batch_ids: &BTreeSet<i64>,
-) -> Result<ParsedOutput, Unparsable> {
+/// Parses and validates the judge's answer against the batch's message ids
+/// and the trace steps sent with each.
+pub(crate) fn parse_output(text: &str, sent: &SentSteps) -> Result<ParsedOutput, Unparsable> {
     let items = match first_json_value(text)? {
         Value::Array(items) => items,
         Value::Object(mut map) => match map.remove("findings") {
@@ -248,7 +344,7 @@ pub(crate) fn parse_output(
         }
     };
     let mut out = ParsedOutput::default();
-    let limit = batch_ids.len().max(1) * MAX_FINDINGS_PER_EXCHANGE;
+    let limit = sent.len().max(1) * MAX_FINDINGS_PER_EXCHANGE;
     for item in items {
         if out.findings.len() >= limit {
             *out.dropped
@@ -256,8 +352,11 @@ pub(crate) fn parse_output(
                 .or_default() += 1;
             continue;
         }
-        match validate(&item, batch_ids) {
-            Ok(f) => out.findings.push(f),
+        match validate(&item, sent) {
+            Ok((f, citation_dropped)) => {
+                out.dropped_citations += u32::from(citation_dropped);
+                out.findings.push(f);
+            }
             Err(reason) => *out.dropped.entry(reason.to_owned()).or_default() += 1,
         }
     }
@@ -279,7 +378,8 @@ fn first_json_value(text: &str) -> Result<Value, Unparsable> {
     }
 }
 
-fn validate(item: &Value, batch_ids: &BTreeSet<i64>) -> Result<Finding, &'static str> {
+/// A valid finding, and whether a citation it made was dropped.
+fn validate(item: &Value, sent: &SentSteps) -> Result<(Finding, bool), &'static str> {
     let obj = item.as_object().ok_or("an item is not a JSON object")?;
     let message_id = match obj.get("message_id") {
         Some(Value::Number(n)) => n.as_i64(),
@@ -287,9 +387,9 @@ fn validate(item: &Value, batch_ids: &BTreeSet<i64>) -> Result<Finding, &'static
         _ => None,
     }
     .ok_or("message_id missing or not a number")?;
-    if !batch_ids.contains(&message_id) {
+    let Some(steps) = sent.get(&message_id) else {
         return Err("message_id is not in the batch");
-    }
+    };
     let text = |key: &str| obj.get(key).and_then(Value::as_str).unwrap_or_default();
     let kind = FindingKind::parse(text("kind")).ok_or("unknown kind")?;
     let scope = Scope::parse(text("scope")).ok_or("unknown scope")?;
@@ -309,16 +409,35 @@ fn validate(item: &Value, batch_ids: &BTreeSet<i64>) -> Result<Finding, &'static
             Ok(v)
         }
     };
-    Ok(Finding {
-        message_id,
-        kind,
-        scope,
-        target_layer,
-        severity,
-        summary: field("summary", "summary missing")?,
-        evidence: field("evidence", "evidence missing")?,
-        suggestion: field("suggestion", "suggestion missing")?,
-    })
+    // A citation is checked against what was sent, never trusted: one the
+    // batch did not carry is dropped, and the finding stands without it.
+    let (trace_step, citation_dropped) = match obj.get("trace_step") {
+        None | Some(Value::Null) => (None, false),
+        Some(v) => {
+            let step = match v {
+                Value::Number(n) => n.as_u64(),
+                Value::String(s) => s.trim().parse().ok(),
+                _ => None,
+            }
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| steps.contains(n));
+            (step, step.is_none())
+        }
+    };
+    Ok((
+        Finding {
+            message_id,
+            kind,
+            scope,
+            target_layer,
+            severity,
+            summary: field("summary", "summary missing")?,
+            evidence: field("evidence", "evidence missing")?,
+            suggestion: field("suggestion", "suggestion missing")?,
+            trace_step,
+        },
+        citation_dropped,
+    ))
 }
 
 /// One line, bounded: a report field never spans lines or grows without end.
@@ -350,6 +469,8 @@ pub struct BatchVerdict {
     pub exchanges: usize,
     pub findings: Vec<Finding>,
     pub dropped: BTreeMap<String, u32>,
+    /// Trace citations dropped by validation (their findings kept).
+    pub dropped_citations: u32,
     /// Set when the batch could not be judged: why.
     pub skipped: Option<String>,
     /// Model calls made (answers and retries).
@@ -381,7 +502,8 @@ pub(crate) async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
         exchanges: job.batch.len(),
         ..Default::default()
     };
-    let ids: BTreeSet<i64> = job.batch.iter().map(|e| e.message_id).collect();
+    let sent = sent_steps(&job.batch);
+    let ids: BTreeSet<i64> = sent.keys().copied().collect();
     let mut last_problem = String::new();
     for _ in 0..ATTEMPTS {
         let permit = rt.model_gate.background().await;
@@ -419,10 +541,11 @@ pub(crate) async fn judge_batch(rt: &Runtime, job: &JudgeJob) -> BatchVerdict {
                 return verdict;
             }
         }
-        match parse_output(&resp.text, &ids) {
+        match parse_output(&resp.text, &sent) {
             Ok(parsed) => {
                 verdict.findings = parsed.findings;
                 verdict.dropped = parsed.dropped;
+                verdict.dropped_citations = parsed.dropped_citations;
                 return verdict;
             }
             Err(e) => {
@@ -575,8 +698,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn ids(v: &[i64]) -> BTreeSet<i64> {
-        v.iter().copied().collect()
+    fn ids(v: &[i64]) -> SentSteps {
+        v.iter().map(|id| (*id, BTreeSet::new())).collect()
     }
 
     fn item(id: Value) -> Value {
@@ -593,6 +716,8 @@ mod tests {
             text: "q".into(),
             reply: "a".into(),
             context: vec!["[PERSON_2]: hi".into()],
+            trace: None,
+            friction: Signals::new(),
         };
         let text = render_batch(&[e(10), e(20)]);
         assert_eq!(
@@ -720,6 +845,95 @@ mod tests {
         ] {
             assert!(parse_output(text, &ids(&[1])).is_err(), "{text}");
         }
+    }
+
+    #[test]
+    fn review_judge_prompt_carries_trace_steps_and_friction() {
+        let e = JudgeExchange {
+            message_id: 10,
+            reply_id: 11,
+            speaker: "[PERSON_1]".into(),
+            text: "q".into(),
+            reply: "a".into(),
+            context: Vec::new(),
+            trace: Some(JudgeTrace {
+                status: "done".into(),
+                steps: vec![
+                    JudgeStep {
+                        step: 2,
+                        tool: "shell".into(),
+                        exit_code: Some(3),
+                        error: Some("exit code 3 stderr: no route to [EMAIL_1]".into()),
+                    },
+                    JudgeStep {
+                        step: 4,
+                        tool: "read_file".into(),
+                        exit_code: Some(0),
+                        error: None,
+                    },
+                ],
+                more: 0,
+            }),
+            friction: [friction::Signal::Correction, friction::Signal::Rephrased]
+                .into_iter()
+                .collect(),
+        };
+        assert_eq!(
+            render_batch(std::slice::from_ref(&e)),
+            "[msg 10]\nuser [PERSON_1]: q\nassistant: a\ntrace: turn done\n\
+             step 2: shell, exit 3, error: exit code 3 stderr: no route to [EMAIL_1]\n\
+             step 4: read_file, exit 0\nfriction: correction, rephrased\n"
+        );
+        assert_eq!(sent_steps(&[e])[&10], BTreeSet::from([2, 4]));
+        // A done turn with no tool call adds nothing to the prompt.
+        let quiet = JudgeExchange {
+            message_id: 12,
+            reply_id: 13,
+            speaker: "x".into(),
+            text: "q".into(),
+            reply: "a".into(),
+            context: Vec::new(),
+            trace: Some(JudgeTrace {
+                status: "done".into(),
+                steps: Vec::new(),
+                more: 0,
+            }),
+            friction: Signals::new(),
+        };
+        assert_eq!(
+            render_batch(&[quiet]),
+            "[msg 12]\nuser x: q\nassistant: a\n"
+        );
+        assert!(instructions().contains("\"trace_step\": N"));
+    }
+
+    #[test]
+    fn review_judge_citation_of_a_step_not_sent_is_dropped_not_trusted() {
+        let sent: SentSteps = [(7, BTreeSet::from([2, 4])), (8, BTreeSet::new())]
+            .into_iter()
+            .collect();
+        let cite = |id: i64, step: Value| {
+            let mut i = item(json!(id));
+            i["trace_step"] = step;
+            i
+        };
+        let items = json!([
+            cite(7, json!(2)),
+            cite(7, json!("4")),
+            cite(7, json!(3)),
+            cite(8, json!(2)),
+            cite(7, json!("two")),
+            cite(7, Value::Null),
+        ]);
+        let out = parse_output(&items.to_string(), &sent).unwrap();
+        let steps: Vec<Option<u32>> = out.findings.iter().map(|f| f.trace_step).collect();
+        assert_eq!(
+            steps,
+            [Some(2), Some(4), None, None, None, None],
+            "every finding stays; only the citations the batch sent survive"
+        );
+        assert_eq!(out.dropped_citations, 3);
+        assert!(out.dropped.is_empty());
     }
 
     #[test]

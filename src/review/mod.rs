@@ -9,6 +9,8 @@
 //! - [`digest`]: the owner's DM.
 //! - [`scan`]: one scan end to end, recorded as a `review` run.
 //! - [`fingerprint`]: what makes two findings the same across days and wording.
+//! - [`friction`]: friction signals (corrections, rephrasings, complaints,
+//!   failed and abandoned turns), computed without a model.
 //! - [`relate`]: known items of the intake directory ranked for a finding (BM25).
 //! - [`intake`]: pull, re-gate and triage other hosts' reports (M2.1).
 //! - [`ledger`]: owner approval, applying rows, `ledger.json`.
@@ -29,6 +31,7 @@
 pub(crate) mod catalog;
 pub(crate) mod digest;
 pub(crate) mod fingerprint;
+pub(crate) mod friction;
 pub(crate) mod intake;
 pub(crate) mod judge;
 pub(crate) mod ledger;

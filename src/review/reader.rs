@@ -10,6 +10,12 @@
 //! scan and the host's writer never waits on the review. One exchange can
 //! also be read by its user message's id (the intake's verify step).
 //!
+//! Each exchange also carries the trace summary of the run its user message
+//! started (the tool steps, with exit codes and a failed step's error; raw,
+//! redacted by the caller like the text) and its friction signals
+//! ([`friction`](super::friction)), computed over every user message of the
+//! window, answered or not.
+//!
 //! Must never: write (it only reads, over read-only connections), hold a statement
 //! or transaction across pages, or return a user message as an exchange
 //! without the reply that answered it.
@@ -17,9 +23,10 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 
+use crate::review::friction::{self, Signals, UserTurn};
 use crate::storage::messages::{self, Cursor, Message};
 use crate::storage::spaces::{self, Space};
-use crate::storage::{exchanges, open_read_only_conn, Conn, Store, StoreResult};
+use crate::storage::{exchanges, open_read_only_conn, runs, Conn, Store, StoreResult};
 
 /// Rows per page.
 pub(crate) const PAGE_SIZE: u32 = 500;
@@ -29,6 +36,11 @@ pub(crate) const CONTEXT_MESSAGES: usize = 4;
 pub(crate) const TEXT_CAP: usize = 4000;
 /// Characters kept of one context line.
 pub(crate) const CONTEXT_CAP: usize = 300;
+/// Tool steps of a run kept in its trace summary (the failed ones first
+/// kept, then the rest in order).
+pub(crate) const TRACE_STEPS: usize = 12;
+/// Characters kept of a failed step's error.
+pub(crate) const STEP_ERROR_CAP: usize = 300;
 /// The sender id and name the host writes on the bot's own replies
 /// (`actors::space::commit`): the bot is not a person to redact.
 pub(crate) const BOT_SENDER_ID: &str = "mercury";
@@ -62,6 +74,31 @@ pub(crate) struct ContextLine {
     pub text: String,
 }
 
+/// One tool call of a run, as its trace summary keeps it (raw: redact the
+/// tool name and the error before use).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TraceStep {
+    /// The step's number in the run (`run_steps.seq`, as `runs show` prints it).
+    pub seq: u32,
+    pub tool: String,
+    pub exit_code: Option<i64>,
+    /// Why it failed, for a failed step only: its error, else the start of
+    /// its output (a command's exit code and stderr), one line.
+    pub error: Option<String>,
+}
+
+/// The run a user message started, summarised for the judge.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Trace {
+    pub run_id: String,
+    /// The turn's status (`done`, `failed`, …).
+    pub status: String,
+    /// In step order; at most [`TRACE_STEPS`].
+    pub steps: Vec<TraceStep>,
+    /// Tool steps left out past [`TRACE_STEPS`].
+    pub more: u32,
+}
+
 /// A user message and the reply that answered it (raw: redact before use).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Exchange {
@@ -74,6 +111,10 @@ pub(crate) struct Exchange {
     pub created_at: i64,
     /// Oldest first, at most [`CONTEXT_MESSAGES`].
     pub context: Vec<ContextLine>,
+    /// The run the user message started, when it has one.
+    pub trace: Option<Trace>,
+    /// Its friction signals.
+    pub friction: Signals,
 }
 
 /// The exchanges of one space in the window.
@@ -84,6 +125,9 @@ pub(crate) struct SpaceWindow {
     /// User messages in the window with no reply (muted, dropped, still
     /// pending, or answered after the window closed).
     pub unanswered: u32,
+    /// Every user message of the window with a friction signal, answered or
+    /// not, in order: `(message id, signals)`.
+    pub friction: Vec<(i64, Signals)>,
 }
 
 /// What the redaction list of a scan is built from.
@@ -238,22 +282,100 @@ impl ExchangeReader {
             space_id: space.to_owned(),
             ..Default::default()
         };
-        for (user, context, reply) in open {
+        let turns: Vec<UserTurn<'_>> = open
+            .iter()
+            .map(|(m, _, reply)| UserTurn {
+                sender: m
+                    .sender_id
+                    .as_deref()
+                    .or(m.sender_name.as_deref())
+                    .filter(|s| !s.trim().is_empty()),
+                text: &m.text,
+                at_ms: m.created_at,
+                failed: m.status.as_deref() == Some("failed"),
+                answered: reply.is_some(),
+                pending: m.status.as_deref() == Some("pending"),
+            })
+            .collect();
+        let signals = friction::signals(&turns);
+        drop(turns);
+        for ((user, context, reply), friction) in open.into_iter().zip(signals) {
+            if !friction.is_empty() {
+                out.friction.push((user.id, friction.clone()));
+            }
             match reply {
-                Some(reply) => out.exchanges.push(Exchange {
-                    space_id: space.to_owned(),
-                    message_id: user.id,
-                    reply_id: reply.id,
-                    speaker: speaker_of(&user),
-                    text: cap(&user.text, TEXT_CAP),
-                    reply: cap(&reply.text, TEXT_CAP),
-                    created_at: user.created_at,
-                    context,
-                }),
+                Some(reply) => {
+                    let trace = match user.run_id.as_deref() {
+                        Some(run) => Some(self.trace(run, &user)?),
+                        None => None,
+                    };
+                    out.exchanges.push(Exchange {
+                        space_id: space.to_owned(),
+                        message_id: user.id,
+                        reply_id: reply.id,
+                        speaker: speaker_of(&user),
+                        text: cap(&user.text, TEXT_CAP),
+                        reply: cap(&reply.text, TEXT_CAP),
+                        created_at: user.created_at,
+                        context,
+                        trace,
+                        friction,
+                    });
+                }
                 None => out.unanswered += 1,
             }
         }
         Ok(out)
+    }
+
+    /// The trace summary of run `run_id`, which `user` started: its tool
+    /// steps (one short read through storage).
+    fn trace(&self, run_id: &str, user: &Message) -> StoreResult<Trace> {
+        let steps = self.read(|c| runs::steps_for(c, run_id))?;
+        let tools: Vec<TraceStep> = steps
+            .into_iter()
+            .filter(|s| s.kind == "tool")
+            .map(|s| {
+                let failed = s.error.is_some() || s.exit_code.is_some_and(|c| c != 0);
+                let error = failed.then(|| {
+                    let why = s.error.or(s.output).unwrap_or_default();
+                    cap(
+                        &why.split_whitespace().collect::<Vec<_>>().join(" "),
+                        STEP_ERROR_CAP,
+                    )
+                });
+                TraceStep {
+                    seq: s.seq,
+                    tool: s.name,
+                    exit_code: s.exit_code,
+                    error,
+                }
+            })
+            .collect();
+        // The failed steps are the evidence: kept first when a long run is cut.
+        let total = tools.len();
+        let mut keep: BTreeSet<u32> = tools
+            .iter()
+            .filter(|s| s.error.is_some())
+            .map(|s| s.seq)
+            .take(TRACE_STEPS)
+            .collect();
+        for s in &tools {
+            if keep.len() >= TRACE_STEPS {
+                break;
+            }
+            keep.insert(s.seq);
+        }
+        let steps: Vec<TraceStep> = tools
+            .into_iter()
+            .filter(|s| keep.contains(&s.seq))
+            .collect();
+        Ok(Trace {
+            run_id: run_id.to_owned(),
+            status: user.status.clone().unwrap_or_default(),
+            more: (total - steps.len()) as u32,
+            steps,
+        })
     }
 }
 
@@ -422,6 +544,129 @@ mod tests {
         );
         assert!(ids.names.contains("Anna de Vries") && ids.names.contains("Bram"));
         assert!(!ids.names.contains("Mercury"));
+    }
+
+    #[tokio::test]
+    async fn review_reader_carries_the_trace_and_friction_of_each_exchange() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let (space, run) = ("s1", "019af3b21234567890abcdef12345678");
+        let ids = store
+            .write(move |tx| {
+                spaces::create_space(tx, space, "one", &[])?;
+                runs::start(tx, run, space, "turn", None, None)?;
+                let step =
+                    |seq: u32, name: &str, exit: Option<i64>, error: Option<&str>| runs::RunStep {
+                        seq,
+                        kind: if name == "model" { "model" } else { "tool" }.into(),
+                        name: name.into(),
+                        exit_code: exit,
+                        error: error.map(str::to_owned),
+                        output: Some("exit code 3\nstderr: cannot reach the host\n".into()),
+                        ..Default::default()
+                    };
+                runs::record_steps(
+                    tx,
+                    run,
+                    &[
+                        step(1, "model", None, None),
+                        step(2, "shell", Some(3), None),
+                        step(3, "read_file", Some(0), None),
+                        step(4, "mrctl", None, Some("bad tool call")),
+                    ],
+                )?;
+                let msg =
+                    |text: &'static str, at: i64, role: &'static str, reply_to, run_id, status| {
+                        messages::insert(
+                            tx,
+                            &NewMessage {
+                                space_id: space,
+                                sender_id: (role == "user").then_some("wa:1"),
+                                role,
+                                text,
+                                created_at: at,
+                                reply_to,
+                                run_id,
+                                status,
+                                ..Default::default()
+                            },
+                        )
+                        .map(Option::unwrap_or_default)
+                    };
+                let u1 = msg(
+                    "book the dentist for friday",
+                    1_000,
+                    "user",
+                    None,
+                    Some(run),
+                    Some("failed"),
+                )?;
+                let r1 = msg(
+                    "Sorry, that failed.",
+                    1_100,
+                    "assistant",
+                    Some(u1),
+                    Some(run),
+                    Some("failed"),
+                )?;
+                let u2 = msg("no, that's wrong", 2_000, "user", None, None, Some("done"))?;
+                msg("ok", 2_100, "assistant", Some(u2), None, None)?;
+                let u3 = msg("hello?", 3_000, "user", None, None, Some("done"))?;
+                Ok((u1, r1, u2, u3))
+            })
+            .await
+            .unwrap();
+        let (u1, r1, u2, u3) = ids;
+        let reader = ExchangeReader::new(
+            &store,
+            Window {
+                since_ms: 0,
+                until_ms: 10_000,
+            },
+        );
+        let w = reader.read_space(space).unwrap();
+        assert_eq!(w.exchanges.len(), 2);
+        let e1 = &w.exchanges[0];
+        assert_eq!((e1.message_id, e1.reply_id), (u1, r1));
+        let t = e1.trace.as_ref().expect("the run's trace");
+        assert_eq!(
+            (t.run_id.as_str(), t.status.as_str(), t.more),
+            (run, "failed", 0)
+        );
+        let steps: Vec<(u32, &str, Option<i64>, Option<&str>)> = t
+            .steps
+            .iter()
+            .map(|s| (s.seq, s.tool.as_str(), s.exit_code, s.error.as_deref()))
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (
+                    2,
+                    "shell",
+                    Some(3),
+                    Some("exit code 3 stderr: cannot reach the host")
+                ),
+                (3, "read_file", Some(0), None),
+                (4, "mrctl", None, Some("bad tool call")),
+            ],
+            "tool steps only, a failed one with its error"
+        );
+        let names = |s: &Signals| s.iter().map(|x| x.as_str()).collect::<Vec<_>>();
+        assert_eq!(names(&e1.friction), ["correction", "failed_turn"]);
+        assert!(w.exchanges[1].trace.is_none());
+        // The unanswered last message is abandoned: in the window's list, not an exchange.
+        assert_eq!(w.unanswered, 1);
+        let listed: Vec<(i64, Vec<&str>)> =
+            w.friction.iter().map(|(id, s)| (*id, names(s))).collect();
+        assert_eq!(
+            listed,
+            [
+                (u1, vec!["correction", "failed_turn"]),
+                (u3, vec!["abandoned"])
+            ]
+        );
+        assert!(!listed.iter().any(|(id, _)| *id == u2));
     }
 
     #[tokio::test]

@@ -10,6 +10,14 @@
 //! through exactly the findings' ids in that shape) and counts with thousands
 //! separators (a comma is no phone separator).
 //!
+//! A finding may cite a step of its run's trace (`trace: run R step N`).
+//! The run id is the host's own (a 32-hex UUIDv7 from the run row, added to
+//! a citation the judge's answer was validated against), so the gate masks
+//! exactly the cited run ids before it checks, as it lets the findings'
+//! `[msg N]` through: a hex id can hold a seven-digit run. Friction signals
+//! are written as names and counts with words between them (a table's
+//! `| 1 | 2 |` would join digits into a run).
+//!
 //! Must never: write a file before the gate passed, leave a half-written
 //! report behind, or name anything in it that did not come out of the
 //! scan's redactor (space ids included).
@@ -23,7 +31,78 @@ use serde_json::Value;
 
 use crate::redaction::{GateFailure, IdentifierGate};
 use crate::review::catalog::{ReportKind, ReportName};
+use crate::review::friction::{self, Signal};
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
+
+/// Exchanges with friction listed by id in a report (the counts cover all).
+pub(crate) const FRICTION_LISTED: usize = 100;
+
+/// The trace step a finding cites.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct TraceCitation {
+    /// The run the exchange's message started (`mrctl runs show RUN`).
+    pub run_id: String,
+    /// The step's number in that run.
+    pub step: u32,
+    /// The step's tool, as the redactor left its name.
+    pub tool: String,
+    pub exit_code: Option<i64>,
+}
+
+/// One exchange (or unanswered message) with friction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct FrictionEntry {
+    pub space: String,
+    pub message_id: i64,
+    pub signals: Vec<Signal>,
+}
+
+/// The friction signals of the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct FrictionSection {
+    /// Per (redacted) space, per signal: messages with it.
+    pub counts: friction::Counts,
+    /// The messages with a signal, at most [`FRICTION_LISTED`].
+    pub exchanges: Vec<FrictionEntry>,
+    /// Messages with a signal left out of `exchanges`.
+    pub unlisted: u64,
+}
+
+impl FrictionSection {
+    /// Adds one message's signals (empty: nothing).
+    pub(crate) fn add(&mut self, space: &str, message_id: i64, signals: &friction::Signals) {
+        if signals.is_empty() {
+            return;
+        }
+        let per = self.counts.entry(space.to_owned()).or_default();
+        for s in signals {
+            *per.entry(*s).or_default() += 1;
+        }
+        if self.exchanges.len() < FRICTION_LISTED {
+            self.exchanges.push(FrictionEntry {
+                space: space.to_owned(),
+                message_id,
+                signals: signals.iter().copied().collect(),
+            });
+        } else {
+            self.unlisted += 1;
+        }
+    }
+}
+
+/// `3 correction, 1 abandoned`: a space's counts in words (never zeros).
+pub(crate) fn friction_counts_line(counts: &BTreeMap<Signal, u64>) -> String {
+    Signal::ALL
+        .iter()
+        .filter_map(|s| {
+            counts
+                .get(s)
+                .filter(|n| **n > 0)
+                .map(|n| format!("{} {}", count(*n), s.as_str()))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// One finding as reported: the judge's validated fields plus where it is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,6 +120,12 @@ pub(crate) struct ReportFinding {
     pub summary: String,
     pub evidence: String,
     pub suggestion: String,
+    /// The trace step the finding cites, when the judge cited one the batch sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceCitation>,
+    /// The exchange's friction signals.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub friction: Vec<Signal>,
 }
 
 /// Something the scan did not judge, and why.
@@ -60,6 +145,9 @@ pub(crate) struct Footer {
     pub skipped: Vec<Skip>,
     /// Reason → judge items dropped by validation.
     pub dropped_findings: BTreeMap<String, u32>,
+    /// Trace citations dropped by validation (a step not sent with that
+    /// exchange); their findings are kept without them.
+    pub dropped_citations: u64,
     /// Findings dropped because the owner rejected the same finding before
     /// (its fingerprint is a `reject` in the intake ledger, M3.2).
     pub suppressed_rejected: u64,
@@ -89,6 +177,8 @@ pub(crate) struct Report {
     pub window_hours: u32,
     /// Most severe first.
     pub findings: Vec<ReportFinding>,
+    /// The window's friction signals, per space and per message.
+    pub friction: FrictionSection,
     pub footer: Footer,
 }
 
@@ -140,9 +230,50 @@ impl Report {
                 "- message: [msg {}] (reply [msg {}])\n",
                 f.message_id, f.reply_id
             ));
+            if let Some(t) = &f.trace {
+                md.push_str(&format!(
+                    "- trace: run {} step {} (tool {}{})\n",
+                    t.run_id,
+                    t.step,
+                    t.tool,
+                    t.exit_code
+                        .map_or_else(|| ", no exit code".to_owned(), |c| format!(", exit {c}"))
+                ));
+            }
+            if !f.friction.is_empty() {
+                md.push_str(&format!(
+                    "- friction: {}\n",
+                    friction::list(&f.friction.iter().copied().collect())
+                ));
+            }
             md.push_str(&format!("- summary: {}\n", f.summary));
             md.push_str(&format!("- evidence: {}\n", f.evidence));
             md.push_str(&format!("- suggestion: {}\n\n", f.suggestion));
+        }
+        let fr = &self.friction;
+        md.push_str("## Friction signals\n\n");
+        if fr.counts.is_empty() {
+            md.push_str("None in this window.\n\n");
+        } else {
+            for (space, counts) in &fr.counts {
+                md.push_str(&format!("- {space}: {}\n", friction_counts_line(counts)));
+            }
+            md.push('\n');
+            for e in &fr.exchanges {
+                md.push_str(&format!(
+                    "- [msg {}] in {}: {}\n",
+                    e.message_id,
+                    e.space,
+                    friction::list(&e.signals.iter().copied().collect())
+                ));
+            }
+            if fr.unlisted > 0 {
+                md.push_str(&format!(
+                    "- and {} more messages with a signal (counted above)\n",
+                    count(fr.unlisted)
+                ));
+            }
+            md.push('\n');
         }
         let ft = &self.footer;
         md.push_str("## Footer\n\n");
@@ -173,6 +304,12 @@ impl Report {
             for (reason, n) in &ft.dropped_findings {
                 md.push_str(&format!("  - {reason}: {}\n", count(u64::from(*n))));
             }
+        }
+        if ft.dropped_citations > 0 {
+            md.push_str(&format!(
+                "- trace citations dropped (step not in the batch; finding kept): {}\n",
+                count(ft.dropped_citations)
+            ));
         }
         if ft.suppressed_rejected > 0 {
             md.push_str(&format!(
@@ -211,8 +348,35 @@ impl Report {
 /// string in the JSON.
 /// The findings' message and reply ids (numbers the host validated against
 /// the batch) are the only `[msg N]` the gate lets through.
+/// The run ids of the findings' trace citations are masked before the check
+/// (see the module's header): only those, and only in that exact shape.
 pub(crate) fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Result<(), GateFailure> {
-    gate_with_ids(markdown, json, &finding_ids(json), gate)
+    let runs = cited_runs(json);
+    let mask = |text: &str| {
+        runs.iter()
+            .fold(text.to_owned(), |t, run| t.replace(run.as_str(), "[run]"))
+    };
+    let ids = finding_ids(json);
+    gate.check_with_ids(&mask(markdown), &ids)?;
+    let mut strings = String::new();
+    collect_strings(json, &mut strings);
+    gate.check_with_ids(&mask(&strings), &ids)
+}
+
+/// The run ids the findings cite: host-made ids only (32 lowercase hex
+/// digits, a simple UUID), longest first so no id masks part of another.
+fn cited_runs(json: &Value) -> Vec<String> {
+    let mut runs: Vec<String> = json["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["trace"]["run_id"].as_str())
+        .filter(|r| r.len() == 32 && r.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .map(str::to_owned)
+        .collect();
+    runs.sort();
+    runs.dedup();
+    runs
 }
 
 /// [`gate`] for any written text and JSON (the intake's triage, ledger and
@@ -230,11 +394,17 @@ pub(crate) fn gate_with_ids(
 }
 
 fn finding_ids(json: &Value) -> BTreeSet<i64> {
+    let friction = json["friction"]["exchanges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| &e["message_id"]);
     json["findings"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|f| [&f["message_id"], &f["reply_id"]])
+        .chain(friction)
         .filter_map(Value::as_i64)
         .collect()
 }
@@ -330,6 +500,8 @@ mod tests {
                     summary: "curt".into(),
                     evidence: "no.".into(),
                     suggestion: "be kind".into(),
+                    trace: None,
+                    friction: Vec::new(),
                 },
                 ReportFinding {
                     space: "review-test".into(),
@@ -342,8 +514,32 @@ mod tests {
                     summary: "said Lyon".into(),
                     evidence: "Lyon".into(),
                     suggestion: "Paris".into(),
+                    // A run id with a long digit run: masked by the gate
+                    // because the finding cites it.
+                    trace: Some(TraceCitation {
+                        run_id: "019af3b21234567890abcdef12345678".into(),
+                        step: 3,
+                        tool: "shell".into(),
+                        exit_code: Some(1),
+                    }),
+                    friction: vec![Signal::Correction, Signal::FailedTurn],
                 },
             ],
+            friction: {
+                let mut f = FrictionSection::default();
+                for (space, id, signals) in [
+                    (
+                        "review-test",
+                        12_345_678,
+                        vec![Signal::Correction, Signal::FailedTurn],
+                    ),
+                    ("review-test", 12_345_690, vec![Signal::Abandoned]),
+                    ("a", 7, vec![Signal::Rephrased]),
+                ] {
+                    f.add(space, id, &signals.into_iter().collect());
+                }
+                f
+            },
             footer: Footer {
                 spaces_judged: 2,
                 exchanges_judged: 1_234_567,
@@ -353,6 +549,7 @@ mod tests {
                     count: 0,
                 }],
                 dropped_findings: [("unknown kind".to_owned(), 2)].into_iter().collect(),
+                dropped_citations: 1,
                 suppressed_rejected: 3,
                 judge_calls: 123_457,
                 wall_clock_ms: 12_345_678,
@@ -390,12 +587,23 @@ mod tests {
             "- wall clock: 12,345.6 s",
             "- tokens: 98,765,432 in, 5 out",
             "- cost: 12,345.68 USD",
+            "- trace: run 019af3b21234567890abcdef12345678 step 3 (tool shell, exit 1)",
+            "- friction: correction, failed_turn",
+            "- review-test: 1 correction, 1 failed_turn, 1 abandoned",
+            "- a: 1 rephrased",
+            "- [msg 12345690] in review-test: abandoned",
+            "- trace citations dropped (step not in the batch; finding kept): 1",
         ] {
             assert!(md.contains(want), "{want} missing in\n{md}");
         }
         // Big ids and counts must not look like phone numbers to the gate.
         let open = IdentifierGate::new(&RedactionList::new()).unwrap();
         gate(&md, &r.to_json(), &open).unwrap();
+        // Only a cited run id is masked: the same id in a summary, uncited, trips it.
+        let mut uncited = r.clone();
+        uncited.findings[0].trace = None;
+        uncited.findings[0].summary = "see run 019af3b21234567890abcdef12345678".into();
+        assert!(gate(&uncited.to_markdown(), &uncited.to_json(), &open).is_err());
     }
 
     #[test]

@@ -2,6 +2,10 @@
 //! the judge pool, validate, gate, write the report, send the digest, and
 //! record all of it as a `review` run.
 //!
+//! Each exchange goes to the judge with its run's trace summary and its
+//! friction signals; the trace's tool names and errors pass the same
+//! redactor as the text, and the judge's answer and the report the same gate.
+//!
 //! Owns the order of those steps and the fail-closed decision: a scan whose
 //! judge answered with an identifier, or whose report text fails the gate,
 //! writes no report; its run says "blocked by the identifier gate" and its
@@ -28,9 +32,12 @@ use crate::model::gate::{Admission, ModelGate};
 use crate::redaction::{kind_list, IdentifierGate, IdentifierKind, RedactionList, Redactor};
 use crate::review::digest::{self, DigestOutcome};
 use crate::review::fingerprint::Fingerprint;
-use crate::review::judge::{self, BatchVerdict, JudgeExchange, JudgeJob};
+use crate::review::friction::Signal;
+use crate::review::judge::{self, BatchVerdict, JudgeExchange, JudgeJob, JudgeStep, JudgeTrace};
 use crate::review::reader::{Exchange, ExchangeReader, Window};
-use crate::review::report::{self, Footer, Report, ReportFinding, Skip};
+use crate::review::report::{
+    self, Footer, FrictionSection, Report, ReportFinding, Skip, TraceCitation,
+};
 use crate::review::ReviewError;
 use crate::runtime::Runtime;
 use crate::storage::{runs, spaces::Space};
@@ -497,6 +504,20 @@ pub(crate) fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange 
             format!("{head}: {}", r.redact_identifiers(&c.text))
         })
         .collect();
+    let trace = e.trace.as_ref().map(|t| JudgeTrace {
+        status: t.status.clone(),
+        steps: t
+            .steps
+            .iter()
+            .map(|s| JudgeStep {
+                step: s.seq,
+                tool: r.redact_identifiers(&s.tool),
+                exit_code: s.exit_code,
+                error: s.error.as_deref().map(|x| r.redact_identifiers(x)),
+            })
+            .collect(),
+        more: t.more,
+    });
     JudgeExchange {
         message_id: e.message_id,
         reply_id: e.reply_id,
@@ -504,6 +525,36 @@ pub(crate) fn redact_for_judge(r: &mut Redactor, e: &Exchange) -> JudgeExchange 
         text: r.redact_identifiers(&e.text),
         reply: r.redact_identifiers(&e.reply),
         context,
+        trace,
+        friction: e.friction.clone(),
+    }
+}
+
+/// What the host keeps of an exchange it sent the judge, to place a finding
+/// about it: never sent to the judge itself.
+#[derive(Debug, Clone, Default)]
+struct SentExchange {
+    reply_id: i64,
+    /// The run the message started.
+    run_id: Option<String>,
+    /// Step → (redacted tool name, exit code), the steps sent.
+    steps: BTreeMap<u32, (String, Option<i64>)>,
+    friction: Vec<Signal>,
+}
+
+fn sent_exchange(raw: &Exchange, sent: &JudgeExchange) -> SentExchange {
+    let steps = sent.sent_steps();
+    SentExchange {
+        reply_id: sent.reply_id,
+        run_id: raw.trace.as_ref().map(|t| t.run_id.clone()),
+        steps: sent
+            .trace
+            .iter()
+            .flat_map(|t| &t.steps)
+            .filter(|s| steps.contains(&s.step))
+            .map(|s| (s.step, (s.tool.clone(), s.exit_code)))
+            .collect(),
+        friction: sent.friction.iter().copied().collect(),
     }
 }
 
@@ -613,7 +664,10 @@ fn lower_this_threads_priority() {
 fn lower_this_threads_priority() {}
 
 type InFlight = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (String, BTreeMap<i64, i64>, BatchVerdict)> + Send>,
+    Box<
+        dyn std::future::Future<Output = (String, BTreeMap<i64, SentExchange>, BatchVerdict)>
+            + Send,
+    >,
 >;
 
 async fn judge_window(
@@ -667,7 +721,8 @@ async fn judge_window(
     let mut findings = Vec::new();
     let mut judged_spaces = BTreeSet::new();
     let mut leak = BTreeSet::new();
-    let mut take = |(label, ids, v): (String, BTreeMap<i64, i64>, BatchVerdict),
+    let mut friction = FrictionSection::default();
+    let mut take = |(label, ids, v): (String, BTreeMap<i64, SentExchange>, BatchVerdict),
                     footer: &mut Footer,
                     skips: &mut BTreeMap<(String, String), u64>,
                     leak: &mut BTreeSet<IdentifierKind>| {
@@ -690,6 +745,7 @@ async fn judge_window(
         for (reason, n) in v.dropped {
             *footer.dropped_findings.entry(reason).or_default() += n;
         }
+        footer.dropped_citations += u64::from(v.dropped_citations);
         for f in v.findings {
             // Verdict feedback: the owner rejected this finding before.
             let fp = Fingerprint::new(&label, f.kind.as_str(), f.target_layer.as_str(), &f.summary);
@@ -697,10 +753,22 @@ async fn judge_window(
                 footer.suppressed_rejected += 1;
                 continue;
             }
+            let sent = ids.get(&f.message_id).cloned().unwrap_or_default();
+            // The judge validated the step against the batch; the host adds
+            // the run id it kept for that exchange.
+            let trace = f.trace_step.and_then(|step| {
+                let (tool, exit_code) = sent.steps.get(&step)?.clone();
+                Some(TraceCitation {
+                    run_id: sent.run_id.clone()?,
+                    step,
+                    tool,
+                    exit_code,
+                })
+            });
             findings.push(ReportFinding {
                 space: label.clone(),
                 message_id: f.message_id,
-                reply_id: ids.get(&f.message_id).copied().unwrap_or_default(),
+                reply_id: sent.reply_id,
                 kind: f.kind,
                 scope: f.scope,
                 target_layer: f.target_layer,
@@ -708,6 +776,8 @@ async fn judge_window(
                 summary: f.summary,
                 evidence: f.evidence,
                 suggestion: f.suggestion,
+                trace,
+                friction: sent.friction,
             });
         }
         judged_spaces.insert(label);
@@ -723,6 +793,10 @@ async fn judge_window(
             })
             .await?;
         stage = Some(back);
+        // Counted from the conversation itself, judged or not.
+        for (message_id, signals) in &window.friction {
+            friction.add(&label, *message_id, signals);
+        }
         if window.unanswered > 0 {
             *skips
                 .entry((label.clone(), "user messages with no reply".to_owned()))
@@ -755,18 +829,21 @@ async fn judge_window(
             let Some(mut s) = stage.take() else {
                 break 'spaces;
             };
-            let (back, batch) = worker
+            let (back, batch, ids) = worker
                 .run(move || {
                     let batch: Vec<JudgeExchange> = chunk
                         .iter()
                         .map(|e| redact_for_judge(&mut s.redactor, e))
                         .collect();
-                    Ok((s, batch))
+                    let ids: BTreeMap<i64, SentExchange> = chunk
+                        .iter()
+                        .zip(&batch)
+                        .map(|(raw, sent)| (sent.message_id, sent_exchange(raw, sent)))
+                        .collect();
+                    Ok((s, batch, ids))
                 })
                 .await?;
             stage = Some(back);
-            let ids: BTreeMap<i64, i64> =
-                batch.iter().map(|e| (e.message_id, e.reply_id)).collect();
             let job = JudgeJob {
                 run_id: run_id.to_owned(),
                 space_id: space_id.clone(),
@@ -804,6 +881,7 @@ async fn judge_window(
             window_until: ms_to_rfc3339(window.until_ms),
             window_hours: hours,
             findings,
+            friction,
             footer,
         },
         gate,

@@ -15,6 +15,9 @@
 //! - **Verdicts**: precision and Cohen's κ from the intake ledger, with the
 //!   confusion matrix and n, or "not enough verdicts" below
 //!   [`stats::MIN_VERDICTS`].
+//! - **Friction**: the friction signals of the week, per space and per
+//!   signal, summed from this host's daily reports of the seven days (each
+//!   daily counted them over its own window, from the conversation itself).
 //! - The cost of the weekly judge calls.
 //!
 //! Must never: write a report the gate has not passed, put unredacted text
@@ -33,6 +36,7 @@ use serde_json::Value;
 use crate::redaction::IdentifierGate;
 use crate::review::catalog::{self, ReportKind, ReportName};
 use crate::review::fingerprint::{Fingerprint, SAME_FINDING};
+use crate::review::friction::{self, Signal};
 use crate::review::intake::{self, Decision, IntakeFinding};
 use crate::review::judge::{self, JudgeExchange, JudgeJob};
 use crate::review::reader::{Exchange, Window};
@@ -105,6 +109,8 @@ pub(crate) struct WeeklyReport {
     pub clusters: Vec<Cluster>,
     pub recall: Recall,
     pub verdicts: Verdicts,
+    /// Friction signals of the seven days, per (redacted) space and signal.
+    pub friction: friction::Counts,
     pub footer: WeeklyFooter,
 }
 
@@ -266,6 +272,18 @@ impl WeeklyReport {
                 .collect();
             md.push_str(&format!("- seen: {}\n\n", seen.join("; ")));
         }
+        md.push_str("## Friction signals (this week, per space)\n\n");
+        if self.friction.is_empty() {
+            md.push_str("None in these days.\n\n");
+        } else {
+            for (space, counts) in &self.friction {
+                md.push_str(&format!(
+                    "- {space}: {}\n",
+                    report::friction_counts_line(counts)
+                ));
+            }
+            md.push('\n');
+        }
         let r = &self.recall;
         md.push_str("## Recall spot check\n\n");
         md.push_str(&format!(
@@ -359,9 +377,36 @@ impl WeeklyReport {
     }
 }
 
-/// The findings of this host's daily reports in `dates`.
-fn local_findings(reviews: &std::path::Path, dates: &BTreeSet<String>) -> Vec<IntakeFinding> {
+/// The friction counts of a daily report's JSON (`friction.counts`), added
+/// to `into`; a count or signal it does not know is left out.
+pub(crate) fn add_friction(into: &mut friction::Counts, json: &Value) {
+    let Some(spaces) = json["friction"]["counts"].as_object() else {
+        return;
+    };
+    for (space, counts) in spaces {
+        let Some(counts) = counts.as_object() else {
+            continue;
+        };
+        for (signal, n) in counts {
+            if let (Some(signal), Some(n)) = (Signal::parse(signal), n.as_u64()) {
+                *into
+                    .entry(space.clone())
+                    .or_default()
+                    .entry(signal)
+                    .or_default() += n;
+            }
+        }
+    }
+}
+
+/// The findings of this host's daily reports in `dates`, and their
+/// friction counts summed.
+fn local_findings(
+    reviews: &std::path::Path,
+    dates: &BTreeSet<String>,
+) -> (Vec<IntakeFinding>, friction::Counts) {
     let mut out = Vec::new();
+    let mut counts = friction::Counts::new();
     for e in catalog::list(reviews).unwrap_or_default() {
         if e.kind != ReportKind::Daily || !dates.contains(&e.date) {
             continue;
@@ -372,9 +417,10 @@ fn local_findings(reviews: &std::path::Path, dates: &BTreeSet<String>) -> Vec<In
         };
         if let Ok(json) = catalog::read(reviews, &name) {
             out.extend(intake::findings_of(LOCAL_BOT, &e.date, &json).0);
+            add_friction(&mut counts, &json);
         }
     }
-    out
+    (out, counts)
 }
 
 /// The exchanges of the window the daily judge did not flag, and how many
@@ -467,10 +513,10 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
 
     // Findings: this host's, then the other bots' the intake took in
     // (leaving out this host's own reports if the intake took them in too).
-    let (mut findings, ledger) = {
+    let (mut findings, ledger, friction) = {
         let (reviews, intake_dir, dates) = (reviews.clone(), intake_dir.clone(), dates.clone());
         tokio::task::spawn_blocking(move || {
-            let local = local_findings(&reviews, &dates);
+            let (local, friction) = local_findings(&reviews, &dates);
             let mine: BTreeSet<(String, i64, String)> = local
                 .iter()
                 .map(|f| (f.date.clone(), f.message_id, f.summary.clone()))
@@ -483,7 +529,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
             let ledger = ledger::read(&intake_dir).unwrap_or_default();
             let mut all = local;
             all.extend(others);
-            (all, ledger)
+            (all, ledger, friction)
         })
         .await
         .map_err(|e| ReviewError::Join(e.to_string()))?
@@ -568,6 +614,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         clusters,
         recall,
         verdicts,
+        friction,
         footer,
     };
     let md = report.to_markdown();
@@ -683,6 +730,17 @@ mod tests {
             clusters: c,
             recall: stats::recall(9, 100, 50, 2),
             verdicts: verdicts(&ledger::Ledger::default()),
+            friction: {
+                let mut counts = friction::Counts::new();
+                let day = serde_json::json!({"friction": {"counts": {
+                    "family": {"correction": 2, "abandoned": 1, "unknown_signal": 9},
+                    "work": {"rephrased": 1}
+                }}});
+                add_friction(&mut counts, &day);
+                add_friction(&mut counts, &day);
+                add_friction(&mut counts, &serde_json::json!({"findings": []}));
+                counts
+            },
             footer: WeeklyFooter::default(),
         };
         let md = r.to_markdown();
@@ -706,6 +764,9 @@ mod tests {
             "- recall: 0.69 (95 % Wilson interval",
             "- not enough verdicts: 0 of the 10 needed",
             "| judge: real | 0 | 0 |",
+            "## Friction signals (this week, per space)",
+            "- family: 4 correction, 2 abandoned",
+            "- work: 2 rephrased",
         ] {
             assert!(md.contains(want), "{want} missing in\n{md}");
         }

@@ -195,6 +195,8 @@ struct FindingRow {
     space: String,
     message_id: i64,
     run: Option<String>,
+    /// The trace step the finding cites (the run page's `#step-N`).
+    step: Option<u64>,
     kind: String,
     severity: String,
     summary: String,
@@ -287,7 +289,12 @@ pub(super) async fn report(
         findings: findings
             .into_iter()
             .map(|(space, message_id, f)| FindingRow {
-                run: run_of.get(&(space.clone(), message_id)).cloned(),
+                // A cited step names its run; else the run the message started.
+                run: f["trace"]["run_id"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .or_else(|| run_of.get(&(space.clone(), message_id)).cloned()),
+                step: f["trace"]["step"].as_u64(),
                 kind: text(&f, "kind"),
                 severity: text(&f, "severity"),
                 summary: text(&f, "summary"),

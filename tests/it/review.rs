@@ -782,3 +782,248 @@ async fn review_scheduler_fires_once_the_daily_time_has_passed() {
     );
     host.stop().await;
 }
+
+/// What a tool's stderr says in the trace test: a phone number and an
+/// e-mail address that must reach neither the judge nor the report.
+const TOOL_ERROR_PHONE: &str = "+31 6 1234 5678";
+const TOOL_ERROR_EMAIL: &str = "ops.desk@example.com";
+
+/// The judge and the bot of the trace test (issue 31, items 1 and 2). The
+/// judge cites the failed `shell` step of the exchange whose trace shows it
+/// and whose friction line says the user corrected the reply (so the
+/// finding proves it saw both), quoting the step's error as it got it;
+/// it cites a step that was never sent for the plant-watering exchange.
+fn trace_model() -> Value {
+    let cited = json!({
+        "message_id": 0, "kind": "tool_failure", "scope": "space", "target_layer": "tool",
+        "severity": 2, "summary": "The assistant said the server was fine although its check failed.",
+        "evidence": "EVIDENCE", "suggestion": "Report a failed check instead of guessing.",
+        "trace_step": 0
+    })
+    .to_string()
+    .replace("\"message_id\":0", "\"message_id\":$1")
+    .replace("\"trace_step\":0", "\"trace_step\":$2")
+    .replace("EVIDENCE", "$3");
+    let fabricated = json!({
+        "message_id": 0, "kind": "other", "scope": "space", "target_layer": "agents_md",
+        "severity": 1, "summary": "The reminder was not confirmed.",
+        "evidence": "water the plants", "suggestion": "Confirm reminders.", "trace_step": 7
+    })
+    .to_string()
+    .replace("\"message_id\":0", "\"message_id\":$1");
+    let shell = format!(
+        "echo 'ping failed: call {TOOL_ERROR_PHONE} or mail {TOOL_ERROR_EMAIL}' >&2; exit 3"
+    );
+    json!({"rules": [
+        {"purpose": "judge", "match_any": RAW_IDENTIFIERS, "reply": "raw identifiers in the prompt"},
+        {"purpose": "judge",
+         "match": "\\[msg (\\d+)\\]\\n(?:[^\\n]*\\n)*?step (\\d+): shell, exit 3, error: ([^\\n]*)\\n(?:[^\\n]*\\n)*?friction: correction",
+         "reply": format!("{{\"findings\": [{cited}]}}")},
+        {"purpose": "judge",
+         "match": "\\[msg (\\d+)\\]\\n(?:[^\\n]*\\n)*?user [^\\n]*water the plants tomorrow morning",
+         "reply": format!("{{\"findings\": [{fabricated}]}}")},
+        {"purpose": "judge", "reply": "{\"findings\": []}"},
+        {"purpose": "turn", "match": "check the server", "tool_calls": [{"name": "shell", "arguments": {"command": shell}}]},
+        {"purpose": "turn", "match": "^tool_result\\(shell\\)", "reply": "The server is fine."},
+        // An unknown tool, called until the turn runs out of steps: a failed turn.
+        {"purpose": "turn", "match": "book the table|^tool_result\\(frob\\)", "tool_calls": [{"name": "frob", "arguments": {}}]},
+        {"purpose": "turn", "reply": "Sure, happy to help."}
+    ]})
+}
+
+/// Issue 31, items 1 and 2 on a real host: the judge's batch carries each
+/// exchange's trace (redacted) and friction signals; a finding citing a
+/// trace step reaches the report with its run and step, and the dashboard
+/// and `mrctl` link to that step; a citation of a step never sent is
+/// dropped; the phone number and e-mail in a tool's error reach neither the
+/// judge nor the report; the planted conversation's friction signals are in
+/// the daily report and counted per space in the weekly one.
+#[tokio::test]
+async fn review_findings_cite_trace_steps_and_friction_signals_reach_the_reports() {
+    let host = TestHost::start(options(
+        trace_model(),
+        vec![("review.batch_size", Yaml::Number(1.into()))],
+    ))
+    .await;
+    let adapter = host.adapter_token("adapter:whatsapp", "whatsapp").await;
+    host.create_space("review-test").await;
+    let v = ingress(&host, &adapter, GROUP, BRAM, "@mercury hello", "t0", true).await;
+    assert_eq!(v["status"], "unlinked", "{v}");
+    link(&host, GROUP, "review-test").await;
+    let say = |text: &'static str, mid: &'static str| {
+        let (host, adapter) = (&host, &adapter);
+        async move { ask(host, adapter, GROUP, BRAM, text, mid, true).await }
+    };
+    // The planted conversation, one signal each (on the exchange it is evidence against).
+    let checked = say("@mercury check the server status", "t1").await;
+    say("@mercury no, that's wrong, the server is down", "t2").await; // correction of t1
+    let plants = say(
+        "@mercury remind me to water the plants tomorrow morning",
+        "t3",
+    )
+    .await;
+    let again = say(
+        "@mercury please remind me tomorrow morning to water my plants",
+        "t4",
+    )
+    .await; // rephrased: t3
+    say("@mercury you didn't answer my question", "t5").await; // not_answered: t4
+    let booked = say("@mercury book the table for eight", "t6").await; // failed, then silence
+
+    let (run, status): (String, String) = host.read(|c| {
+        c.query_row(
+            "SELECT run_id, status FROM messages WHERE id = ?1",
+            &[&booked],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+    });
+    assert_eq!(status, "failed", "the planted failed turn failed ({run})");
+    let run: String = host.read(|c| {
+        c.query_row(
+            "SELECT run_id FROM messages WHERE id = ?1",
+            &[&checked],
+            |r| r.get(0),
+        )
+    });
+    let step: i64 = host.read(|c| {
+        c.query_row(
+            "SELECT seq FROM run_steps WHERE run_id = ?1 AND name = 'shell' AND exit_code = 3",
+            &[&run],
+            |r| r.get(0),
+        )
+    });
+
+    let summary = run_now_with_mrctl(&host).await;
+    assert_eq!(summary["status"], "done", "{summary:#}");
+    let dir = report_dir(&host, &summary);
+    let md_path = dir.join("report.md");
+    let md = std::fs::read_to_string(&md_path).unwrap();
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+
+    // The finding that cites the failed step, with the run id the host added.
+    let cited = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["message_id"] == checked)
+        .unwrap_or_else(|| panic!("no finding on the checked exchange: {json:#}"));
+    assert_eq!(cited["kind"], "tool_failure");
+    assert_eq!(
+        cited["trace"],
+        json!({"run_id": run, "step": step, "tool": "shell", "exit_code": 3})
+    );
+    assert_eq!(cited["friction"], json!(["correction"]));
+    for want in [
+        format!("- trace: run {run} step {step} (tool shell, exit 3)"),
+        "- friction: correction".to_owned(),
+        // The judge quoted the error as it got it: redacted.
+        "- evidence: exit code 3 stderr: ping failed: call [PHONE_1] or mail [EMAIL_1]".to_owned(),
+    ] {
+        assert!(md.contains(&want), "{want:?} missing in\n{md}");
+    }
+    // The fabricated citation is dropped; its finding stays, without a trace.
+    let fabricated = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["message_id"] == plants)
+        .unwrap_or_else(|| panic!("no finding on the plants exchange: {json:#}"));
+    assert!(fabricated.get("trace").is_none(), "{fabricated}");
+    assert_eq!(json["findings"].as_array().unwrap().len(), 2, "{json:#}");
+    assert_eq!(json["footer"]["dropped_citations"], 1);
+    assert!(
+        md.contains("- trace citations dropped (step not in the batch; finding kept): 1"),
+        "{md}"
+    );
+    assert_eq!(md.matches("- trace: run").count(), 1, "{md}");
+
+    // The tool's phone number and e-mail reached neither file.
+    for raw in ["1234 5678", "12345678", "ops.desk", "example.com"] {
+        assert!(!md.contains(raw), "{raw} in report.md:\n{md}");
+        assert!(!json.to_string().contains(raw), "{raw} in report.json");
+    }
+    // The cited run id is the host's own hex id, which may hold a digit run
+    // the checkpoint's grep takes for a phone (the gate masks exactly the
+    // cited ids): left out of the text grepped here.
+    let scratch = tempfile::tempdir().unwrap();
+    for (name, text) in [("report.md", md.clone()), ("report.json", json.to_string())] {
+        let path = scratch.path().join(name);
+        std::fs::write(&path, text.replace(&run, "[run]")).unwrap();
+        assert!(
+            !grep_identifiers(&path),
+            "an identifier survived in {name}:\n{text}"
+        );
+    }
+
+    // The planted conversation's friction signals, each on its exchange.
+    for want in [
+        format!("- [msg {checked}] in review-test: correction"),
+        format!("- [msg {plants}] in review-test: rephrased"),
+        format!("- [msg {again}] in review-test: not_answered"),
+        format!("- [msg {booked}] in review-test: failed_turn, abandoned"),
+        "- review-test: 1 correction, 1 rephrased, 1 not_answered, 1 failed_turn, 1 abandoned"
+            .to_owned(),
+    ] {
+        assert!(md.contains(&want), "{want:?} missing in\n{md}");
+    }
+    assert_eq!(
+        json["friction"]["counts"]["review-test"],
+        json!({"correction": 1, "rephrased": 1, "not_answered": 1, "failed_turn": 1, "abandoned": 1})
+    );
+
+    // `mrctl review report` names the step and the command that shows it;
+    // `mrctl runs show` shows that step.
+    let date = summary["date"].as_str().unwrap().to_owned();
+    let mut cmd = host.mrctl(&host.owner_token, None);
+    cmd.args(["review", "report", &date]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "trace: run {run} step {step} (tool shell, exit 3): mrctl runs show {run}"
+        )),
+        "{shown}"
+    );
+    let mut cmd = host.mrctl(&host.owner_token, Some("review-test"));
+    cmd.args(["runs", "show", &run]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains(&format!("#{step} tool shell")), "{shown}");
+
+    // The dashboard's report links the finding to the step's anchor.
+    let http = crate::ui::no_redirects();
+    let cookie = crate::ui::sign_in(&host, &http, &host.owner_token).await;
+    let (st, page) =
+        crate::ui::get(&host, &http, &format!("/ui/review/reports/{date}"), &cookie).await;
+    assert_eq!(st, 200, "{page}");
+    assert!(
+        page.contains(&format!("/ui/runs/{run}#step-{step}")),
+        "{page}"
+    );
+    let (st, page) = crate::ui::get(&host, &http, &format!("/ui/runs/{run}"), &cookie).await;
+    assert_eq!(st, 200, "{page}");
+    assert!(page.contains(&format!("id=\"step-{step}\"")), "{page}");
+
+    // The weekly report counts the week's signals per space.
+    let (st, weekly) = host
+        .owner(Method::POST, "/api/review/weekly", None, None)
+        .await;
+    assert_eq!(st, 200, "{weekly}");
+    let weekly_md = std::fs::read_to_string(weekly["report_path"].as_str().unwrap()).unwrap();
+    assert!(
+        weekly_md.contains(
+            "- review-test: 1 correction, 1 rephrased, 1 not_answered, 1 failed_turn, 1 abandoned"
+        ),
+        "{weekly_md}"
+    );
+    host.stop().await;
+}

@@ -1139,3 +1139,76 @@ async fn the_spend_ledger_reserves_settles_releases_and_buckets_alike() {
         assert_eq!(pending("h2").await.unwrap().len(), 1, "{name}");
     }
 }
+
+/// `(seq, kind, exit code, error, output)` of a step read back.
+type StepRow<'a> = (u32, &'a str, Option<i64>, Option<&'a str>, Option<&'a str>);
+
+/// A run's trace as the review reads it (issue 31): the steps a turn
+/// recorded come back in step order with their exit codes, errors and
+/// output, and the run a message started is found by the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_trace_reads_back_in_step_order_for_the_review() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        seed(&store, "s1").await;
+        let run = "019af3b21234567890abcdef12345678";
+        store
+            .write(move |tx| {
+                runs::start(tx, run, "s1", "turn", None, Some(41))?;
+                let step =
+                    |seq: u32, kind: &str, exit: Option<i64>, error: Option<&str>| runs::RunStep {
+                        seq,
+                        kind: kind.into(),
+                        name: format!("{kind}-{seq}"),
+                        exit_code: exit,
+                        error: error.map(str::to_owned),
+                        output: Some(format!("out {seq}")),
+                        started_at: 1_000 + i64::from(seq),
+                        ..Default::default()
+                    };
+                // Recorded out of order: read back by step number.
+                runs::record_steps(
+                    tx,
+                    run,
+                    &[
+                        step(3, "tool", None, Some("bad tool call")),
+                        step(1, "model", None, None),
+                        step(2, "tool", Some(3), None),
+                    ],
+                )
+            })
+            .await
+            .unwrap();
+        let (steps, started) = store
+            .read(move |c| {
+                Ok((
+                    runs::steps_for(c, run)?,
+                    runs::latest_for_message(c, "s1", 41)?,
+                ))
+            })
+            .await
+            .unwrap();
+        let got: Vec<StepRow<'_>> = steps
+            .iter()
+            .map(|s| {
+                (
+                    s.seq,
+                    s.kind.as_str(),
+                    s.exit_code,
+                    s.error.as_deref(),
+                    s.output.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, "model", None, None, Some("out 1")),
+                (2, "tool", Some(3), None, Some("out 2")),
+                (3, "tool", None, Some("bad tool call"), Some("out 3")),
+            ],
+            "{name}"
+        );
+        assert_eq!(started.map(|r| r.id).as_deref(), Some(run), "{name}");
+    }
+}

@@ -1102,6 +1102,37 @@ fn render_report(v: &Value) -> String {
                 out.push_str(&format!("   {label}{}\n", text.replace('\n', "\n   ")));
             }
         }
+        // The cited trace step, and the command that shows it.
+        let t = field(f, "trace");
+        if let Some(run) = field(t, "run_id").as_str() {
+            let exit = match field(t, "exit_code").as_i64() {
+                Some(c) => format!(", exit {c}"),
+                None => ", no exit code".to_owned(),
+            };
+            out.push_str(&format!(
+                "   trace: run {run} step {} (tool {}{exit}): mrctl runs show {run}\n",
+                cell(field(t, "step")),
+                cell(field(t, "tool")),
+            ));
+        }
+        let signals: Vec<String> = items(f, "friction").iter().map(cell).collect();
+        if !signals.is_empty() {
+            out.push_str(&format!("   friction: {}\n", signals.join(", ")));
+        }
+    }
+    if let Some(counts) = field(field(r, "friction"), "counts").as_object() {
+        if !counts.is_empty() {
+            out.push_str("\nfriction signals:\n");
+        }
+        for (space, per) in counts {
+            let line: Vec<String> = per
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(signal, n)| format!("{} {signal}", cell(n)))
+                .collect();
+            out.push_str(&format!("  {space}: {}\n", line.join(", ")));
+        }
     }
     let footer = field(r, "footer");
     if footer.is_object() {
