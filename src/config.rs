@@ -569,7 +569,8 @@ pub struct ReviewConfig {
     /// live traffic is (the quota starts here).
     pub calls_per_minute: u32,
     /// The quota's ceiling: it climbs toward it while the provider has
-    /// budget to spare (docs/review.md, "Admission").
+    /// budget to spare (docs/review.md); below the floor it is the floor, so
+    /// a deployment that raised only `calls_per_minute` keeps working.
     pub calls_per_minute_max: u32,
     /// Caller id that receives the digest.
     pub owner: String,
@@ -966,7 +967,7 @@ review:                         # the daily conversation review
   batch_size: 10                # count: exchanges per judge call
   max_concurrency: 1            # count: judge calls at once
   calls_per_minute: 30          # judge calls per minute at least (the adaptive quota's floor)
-  calls_per_minute_max: 3000    # judge calls per minute at most, while live traffic leaves the provider budget
+  calls_per_minute_max: 3000    # judge calls per minute at most, while live traffic leaves the provider budget (never below calls_per_minute)
   owner: ""                     # caller id that gets the digest DM
   owner_names: []               # list of names redacted from reports besides members' names
   spaces_include: []            # list of space ids; empty: every space
@@ -1452,12 +1453,6 @@ impl Settings {
             if v == 0 {
                 return Err(key_err(key, "must be greater than 0"));
             }
-        }
-        if self.review.calls_per_minute_max < self.review.calls_per_minute {
-            return Err(key_err(
-                "review.calls_per_minute_max",
-                "must be at least review.calls_per_minute (the quota's floor)",
-            ));
         }
         if self.http.max_connections > MAX_CONNECTIONS_CEILING {
             return Err(key_err(

@@ -24,12 +24,15 @@
 //! - **up**, at most once per [`STEP`], when a background caller found the
 //!   limiter binding: by half when no live call ran in the last step (the
 //!   provider is idle as far as this host knows), by a quarter otherwise
-//!   (the provider may still have budget: only its 429 says it has none).
+//!   (the provider may still have budget: only its 429 says it has none);
+//!   but once a throttle was seen, fast only up to nine tenths of the quota
+//!   it came at, and above that by a hundredth a step.
 //!
 //! So above the floor the judge probes the provider's budget and settles
-//! between half of what is left and all of it; a probe past it costs the
-//! calls of that moment one rate-limit answer (retried by the client after
-//! the provider's own `Retry-After`), after which the quota halves at once.
+//! just under what is left; a probe past it costs the calls of that moment
+//! one rate-limit answer (retried by the client after the provider's own
+//! `Retry-After`), after which the quota halves at once, and the slow last
+//! tenth makes such probes rare (a live call pays for each one it meets).
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -86,6 +89,8 @@ struct AdaptiveQuota {
     changed_at: Instant,
     hold_until: Instant,
     throttles_seen: u64,
+    /// The quota when the last throttle came: where the budget ran out.
+    found: Option<u32>,
 }
 
 impl AdaptiveQuota {
@@ -100,6 +105,7 @@ impl AdaptiveQuota {
             changed_at: now,
             hold_until: now,
             throttles_seen: 0,
+            found: None,
         }
     }
 
@@ -374,6 +380,7 @@ impl ModelGate {
         let mut q = self.lock();
         if throttles > q.throttles_seen {
             q.throttles_seen = throttles;
+            q.found = Some(q.per_minute);
             let next = q.per_minute / 2;
             if q.set(next, now) {
                 self.downs.fetch_add(1, Ordering::Relaxed);
@@ -386,12 +393,24 @@ impl ModelGate {
                 .saturating_sub(last_live.saturating_sub(1));
             let idle = self.live_in_flight() == 0
                 && (last_live == 0 || since_live >= STEP.as_micros() as u64);
-            let step = if idle {
-                q.per_minute / 2
-            } else {
-                q.per_minute / 4
+            let near = q.found.map(|found| u64::from(found) * 9 / 10);
+            let next = match near {
+                Some(near) if u64::from(q.per_minute) >= near => {
+                    q.per_minute.saturating_add((q.per_minute / 100).max(1))
+                }
+                _ => {
+                    let step = if idle {
+                        q.per_minute / 2
+                    } else {
+                        q.per_minute / 4
+                    };
+                    let fast = q.per_minute.saturating_add(step.max(1));
+                    near.map_or(fast, |near| {
+                        fast.min(u32::try_from(near).unwrap_or(u32::MAX))
+                            .max(q.per_minute + 1)
+                    })
+                }
             };
-            let next = q.per_minute.saturating_add(step.max(1));
             q.set(next, now);
         }
         q.limiter.clone()
@@ -494,6 +513,32 @@ mod tests {
         gate.last_live_start.store(0, Ordering::Relaxed);
         drop(gate.adapt(true));
         assert_eq!(gate.per_minute(), 190);
+    }
+
+    #[tokio::test]
+    async fn after_a_throttle_the_quota_climbs_fast_to_nine_tenths_then_by_a_hundredth() {
+        let throttles = ThrottleSignal::default();
+        let gate = ModelGate::new(1, 10)
+            .with_ceiling(10_000)
+            .with_throttles(throttles.clone());
+        gate.lock().set(1000, Instant::now());
+        throttles.note();
+        drop(gate.adapt(false));
+        assert_eq!(gate.per_minute(), 500);
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            {
+                let mut q = gate.lock();
+                q.hold_until = Instant::now();
+                q.changed_at = Instant::now() - STEP * 2;
+            }
+            gate.last_live_start.store(0, Ordering::Relaxed);
+            drop(gate.adapt(true));
+            seen.push(gate.per_minute());
+        }
+        // Idle: up by half, but not past 900 (nine tenths of where the
+        // budget ran out); then a hundredth a step.
+        assert_eq!(seen, vec![750, 900, 909, 918, 927, 936]);
     }
 
     #[tokio::test]

@@ -700,7 +700,9 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
                 }
             };
             // Re-gate: the report was gated where it was written, but that
-            // host's list is not ours, and the file crossed a boundary.
+            // host's list is not ours, and the file crossed a boundary. Its
+            // trace citations go first: the gate would mask their run ids.
+            let json = report::without_traces(json);
             if let Err(g) = report::gate("", &json, ctx.gate) {
                 refused.push(Refused {
                     bot: src.bot.clone(),

@@ -363,6 +363,20 @@ pub(crate) fn gate(markdown: &str, json: &Value, gate: &IdentifierGate) -> Resul
     gate.check_with_ids(&mask(&strings), &ids)
 }
 
+/// A report that crossed from another host, with its findings' trace
+/// citations removed before it is gated or used: their run ids name runs of
+/// that host, and [`gate`] masks a cited run id, so a hostile source could
+/// hide a digit run (a phone number is valid hex) in one and name it in the
+/// text. Without them the crossed report is gated with nothing masked.
+pub(crate) fn without_traces(mut json: Value) -> Value {
+    if let Some(findings) = json.get_mut("findings").and_then(Value::as_array_mut) {
+        for f in findings.iter_mut().filter_map(Value::as_object_mut) {
+            f.remove("trace");
+        }
+    }
+    json
+}
+
 /// The run ids the findings cite: host-made ids only (32 lowercase hex
 /// digits, a simple UUID), longest first so no id masks part of another.
 fn cited_runs(json: &Value) -> Vec<String> {
@@ -604,6 +618,22 @@ mod tests {
         uncited.findings[0].trace = None;
         uncited.findings[0].summary = "see run 019af3b21234567890abcdef12345678".into();
         assert!(gate(&uncited.to_markdown(), &uncited.to_json(), &open).is_err());
+        // A crossed report loses its citations, so its text is gated with
+        // nothing masked: a phone number dressed as a cited run id is caught.
+        let mut hostile = r.clone();
+        let disguised = "0000000000000000000031612345678a";
+        let cited = hostile.findings[0]
+            .trace
+            .as_mut()
+            .expect("the cited finding");
+        cited.run_id = disguised.into();
+        hostile.findings[0].summary = format!("call {disguised}");
+        let json = hostile.to_json();
+        let masked = gate("", &json, &open);
+        assert!(masked.is_ok(), "masked where it was written: {masked:?}");
+        let crossed = without_traces(json);
+        assert!(crossed["findings"][0].get("trace").is_none());
+        assert!(gate("", &crossed, &open).is_err());
     }
 
     #[test]
