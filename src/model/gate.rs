@@ -25,14 +25,15 @@
 //!   limiter binding: by half when no live call ran in the last step (the
 //!   provider is idle as far as this host knows), by a quarter otherwise
 //!   (the provider may still have budget: only its 429 says it has none);
-//!   but once a throttle was seen, fast only up to nine tenths of the quota
-//!   it came at, and above that by a hundredth a step.
+//!   but once a throttle was seen, fast only up to four fifths of the quota
+//!   it came at, and above that by a two-hundredth a step (so the next probe
+//!   of the budget comes some ten seconds later, not every few).
 //!
 //! So above the floor the judge probes the provider's budget and settles
 //! just under what is left; a probe past it costs the calls of that moment
 //! one rate-limit answer (retried by the client after the provider's own
 //! `Retry-After`), after which the quota halves at once, and the slow last
-//! tenth makes such probes rare (a live call pays for each one it meets).
+//! fifth makes such probes rare (a live call pays for each one it meets).
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -393,10 +394,10 @@ impl ModelGate {
                 .saturating_sub(last_live.saturating_sub(1));
             let idle = self.live_in_flight() == 0
                 && (last_live == 0 || since_live >= STEP.as_micros() as u64);
-            let near = q.found.map(|found| u64::from(found) * 9 / 10);
+            let near = q.found.map(|found| u64::from(found) * 4 / 5);
             let next = match near {
                 Some(near) if u64::from(q.per_minute) >= near => {
-                    q.per_minute.saturating_add((q.per_minute / 100).max(1))
+                    q.per_minute.saturating_add((q.per_minute / 200).max(1))
                 }
                 _ => {
                     let step = if idle {
@@ -480,7 +481,7 @@ mod tests {
         // Each new throttle halves again; the floor holds.
         for want in [200, 100, 100] {
             throttles.note();
-            drop(gate.background().await);
+            drop(gate.adapt(false));
             assert_eq!(gate.per_minute(), want);
         }
         assert_eq!(gate.adaptations().0, 3, "only real changes count as steps");
@@ -516,7 +517,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn after_a_throttle_the_quota_climbs_fast_to_nine_tenths_then_by_a_hundredth() {
+    async fn after_a_throttle_the_quota_climbs_fast_to_four_fifths_then_by_a_two_hundredth() {
         let throttles = ThrottleSignal::default();
         let gate = ModelGate::new(1, 10)
             .with_ceiling(10_000)
@@ -536,9 +537,9 @@ mod tests {
             drop(gate.adapt(true));
             seen.push(gate.per_minute());
         }
-        // Idle: up by half, but not past 900 (nine tenths of where the
-        // budget ran out); then a hundredth a step.
-        assert_eq!(seen, vec![750, 900, 909, 918, 927, 936]);
+        // Idle: up by half, but not past 800 (four fifths of where the
+        // budget ran out); then a two-hundredth a step.
+        assert_eq!(seen, vec![750, 800, 804, 808, 812, 816]);
     }
 
     #[tokio::test]
