@@ -46,21 +46,21 @@ pub enum ExtCommand {
     },
 }
 
+/// The commands on an installed data dir, once it is open.
+enum OnDataDir {
+    Add(PathBuf),
+    List,
+    Remove(String),
+}
+
 /// `mercury ext image`: needs an engine, not a data dir.
 async fn build_image(tag: &str, paths: &[PathBuf]) -> ExitCode {
     if !crate::extensions::manifest::is_image_reference(tag) {
         eprintln!("mercury ext image: refused: {tag:?} is not a plain image reference (name[:tag], lowercase)");
         return ExitCode::from(2);
     }
-    if let Some(p) = paths.iter().find(|p| {
-        !p.is_absolute()
-            || p.components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-    }) {
-        eprintln!(
-            "mercury ext image: refused: --path {} must be absolute, without '..'",
-            p.display()
-        );
+    if let Err(e) = crate::sandbox::runtime_image::check_paths(paths) {
+        eprintln!("mercury ext image: refused: {e}");
         return ExitCode::from(2);
     }
     let backend = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
@@ -90,11 +90,12 @@ async fn open(data_dir: &Path) -> Result<Store, String> {
 }
 
 pub async fn run(command: ExtCommand) -> ExitCode {
-    let data_dir = match &command {
-        ExtCommand::Add { data_dir, .. }
-        | ExtCommand::List { data_dir }
-        | ExtCommand::Remove { data_dir, .. } => data_dir.clone(),
-        ExtCommand::Image { tag, paths } => return build_image(tag, paths).await,
+    let (data_dir, action) = match command {
+        // The one command that needs an engine, not a data dir.
+        ExtCommand::Image { tag, paths } => return build_image(&tag, &paths).await,
+        ExtCommand::Add { path, data_dir } => (data_dir, OnDataDir::Add(path)),
+        ExtCommand::List { data_dir } => (data_dir, OnDataDir::List),
+        ExtCommand::Remove { name, data_dir } => (data_dir, OnDataDir::Remove(name)),
     };
     let store = match open(&data_dir).await {
         Ok(s) => s,
@@ -104,8 +105,8 @@ pub async fn run(command: ExtCommand) -> ExitCode {
         }
     };
     let extensions_dir = data_dir.join("extensions");
-    match command {
-        ExtCommand::Add { path, .. } => {
+    match action {
+        OnDataDir::Add(path) => {
             match crate::extensions::install(&store, &extensions_dir, &path).await {
                 Ok(name) => {
                     println!("installed {name}");
@@ -121,7 +122,7 @@ pub async fn run(command: ExtCommand) -> ExitCode {
                 }
             }
         }
-        ExtCommand::List { .. } => match store.read(rows::list).await {
+        OnDataDir::List => match store.read(rows::list).await {
             Ok(list) => {
                 for row in list {
                     let servers = crate::extensions::manifest::parse(&row.name, &row.manifest)
@@ -142,8 +143,7 @@ pub async fn run(command: ExtCommand) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        ExtCommand::Image { tag, paths } => build_image(&tag, &paths).await,
-        ExtCommand::Remove { name, .. } => {
+        OnDataDir::Remove(name) => {
             match crate::extensions::uninstall(&store, &extensions_dir, &name).await {
                 Ok(true) => {
                     println!("removed {name}");

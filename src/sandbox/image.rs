@@ -323,6 +323,32 @@ impl RootFs {
             .insert(path.to_string(), RootEntry::Dir { mode });
     }
 
+    /// The bytes of host file `host` (links followed: ldd names a library
+    /// by the path the loader searches) at `path`, with its permission bits.
+    pub(super) fn host_file(&mut self, path: &str, host: &Path) -> Result<(), SandboxError> {
+        let mode = std::fs::metadata(host)
+            .map_err(|source| SandboxError::Io {
+                path: host.display().to_string(),
+                source,
+            })?
+            .permissions()
+            .mode()
+            & 0o777;
+        self.file(path, read_file(host)?, mode);
+        Ok(())
+    }
+
+    /// What every sandbox image holds besides its programs: `nobody` in
+    /// `/etc/passwd` and `/etc/group`, and the empty `/work`, `/tmp` and
+    /// `/run/mercury` the sandbox mounts over.
+    pub(super) fn sandbox_base(&mut self) {
+        self.file("etc/passwd", PASSWD.as_bytes().to_vec(), 0o644);
+        self.file("etc/group", GROUP.as_bytes().to_vec(), 0o644);
+        self.dir("work", 0o755);
+        self.dir("tmp", 0o1777);
+        self.dir("run/mercury", 0o755);
+    }
+
     pub(super) fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) {
         self.parents(path);
         self.entries
@@ -443,22 +469,9 @@ fn assemble_rootfs(mrctl: &Path) -> Result<RootFs, SandboxError> {
                 library.display()
             ))
         })?;
-        let mode = std::fs::metadata(&library)
-            .map_err(|source| SandboxError::Io {
-                path: library.display().to_string(),
-                source,
-            })?
-            .permissions()
-            .mode()
-            & 0o777;
-        rootfs.file(&in_image, read_file(&library)?, mode);
+        rootfs.host_file(&in_image, &library)?;
     }
-
-    rootfs.file("etc/passwd", PASSWD.as_bytes().to_vec(), 0o644);
-    rootfs.file("etc/group", GROUP.as_bytes().to_vec(), 0o644);
-    rootfs.dir("work", 0o755);
-    rootfs.dir("tmp", 0o1777);
-    rootfs.dir("run/mercury", 0o755);
+    rootfs.sandbox_base();
     Ok(rootfs)
 }
 
@@ -498,8 +511,8 @@ fn refuse_multi_call(binaries: &[PathBuf]) -> Result<(), SandboxError> {
 
 /// `nobody`'s home is `/tmp` (a tmpfs at run time) so tools that write under
 /// `$HOME` work without writing into the workspace.
-pub(super) const PASSWD: &str = "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n";
-pub(super) const GROUP: &str = "nobody:x:65534:\n";
+const PASSWD: &str = "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n";
+const GROUP: &str = "nobody:x:65534:\n";
 
 pub(super) fn read_file(path: &Path) -> Result<Vec<u8>, SandboxError> {
     std::fs::read(path).map_err(|source| SandboxError::Io {

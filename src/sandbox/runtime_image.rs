@@ -20,6 +20,7 @@ use std::path::{Component, Path, PathBuf};
 use bollard::Docker;
 
 use super::image::{build_labelled, context_of, image_path, read_file, shared_libraries, RootFs};
+
 use super::SandboxError;
 
 /// The runtime image's Dockerfile: its root filesystem, run as `nobody` in
@@ -53,20 +54,8 @@ pub async fn build_runtime_image(
 /// libraries, plus `nobody` and the mount points the sandbox uses.
 fn assemble(paths: &[PathBuf]) -> Result<RootFs, SandboxError> {
     let mut rootfs = RootFs::default();
-    let mut queue: VecDeque<PathBuf> = VecDeque::new();
-    for p in paths {
-        if !is_plain_absolute(p) {
-            return Err(SandboxError::Image(format!(
-                "{}: each path is absolute, without '.' or '..'",
-                p.display()
-            )));
-        }
-        std::fs::symlink_metadata(p).map_err(|source| SandboxError::Io {
-            path: p.display().to_string(),
-            source,
-        })?;
-        queue.push_back(p.clone());
-    }
+    check_paths(paths)?;
+    let mut queue: VecDeque<PathBuf> = paths.iter().cloned().collect();
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
     let mut elves: Vec<PathBuf> = Vec::new();
     while let Some(path) = queue.pop_front() {
@@ -137,31 +126,30 @@ fn assemble(paths: &[PathBuf]) -> Result<RootFs, SandboxError> {
         if seen.contains(&library) {
             continue;
         }
-        let Some(in_image) = image_path(&library) else {
-            continue;
-        };
-        let mode = std::fs::metadata(&library)
-            .map_err(|source| SandboxError::Io {
-                path: library.display().to_string(),
-                source,
-            })?
-            .permissions()
-            .mode()
-            & 0o777;
-        // ldd names libraries by the path the loader searches; the bytes
-        // are those of the file the path resolves to.
-        rootfs.file(&in_image, read_file(&library)?, mode);
+        if let Some(in_image) = image_path(&library) {
+            rootfs.host_file(&in_image, &library)?;
+        }
     }
-    rootfs.file(
-        "etc/passwd",
-        super::image::PASSWD.as_bytes().to_vec(),
-        0o644,
-    );
-    rootfs.file("etc/group", super::image::GROUP.as_bytes().to_vec(), 0o644);
-    rootfs.dir("work", 0o755);
-    rootfs.dir("tmp", 0o1777);
-    rootfs.dir("run/mercury", 0o755);
+    rootfs.sandbox_base();
     Ok(rootfs)
+}
+
+/// Refuses, before any engine work, a path that is not plain absolute (no
+/// `.`, no `..`, not `/`) or does not exist.
+pub fn check_paths(paths: &[PathBuf]) -> Result<(), SandboxError> {
+    for p in paths {
+        if !is_plain_absolute(p) {
+            return Err(SandboxError::Image(format!(
+                "--path {} must be absolute, without '.' or '..'",
+                p.display()
+            )));
+        }
+        std::fs::symlink_metadata(p).map_err(|source| SandboxError::Io {
+            path: p.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 fn is_plain_absolute(p: &Path) -> bool {

@@ -27,7 +27,6 @@ use futures_util::StreamExt;
 
 use super::remove_container;
 use super::session::DockerSession;
-use crate::sandbox::image::image_exists;
 use crate::sandbox::{SandboxError, SpawnRequest, SpawnedProcess};
 
 /// Numbers the spawned containers of one process, so names never collide
@@ -57,11 +56,6 @@ impl DockerSession {
             Some(image) => image.clone(),
             None => self.sibling.body.image.clone().unwrap_or_default(),
         };
-        if !image_exists(&self.docker, &image).await? {
-            return Err(SandboxError::Image(format!(
-                "the image {image} is not on this engine; build it first (`mercury ext image {image} --path …`, docs/extensions.md): nothing is pulled"
-            )));
-        }
         let name = format!(
             "{}-p{}",
             self.sibling.name,
@@ -69,12 +63,22 @@ impl DockerSession {
         );
         let body = sibling_body(&self.sibling.body, &image, &req)?;
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let id = self
-            .docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| SandboxError::Engine(format!("creating container {name}: {e}")))?
-            .id;
+        // The engine API's create never pulls: an absent image is its 404.
+        let id = match self.docker.create_container(Some(options), body).await {
+            Ok(created) => created.id,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                return Err(SandboxError::Image(format!(
+                    "the image {image} is not on this engine; build it first (`mercury ext image {image} --path …`, docs/extensions.md): nothing is pulled"
+                )))
+            }
+            Err(e) => {
+                return Err(SandboxError::Engine(format!(
+                    "creating container {name}: {e}"
+                )))
+            }
+        };
         // Recorded before anything else can fail, so `close` removes it.
         self.spawned_ids().push(id.clone());
         let guard = SpawnedContainer {
