@@ -298,6 +298,12 @@ impl ExchangeReader {
             })
             .collect();
         let signals = friction::signals(&turns);
+        // Every trace of the window in one read, not one per exchange.
+        let w = self.window;
+        let mut by_run: HashMap<String, Vec<runs::WindowToolStep>> = HashMap::new();
+        for s in self.read(|c| runs::tool_steps_in_window(c, space, w.since_ms, w.until_ms))? {
+            by_run.entry(s.run_id.clone()).or_default().push(s);
+        }
         drop(turns);
         for ((user, context, reply), friction) in open.into_iter().zip(signals) {
             if !friction.is_empty() {
@@ -305,10 +311,10 @@ impl ExchangeReader {
             }
             match reply {
                 Some(reply) => {
-                    let trace = match user.run_id.as_deref() {
-                        Some(run) => Some(self.trace(run, &user)?),
-                        None => None,
-                    };
+                    let trace = user
+                        .run_id
+                        .as_deref()
+                        .map(|run| trace_of(run, &user, by_run.remove(run).unwrap_or_default()));
                     out.exchanges.push(Exchange {
                         space_id: space.to_owned(),
                         message_id: user.id,
@@ -327,55 +333,53 @@ impl ExchangeReader {
         }
         Ok(out)
     }
+}
 
-    /// The trace summary of run `run_id`, which `user` started: its tool
-    /// steps (one short read through storage).
-    fn trace(&self, run_id: &str, user: &Message) -> StoreResult<Trace> {
-        let steps = self.read(|c| runs::steps_for(c, run_id))?;
-        let tools: Vec<TraceStep> = steps
-            .into_iter()
-            .filter(|s| s.kind == "tool")
-            .map(|s| {
-                let failed = s.error.is_some() || s.exit_code.is_some_and(|c| c != 0);
-                let error = failed.then(|| {
-                    let why = s.error.or(s.output).unwrap_or_default();
-                    cap(
-                        &why.split_whitespace().collect::<Vec<_>>().join(" "),
-                        STEP_ERROR_CAP,
-                    )
-                });
-                TraceStep {
-                    seq: s.seq,
-                    tool: s.name,
-                    exit_code: s.exit_code,
-                    error,
-                }
-            })
-            .collect();
-        // The failed steps are the evidence: kept first when a long run is cut.
-        let total = tools.len();
-        let mut keep: BTreeSet<u32> = tools
-            .iter()
-            .filter(|s| s.error.is_some())
-            .map(|s| s.seq)
-            .take(TRACE_STEPS)
-            .collect();
-        for s in &tools {
-            if keep.len() >= TRACE_STEPS {
-                break;
+/// The trace summary of run `run_id`, which `user` started, from its tool
+/// steps in step order.
+fn trace_of(run_id: &str, user: &Message, steps: Vec<runs::WindowToolStep>) -> Trace {
+    let tools: Vec<TraceStep> = steps
+        .into_iter()
+        .map(|s| {
+            let failed = s.error.is_some() || s.exit_code.is_some_and(|c| c != 0);
+            let error = failed.then(|| {
+                let why = s.error.or(s.failed_output).unwrap_or_default();
+                cap(
+                    &why.split_whitespace().collect::<Vec<_>>().join(" "),
+                    STEP_ERROR_CAP,
+                )
+            });
+            TraceStep {
+                seq: s.seq,
+                tool: s.name,
+                exit_code: s.exit_code,
+                error,
             }
-            keep.insert(s.seq);
-        }
-        let steps: Vec<TraceStep> = tools
-            .into_iter()
-            .filter(|s| keep.contains(&s.seq))
-            .collect();
-        Ok(Trace {
-            run_id: run_id.to_owned(),
-            status: user.status.clone().unwrap_or_default(),
-            more: (total - steps.len()) as u32,
-            steps,
         })
+        .collect();
+    // The failed steps are the evidence: kept first when a long run is cut.
+    let total = tools.len();
+    let mut keep: BTreeSet<u32> = tools
+        .iter()
+        .filter(|s| s.error.is_some())
+        .map(|s| s.seq)
+        .take(TRACE_STEPS)
+        .collect();
+    for s in &tools {
+        if keep.len() >= TRACE_STEPS {
+            break;
+        }
+        keep.insert(s.seq);
+    }
+    let steps: Vec<TraceStep> = tools
+        .into_iter()
+        .filter(|s| keep.contains(&s.seq))
+        .collect();
+    Trace {
+        run_id: run_id.to_owned(),
+        status: user.status.clone().unwrap_or_default(),
+        more: (total - steps.len()) as u32,
+        steps,
     }
 }
 

@@ -256,6 +256,51 @@ pub fn steps_for(conn: &Conn, run_id: &str) -> StoreResult<Vec<RunStep>> {
     })
 }
 
+/// One tool step of a run a user message started, as the review's trace
+/// summary reads it: the output only of a failed step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowToolStep {
+    pub run_id: String,
+    pub seq: u32,
+    pub name: String,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    /// Kept only when the step failed (an error, or a non-zero exit code).
+    pub failed_output: Option<String>,
+}
+
+/// The tool steps of every run started by a user message of `space` in
+/// `[since, until)` (the review reader's window), by run and step number:
+/// one read per space instead of one per exchange.
+pub fn tool_steps_in_window(
+    conn: &Conn,
+    space: &str,
+    since: i64,
+    until: i64,
+) -> StoreResult<Vec<WindowToolStep>> {
+    conn.query_all(
+        "SELECT s.run_id, s.seq, s.name, s.exit_code, s.error,
+                CASE WHEN s.error IS NOT NULL OR COALESCE(s.exit_code, 0) <> 0 THEN s.output END
+         FROM run_steps s
+         WHERE s.kind = 'tool' AND s.run_id IN (
+             SELECT m.run_id FROM messages m
+             WHERE m.space_id = ?1 AND m.role = 'user' AND m.run_id IS NOT NULL
+               AND m.created_at >= ?2 AND m.created_at < ?3)
+         ORDER BY s.run_id, s.seq",
+        params![space, since, until],
+        |r| {
+            Ok(WindowToolStep {
+                run_id: r.get(0)?,
+                seq: r.get(1)?,
+                name: r.get(2)?,
+                exit_code: r.get(3)?,
+                error: r.get(4)?,
+                failed_output: r.get(5)?,
+            })
+        },
+    )
+}
+
 /// Deletes the steps recorded before `before_ms` (`runs.keep_days`).
 pub fn prune_steps(conn: &Conn, before_ms: i64) -> StoreResult<usize> {
     conn.execute(

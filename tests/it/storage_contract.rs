@@ -1210,5 +1210,57 @@ async fn a_runs_trace_reads_back_in_step_order_for_the_review() {
             "{name}"
         );
         assert_eq!(started.map(|r| r.id).as_deref(), Some(run), "{name}");
+
+        // The reader's one read per space: the tool steps of every run a
+        // user message of the window started, the output of failed ones only.
+        let passing = "019af3b2ffffffffffffffffffffffff";
+        store
+            .write(move |tx| {
+                runs::start(tx, passing, "s1", "turn", None, None)?;
+                runs::record_steps(
+                    tx,
+                    passing,
+                    &[runs::RunStep {
+                        seq: 1,
+                        kind: "tool".into(),
+                        name: "read_file".into(),
+                        exit_code: Some(0),
+                        output: Some("fine".into()),
+                        started_at: 2_000,
+                        ..Default::default()
+                    }],
+                )?;
+                for (r, at) in [(run, 5_000), (passing, 6_000), ("outside", 9_000)] {
+                    messages::insert(
+                        tx,
+                        &messages::NewMessage {
+                            space_id: "s1",
+                            role: "user",
+                            text: "hi",
+                            created_at: at,
+                            run_id: Some(r),
+                            ..Default::default()
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let window = store
+            .read(|c| runs::tool_steps_in_window(c, "s1", 5_000, 9_000))
+            .await
+            .unwrap();
+        let got: Vec<(&str, u32, Option<&str>)> = window
+            .iter()
+            .map(|s| (s.run_id.as_str(), s.seq, s.failed_output.as_deref()))
+            .collect();
+        let mut want = vec![
+            (run, 2, Some("out 2")),
+            (run, 3, Some("out 3")),
+            (passing, 1, None),
+        ];
+        want.sort();
+        assert_eq!(got, want, "{name}");
     }
 }
