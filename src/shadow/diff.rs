@@ -629,8 +629,73 @@ pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
     Ok(())
 }
 
-/// Writes the baseline the diff compares against (called by the snapshot).
-pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
+/// What the snapshot learns of its workspaces while it copies them (issue
+/// 32: each file read once): every file's hash, by the rule of
+/// [`tree_hashes`], and the texts the diff keeps. A tap of the copy of one
+/// workspace at a time ([`BaselineTap::space`] first).
+#[derive(Default)]
+pub struct BaselineTap {
+    hashes: TreeHashes,
+    texts: super::text_diff::TextKeeper,
+    space: String,
+    /// The file being copied: its path, its hash so far, and its bytes so
+    /// far while it may still be a kept text.
+    file: Option<(String, Sha256, Option<Vec<u8>>)>,
+}
+
+impl BaselineTap {
+    /// The workspace the next files belong to (a directory of `spaces/`).
+    pub fn space(&mut self, name: &str) {
+        self.space = name.to_owned();
+        self.hashes.entry(self.space.clone()).or_default();
+    }
+}
+
+impl crate::workspace::walk::CopyTap for BaselineTap {
+    fn file(&mut self, rel: &str) {
+        let text = super::text_diff::is_diffed(rel).then(Vec::new);
+        self.file = Some((rel.to_owned(), Sha256::new(), text));
+    }
+
+    fn bytes(&mut self, chunk: &[u8]) {
+        if let Some((_, hash, text)) = &mut self.file {
+            hash.update(chunk);
+            if let Some(t) = text {
+                if (t.len() + chunk.len()) as u64 > super::text_diff::MAX_FILE_BYTES {
+                    // Too large to diff: listed by its hash only.
+                    *text = None;
+                } else {
+                    t.extend_from_slice(chunk);
+                }
+            }
+        }
+    }
+
+    fn file_done(&mut self) {
+        if let Some((rel, hash, text)) = self.file.take() {
+            if let Some(t) = text {
+                self.texts.offer(&self.space, &rel, t);
+            }
+            let hex = base16ct::lower::encode_string(&hash.finalize());
+            self.hashes
+                .entry(self.space.clone())
+                .or_default()
+                .insert(rel, hex);
+        }
+    }
+
+    fn symlink(&mut self, rel: &str, target: &std::ffi::OsStr) {
+        let h = Sha256::digest(format!("symlink:{}", target.to_string_lossy()).as_bytes());
+        self.hashes
+            .entry(self.space.clone())
+            .or_default()
+            .insert(rel.to_owned(), base16ct::lower::encode_string(&h));
+    }
+}
+
+/// Writes the baseline the diff compares against (called by the snapshot),
+/// with the hashes and texts its copy of the workspaces gathered.
+pub fn write_baseline(dir: &Path, tap: BaselineTap) -> ShadowResult<PathBuf> {
     let shadow_dir = dir.join("shadow");
     crate::workspace::data_dir::private_dir(&shadow_dir)
         .map_err(io_err(format!("creating {}", shadow_dir.display())))?;
@@ -644,8 +709,8 @@ pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
         std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600))
             .map_err(io_err(format!("setting the mode of {}", db.display())))?;
     }
-    let hashes = tree_hashes(&dir.join("spaces"), None)?;
-    super::text_diff::write_baseline_text(dir, &hashes)?;
+    let BaselineTap { hashes, texts, .. } = tap;
+    super::text_diff::write_baseline_text(dir, texts)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_FILES);
     crate::workspace::data_dir::private_file(&p)

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use serde_yaml_ng::Value as Yaml;
 
+use super::diff::BaselineTap;
 use super::manifest::{Manifest, Marks, Running, CURRENT_LINK, MANIFEST_FILE};
 use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config;
@@ -201,7 +202,7 @@ fn make(
     at: Place<'_>,
 ) -> ShadowResult<Manifest> {
     let shadow = DataPaths::new(at.dir);
-    let (marks, db_bytes, files_bytes) = fill(
+    let (marks, db_bytes, files_bytes, tap) = fill(
         opts,
         live,
         source,
@@ -237,8 +238,9 @@ fn make(
         .collect();
     all.extend(keys.iter().map(|(k, v)| (*k, v.clone())));
     write_config(&shadow.config, &all)?;
-    // What the diff compares against, before the shadow ever runs.
-    super::diff::write_baseline(at.dir)?;
+    // What the diff compares against, before the shadow ever runs: the
+    // files' hashes and texts were taken while they were copied.
+    super::diff::write_baseline(at.dir, tap)?;
     let manifest = Manifest {
         id: at.id.to_owned(),
         product_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -335,9 +337,14 @@ fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
     )))
 }
 
-/// Database, files, config and the shadow's owner token; the marks and sizes.
-// The issue asks for progress on stderr while a large snapshot is taken.
-#[allow(clippy::print_stderr)]
+/// Database, files, config and the shadow's owner token; the marks, the
+/// sizes and what the copy of `spaces/` gathered for the diff baseline.
+///
+/// The database and the files are copied side by side, each on its own
+/// thread (issue 32): one is mostly SQLite's work, the other mostly the
+/// disk's and the hash's, and neither reads what the other writes. Both
+/// run to their end before an error of either is answered, so the caller's
+/// clean-up never races a copy still writing.
 fn fill(
     opts: &SnapshotOptions,
     live: &DataPaths,
@@ -345,7 +352,39 @@ fn fill(
     shadow: &DataPaths,
     owner: &str,
     limits: WalkLimits,
-) -> ShadowResult<(Marks, u64, u64)> {
+) -> ShadowResult<(Marks, u64, u64, BaselineTap)> {
+    let (db, files) = std::thread::scope(|s| {
+        let db = s.spawn(|| copy_database(opts, live, source, shadow, owner));
+        let files = copy_files(opts, live, shadow, limits);
+        (db.join(), files)
+    });
+    let (marks, db_bytes, secret) = db.map_err(|_| {
+        ShadowError::Invalid("the database copy stopped unexpectedly (a panic)".into())
+    })??;
+    let (files_bytes, tap) = files?;
+    let token_path = shadow.owner_token();
+    private_file(&token_path)
+        .and_then(|mut f| f.write_all(secret.as_bytes()))
+        .map_err(io_err(format!("writing {}", token_path.display())))?;
+    let text = std::fs::read_to_string(&live.config)
+        .map_err(io_err(format!("reading {}", live.config.display())))?;
+    private_file(&shadow.config)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io_err(format!("writing {}", shadow.config.display())))?;
+    Ok((marks, db_bytes, files_bytes, tap))
+}
+
+/// The database into the shadow's `state.db`, every live token replaced by
+/// the shadow's own owner token: the marks, the file's size and that token.
+// The issue asks for progress on stderr while a large snapshot is taken.
+#[allow(clippy::print_stderr)]
+fn copy_database(
+    opts: &SnapshotOptions,
+    live: &DataPaths,
+    source: &LiveStore,
+    shadow: &DataPaths,
+    owner: &str,
+) -> ShadowResult<(Marks, u64, String)> {
     match source {
         LiveStore::Sqlite => {
             if opts.progress {
@@ -410,36 +449,37 @@ fn fill(
         run_started_at_ms: copy.run_started_at_ms,
     };
     let db_bytes = std::fs::metadata(&shadow.db).map(|m| m.len()).unwrap_or(0);
+    Ok((marks, db_bytes, secret))
+}
 
+/// `spaces/` (hashed as it is copied), `models/` and what `global/` may
+/// carry: the bytes copied and the baseline's hashes and texts.
+fn copy_files(
+    opts: &SnapshotOptions,
+    live: &DataPaths,
+    shadow: &DataPaths,
+    limits: WalkLimits,
+) -> ShadowResult<(u64, BaselineTap)> {
     for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
         private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
     }
-    let token_path = shadow.owner_token();
-    private_file(&token_path)
-        .and_then(|mut f| f.write_all(secret.as_bytes()))
-        .map_err(io_err(format!("writing {}", token_path.display())))?;
-
+    let mut tap = BaselineTap::default();
     let mut files_bytes = copy_dirs(
         &live.spaces,
         &shadow.spaces,
         opts.progress,
         "spaces",
         limits,
+        Some(&mut tap),
     )?;
     let live_models = crate::workspace::data_dir::models_dir(live);
     let shadow_models = crate::workspace::data_dir::models_dir(shadow);
     private_dir(&shadow_models).map_err(io_err(format!("creating {}", shadow_models.display())))?;
     if live_models.is_dir() {
-        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits)?;
+        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits, None)?;
     }
     files_bytes += copy_global(&live.global, &shadow.global)?;
-
-    let text = std::fs::read_to_string(&live.config)
-        .map_err(io_err(format!("reading {}", live.config.display())))?;
-    private_file(&shadow.config)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .map_err(io_err(format!("writing {}", shadow.config.display())))?;
-    Ok((marks, db_bytes, files_bytes))
+    Ok((files_bytes, tap))
 }
 
 fn set_mode(path: &Path) -> ShadowResult<()> {
@@ -449,7 +489,9 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 }
 
 /// Copies every entry of `from` into the empty `to` through the safe-path
-/// copy, one top-level entry at a time (for progress on large trees).
+/// copy, one top-level entry at a time (for progress on large trees). With
+/// a `tap`, each top-level directory's files are hashed (and the diffed
+/// ones' texts kept) as they are copied, so no file is read twice.
 // Progress on stderr for large copies (issue 14).
 #[allow(clippy::print_stderr)]
 pub(crate) fn copy_dirs(
@@ -458,6 +500,7 @@ pub(crate) fn copy_dirs(
     progress: bool,
     what: &str,
     limits: WalkLimits,
+    mut tap: Option<&mut BaselineTap>,
 ) -> ShadowResult<u64> {
     let src = WorkspaceRoot::open(from)
         .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
@@ -484,7 +527,14 @@ pub(crate) fn copy_dirs(
                     "opening the copy of {what}/{}",
                     e.name.to_string_lossy()
                 )))?;
-                bytes += s.copy_tree_into(&d, limits).map_err(|err| {
+                let copied = match tap.as_deref_mut() {
+                    Some(tap) => {
+                        tap.space(&e.name.to_string_lossy());
+                        s.copy_tree_into_tapped(&d, limits, tap)
+                    }
+                    None => s.copy_tree_into(&d, limits),
+                };
+                bytes += copied.map_err(|err| {
                     io_err(format!("copying {what}/{}", e.name.to_string_lossy()))(err.into())
                 })?;
             }

@@ -47,26 +47,59 @@ pub fn read_text(spaces_dir: &Path, space: &str, path: &str) -> Option<String> {
     String::from_utf8(buf).ok()
 }
 
-/// Keeps the text of every diffed file of `files` (the snapshot's tree),
-/// within the caps, in `<dir>/shadow/baseline-text.json`.
-pub fn write_baseline_text(dir: &Path, files: &super::diff::TreeHashes) -> ShadowResult<()> {
-    let spaces = dir.join("spaces");
-    let mut out = Texts::new();
-    let mut total = 0u64;
-    'spaces: for (space, paths) in files {
-        for path in paths.keys().filter(|p| is_diffed(p)) {
-            let Some(text) = read_text(&spaces, space, path) else {
-                continue;
+/// The texts a snapshot keeps, offered in any order as the copy meets the
+/// files (issue 32: each file is read once, by the copy) and kept as if
+/// they had been read in (space, path) order: the longest run of that order
+/// within [`MAX_TOTAL_BYTES`], the first text past the cap and everything
+/// after it left out. At most the cap plus one file is held at a time.
+#[derive(Debug, Default)]
+pub struct TextKeeper {
+    kept: BTreeMap<(String, String), String>,
+    total: u64,
+    /// The first (space, path) left out for the cap: nothing from there on
+    /// is kept.
+    cutoff: Option<(String, String)>,
+}
+
+impl TextKeeper {
+    /// `text` of a diffed regular file (the caller checks [`is_diffed`]):
+    /// kept unless it is over [`MAX_FILE_BYTES`], not UTF-8, or past the cap.
+    pub fn offer(&mut self, space: &str, path: &str, bytes: Vec<u8>) {
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return;
+        }
+        let Ok(text) = String::from_utf8(bytes) else {
+            return;
+        };
+        let key = (space.to_owned(), path.to_owned());
+        if self.cutoff.as_ref().is_some_and(|c| key >= *c) {
+            return;
+        }
+        self.total += text.len() as u64;
+        self.kept.insert(key, text);
+        // Over the cap: the last ones in order go, and with them everything after.
+        while self.total > MAX_TOTAL_BYTES {
+            let Some((k, t)) = self.kept.pop_last() else {
+                break;
             };
-            total += text.len() as u64;
-            if total > MAX_TOTAL_BYTES {
-                break 'spaces;
-            }
-            out.entry(space.clone())
-                .or_default()
-                .insert(path.clone(), text);
+            self.total -= t.len() as u64;
+            self.cutoff = Some(k);
         }
     }
+
+    fn into_texts(self) -> Texts {
+        let mut out = Texts::new();
+        for ((space, path), text) in self.kept {
+            out.entry(space).or_default().insert(path, text);
+        }
+        out
+    }
+}
+
+/// Writes the texts kept while the snapshot copied its workspaces to
+/// `<dir>/shadow/baseline-text.json`.
+pub fn write_baseline_text(dir: &Path, texts: TextKeeper) -> ShadowResult<()> {
+    let out = texts.into_texts();
     let json = serde_json::to_string(&out).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_TEXT);
     crate::workspace::data_dir::private_file(&p)

@@ -262,6 +262,17 @@ impl WorkspaceRoot {
         super::walk::copy_tree(self, dst, limits)
     }
 
+    /// [`copy_tree_into`](Self::copy_tree_into), showing `tap` each file's
+    /// bytes and each link as they are copied (see [`super::walk::CopyTap`]).
+    pub fn copy_tree_into_tapped(
+        &self,
+        dst: &WorkspaceRoot,
+        limits: WalkLimits,
+        tap: &mut dyn super::walk::CopyTap,
+    ) -> Result<u64, WalkError> {
+        super::walk::copy_tree_tapped(self, dst, limits, Some(tap))
+    }
+
     // ----- building blocks (also used by the overlay merge) -----
 
     /// The parent directory of `rel` (created when `create` is set) and the

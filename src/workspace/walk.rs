@@ -124,6 +124,17 @@ impl RelPath {
         Self(v)
     }
 
+    /// The whole path, `/`-separated, each name as lossy UTF-8 (how the
+    /// shadow diff names a workspace file).
+    fn joined(&self) -> String {
+        let names: Vec<String> = self
+            .0
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        names.join("/")
+    }
+
     /// At most 200 characters: a deep path is shown by its end.
     fn shown(&self) -> String {
         let joined: Vec<u8> = self
@@ -211,6 +222,21 @@ pub fn usage(root: &WorkspaceRoot, limits: WalkLimits) -> Result<Usage, WalkErro
     Ok(u)
 }
 
+/// What a copy shows its caller as it goes, so a caller that needs each
+/// file's content (the shadow snapshot's hashes and texts, issue 32) reads
+/// every file once, in the copy, instead of again afterwards.
+pub trait CopyTap {
+    /// A regular file at `rel` (its path in the tree, `/`-separated, each
+    /// name as lossy UTF-8) starts; its bytes follow in order.
+    fn file(&mut self, rel: &str);
+    /// The next bytes of that file, as the copy writes them.
+    fn bytes(&mut self, chunk: &[u8]);
+    /// That file is copied whole.
+    fn file_done(&mut self);
+    /// A symbolic link at `rel`, copied as a link to `target`.
+    fn symlink(&mut self, rel: &str, target: &OsStr);
+}
+
 /// Copies the whole tree of `src` into `dst` (an empty directory):
 /// directories, regular files (mode and owner kept, setuid and setgid
 /// dropped) and symlinks as symlinks (their target is data, never resolved).
@@ -221,6 +247,19 @@ pub fn copy_tree(
     src: &WorkspaceRoot,
     dst: &WorkspaceRoot,
     limits: WalkLimits,
+) -> Result<u64, WalkError> {
+    copy_tree_tapped(src, dst, limits, None)
+}
+
+/// [`copy_tree`], showing `tap` every file's bytes and every link as they
+/// are copied. Without a tap a file is copied by the kernel
+/// (`copy_file_range`, through `io::copy`); with one, through a buffer the
+/// tap reads.
+pub fn copy_tree_tapped(
+    src: &WorkspaceRoot,
+    dst: &WorkspaceRoot,
+    limits: WalkLimits,
+    mut tap: Option<&mut dyn CopyTap>,
 ) -> Result<u64, WalkError> {
     struct Frame {
         src: Option<WorkspaceRoot>,
@@ -301,14 +340,20 @@ pub fn copy_tree(
                 let mut t = to
                     .create_new(&e.name, 0o600)
                     .map_err(|err| WalkError::io("creating", &at, err))?;
-                bytes +=
-                    io::copy(&mut &f, &mut t).map_err(|err| WalkError::io("copying", &at, err))?;
+                bytes += match tap.as_deref_mut() {
+                    None => io::copy(&mut &f, &mut t),
+                    Some(tap) => copy_through(&f, &mut t, &at, tap),
+                }
+                .map_err(|err| WalkError::io("copying", &at, err))?;
                 to.set_meta(Some(&t), &e);
             }
             EntryKind::Symlink => {
                 let target = from
                     .readlink(&e.name)
                     .map_err(|err| WalkError::io("reading the link", &at, err))?;
+                if let Some(tap) = tap.as_deref_mut() {
+                    tap.symlink(&at.joined(), &target);
+                }
                 to.symlink(&target, &e.name)
                     .map_err(|err| WalkError::io("creating the link", &at, err))?;
             }
@@ -316,6 +361,33 @@ pub fn copy_tree(
         }
     }
     Ok(bytes)
+}
+
+/// One file through a buffer: each chunk goes to the tap, then to the copy.
+fn copy_through(
+    from: &std::fs::File,
+    to: &mut std::fs::File,
+    at: &RelPath,
+    tap: &mut dyn CopyTap,
+) -> io::Result<u64> {
+    use std::io::{Read, Write};
+    tap.file(&at.joined());
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    let mut reader = from;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        tap.bytes(&buf[..n]);
+        to.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+    tap.file_done();
+    Ok(total)
 }
 
 /// Removes `name` from `parent`: a file or link is unlinked, a directory is
