@@ -257,18 +257,29 @@ pub(crate) fn override_key(role: &str) -> String {
 
 /// The effective permission set of `role` in `space`.
 pub(crate) fn role_permissions(conn: &Conn, space: &str, role: &str) -> StoreResult<PermSet> {
+    if role == ROLE_SYSTEM || role == ROLE_NONE {
+        return Ok(permissions_from(role, None));
+    }
+    let stored = spaces::kv_get(conn, KvTable::Config, space, &override_key(role))?;
+    Ok(permissions_from(role, stored.as_deref()))
+}
+
+/// The effective permission set of `role` given its stored override (the
+/// value of [`override_key`] in the space's config, already read): the one
+/// rule [`role_permissions`] and the act-as step's single read share.
+pub(crate) fn permissions_from(role: &str, stored: Option<&str>) -> PermSet {
     if role == ROLE_SYSTEM {
-        return Ok(defaults(ROLE_SYSTEM));
+        return defaults(ROLE_SYSTEM);
     }
     if role == ROLE_NONE {
-        return Ok(PermSet::new());
+        return PermSet::new();
     }
-    match spaces::kv_get(conn, KvTable::Config, space, &override_key(role))? {
-        Some(list) => Ok(list
+    match stored {
+        Some(list) => list
             .split(',')
             .filter_map(|p| Permission::parse(p.trim()))
-            .collect()),
-        None => Ok(defaults(role)),
+            .collect(),
+        None => defaults(role),
     }
 }
 

@@ -214,7 +214,9 @@ impl SpaceDirectory {
         F: FnOnce(&crate::storage::Tx<'_>) -> Result<Value, StoreError> + Send + 'static,
     {
         let actor = self.actor(space).await?;
-        let boxed: SpaceWrite = Box::new(write);
+        // An act-as request's audit row rides in its first space write's
+        // transaction (no effect without its row, one commit for both).
+        let boxed: SpaceWrite = Box::new(crate::links::audit::with_request_row(write));
         let res =
             call_t!(actor, SpaceMsg::Apply, APPLY_TIMEOUT_MS, boxed).map_err(|e| match e {
                 ractor::RactorErr::Timeout => ActorError::Timeout(APPLY_TIMEOUT_MS),

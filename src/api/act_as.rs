@@ -12,9 +12,17 @@
 //!    admin in the holder; none, or too low a level, is 403;
 //! 5. the context becomes the target with the target's `admin` permission
 //!    set and `via` = holder, level, edge;
-//! 6. one audit row: for an `admin` route it is committed before the handler
-//!    runs (and completed afterwards); for a read it is written by a guard
-//!    that runs however the request ends, a client that went away included.
+//! 6. one audit row, written by a guard that runs however the request ends
+//!    (a client that went away included): for an `admin` route whose effect
+//!    is a space write (`ActAsRoute::audit_with_write`) the row is inserted
+//!    in that write's own transaction and completed afterwards; for any
+//!    other `admin` route it is committed before the handler runs (and
+//!    completed afterwards); for a read it is written once, at the end.
+//!
+//! Steps 1, 3 and 4 read the store once: the holder context, the target's
+//! existence and admin set and the edges come from one statement
+//! (`storage::links::act_as_view`) in the auth step's read. No grant is
+//! kept between requests (D-003), so a revoke answers the very next one.
 //!
 //! Must never: write anything in the target (no member row, no message; the
 //! target's role resolution is not even called), or let a response carry
@@ -33,11 +41,12 @@ use super::error::ApiError;
 use super::routes::{Resource, RESOURCES};
 use crate::app::App;
 use crate::ids::SpaceId;
+use crate::links::audit::{AuditSlot, Outcome};
 use crate::links::{self, strip_invisible, ActAsRoute, LinkLevel, NoGrant};
-use crate::perms::{self, Permission, ROLE_ADMIN};
+use crate::perms::{self, Permission, ROLE_ADMIN, ROLE_MEMBER, ROLE_NONE};
 use crate::redaction::{RedactionList, Redactor};
-use crate::storage::links::{self as link_store, AuditRow};
-use crate::storage::{spaces, Store};
+use crate::storage::links::{self as link_store, AuditRow, RoleNames};
+use crate::storage::Store;
 
 /// Every route that may be called across a link (D-011): the union of the
 /// resources' `ACT_AS` lists, assembled at compile time. Anything else is
@@ -97,32 +106,54 @@ pub struct AuditChange {
     pub after: Option<Value>,
 }
 
-/// What the act-as step needs from the database, read in the same
-/// connection checkout as the caller's token (one read per request).
+/// What the act-as step needs about the target, read in the same
+/// statement as the holder context (one read per request).
 pub(super) struct ActAsLookup {
     exists: bool,
     edges: Vec<links::LinkGrant>,
     target_perms: perms::PermSet,
 }
 
-/// Reads the target's existence, the edges and the target's admin set.
-pub(super) fn lookup(
+/// The holder context of an act-as request and its [`ActAsLookup`], from one
+/// statement; `None` when the holder does not exist. `forced` is a role
+/// that wins over any stored one (a global admin's `admin`, an ask token's
+/// fixed role). Nothing is cached: every request reads the edges anew.
+pub(super) fn read(
     c: &crate::storage::Conn,
-    holder: &str,
-    target: &str,
-) -> crate::storage::StoreResult<ActAsLookup> {
-    if !spaces::space_exists(c, target)? {
-        return Ok(ActAsLookup {
-            exists: false,
-            edges: Vec::new(),
-            target_perms: Default::default(),
-        });
+    holder: &SpaceId,
+    caller: &str,
+    target: &SpaceId,
+    forced: Option<&str>,
+) -> crate::storage::StoreResult<Option<(SpaceCtx, ActAsLookup)>> {
+    let target_key = perms::override_key(ROLE_ADMIN);
+    let view = link_store::act_as_view(
+        c,
+        holder.as_str(),
+        caller,
+        target.as_str(),
+        &RoleNames {
+            forced,
+            member: ROLE_MEMBER,
+            none: ROLE_NONE,
+            target_key: &target_key,
+        },
+    )?;
+    if !view.holder_exists {
+        return Ok(None);
     }
-    Ok(ActAsLookup {
-        exists: true,
-        edges: links::active_grants(c, holder, target)?,
-        target_perms: perms::role_permissions(c, target, ROLE_ADMIN)?,
-    })
+    let holder_perms = perms::permissions_from(&view.holder_role, view.holder_override.as_deref());
+    Ok(Some((
+        SpaceCtx {
+            space: holder.clone(),
+            role: view.holder_role,
+            perms: holder_perms,
+        },
+        ActAsLookup {
+            exists: view.target_exists,
+            edges: links::grants_of(&view.edges),
+            target_perms: perms::permissions_from(ROLE_ADMIN, view.target_override.as_deref()),
+        },
+    )))
 }
 
 /// Writes (or completes) the act-as audit row however the request ends: if
@@ -130,10 +161,8 @@ pub(super) fn lookup(
 /// went away), `Drop` records status 499.
 struct AuditGuard {
     store: Store,
-    /// The row already committed before the handler ran (admin routes).
-    committed: Option<i64>,
-    /// The row still to write (read routes).
-    pending: Option<AuditRow>,
+    /// The request's row, until the guard has queued its completion.
+    slot: Option<AuditSlot>,
 }
 
 /// The status recorded when the client closed the connection first.
@@ -141,66 +170,49 @@ const CLIENT_GONE: i64 = 499;
 
 impl AuditGuard {
     fn finish(mut self, status: i64, change: Option<AuditChange>) {
-        let (committed, pending) = (self.committed.take(), self.pending.take());
-        queue(&self.store, committed, pending, status, None, change);
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let text = |v: Option<Value>| v.map(|v| v.to_string());
+        let (before, after) = change
+            .map(|c| (text(c.before), text(c.after)))
+            .unwrap_or_default();
+        queue(
+            &self.store,
+            slot,
+            Outcome {
+                status,
+                detail: None,
+                before,
+                after,
+            },
+        );
     }
 }
 
 impl Drop for AuditGuard {
     fn drop(&mut self) {
-        let (committed, pending) = (self.committed.take(), self.pending.take());
-        if committed.is_none() && pending.is_none() {
-            return;
+        if let Some(slot) = self.slot.take() {
+            let outcome = Outcome {
+                status: CLIENT_GONE,
+                detail: Some("the client closed the request before the answer".into()),
+                ..Default::default()
+            };
+            queue(&self.store, slot, outcome);
         }
-        queue(
-            &self.store,
-            committed,
-            pending,
-            CLIENT_GONE,
-            Some("the client closed the request before the answer"),
-            None,
-        );
     }
 }
 
-fn queue(
-    store: &Store,
-    committed: Option<i64>,
-    pending: Option<AuditRow>,
-    status: i64,
-    detail: Option<&'static str>,
-    change: Option<AuditChange>,
-) {
-    let text = |v: Option<Value>| v.map(|v| v.to_string());
-    let (before, after) = change
-        .map(|c| (text(c.before), text(c.after)))
-        .unwrap_or_default();
+/// Queues the row's completion on the writer, behind every write the
+/// handler made (the writer runs jobs in order), as a task of its own: the
+/// answer never waits for it, and `Drop` cannot await.
+fn queue(store: &Store, slot: AuditSlot, outcome: Outcome) {
     let store = store.clone();
     let job = async move {
         store
-            .write_detached("space-link audit row", move |tx| {
-                match (committed, pending) {
-                    (Some(id), _) => link_store::audit_finish(
-                        tx,
-                        id,
-                        status,
-                        detail,
-                        before.as_deref(),
-                        after.as_deref(),
-                    ),
-                    (None, Some(mut row)) => {
-                        row.status = Some(status);
-                        row.detail = detail.map(str::to_owned).or(row.detail);
-                        row.before_value = before;
-                        row.after_value = after;
-                        link_store::audit(tx, &row).map(|_| ())
-                    }
-                    (None, None) => Ok(()),
-                }
-            })
+            .write_detached("space-link audit row", move |tx| slot.write_outcome(tx, outcome))
             .await;
     };
-    // Drop cannot await: the queueing runs as its own task.
     match tokio::runtime::Handle::try_current() {
         Ok(h) => {
             h.spawn(job);
@@ -346,27 +358,25 @@ async fn act_as_checked(
     if let Some(run) = &auth.caller.run_id {
         app.rt.cross_reads.note(run, target.as_str());
     }
-    // Step 6 (first half): an admin route's row is committed before its
-    // effect can happen; a read's row is owed by the guard.
-    let guard = if route.level == LinkLevel::Admin {
-        let row = audit;
-        let id = app
-            .rt
-            .store
-            .write(move |tx| link_store::audit(tx, &row))
-            .await?;
-        AuditGuard {
-            store: app.rt.store.clone(),
-            committed: Some(id),
-            pending: None,
-        }
-    } else {
-        AuditGuard {
-            store: app.rt.store.clone(),
-            committed: None,
-            pending: Some(audit),
-        }
+    // Step 6 (first half): the row is owed by the guard from here on. An
+    // admin route's row is in the store no later than its effect: taken
+    // into the effect's own transaction where the effect is a space write,
+    // else committed before the handler runs. A read's row is written once.
+    let slot = AuditSlot::new(audit);
+    let guard = AuditGuard {
+        store: app.rt.store.clone(),
+        slot: Some(slot.clone()),
     };
+    if route.level == LinkLevel::Admin && !route.audit_with_write {
+        let ahead = slot.clone();
+        if let Err(e) = app.rt.store.write(move |tx| ahead.write_ahead(tx)).await {
+            // No effect without its row: the handler does not run, and the
+            // row (if the store takes it now) says why.
+            let e = ApiError::from(e);
+            guard.finish(i64::from(e.status().as_u16()), None);
+            return Err(e);
+        }
+    }
     // Step 5.
     let mut req = Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut().insert(Auth {
@@ -383,7 +393,11 @@ async fn act_as_checked(
             conversation: grant.conversation,
         }),
     });
-    let response = next.run(req).await;
+    let response = if route.audit_with_write {
+        slot.scope(next.run(req)).await
+    } else {
+        next.run(req).await
+    };
     let change = response.extensions().get::<AuditChange>().cloned();
     guard.finish(i64::from(response.status().as_u16()), change);
     // D-014: every answer can carry the target's text: stripped and tagged.
@@ -463,13 +477,27 @@ pub(super) fn summarize_body(bytes: &[u8]) -> Option<String> {
 }
 
 async fn tag_text(response: Response, source: &str) -> Response {
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
     let Ok(bytes) = to_bytes(body, 64 << 20).await else {
         return ApiError::internal("could not read a response to tag").into_response();
     };
-    let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-        return Response::from_parts(parts, Body::from(bytes));
-    };
+    // One pass over the bytes where it gives the same answer as the tree
+    // (issue 32: parsing and re-serialising cost an act-as read more than
+    // its storage did); the tree otherwise; a body that is not JSON as is.
+    match tag_in_one_pass(&bytes, source).or_else(|| tag_tree(&bytes, source)) {
+        Some(tagged) => {
+            parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+            Response::from_parts(parts, Body::from(tagged))
+        }
+        None => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
+
+/// The answer parsed into a tree, every string value stripped, and
+/// `source_space` set on it and on each object of its `messages`; `None`
+/// when it is not JSON.
+fn tag_tree(bytes: &[u8], source: &str) -> Option<Vec<u8>> {
+    let mut v = serde_json::from_slice::<Value>(bytes).ok()?;
     strip_in_place(&mut v);
     if let Value::Object(map) = &mut v {
         map.insert("source_space".into(), Value::String(source.to_owned()));
@@ -481,12 +509,138 @@ async fn tag_text(response: Response, source: &str) -> Response {
             }
         }
     }
-    let mut parts = parts;
-    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    Response::from_parts(
-        parts,
-        Body::from(serde_json::to_vec(&v).unwrap_or_default()),
-    )
+    Some(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+/// An open container while [`tag_in_one_pass`] walks an answer.
+struct Open {
+    object: bool,
+    /// An object that gets `source_space` before it closes: the answer
+    /// itself, and each object of its top-level `messages` array.
+    tagged: bool,
+    /// The top-level `messages` array.
+    messages: bool,
+    /// An object whose next string is a key.
+    expect_key: bool,
+    /// An object with at least one member.
+    members: bool,
+}
+
+/// [`tag_text`]'s tree walk done on the JSON text in one pass (the same JSON
+/// value; keys keep the handler's order instead of the tree's sorted one):
+/// invisible
+/// characters dropped from every string value (never from a key, as the tree
+/// walk does), `"source_space"` added last to the top-level object and to
+/// each object of its `messages` array. `None` where the pass could differ
+/// from the tree (a `\u` escape, which the tree would decode; a
+/// `source_space` already there, which the tree would replace; an answer
+/// that is not one object) or the text is not well formed: the caller then
+/// takes the tree. Every API answer is compact `serde_json` output, which
+/// writes every character at or above U+0080 as itself.
+fn tag_in_one_pass(bytes: &[u8], source: &str) -> Option<Vec<u8>> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let tag = format!("\"source_space\":{}", serde_json::to_string(source).ok()?);
+    let mut out = Vec::with_capacity(bytes.len() + 32 * (1 + bytes.len() / 256));
+    let mut stack: Vec<Open> = Vec::new();
+    // The key being read at the top level, and the last one read there.
+    let (mut in_string, mut is_key, mut key_start, mut top_key) = (false, false, 0, &b""[..]);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => {
+                    if bytes.get(i + 1) == Some(&b'u') {
+                        return None;
+                    }
+                    out.extend_from_slice(bytes.get(i..i + 2)?);
+                    i += 2;
+                    continue;
+                }
+                b'"' => {
+                    in_string = false;
+                    if is_key {
+                        let key = &bytes[key_start..i];
+                        if key == b"source_space" {
+                            return None;
+                        }
+                        if stack.len() == 1 {
+                            top_key = key;
+                        }
+                    }
+                    out.push(b);
+                }
+                0x80.. => {
+                    let len = match b {
+                        0xF0.. => 4,
+                        0xE0.. => 3,
+                        _ => 2,
+                    };
+                    let ch = std::str::from_utf8(bytes.get(i..i + len)?)
+                        .ok()?
+                        .chars()
+                        .next()?;
+                    if is_key || !links::is_invisible(ch) {
+                        out.extend_from_slice(&bytes[i..i + len]);
+                    }
+                    i += len;
+                    continue;
+                }
+                _ => out.push(b),
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                is_key = false;
+                if let Some(top) = stack.last_mut() {
+                    if top.object && top.expect_key {
+                        is_key = true;
+                        top.members = true;
+                        key_start = i + 1;
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                let parent = stack.last();
+                let in_messages = parent.is_some_and(|p| p.messages);
+                let top_messages = stack.len() == 1 && top_key == b"messages";
+                stack.push(Open {
+                    object: b == b'{',
+                    tagged: b == b'{' && (parent.is_none() || in_messages),
+                    messages: b == b'[' && top_messages,
+                    expect_key: b == b'{',
+                    members: false,
+                });
+            }
+            b'}' | b']' => {
+                let open = stack.pop()?;
+                if open.object != (b == b'}') {
+                    return None;
+                }
+                if open.tagged {
+                    if open.members {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(tag.as_bytes());
+                }
+            }
+            b':' => stack.last_mut()?.expect_key = false,
+            b',' => {
+                if let Some(top) = stack.last_mut() {
+                    top.expect_key = top.object;
+                }
+            }
+            _ => {}
+        }
+        out.push(b);
+        i += 1;
+    }
+    (!in_string && stack.is_empty()).then_some(out)
 }
 
 fn strip_in_place(v: &mut Value) {
@@ -501,6 +655,41 @@ fn strip_in_place(v: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_one_pass_tags_and_strips_as_the_tree_does() {
+        let cases = [
+            serde_json::json!({"preferences": [{"key": "tone", "value": "wa\u{200B}rm"}]}),
+            serde_json::json!({"messages": [
+                {"id": 1, "text": "ig\u{200B}nore\u{202E} it\u{E0041}", "n": 1.5e3},
+                {}, 7, "x\u{FEFF}", [{"a": 1}]], "next": null}),
+            serde_json::json!({}),
+            serde_json::json!({"messages": []}),
+            serde_json::json!({"k\u{200B}ey": "v\u{200B}", "nested": {"messages": [{"a": "\u{00AD}b"}]},
+                "q": "say \"hi\" \\ ok", "e": "\n\t", "ü": "日本\u{2060}語"}),
+            serde_json::json!({"messages": {"inner": [{"x": 1}]}, "list": [true, false, null, -1, 0.1]}),
+        ];
+        for case in cases {
+            // Compact serde_json output, as every API answer is.
+            let bytes = serde_json::to_vec(&case).unwrap();
+            let fast = tag_in_one_pass(&bytes, "client").expect("the pass takes it");
+            let slow = tag_tree(&bytes, "client").unwrap();
+            // The same JSON value (the tree writes keys sorted, the pass
+            // keeps the handler's order and adds its tag last).
+            let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap();
+            assert_eq!(parse(&fast), parse(&slow), "{case}");
+        }
+        // Where the pass could differ, it steps aside for the tree.
+        for unsure in [
+            &br#"{"a":"\u200b"}"#[..],
+            br#"{"source_space":"x"}"#,
+            br#"[1,2]"#,
+            br#"{"a":"#,
+            br#""just a string""#,
+        ] {
+            assert!(tag_in_one_pass(unsure, "client").is_none());
+        }
+    }
 
     #[test]
     fn every_allowlisted_route_is_unique() {

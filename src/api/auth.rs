@@ -222,6 +222,12 @@ pub async fn authenticate(
                 (Some(bound), _) if grant.kind == TokenKind::Run => Some(bound.clone()),
                 (_, asked) => asked,
             };
+            // An act-as request reads its holder context and everything about
+            // its target in one statement (`act_as::read`); a target that is
+            // not an id is refused by the act-as step without a read.
+            let act_target = act_as_target
+                .as_deref()
+                .and_then(|t| SpaceId::parse(t).ok());
             let space = match space_id {
                 None => None,
                 Some(raw) => {
@@ -229,6 +235,45 @@ pub async fn authenticate(
                         Ok(id) => id,
                         Err(e) => return Ok(Err(ApiError::bad_request(e.to_string()))),
                     };
+                    if let Some(target) = &act_target {
+                        // The same roles as below: an ask token's fixed role
+                        // (never with `links.act`), a global admin's `admin`,
+                        // else the stored role, member or none.
+                        let fixed = match (&grant.kind, &grant.role) {
+                            (TokenKind::Run, Some(fixed)) => Some(fixed.clone()),
+                            _ => None,
+                        };
+                        let admin_here = global_admin
+                            || (grant.kind == TokenKind::Run
+                                && settings.is_global_admin(&caller.caller_id));
+                        let forced = fixed
+                            .clone()
+                            .or_else(|| admin_here.then(|| perms::ROLE_ADMIN.to_owned()));
+                        let Some((mut ctx, found)) = crate::api::act_as::read(
+                            c,
+                            &id,
+                            &caller.caller_id,
+                            target,
+                            forced.as_deref(),
+                        )?
+                        else {
+                            return Ok(Err(ApiError::not_found(format!(
+                                "space {id} does not exist"
+                            ))));
+                        };
+                        if fixed.is_some() {
+                            ctx.perms.remove(&Permission::LinksAct);
+                        }
+                        return Ok(Ok((
+                            Auth {
+                                caller,
+                                space: Some(ctx),
+                                via: None,
+                            },
+                            grant.read_only,
+                            Some(found),
+                        )));
+                    }
                     if !spaces::space_exists(c, id.as_str())? {
                         return Ok(Err(ApiError::not_found(format!(
                             "space {id} does not exist"
@@ -262,13 +307,6 @@ pub async fn authenticate(
                     })
                 }
             };
-            // The act-as step's reads share this checkout (one read per request).
-            let lookup = match (&space, act_as_target.as_deref().map(SpaceId::parse)) {
-                (Some(h), Some(Ok(t))) => {
-                    Some(crate::api::act_as::lookup(c, h.space.as_str(), t.as_str())?)
-                }
-                _ => None,
-            };
             Ok(Ok((
                 Auth {
                     caller,
@@ -276,7 +314,7 @@ pub async fn authenticate(
                     via: None,
                 },
                 grant.read_only,
-                lookup,
+                None,
             )))
         })
         .await??;

@@ -12,6 +12,7 @@
 
 use serde::Serialize;
 
+pub mod audit;
 pub mod restore;
 pub mod traces;
 
@@ -56,14 +57,26 @@ pub struct LinkGrant {
 pub fn active_grants(conn: &Conn, holder: &str, target: &str) -> StoreResult<Vec<LinkGrant>> {
     Ok(links::active_edges(conn, holder, target)?
         .into_iter()
-        .filter_map(|e| {
-            LinkLevel::parse(&e.level).map(|level| LinkGrant {
-                edge_id: e.id,
-                level,
-                conversation: e.target_conversation_id,
-            })
-        })
+        .filter_map(|e| grant_of(e.id, &e.level, e.target_conversation_id))
         .collect())
+}
+
+/// The grants of the edges the act-as step read in its one statement
+/// (`storage::links::act_as_view`), by the same rule as [`active_grants`]:
+/// an edge whose level this code does not know is dropped (it denies).
+pub fn grants_of(edges: &[links::EdgeRow]) -> Vec<LinkGrant> {
+    edges
+        .iter()
+        .filter_map(|e| grant_of(e.id, &e.level, e.conversation))
+        .collect()
+}
+
+fn grant_of(edge_id: i64, level: &str, conversation: Option<i64>) -> Option<LinkGrant> {
+    LinkLevel::parse(level).map(|level| LinkGrant {
+        edge_id,
+        level,
+        conversation,
+    })
 }
 
 /// The strongest edge overall (for listings); a request is decided by
@@ -145,6 +158,10 @@ pub struct ActAsRoute {
     pub level: LinkLevel,
     /// Serves a conversation-filtered edge (restricted to that conversation).
     pub conversation_scoped: bool,
+    /// The route's effect is one space write (`SpaceDirectory::apply`) and
+    /// nothing before it: its audit row is taken into that write's
+    /// transaction instead of a transaction of its own before the handler.
+    pub audit_with_write: bool,
 }
 
 impl ActAsRoute {
@@ -155,6 +172,7 @@ impl ActAsRoute {
             path,
             level,
             conversation_scoped: false,
+            audit_with_write: false,
         }
     }
 
@@ -165,6 +183,22 @@ impl ActAsRoute {
             path,
             level: LinkLevel::Read,
             conversation_scoped: true,
+            audit_with_write: false,
+        }
+    }
+
+    /// An `admin` route whose whole effect is one space write through
+    /// `SpaceDirectory::apply`, with nothing effectful before it: its audit
+    /// row commits in that write's transaction (issue 32). A route that
+    /// changes files, containers or anything else outside that write must
+    /// not be marked: its row is committed before its handler runs.
+    pub const fn admin_write(method: &'static str, path: &'static str) -> ActAsRoute {
+        ActAsRoute {
+            method,
+            path,
+            level: LinkLevel::Admin,
+            conversation_scoped: false,
+            audit_with_write: true,
         }
     }
 }

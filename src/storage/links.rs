@@ -3,7 +3,7 @@
 //! Must never: delete an audit row, or let a link row be read as a grant
 //! anywhere but `links::resolve_link_grant`.
 
-use super::{params, Conn, Optional, Query, Row};
+use super::{params, Conn, Dialect, Optional, Query, Row};
 use serde::Serialize;
 
 use super::{StoreError, StoreResult};
@@ -82,6 +82,219 @@ pub fn active_edges(conn: &Conn, holder: &str, target: &str) -> StoreResult<Vec<
         params![holder, target],
         from_row,
     )
+}
+
+/// An active edge as the act-as step reads it: id, level, conversation filter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EdgeRow {
+    pub id: i64,
+    pub level: String,
+    pub conversation: Option<i64>,
+}
+
+/// Everything the act-as step needs to decide one request, read by
+/// [`act_as_view`] in one statement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActAsView {
+    /// The holder space exists.
+    pub holder_exists: bool,
+    /// The caller's role in the holder: the forced role if one was given,
+    /// else the stored role, else the member or the none role.
+    pub holder_role: String,
+    /// The holder's stored permission override of that role, if any.
+    pub holder_override: Option<String>,
+    /// The target space exists.
+    pub target_exists: bool,
+    /// The target's stored override of the key asked for (its `admin` set).
+    pub target_override: Option<String>,
+    /// Active edges holder → target and holder → `*` (none when the target
+    /// does not exist or is the holder), oldest first.
+    pub edges: Vec<EdgeRow>,
+}
+
+/// The names [`act_as_view`] resolves a role with: the layer above owns
+/// them (`perms`), so they are passed in, never spelled here.
+pub struct RoleNames<'a> {
+    /// A role that wins over any stored one (a global admin's `admin`, an
+    /// ask token's fixed role), if any.
+    pub forced: Option<&'a str>,
+    /// The role of a caller with no stored role who has spoken in the holder.
+    pub member: &'a str,
+    /// The role of anyone else.
+    pub none: &'a str,
+    /// The target's config key of its admin set (`role.admin.permissions`).
+    pub target_key: &'a str,
+}
+
+/// The act-as step's one read (issue 32): whether holder and target exist,
+/// the caller's role in the holder and that role's override, the target's
+/// admin override and the active edges holder → target (and → `*`).
+/// Nothing of it is kept between requests (D-003: computed on every call,
+/// never cached), so a revoke or a role change is seen by the very next
+/// request.
+///
+/// How it is read differs by backend, the answer does not (the storage
+/// contract suite holds both to it): on PostgreSQL, where every statement
+/// is a round trip, one prepared statement; on SQLite, in-process, six
+/// small cached statements on the same connection, because the one
+/// statement measured about 0.2 ms a request there (bench links) against a
+/// few microseconds for the six.
+pub fn act_as_view(
+    conn: &Conn,
+    holder: &str,
+    caller: &str,
+    target: &str,
+    names: &RoleNames<'_>,
+) -> StoreResult<ActAsView> {
+    let mut view = match conn.dialect() {
+        Dialect::Postgres => act_as_view_one_statement(conn, holder, caller, target, names)?,
+        Dialect::Sqlite => act_as_view_statements(conn, holder, caller, target, names)?,
+    };
+    view.edges.sort_by_key(|e| e.id);
+    Ok(view)
+}
+
+/// The holder's override key of `role`: the shape of `perms::override_key`.
+fn role_key(role: &str) -> String {
+    format!("role.{role}.permissions")
+}
+
+fn act_as_view_statements(
+    conn: &Conn,
+    holder: &str,
+    caller: &str,
+    target: &str,
+    names: &RoleNames<'_>,
+) -> StoreResult<ActAsView> {
+    let exists = |id: &str| -> StoreResult<bool> {
+        Ok(conn
+            .query_opt(
+                "SELECT 1 FROM spaces WHERE id = ?1",
+                params![id],
+                |_| Ok(()),
+            )?
+            .is_some())
+    };
+    let config = |space: &str, key: &str| -> StoreResult<Option<String>> {
+        conn.query_opt(
+            "SELECT value FROM space_config WHERE space_id = ?1 AND key = ?2",
+            params![space, key],
+            |r| r.get(0),
+        )
+    };
+    let holder_exists = exists(holder)?;
+    let holder_role = match names.forced {
+        Some(role) => role.to_owned(),
+        None => match conn.query_opt(
+            "SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?2",
+            params![holder, caller],
+            |r| r.get::<_, String>(0),
+        )? {
+            Some(role) => role,
+            None => {
+                let member = conn
+                    .query_opt(
+                        "SELECT 1 FROM members WHERE space_id = ?1 AND caller_id = ?2",
+                        params![holder, caller],
+                        |_| Ok(()),
+                    )?
+                    .is_some();
+                if member { names.member } else { names.none }.to_owned()
+            }
+        },
+    };
+    let holder_override = config(holder, &role_key(&holder_role))?;
+    let target_exists = exists(target)?;
+    let (target_override, edges) = if target_exists {
+        let edges = conn.query_all(
+            "SELECT id, level, target_conversation_id FROM space_links
+              WHERE holder_space_id = ?1 AND (target_space_id = ?2 OR target_space_id = '*')
+                AND revoked_at IS NULL AND holder_space_id <> ?2",
+            params![holder, target],
+            |r| {
+                Ok(EdgeRow {
+                    id: r.get(0)?,
+                    level: r.get(1)?,
+                    conversation: r.get(2)?,
+                })
+            },
+        )?;
+        (config(target, names.target_key)?, edges)
+    } else {
+        (None, Vec::new())
+    };
+    Ok(ActAsView {
+        holder_exists,
+        holder_role,
+        holder_override,
+        target_exists,
+        target_override,
+        edges,
+    })
+}
+
+/// One row (kind 0) carries the spaces and roles; every other row (kind 1)
+/// is an edge, in no particular order (sorted by the caller).
+fn act_as_view_one_statement(
+    conn: &Conn,
+    holder: &str,
+    caller: &str,
+    target: &str,
+    names: &RoleNames<'_>,
+) -> StoreResult<ActAsView> {
+    let mut view = ActAsView {
+        holder_exists: false,
+        holder_role: names.none.to_owned(),
+        holder_override: None,
+        target_exists: false,
+        target_override: None,
+        edges: Vec::new(),
+    };
+    conn.for_each(
+        "SELECT 0 AS kind, NULL AS edge_id, NULL AS edge_level, NULL AS edge_conversation,
+                (SELECT COUNT(*) FROM spaces WHERE id = ?1) AS holder_exists,
+                r.role,
+                (SELECT value FROM space_config
+                  WHERE space_id = ?1 AND key = 'role.' || r.role || '.permissions') AS holder_override,
+                (SELECT COUNT(*) FROM spaces WHERE id = ?2) AS target_exists,
+                (SELECT value FROM space_config WHERE space_id = ?2 AND key = ?7) AS target_override
+           FROM (SELECT COALESCE(CAST(?4 AS TEXT),
+                                 (SELECT role FROM space_roles WHERE space_id = ?1 AND caller_id = ?3),
+                                 CASE WHEN EXISTS (SELECT 1 FROM members WHERE space_id = ?1 AND caller_id = ?3)
+                                      THEN CAST(?5 AS TEXT) ELSE CAST(?6 AS TEXT) END) AS role) AS r
+         UNION ALL
+         SELECT 1, l.id, l.level, l.target_conversation_id, NULL, NULL, NULL, NULL, NULL
+           FROM space_links l
+          WHERE l.holder_space_id = ?1 AND (l.target_space_id = ?2 OR l.target_space_id = '*')
+            AND l.revoked_at IS NULL AND l.holder_space_id <> ?2
+            AND EXISTS (SELECT 1 FROM spaces WHERE id = ?2)",
+        params![
+            holder,
+            target,
+            caller,
+            names.forced,
+            names.member,
+            names.none,
+            names.target_key
+        ],
+        |r| {
+            if r.get::<_, i64>(0)? == 0 {
+                view.holder_exists = r.get::<_, i64>(4)? > 0;
+                view.holder_role = r.get(5)?;
+                view.holder_override = r.get(6)?;
+                view.target_exists = r.get::<_, i64>(7)? > 0;
+                view.target_override = r.get(8)?;
+            } else {
+                view.edges.push(EdgeRow {
+                    id: r.get(1)?,
+                    level: r.get(2)?,
+                    conversation: r.get(3)?,
+                });
+            }
+            Ok(())
+        },
+    )?;
+    Ok(view)
 }
 
 /// Every edge (active or revoked) where `space` is the holder, the target, or
@@ -172,8 +385,6 @@ pub fn audit(conn: &Conn, a: &AuditRow) -> StoreResult<i64> {
     Ok(id)
 }
 
-/// Completes an act-as row written before its handler ran: the status, and
-/// what the update changed where the route said so.
 /// Deletes the audit rows written before `before` (`links.audit_keep_days`);
 /// how many it deleted.
 pub fn prune_audit(conn: &Conn, before: i64) -> StoreResult<u64> {
@@ -184,6 +395,10 @@ pub fn prune_audit(conn: &Conn, before: i64) -> StoreResult<u64> {
     Ok(n as u64)
 }
 
+/// Completes an act-as row written before its handler ran (or in its
+/// write's transaction): the status, and what the update changed where the
+/// route said so. `false` when there is no row `id` (the transaction that
+/// wrote it did not commit).
 pub fn audit_finish(
     conn: &Conn,
     id: i64,
@@ -191,14 +406,14 @@ pub fn audit_finish(
     detail: Option<&str>,
     before: Option<&str>,
     after: Option<&str>,
-) -> StoreResult<()> {
-    conn.execute(
+) -> StoreResult<bool> {
+    let n = conn.execute(
         "UPDATE space_link_audit SET status = ?2, detail = COALESCE(?3, detail),
            before_value = COALESCE(?4, before_value), after_value = COALESCE(?5, after_value)
          WHERE id = ?1",
         params![id, status, detail, before, after],
     )?;
-    Ok(())
+    Ok(n > 0)
 }
 
 /// Revokes every active edge where `space` is the holder or the target

@@ -121,6 +121,7 @@ const BEFORE_THE_MOVE: &[ActAsRoute] = {
             path,
             level,
             conversation_scoped: false,
+            audit_with_write: false,
         }
     }
     const fn scoped(method: &'static str, path: &'static str) -> ActAsRoute {
@@ -129,6 +130,7 @@ const BEFORE_THE_MOVE: &[ActAsRoute] = {
             path,
             level: Read,
             conversation_scoped: true,
+            audit_with_write: false,
         }
     }
     &[
@@ -178,6 +180,7 @@ const ADDED_SINCE: &[ActAsRoute] = {
             path,
             level,
             conversation_scoped: false,
+            audit_with_write: false,
         }
     }
     &[
@@ -192,6 +195,7 @@ const ADDED_SINCE: &[ActAsRoute] = {
             path: "/api/messages/{id}",
             level: Read,
             conversation_scoped: true,
+            audit_with_write: false,
         },
     ]
 };

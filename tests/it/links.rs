@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::common::{HostOptions, TestHost};
 use mercury::api::ACT_AS_ROUTES;
 use mercury::links::{ActAsRoute, LinkLevel};
+use mercury::storage::Query;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum LinkState {
@@ -799,4 +800,150 @@ async fn mrctl_space_flag_reads_recent_messages_through_the_link() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "no link → the server says no");
+}
+
+/// D-003: a grant is computed on every request, never kept, so a revoke, a
+/// downgrade and a change of the caller's role in the holder each answer the
+/// very next request (issue 32 item 4: the act-as step reads its holder
+/// context, the target and the edges in one statement per request).
+#[tokio::test]
+async fn a_revoke_is_refused_on_the_very_next_request() {
+    let w = world().await;
+    let h = &w.host;
+    let alice = &w.tokens[0].1;
+    let id = h.link("h", "t", "admin").await;
+    let write = || {
+        h.act_as(
+            Method::PUT,
+            "/api/prefs",
+            alice,
+            "h",
+            "t",
+            Some(json!({"key": "tone", "value": "warm"})),
+        )
+    };
+    let read = || h.act_as(Method::GET, "/api/prefs", alice, "h", "t", None);
+    let path = format!("/api/links/{id}");
+    let level =
+        |level: &'static str| h.owner(Method::PATCH, &path, None, Some(json!({ "level": level })));
+    assert_eq!(write().await.0, 200);
+    // A downgrade: the next write is refused, reads still served.
+    assert_eq!(level("read").await.0, 200);
+    assert_eq!(write().await.0, 403, "the write right after the downgrade");
+    assert_eq!(read().await.0, 200);
+    assert_eq!(level("admin").await.0, 200);
+    assert_eq!(write().await.0, 200, "the write right after the upgrade");
+    // The caller's own role in the holder bounds the link (D-004), read anew.
+    h.grant("h", "alice", "member").await;
+    assert_eq!(
+        write().await.0,
+        403,
+        "a member of the holder is capped at read"
+    );
+    assert_eq!(read().await.0, 200);
+    h.grant("h", "alice", "admin").await;
+    assert_eq!(write().await.0, 200);
+    // The revoke: the very next request, read or write, is refused.
+    let (st, _) = h
+        .owner(Method::DELETE, &format!("/api/links/{id}"), None, None)
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(read().await.0, 403, "the read right after the revoke");
+    assert_eq!(write().await.0, 403, "the write right after the revoke");
+}
+
+/// Issue 32 item 4: an admin write's audit row commits in the write's own
+/// transaction (no effect without its row, one commit for both), and every
+/// act-as request keeps exactly one row, whether its write committed, was
+/// refused inside its transaction, or was refused before any write.
+#[tokio::test]
+async fn an_admin_write_commits_with_its_audit_row_and_each_request_has_one_row() {
+    let w = world().await;
+    let h = &w.host;
+    let alice = &w.tokens[0].1;
+    let link = h.link("h", "t", "admin").await;
+    const ROWS: &str = "SELECT COUNT(*) FROM space_link_audit WHERE action = 'act'";
+    // Committed: the effect and its row, completed with status and before/after.
+    let (st, v) = h
+        .act_as(
+            Method::PUT,
+            "/api/prefs",
+            alice,
+            "h",
+            "t",
+            Some(json!({"key": "tone", "value": "warm"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(h.wait_count(ROWS, 1, 10).await, 1);
+    let done = "SELECT COUNT(*) FROM space_link_audit WHERE action = 'act' AND status = 200 AND after_value IS NOT NULL";
+    assert_eq!(
+        h.wait_count(done, 1, 10).await,
+        1,
+        "completed after the handler"
+    );
+    // Refused inside the write's transaction (a link never grants its own
+    // side a role): the savepoint takes the row back with the effect, and
+    // the completion writes it whole.
+    let (st, v) = h
+        .act_as(
+            Method::POST,
+            "/api/roles",
+            alice,
+            "h",
+            "t",
+            Some(json!({"caller_id": "alice", "role": "admin"})),
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(h.wait_count(ROWS, 2, 10).await, 2);
+    // Refused before any write (a bad key): written once, at the end.
+    let (st, v) = h
+        .act_as(
+            Method::PUT,
+            "/api/prefs",
+            alice,
+            "h",
+            "t",
+            Some(json!({"key": "no spaces", "value": "x"})),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(h.wait_count(ROWS, 3, 10).await, 3);
+    // A route whose effect is not a space write (a file): its row is
+    // committed before the handler runs and completed after it.
+    let (st, v) = h
+        .act_as(
+            Method::PUT,
+            "/api/files/knowledge/note.md",
+            alice,
+            "h",
+            "t",
+            Some(json!({"content": "hello"})),
+        )
+        .await;
+    assert!(st == 200 || st == 201, "{st} {v}");
+    assert_eq!(h.wait_count(ROWS, 4, 10).await, 4);
+    let rows: Vec<(String, String, Option<i64>, Option<i64>)> = h.read(|c| {
+        c.query_all(
+            "SELECT method, route, status, link_id FROM space_link_audit WHERE action = 'act' ORDER BY id",
+            &[],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+    });
+    let shape: Vec<(&str, &str, Option<i64>)> = rows
+        .iter()
+        .map(|(m, r, s, _)| (m.as_str(), r.as_str(), *s))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("PUT", "/api/prefs", Some(200)),
+            ("POST", "/api/roles", Some(403)),
+            ("PUT", "/api/prefs", Some(400)),
+            ("PUT", "/api/files/{*path}", Some(st.into())),
+        ],
+        "one row per request, each with its outcome"
+    );
+    assert!(rows.iter().all(|r| r.3 == Some(link)));
 }

@@ -1264,3 +1264,145 @@ async fn a_runs_trace_reads_back_in_step_order_for_the_review() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// The act-as step's one read (issue 32 item 4): the holder context, the
+/// target and the active edges in one statement, alike on every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_act_as_view_reads_roles_overrides_and_edges_in_one_statement() {
+    use links::{ActAsView, EdgeRow, RoleNames};
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let ids = store
+            .write(|tx| {
+                for s in ["h", "t", "u"] {
+                    spaces::create_space(tx, s, s, &[])?;
+                }
+                spaces::set_role(tx, "h", "alice", "admin", "owner", None)?;
+                spaces::touch_member(tx, "h", "bob", None)?;
+                spaces::kv_set(
+                    tx,
+                    spaces::KvTable::Config,
+                    "h",
+                    "role.member.permissions",
+                    "prompt,links.act",
+                    "owner",
+                )?;
+                spaces::kv_set(
+                    tx,
+                    spaces::KvTable::Config,
+                    "t",
+                    "role.admin.permissions",
+                    "prefs.get",
+                    "owner",
+                )?;
+                let new = |target, level, conversation| links::NewLink {
+                    holder: "h",
+                    target,
+                    level,
+                    conversation,
+                    disclosure: None,
+                    by: "owner",
+                };
+                let direct = links::insert(tx, &new("t", "admin", None))?.id;
+                let star = links::insert(tx, &new("*", "read", None))?.id;
+                let filtered = links::insert(tx, &new("t", "read", Some(7)))?.id;
+                let gone = links::insert(tx, &new("t", "admin", None))?.id;
+                links::revoke(tx, gone, "owner")?;
+                links::insert(tx, &new("u", "admin", None))?;
+                Ok((direct, star, filtered))
+            })
+            .await
+            .unwrap();
+        let (direct, star, filtered) = ids;
+        let view = |caller: &'static str, target: &'static str, forced: Option<&'static str>| {
+            store.read(move |c| {
+                links::act_as_view(
+                    c,
+                    "h",
+                    caller,
+                    target,
+                    &RoleNames {
+                        forced,
+                        member: "member",
+                        none: "none",
+                        target_key: "role.admin.permissions",
+                    },
+                )
+            })
+        };
+        let edge = |id, level: &str, conversation| EdgeRow {
+            id,
+            level: level.to_owned(),
+            conversation,
+        };
+        assert_eq!(
+            view("alice", "t", None).await.unwrap(),
+            ActAsView {
+                holder_exists: true,
+                holder_role: "admin".into(),
+                holder_override: None,
+                target_exists: true,
+                target_override: Some("prefs.get".into()),
+                edges: vec![
+                    edge(direct, "admin", None),
+                    edge(star, "read", None),
+                    edge(filtered, "read", Some(7)),
+                ],
+            },
+            "{name}: a stored role, the target's override, active edges only, oldest first"
+        );
+        let bob = view("bob", "t", None).await.unwrap();
+        assert_eq!(
+            (bob.holder_role.as_str(), bob.holder_override.as_deref()),
+            ("member", Some("prompt,links.act")),
+            "{name}: a member with no stored role, and that role's override"
+        );
+        let carol = view("carol", "t", None).await.unwrap();
+        assert_eq!(
+            (carol.holder_role.as_str(), carol.holder_override),
+            ("none", None),
+            "{name}: a stranger"
+        );
+        let forced = view("carol", "t", Some("admin")).await.unwrap();
+        assert_eq!(forced.holder_role, "admin", "{name}: a forced role wins");
+        let missing = view("alice", "nope", None).await.unwrap();
+        assert!(
+            missing.holder_exists && !missing.target_exists && missing.edges.is_empty(),
+            "{name}: an unknown target has no edge, the wildcard's included: {missing:?}"
+        );
+        let own = view("alice", "h", None).await.unwrap();
+        assert!(own.edges.is_empty(), "{name}: never the holder itself");
+        let gone = store
+            .read(|c| {
+                links::act_as_view(
+                    c,
+                    "nowhere",
+                    "alice",
+                    "t",
+                    &RoleNames {
+                        forced: None,
+                        member: "member",
+                        none: "none",
+                        target_key: "role.admin.permissions",
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        assert!(
+            !gone.holder_exists && gone.target_exists,
+            "{name}: {gone:?}"
+        );
+        // Nothing is kept: the revoke is seen by the next read.
+        store
+            .write(move |tx| links::revoke(tx, direct, "owner").map(|_| ()))
+            .await
+            .unwrap();
+        let after = view("alice", "t", None).await.unwrap();
+        assert_eq!(
+            after.edges.iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![star, filtered],
+            "{name}"
+        );
+    }
+}

@@ -17,7 +17,7 @@ use crate::actors::Refusal;
 use crate::app::App;
 use crate::links::restore;
 use crate::links::ActAsRoute;
-use crate::links::LinkLevel::{Admin, Read};
+use crate::links::LinkLevel::Read;
 use crate::perms::{self, Permission};
 use crate::storage::links::ChangeKind;
 use crate::storage::spaces::{self, KvTable, RoleGrant};
@@ -35,9 +35,9 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
 pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/roles", Read),
     ActAsRoute::new("GET", "/api/permissions", Read),
-    ActAsRoute::new("POST", "/api/roles", Admin),
-    ActAsRoute::new("DELETE", "/api/roles/{caller}", Admin),
-    ActAsRoute::new("PUT", "/api/permissions", Admin),
+    ActAsRoute::admin_write("POST", "/api/roles"),
+    ActAsRoute::admin_write("DELETE", "/api/roles/{caller}"),
+    ActAsRoute::admin_write("PUT", "/api/permissions"),
 ];
 
 #[derive(Debug, Serialize, ToSchema)]

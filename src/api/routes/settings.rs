@@ -19,7 +19,7 @@ use crate::clock::{now_ms, parse_duration_ms};
 use crate::config::{check_model_spec, split_chain};
 use crate::links::restore;
 use crate::links::ActAsRoute;
-use crate::links::LinkLevel::{Admin, Read};
+use crate::links::LinkLevel::Read;
 use crate::storage::links::ChangeKind;
 use crate::storage::spaces::{self, KvEntry, KvTable, Mute};
 
@@ -40,12 +40,12 @@ pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/config", Read),
     ActAsRoute::new("GET", "/api/model", Read),
     ActAsRoute::new("GET", "/api/mutes", Read),
-    ActAsRoute::new("PUT", "/api/prefs", Admin),
-    ActAsRoute::new("DELETE", "/api/prefs/{key}", Admin),
-    ActAsRoute::new("PUT", "/api/config", Admin),
-    ActAsRoute::new("PUT", "/api/model", Admin),
-    ActAsRoute::new("POST", "/api/mutes", Admin),
-    ActAsRoute::new("DELETE", "/api/mutes/{caller}", Admin),
+    ActAsRoute::admin_write("PUT", "/api/prefs"),
+    ActAsRoute::admin_write("DELETE", "/api/prefs/{key}"),
+    ActAsRoute::admin_write("PUT", "/api/config"),
+    ActAsRoute::admin_write("PUT", "/api/model"),
+    ActAsRoute::admin_write("POST", "/api/mutes"),
+    ActAsRoute::admin_write("DELETE", "/api/mutes/{caller}"),
 ];
 
 /// A preference (key: 1-64 letters, digits, `.`, `_`, `-`; value at most

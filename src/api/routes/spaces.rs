@@ -16,7 +16,7 @@ use crate::api::{ApiError, ApiResult, AuditChange, Auth};
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::links::ActAsRoute;
-use crate::links::LinkLevel::{Admin, Read};
+use crate::links::LinkLevel::Read;
 use crate::storage::links::{self as link_store, AuditRow};
 use crate::storage::spaces::{self, DeletedCounts, LinkRole, Space};
 use crate::storage::tokens::TokenKind;
@@ -37,7 +37,7 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
 pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/whoami", Read),
     ActAsRoute::new("GET", "/api/spaces/current", Read),
-    ActAsRoute::new("PUT", "/api/spaces/current/name", Admin),
+    ActAsRoute::admin_write("PUT", "/api/spaces/current/name"),
 ];
 
 /// Who the token is, and its role and permissions in the space it names.

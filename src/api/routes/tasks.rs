@@ -35,10 +35,10 @@ pub(crate) fn router() -> OpenApiRouter<Arc<App>> {
 /// Across a link: every route, the list at `read`, the rest at `admin`.
 pub(crate) const ACT_AS: &[ActAsRoute] = &[
     ActAsRoute::new("GET", "/api/tasks", Read),
-    ActAsRoute::new("POST", "/api/tasks", Admin),
-    ActAsRoute::new("DELETE", "/api/tasks/{id}", Admin),
-    ActAsRoute::new("POST", "/api/tasks/{id}/pause", Admin),
-    ActAsRoute::new("POST", "/api/tasks/{id}/resume", Admin),
+    ActAsRoute::admin_write("POST", "/api/tasks"),
+    ActAsRoute::admin_write("DELETE", "/api/tasks/{id}"),
+    ActAsRoute::admin_write("POST", "/api/tasks/{id}/pause"),
+    ActAsRoute::admin_write("POST", "/api/tasks/{id}/resume"),
     ActAsRoute::new("POST", "/api/tasks/{id}/run", Admin),
 ];
 
