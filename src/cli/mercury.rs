@@ -751,7 +751,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     sets,
                     by,
                 },
-        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by),
+        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by).await,
         Command::Review { command } => review(command),
         Command::Bench {
             command:
