@@ -283,6 +283,10 @@ pub(crate) struct TriageRow {
     /// Why a finding that could have had a draft has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_note: Option<String>,
+    /// What `mercury review rehearse` found replaying the finding with and
+    /// without the draft.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<crate::review::rehearse::Rehearsal>,
 }
 
 /// A report that was not taken in, and why.
@@ -310,6 +314,10 @@ pub(crate) struct Triage {
     /// call budget); the reports left are taken in by the next intake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// The bot name of this host's own source, whose findings are drafted
+    /// and may be rehearsed; `None` when the intake read no such source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_bot: Option<String>,
 }
 
 /// The verify step's model (the CLI resolves it from the config).
@@ -477,19 +485,28 @@ pub(crate) struct Verified {
 }
 
 /// What one call of the intake's model came to.
-enum Called {
-    Answer(String),
+pub(crate) enum Called {
+    /// The answer's text and what it cost.
+    Answer(String, f64),
     /// A spend cap stopped it: the cap, in words.
     Capped(String),
     Failed,
 }
 
-/// One call of the intake's model (verify or draft): a background permit,
-/// reserved and settled through the spend seam.
-async fn call(v: &Verifier, system: &str, user: String, max_tokens: u32, what: &str) -> Called {
+/// One call of the intake's model (verify, draft, or a rehearsal's
+/// comparison as `Purpose::Judge`): a background permit, reserved and
+/// settled through the spend seam under the same purpose.
+pub(crate) async fn call(
+    v: &Verifier,
+    purpose: Purpose,
+    system: &str,
+    user: String,
+    max_tokens: u32,
+) -> Called {
+    let what = purpose.as_str();
     let req = ModelRequest {
         model: v.model.model.clone(),
-        purpose: Purpose::Intake,
+        purpose,
         messages: vec![
             ChatMessage::text(Role::System, system),
             ChatMessage::text(Role::User, user),
@@ -499,14 +516,17 @@ async fn call(v: &Verifier, system: &str, user: String, max_tokens: u32, what: &
     };
     let charge = crate::spend::Charge {
         space: None,
-        purpose: crate::spend::SpendPurpose::Intake,
+        purpose: match purpose {
+            Purpose::Judge => crate::spend::SpendPurpose::Judge,
+            _ => crate::spend::SpendPurpose::Intake,
+        },
     };
     let called = {
         let _permit = v.gate.background().await;
         v.spend.call(&charge, &v.model.spec, &v.model, &req).await
     };
     match called {
-        Ok(a) => Called::Answer(a.response.text),
+        Ok(a) => Called::Answer(a.response.text, a.cost),
         Err(crate::spend::SpendError::Capped(hit)) => Called::Capped(hit.to_string()),
         Err(e) => {
             tracing::warn!(error = %e, "intake {what} call failed");
@@ -529,14 +549,14 @@ pub(crate) async fn verify(
     let prompt = verify_prompt(f, exchange);
     let answer = match call(
         v,
+        Purpose::Intake,
         verify_instructions(),
         prompt,
         VERIFY_MAX_TOKENS,
-        "verify",
     )
     .await
     {
-        Called::Answer(a) => a,
+        Called::Answer(a, _) => a,
         Called::Capped(hit) => {
             return Verified {
                 capped: Some(hit),
@@ -654,14 +674,14 @@ async fn draft_row(
     }
     let answer = match call(
         ctx.verifier,
+        Purpose::Intake,
         draft::instructions(),
         prompt,
         DRAFT_MAX_TOKENS,
-        "draft",
     )
     .await
     {
-        Called::Answer(a) => a,
+        Called::Answer(a, _) => a,
         Called::Capped(hit) => return Drafted::Capped(hit),
         Called::Failed => return no("the draft call failed"),
     };
@@ -1057,12 +1077,16 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             follows,
             draft: None,
             draft_note: None,
+            rehearsal: None,
         });
     }
     // Drafted fixes, for this host's own bot only: its workspace is the one
     // this intake can read, and the one approval can write.
-    if let Some(own) = ctx.own_data_dir {
-        let bot = own_bot(ctx.sources, own);
+    let own = ctx
+        .own_data_dir
+        .and_then(|own| own_bot(ctx.sources, own).map(|bot| (own, bot)));
+    if let Some((own, bot)) = &own {
+        let bot = Some(bot.clone());
         let mut capped: Option<String> = None;
         for row in rows.iter_mut().filter(|r| wants_draft(r, bot.as_deref())) {
             if let Some(cap) = &capped {
@@ -1101,6 +1125,7 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
         rows,
         approved_at: None,
         stopped,
+        own_bot: own.map(|(_, bot)| bot),
     };
     write_triage(ctx.intake_dir, &triage, ctx.gate)?;
     for (_, dir, text) in to_store {
@@ -1342,6 +1367,7 @@ mod tests {
                 follows: None,
                 draft: None,
                 draft_note: None,
+                rehearsal: None,
             }
         };
         let mine = Some("local");

@@ -101,6 +101,9 @@ pub(crate) struct LedgerRow {
     /// (`outcome`); none for a row rejected or left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<Draft>,
+    /// The rehearsal of the draft, when one ran before the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<crate::review::rehearse::Rehearsal>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -358,6 +361,7 @@ pub(crate) fn approve(
             when: now.clone(),
             paths,
             draft,
+            rehearsal: row.rehearsal.clone(),
         });
     }
     write_ledger(intake_dir, &ledger, gate)?;
@@ -689,6 +693,7 @@ mod tests {
             follows: None,
             draft: None,
             draft_note: None,
+            rehearsal: None,
         }
     }
 
@@ -707,6 +712,7 @@ mod tests {
             ],
             approved_at: None,
             stopped: None,
+            own_bot: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         // Row 1 as new would be written first; row 2 cannot attach to nothing.
@@ -763,6 +769,7 @@ mod tests {
             ],
             approved_at: None,
             stopped: None,
+            own_bot: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         // Row 1 as proposed, row 2 rejected, row 3 left out.
@@ -821,6 +828,7 @@ mod tests {
             ],
             approved_at: None,
             stopped: None,
+            own_bot: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         let err = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap_err();

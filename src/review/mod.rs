@@ -15,6 +15,7 @@
 //! - [`intake`]: pull, re-gate and triage other hosts' reports (M2.1).
 //! - [`ledger`]: owner approval, applying rows, `ledger.json`.
 //! - [`draft`]: a drafted `AGENTS.md`/`MEMORY.md` edit for a finding of this host's bot.
+//! - [`rehearse`]: what a rehearsal of a drafted fix records, and the judge's comparison.
 //! - [`weekly`]: the weekly synthesis (clusters, recall, verdicts); [`stats`] its figures.
 //! - [`trend`]: the last eight weeks, counted per week (the weekly's trend lines).
 //! - [`catalog`]: the reports on the box, listed and read back (the API's
@@ -39,6 +40,7 @@ pub(crate) mod intake;
 pub(crate) mod judge;
 pub(crate) mod ledger;
 pub(crate) mod reader;
+pub(crate) mod rehearse;
 pub(crate) mod relate;
 pub(crate) mod report;
 pub(crate) mod scan;

@@ -630,6 +630,22 @@ pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
 }
 
 /// Writes the baseline the diff compares against (called by the snapshot).
+/// Takes the baseline of the snapshot at `dir` again, after the caller
+/// changed the copy on purpose before its shadow first runs (a rehearsal's
+/// cut history and applied draft), so the diff shows only what the shadow
+/// did.
+pub fn rebase(dir: &Path) -> ShadowResult<PathBuf> {
+    for f in [BASELINE_DB, BASELINE_FILES, super::text_diff::BASELINE_TEXT] {
+        let p = dir.join(f);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("removing {}", p.display()))(e)),
+        }
+    }
+    write_baseline(dir)
+}
+
 pub fn write_baseline(dir: &Path) -> ShadowResult<PathBuf> {
     let shadow_dir = dir.join("shadow");
     crate::workspace::data_dir::private_dir(&shadow_dir)

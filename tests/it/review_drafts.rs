@@ -261,3 +261,141 @@ async fn review_draft_approved_on_the_dashboard_is_applied_by_the_host() {
     assert_eq!(r["reply"], "Paris.", "{r}");
     host.stop().await;
 }
+
+/// Checkpoint of issue 31: a known bad `AGENTS.md` line makes the bot
+/// answer wrongly; the daily review flags it, the intake drafts the fix,
+/// `mercury review rehearse` replays the message in six shadows (current
+/// fails 3/3, candidate passes 3/3, no side effects) without touching the
+/// live bot, approval applies the diff, and the next live turn is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_rehearsal_checkpoint_current_fails_candidate_passes_then_approval_fixes_live() {
+    let mut opts = options();
+    let compare = [
+        json!({"purpose": "judge", "match": "(?s)^user: Compare a replayed reply.*assistant: Lyon",
+               "reply": "{\"still\": true, \"reason\": \"It names Lyon again.\"}"}),
+        json!({"purpose": "judge", "match": "(?s)^user: Compare a replayed reply",
+               "reply": "{\"still\": false, \"reason\": \"It names Paris.\"}"}),
+    ];
+    let rules = opts.model["rules"].as_array_mut().unwrap();
+    for (i, r) in compare.into_iter().enumerate() {
+        rules.insert(i, r);
+    }
+    let host = TestHost::start(opts).await;
+    let base = format!("# Family bot\n{BAD}\nBe brief.\n");
+    host.create_space("family").await;
+    put_agents(&host, "family", &base).await;
+    host.chat("family", "What is the capital of France?").await;
+    let (st, run) = host
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!((st, run["findings"].as_u64()), (200, Some(1)), "{run}");
+    let data = host.data.to_str().unwrap().to_owned();
+    let out = output(mercury(&["review", "intake", "--data-dir", &data])).await;
+    assert!(out.status.success(), "{out:?}");
+    let intake = host.data.join("reviews/intake");
+    let triage_path = intake.join("triage.json");
+
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root_dir.path()).unwrap();
+    let root = root.to_str().unwrap().to_owned();
+    let rehearse = |row: &str| {
+        let mut c = mercury(&[
+            "review",
+            "rehearse",
+            row,
+            "--data-dir",
+            &data,
+            "--root",
+            &root,
+        ]);
+        c.env("HOME", &root);
+        c
+    };
+    // A row that is not there, and a finding of another source, are refused.
+    let out = output(rehearse("9")).await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let saved = std::fs::read_to_string(&triage_path).unwrap();
+    std::fs::write(
+        &triage_path,
+        saved.replace("\"bot\": \"local\"", "\"bot\": \"beta\""),
+    )
+    .unwrap();
+    let out = output(rehearse("1")).await;
+    std::fs::write(&triage_path, &saved).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is a finding of beta, taken in from another source"),
+        "{err}"
+    );
+
+    let out = output(rehearse("1")).await;
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains(
+            "row 1: the candidate fixes it: current failed 3 of 3, candidate passed 3 of 3"
+        ),
+        "{said}"
+    );
+    let triage: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&triage_path).unwrap()).unwrap();
+    let r = &triage["rows"][0]["rehearsal"];
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6, "{r}");
+    for (i, run) in runs.iter().enumerate() {
+        let (arm, answer, still) = if i < 3 {
+            ("current", "Lyon.", true)
+        } else {
+            ("candidate", "Paris.", false)
+        };
+        assert_eq!(
+            (
+                run["arm"].as_str(),
+                run["answer"].as_str(),
+                run["still"].as_bool()
+            ),
+            (Some(arm), Some(answer), Some(still)),
+            "{r}"
+        );
+        assert_eq!(run["side_effects"], json!([]), "no side effects: {r}");
+    }
+    // The live bot was not touched: its file, and its answer, are as before;
+    // no shadow is left running and the copies are gone.
+    assert_eq!(agents(&host, "family").await, base);
+    let r = host.chat("family", "What is the capital of France?").await;
+    assert_eq!(r["reply"], "Lyon.", "{r}");
+    let left: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|n| n.starts_with("rehearse-") || n == "running.json"),
+        "{left:?}"
+    );
+
+    // Approval carries the rehearsal into the ledger and applies the diff.
+    let out = output(mercury(&[
+        "review",
+        "approve",
+        "--data-dir",
+        &data,
+        "--rows",
+        "1",
+    ]))
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let ledger: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(intake.join("ledger.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        ledger["rows"][0]["rehearsal"]["candidate_passed"], 3,
+        "{ledger}"
+    );
+    assert_eq!(ledger["rows"][0]["draft"]["outcome"], "applied", "{ledger}");
+    let r = host.chat("family", "What is the capital of France?").await;
+    assert_eq!(r["reply"], "Paris.", "{r}");
+    host.stop().await;
+}
