@@ -57,6 +57,13 @@ struct PlantedExchange {
     /// The friction signals planted on this exchange.
     #[serde(default)]
     friction: Vec<String>,
+    /// The space's `AGENTS.md`, written before the host starts.
+    #[serde(default)]
+    agents_md: Option<String>,
+    /// What a rehearsal of this finding's drafted fix must find:
+    /// `fixes` (current fails, candidate passes) or `no_repro`.
+    #[serde(default)]
+    rehearsal: Option<String>,
 }
 
 #[derive(Deserialize, Clone)]
@@ -94,6 +101,11 @@ pub(crate) struct QualityReport {
     pub friction_planted: usize,
     pub friction_found: usize,
     pub friction_unplanted: usize,
+    /// Planted rehearsal truths, and the rehearsals whose verdict agreed.
+    pub rehearsal_planted: usize,
+    pub rehearsal_agreed: usize,
+    /// Each disagreement: the truth and the verdict.
+    pub rehearsal_disagreed: Vec<String>,
 }
 
 impl fmt::Display for QualityReport {
@@ -133,6 +145,16 @@ impl fmt::Display for QualityReport {
             self.friction_planted,
             self.friction_unplanted
         )?;
+        writeln!(
+            f,
+            "rehearsal agreement {:.3} ({} of {} planted verdicts: 3 replays an arm in shadows)",
+            ratio(self.rehearsal_agreed, self.rehearsal_planted),
+            self.rehearsal_agreed,
+            self.rehearsal_planted
+        )?;
+        for d in &self.rehearsal_disagreed {
+            writeln!(f, "rehearsal disagreed: {d}")?;
+        }
         Ok(())
     }
 }
@@ -247,6 +269,16 @@ pub(crate) async fn run() -> anyhow::Result<QualityReport> {
         })
         .await?;
     drop(store);
+    // The planted spaces' instructions, where the workspace would have them.
+    let paths = crate::workspace::DataPaths::new(&data);
+    for e in &set.exchanges {
+        if let Some(text) = &e.agents_md {
+            let id = crate::ids::SpaceId::parse(&e.space)
+                .map_err(|_| anyhow::anyhow!("{} is not a space id", e.space))?;
+            let ws = crate::workspace::ensure_workspace(&paths, &id)?;
+            std::fs::write(ws.join("AGENTS.md"), text)?;
+        }
+    }
     let host = TempHost::serve_in(dir, data).await?;
     let conn = host.connection(None);
     let summary = host
@@ -264,7 +296,12 @@ pub(crate) async fn run() -> anyhow::Result<QualityReport> {
             None,
         )
         .await?;
-    host.stop().await?;
+    let data = host.stop_and_keep().await?;
+    let rehearsed = rehearse_planted(&data, &set, &ids).await;
+    if let Some(temp) = data.parent() {
+        let _ = std::fs::remove_dir_all(temp);
+    }
+    let (rehearsal_planted, rehearsal_agreed, rehearsal_disagreed) = rehearsed?;
     let findings = report["report"]["findings"]
         .as_array()
         .cloned()
@@ -321,5 +358,103 @@ pub(crate) async fn run() -> anyhow::Result<QualityReport> {
         friction_planted: planted_friction.len(),
         friction_found: planted_friction.intersection(&listed).count(),
         friction_unplanted: listed.difference(&planted_friction).count(),
+        rehearsal_planted,
+        rehearsal_agreed,
+        rehearsal_disagreed,
     })
+}
+
+/// `mercury review intake` on the scanned data dir, then `mercury review
+/// rehearse` of each row whose finding has a planted rehearsal truth (the
+/// product's own commands, as an operator runs them); how many were
+/// planted, how many verdicts agreed, and each disagreement.
+async fn rehearse_planted(
+    data: &std::path::Path,
+    set: &PlantedSet,
+    ids: &[Option<i64>],
+) -> anyhow::Result<(usize, usize, Vec<String>)> {
+    let truth: Vec<(i64, String)> = set
+        .exchanges
+        .iter()
+        .zip(ids)
+        .filter_map(|(e, id)| Some(((*id)?, e.rehearsal.clone()?)))
+        .collect();
+    let exe = std::env::current_exe().context("the mercury binary")?;
+    let root = data.with_file_name("shadow-root");
+    let data_s = data.display().to_string();
+    let run = |args: Vec<String>| {
+        let exe = exe.clone();
+        let root = root.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(exe)
+                .args(args)
+                .env("MERCURY_SHADOW_ROOT", root)
+                .env("MERCURY_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .output()
+        })
+    };
+    let out = run(vec![
+        "review".into(),
+        "intake".into(),
+        "--data-dir".into(),
+        data_s.clone(),
+    ])
+    .await??;
+    anyhow::ensure!(
+        out.status.success(),
+        "mercury review intake: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let triage_path = data.join("reviews/intake/triage.json");
+    let triage: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&triage_path)?)?;
+    let mut agreed = 0;
+    let mut disagreed = Vec::new();
+    for (id, want) in &truth {
+        let row = triage["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["finding"]["message_id"].as_i64() == Some(*id));
+        let Some(n) = row.and_then(|r| r["row"].as_u64()) else {
+            disagreed.push(format!("{want}: the finding was not in the triage"));
+            continue;
+        };
+        let out = run(vec![
+            "review".into(),
+            "rehearse".into(),
+            n.to_string(),
+            "--data-dir".into(),
+            data_s.clone(),
+        ])
+        .await??;
+        if !out.status.success() {
+            disagreed.push(format!(
+                "{want}: rehearse failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            continue;
+        }
+        let after: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&triage_path)?)?;
+        let verdict = after["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["row"].as_u64() == Some(n))
+            .and_then(|r| r["rehearsal"]["verdict"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        let ok = match want.as_str() {
+            "fixes" => verdict.starts_with("the candidate fixes it"),
+            "no_repro" => verdict.starts_with("did not reproduce"),
+            _ => false,
+        };
+        if ok {
+            agreed += 1;
+        } else {
+            disagreed.push(format!("{want}: {verdict}"));
+        }
+    }
+    Ok((truth.len(), agreed, disagreed))
 }

@@ -87,6 +87,8 @@ struct TriageLine {
     /// A drafted fix's diff (empty: none), or why none was drafted.
     draft: String,
     draft_note: String,
+    /// The rehearsal's verdict (`mercury review rehearse`), when one ran.
+    rehearsal: String,
 }
 
 #[derive(Template)]
@@ -182,6 +184,7 @@ pub(super) async fn overview(
                     reason: r.reason,
                     paths: r.paths.join(", "),
                     draft: r.draft.map(|d| d.diff).unwrap_or_default(),
+                    rehearsal: r.rehearsal.map(|x| x.verdict).unwrap_or_default(),
                     draft_note: r.draft_note.unwrap_or_default(),
                 })
                 .collect(),

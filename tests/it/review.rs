@@ -1029,11 +1029,12 @@ async fn review_findings_cite_trace_steps_and_friction_signals_reach_the_reports
 }
 
 /// `mercury bench review-quality` on the planted set: every planted failing
-/// tool step is cited by its finding, and every planted friction signal is
-/// listed on its exchange with none that was not planted (issue 31). Not a
-/// timing: the figures are counts.
+/// tool step is cited by its finding, every planted friction signal is
+/// listed on its exchange with none that was not planted, and both planted
+/// rehearsals (a fix that works, a finding that does not reproduce) get the
+/// verdict planted (issue 31). Not a timing: the figures are counts.
 #[tokio::test]
-async fn review_quality_bench_scores_trace_citations_and_friction() {
+async fn review_quality_bench_scores_trace_citations_friction_and_rehearsals() {
     let out = tokio::task::spawn_blocking(|| {
         std::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
             .env_clear()
@@ -1049,7 +1050,8 @@ async fn review_quality_bench_scores_trace_citations_and_friction() {
     for want in [
         "trace citations 1.000 (2 of 2 planted failing steps cited by their finding)",
         "friction recall 1.000 (3 of 3 planted signals on their exchange; 0 not planted)",
-        "recall    0.900 (9 of 10 planted flagged)",
+        "recall    0.917 (11 of 12 planted flagged)",
+        "rehearsal agreement 1.000 (2 of 2 planted verdicts: 3 replays an arm in shadows)",
     ] {
         assert!(text.contains(want), "{want} missing in\n{text}");
     }

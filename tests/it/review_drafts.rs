@@ -242,6 +242,10 @@ async fn review_draft_approved_on_the_dashboard_is_applied_by_the_host() {
     let at = page.find("id=\"draft-1\"").expect("the row's draft");
     let shown = &page[at..at + page[at..].find("</details>").unwrap()];
     assert!(shown.contains(&format!("-{BAD}\n+{GOOD}")), "{shown}");
+    assert!(
+        shown.contains("Not rehearsed: <code>mercury review rehearse 1</code>"),
+        "{shown}"
+    );
     let csrf = csrf_of(&page);
     let (st, to) = post_form(
         &host,
