@@ -210,7 +210,9 @@ fn queue(store: &Store, slot: AuditSlot, outcome: Outcome) {
     let store = store.clone();
     let job = async move {
         store
-            .write_detached("space-link audit row", move |tx| slot.write_outcome(tx, outcome))
+            .write_detached("space-link audit row", move |tx| {
+                slot.write_outcome(tx, outcome)
+            })
             .await;
     };
     match tokio::runtime::Handle::try_current() {

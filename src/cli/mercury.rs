@@ -317,6 +317,18 @@ enum ReviewCommand {
         #[arg(long, default_value = "owner")]
         by: String,
     },
+    /// Replay a triage row's flagged message in shadows of the live bot,
+    /// three times as it is and three with the row's drafted change, and
+    /// attach the judge's verdicts to the row (the live bot is not touched).
+    Rehearse {
+        /// The triage row, as `approve --rows` names it.
+        row: usize,
+        #[arg(long, default_value = "./mercury-data", env = "MERCURY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// The shadow root (default: $HOME/mercury-shadow).
+        #[arg(long, env = "MERCURY_SHADOW_ROOT")]
+        root: Option<PathBuf>,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -751,7 +763,15 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     sets,
                     by,
                 },
-        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by),
+        } => crate::cli::review_intake::approve(&data_dir, all, rows.as_deref(), &sets, &by).await,
+        Command::Review {
+            command:
+                ReviewCommand::Rehearse {
+                    row,
+                    data_dir,
+                    root,
+                },
+        } => crate::cli::review_rehearse::rehearse(&data_dir, row, root.as_deref()).await,
         Command::Review { command } => review(command),
         Command::Bench {
             command:
@@ -902,7 +922,9 @@ fn review(cmd: ReviewCommand) -> ExitCode {
                 }
             }
         }
-        ReviewCommand::Intake { .. } | ReviewCommand::Approve { .. } => {
+        ReviewCommand::Intake { .. }
+        | ReviewCommand::Approve { .. }
+        | ReviewCommand::Rehearse { .. } => {
             // Dispatched (async) in `run` before this.
             ExitCode::from(1)
         }

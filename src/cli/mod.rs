@@ -9,5 +9,6 @@ pub mod mrctl;
 pub mod onboard;
 pub mod ops;
 pub mod review_intake;
+pub mod review_rehearse;
 pub mod shadow;
 pub mod storage;

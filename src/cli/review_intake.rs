@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 use crate::config::Settings;
 use crate::redaction::IdentifierGate;
+use crate::review::draft::DraftOutcome;
 use crate::review::intake::{self, IntakeError, IntakeRun, Source, Verifier};
 use crate::review::ledger::{self, Approval};
 use crate::review::scan;
@@ -203,6 +204,7 @@ pub async fn intake(
         gate: &gate,
         verifier: &verifier,
         review: &s.review,
+        own_data_dir: Some(data_dir),
     };
     match intake::run(&run).await {
         Ok(t) => {
@@ -234,7 +236,7 @@ pub async fn intake(
     }
 }
 
-pub fn approve(
+pub async fn approve(
     data_dir: &Path,
     all: bool,
     rows: Option<&str>,
@@ -277,20 +279,129 @@ pub fn approve(
             return ExitCode::from(2);
         }
     };
-    match ledger::approve(&dir, &approval, by, &gate) {
-        Ok(a) => {
-            println!(
-                "{} of {} row(s) approved and applied; every row is in {}",
-                a.applied,
-                a.rows,
-                dir.join("ledger.json").display()
-            );
-            for w in &a.written {
-                println!("wrote {w}");
+    // A drafted change is applied through the running host (its space's
+    // one writer): without one, nothing is approved.
+    let owner = owner_connection_if_drafts(&paths, &dir, &approval).await;
+    let owner = match owner {
+        Ok(c) => c,
+        Err(e) => return fail("approve", &e),
+    };
+    let a = match ledger::approve(&dir, &approval, by, &gate) {
+        Ok(a) => a,
+        Err(e) => return fail("approve", &e),
+    };
+    println!(
+        "{} of {} row(s) approved and applied; every row is in {}",
+        a.applied,
+        a.rows,
+        dir.join("ledger.json").display()
+    );
+    for w in &a.written {
+        println!("wrote {w}");
+    }
+    let mut code = ExitCode::SUCCESS;
+    if let Some(conn) = owner {
+        let store = crate::host::store_location(&s, &paths)
+            .ok()
+            .and_then(|at| crate::storage::Store::open_unmigrated(&at).ok());
+        for d in &a.drafts {
+            let applied = apply_draft(&conn, store.as_ref(), d).await;
+            let outcome = applied.outcome(&d.draft.file);
+            println!("row {}: draft of {}: {outcome}", d.row, d.draft.file);
+            if applied != DraftOutcome::Applied {
+                code = ExitCode::from(1);
             }
-            ExitCode::SUCCESS
+            if let Err(e) = ledger::record_draft_outcome(&dir, &d.ledger_id, &outcome, &gate) {
+                return fail("approve", &e);
+            }
         }
-        Err(e) => fail("approve", &e),
+    }
+    code
+}
+
+/// The owner's connection to the running host when the approval carries a
+/// draft; `Usage` (nothing written) when no host answers then.
+async fn owner_connection_if_drafts(
+    paths: &DataPaths,
+    dir: &Path,
+    approval: &Approval,
+) -> Result<Option<crate::client::Connection>, IntakeError> {
+    let Some(triage) = ledger::pending(dir)? else {
+        return Ok(None);
+    };
+    let rows = ledger::carries_drafts(&triage, approval);
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let refused = || {
+        IntakeError::Usage(format!(
+            "row {first} carries a drafted change, which is applied through the running host's \
+             files API, and no host answers on {}: start it (`mercury run`), or leave the row \
+             out; nothing was approved",
+            paths.socket.display()
+        ))
+    };
+    let conn = crate::cli::ops::owner_connection(paths).map_err(|_| refused())?;
+    match crate::client::request(&conn, reqwest::Method::GET, "/api/status", None).await {
+        Ok((200, _)) => Ok(Some(conn)),
+        _ => Err(refused()),
+    }
+}
+
+/// Applies one approved draft: its space from its message, the file read
+/// and checked against the draft's base, then written under `If-Match`.
+async fn apply_draft(
+    conn: &crate::client::Connection,
+    store: Option<&crate::storage::Store>,
+    d: &ledger::ApprovedDraft,
+) -> DraftOutcome {
+    let Some(store) = store else {
+        return DraftOutcome::Refused("this host's store could not be opened");
+    };
+    let id = d.message_id;
+    let space = match store
+        .read(move |c| crate::storage::messages::get(c, id))
+        .await
+    {
+        Ok(Some(m)) => m.space_id,
+        _ => return DraftOutcome::Refused("its message is not in this host's store"),
+    };
+    let conn = conn.clone().with_space(space);
+    let path = format!("/api/files/{}", d.draft.file);
+    let now = match crate::client::request(&conn, reqwest::Method::GET, &path, None).await {
+        Ok((200, v)) => match (v["content"].as_str(), v["hash"].as_str()) {
+            (Some(text), Some(hash)) => Some((text.to_owned(), hash.to_owned())),
+            _ => return DraftOutcome::Refused("the host's answer had no content"),
+        },
+        Ok((404, _)) => None,
+        _ => return DraftOutcome::Refused("the file could not be read through the host"),
+    };
+    let text = match d
+        .draft
+        .new_text(now.as_ref().map(|(t, h)| (t.as_str(), h.as_str())))
+    {
+        Ok(t) => t,
+        Err(a) => return a,
+    };
+    let header = if now.is_some() {
+        "if-match"
+    } else {
+        "if-none-match"
+    };
+    let body = serde_json::json!({ "content": text });
+    match crate::client::request_with_headers(
+        &conn,
+        reqwest::Method::PUT,
+        &path,
+        Some(body),
+        &[(header, d.draft.expect())],
+    )
+    .await
+    {
+        Ok((200, _)) => DraftOutcome::Applied,
+        Ok((412, _)) => DraftOutcome::Stale,
+        Ok(_) => DraftOutcome::Refused("the host refused the write"),
+        Err(_) => DraftOutcome::Refused("no host answered the write"),
     }
 }
 

@@ -35,6 +35,7 @@ use crate::model::gate::ModelGate;
 use crate::model::{ChatMessage, ModelRequest, Purpose, Role};
 use crate::redaction::{kind_list, IdentifierGate, Redactor};
 use crate::review::catalog::{self, ReportKind, ReportName};
+use crate::review::draft::{self, Draft};
 use crate::review::fingerprint::Fingerprint;
 use crate::review::judge::{FindingKind, Scope, TargetLayer};
 use crate::review::reader::{ExchangeReader, Window};
@@ -275,6 +276,17 @@ pub(crate) struct TriageRow {
     /// Known items matched, best first (relative to the intake dir).
     pub paths: Vec<String>,
     pub follows: Option<Follows>,
+    /// A drafted change of the space's `AGENTS.md` or `MEMORY.md`, for a
+    /// finding of this host's own bot on that layer ([`draft`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Draft>,
+    /// Why a finding that could have had a draft has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_note: Option<String>,
+    /// What `mercury review rehearse` found replaying the finding with and
+    /// without the draft.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<crate::review::rehearse::Rehearsal>,
 }
 
 /// A report that was not taken in, and why.
@@ -302,6 +314,10 @@ pub(crate) struct Triage {
     /// call budget); the reports left are taken in by the next intake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// The bot name of this host's own source, whose findings are drafted
+    /// and may be rehearsed; `None` when the intake read no such source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_bot: Option<String>,
 }
 
 /// The verify step's model (the CLI resolves it from the config).
@@ -326,6 +342,9 @@ pub(crate) struct IntakeRun<'a> {
     /// This host's review config: the redaction of a data dir source's
     /// exchanges for the verify step.
     pub review: &'a crate::config::ReviewConfig,
+    /// This host's data dir: a source reading it is this host's own bot,
+    /// whose findings get drafted fixes. `None`: nothing is drafted.
+    pub own_data_dir: Option<&'a Path>,
 }
 
 /// The instructions of a verify call.
@@ -386,6 +405,22 @@ impl<'a> Exchanges<'a> {
     /// cannot be read or would not pass (the verify then works from the
     /// finding alone).
     fn redacted(&mut self, bot: &str, message_id: i64, gate: &IdentifierGate) -> Option<String> {
+        let (_, text, reply, mut redactor, theirs) = self.exchange(bot, message_id)?;
+        let out = format!(
+            "user: {}\nassistant: {}",
+            redactor.redact_identifiers(&text),
+            redactor.redact_identifiers(&reply)
+        );
+        (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
+    }
+
+    /// A data dir source's exchange (space, user text, reply) with a fresh
+    /// redactor of that space's identifiers and its gate.
+    fn exchange(
+        &mut self,
+        bot: &str,
+        message_id: i64,
+    ) -> Option<(String, String, String, Redactor, &IdentifierGate)> {
         let (sources, review) = (self.sources, self.review);
         let src = self
             .bots
@@ -398,19 +433,16 @@ impl<'a> Exchanges<'a> {
             .spaces
             .entry(space.clone())
             .or_insert_with(|| {
-                let list = super::scan::redaction_list(review, reader.identifiers(&[space]).ok()?);
+                let list = super::scan::redaction_list(
+                    review,
+                    reader.identifiers(std::slice::from_ref(&space)).ok()?,
+                );
                 let redactor = Redactor::new(list).ok()?;
                 let gate = redactor.identifier_gate();
                 Some((redactor, gate))
             })
             .as_ref()?;
-        let mut redactor = redactor.fresh();
-        let out = format!(
-            "user: {}\nassistant: {}",
-            redactor.redact_identifiers(&text),
-            redactor.redact_identifiers(&reply)
-        );
-        (theirs.check(&out).is_ok() && gate.check(&out).is_ok()).then_some(out)
+        Some((space, text, reply, redactor.fresh(), theirs))
     }
 }
 
@@ -452,47 +484,86 @@ pub(crate) struct Verified {
     pub capped: Option<String>,
 }
 
+/// What one call of the intake's model came to.
+pub(crate) enum Called {
+    /// The answer's text and what it cost.
+    Answer(String, f64),
+    /// A spend cap stopped it: the cap, in words.
+    Capped(String),
+    Failed,
+}
+
+/// One call of the intake's model (verify, draft, or a rehearsal's
+/// comparison as `Purpose::Judge`): a background permit, reserved and
+/// settled through the spend seam under the same purpose.
+pub(crate) async fn call(
+    v: &Verifier,
+    purpose: Purpose,
+    system: &str,
+    user: String,
+    max_tokens: u32,
+) -> Called {
+    let what = purpose.as_str();
+    let req = ModelRequest {
+        model: v.model.model.clone(),
+        purpose,
+        messages: vec![
+            ChatMessage::text(Role::System, system),
+            ChatMessage::text(Role::User, user),
+        ],
+        tools: Vec::new(),
+        max_tokens,
+    };
+    let charge = crate::spend::Charge {
+        space: None,
+        purpose: match purpose {
+            Purpose::Judge => crate::spend::SpendPurpose::Judge,
+            _ => crate::spend::SpendPurpose::Intake,
+        },
+    };
+    let called = {
+        let _permit = v.gate.background().await;
+        v.spend.call(&charge, &v.model.spec, &v.model, &req).await
+    };
+    match called {
+        Ok(a) => Called::Answer(a.response.text, a.cost),
+        Err(crate::spend::SpendError::Capped(hit)) => Called::Capped(hit.to_string()),
+        Err(e) => {
+            tracing::warn!(error = %e, "intake {what} call failed");
+            Called::Failed
+        }
+    }
+}
+
 pub(crate) async fn verify(
     v: &Verifier,
     gate: &IdentifierGate,
     f: &IntakeFinding,
     exchange: Option<&str>,
 ) -> Verified {
-    let req = ModelRequest {
-        model: v.model.model.clone(),
-        purpose: Purpose::Intake,
-        messages: vec![
-            ChatMessage::text(Role::System, verify_instructions()),
-            ChatMessage::text(Role::User, verify_prompt(f, exchange)),
-        ],
-        tools: Vec::new(),
-        max_tokens: VERIFY_MAX_TOKENS,
-    };
     let unverified = |why: &str| Verified {
         real: None,
         reason: format!("not verified ({why}); kept as real"),
         capped: None,
     };
-    let charge = crate::spend::Charge {
-        space: None,
-        purpose: crate::spend::SpendPurpose::Intake,
-    };
-    let called = {
-        let _permit = v.gate.background().await;
-        v.spend.call(&charge, &v.model.spec, &v.model, &req).await
-    };
-    let answer = match called {
-        Ok(a) => a.response.text,
-        Err(crate::spend::SpendError::Capped(hit)) => {
+    let prompt = verify_prompt(f, exchange);
+    let answer = match call(
+        v,
+        Purpose::Intake,
+        verify_instructions(),
+        prompt,
+        VERIFY_MAX_TOKENS,
+    )
+    .await
+    {
+        Called::Answer(a, _) => a,
+        Called::Capped(hit) => {
             return Verified {
-                capped: Some(hit.to_string()),
+                capped: Some(hit),
                 ..unverified("a spend cap was reached")
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "intake verify call failed");
-            return unverified("the model call failed");
-        }
+        Called::Failed => return unverified("the model call failed"),
     };
     // Fail closed: an answer with an identifier is not used at all.
     if gate.check(&answer).is_err() {
@@ -520,6 +591,123 @@ pub(crate) async fn verify(
         reason,
         capped: None,
     }
+}
+
+/// Tokens of a draft answer.
+const DRAFT_MAX_TOKENS: u32 = 1200;
+/// Bytes of a file the drafter reads.
+const DRAFT_MAX_BYTES: usize = 64 << 10;
+
+/// What drafting a row came to.
+enum Drafted {
+    Made(Draft),
+    /// No draft, and why (a sentence for the triage).
+    NotMade(String),
+    /// A spend cap stopped the call.
+    Capped(String),
+}
+
+/// The bot name of the source that reads `own` (this host's data dir).
+fn own_bot(sources: &[Source], own: &Path) -> Option<String> {
+    let own = std::fs::canonicalize(own).ok()?;
+    sources.iter().find_map(|s| match &s.kind {
+        SourceKind::DataDir(d) if std::fs::canonicalize(d).ok()? == own => Some(s.bot.clone()),
+        _ => None,
+    })
+}
+
+/// Whether a row gets a draft: this host's bot, a layer with a file, and
+/// a decision that leads to work (not rejected, not a duplicate, not
+/// already fixed).
+fn wants_draft(row: &TriageRow, own: Option<&str>) -> bool {
+    own == Some(row.finding.bot.as_str())
+        && draft::file_of(row.finding.target_layer).is_some()
+        && matches!(
+            row.proposed,
+            Decision::New | Decision::Attach | Decision::Revisit
+        )
+}
+
+/// Drafts the change a row's finding asks for in its space's file.
+async fn draft_row(
+    ctx: &IntakeRun<'_>,
+    exchanges: &mut Exchanges<'_>,
+    own: &Path,
+    f: &IntakeFinding,
+) -> Drafted {
+    let no = |why: &str| Drafted::NotMade(why.to_owned());
+    let Some(file) = draft::file_of(f.target_layer) else {
+        return no("its layer has no file to draft");
+    };
+    let Some((space, _, _, mut redactor, theirs)) = exchanges.exchange(&f.bot, f.message_id) else {
+        return no("its exchange could not be read");
+    };
+    let Ok(space) = crate::ids::SpaceId::parse(&space) else {
+        return no("its space id is not one this host makes");
+    };
+    let workspace = crate::workspace::DataPaths::new(own).workspace(&space);
+    let (base, base_hash) = match crate::workspace::files::read(&workspace, file, DRAFT_MAX_BYTES) {
+        Ok(c) => (c.content, draft::hash_letters(&c.hash)),
+        Err(crate::workspace::files::FilesError::Path(
+            crate::workspace::safe::SafePathError::NotFound(_),
+        )) => (String::new(), String::new()),
+        Err(_) => return no("the file could not be read (not text, or too large)"),
+    };
+    let lines: Vec<&str> = base.lines().collect();
+    if lines.len() > draft::MAX_LINES {
+        return no("the file is longer than the drafter reads");
+    }
+    let redacted: Vec<String> = lines
+        .iter()
+        .map(|l| redactor.redact_identifiers(l))
+        .collect();
+    let finding = format!(
+        "kind: {}\nsummary: {}\nevidence: {}\nsuggestion: {}",
+        f.kind.as_str(),
+        one_line(&f.summary),
+        one_line(&f.evidence),
+        one_line(&f.suggestion)
+    );
+    let prompt = draft::prompt(file, &redacted, &finding);
+    if theirs.check(&prompt).is_err() || ctx.gate.check(&prompt).is_err() {
+        return no("the file could not be redacted for the model");
+    }
+    let answer = match call(
+        ctx.verifier,
+        Purpose::Intake,
+        draft::instructions(),
+        prompt,
+        DRAFT_MAX_TOKENS,
+    )
+    .await
+    {
+        Called::Answer(a, _) => a,
+        Called::Capped(hit) => return Drafted::Capped(hit),
+        Called::Failed => return no("the draft call failed"),
+    };
+    let (edit, reason) = match draft::parse_answer(&answer, lines.len()) {
+        Ok(x) => x,
+        Err(e) => return Drafted::NotMade(format!("the draft was refused: {e}")),
+    };
+    let diff = draft::unified_diff(file, &base, &edit);
+    // Fail closed: the diff shows the file's own lines, and the added ones
+    // are the model's.
+    let text = format!("{diff}\n{reason}\n{}", edit.add.join("\n"));
+    if theirs.check(&text).is_err() || ctx.gate.check(&text).is_err() {
+        return no("the draft would hold an identifier");
+    }
+    Drafted::Made(Draft {
+        file: file.to_owned(),
+        base_hash,
+        edit,
+        diff,
+        reason,
+        outcome: None,
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Lists a source's daily reports from `since` on.
@@ -887,7 +1075,40 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
             reason,
             paths,
             follows,
+            draft: None,
+            draft_note: None,
+            rehearsal: None,
         });
+    }
+    // Drafted fixes, for this host's own bot only: its workspace is the one
+    // this intake can read, and the one approval can write.
+    let own = ctx
+        .own_data_dir
+        .and_then(|own| own_bot(ctx.sources, own).map(|bot| (own, bot)));
+    if let Some((own, bot)) = &own {
+        let bot = Some(bot.clone());
+        let mut capped: Option<String> = None;
+        for row in rows.iter_mut().filter(|r| wants_draft(r, bot.as_deref())) {
+            if let Some(cap) = &capped {
+                row.draft_note = Some(format!("not drafted: a spend cap was reached ({cap})"));
+                continue;
+            }
+            if calls >= max_calls {
+                row.draft_note = Some(format!(
+                    "not drafted: review.intake_max_calls = {max_calls} calls were made"
+                ));
+                continue;
+            }
+            calls += 1;
+            match draft_row(ctx, &mut exchanges, own, &row.finding).await {
+                Drafted::Made(d) => row.draft = Some(d),
+                Drafted::NotMade(why) => row.draft_note = Some(format!("not drafted: {why}")),
+                Drafted::Capped(cap) => {
+                    row.draft_note = Some(format!("not drafted: a spend cap was reached ({cap})"));
+                    capped = Some(cap);
+                }
+            }
+        }
     }
     // A report left for the next intake is neither stored nor counted as
     // taken in, so the next intake pulls it again.
@@ -904,6 +1125,7 @@ pub(crate) async fn run(ctx: &IntakeRun<'_>) -> Result<Triage, IntakeError> {
         rows,
         approved_at: None,
         stopped,
+        own_bot: own.map(|(_, bot)| bot),
     };
     write_triage(ctx.intake_dir, &triage, ctx.gate)?;
     for (_, dir, text) in to_store {
@@ -1016,6 +1238,33 @@ pub(crate) fn triage_markdown(t: &Triage) -> String {
     for r in &t.rows {
         md.push_str(&format!("{}. {}\n", r.row, cell(&r.finding.summary)));
     }
+    let drafted: Vec<&TriageRow> = t
+        .rows
+        .iter()
+        .filter(|r| r.draft.is_some() || r.draft_note.is_some())
+        .collect();
+    if !drafted.is_empty() {
+        md.push_str(
+            "\n## Drafted fixes\n\nApproving a row applies its draft to the space's file \
+             through the running host's files API, only if the file is still as it was drafted \
+             from; rejecting it, or leaving it out, writes nothing.\n",
+        );
+        for r in drafted {
+            match (&r.draft, &r.draft_note) {
+                (Some(d), _) => md.push_str(&format!(
+                    "\n### Row {}: {}\n\n{}\n\n```diff\n{}```\n",
+                    r.row,
+                    d.file,
+                    cell(&d.reason),
+                    d.diff
+                )),
+                (None, Some(note)) => {
+                    md.push_str(&format!("\n### Row {}\n\n{}\n", r.row, cell(note)));
+                }
+                (None, None) => {}
+            }
+        }
+    }
     md.push_str(
         "\nApprove with `mercury review approve --all`, `--rows 1,3` or `--set 2=new`; \
          nothing is applied before.\n",
@@ -1081,6 +1330,79 @@ pub(crate) fn counts(t: &Triage) -> BTreeMap<&'static str, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn review_intake_drafts_only_for_this_hosts_bot_and_a_layer_with_a_file() {
+        let own = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let sources = vec![
+            parse_source(&format!("beta={}", other.path().display()), None).unwrap(),
+            // The same dir spelled another way is still this host.
+            parse_source(&format!("local={}/.", own.path().display()), None).unwrap(),
+            parse_source("gamma=https://gamma.example", None).unwrap(),
+        ];
+        assert_eq!(own_bot(&sources, own.path()).as_deref(), Some("local"));
+        assert_eq!(own_bot(&sources[..1], own.path()), None);
+        let row = |bot: &str, layer: TargetLayer, proposed: Decision| {
+            let finding = IntakeFinding {
+                bot: bot.into(),
+                date: "2026-12-05".into(),
+                space: "family".into(),
+                message_id: 1,
+                kind: FindingKind::WrongAnswer,
+                scope: Scope::Space,
+                target_layer: layer,
+                severity: 2,
+                summary: "s".into(),
+                evidence: String::new(),
+                suggestion: String::new(),
+            };
+            TriageRow {
+                row: 1,
+                fingerprint: finding.fingerprint(),
+                finding,
+                proposed,
+                reason: String::new(),
+                paths: Vec::new(),
+                follows: None,
+                draft: None,
+                draft_note: None,
+                rehearsal: None,
+            }
+        };
+        let mine = Some("local");
+        assert!(wants_draft(
+            &row("local", TargetLayer::AgentsMd, Decision::New),
+            mine
+        ));
+        assert!(wants_draft(
+            &row("local", TargetLayer::Memory, Decision::Revisit),
+            mine
+        ));
+        // Another source's finding, even with this host's wording.
+        assert!(!wants_draft(
+            &row("beta", TargetLayer::AgentsMd, Decision::New),
+            mine
+        ));
+        assert!(!wants_draft(
+            &row("local", TargetLayer::AgentsMd, Decision::New),
+            None
+        ));
+        assert!(!wants_draft(
+            &row("local", TargetLayer::Model, Decision::New),
+            mine
+        ));
+        for d in [
+            Decision::Reject,
+            Decision::Duplicate,
+            Decision::FixedNotDeployed,
+        ] {
+            assert!(
+                !wants_draft(&row("local", TargetLayer::AgentsMd, d), mine),
+                "{d:?}"
+            );
+        }
+    }
 
     #[test]
     fn review_intake_sources_and_bot_names_are_validated() {

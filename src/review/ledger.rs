@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::redaction::IdentifierGate;
+use crate::review::draft::Draft;
 use crate::review::fingerprint::{self, Fingerprint};
 use crate::review::intake::{self, Decision, IntakeError, Triage, TriageRow};
 use crate::review::judge::FindingKind;
@@ -96,6 +97,13 @@ pub(crate) struct LedgerRow {
     pub when: String,
     /// Items matched or written.
     pub paths: Vec<String>,
+    /// The drafted change approved with this row, and what applying it did
+    /// (`outcome`); none for a row rejected or left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Draft>,
+    /// The rehearsal of the draft, when one ran before the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<crate::review::rehearse::Rehearsal>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -204,6 +212,19 @@ pub(crate) struct Approved {
     pub applied: usize,
     /// Items written or extended.
     pub written: Vec<String>,
+    /// Drafted changes approved: each is the caller's to apply through the
+    /// files API, then to record with [`record_draft_outcome`].
+    pub drafts: Vec<ApprovedDraft>,
+}
+
+/// A drafted change an approval carries, for its caller to apply.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct ApprovedDraft {
+    pub ledger_id: String,
+    pub row: usize,
+    /// The finding's message: its space is the draft's.
+    pub message_id: i64,
+    pub draft: Draft,
 }
 
 /// Applies the approved rows of the pending triage and appends every row
@@ -280,6 +301,7 @@ pub(crate) fn approve(
         approved: 0,
         applied: 0,
         written: Vec::new(),
+        drafts: Vec::new(),
     };
     // (row, final decision, paths) of rows already handled, for duplicates.
     let mut done: Vec<(usize, Option<Decision>, Vec<String>)> = Vec::new();
@@ -287,6 +309,27 @@ pub(crate) fn approve(
         let approved = approved_as(row);
         let mut paths = row.paths.clone();
         let mut applied = false;
+        let id = row_id();
+        // A draft goes with an approval that leads to work on the finding.
+        let draft = row.draft.clone().filter(|_| {
+            matches!(
+                approved,
+                Some(
+                    Decision::New
+                        | Decision::Attach
+                        | Decision::Revisit
+                        | Decision::FixedNotDeployed
+                )
+            )
+        });
+        if let Some(d) = &draft {
+            out.drafts.push(ApprovedDraft {
+                ledger_id: id.clone(),
+                row: row.row,
+                message_id: row.finding.message_id,
+                draft: d.clone(),
+            });
+        }
         if let Some(decision) = approved {
             out.approved += 1;
             let (effect, target) = effect_of(row, decision, &done);
@@ -303,7 +346,7 @@ pub(crate) fn approve(
             done.push((row.row, None, paths.clone()));
         }
         ledger.rows.push(LedgerRow {
-            id: row_id(),
+            id,
             fingerprint: row.fingerprint.clone(),
             bot: row.finding.bot.clone(),
             date: row.finding.date.clone(),
@@ -317,12 +360,55 @@ pub(crate) fn approve(
             who: who.to_owned(),
             when: now.clone(),
             paths,
+            draft,
+            rehearsal: row.rehearsal.clone(),
         });
     }
     write_ledger(intake_dir, &ledger, gate)?;
     triage.approved_at = Some(now);
     intake::write_triage(intake_dir, &triage, gate)?;
     Ok(out)
+}
+
+/// Records what applying a ledger row's draft did (`applied`, `stale`, or
+/// why it was not applied). The caller holds the intake lock, as for
+/// [`approve`].
+pub(crate) fn record_draft_outcome(
+    intake_dir: &Path,
+    ledger_id: &str,
+    outcome: &str,
+    gate: &IdentifierGate,
+) -> Result<(), IntakeError> {
+    let mut ledger = read(intake_dir)?;
+    let draft = ledger
+        .rows
+        .iter_mut()
+        .find(|r| r.id == ledger_id)
+        .and_then(|r| r.draft.as_mut())
+        .ok_or_else(|| IntakeError::Usage(format!("ledger row {ledger_id} has no draft")))?;
+    draft.outcome = Some(outcome.to_owned());
+    write_ledger(intake_dir, &ledger, gate)
+}
+
+/// Whether the approval would carry a drafted change (its caller must be
+/// able to apply it: a running host).
+pub(crate) fn carries_drafts(triage: &Triage, approval: &Approval) -> Vec<usize> {
+    triage
+        .rows
+        .iter()
+        .filter(|r| r.draft.is_some())
+        .filter(|r| match approval {
+            Approval::All => r.proposed != Decision::Reject && r.proposed != Decision::Duplicate,
+            Approval::Rows(chosen) => chosen.iter().any(|(n, d)| {
+                *n == r.row
+                    && !matches!(
+                        d.unwrap_or(r.proposed),
+                        Decision::Reject | Decision::Duplicate
+                    )
+            }),
+        })
+        .map(|r| r.row)
+        .collect()
 }
 
 /// The item a planned `new` row stands for in `approve`'s dry pass.
@@ -605,6 +691,9 @@ mod tests {
             reason: "r".into(),
             paths: Vec::new(),
             follows: None,
+            draft: None,
+            draft_note: None,
+            rehearsal: None,
         }
     }
 
@@ -623,6 +712,7 @@ mod tests {
             ],
             approved_at: None,
             stopped: None,
+            own_bot: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         // Row 1 as new would be written first; row 2 cannot attach to nothing.
@@ -645,6 +735,61 @@ mod tests {
         assert_eq!((done.rows, done.applied, done.written.len()), (2, 2, 2));
         assert_eq!(read(tmp.path()).unwrap().rows.len(), 2);
         assert!(pending(tmp.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn review_ledger_only_a_row_approved_for_work_carries_its_draft() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gate = IdentifierGate::new(&crate::redaction::RedactionList::new()).unwrap();
+        let drafted = |n: usize, summary: &str| {
+            let mut r = row(n, summary, Decision::New);
+            r.draft = Some(Draft {
+                file: "AGENTS.md".into(),
+                base_hash: String::new(),
+                edit: crate::review::draft::Edit {
+                    remove: Vec::new(),
+                    add: vec![format!("Line {n}.")],
+                    after: 0,
+                },
+                diff: String::new(),
+                reason: String::new(),
+                outcome: None,
+            });
+            r
+        };
+        let triage = Triage {
+            made_at: "2026-12-05T05:00:00Z".into(),
+            taken_in: vec!["local/2026-12-05".into()],
+            refused: Vec::new(),
+            invalid_findings: 0,
+            rows: vec![
+                drafted(1, "a wrong capital"),
+                drafted(2, "a rude greeting"),
+                drafted(3, "a missed reminder"),
+            ],
+            approved_at: None,
+            stopped: None,
+            own_bot: None,
+        };
+        intake::write_triage(tmp.path(), &triage, &gate).unwrap();
+        // Row 1 as proposed, row 2 rejected, row 3 left out.
+        let approval = Approval::Rows(vec![(1, None), (2, Some(Decision::Reject))]);
+        assert_eq!(carries_drafts(&triage, &approval), [1]);
+        assert_eq!(carries_drafts(&triage, &Approval::All), [1, 2, 3]);
+        let done = approve(tmp.path(), &approval, "owner", &gate).unwrap();
+        assert_eq!(done.drafts.iter().map(|d| d.row).collect::<Vec<_>>(), [1]);
+        let ledger = read(tmp.path()).unwrap();
+        let with_draft: Vec<bool> = ledger.rows.iter().map(|r| r.draft.is_some()).collect();
+        assert_eq!(with_draft, [true, false, false]);
+        // The outcome lands on that row, and only a row with a draft takes one.
+        record_draft_outcome(tmp.path(), &done.drafts[0].ledger_id, "applied", &gate).unwrap();
+        let ledger = read(tmp.path()).unwrap();
+        assert_eq!(
+            ledger.rows[0].draft.as_ref().unwrap().outcome.as_deref(),
+            Some("applied")
+        );
+        let other = ledger.rows[1].id.clone();
+        assert!(record_draft_outcome(tmp.path(), &other, "applied", &gate).is_err());
     }
 
     #[test]
@@ -683,6 +828,7 @@ mod tests {
             ],
             approved_at: None,
             stopped: None,
+            own_bot: None,
         };
         intake::write_triage(tmp.path(), &triage, &gate).unwrap();
         let err = approve(tmp.path(), &Approval::All, "owner", &gate).unwrap_err();

@@ -14,7 +14,10 @@
 //! - [`relate`]: known items of the intake directory ranked for a finding (BM25).
 //! - [`intake`]: pull, re-gate and triage other hosts' reports (M2.1).
 //! - [`ledger`]: owner approval, applying rows, `ledger.json`.
+//! - [`draft`]: a drafted `AGENTS.md`/`MEMORY.md` edit for a finding of this host's bot.
+//! - [`rehearse`]: what a rehearsal of a drafted fix records, and the judge's comparison.
 //! - [`weekly`]: the weekly synthesis (clusters, recall, verdicts); [`stats`] its figures.
+//! - [`trend`]: the last eight weeks, counted per week (the weekly's trend lines).
 //! - [`catalog`]: the reports on the box, listed and read back (the API's
 //!   `GET /api/review/reports`).
 //!
@@ -30,16 +33,19 @@
 
 pub(crate) mod catalog;
 pub(crate) mod digest;
+pub(crate) mod draft;
 pub(crate) mod fingerprint;
 pub(crate) mod friction;
 pub(crate) mod intake;
 pub(crate) mod judge;
 pub(crate) mod ledger;
 pub(crate) mod reader;
+pub(crate) mod rehearse;
 pub(crate) mod relate;
 pub(crate) mod report;
 pub(crate) mod scan;
 pub(crate) mod stats;
+pub(crate) mod trend;
 pub(crate) mod weekly;
 
 use std::time::Duration;

@@ -471,7 +471,7 @@ pub(crate) fn choose_spaces(
     (chosen, skipped)
 }
 
-pub(super) fn redaction_list(
+pub(crate) fn redaction_list(
     cfg: &ReviewConfig,
     ids: crate::review::reader::WindowIdentifiers,
 ) -> RedactionList {

@@ -17,7 +17,12 @@
 //!   [`stats::MIN_VERDICTS`].
 //! - **Friction**: the friction signals of the week, per space and per
 //!   signal, summed from this host's daily reports of the seven days (each
-//!   daily counted them over its own window, from the conversation itself).
+//!   daily counted them over its own window, from the conversation itself),
+//!   and each space's signals per week over the last eight weeks.
+//! - **Trends**: the findings of the last eight weeks (every bot's) are
+//!   clustered the same way; each cluster of this week carries its count per
+//!   week ([`trend`]), and a cluster seen in earlier weeks but not this one
+//!   is listed as quiet (a fix that worked, or a problem gone unjudged).
 //! - The cost of the weekly judge calls.
 //!
 //! Must never: write a report the gate has not passed, put unredacted text
@@ -42,6 +47,7 @@ use crate::review::judge::{self, JudgeExchange, JudgeJob};
 use crate::review::reader::{Exchange, Window};
 use crate::review::report::{self, Skip};
 use crate::review::stats::{self, Confusion, Precision, Recall};
+use crate::review::trend;
 use crate::review::{ledger, scan, ReviewError};
 use crate::runtime::Runtime;
 
@@ -73,6 +79,11 @@ pub(crate) struct Cluster {
     /// The first member's summary.
     pub summary: String,
     pub members: Vec<Member>,
+    /// Findings of the cluster per week over the last eight weeks, oldest
+    /// first (every member of those weeks, not only this week's).
+    pub weeks: Vec<u64>,
+    /// The newest member's date.
+    pub last_seen: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
@@ -111,6 +122,12 @@ pub(crate) struct WeeklyReport {
     pub verdicts: Verdicts,
     /// Friction signals of the seven days, per (redacted) space and signal.
     pub friction: friction::Counts,
+    /// The last day of each week of the trends, oldest first.
+    pub trend_weeks: Vec<String>,
+    /// Clusters of the earlier weeks with no finding this week.
+    pub quiet: Vec<Cluster>,
+    /// Every friction signal per week, oldest first, per (redacted) space.
+    pub friction_weeks: BTreeMap<String, Vec<u64>>,
     pub footer: WeeklyFooter,
 }
 
@@ -129,69 +146,117 @@ pub(crate) struct WeeklySummary {
     pub currency: String,
 }
 
-/// Clusters findings: each joins the first cluster of its kind and layer
-/// whose first member's summary is alike, else starts one.
-pub(crate) fn cluster(findings: &[IntakeFinding]) -> Vec<Cluster> {
-    let mut out: Vec<(Fingerprint, Cluster, BTreeSet<String>)> = Vec::new();
+/// Groups findings: each joins the first group of its kind and layer whose
+/// first member's summary is alike, else starts one. Spaces and bots do not
+/// split a group: that is what makes the clustering cross-bot.
+fn group(findings: &[IntakeFinding]) -> Vec<Vec<&IntakeFinding>> {
+    let mut out: Vec<(Fingerprint, Vec<&IntakeFinding>)> = Vec::new();
     for f in findings {
         let fp = f.fingerprint();
-        let member = Member {
-            bot: f.bot.clone(),
-            date: f.date.clone(),
-            space: f.space.clone(),
-            message_id: f.message_id,
-        };
-        let found = out.iter_mut().find(|(head, c, _)| {
-            c.kind == f.kind.as_str()
-                && c.target_layer == f.target_layer.as_str()
+        let found = out.iter_mut().find(|(head, members)| {
+            members[0].kind == f.kind
+                && members[0].target_layer == f.target_layer
                 && head.summary_similarity(&fp) >= SAME_FINDING
         });
         match found {
-            Some((_, c, scopes)) => {
-                c.members.push(member);
-                scopes.insert(f.scope.as_str().to_owned());
-            }
-            None => out.push((
-                fp,
-                Cluster {
-                    kind: f.kind.as_str().to_owned(),
-                    target_layer: f.target_layer.as_str().to_owned(),
-                    scope: String::new(),
-                    promoted: false,
-                    spaces: Vec::new(),
-                    bots: Vec::new(),
-                    findings: 0,
-                    summary: f.summary.clone(),
-                    members: vec![member],
-                },
-                [f.scope.as_str().to_owned()].into(),
-            )),
+            Some((_, members)) => members.push(f),
+            None => out.push((fp, vec![f])),
         }
     }
-    let mut clusters: Vec<Cluster> = out
-        .into_iter()
-        .map(|(_, mut c, scopes)| {
-            let spaces: BTreeSet<String> = c.members.iter().map(|m| m.space.clone()).collect();
-            let bots: BTreeSet<String> = c.members.iter().map(|m| m.bot.clone()).collect();
-            c.promoted = spaces.len() >= 2;
-            c.scope = if c.promoted || scopes.contains("global") {
-                "global".into()
-            } else {
-                "space".into()
-            };
-            c.spaces = spaces.into_iter().collect();
-            c.bots = bots.into_iter().collect();
-            c.findings = c.members.len() as u64;
-            c
-        })
-        .collect();
+    out.into_iter().map(|(_, members)| members).collect()
+}
+
+/// One group as a cluster (`members` is never empty); `weeks` is left for
+/// the caller.
+fn summarise(members: &[&IntakeFinding]) -> Cluster {
+    let spaces: BTreeSet<String> = members.iter().map(|f| f.space.clone()).collect();
+    let bots: BTreeSet<String> = members.iter().map(|f| f.bot.clone()).collect();
+    let promoted = spaces.len() >= 2;
+    let global = members.iter().any(|f| f.scope.as_str() == "global");
+    let first = members[0];
+    Cluster {
+        kind: first.kind.as_str().to_owned(),
+        target_layer: first.target_layer.as_str().to_owned(),
+        scope: if promoted || global {
+            "global"
+        } else {
+            "space"
+        }
+        .into(),
+        promoted,
+        spaces: spaces.into_iter().collect(),
+        bots: bots.into_iter().collect(),
+        findings: members.len() as u64,
+        summary: first.summary.clone(),
+        members: members
+            .iter()
+            .map(|f| Member {
+                bot: f.bot.clone(),
+                date: f.date.clone(),
+                space: f.space.clone(),
+                message_id: f.message_id,
+            })
+            .collect(),
+        weeks: Vec::new(),
+        last_seen: members
+            .iter()
+            .map(|f| f.date.as_str())
+            .max()
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// Widest spread first, then the most findings.
+fn sort_clusters(clusters: &mut [Cluster]) {
     clusters.sort_by(|a, b| {
         b.spaces
             .len()
             .cmp(&a.spaces.len())
             .then(b.findings.cmp(&a.findings))
     });
-    clusters
+}
+
+/// The findings of the last eight weeks clustered across bots (see
+/// [`group`]; a cluster spanning two or more spaces is promoted to `global`
+/// scope): this week's
+/// clusters (their members, spaces and scope from this week alone), then
+/// the quiet ones (seen in an earlier week only). Each carries its count
+/// per week, oldest first.
+pub(crate) fn clusters_with_trends(
+    findings: &[IntakeFinding],
+    today: chrono::NaiveDate,
+) -> (Vec<Cluster>, Vec<Cluster>) {
+    let (mut current, mut quiet) = (Vec::new(), Vec::new());
+    for members in group(findings) {
+        let members: Vec<&IntakeFinding> = members
+            .into_iter()
+            .filter(|f| trend::week_of(today, &f.date).is_some())
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let weeks = trend::per_week(today, members.iter().map(|f| f.date.as_str()));
+        let this_week: Vec<&IntakeFinding> = members
+            .iter()
+            .copied()
+            .filter(|f| trend::week_of(today, &f.date) == Some(0))
+            .collect();
+        let (mut c, into) = if this_week.is_empty() {
+            (summarise(&members), &mut quiet)
+        } else {
+            (summarise(&this_week), &mut current)
+        };
+        c.weeks = weeks;
+        into.push(c);
+    }
+    sort_clusters(&mut current);
+    quiet.sort_by(|a, b| {
+        b.last_seen
+            .cmp(&a.last_seen)
+            .then(b.findings.cmp(&a.findings))
+    });
+    (current, quiet)
 }
 
 /// Precision and κ from the ledger's rows with an owner verdict: the judge
@@ -235,6 +300,12 @@ impl WeeklyReport {
             "Seven days, from {} to {}.\n\n",
             self.since_date, self.until_date
         ));
+        if let Some(first) = self.trend_weeks.first() {
+            // Each week ends on the day named; the counts below are oldest first.
+            md.push_str(&format!(
+                "Trends count eight weeks, the first ending on {first}\n\n"
+            ));
+        }
         md.push_str(&format!("## Clusters ({})\n\n", self.clusters.len()));
         if self.clusters.is_empty() {
             md.push_str("No findings in these days.\n\n");
@@ -270,7 +341,30 @@ impl WeeklyReport {
                     )
                 })
                 .collect();
-            md.push_str(&format!("- seen: {}\n\n", seen.join("; ")));
+            md.push_str(&format!("- seen: {}\n", seen.join("; ")));
+            md.push_str(&format!(
+                "- per week, oldest first: {}\n\n",
+                trend::line(&c.weeks)
+            ));
+        }
+        if !self.quiet.is_empty() {
+            md.push_str(&format!(
+                "## Quiet this week ({})\n\nSeen in an earlier week, not in this one.\n\n",
+                self.quiet.len()
+            ));
+            for c in &self.quiet {
+                md.push_str(&format!(
+                    "- {} / {}: {}; spaces: {}; bots: {}; per week, oldest first: {}; last seen {}\n",
+                    c.kind,
+                    c.target_layer,
+                    c.summary.replace('\n', " "),
+                    c.spaces.join(", "),
+                    c.bots.join(", "),
+                    trend::line(&c.weeks),
+                    c.last_seen
+                ));
+            }
+            md.push('\n');
         }
         md.push_str("## Friction signals (this week, per space)\n\n");
         if self.friction.is_empty() {
@@ -281,6 +375,13 @@ impl WeeklyReport {
                     "- {space}: {}\n",
                     report::friction_counts_line(counts)
                 ));
+            }
+            md.push('\n');
+        }
+        if !self.friction_weeks.is_empty() {
+            md.push_str("## Friction signals per week (eight weeks, oldest first)\n\n");
+            for (space, weeks) in &self.friction_weeks {
+                md.push_str(&format!("- {space}: {}\n", trend::line(weeks)));
             }
             md.push('\n');
         }
@@ -372,6 +473,7 @@ impl WeeklyReport {
     fn ids(&self) -> BTreeSet<i64> {
         self.clusters
             .iter()
+            .chain(&self.quiet)
             .flat_map(|c| c.members.iter().map(|m| m.message_id))
             .collect()
     }
@@ -399,14 +501,14 @@ pub(crate) fn add_friction(into: &mut friction::Counts, json: &Value) {
     }
 }
 
-/// The findings of this host's daily reports in `dates`, and their
-/// friction counts summed.
+/// The findings of this host's daily reports in `dates`, and each
+/// report's friction counts by its date.
 fn local_findings(
     reviews: &std::path::Path,
     dates: &BTreeSet<String>,
-) -> (Vec<IntakeFinding>, friction::Counts) {
+) -> (Vec<IntakeFinding>, Vec<(String, friction::Counts)>) {
     let mut out = Vec::new();
-    let mut counts = friction::Counts::new();
+    let mut by_day = Vec::new();
     for e in catalog::list(reviews).unwrap_or_default() {
         if e.kind != ReportKind::Daily || !dates.contains(&e.date) {
             continue;
@@ -417,10 +519,40 @@ fn local_findings(
         };
         if let Ok(json) = catalog::read(reviews, &name) {
             out.extend(intake::findings_of(LOCAL_BOT, &e.date, &json).0);
+            let mut counts = friction::Counts::new();
             add_friction(&mut counts, &json);
+            by_day.push((e.date.clone(), counts));
         }
     }
-    (out, counts)
+    (out, by_day)
+}
+
+/// This week's friction per space and signal, and every space's signals
+/// per week over the trend's weeks.
+fn friction_of(
+    by_day: &[(String, friction::Counts)],
+    today: chrono::NaiveDate,
+) -> (friction::Counts, BTreeMap<String, Vec<u64>>) {
+    let mut week = friction::Counts::new();
+    let mut weeks: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (date, counts) in by_day {
+        let Some(w) = trend::week_of(today, date) else {
+            continue;
+        };
+        for (space, signals) in counts {
+            let slot = &mut weeks
+                .entry(space.clone())
+                .or_insert_with(|| vec![0; trend::WEEKS])[trend::WEEKS - 1 - w];
+            *slot += signals.values().sum::<u64>();
+            if w == 0 {
+                let into = week.entry(space.clone()).or_default();
+                for (signal, n) in signals {
+                    *into.entry(*signal).or_default() += n;
+                }
+            }
+        }
+    }
+    (week, weeks)
 }
 
 /// The exchanges of the window the daily judge did not flag, and how many
@@ -508,13 +640,17 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         .collect();
     let date = today.format("%Y-%m-%d").to_string();
     let since_date = dates.iter().next().cloned().unwrap_or_default();
+    // Findings and friction of the trend's eight weeks; the week's own
+    // figures are the last of them.
+    let trend_dates = trend::dates(today);
     let reviews = rt.paths.reviews.clone();
     let intake_dir = ledger::intake_dir(&reviews, &rt.settings.review);
 
     // Findings: this host's, then the other bots' the intake took in
     // (leaving out this host's own reports if the intake took them in too).
-    let (mut findings, ledger, friction) = {
-        let (reviews, intake_dir, dates) = (reviews.clone(), intake_dir.clone(), dates.clone());
+    let (mut findings, ledger, friction_by_day) = {
+        let (reviews, intake_dir, dates) =
+            (reviews.clone(), intake_dir.clone(), trend_dates.clone());
         tokio::task::spawn_blocking(move || {
             let (local, friction) = local_findings(&reviews, &dates);
             let mine: BTreeSet<(String, i64, String)> = local
@@ -541,7 +677,10 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
             b.message_id,
         ))
     });
-    let clusters = cluster(&findings);
+    let (clusters, quiet) = clusters_with_trends(&findings, today);
+    let (friction, friction_weeks) = friction_of(&friction_by_day, today);
+    // The rest of the report is about this week alone.
+    findings.retain(|f| dates.contains(&f.date));
 
     // Recall spot check over this host's exchanges of the same days.
     let flagged_ids: BTreeSet<i64> = findings
@@ -615,6 +754,9 @@ pub(crate) async fn run(rt: Arc<Runtime>) -> Result<WeeklySummary, ReviewError> 
         recall,
         verdicts,
         friction,
+        trend_weeks: trend::week_ends(today),
+        quiet,
+        friction_weeks,
         footer,
     };
     let md = report.to_markdown();
@@ -713,7 +855,8 @@ mod tests {
                 4,
             ),
         ];
-        let c = cluster(&all);
+        let (c, quiet) = clusters_with_trends(&all, day("2026-09-28"));
+        assert!(quiet.is_empty());
         assert_eq!(c.len(), 3, "{c:#?}");
         assert_eq!(c[0].spaces, ["family", "work"]);
         assert_eq!(
@@ -741,6 +884,9 @@ mod tests {
                 add_friction(&mut counts, &serde_json::json!({"findings": []}));
                 counts
             },
+            trend_weeks: trend::week_ends(day("2026-09-28")),
+            quiet: Vec::new(),
+            friction_weeks: [("family".to_owned(), vec![0, 0, 0, 0, 0, 0, 1, 6])].into(),
             footer: WeeklyFooter::default(),
         };
         let md = r.to_markdown();
@@ -767,8 +913,110 @@ mod tests {
             "## Friction signals (this week, per space)",
             "- family: 4 correction, 2 abandoned",
             "- work: 2 rephrased",
+            "- family: 0, 0, 0, 0, 0, 0, 1, 6 (······▂█)",
         ] {
             assert!(md.contains(want), "{want} missing in\n{md}");
         }
+    }
+
+    fn day(s: &str) -> chrono::NaiveDate {
+        chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap()
+    }
+
+    fn on(date: &str, mut f: IntakeFinding) -> IntakeFinding {
+        f.date = date.into();
+        f
+    }
+
+    #[test]
+    fn review_weekly_trends_count_eight_weeks_across_bots_and_list_the_quiet() {
+        let capital = "The assistant named the wrong capital of France.";
+        let dentist = "The reminder for the dentist was refused.";
+        let all = vec![
+            // Four weeks ago on another bot, two weeks ago here, twice this week.
+            on(
+                "2026-11-03",
+                f("beta", "work", FindingKind::WrongAnswer, capital, 1),
+            ),
+            on(
+                "2026-11-20",
+                f("local", "family", FindingKind::WrongAnswer, capital, 2),
+            ),
+            on(
+                "2026-12-01",
+                f("local", "family", FindingKind::WrongAnswer, capital, 3),
+            ),
+            on(
+                "2026-12-05",
+                f("local", "family", FindingKind::WrongAnswer, capital, 4),
+            ),
+            // Seen three weeks ago, not since: quiet.
+            on(
+                "2026-11-12",
+                f("beta", "work", FindingKind::WrongAnswer, dentist, 5),
+            ),
+            // Older than the trend: left out.
+            on(
+                "2026-09-01",
+                f("local", "family", FindingKind::WrongAnswer, dentist, 6),
+            ),
+        ];
+        let (current, quiet) = clusters_with_trends(&all, day("2026-12-05"));
+        assert_eq!(current.len(), 1, "{current:#?}");
+        let c = &current[0];
+        assert_eq!(c.weeks, [0, 0, 0, 1, 0, 1, 0, 2]);
+        // This week's figures are this week's members only.
+        assert_eq!(
+            (
+                c.findings,
+                c.spaces.as_slice(),
+                c.bots.as_slice(),
+                c.promoted
+            ),
+            (
+                2,
+                &["family".to_owned()][..],
+                &["local".to_owned()][..],
+                false
+            )
+        );
+        assert_eq!(quiet.len(), 1, "{quiet:#?}");
+        assert_eq!(quiet[0].weeks, [0, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(
+            (quiet[0].summary.as_str(), quiet[0].last_seen.as_str()),
+            (dentist, "2026-11-12")
+        );
+        let r = WeeklyReport {
+            date: "2026-12-05".into(),
+            kind: "weekly",
+            since_date: "2026-11-29".into(),
+            until_date: "2026-12-05".into(),
+            clusters: current,
+            recall: stats::recall(0, 0, 0, 0),
+            verdicts: verdicts(&ledger::Ledger::default()),
+            friction: friction::Counts::new(),
+            trend_weeks: trend::week_ends(day("2026-12-05")),
+            quiet,
+            friction_weeks: BTreeMap::new(),
+            footer: WeeklyFooter::default(),
+        };
+        let md = r.to_markdown();
+        for want in [
+            "Trends count eight weeks, the first ending on 2026-10-17\n",
+            "- per week, oldest first: 0, 0, 0, 1, 0, 1, 0, 2 (···▄·▄·█)",
+            "## Quiet this week (1)",
+            "- wrong_answer / memory: The reminder for the dentist was refused.; spaces: work; bots: beta; per week, oldest first: 0, 0, 0, 0, 1, 0, 0, 0 (····█···); last seen 2026-11-12\n",
+        ] {
+            assert!(md.contains(want), "{want} missing in\n{md}");
+        }
+        let gate = IdentifierGate::new(&crate::redaction::RedactionList::new()).unwrap();
+        intake::gate_text(
+            "weekly report",
+            &md,
+            &serde_json::to_value(&r).unwrap(),
+            &r.ids(),
+            &gate,
+        )
+        .unwrap();
     }
 }

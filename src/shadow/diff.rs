@@ -629,6 +629,40 @@ pub fn raw_allowed(dir: &Path, token: Option<&str>) -> ShadowResult<()> {
     Ok(())
 }
 
+/// Takes the baseline of the snapshot at `dir` again, after the caller
+/// changed the copy on purpose before its shadow first runs (a rehearsal's
+/// cut history and applied draft), so the diff shows only what the shadow
+/// did. No copy runs here, so the workspaces are read once more for their
+/// hashes and kept texts.
+pub fn rebase(dir: &Path) -> ShadowResult<PathBuf> {
+    for f in [BASELINE_DB, BASELINE_FILES, super::text_diff::BASELINE_TEXT] {
+        let p = dir.join(f);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("removing {}", p.display()))(e)),
+        }
+    }
+    let spaces = dir.join("spaces");
+    let hashes = tree_hashes(&spaces, None)?;
+    let mut texts = super::text_diff::TextKeeper::default();
+    for (space, paths) in &hashes {
+        for path in paths.keys().filter(|p| super::text_diff::is_diffed(p)) {
+            if let Some(text) = super::text_diff::read_text(&spaces, space, path) {
+                texts.offer(space, path, text.into_bytes());
+            }
+        }
+    }
+    write_baseline(
+        dir,
+        BaselineTap {
+            hashes,
+            texts,
+            ..Default::default()
+        },
+    )
+}
+
 /// What the snapshot learns of its workspaces while it copies them (issue
 /// 32: each file read once): every file's hash, by the rule of
 /// [`tree_hashes`], and the texts the diff keeps. A tap of the copy of one

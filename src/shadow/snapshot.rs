@@ -72,6 +72,19 @@ fn stamp(now_ms: i64) -> String {
 
 /// Takes a snapshot. Blocking: run it off the async runtime.
 pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
+    take_from(opts, false)
+}
+
+/// A fresh copy of a snapshot (`opts.live_data_dir` names it) for one
+/// replay of a rehearsal (`mercury review rehearse`): made as [`take`]
+/// makes one of a live data dir, its own tokens, config and baseline
+/// included, so no replay sees another's. `opts.root` must not contain the
+/// snapshot. Blocking.
+pub fn replay_copy(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
+    take_from(opts, true)
+}
+
+fn take_from(opts: &SnapshotOptions, of_snapshot: bool) -> ShadowResult<SnapshotOutcome> {
     let started = Instant::now();
     for a in &opts.admins {
         crate::ids::validate_operator_id(a)
@@ -91,11 +104,20 @@ pub fn take(opts: &SnapshotOptions) -> ShadowResult<SnapshotOutcome> {
         ))
     })?;
     let live = DataPaths::new(&live_dir);
-    if live_dir.join(MANIFEST_FILE).exists() {
-        return Err(ShadowError::Refused(format!(
-            "{} is itself a snapshot; snapshot the live data dir",
-            live_dir.display()
-        )));
+    match (live_dir.join(MANIFEST_FILE).exists(), of_snapshot) {
+        (true, false) => {
+            return Err(ShadowError::Refused(format!(
+                "{} is itself a snapshot; snapshot the live data dir",
+                live_dir.display()
+            )))
+        }
+        (false, true) => {
+            return Err(ShadowError::Refused(format!(
+                "{} is not a snapshot; a replay copies only a snapshot",
+                live_dir.display()
+            )))
+        }
+        _ => {}
     }
     // The live file alone: the environment of this command is not the live host's.
     let live_settings = config::load(&live.config, &Default::default())?;

@@ -239,6 +239,17 @@ pub fn history(
     Ok(out)
 }
 
+/// Deletes `space`'s messages from `from_id` on: a rehearsal copy's
+/// history cut just before the message it replays (`mercury review
+/// rehearse`, never on a live store); how many it deleted.
+pub fn cut_history(conn: &Conn, space: &str, from_id: i64) -> StoreResult<u64> {
+    let n = conn.execute(
+        "DELETE FROM messages WHERE space_id = ?1 AND id >= ?2",
+        params![space, from_id],
+    )?;
+    Ok(n as u64)
+}
+
 pub fn max_id(conn: &Conn, space: &str) -> StoreResult<i64> {
     conn.query_row(
         "SELECT COALESCE(MAX(id), 0) FROM messages WHERE space_id = ?1",

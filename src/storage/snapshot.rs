@@ -72,3 +72,16 @@ pub fn replace_tokens<T>(
         }
     }
 }
+
+/// Cuts a space's history in a replay copy's file at `path` (never a live
+/// file) just before message `from_id`, and closes the file before it
+/// returns, so a plain copy of it afterwards (the diff's baseline) holds
+/// the cut. How many messages went. SQLite backend.
+pub fn cut_history(path: &Path, space: &str, from_id: i64) -> StoreResult<u64> {
+    let db = rusqlite::Connection::open(path).map_err(|source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let conn = Conn::sqlite(db);
+    super::messages::cut_history(&conn, space, from_id)
+}

@@ -24,10 +24,14 @@ use super::error::{blocking, UiError, UiResult};
 use super::pages::{page, see_other, Chrome};
 use super::session::Viewer;
 use crate::app::App;
+use crate::ids::SpaceId;
 use crate::review::catalog::{self, ReportKind, ReportName};
+use crate::review::draft::DraftOutcome;
 use crate::review::intake::{Decision, IntakeError};
 use crate::review::ledger::{self, Approval};
-use crate::storage::runs;
+use crate::storage::{messages, runs};
+use crate::workspace::files::{self, FilesError};
+use crate::workspace::safe::SafePathError;
 
 const WHAT: &str = "review reports and the intake";
 /// Weekly reports shown in the recall and precision table.
@@ -80,6 +84,11 @@ struct TriageLine {
     proposed: &'static str,
     reason: String,
     paths: String,
+    /// A drafted fix's diff (empty: none), or why none was drafted.
+    draft: String,
+    draft_note: String,
+    /// The rehearsal's verdict (`mercury review rehearse`), when one ran.
+    rehearsal: String,
 }
 
 #[derive(Template)]
@@ -100,6 +109,9 @@ pub(super) struct ReviewQuery {
     /// `approved-N-of-M`: what the last approval did (numbers only).
     #[serde(default)]
     did: String,
+    /// `A-of-D`: drafts applied of those approved (numbers only).
+    #[serde(default)]
+    drafts: String,
 }
 
 fn ratio(v: Option<&Value>) -> String {
@@ -149,6 +161,12 @@ pub(super) async fn overview(
         }
         _ => String::new(),
     };
+    let notice = match q.drafts.split_once("-of-") {
+        Some((a, n)) if a.parse::<u32>().is_ok() && n.parse::<u32>().is_ok() => format!(
+            "{notice} {a} of {n} drafted fix(es) applied; the ledger says what became of each."
+        ),
+        _ => notice,
+    };
     let (triage_made, triage) = match pending {
         Some(t) => (
             t.made_at,
@@ -165,6 +183,9 @@ pub(super) async fn overview(
                     proposed: r.proposed.as_str(),
                     reason: r.reason,
                     paths: r.paths.join(", "),
+                    draft: r.draft.map(|d| d.diff).unwrap_or_default(),
+                    rehearsal: r.rehearsal.map(|x| x.verdict).unwrap_or_default(),
+                    draft_note: r.draft_note.unwrap_or_default(),
                 })
                 .collect(),
         ),
@@ -204,10 +225,73 @@ struct FindingRow {
     suggestion: String,
 }
 
+/// One bar of a trend chart, in the SVG's own units.
+struct Bar {
+    x: u64,
+    y: u64,
+    h: u64,
+    n: u64,
+}
+
+/// A weekly cluster's findings per week, as text and as a bar chart.
+struct TrendRow {
+    summary: String,
+    quiet: bool,
+    counts: String,
+    bars: Vec<Bar>,
+}
+
+/// Bar width plus gap, and the chart's height.
+const BAR_STEP: u64 = 10;
+const CHART_HEIGHT: u64 = 24;
+
+impl TrendRow {
+    /// From a cluster of a weekly `report.json`; `None` without `weeks`
+    /// (a weekly written before trends).
+    fn of(c: &Value, quiet: bool) -> Option<Self> {
+        let weeks: Vec<u64> = c
+            .get("weeks")?
+            .as_array()?
+            .iter()
+            .take(crate::review::trend::WEEKS)
+            .map(|n| n.as_u64().unwrap_or(0))
+            .collect();
+        let max = weeks.iter().copied().max().unwrap_or(0).max(1);
+        let bars = weeks
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                // Any finding shows as at least two units high.
+                let h = if n == 0 {
+                    0
+                } else {
+                    (n * CHART_HEIGHT / max).max(2)
+                };
+                Bar {
+                    x: i as u64 * BAR_STEP,
+                    y: CHART_HEIGHT - h,
+                    h,
+                    n,
+                }
+            })
+            .collect();
+        Some(TrendRow {
+            summary: text(c, "summary"),
+            quiet,
+            counts: crate::review::trend::line(&weeks),
+            bars,
+        })
+    }
+}
+
 #[derive(Template)]
 #[template(path = "ui/report.html")]
 struct ReportPage {
     chrome: Chrome,
+    /// A weekly report's clusters per week (this week's, then the quiet).
+    trends: Vec<TrendRow>,
+    chart_width: u64,
+    chart_height: u64,
     name: String,
     kind: &'static str,
     findings: Vec<FindingRow>,
@@ -263,6 +347,17 @@ pub(super) async fn report(
             Ok(out)
         })
         .await?;
+    let mut trends = Vec::new();
+    for (key, quiet) in [("clusters", false), ("quiet", true)] {
+        for c in report
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            trends.extend(TrendRow::of(c, quiet));
+        }
+    }
     let mut lines = Vec::new();
     if let Some(clusters) = report.get("clusters").and_then(Value::as_array) {
         for c in clusters {
@@ -284,6 +379,9 @@ pub(super) async fn report(
     }
     page(&ReportPage {
         chrome: Chrome::of(&viewer),
+        trends,
+        chart_width: crate::review::trend::WEEKS as u64 * BAR_STEP,
+        chart_height: CHART_HEIGHT,
         name: raw,
         kind: name.kind.as_str(),
         findings: findings
@@ -361,14 +459,96 @@ pub(super) async fn approve(
     let dir = intake_dir(&app);
     let paths = app.rt.paths.clone();
     let who = viewer.caller().to_owned();
+    let (d, p) = (dir.clone(), paths.clone());
     let done = blocking::<_, UiError>(move || {
-        let _lock = crate::workspace::data_dir::lock_intake(&paths)
+        let _lock = crate::workspace::data_dir::lock_intake(&p)
             .map_err(|e| UiError::Unavailable(format!("{e}; approve when it ends")))?;
-        Ok(ledger::approve(&dir, &approval, &who, &gate)?)
+        Ok(ledger::approve(&d, &approval, &who, &gate)?)
     })
     .await?;
+    // Drafts go through their space's one writer, then their outcomes into
+    // the ledger (under the lock again).
+    let mut outcomes = Vec::new();
+    let mut applied_drafts = 0;
+    for d in &done.drafts {
+        let applied = apply_draft(&app, d).await;
+        applied_drafts += usize::from(applied == DraftOutcome::Applied);
+        outcomes.push((d.ledger_id.clone(), applied.outcome(&d.draft.file)));
+    }
+    let drafts = if outcomes.is_empty() {
+        String::new()
+    } else {
+        format!("&drafts={applied_drafts}-of-{}", outcomes.len())
+    };
+    if !outcomes.is_empty() {
+        let gate = ledger::intake_gate(&app.rt.settings.review).map_err(UiError::Internal)?;
+        blocking::<_, UiError>(move || {
+            let _lock = crate::workspace::data_dir::lock_intake(&paths)
+                .map_err(|e| UiError::Unavailable(format!("{e}; approve when it ends")))?;
+            for (id, outcome) in outcomes {
+                ledger::record_draft_outcome(&dir, &id, &outcome, &gate)?;
+            }
+            Ok(())
+        })
+        .await?;
+    }
     Ok(see_other(&format!(
-        "/ui/review?did=approved-{}-of-{}",
+        "/ui/review?did=approved-{}-of-{}{drafts}",
         done.applied, done.rows
     )))
+}
+
+/// How long applying a draft waits behind a turn of its space.
+const DRAFT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Applies one approved draft in this host: its space from its message,
+/// then, in that space's writer, the file read, checked against the
+/// draft's base and written under `If-Match` (as `PUT /api/files` does).
+async fn apply_draft(app: &App, d: &ledger::ApprovedDraft) -> DraftOutcome {
+    let id = d.message_id;
+    let space = match app.rt.store.read(move |c| messages::get(c, id)).await {
+        Ok(Some(m)) => m.space_id,
+        _ => return DraftOutcome::Refused("its message is not in this host's store"),
+    };
+    let Ok(space) = SpaceId::parse(&space) else {
+        return DraftOutcome::Refused("its space id is not one this host makes");
+    };
+    let draft = d.draft.clone();
+    let (quota, limits) = (
+        app.rt.settings.sandbox.workspace_mb,
+        (&app.rt.settings.workspace).into(),
+    );
+    let max = app.rt.settings.files.max_bytes;
+    let job = move |live: &std::path::Path| -> DraftOutcome {
+        let now = match files::read(live, &draft.file, max) {
+            Ok(c) => Some(c),
+            Err(FilesError::Path(SafePathError::NotFound(_))) => None,
+            Err(_) => return DraftOutcome::Refused("the file could not be read"),
+        };
+        let text = match draft.new_text(now.as_ref().map(|c| (c.content.as_str(), c.hash.as_str())))
+        {
+            Ok(t) => t,
+            Err(a) => return a,
+        };
+        match files::write(
+            live,
+            &draft.file,
+            text.as_bytes(),
+            Some(&draft.expect()),
+            quota,
+            limits,
+        ) {
+            Ok(_) => DraftOutcome::Applied,
+            Err(
+                FilesError::Stale { .. } | FilesError::StaleMissing(_) | FilesError::Exists { .. },
+            ) => DraftOutcome::Stale,
+            Err(_) => {
+                DraftOutcome::Refused("the write was refused (the workspace's quota or limits)")
+            }
+        }
+    };
+    app.spaces
+        .workspace_write(&space, DRAFT_WAIT, job)
+        .await
+        .unwrap_or(DraftOutcome::Refused("the space was busy or is gone"))
 }

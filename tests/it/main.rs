@@ -32,6 +32,7 @@ mod pg;
 mod redaction;
 mod retention;
 mod review;
+mod review_drafts;
 mod review_intake;
 mod sandbox_contract;
 mod security_host;

@@ -1027,3 +1027,32 @@ async fn review_findings_cite_trace_steps_and_friction_signals_reach_the_reports
     );
     host.stop().await;
 }
+
+/// `mercury bench review-quality` on the planted set: every planted failing
+/// tool step is cited by its finding, every planted friction signal is
+/// listed on its exchange with none that was not planted, and both planted
+/// rehearsals (a fix that works, a finding that does not reproduce) get the
+/// verdict planted (issue 31). Not a timing: the figures are counts.
+#[tokio::test]
+async fn review_quality_bench_scores_trace_citations_friction_and_rehearsals() {
+    let out = tokio::task::spawn_blocking(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mercury"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .args(["bench", "review-quality"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for want in [
+        "trace citations 1.000 (2 of 2 planted failing steps cited by their finding)",
+        "friction recall 1.000 (3 of 3 planted signals on their exchange; 0 not planted)",
+        "recall    0.917 (11 of 12 planted flagged)",
+        "rehearsal agreement 1.000 (2 of 2 planted verdicts: 3 replays an arm in shadows)",
+    ] {
+        assert!(text.contains(want), "{want} missing in\n{text}");
+    }
+}

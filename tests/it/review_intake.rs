@@ -866,6 +866,65 @@ async fn review_weekly_checkpoint_m3_clusters_promotes_measures_recall_and_agree
     let mut all = Vec::new();
     strings(&json, &mut all);
     assert!(all.iter().all(|s| !re.is_match(s)), "{all:?}");
+
+    // Trends: the same daily findings two weeks ago, and another bot's
+    // report (taken in by an intake) three weeks ago about a subject not
+    // seen since. The weekly counts eight weeks, across bots.
+    let day = chrono::NaiveDate::parse_from_str(&date, "%Y-%m-%d").unwrap();
+    let ago = |d: i64| {
+        (day - chrono::Duration::days(d))
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    let daily =
+        std::fs::read_to_string(host.data.join(format!("reviews/{date}-daily/report.json")))
+            .unwrap();
+    write(
+        &host.data.join(format!("reviews/{}-daily", ago(14))),
+        "report.json",
+        &daily,
+    );
+    let dentist = json!({"findings": [{"space": "work", "message_id": 7, "kind": "wrong_answer",
+        "scope": "space", "target_layer": "memory", "severity": 2,
+        "summary": "The reminder for the dentist was refused."}]});
+    write(
+        &host
+            .data
+            .join(format!("reviews/intake/reports/beta/{}", ago(21))),
+        "report.json",
+        &dentist.to_string(),
+    );
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/weekly", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        json["clusters"][0]["weeks"],
+        json!([0, 0, 0, 0, 0, 2, 0, 2]),
+        "{json}"
+    );
+    assert_eq!(
+        json["clusters"][0]["findings"], 2,
+        "this week's alone: {json}"
+    );
+    assert_eq!(
+        json["quiet"][0]["weeks"],
+        json!([0, 0, 0, 0, 1, 0, 0, 0]),
+        "{json}"
+    );
+    assert_eq!(json["quiet"][0]["bots"], json!(["beta"]), "{json}");
+    assert_eq!(json["trend_weeks"][7], json!(date), "{json}");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for want in [
+        "- per week, oldest first: 0, 0, 0, 0, 0, 2, 0, 2 (·····█·█)".to_owned(),
+        "## Quiet this week (1)".to_owned(),
+        format!("0, 0, 0, 0, 1, 0, 0, 0 (····█···); last seen {}\n", ago(21)),
+    ] {
+        assert!(md.contains(&want), "{want} missing in\n{md}");
+    }
+    no_identifiers(&dir.join("report.md"));
     host.stop().await;
 }
 

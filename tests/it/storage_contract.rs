@@ -1406,3 +1406,47 @@ async fn the_act_as_view_reads_roles_overrides_and_edges_in_one_statement() {
         );
     }
 }
+
+/// A rehearsal copy's history is cut before the replayed message: that
+/// space's messages from it on are gone, earlier ones and other spaces'
+/// stay, and a new message still gets a higher id than any before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spaces_history_is_cut_from_a_message_on_and_ids_keep_rising() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let c1 = seed(&store, "s1").await;
+        let c2 = seed(&store, "s2").await;
+        let ids: Vec<i64> = store
+            .write(move |tx| {
+                let mut ids = Vec::new();
+                for (i, (space, conv)) in [("s1", c1), ("s2", c2), ("s1", c1), ("s1", c1)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let pid = format!("p{i}");
+                    let id = messages::insert(tx, &user_message(space, conv, &pid, i as i64))?;
+                    ids.push(id.ok_or(StoreError::Invalid("not stored".into()))?);
+                }
+                Ok(ids)
+            })
+            .await
+            .unwrap();
+        let from = ids[2];
+        let cut = store
+            .write(move |tx| messages::cut_history(tx, "s1", from))
+            .await
+            .unwrap();
+        assert_eq!(cut, 2, "{name}");
+        let (s1, s2) = store
+            .read(|c| Ok((messages::max_id(c, "s1")?, messages::max_id(c, "s2")?)))
+            .await
+            .unwrap();
+        assert_eq!((s1, s2), (ids[0], ids[1]), "{name}");
+        let next = store
+            .write(move |tx| messages::insert(tx, &user_message("s1", c1, "again", 9)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(next > ids[3], "{name}: ids are never reused");
+    }
+}

@@ -430,6 +430,32 @@ async fn ui_review_reports_link_their_runs_and_the_triage_is_approved_as_the_cli
     let (st, _) = get(&host, &http, "/ui/review/reports/not-a-date", &cookie).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 
+    // The weekly report's trends: each cluster's findings per week, as
+    // counts and as a bar chart (one bar a week, this week's the last).
+    let (st, v) = host
+        .owner(Method::POST, "/api/review/weekly", None, None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, weekly) = get(
+        &host,
+        &http,
+        &format!("/ui/review/reports/{date}-weekly"),
+        &cookie,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{weekly}");
+    let trends = &weekly[weekly
+        .find("<table id=\"trends\">")
+        .expect("a trends table")..];
+    let trends = &trends[..trends.find("</table>").unwrap()];
+    assert!(trends.contains("0, 0, 0, 0, 0, 0, 0, 1"), "{trends}");
+    // Two clusters (the capital, the weather), a bar a week each.
+    assert_eq!(trends.matches("<rect ").count(), 16, "{trends}");
+    assert!(
+        trends.contains("<rect x=\"70\" y=\"0\" width=\"8\" height=\"24\">"),
+        "{trends}"
+    );
+
     // The intake makes the triage; the page shows its rows.
     let triage = triaged(&host).await;
     let intake = host.data.join("reviews/intake");
