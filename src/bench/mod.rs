@@ -23,6 +23,7 @@ pub(crate) mod links;
 pub(crate) mod review;
 pub(crate) mod review_quality;
 pub(crate) mod sandbox;
+pub(crate) mod scale;
 pub(crate) mod shadow;
 pub(crate) mod turns;
 pub(crate) mod ui;

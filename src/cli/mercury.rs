@@ -1,6 +1,7 @@
 //! The `mercury` command line: `init`, `serve`, `demo`, `image build`,
-//! `bench turns|sandbox|links|ask|review|review-quality|adapters`, `review redact|gate|intake|approve`. Data goes to
-//! stdout, diagnostics to stderr.
+//! `bench turns|sandbox|links|ask|review|review-quality|adapters|scale|…`,
+//! `review redact|gate|intake|approve|rehearse`. Data goes to stdout,
+//! diagnostics to stderr.
 //!
 //! Exit codes: 0 success, 1 failure while running, 2 usage or refusal
 //! (e.g. `init` on an existing data dir), 3 `review gate` found identifiers
@@ -211,6 +212,17 @@ enum BenchCommand {
         /// Requests per page.
         #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         requests: u64,
+    },
+    /// A 10,000-space, 1,000,000-message store: `messages recent` direct and
+    /// through a link, idle RSS, and waves of spaces woken at once.
+    Scale {
+        #[arg(long, default_value_t = 10_000)]
+        spaces: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+        /// Spaces woken at once per wave (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000, 3_000, 10_000])]
+        waves: Vec<usize>,
     },
     /// The same read routes direct and through a space link (act-as), side by side.
     Links {
@@ -684,6 +696,31 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                 }
                 Err(e) => {
                     eprintln!("mercury bench ui: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Scale {
+                    spaces,
+                    messages,
+                    waves,
+                },
+        } => {
+            let opts = crate::bench::scale::ScaleOptions {
+                spaces,
+                messages,
+                waves,
+                ..Default::default()
+            };
+            match crate::bench::scale::run(&opts).await {
+                Ok(r) => {
+                    crate::bench::scale::print(&r);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench scale: {e:#}");
                     ExitCode::from(1)
                 }
             }
