@@ -400,6 +400,12 @@ impl Actor for RootSupervisor {
                     tracing::debug!(reason = ?reason, "{} stopped", child.name());
                 } else if let Some(space) = Self::forget(state, &cell) {
                     tracing::debug!(space = %space, reason = ?reason, "space actor stopped");
+                    if state.by_actor.is_empty() {
+                        // The last space actor is gone (idle stops after a
+                        // burst): its memory goes back to the system.
+                        state.by_actor.shrink_to_fit();
+                        return_freed_memory();
+                    }
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
@@ -441,5 +447,18 @@ impl Actor for RootSupervisor {
             )
             .await;
         Ok(())
+    }
+}
+
+/// Hands the allocator's free memory back to the system (issue 32: memory
+/// returned when the space actors stop). glibc keeps what is freed in its
+/// arenas, so a burst of 10,000 space actors left its RSS behind after
+/// they all stopped; elsewhere the allocator decides.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer and only releases free memory
+    // of the allocator's own arenas; it may be called at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
