@@ -7,13 +7,13 @@
 //! an act-as read's audit write behind it is charged to the act-as block and
 //! not absorbed by the direct request that follows it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use hyper::Method;
 use serde_json::json;
 
-use super::percentile;
+use super::{percentile, timed};
 use crate::host::temp_host::TempHost;
 
 /// Requests per path before any is measured.
@@ -58,37 +58,14 @@ impl RouteFigures {
 
 pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
     let host = TempHost::start(r#"{"rules":[{"reply":"ok"}]}"#, "process").await?;
-    let owner = host.connection(None);
-    for id in ["mgmt", "client"] {
-        host.ok(&owner, Method::POST, "/api/spaces", Some(json!({"id": id})))
-            .await?;
-    }
-    let in_mgmt = host.connection(Some("mgmt"));
     host.ok(
-        &in_mgmt,
+        &host.connection(None),
         Method::POST,
-        "/api/roles",
-        Some(json!({"caller_id": "alice", "role": "admin"})),
+        "/api/spaces",
+        Some(json!({"id": "client"})),
     )
     .await?;
-    let alice = host
-        .ok(
-            &owner,
-            Method::POST,
-            "/api/tokens",
-            Some(json!({"caller_id": "alice"})),
-        )
-        .await?["token"]
-        .as_str()
-        .context("token")?
-        .to_owned();
-    host.ok(
-        &owner,
-        Method::POST,
-        "/api/links",
-        Some(json!({"holder": "mgmt", "target": "client", "level": "admin"})),
-    )
-    .await?;
+    let alice = reader_through_link(&host, "client", "admin").await?;
     seed(&host, opts.messages)?;
     let client = reqwest::Client::builder().build()?;
     let mut out = Vec::new();
@@ -152,13 +129,47 @@ pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>
     Ok(out)
 }
 
-async fn timed(req: reqwest::RequestBuilder) -> anyhow::Result<Duration> {
-    let t = Instant::now();
-    let resp = req.send().await?;
-    let status = resp.status();
-    let _ = resp.bytes().await?;
-    anyhow::ensure!(status.is_success(), "bench request answered {status}");
-    Ok(t.elapsed())
+/// The space `mgmt`, its admin `alice`, and a link of `level` from it to
+/// `target`: alice's token, which reaches `target` only through the link.
+pub(super) async fn reader_through_link(
+    host: &TempHost,
+    target: &str,
+    level: &str,
+) -> anyhow::Result<String> {
+    let owner = host.connection(None);
+    host.ok(
+        &owner,
+        Method::POST,
+        "/api/spaces",
+        Some(json!({"id": "mgmt"})),
+    )
+    .await?;
+    host.ok(
+        &host.connection(Some("mgmt")),
+        Method::POST,
+        "/api/roles",
+        Some(json!({"caller_id": "alice", "role": "admin"})),
+    )
+    .await?;
+    let alice = host
+        .ok(
+            &owner,
+            Method::POST,
+            "/api/tokens",
+            Some(json!({"caller_id": "alice"})),
+        )
+        .await?["token"]
+        .as_str()
+        .context("token")?
+        .to_owned();
+    host.ok(
+        &owner,
+        Method::POST,
+        "/api/links",
+        Some(json!({"holder": "mgmt", "target": target, "level": level})),
+    )
+    .await?;
+    Ok(alice)
 }
 
 fn seed(host: &TempHost, n: usize) -> anyhow::Result<()> {

@@ -6,7 +6,8 @@
 //! and through a space link), `ask` (copy + container ready beside `cp -a`)
 //! `ext` (an MCP tool call beside a `shell` call), `review`, `adapters` (Telegram intake beside ingress alone) and `shadow`
 //! (snapshot beside `cp -a`), `ui` (the dashboard's pages at 10,000 spaces and
-//! 1,000,000 messages); `docs/benchmarks.md` says how to read them.
+//! 1,000,000 messages), `scale` (reads, memory and waking spaces on a
+//! 10,000-space store); `docs/benchmarks.md` says how to read them.
 //!
 //! Must never: touch a real data dir (every bench works in a temp dir), call
 //! a network model (the scripted model answers), or pass or fail on a
@@ -47,6 +48,16 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// store's own settings. Returns the total time and each insert's time.
 pub(crate) fn plain_inserts(path: &Path, n: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
     Ok(storage::baseline::plain_inserts(path, n)?)
+}
+
+/// One request's time to its whole answer; a non-2xx answer is an error.
+pub(crate) async fn timed(req: reqwest::RequestBuilder) -> anyhow::Result<Duration> {
+    let t = std::time::Instant::now();
+    let resp = req.send().await?;
+    let status = resp.status();
+    let _ = resp.bytes().await?;
+    anyhow::ensure!(status.is_success(), "bench request answered {status}");
+    Ok(t.elapsed())
 }
 
 /// Milliseconds with three decimals.

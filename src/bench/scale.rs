@@ -18,11 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hyper::Method;
 use serde_json::json;
 use serde_yaml_ng::Value as Yaml;
 
-use super::percentile;
+use super::{percentile, timed};
 use crate::host::temp_host::TempHost;
 
 pub(crate) struct ScaleOptions {
@@ -114,41 +113,9 @@ pub(crate) async fn run(opts: &ScaleOptions) -> anyhow::Result<ScaleReport> {
     let build_seconds = started.elapsed().as_secs_f64();
     let db_bytes = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
     let host = TempHost::serve_in(dir, data).await?;
-    let owner = host.connection(None);
     // A management space whose admin reads the first space through a link.
-    host.ok(
-        &owner,
-        Method::POST,
-        "/api/spaces",
-        Some(json!({"id": "mgmt"})),
-    )
-    .await?;
-    host.ok(
-        &host.connection(Some("mgmt")),
-        Method::POST,
-        "/api/roles",
-        Some(json!({"caller_id": "alice", "role": "admin"})),
-    )
-    .await?;
-    let alice = host
-        .ok(
-            &owner,
-            Method::POST,
-            "/api/tokens",
-            Some(json!({"caller_id": "alice"})),
-        )
-        .await?["token"]
-        .as_str()
-        .context("token")?
-        .to_owned();
     let target = space(1);
-    host.ok(
-        &owner,
-        Method::POST,
-        "/api/links",
-        Some(json!({"holder": "mgmt", "target": target, "level": "read"})),
-    )
-    .await?;
+    let alice = super::links::reader_through_link(&host, &target, "read").await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss_kb = rss_kb();
 
@@ -268,15 +235,6 @@ async fn active_spaces(client: &reqwest::Client, host: &TempHost) -> Option<f64>
         .nth(1)?
         .parse()
         .ok()
-}
-
-async fn timed(req: reqwest::RequestBuilder) -> anyhow::Result<Duration> {
-    let t = Instant::now();
-    let resp = req.send().await?;
-    let status = resp.status();
-    let _ = resp.bytes().await?;
-    anyhow::ensure!(status.is_success(), "bench request answered {status}");
-    Ok(t.elapsed())
 }
 
 fn gauge(v: Option<f64>) -> String {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::client::{self, Connection, Endpoint};
 use crate::host::shadow::{down, up, UpOptions};
 use crate::redaction::{IdentifierGate, Redactor};
-use crate::review::draft::Draft;
+use crate::review::draft::{self, Draft, DraftOutcome};
 use crate::review::intake::{self, Called, IntakeFinding, Verifier};
 use crate::review::reader::{ExchangeReader, Window};
 use crate::review::rehearse::{self, Arm, Rehearsal, RehearsalRun, RUNS_PER_ARM};
@@ -33,8 +33,6 @@ use crate::review::{ledger, scan};
 use crate::shadow::diff::{self, DiffReport};
 use crate::shadow::snapshot::{self, SnapshotOptions};
 use crate::storage::{messages, Location, Store};
-use crate::workspace::files::{self, FilesError};
-use crate::workspace::safe::SafePathError;
 use crate::workspace::DataPaths;
 
 /// Tokens of one comparison.
@@ -314,34 +312,29 @@ fn apply_draft(
     check_only: bool,
 ) -> Result<(), Stop> {
     let ws = DataPaths::new(at).spaces.join(&r.space);
-    let now = match files::read(&ws, &r.draft.file, MAX_FILE) {
-        Ok(c) => Some(c),
-        Err(FilesError::Path(SafePathError::NotFound(_))) => None,
-        Err(e) => return Err(Stop::Failed(format!("reading {}: {e}", r.draft.file))),
+    let outcome = match check_only {
+        true => draft::text_in(&ws, &r.draft, MAX_FILE).err(),
+        false => Some(draft::apply_in(
+            &ws,
+            &r.draft,
+            MAX_FILE,
+            s.sandbox.workspace_mb,
+            (&s.workspace).into(),
+        ))
+        .filter(|o| *o != DraftOutcome::Applied),
     };
-    let text = r
-        .draft
-        .new_text(now.as_ref().map(|c| (c.content.as_str(), c.hash.as_str())))
-        .map_err(|_| {
-            Stop::Refused(format!(
-                "the space's {} changed since the draft was made from it: run the intake again \
-                 for a fresh draft",
-                r.draft.file
-            ))
-        })?;
-    if check_only {
-        return Ok(());
+    match outcome {
+        None => Ok(()),
+        Some(DraftOutcome::Stale) => Err(Stop::Refused(format!(
+            "the space's {} changed since the draft was made from it: run the intake again \
+             for a fresh draft",
+            r.draft.file
+        ))),
+        Some(o) => Err(Stop::Failed(format!(
+            "applying the draft to the copy: {}",
+            o.outcome(&r.draft.file)
+        ))),
     }
-    files::write(
-        &ws,
-        &r.draft.file,
-        text.as_bytes(),
-        Some(&r.draft.expect()),
-        s.sandbox.workspace_mb,
-        (&s.workspace).into(),
-    )
-    .map(|_| ())
-    .map_err(|e| Stop::Failed(format!("applying the draft to the copy: {e}")))
 }
 
 /// The six replays, each in its own copy of `base`: the runs (judged

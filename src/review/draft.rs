@@ -366,6 +366,56 @@ impl Draft {
     }
 }
 
+/// The draft's new text for the workspace `ws` as its file is now: the
+/// file read through the safe-path function (at most `max` bytes) and
+/// checked against the draft's base.
+pub(crate) fn text_in(
+    ws: &std::path::Path,
+    draft: &Draft,
+    max: usize,
+) -> Result<String, DraftOutcome> {
+    use crate::workspace::files::{self, FilesError};
+    use crate::workspace::safe::SafePathError;
+    let now = match files::read(ws, &draft.file, max) {
+        Ok(c) => Some(c),
+        Err(FilesError::Path(SafePathError::NotFound(_))) => None,
+        Err(_) => return Err(DraftOutcome::Refused("the file could not be read")),
+    };
+    draft.new_text(now.as_ref().map(|c| (c.content.as_str(), c.hash.as_str())))
+}
+
+/// Applies `draft` to the workspace `ws`: [`text_in`], then the files
+/// API's write under `If-Match` on the draft's base, within the quota.
+/// The caller is the space's one writer (its actor, or a copy no host
+/// serves).
+pub(crate) fn apply_in(
+    ws: &std::path::Path,
+    draft: &Draft,
+    max: usize,
+    quota_mb: u64,
+    limits: crate::workspace::walk::WalkLimits,
+) -> DraftOutcome {
+    use crate::workspace::files::{self, FilesError};
+    let text = match text_in(ws, draft, max) {
+        Ok(t) => t,
+        Err(o) => return o,
+    };
+    match files::write(
+        ws,
+        &draft.file,
+        text.as_bytes(),
+        Some(&draft.expect()),
+        quota_mb,
+        limits,
+    ) {
+        Ok(_) => DraftOutcome::Applied,
+        Err(FilesError::Stale { .. } | FilesError::StaleMissing(_) | FilesError::Exists { .. }) => {
+            DraftOutcome::Stale
+        }
+        Err(_) => DraftOutcome::Refused("the write was refused (the workspace's quota or limits)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,12 +26,10 @@ use super::session::Viewer;
 use crate::app::App;
 use crate::ids::SpaceId;
 use crate::review::catalog::{self, ReportKind, ReportName};
-use crate::review::draft::DraftOutcome;
+use crate::review::draft::{self, DraftOutcome};
 use crate::review::intake::{Decision, IntakeError};
 use crate::review::ledger::{self, Approval};
 use crate::storage::{messages, runs};
-use crate::workspace::files::{self, FilesError};
-use crate::workspace::safe::SafePathError;
 
 const WHAT: &str = "review reports and the intake";
 /// Weekly reports shown in the recall and precision table.
@@ -519,34 +517,7 @@ async fn apply_draft(app: &App, d: &ledger::ApprovedDraft) -> DraftOutcome {
         (&app.rt.settings.workspace).into(),
     );
     let max = app.rt.settings.files.max_bytes;
-    let job = move |live: &std::path::Path| -> DraftOutcome {
-        let now = match files::read(live, &draft.file, max) {
-            Ok(c) => Some(c),
-            Err(FilesError::Path(SafePathError::NotFound(_))) => None,
-            Err(_) => return DraftOutcome::Refused("the file could not be read"),
-        };
-        let text = match draft.new_text(now.as_ref().map(|c| (c.content.as_str(), c.hash.as_str())))
-        {
-            Ok(t) => t,
-            Err(a) => return a,
-        };
-        match files::write(
-            live,
-            &draft.file,
-            text.as_bytes(),
-            Some(&draft.expect()),
-            quota,
-            limits,
-        ) {
-            Ok(_) => DraftOutcome::Applied,
-            Err(
-                FilesError::Stale { .. } | FilesError::StaleMissing(_) | FilesError::Exists { .. },
-            ) => DraftOutcome::Stale,
-            Err(_) => {
-                DraftOutcome::Refused("the write was refused (the workspace's quota or limits)")
-            }
-        }
-    };
+    let job = move |live: &std::path::Path| draft::apply_in(live, &draft, max, quota, limits);
     app.spaces
         .workspace_write(&space, DRAFT_WAIT, job)
         .await
