@@ -81,6 +81,7 @@ pub struct Settings {
     pub log: LogConfig,
     pub adapters: AdaptersConfig,
     pub storage: StorageConfig,
+    pub cluster: ClusterConfig,
     /// The host's `web_fetch` tool: egress policy and caps.
     pub web: web::WebConfig,
     /// Installed extensions, host-wide.
@@ -106,6 +107,39 @@ pub struct StorageConfig {
     /// A file holding the PostgreSQL password, so it is not in the URL;
     /// empty: the URL's own (or none).
     pub password_file: String,
+    /// Where the spaces' workspaces live; empty: `<data dir>/spaces`. Many
+    /// hosts of one deployment point it at one shared directory (issue 28,
+    /// docs/scale-out.md).
+    pub workspaces_dir: String,
+}
+
+/// Many hosts on one PostgreSQL database (docs/scale-out.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// This host is one of many: spaces are leased, not assumed.
+    pub enabled: bool,
+    /// The name `mercury cluster status` shows (empty: the machine's hostname).
+    pub host_name: String,
+    /// The URL other hosts reach this one's API at (empty: `http://<bind>`).
+    pub advertise_url: String,
+    /// Seconds a lease lasts without a heartbeat: how long a dead host's
+    /// spaces wait before another host takes them.
+    pub lease_secs: u64,
+    /// How often a host looks for pending messages it may run (ms).
+    pub poll_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            host_name: String::new(),
+            advertise_url: String::new(),
+            lease_secs: 15,
+            poll_ms: 500,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -656,6 +690,7 @@ impl Default for Settings {
             log: LogConfig::default(),
             adapters: AdaptersConfig::default(),
             storage: StorageConfig::default(),
+            cluster: ClusterConfig::default(),
             web: web::WebConfig::default(),
             extensions: ExtensionsConfig::default(),
             shadow: false,
@@ -1051,6 +1086,14 @@ storage:                        # where the state lives (docs/storage.md)
   backend: {storage_backend}               # sqlite (<data dir>/state.db) | postgres
   url: {storage_url}                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
   password_file: {storage_password_file}             # a file holding the PostgreSQL password (not in the URL)
+  workspaces_dir: ""            # path; empty: <data dir>/spaces (many hosts: one shared directory)
+
+cluster:                        # many hosts on one PostgreSQL database (docs/scale-out.md)
+  enabled: false                # true|false: spaces are leased to one host at a time
+  host_name: ""                 # name in mercury cluster status; empty: the hostname
+  advertise_url: ""             # URL the other hosts reach this API at; empty: http://<bind>
+  lease_secs: 15                # seconds: a dead host's spaces move after this
+  poll_ms: 500                  # milliseconds between looks for pending messages
 
 # Shadow mode (docs/shadow.md): no platform adapter, no webhook post; every
 # outbound send goes to <data dir>/shadow/transcript.jsonl. MERCURY_SHADOW takes
@@ -1384,6 +1427,23 @@ impl Settings {
                 ))
             }
             _ => {}
+        }
+        if self.cluster.enabled {
+            if self.storage.backend != StorageBackend::Postgres {
+                return Err(key_err(
+                    "cluster.enabled",
+                    "many hosts share one PostgreSQL database: set storage.backend: postgres first",
+                ));
+            }
+            if !(2..=3600).contains(&self.cluster.lease_secs) {
+                return Err(key_err("cluster.lease_secs", "must be 2..=3600 seconds"));
+            }
+            if !(50..=60_000).contains(&self.cluster.poll_ms) {
+                return Err(key_err(
+                    "cluster.poll_ms",
+                    "must be 50..=60000 milliseconds",
+                ));
+            }
         }
         if !matches!(self.trigger.mode.as_str(), "mention" | "prefix" | "always") {
             return Err(key_err(

@@ -5,7 +5,7 @@
 //! Imports run one way, top to bottom (`tests/it/layers.rs` holds it):
 //! bins → [`cli`] → [`bench`] → [`host`] → [`api`] → [`adapters`] → [`ingress`] → [`app`] →
 //! [`actors`] → [`agent`], [`review`], [`shadow`] → [`links`], [`perms`], [`redaction`],
-//! [`runtime`] → [`spend`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
+//! [`runtime`] → [`spend`], [`cluster`] → [`model`], [`sandbox`], [`storage`], [`client`], [`workspace`]
 //! → [`config`] → [`ids`], [`clock`], [`schedule`], [`telemetry`].
 //!
 //! - [`cli`]: the `mercury` and `mrctl` command lines (the binaries are thin).
@@ -23,6 +23,7 @@
 //! - [`redaction`]: identifier redaction and its fail-closed gate.
 //! - [`runtime`]: the shared services (store, models, sandbox, settings, paths).
 //! - [`spend`]: prices, caps, and the reservation every model call passes through.
+//! - [`cluster`]: this host's seat among many on one database: its leases and their fences.
 //! - [`model`]: providers (OpenAI-compatible, Anthropic, scripted) and the model gate.
 //! - [`sandbox`]: where `shell` and `mrctl` run: docker (bollard) or bubblewrap.
 //! - [`storage`]: SQLite (WAL) behind one writer thread; migrations; one module per table group.
@@ -41,6 +42,7 @@ pub(crate) mod bench;
 pub mod cli;
 pub(crate) mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod extensions;
 pub mod host;

@@ -48,6 +48,22 @@ pub struct Runtime {
     pub outbound: Outbound,
     /// When a turn's commit last deleted expired run traces (ms; 0: never).
     pub steps_pruned_at: std::sync::atomic::AtomicI64,
+    /// This host's leases when it is one of many (`cluster.enabled`).
+    pub cluster: Option<Arc<crate::cluster::HostSeat>>,
+}
+
+impl Runtime {
+    /// The fence of `space`'s runner writes: `None` on a single host, else
+    /// this host's lease (a space it does not hold has a fence nobody holds,
+    /// so the write is refused rather than made unfenced).
+    pub fn fence(&self, space: &str) -> Option<crate::storage::leases::Fence> {
+        let seat = self.cluster.as_ref()?;
+        Some(seat.fence(space).unwrap_or(crate::storage::leases::Fence {
+            space: space.to_owned(),
+            host: seat.host_id.clone(),
+            epoch: -1,
+        }))
+    }
 }
 
 /// Which other spaces a run read across links, step by step. Counted when the

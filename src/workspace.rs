@@ -47,6 +47,13 @@ impl DataPaths {
         }
     }
 
+    /// The same data dir with the workspaces elsewhere
+    /// (`storage.workspaces_dir`: one directory many hosts share).
+    pub fn with_workspaces(mut self, dir: &Path) -> Self {
+        self.spaces = dir.to_owned();
+        self
+    }
+
     pub fn workspace(&self, space: &SpaceId) -> PathBuf {
         self.spaces.join(space.as_str())
     }

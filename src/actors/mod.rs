@@ -98,6 +98,9 @@ pub enum SpawnError {
     Store(#[from] StoreError),
     #[error("cannot start the actor of space {space}: {reason}")]
     Start { space: String, reason: String },
+    /// One of many hosts: another host holds the space's lease and runs it.
+    #[error("space {space} runs on host {host}")]
+    LeasedElsewhere { space: String, host: String },
 }
 
 /// Why a control action (stop, clear, compact) failed inside the space actor.
@@ -146,6 +149,14 @@ impl<M> ActorSlot<M> {
     }
 }
 
+/// Whether `actor` takes messages: running, or still starting. ractor's
+/// `spawn` answers before the actor's loop marks it `Running`, so an actor
+/// just started reads `Starting` for a moment; taking that for dead started
+/// a second actor of the same space (two turns at once).
+pub(crate) fn alive<M>(actor: &ActorRef<M>) -> bool {
+    ractor::ACTIVE_STATES.contains(&actor.get_status())
+}
+
 /// The live space actors, by space id. Written only by the supervisor.
 pub type SpaceMap = Arc<Mutex<HashMap<SpaceId, ActorRef<SpaceMsg>>>>;
 
@@ -180,7 +191,7 @@ impl SpaceDirectory {
     /// The space's actor, started if it is not running. The space must exist.
     pub async fn actor(&self, space: &SpaceId) -> Result<ActorRef<SpaceMsg>, ActorError> {
         if let Some(a) = self.actors.lock().ok().and_then(|m| m.get(space).cloned()) {
-            if a.get_status() == ractor::ActorStatus::Running {
+            if alive(&a) {
                 return Ok(a);
             }
         }
@@ -198,7 +209,13 @@ impl SpaceDirectory {
     /// so a lost wake-up is recovered when the actor next starts.
     pub async fn wake(&self, space: &SpaceId) -> Result<(), ActorError> {
         for _ in 0..2 {
-            let actor = self.actor(space).await?;
+            let actor = match self.actor(space).await {
+                Ok(a) => a,
+                // Its runner finds the message on its next look
+                // (`cluster.poll_ms`): the row is stored, nothing is lost.
+                Err(ActorError::Spawn(SpawnError::LeasedElsewhere { .. })) => return Ok(()),
+                Err(e) => return Err(e),
+            };
             if actor.cast(SpaceMsg::Wake).is_ok() {
                 return Ok(());
             }
@@ -339,6 +356,15 @@ impl SpaceDirectory {
                 other => ActorError::Unavailable(other.to_string()),
             })?;
         Ok(res?)
+    }
+
+    /// Stops the actor of `space` if it runs here (its lease was lost: the
+    /// running turn is cancelled and commits nothing).
+    pub fn stop_space(&self, space: &SpaceId, why: &str) {
+        let actor = self.actors.lock().ok().and_then(|m| m.get(space).cloned());
+        if let Some(a) = actor {
+            a.stop(Some(why.to_owned()));
+        }
     }
 
     /// Stops every space actor (shutdown); their running turns are abandoned

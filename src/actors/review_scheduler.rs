@@ -23,6 +23,9 @@ use crate::review::catalog::{ReportKind, ReportName};
 use crate::review::scan::{self, ScanContext, ScanTicket, ScanTrigger, RUN_KIND};
 use crate::review::ReviewError;
 
+/// The deployment lease whose holder runs the scheduled review (issue 28).
+pub const REVIEW_LEASE: &str = "review";
+
 /// How often the scheduler looks at the clock.
 pub const TICK: Duration = Duration::from_secs(15);
 /// How long a run-now request waits for the scheduler to start (or join) a scan.
@@ -86,8 +89,19 @@ impl Actor for ReviewScheduler {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ReviewSchedulerMsg::Tick => {
-                weekly_tick(state);
-                tick(&myself, state).await;
+                // One of many hosts: the daily scan and the weekly synthesis
+                // run on the host holding the deployment's review lease.
+                let ours = match &state.ctx.rt.cluster {
+                    Some(seat) if state.ctx.rt.settings.review.enabled => {
+                        seat.hold_named(REVIEW_LEASE).await
+                    }
+                    Some(_) => false,
+                    None => true,
+                };
+                if ours {
+                    weekly_tick(state);
+                    tick(&myself, state).await;
+                }
             }
             ReviewSchedulerMsg::RunNow(caller, reply) => {
                 let ticket = match &state.running {

@@ -148,7 +148,19 @@ impl Actor for SpaceActor {
             }
             SpaceMsg::Apply(write, reply) => {
                 state.last_activity = Instant::now();
-                let res = state.rt.store.write(move |tx| write(tx)).await;
+                // One of many hosts: the space's writes commit only while
+                // this host holds its lease.
+                let fence = state.rt.fence(state.space.as_str());
+                let res = state
+                    .rt
+                    .store
+                    .write(move |tx| {
+                        if let Some(f) = &fence {
+                            crate::storage::leases::hold(tx, f)?;
+                        }
+                        write(tx)
+                    })
+                    .await;
                 let _ = reply.send(res);
             }
             SpaceMsg::Control(action, reply) => {

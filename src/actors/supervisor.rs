@@ -34,6 +34,7 @@ use super::space::{SpaceActor, SpaceArgs, SpaceMsg};
 use super::{SpaceDirectory, SpaceMap};
 use crate::ids::SpaceId;
 use crate::runtime::Runtime;
+use crate::storage::leases::Claim;
 use crate::storage::spaces;
 
 /// Restarts allowed per child within [`RESTART_WINDOW`].
@@ -121,7 +122,7 @@ impl RootSupervisor {
         space: &SpaceId,
     ) -> Result<ActorRef<SpaceMsg>, super::SpawnError> {
         if let Some(a) = state.spaces.lock().ok().and_then(|m| m.get(space).cloned()) {
-            if a.get_status() == ractor::ActorStatus::Running {
+            if super::alive(&a) {
                 return Ok(a);
             }
         }
@@ -134,7 +135,19 @@ impl RootSupervisor {
         if !exists {
             return Err(super::SpawnError::NoSuchSpace(space.to_string()));
         }
-        let (actor, _) = Actor::spawn_linked(
+        // One of many hosts: the space's actor runs where its lease is.
+        if let Some(seat) = &state.rt.cluster {
+            match seat.claim(space.as_str()).await? {
+                Claim::Held(_) => {}
+                Claim::Elsewhere { host, .. } => {
+                    return Err(super::SpawnError::LeasedElsewhere {
+                        space: space.to_string(),
+                        host,
+                    })
+                }
+            }
+        }
+        let spawned = Actor::spawn_linked(
             None,
             SpaceActor,
             SpaceArgs {
@@ -143,11 +156,21 @@ impl RootSupervisor {
             },
             myself.get_cell(),
         )
-        .await
-        .map_err(|e| super::SpawnError::Start {
-            space: space.to_string(),
-            reason: e.to_string(),
-        })?;
+        .await;
+        let (actor, _) = match spawned {
+            Ok(a) => a,
+            Err(e) => {
+                if let Some(seat) = &state.rt.cluster {
+                    if let Some(fence) = seat.forget(space.as_str()) {
+                        seat.release(fence).await;
+                    }
+                }
+                return Err(super::SpawnError::Start {
+                    space: space.to_string(),
+                    reason: e.to_string(),
+                });
+            }
+        };
         state.by_actor.insert(actor.get_id(), space.clone());
         if let Ok(mut m) = state.spaces.lock() {
             m.insert(space.clone(), actor.clone());
@@ -299,6 +322,14 @@ impl RootSupervisor {
         if let Ok(mut m) = state.spaces.lock() {
             if m.get(&space).map(|a| a.get_id()) == Some(cell.get_id()) {
                 m.remove(&space);
+            }
+        }
+        // One of many hosts: a stopped actor's space may run elsewhere now.
+        // The fence is taken here, in the supervisor's order, so a release
+        // that lands late cannot give up a newer claim of the same space.
+        if let Some(seat) = state.rt.cluster.clone() {
+            if let Some(fence) = seat.forget(space.as_str()) {
+                tokio::spawn(async move { seat.release(fence).await });
             }
         }
         Some(space)

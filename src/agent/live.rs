@@ -65,8 +65,12 @@ pub(crate) async fn run_and_commit(
         );
         let task_run = message.task_run_id;
         let conversation = message.conversation_id;
+        let fence = rt.fence(space.as_str());
         rt.store
             .write(move |tx| {
+                if let Some(f) = &fence {
+                    crate::storage::leases::hold(tx, f)?;
+                }
                 // Counted before this attempt is: the attempts a crash cut
                 // short (each left its run `running`, marked at restart).
                 let crashed = runs::crashed_attempts(tx, mid)?;
@@ -78,6 +82,9 @@ pub(crate) async fn run_and_commit(
                     Some(&caller_s),
                     Some(mid),
                 )?;
+                if let Some(f) = &fence {
+                    crate::storage::leases::set_run_host(tx, &run_s, &f.host)?;
+                }
                 if let Some(task_run) = task_run {
                     tasks::attach_run(tx, task_run, &run_s)?;
                 }
@@ -190,9 +197,14 @@ pub(crate) async fn run_and_commit(
         // restarted actor and only close the run.
         let run_s = run_id.to_string();
         let steps = outcome.steps;
+        let fence = rt.fence(space.as_str());
         let _ = rt
             .store
             .write(move |tx| {
+                if let Some(f) = &fence {
+                    // Taken over: the new holder closed this run already.
+                    crate::storage::leases::hold(tx, f)?;
+                }
                 runs::record_steps(tx, &run_s, &steps)?;
                 runs::finish(
                     tx,
@@ -231,8 +243,14 @@ async fn commit(
         })
         .is_ok();
     let outbound = rt.outbound.clone();
+    let fence = rt.fence(&message.space_id);
     rt.store
         .write(move |tx| {
+            // Only the space's lease holder commits (a host that lost it
+            // while paused commits nothing; the holder answers the message).
+            if let Some(f) = &fence {
+                crate::storage::leases::hold(tx, f)?;
+            }
             // The trace is kept whatever became of the reply; old traces go
             // (`runs.keep_days`) in the same write, an indexed delete.
             runs::record_steps(tx, &run_id, &outcome.steps)?;

@@ -169,6 +169,24 @@ struct SessionSlot {
     token_minted: AtomicBool,
 }
 
+/// Whether this host still runs `space` (always, on a single host).
+async fn still_holds(rt: &Runtime, space: &crate::ids::SpaceId) -> bool {
+    let Some(fence) = rt.fence(space.as_str()) else {
+        return true;
+    };
+    match rt
+        .store
+        .read(move |c| crate::storage::leases::hold(c, &fence))
+        .await
+    {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(space = %space, error = %e, "cannot confirm the space's lease");
+            false
+        }
+    }
+}
+
 /// Runs one turn. The run row is started here and left `running`; the caller
 /// closes it together with the reply, in one transaction.
 pub(crate) async fn run_turn(
@@ -205,6 +223,17 @@ pub(crate) async fn run_turn(
             tracing::error!(run = %req.run_id, error = %e, "could not remove the turn's sandbox");
         }
     }
+    // One of many hosts: a host that lost the space's lease while the turn
+    // ran (paused, cut off) merges nothing; the message stays pending for
+    // the host that holds it now. The commit checks again, in its own
+    // transaction (the window between the two is a merge's length).
+    let result = if merge && matches!(result, Some(Ok(_))) && !still_holds(rt, &req.space_id).await
+    {
+        tracing::warn!(run = %req.run_id, space = %req.space_id, "the space's lease was lost during the turn; its workspace changes are dropped");
+        None
+    } else {
+        result
+    };
     let layer = slot.layer.lock().ok().and_then(|mut l| l.take());
     let mut discarded = Discarded::default();
     let result = match (layer, result) {

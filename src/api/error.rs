@@ -234,6 +234,9 @@ impl From<crate::actors::ActorError> for ApiError {
             ActorError::Spawn(SpawnError::BadId(m)) => ApiError::bad_request(m),
             ActorError::Spawn(SpawnError::Store(e)) => e.into(),
             ActorError::Spawn(start @ SpawnError::Start { .. }) => ApiError::internal(start),
+            ActorError::Spawn(SpawnError::LeasedElsewhere { space, .. }) => ApiError::unavailable(
+                format!("space {space} is served by another host of this deployment right now; try again"),
+            ),
             ActorError::Control(ControlError::Store(e)) => e.into(),
             ActorError::Control(ControlError::Compact(CompactError::Store(e))) => e.into(),
             ActorError::Control(ControlError::Compact(model @ CompactError::Model(_))) => {
@@ -287,6 +290,9 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
             StoreError::Conflict(m) => ApiError::conflict(m),
             StoreError::Invalid(m) => ApiError::bad_request(m),
+            StoreError::Fenced(_) => ApiError::unavailable(
+                "the space moved to another host of this deployment; nothing was written, try again",
+            ),
             other => ApiError::internal(other),
         }
     }

@@ -123,6 +123,11 @@ enum Command {
         #[command(subcommand)]
         command: crate::cli::storage::StorageCommand,
     },
+    /// Many hosts on one database: who holds what (docs/scale-out.md).
+    Cluster {
+        #[command(subcommand)]
+        command: crate::cli::cluster::ClusterCommand,
+    },
     /// Extensions: install, list and remove them (docs/extensions.md).
     Ext {
         #[command(subcommand)]
@@ -841,6 +846,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
         }
         Command::Shadow { command } => crate::cli::shadow::run(command).await,
         Command::Storage { command } => crate::cli::storage::run(command).await,
+        Command::Cluster { command } => crate::cli::cluster::run(command).await,
         Command::Ext { command } => crate::cli::ext::run(command).await,
         Command::Bench {
             command:

@@ -3,6 +3,7 @@
 // The command lines' output is what they are for.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod cluster;
 pub mod ext;
 pub mod mercury;
 pub mod mrctl;

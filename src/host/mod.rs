@@ -9,6 +9,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod backup;
+pub mod cluster;
 pub mod containers;
 pub mod demo;
 pub mod layer_probe;
@@ -222,6 +223,19 @@ pub async fn init_with(
 /// Where this deployment's store is: the data dir's `state.db`, or the
 /// PostgreSQL database `storage.url` names (its password from
 /// `storage.password_file` when set, so it is in no URL or process list).
+/// The machine's hostname (a cluster host's default name).
+fn machine_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        })
+        .unwrap_or_else(|| "host".into())
+}
+
 pub fn store_location(
     settings: &Settings,
     paths: &DataPaths,
@@ -349,6 +363,7 @@ pub async fn build_runtime(
         store,
         review_admission,
         &config::process_env(),
+        None,
     )
     .await
 }
@@ -361,6 +376,7 @@ async fn build_runtime_with_env(
     store: Store,
     review_admission: Admission,
     env: &BTreeMap<String, String>,
+    cluster: Option<Arc<crate::cluster::HostSeat>>,
 ) -> anyhow::Result<Arc<Runtime>> {
     let sandbox = sandbox_backend(&settings, paths).await?;
     let instance_id =
@@ -415,6 +431,7 @@ async fn build_runtime_with_env(
         cross_reads: Default::default(),
         metrics,
         steps_pruned_at: std::sync::atomic::AtomicI64::new(0),
+        cluster,
     }))
 }
 
@@ -570,8 +587,11 @@ pub async fn serve_with(
             data_dir.display()
         )
     })?;
-    let paths = DataPaths::new(&data_dir);
     let settings = options.settings;
+    let paths = match settings.storage.workspaces_dir.trim() {
+        "" => DataPaths::new(&data_dir),
+        dir => DataPaths::new(&data_dir).with_workspaces(Path::new(dir)),
+    };
     // On PostgreSQL the data dir holds the config and the workspaces, and
     // the rows are on the server.
     if settings.storage.backend == config::StorageBackend::Sqlite && !paths.db.exists() {
@@ -588,7 +608,11 @@ pub async fn serve_with(
     // here (exit 2). Held until this function returns.
     let _lock = data_dir::lock(&paths)?;
     // Data dirs made before these existed get them now, private.
-    for dir in [data_dir::models_dir(&paths), paths.reviews.clone()] {
+    for dir in [
+        data_dir::models_dir(&paths),
+        paths.reviews.clone(),
+        paths.spaces.clone(),
+    ] {
         data_dir::private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     if !settings.shadow && settings.log.format == config::LogFormat::Json {
@@ -665,25 +689,69 @@ pub async fn serve_with(
             Err(e) => tracing::error!(error = %e, "cannot sweep the socket relays"),
         }
     }
-    let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
-    if interrupted > 0 {
-        tracing::warn!(
-            runs = interrupted,
-            "runs interrupted by the last stop were marked; their messages will be answered"
+    // One of many hosts: what other hosts run now is theirs, so a dead
+    // predecessor's runs are closed space by space when a lease is claimed
+    // (storage::leases::claim_space), never all at once here.
+    let seat = if settings.cluster.enabled {
+        let advertise = match settings.cluster.advertise_url.trim() {
+            "" => format!(
+                "http://{}",
+                match &bound {
+                    Some(l) => l.local_addr()?.to_string(),
+                    None => settings.bind.clone(),
+                }
+            ),
+            url => url.to_owned(),
+        };
+        let name = match settings.cluster.host_name.trim() {
+            "" => machine_name(),
+            n => n.to_owned(),
+        };
+        let seat = crate::cluster::HostSeat::join(
+            store.clone(),
+            &name,
+            &advertise,
+            Duration::from_secs(settings.cluster.lease_secs),
+        )
+        .await
+        .context("joining the deployment (cluster.enabled)")?;
+        say(
+            false,
+            &format!(
+                "cluster: joined as {} ({advertise}), leases of {} s",
+                seat.host_id, settings.cluster.lease_secs
+            ),
         );
-    }
-    // No run is live yet, so every run token left is a dead run's (a hard
-    // kill skips the revocation a finished run does).
-    let (revoked, deleted) = store.write(|tx| tokens::retire_run_tokens(tx)).await?;
-    if revoked + deleted > 0 {
-        tracing::warn!(
-            revoked,
-            deleted_ask = deleted,
-            "run tokens of interrupted runs were retired"
-        );
-    }
-    let rt =
-        build_runtime_with_env(&paths, settings, store, options.review_admission, &env).await?;
+        Some(Arc::new(seat))
+    } else {
+        let interrupted = store.write(|tx| runs::interrupt_stale(tx)).await?;
+        if interrupted > 0 {
+            tracing::warn!(
+                runs = interrupted,
+                "runs interrupted by the last stop were marked; their messages will be answered"
+            );
+        }
+        // No run is live yet, so every run token left is a dead run's (a hard
+        // kill skips the revocation a finished run does).
+        let (revoked, deleted) = store.write(|tx| tokens::retire_run_tokens(tx)).await?;
+        if revoked + deleted > 0 {
+            tracing::warn!(
+                revoked,
+                deleted_ask = deleted,
+                "run tokens of interrupted runs were retired"
+            );
+        }
+        None
+    };
+    let rt = build_runtime_with_env(
+        &paths,
+        settings,
+        store,
+        options.review_admission,
+        &env,
+        seat,
+    )
+    .await?;
     // No model call is in flight yet: a reservation of this instance is a
     // crashed call's, and would hold budget it never spent.
     let released = rt.spend.release_left_behind().await?;
@@ -708,8 +776,12 @@ pub async fn serve_with(
             settings: rt.settings.clone(),
         })),
     });
-    // Durable before acknowledged: whatever was pending when the host stopped runs now.
-    let pending = rt.store.read(messages::spaces_with_pending).await?;
+    // Durable before acknowledged: whatever was pending when the host stopped
+    // runs now (one of many hosts: what it may claim, found by its loop).
+    let pending = match &rt.cluster {
+        None => rt.store.read(messages::spaces_with_pending).await?,
+        Some(_) => Vec::new(),
+    };
     for space in pending {
         let Ok(id) = SpaceId::parse(&space) else {
             tracing::error!(space = %space, "a space with pending messages has an invalid id");
@@ -755,6 +827,14 @@ pub async fn serve_with(
         shutdown.clone(),
     ));
     background.spawn(retention::sweep_loop(rt.clone(), shutdown.clone()));
+    if let Some(seat) = &rt.cluster {
+        background.spawn(cluster::run(
+            seat.clone(),
+            app.spaces.clone(),
+            Duration::from_millis(rt.settings.cluster.poll_ms),
+            shutdown.clone(),
+        ));
+    }
     // The dashboard's paths are its own (`/ui/…`); everything else is the API's.
     let router = crate::ui::router(app.clone()).merge(crate::api::router(app.clone()));
     let tcp = match bound {
@@ -819,6 +899,10 @@ pub async fn serve_with(
     rt.waiters.notify_all();
     supervisor.stop(Some("host shutting down".into()));
     let _ = tokio::time::timeout(Duration::from_secs(5), sup_handle).await;
+    if let Some(seat) = &rt.cluster {
+        // Its actors are stopped: the other hosts may take its spaces now.
+        seat.leave().await;
+    }
     background.close();
     let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
     let _ = std::fs::remove_file(&paths.socket);

@@ -52,6 +52,23 @@ pub fn rows_as_text(conn: &Conn, table: &str) -> StoreResult<Vec<Vec<String>>> {
     Ok(out)
 }
 
+/// A test's own query, every row's columns as text (`NULL` for a null).
+pub fn query_text(conn: &Conn, sql: &str) -> StoreResult<Vec<Vec<String>>> {
+    let mut out = Vec::new();
+    conn.for_each(sql, params![], |r| {
+        let vals = r.values()?.into_iter().map(|v| match v {
+            Value::Null => "NULL".into(),
+            Value::Int(x) => x.to_string(),
+            Value::Real(x) => x.to_string(),
+            Value::Text(t) => t,
+            Value::Blob(b) => format!("{b:?}"),
+        });
+        out.push(vals.collect());
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// Messages of the conversation `id` still waiting for their turn.
 pub fn pending_in_conversation(conn: &Conn, id: i64) -> StoreResult<i64> {
     conn.query_row(

@@ -478,6 +478,34 @@ ALTER TABLE spend_notices ADD COLUMN instance TEXT;
 ALTER TABLE spend_notices ADD COLUMN handled_at INTEGER;
 CREATE INDEX spend_notices_pending ON spend_notices (instance, handled_at);
 "#,
+    // 17: many hosts on one database (issue 28). A host's row and heartbeat,
+    // the lease that makes one host a space's only runner (its epoch fences
+    // a host that lost it), the deployment's named leases (the review scan,
+    // the adapters with one upstream connection), and the host a run ran on.
+    r#"
+CREATE TABLE cluster_hosts (
+  host_id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  api_url TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  heartbeat_at INTEGER NOT NULL,
+  stopped_at INTEGER
+);
+CREATE TABLE space_leases (
+  space_id TEXT PRIMARY KEY,
+  host_id TEXT NOT NULL,
+  epoch INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL
+);
+CREATE INDEX space_leases_host ON space_leases (host_id);
+CREATE TABLE deployment_leases (
+  name TEXT PRIMARY KEY,
+  host_id TEXT NOT NULL,
+  epoch INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL
+);
+ALTER TABLE runs ADD COLUMN host_id TEXT;
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

@@ -28,6 +28,7 @@ pub mod forget;
 pub mod identities;
 #[cfg(feature = "test-hooks")]
 pub mod inspect;
+pub mod leases;
 pub mod links;
 pub mod messages;
 mod migrations;
@@ -111,6 +112,10 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// This host lost the space's lease (paused past it, cut off): another
+    /// host runs the space now, so nothing of this write may commit.
+    #[error("{0}")]
+    Fenced(String),
     /// The write ran but the transaction it shared could not commit.
     #[error("the write was not committed: {0}")]
     NotCommitted(String),

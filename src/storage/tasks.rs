@@ -94,9 +94,17 @@ pub fn list(conn: &Conn, space: &str) -> StoreResult<Vec<Task>> {
     )
 }
 
+/// The tasks due at `now`. On PostgreSQL the rows are locked and rows
+/// another host's scheduler has locked are skipped: many hosts tick, each
+/// firing advances its task in the same transaction, so a due time fires
+/// once per deployment.
 pub fn due(conn: &Conn, now: i64) -> StoreResult<Vec<Task>> {
+    let lock = match conn.dialect() {
+        super::Dialect::Sqlite => "",
+        super::Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+    };
     conn.query_all(&format!(
-        "SELECT {COLS} FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?1 ORDER BY next_run_at, id"
+        "SELECT {COLS} FROM tasks WHERE active = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?1 ORDER BY next_run_at, id{lock}"
     ), params![now], from_row)
 }
 

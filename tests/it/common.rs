@@ -53,6 +53,8 @@ pub(crate) struct TestHost {
     stderr_file: Option<PathBuf>,
     /// The test's own store on the host's database, opened on first use.
     store: std::sync::OnceLock<Store>,
+    /// A cluster's shared workspaces directory (kept by its first host).
+    shared: Option<TempDir>,
 }
 
 /// Runs `f` in a write of `store` and waits for its commit, from any
@@ -277,6 +279,7 @@ impl TestHost {
             env: Vec::new(),
             stderr_file: None,
             store: std::sync::OnceLock::new(),
+            shared: None,
         }
     }
 
@@ -292,6 +295,63 @@ impl TestHost {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("host did not become ready at {}", self.url);
+    }
+
+    /// `n` hosts of one deployment (issue 28): one PostgreSQL database,
+    /// one shared workspaces directory, each host a child process with its
+    /// own data dir and port. The first is initialised; the others join it
+    /// the way docs/scale-out.md says (its `mercury.yaml` and `global/`
+    /// copied, their own `bind` and `cluster.host_name`: `h1`, `h2`, …).
+    pub(crate) async fn start_cluster(n: usize, opts: HostOptions) -> Vec<TestHost> {
+        let db = PgDatabase::create();
+        let shared = TempDir::new().expect("the shared workspaces dir");
+        let mut builder = mercury::host::temp_host::TempHost::builder()
+            .model(&opts.model.to_string())
+            .sandbox(opts.sandbox)
+            .postgres(&db.url())
+            .set("cluster.enabled", Yaml::Bool(true))
+            .set(
+                "storage.workspaces_dir",
+                Yaml::String(shared.path().join("spaces").display().to_string()),
+            );
+        for (k, v) in &opts.config {
+            builder = builder.set(k, v.clone());
+        }
+        let (tmp, first) = builder.prepare().await.expect("prepare the first host");
+        let mut dirs = vec![(TestDir { tmp, pg: Some(db) }, first.clone())];
+        for _ in 1..n {
+            let tmp = TempDir::new().expect("a host's dir");
+            let data = tmp.path().join("data");
+            std::fs::create_dir_all(data.join("global")).expect("its data dir");
+            for d in [&data, &data.join("global")] {
+                std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                    .expect("a private dir");
+            }
+            std::fs::copy(first.join("mercury.yaml"), data.join("mercury.yaml")).expect("copy");
+            std::fs::copy(
+                first.join("global/owner.token"),
+                data.join("global/owner.token"),
+            )
+            .expect("copy the owner token");
+            dirs.push((TestDir { tmp, pg: None }, data));
+        }
+        let mut hosts = Vec::new();
+        for (i, (dir, data)) in dirs.into_iter().enumerate() {
+            let port = free_port();
+            let mut env = opts.env.clone();
+            env.push(("MERCURY_BIND", format!("127.0.0.1:{port}")));
+            env.push(("MERCURY_CLUSTER_HOST_NAME", format!("h{}", i + 1)));
+            let child = spawn_serve(&data, &env, None);
+            let mut host =
+                Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
+            host.env = env;
+            host.wait_ready().await;
+            hosts.push(host);
+        }
+        // Kept until the hosts are gone (the first host's dir holds the
+        // database; this one the workspaces).
+        hosts[0].shared = Some(shared);
+        hosts
     }
 
     /// Kills the child-process host with SIGKILL (crash test).

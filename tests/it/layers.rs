@@ -23,7 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["extensions"],
     &["links", "perms", "redaction", "runtime"],
     // Prices, caps and the one seam every model call passes through.
-    &["spend"],
+    &["spend", "cluster"],
     &["model", "sandbox", "storage", "client", "workspace"],
     &["config"],
     &["ids", "clock", "schedule", "telemetry"],

@@ -15,12 +15,14 @@ mod ask;
 mod bench_sandbox;
 #[cfg(feature = "test-hooks")]
 mod chat_seam;
+mod cluster;
 mod common;
 mod discord;
 mod docker_turns;
 mod extensions;
 mod files;
 mod layers;
+mod leases_pg;
 mod link_reach;
 mod links;
 mod litellm;

@@ -1,0 +1,82 @@
+//! The loops of a host that is one of many (`cluster.enabled`): the
+//! heartbeat that renews its leases and stops the actors of spaces it lost,
+//! and the look for pending messages it may run (stored by any host, or
+//! left by a dead one).
+//!
+//! Polling, not `LISTEN/NOTIFY`: a message stored on another host waits up
+//! to `cluster.poll_ms` for its runner (docs/scale-out.md says why).
+//!
+//! Must never: keep running a space whose lease the database gave to
+//! another host (its actor is stopped at the first heartbeat that sees it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::SpaceDirectory;
+use crate::cluster::HostSeat;
+use crate::ids::SpaceId;
+
+/// Runs both loops until `shutdown`.
+pub async fn run(
+    seat: Arc<HostSeat>,
+    spaces: SpaceDirectory,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
+    tokio::join!(
+        heartbeat(seat.clone(), spaces.clone(), shutdown.clone()),
+        look_for_work(seat, spaces, poll, shutdown),
+    );
+}
+
+async fn heartbeat(seat: Arc<HostSeat>, spaces: SpaceDirectory, shutdown: CancellationToken) {
+    let every = seat.heartbeat_every();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match seat.renew().await {
+            Ok(lost) => {
+                for space in lost {
+                    tracing::warn!(space = %space, host = %seat.host_id, "this host lost the space's lease (another host took it); its actor stops");
+                    if let Ok(id) = SpaceId::parse(&space) {
+                        spaces.stop_space(&id, "lease lost");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster heartbeat failed; leases expire unless the next one succeeds");
+            }
+        }
+    }
+}
+
+async fn look_for_work(
+    seat: Arc<HostSeat>,
+    spaces: SpaceDirectory,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match seat.runnable_pending().await {
+            Ok(found) => {
+                for space in found {
+                    let Ok(id) = SpaceId::parse(&space) else {
+                        continue;
+                    };
+                    if let Err(e) = spaces.wake(&id).await {
+                        tracing::warn!(space = %space, error = %e, "cannot run a space's pending messages");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look for pending messages"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Many hosts, one deployment (issue 28): real `mercury serve` processes on
+//! loopback ports sharing one PostgreSQL database and one workspaces
+//! directory. Traffic through every host's ingress, a host killed with
+//! SIGKILL mid-traffic, a host paused past its lease: every message is
+//! answered exactly once, no space runs two turns at once, a dead host's
+//! spaces move within the lease time, a paused host commits nothing, and a
+//! task fires once per deployment.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use mercury::clock::now_ms;
+use mercury::storage::inspect;
+use reqwest::Method;
+use serde_json::json;
+use serde_yaml_ng::Value as Yaml;
+
+use crate::common::{HostOptions, TestHost};
+
+const LEASE_SECS: i64 = 3;
+
+fn cluster_opts(rules: serde_json::Value) -> HostOptions {
+    HostOptions {
+        model: rules,
+        config: vec![
+            ("ingress.dm_policy", Yaml::String("open".into())),
+            ("cluster.lease_secs", Yaml::Number(LEASE_SECS.into())),
+            ("cluster.poll_ms", Yaml::Number(100.into())),
+            // Every message of this test is its own caller's: none is slowed.
+            ("ingress.per_caller_per_minute", Yaml::Number(10_000.into())),
+        ],
+        ..HostOptions::default()
+    }
+}
+
+fn rows(h: &TestHost, sql: &str) -> Vec<Vec<String>> {
+    let sql = sql.to_owned();
+    h.read(move |c| inspect::query_text(c, &sql))
+}
+
+fn host_id(h: &TestHost, name: &str) -> String {
+    rows(
+        h,
+        &format!(
+            "SELECT host_id FROM cluster_hosts WHERE name = '{name}' ORDER BY started_at DESC"
+        ),
+    )
+    .first()
+    .map(|r| r[0].clone())
+    .unwrap_or_else(|| panic!("host {name} joined"))
+}
+
+/// Posts one platform message through `h`; it must be taken in.
+async fn post(h: &TestHost, token: &str, space: usize, n: usize) {
+    let (st, v) = h
+        .ingest(
+            token,
+            &format!("c{space}"),
+            &format!("test:{space}"),
+            &format!("message {n} for {space}"),
+            &format!("m{space}-{n}"),
+            false,
+        )
+        .await;
+    assert!(st == 202 || st == 200, "ingress {st}: {v}");
+}
+
+/// No space ran two turns at once: each of its runs started after the one
+/// before it ended (a killed host's runs end when another host claims the
+/// space), and every run has ended.
+fn assert_no_overlap(h: &TestHost) {
+    let runs = rows(
+        h,
+        "SELECT space_id, started_at, COALESCE(finished_at, -1), status, COALESCE(host_id, ''), COALESCE(trigger_message_id, 0), id
+         FROM runs WHERE kind = 'live' ORDER BY space_id, started_at, id",
+    );
+    assert!(!runs.is_empty());
+    let mut last: BTreeMap<String, (i64, String)> = BTreeMap::new();
+    for r in &runs {
+        let (started, finished): (i64, i64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        assert!(finished >= 0, "a run was left open: {r:?}");
+        if let Some((prev_end, prev)) = last.get(&r[0]) {
+            assert!(
+                started >= *prev_end,
+                "space {} ran two turns at once: {prev} ended at {prev_end}, {r:?} started before",
+                r[0]
+            );
+        }
+        last.insert(r[0].clone(), (finished, format!("{r:?}")));
+    }
+}
+
+/// Every user message answered, each exactly once.
+fn assert_answered_once(h: &TestHost, want: i64) {
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM messages WHERE role = 'user'"),
+        want
+    );
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM messages WHERE role = 'user' AND status = 'pending'"),
+        0
+    );
+    assert_eq!(
+        h.count("SELECT COUNT(*) FROM messages WHERE role = 'assistant'"),
+        want,
+        "one reply per message"
+    );
+    assert_eq!(
+        h.count("SELECT COUNT(DISTINCT reply_to) FROM messages WHERE role = 'assistant'"),
+        want,
+        "no message answered twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_hosts_spaces_move_and_every_message_is_answered_once() {
+    const SPACES: usize = 50;
+    let mut hosts = TestHost::start_cluster(
+        3,
+        cluster_opts(json!({"rules": [{"reply": "answered", "latency_ms": 150}]})),
+    )
+    .await;
+    let token = hosts[0].adapter_token("bridge", "test").await;
+    // Every space's first message, spread over the three hosts.
+    let mut sends = Vec::new();
+    for s in 0..SPACES {
+        let h = &hosts[s % 3];
+        sends.push(post(h, &token, s, 1));
+    }
+    futures_util::future::join_all(sends).await;
+    let h1 = host_id(&hosts[1], "h1");
+    // A second round, and h1 dies in the middle of it (turns in flight).
+    let mut sends = Vec::new();
+    for s in 0..SPACES / 2 {
+        sends.push(post(&hosts[(s + 1) % 3], &token, s, 2));
+    }
+    futures_util::future::join_all(sends).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    hosts[0].kill();
+    let killed_at = now_ms();
+    let held_by_h1: BTreeSet<String> = rows(
+        &hosts[1],
+        &format!(
+            "SELECT space_id FROM space_leases WHERE host_id = '{h1}' AND expires_at > {killed_at}"
+        ),
+    )
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect();
+    assert!(!held_by_h1.is_empty(), "h1 held spaces when it died");
+    let mut sends = Vec::new();
+    for s in SPACES / 2..SPACES {
+        sends.push(post(&hosts[1 + s % 2], &token, s, 2));
+    }
+    futures_util::future::join_all(sends).await;
+    // A third round through the survivors, to every space.
+    let mut sends = Vec::new();
+    for s in 0..SPACES {
+        sends.push(post(&hosts[1 + s % 2], &token, s, 3));
+    }
+    futures_util::future::join_all(sends).await;
+    let want = (SPACES * 3) as i64;
+    let answered = hosts[1]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+            want,
+            90,
+        )
+        .await;
+    assert_eq!(answered, want, "every message answered");
+    assert_answered_once(&hosts[1], want);
+    assert_no_overlap(&hosts[1]);
+    // Each space h1 held was run by another host within the lease time
+    // (plus two seconds) of its death.
+    for space in &held_by_h1 {
+        let first = rows(
+            &hosts[1],
+            &format!(
+                "SELECT MIN(started_at) FROM runs WHERE space_id = '{space}'
+                 AND host_id <> '{h1}' AND started_at > {killed_at}"
+            ),
+        );
+        let started: i64 = first[0][0]
+            .parse()
+            .unwrap_or_else(|_| panic!("space {space} was never run after h1 died"));
+        assert!(
+            started - killed_at <= (LEASE_SECS + 2) * 1000,
+            "space {space} waited {} ms after h1 died",
+            started - killed_at
+        );
+    }
+    // The survivors did every run after the kill.
+    assert_eq!(
+        hosts[1].count(&format!(
+            "SELECT COUNT(*) FROM runs WHERE host_id = '{h1}' AND started_at > {killed_at}"
+        )),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
+    let hosts = TestHost::start_cluster(
+        2,
+        cluster_opts(json!({"rules": [
+            {"match": "slow", "reply": "slow answer", "latency_ms": 2500},
+            {"reply": "answered"}
+        ]})),
+    )
+    .await;
+    let token = hosts[0].adapter_token("bridge", "test").await;
+    // Tasks: twenty one-shot tasks due at the same moment, made through
+    // both hosts; both schedulers tick every second.
+    let due = mercury::clock::ms_to_rfc3339((now_ms() / 1000 + 4) * 1000);
+    for i in 0..20 {
+        let h = &hosts[i % 2];
+        let space = format!("tasks-{i}");
+        h.create_space(&space).await;
+        let (st, v) = h
+            .owner(
+                Method::POST,
+                "/api/tasks",
+                Some(&space),
+                Some(json!({"at": due, "prompt": "tick", "silent": true})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+    }
+    let fired = hosts[1]
+        .wait_count("SELECT COUNT(*) FROM task_runs", 20, 30)
+        .await;
+    assert_eq!(fired, 20);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        hosts[1].count("SELECT COUNT(*) FROM task_runs"),
+        20,
+        "a due task fired once per deployment"
+    );
+    // A slow turn, and the host running it is paused past its lease in
+    // the middle of it.
+    let (st, v) = hosts[1]
+        .ingest(
+            &token,
+            "c-slow",
+            "test:slow",
+            "slow please",
+            "m-slow",
+            false,
+        )
+        .await;
+    assert_eq!(st, 202, "{v}");
+    let running = hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM runs WHERE status = 'running' AND kind = 'live'",
+            1,
+            20,
+        )
+        .await;
+    assert_eq!(running, 1, "the slow turn runs");
+    let runner = rows(
+        &hosts[0],
+        "SELECT h.name, h.host_id FROM runs r JOIN cluster_hosts h ON h.host_id = r.host_id
+         WHERE r.status = 'running' AND r.kind = 'live'",
+    );
+    let (paused, paused_id) = (runner[0][0].clone(), runner[0][1].clone());
+    let (p, other) = if paused == "h1" { (0, 1) } else { (1, 0) };
+    hosts[p].signal("STOP");
+    let stopped_at = now_ms();
+    // The other host takes the space after the lease and answers.
+    let answered = hosts[other]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant' AND text = 'slow answer'",
+            1,
+            30,
+        )
+        .await;
+    assert_eq!(
+        answered, 1,
+        "another host answered the paused host's message"
+    );
+    hosts[p].signal("CONT");
+    // The paused host wakes, ends its turn and finds its lease gone.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        hosts[other].count(&format!(
+            "SELECT COUNT(*) FROM runs WHERE host_id = '{paused_id}' AND status <> 'interrupted' AND started_at < {stopped_at} AND kind = 'live'"
+        )),
+        0,
+        "the paused host's run committed nothing"
+    );
+    assert_eq!(
+        hosts[other].count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant' AND text = 'slow answer'"
+        ),
+        1,
+        "the message was answered once"
+    );
+    assert_no_overlap(&hosts[other]);
+    // The paused host serves again and runs the spaces it is given.
+    hosts[p].wait_ready().await;
+    post(&hosts[p], &token, 8, 1).await;
+    let want = hosts[0].count("SELECT COUNT(*) FROM messages WHERE role = 'user'");
+    let got = hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant' AND reply_to IN (SELECT id FROM messages WHERE role = 'user')",
+            want,
+            30,
+        )
+        .await;
+    assert_eq!(got, want);
+}
