@@ -310,6 +310,15 @@ impl TurnWaiters {
         }
     }
 
+    /// The messages someone waits for (one of many hosts looks them up:
+    /// another host may run their turn).
+    pub fn waited(&self) -> Vec<i64> {
+        self.waiting
+            .lock()
+            .map(|w| w.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// Wakes every waiter (host shutdown).
     pub fn notify_all(&self) {
         let all: Vec<_> = self

@@ -109,6 +109,8 @@ pub struct Snapshot {
     /// The busiest spaces' pending messages, at most [`TOP_SPACES`].
     pub queue_top: Vec<(String, i64)>,
     pub active_spaces: i64,
+    /// One of many hosts: the space leases this host holds.
+    pub spaces_held: Option<i64>,
     /// Turns running now (each may hold a container or a bubblewrap sandbox).
     pub running_turns: i64,
     /// The model gate: its background quota now (calls a minute), and since
@@ -140,6 +142,7 @@ pub struct Metrics {
     queue_depth: Gauge,
     queue_depth_top: Family<Space, Gauge>,
     active_spaces: Gauge,
+    spaces_held: Gauge,
     running_turns: Gauge,
     adapter_up: Family<Adapter, Gauge>,
     uptime: Gauge<f64, AtomicU64>,
@@ -174,6 +177,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             queue_depth_top: Family::default(),
             active_spaces: Gauge::default(),
+            spaces_held: Gauge::default(),
             running_turns: Gauge::default(),
             adapter_up: Family::default(),
             uptime: Gauge::default(),
@@ -264,6 +268,11 @@ impl Metrics {
             "active_spaces",
             "Space actors running now",
             m.active_spaces.clone(),
+        );
+        registry.register(
+            "cluster_spaces_held",
+            "One of many hosts: the space leases this host holds (0 on a single host)",
+            m.spaces_held.clone(),
         );
         registry.register(
             "running_turns",
@@ -389,6 +398,7 @@ impl Metrics {
                 .set(*n);
         }
         self.active_spaces.set(now.active_spaces);
+        self.spaces_held.set(now.spaces_held.unwrap_or(0));
         self.running_turns.set(now.running_turns);
         self.judge_quota.set(i64::from(now.judge_quota));
         if let Ok(mut seen) = self.adaptations_seen.lock() {

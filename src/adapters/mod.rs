@@ -238,6 +238,51 @@ pub(crate) type AdapterLoop = Arc<
         + Sync,
 >;
 
+/// One of many hosts: an adapter keeps one upstream connection per
+/// deployment (a second Telegram poller would steal the first one's
+/// updates), so it runs only on the host holding its lease
+/// (`adapter:<name>`), and stops there as soon as a renewal finds the lease
+/// gone; the other hosts wait, in standby, to take it.
+async fn under_lease(
+    seat: Arc<crate::cluster::HostSeat>,
+    adapter: &'static dyn ChatAdapter,
+    kit: AdapterKit,
+    cancel: CancellationToken,
+) -> Result<(), String> {
+    let lease = format!("adapter:{}", adapter.name());
+    let every = seat.heartbeat_every();
+    loop {
+        while !seat.hold_named(&lease).await {
+            kit.app.adapters.set_mode(adapter.name(), "standby");
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+        let connection = cancel.child_token();
+        let mut run = adapter.run(kit.clone(), connection.clone());
+        let lost = async {
+            loop {
+                tokio::time::sleep(every).await;
+                if !seat.hold_named(&lease).await {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            r = &mut run => return r,
+            _ = lost => {
+                tracing::warn!(adapter = adapter.name(), "this host lost the adapter's lease; it stops here");
+                connection.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+            }
+        }
+        if cancel.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
 /// The root supervisor's handle on one adapter: how to (re)start it.
 pub(crate) struct AdapterChild {
     /// The name on the board and in `adapter_positions` (`telegram`).
@@ -250,7 +295,10 @@ impl AdapterChild {
     /// The child whose every (re)start runs `adapter.run(kit, cancel)` anew.
     pub(crate) fn running(adapter: &'static dyn ChatAdapter, kit: AdapterKit) -> Self {
         let board = kit.app.adapters.clone();
-        let run: AdapterLoop = Arc::new(move |cancel| adapter.run(kit.clone(), cancel));
+        let run: AdapterLoop = Arc::new(move |cancel| match kit.app.rt.cluster.clone() {
+            None => adapter.run(kit.clone(), cancel),
+            Some(seat) => Box::pin(under_lease(seat, adapter, kit.clone(), cancel)),
+        });
         Self {
             name: adapter.name(),
             board,

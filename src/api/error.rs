@@ -33,6 +33,9 @@ pub enum ApiError {
     BadContentType(String),
     SlowDown(String),
     Unavailable(String),
+    /// One of many hosts: the space runs on the host named (its id); the
+    /// API's forwarding step hands the request to it (`api::forward`).
+    Elsewhere(String),
     /// An upstream model did not answer (its chain's own sentence).
     ModelFailed(String),
     Internal,
@@ -81,7 +84,7 @@ impl ApiError {
             Self::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             Self::BadContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::SlowDown(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Elsewhere(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ModelFailed(_) => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -100,7 +103,7 @@ impl ApiError {
             Self::UriTooLong(_) => "uri_too_long",
             Self::BadContentType(_) => "bad_content_type",
             Self::SlowDown(_) => "slow_down",
-            Self::Unavailable(_) => "unavailable",
+            Self::Unavailable(_) | Self::Elsewhere(_) => "unavailable",
             Self::ModelFailed(_) => "model_failed",
             Self::Internal => "internal",
         }
@@ -121,6 +124,9 @@ impl ApiError {
             | Self::SlowDown(m)
             | Self::Unavailable(m)
             | Self::ModelFailed(m) => m,
+            Self::Elsewhere(_) => {
+                "this space is served by another host of this deployment right now; try again"
+            }
             Self::Internal => "internal error (see the host log)",
         }
     }
@@ -155,7 +161,13 @@ impl IntoResponse for ApiError {
                 message: crate::redaction::secrets::scrub_error(self.message()),
             },
         };
-        (self.status(), Json(body)).into_response()
+        let mut answer = (self.status(), Json(body)).into_response();
+        if let Self::Elsewhere(host) = &self {
+            if let Ok(v) = axum::http::HeaderValue::from_str(host) {
+                answer.headers_mut().insert(super::forward::RUNNER, v);
+            }
+        }
+        answer
     }
 }
 
@@ -234,9 +246,9 @@ impl From<crate::actors::ActorError> for ApiError {
             ActorError::Spawn(SpawnError::BadId(m)) => ApiError::bad_request(m),
             ActorError::Spawn(SpawnError::Store(e)) => e.into(),
             ActorError::Spawn(start @ SpawnError::Start { .. }) => ApiError::internal(start),
-            ActorError::Spawn(SpawnError::LeasedElsewhere { space, .. }) => ApiError::unavailable(
-                format!("space {space} is served by another host of this deployment right now; try again"),
-            ),
+            ActorError::Spawn(SpawnError::LeasedElsewhere { host, .. }) => {
+                ApiError::Elsewhere(host)
+            }
             ActorError::Control(ControlError::Store(e)) => e.into(),
             ActorError::Control(ControlError::Compact(CompactError::Store(e))) => e.into(),
             ActorError::Control(ControlError::Compact(model @ CompactError::Model(_))) => {

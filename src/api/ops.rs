@@ -56,6 +56,11 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
         queue_total: total,
         queue_top: top,
         active_spaces: i64::try_from(app.spaces.active_count()).unwrap_or(i64::MAX),
+        spaces_held: app
+            .rt
+            .cluster
+            .as_ref()
+            .map(|seat| i64::try_from(seat.held_count()).unwrap_or(i64::MAX)),
         running_turns: i64::try_from(app.rt.live_run_ids().len()).unwrap_or(i64::MAX),
         judge_quota: app.rt.model_gate.per_minute(),
         judge_adaptations: app.rt.model_gate.adaptations(),
@@ -109,6 +114,61 @@ pub struct Status {
     pub adapters: Vec<AdapterStatus>,
     pub review: ReviewStatus,
     pub spend: SpendStatus,
+    /// One of many hosts (`cluster.enabled`): this host and the deployment's.
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// This host among the deployment's (docs/scale-out.md).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterStatus {
+    pub host_id: String,
+    /// Space leases this host holds now.
+    pub spaces_held: usize,
+    pub hosts: Vec<ClusterHost>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterHost {
+    pub host_id: String,
+    pub name: String,
+    /// `up`, `silent` (no heartbeat within a lease) or `stopped`.
+    pub state: &'static str,
+    pub heartbeat_at: i64,
+    pub spaces: i64,
+    /// Deployment leases it holds (`review`, `adapter:telegram`).
+    pub leases: Vec<String>,
+}
+
+async fn cluster_status(app: &App) -> ApiResult<Option<ClusterStatus>> {
+    let Some(seat) = &app.rt.cluster else {
+        return Ok(None);
+    };
+    let now = crate::clock::now_ms();
+    let lease_ms = i64::try_from(app.rt.settings.cluster.lease_secs * 1000).unwrap_or(i64::MAX);
+    let hosts = app
+        .rt
+        .store
+        .read(move |c| crate::storage::leases::hosts(c, now))
+        .await?;
+    Ok(Some(ClusterStatus {
+        host_id: seat.host_id.clone(),
+        spaces_held: seat.held_count(),
+        hosts: hosts
+            .into_iter()
+            .map(|h| ClusterHost {
+                state: match h.stopped_at {
+                    Some(_) => "stopped",
+                    None if now - h.heartbeat_at > lease_ms => "silent",
+                    None => "up",
+                },
+                host_id: h.host_id,
+                name: h.name,
+                heartbeat_at: h.heartbeat_at,
+                spaces: h.spaces,
+                leases: h.named,
+            })
+            .collect(),
+    }))
 }
 
 /// Spent (settled and reserved) in the deployment's time zone.
@@ -189,8 +249,11 @@ async fn status(
     for (name, a) in app.adapters.statuses() {
         adapters.push(AdapterStatus {
             name,
+            // One of many hosts: another host holds the connection.
             state: if a.connected {
                 "connected"
+            } else if a.mode == "standby" {
+                "standby"
             } else {
                 "disconnected"
             },
@@ -246,6 +309,7 @@ async fn status(
             unavailable: app.rt.sandbox.unavailable_reason(),
         },
         adapters,
+        cluster: cluster_status(&app).await?,
         review: ReviewStatus {
             enabled: s.review.enabled,
             next_run: crate::actors::review_scheduler::next_fire(&s.review, chrono::Utc::now())

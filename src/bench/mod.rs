@@ -18,6 +18,7 @@
 
 pub(crate) mod adapters;
 pub(crate) mod ask;
+pub(crate) mod cluster;
 pub(crate) mod ext;
 pub(crate) mod fake_provider;
 pub(crate) mod links;

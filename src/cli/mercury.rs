@@ -229,6 +229,27 @@ enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_values_t = [1_000, 3_000, 10_000])]
         waves: Vec<usize>,
     },
+    /// Messages a second and the answer's p99 with 1, 2 and 3 hosts on one
+    /// PostgreSQL database (docs/scale-out.md).
+    Cluster {
+        /// An empty PostgreSQL database: postgres://USER@HOST:5432/DB.
+        #[arg(long)]
+        storage_url: String,
+        /// Host counts, one run each (the first is the baseline).
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 3], value_parser = clap::value_parser!(u64).range(1..=8))]
+        hosts: Vec<u64>,
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        spaces: u64,
+        /// Messages per space and run.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+        per_space: u64,
+        /// The scripted model's fixed latency (ms).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        latency_ms: u64,
+        /// Posts in flight at once.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4_096))]
+        concurrency: u64,
+    },
     /// The same read routes direct and through a space link (act-as), side by side.
     Links {
         /// Requests per route and side.
@@ -726,6 +747,37 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                 }
                 Err(e) => {
                     eprintln!("mercury bench scale: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Cluster {
+                    storage_url,
+                    hosts,
+                    spaces,
+                    per_space,
+                    latency_ms,
+                    concurrency,
+                },
+        } => {
+            let as_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+            let opts = crate::bench::cluster::ClusterOptions {
+                url: storage_url,
+                hosts: hosts.into_iter().map(as_usize).collect(),
+                spaces: as_usize(spaces),
+                per_space: as_usize(per_space),
+                latency_ms,
+                concurrency: as_usize(concurrency),
+            };
+            match crate::bench::cluster::run(&opts).await {
+                Ok(r) => {
+                    crate::bench::cluster::print(&r);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("mercury bench cluster: {e:#}");
                     ExitCode::from(1)
                 }
             }

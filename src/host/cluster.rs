@@ -1,7 +1,8 @@
 //! The loops of a host that is one of many (`cluster.enabled`): the
 //! heartbeat that renews its leases and stops the actors of spaces it lost,
-//! and the look for pending messages it may run (stored by any host, or
-//! left by a dead one).
+//! the look for pending messages it may run (stored by any host, or left by
+//! a dead one), and for the turns this host's callers wait on that another
+//! host ran (`POST /api/chat`, the dashboard, the adapters' typing).
 //!
 //! Polling, not `LISTEN/NOTIFY`: a message stored on another host waits up
 //! to `cluster.poll_ms` for its runner (docs/scale-out.md says why).
@@ -17,18 +18,49 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::SpaceDirectory;
 use crate::cluster::HostSeat;
 use crate::ids::SpaceId;
+use crate::runtime::Runtime;
+use crate::storage::messages;
 
-/// Runs both loops until `shutdown`.
+/// Runs the loops until `shutdown`.
 pub async fn run(
+    rt: Arc<Runtime>,
     seat: Arc<HostSeat>,
     spaces: SpaceDirectory,
-    poll: Duration,
     shutdown: CancellationToken,
 ) {
+    let poll = Duration::from_millis(rt.settings.cluster.poll_ms);
     tokio::join!(
         heartbeat(seat.clone(), spaces.clone(), shutdown.clone()),
-        look_for_work(seat, spaces, poll, shutdown),
+        look_for_work(seat, spaces, poll, shutdown.clone()),
+        settled_elsewhere(rt, poll, shutdown),
     );
+}
+
+/// Wakes this host's waiters whose message another host answered (this
+/// host's actor would have told them itself).
+async fn settled_elsewhere(rt: Arc<Runtime>, poll: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
+        }
+        let waited = rt.waiters.waited();
+        if waited.is_empty() {
+            continue;
+        }
+        match rt
+            .store
+            .read(move |c| messages::settled_among(c, &waited))
+            .await
+        {
+            Ok(done) => {
+                for id in done {
+                    rt.waiters.notify(id);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look up the turns waited for"),
+        }
+    }
 }
 
 async fn heartbeat(seat: Arc<HostSeat>, spaces: SpaceDirectory, shutdown: CancellationToken) {

@@ -829,9 +829,9 @@ pub async fn serve_with(
     background.spawn(retention::sweep_loop(rt.clone(), shutdown.clone()));
     if let Some(seat) = &rt.cluster {
         background.spawn(cluster::run(
+            rt.clone(),
             seat.clone(),
             app.spaces.clone(),
-            Duration::from_millis(rt.settings.cluster.poll_ms),
             shutdown.clone(),
         ));
     }

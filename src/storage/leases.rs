@@ -299,6 +299,15 @@ pub fn holder(conn: &Conn, space: &str, now: i64) -> StoreResult<Option<(String,
     )
 }
 
+/// Where the running host `host` serves its API (none once it stopped).
+pub fn host_url(conn: &Conn, host: &str) -> StoreResult<Option<String>> {
+    conn.query_opt(
+        "SELECT api_url FROM cluster_hosts WHERE host_id = ?1 AND stopped_at IS NULL",
+        params![host],
+        |r| r.get(0),
+    )
+}
+
 /// Every host that ever joined, newest first, with what it holds now.
 pub fn hosts(conn: &Conn, now: i64) -> StoreResult<Vec<HostRow>> {
     let mut rows = conn.query_all(

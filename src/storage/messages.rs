@@ -177,6 +177,25 @@ pub fn pending(conn: &Conn, space: &str) -> StoreResult<Vec<Message>> {
 }
 
 /// Spaces with pending messages (start-up recovery).
+/// Which of `ids` are no longer pending (their turn ended), at most 500
+/// asked at once.
+pub fn settled_among(conn: &Conn, ids: &[i64]) -> StoreResult<Vec<i64>> {
+    let ids = &ids[..ids.len().min(500)];
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let marks: Vec<String> = (1..=ids.len()).map(|i| format!("?{i}")).collect();
+    let params: Vec<&dyn super::ToParam> = ids.iter().map(|i| i as &dyn super::ToParam).collect();
+    conn.query_all(
+        &format!(
+            "SELECT id FROM messages WHERE id IN ({}) AND status <> 'pending'",
+            marks.join(", ")
+        ),
+        &params,
+        |r| r.get(0),
+    )
+}
+
 pub fn spaces_with_pending(conn: &Conn) -> StoreResult<Vec<String>> {
     conn.query_all(
         "SELECT DISTINCT space_id FROM messages WHERE status = 'pending' ORDER BY space_id",

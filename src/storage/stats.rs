@@ -27,6 +27,26 @@ pub fn pending_by_space(conn: &Conn, limit: i64) -> StoreResult<Vec<(String, i64
 }
 
 /// Spaces on the host.
+/// How long each message after `after_id` took to be answered (ms from
+/// its arrival to its reply): what `mercury bench cluster` waits for.
+pub fn reply_latencies_after(conn: &Conn, after_id: i64) -> StoreResult<Vec<i64>> {
+    conn.query_all(
+        "SELECT r.created_at - m.created_at FROM messages r JOIN messages m ON m.id = r.reply_to
+         WHERE m.id > ?1 AND r.role = 'assistant'",
+        params![after_id],
+        |r| r.get(0),
+    )
+}
+
+/// The largest message id so far (0 when there is none).
+pub fn last_message_id(conn: &Conn) -> StoreResult<i64> {
+    conn.query_row(
+        "SELECT COALESCE(MAX(id), 0) FROM messages",
+        params![],
+        |r| r.get(0),
+    )
+}
+
 pub fn spaces(conn: &Conn) -> StoreResult<i64> {
     conn.query_row("SELECT COUNT(*) FROM spaces", params![], |r| r.get(0))
 }

@@ -308,4 +308,40 @@ async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
         )
         .await;
     assert_eq!(got, want);
+    // A write for a space the other host runs is forwarded to it whole
+    // (it needs the space's actor, which runs only there).
+    let holder = rows(
+        &hosts[0],
+        &format!(
+            "SELECT h.name FROM space_leases l JOIN cluster_hosts h ON h.host_id = l.host_id
+             WHERE l.space_id = 'tasks-0' AND l.expires_at > {}",
+            now_ms()
+        ),
+    );
+    let via = if holder[0][0] == "h1" { 1 } else { 0 };
+    let answer = hosts[via]
+        .http
+        .post(format!("{}/api/tasks", hosts[via].url))
+        .bearer_auth(&hosts[via].owner_token)
+        .header("x-mercury-space", "tasks-0")
+        .json(&json!({"cron": "0 9 * * *", "prompt": "forwarded"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(
+        answer.headers()["x-mercury-served-by"]
+            .to_str()
+            .unwrap()
+            .split('-')
+            .next(),
+        Some(holder[0][0].as_str()),
+        "the space's own host answered"
+    );
+    assert_eq!(
+        hosts[via].count(
+            "SELECT COUNT(*) FROM tasks WHERE prompt = 'forwarded' AND space_id = 'tasks-0'"
+        ),
+        1
+    );
 }

@@ -173,3 +173,30 @@ async fn a_due_task_is_seen_by_one_host_at_a_time() {
     go_tx.send(()).unwrap();
     first.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deployment_lease_has_one_holder_until_it_stops_renewing() {
+    let (_db, a, b) = two_hosts();
+    let now = now_ms();
+    let hold = |store: &Store, host: &'static str, at: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .write(move |tx| leases::hold_named(tx, "review", host, at, 3_000))
+                .await
+                .unwrap()
+        }
+    };
+    assert!(hold(&a, "a", now).await, "the first host takes it");
+    assert!(!hold(&b, "b", now + 1_000).await, "held: the other waits");
+    assert!(hold(&a, "a", now + 2_000).await, "its holder keeps it");
+    assert!(
+        !hold(&b, "b", now + 4_000).await,
+        "renewed at +2 s: still held at +4 s"
+    );
+    assert!(hold(&b, "b", now + 5_001).await, "not renewed: it moves");
+    assert!(!hold(&a, "a", now + 5_002).await, "and stays moved");
+    let named = b.read(leases::named_leases).await.unwrap();
+    assert_eq!(named.len(), 1);
+    assert_eq!((named[0].host_id.as_str(), named[0].epoch), ("b", 2));
+}
