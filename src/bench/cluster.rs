@@ -141,7 +141,8 @@ pub(crate) async fn run(opts: &ClusterOptions) -> anyhow::Result<Vec<ClusterRun>
                 .env("MERCURY_CLUSTER_HOST_NAME", format!("bench{}", i + 1))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                // A host's errors are the bench's to show.
+                .stderr(Stdio::inherit())
                 .spawn()
                 .context("starting mercury serve")?;
             procs.push(HostProcess(child));

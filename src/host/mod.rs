@@ -693,6 +693,7 @@ pub async fn serve_with(
     // predecessor's runs are closed space by space when a lease is claimed
     // (storage::leases::claim_space), never all at once here.
     let seat = if settings.cluster.enabled {
+        store.one_write_per_transaction();
         let advertise = match settings.cluster.advertise_url.trim() {
             "" => format!(
                 "http://{}",

@@ -258,6 +258,9 @@ struct StoreInner {
     /// it; the writer thread ends when the last `Store` is dropped and the
     /// channel closes.
     writer: mpsc::Sender<WriteJob>,
+    /// Writes the writer takes into one transaction, at most ([`MAX_BATCH`]
+    /// unless [`Store::one_write_per_transaction`]).
+    batch: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 enum Backend {
@@ -411,12 +414,15 @@ impl Store {
     fn start_shared(backend: Arc<Backend>, writer_conn: Option<Conn>) -> StoreResult<Store> {
         let (tx, mut rx) = mpsc::channel::<WriteJob>(1024);
         let for_writer = backend.clone();
+        let batch = Arc::new(std::sync::atomic::AtomicUsize::new(MAX_BATCH));
+        let batch_limit = batch.clone();
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
                 while let Some(first) = rx.blocking_recv() {
                     let mut jobs = vec![first];
-                    while jobs.len() < MAX_BATCH {
+                    let most = batch_limit.load(std::sync::atomic::Ordering::Relaxed);
+                    while jobs.len() < most {
                         match rx.try_recv() {
                             Ok(job) => jobs.push(job),
                             Err(_) => break,
@@ -448,8 +454,20 @@ impl Store {
             inner: Arc::new(StoreInner {
                 backend,
                 writer: tx,
+                batch,
             }),
         })
+    }
+
+    /// One write per transaction from now on. Many hosts writing one
+    /// PostgreSQL database take row locks in each other's way: a batch of
+    /// many writes holds many rows in an order no other host shares, and two
+    /// such batches deadlock (two hosts storing messages of the same
+    /// conversations did); one write holds few rows, in its own order.
+    pub fn one_write_per_transaction(&self) {
+        self.inner
+            .batch
+            .store(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn dialect(&self) -> Dialect {

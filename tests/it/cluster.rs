@@ -200,14 +200,15 @@ async fn a_killed_hosts_spaces_move_and_every_message_is_answered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
-    let hosts = TestHost::start_cluster(
-        2,
-        cluster_opts(json!({"rules": [
-            {"match": "slow", "reply": "slow answer", "latency_ms": 2500},
-            {"reply": "answered"}
-        ]})),
-    )
-    .await;
+    let mut opts = cluster_opts(json!({"rules": [
+        {"match": "slow", "reply": "slow answer", "latency_ms": 2500},
+        {"reply": "answered"}
+    ]}));
+    // Today's daily scan is due from the start on both hosts.
+    opts.config.push(("review.enabled", Yaml::Bool(true)));
+    opts.config
+        .push(("review.daily_at", Yaml::String("00:00".into())));
+    let hosts = TestHost::start_cluster(2, opts).await;
     let token = hosts[0].adapter_token("bridge", "test").await;
     // Tasks: twenty one-shot tasks due at the same moment, made through
     // both hosts; both schedulers tick every second.
@@ -329,6 +330,11 @@ async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 201);
+    // The daily scan ran once for the deployment (both schedulers ticked).
+    let scans = hosts[0]
+        .wait_count("SELECT COUNT(*) FROM runs WHERE kind = 'review'", 1, 30)
+        .await;
+    assert_eq!(scans, 1, "the daily review scan ran");
     assert_eq!(
         answer.headers()["x-mercury-served-by"]
             .to_str()
