@@ -140,10 +140,19 @@ impl RootSupervisor {
             match seat.claim(space.as_str()).await? {
                 Claim::Held(_) => {}
                 Claim::Elsewhere { host, .. } => {
+                    // Its holder hears it now rather than at its next look.
+                    let s = space.to_string();
+                    state
+                        .rt
+                        .store
+                        .write_detached("a wake-up for another host", move |tx| {
+                            crate::storage::leases::notify_wake(tx, &s)
+                        })
+                        .await;
                     return Err(super::SpawnError::LeasedElsewhere {
                         space: space.to_string(),
                         host,
-                    })
+                    });
                 }
             }
         }

@@ -4,8 +4,10 @@
 //! a dead one), and for the turns this host's callers wait on that another
 //! host ran (`POST /api/chat`, the dashboard, the adapters' typing).
 //!
-//! Polling, not `LISTEN/NOTIFY`: a message stored on another host waits up
-//! to `cluster.poll_ms` for its runner (docs/scale-out.md says why).
+//! A host that stores work for a space another host runs says so on
+//! `NOTIFY mercury_wake` and the holder wakes the space at once; the look
+//! every `cluster.poll_ms` finds what a lost notification (a dropped
+//! connection) and a dead host left.
 //!
 //! Must never: keep running a space whose lease the database gave to
 //! another host (its actor is stopped at the first heartbeat that sees it).
@@ -19,7 +21,7 @@ use crate::actors::SpaceDirectory;
 use crate::cluster::HostSeat;
 use crate::ids::SpaceId;
 use crate::runtime::Runtime;
-use crate::storage::messages;
+use crate::storage::{leases, messages};
 
 /// Runs the loops until `shutdown`.
 pub async fn run(
@@ -29,11 +31,43 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let poll = Duration::from_millis(rt.settings.cluster.poll_ms);
+    let heard = rt.store.listen(leases::WAKE_CHANNEL);
     tokio::join!(
         heartbeat(seat.clone(), spaces.clone(), shutdown.clone()),
+        woken_by_others(seat.clone(), spaces.clone(), heard, shutdown.clone()),
         look_for_work(seat, spaces, poll, shutdown.clone()),
         settled_elsewhere(rt, poll, shutdown),
     );
+}
+
+/// Wakes a space this host runs when another host stored work for it
+/// (`NOTIFY mercury_wake`); a space held elsewhere is its holder's.
+async fn woken_by_others(
+    seat: Arc<HostSeat>,
+    spaces: SpaceDirectory,
+    heard: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    shutdown: CancellationToken,
+) {
+    let Some(mut heard) = heard else {
+        return;
+    };
+    loop {
+        let space = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            s = heard.recv() => match s {
+                Some(s) => s,
+                None => return,
+            },
+        };
+        if seat.fence(&space).is_none() {
+            continue;
+        }
+        if let Ok(id) = SpaceId::parse(&space) {
+            if let Err(e) = spaces.wake(&id).await {
+                tracing::warn!(space = %space, error = %e, "cannot run a space's pending messages");
+            }
+        }
+    }
 }
 
 /// Wakes this host's waiters whose message another host answered (this

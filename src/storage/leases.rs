@@ -288,6 +288,22 @@ pub fn runnable_pending(conn: &Conn, host: &str, now: i64) -> StoreResult<Vec<St
     )
 }
 
+/// The channel a host's wake-up of a space another host runs goes on.
+pub const WAKE_CHANNEL: &str = "mercury_wake";
+
+/// Tells every host (on commit) that `space` has work: its holder wakes it
+/// at once instead of at its next look. PostgreSQL only (SQLite has one host).
+pub fn notify_wake(conn: &Conn, space: &str) -> StoreResult<()> {
+    if conn.dialect() == Dialect::Postgres {
+        conn.query_opt(
+            "SELECT pg_notify(?1, ?2)",
+            params![WAKE_CHANNEL, space],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// Who holds `space` unexpired, if anyone, and where its API listens.
 pub fn holder(conn: &Conn, space: &str, now: i64) -> StoreResult<Option<(String, String)>> {
     conn.query_opt(

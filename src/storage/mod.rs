@@ -459,6 +459,16 @@ impl Store {
         })
     }
 
+    /// The payloads of PostgreSQL's `NOTIFY channel` from now on (a host of
+    /// many hears another host's wake-ups); `None` on SQLite, which has one
+    /// host and nothing to hear.
+    pub fn listen(&self, channel: &str) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        match self.inner.backend.as_ref() {
+            Backend::Sqlite { .. } => None,
+            Backend::Postgres(pg) => Some(pg.listen(channel)),
+        }
+    }
+
     /// One write per transaction from now on. Many hosts writing one
     /// PostgreSQL database take row locks in each other's way: a batch of
     /// many writes holds many rows in an order no other host shares, and two

@@ -34,6 +34,10 @@ pub(crate) struct PgBackend {
     pool: Pool,
     /// What the operator named (the URL without its password), for messages.
     pub(crate) display: String,
+    /// How the pool connects, kept for the one connection `LISTEN` needs
+    /// (a pooled client cannot be watched for notifications).
+    config: Box<tokio_postgres::Config>,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
 impl Drop for PgBackend {
@@ -252,8 +256,8 @@ impl PgBackend {
             .build()
             .map_err(|e| StoreError::Join(format!("cannot start the PostgreSQL runtime: {e}")))?;
         let manager = Manager::from_config(
-            config,
-            tls,
+            config.clone(),
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -272,9 +276,65 @@ impl PgBackend {
             handle,
             pool,
             display,
+            config: Box::new(config),
+            tls,
         };
         backend.get()?;
         Ok(backend)
+    }
+
+    /// The payloads of `NOTIFY channel` from now on, on a connection of its
+    /// own, opened again whenever it drops (a server restart): a
+    /// notification sent while it was down is lost, so a listener must
+    /// have another way to find the work (the hosts poll).
+    pub(crate) fn listen(&self, channel: &str) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (config, tls, server) = (self.config.clone(), self.tls.clone(), self.display.clone());
+        let listen = format!("LISTEN \"{}\"", channel.replace('"', ""));
+        self.handle.spawn(async move {
+            use futures_util::StreamExt;
+            while !tx.is_closed() {
+                match config.connect(tls.clone()).await {
+                    Ok((client, mut connection)) => {
+                        let mut messages =
+                            futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                        let forward = async {
+                            while let Some(message) = messages.next().await {
+                                match message {
+                                    Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                                        if tx.send(n.payload().to_owned()).is_err() {
+                                            return;
+                                        }
+                                    }
+                                    Ok(_) => {}
+                                    Err(e) => {
+                                        tracing::warn!(at = %server, error = %e, "the notification connection dropped");
+                                        return;
+                                    }
+                                }
+                            }
+                        };
+                        // The connection is driven by `forward`; the command
+                        // goes out on it once it is polled.
+                        let subscribe = async {
+                            if let Err(e) = client.batch_execute(&listen).await {
+                                tracing::warn!(at = %server, error = %e, "LISTEN failed");
+                            }
+                            std::future::pending::<()>().await;
+                        };
+                        tokio::select! {
+                            _ = forward => {}
+                            _ = subscribe => {}
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(at = %server, error = %e, "cannot open the notification connection");
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        rx
     }
 
     /// A client from the pool (a new connection if the server restarted).

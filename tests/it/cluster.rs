@@ -351,3 +351,48 @@ async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_stored_on_another_host_wakes_the_spaces_host_at_once() {
+    let mut opts = cluster_opts(json!({"rules": [{"reply": "answered"}]}));
+    // A look once a minute: only the notification can wake the holder in time.
+    opts.config.retain(|(k, _)| *k != "cluster.poll_ms");
+    opts.config
+        .push(("cluster.poll_ms", Yaml::Number(60_000.into())));
+    let hosts = TestHost::start_cluster(2, opts).await;
+    let token = hosts[0].adapter_token("bridge", "test").await;
+    post(&hosts[0], &token, 1, 1).await;
+    let first = hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+            1,
+            20,
+        )
+        .await;
+    assert_eq!(first, 1, "the first host runs the space");
+    let h1 = host_id(&hosts[0], "h1");
+    assert_eq!(
+        hosts[0].count(&format!(
+            "SELECT COUNT(*) FROM space_leases WHERE host_id = '{h1}' AND expires_at > {}",
+            now_ms()
+        )),
+        1
+    );
+    // The second message arrives at the other host.
+    let sent = std::time::Instant::now();
+    post(&hosts[1], &token, 1, 2).await;
+    let both = hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+            2,
+            20,
+        )
+        .await;
+    assert_eq!(both, 2);
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "answered {:?} after it was stored elsewhere (the look is a minute away)",
+        sent.elapsed()
+    );
+    assert_answered_once(&hosts[0], 2);
+}
