@@ -20,6 +20,10 @@ use crate::clock::now_ms;
 use crate::storage::leases::{self, Claim, Fence};
 use crate::storage::{Store, StoreResult};
 
+/// The header of an answer refused because another host runs the space:
+/// that host's id (the host's forwarding step reads it, and removes it).
+pub const RUNNER_HEADER: &str = "x-mercury-runner";
+
 /// This host in the deployment.
 pub struct HostSeat {
     /// Unique per process start: a restarted host is a new host, so nothing

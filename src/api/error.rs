@@ -34,7 +34,7 @@ pub enum ApiError {
     SlowDown(String),
     Unavailable(String),
     /// One of many hosts: the space runs on the host named (its id); the
-    /// API's forwarding step hands the request to it (`api::forward`).
+    /// host's forwarding step hands the request to it (`host::forward`).
     Elsewhere(String),
     /// An upstream model did not answer (its chain's own sentence).
     ModelFailed(String),
@@ -164,7 +164,9 @@ impl IntoResponse for ApiError {
         let mut answer = (self.status(), Json(body)).into_response();
         if let Self::Elsewhere(host) = &self {
             if let Ok(v) = axum::http::HeaderValue::from_str(host) {
-                answer.headers_mut().insert(super::forward::RUNNER, v);
+                answer
+                    .headers_mut()
+                    .insert(crate::cluster::RUNNER_HEADER, v);
             }
         }
         answer

@@ -12,7 +12,6 @@ mod ask_guard;
 pub mod auth;
 pub mod error;
 pub mod extract;
-mod forward;
 pub mod openapi;
 pub mod ops;
 mod platform_webhooks;
@@ -71,17 +70,10 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 
 pub fn router(app: Arc<App>) -> Router {
     let Parts { public, api, doc } = parts();
-    let api = api
-        .route_layer(middleware::from_fn_with_state(
-            app.clone(),
-            auth::authenticate,
-        ))
-        // Outside authentication: a request for a space another host runs
-        // is sent there whole, and authenticated there.
-        .route_layer(middleware::from_fn_with_state(
-            app.clone(),
-            forward::to_runner,
-        ));
+    let api = api.route_layer(middleware::from_fn_with_state(
+        app.clone(),
+        auth::authenticate,
+    ));
     // No token on these: whatever they read is read for anyone.
     let public = public
         .layer(Extension(Arc::new(doc)))

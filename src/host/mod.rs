@@ -12,6 +12,7 @@ pub mod backup;
 pub mod cluster;
 pub mod containers;
 pub mod demo;
+pub mod forward;
 pub mod layer_probe;
 pub mod listen;
 pub mod promote;
@@ -837,7 +838,14 @@ pub async fn serve_with(
         ));
     }
     // The dashboard's paths are its own (`/ui/…`); everything else is the API's.
-    let router = crate::ui::router(app.clone()).merge(crate::api::router(app.clone()));
+    let router = crate::ui::router(app.clone())
+        .merge(crate::api::router(app.clone()))
+        // One of many hosts: a request for a space another host runs is
+        // sent there whole (and authenticated there).
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            forward::to_runner,
+        ));
     let tcp = match bound {
         Some(listener) => {
             listener

@@ -32,6 +32,10 @@ pub enum UiError {
     TooLarge(String),
     #[error("{0}")]
     Unavailable(String),
+    /// One of many hosts: another host (this id) runs the space; the
+    /// host's forwarding step sends the request there.
+    #[error("this space is served by another host of this deployment right now; try again")]
+    Elsewhere(String),
     #[error("storage: {0}")]
     Store(#[from] StoreError),
     #[error("rendering a page: {0}")]
@@ -65,6 +69,7 @@ impl From<crate::actors::ActorError> for UiError {
             ActorError::Spawn(SpawnError::NoSuchSpace(id)) => {
                 UiError::NotFound(format!("space {id} does not exist"))
             }
+            ActorError::Spawn(SpawnError::LeasedElsewhere { host, .. }) => UiError::Elsewhere(host),
             e @ (ActorError::Unavailable(_) | ActorError::Busy(_) | ActorError::Timeout(_)) => {
                 UiError::Unavailable(format!("{e}; try again"))
             }
@@ -90,7 +95,7 @@ impl UiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Stale(_) => StatusCode::PRECONDITION_FAILED,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Elsewhere(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
             Self::Store(StoreError::Invalid(_)) => StatusCode::BAD_REQUEST,
             Self::Store(_) | Self::Render(_) | Self::Internal(_) => {
@@ -106,7 +111,11 @@ impl IntoResponse for UiError {
             return Redirect::to("/ui/login").into_response();
         }
         let status = self.status();
-        let message = if status.is_server_error() {
+        let runner = match &self {
+            Self::Elsewhere(host) => axum::http::HeaderValue::from_str(host).ok(),
+            _ => None,
+        };
+        let message = if status.is_server_error() && runner.is_none() {
             tracing::error!(error = %self, "dashboard request failed");
             "Something went wrong on the host; the log says what.".to_owned()
         } else {
@@ -121,9 +130,15 @@ impl IntoResponse for UiError {
             ),
             message: &message,
         };
-        match page.render() {
+        let mut answer = match page.render() {
             Ok(html) => (status, Html(html)).into_response(),
             Err(_) => (status, message).into_response(),
+        };
+        if let Some(host) = runner {
+            answer
+                .headers_mut()
+                .insert(crate::cluster::RUNNER_HEADER, host);
         }
+        answer
     }
 }

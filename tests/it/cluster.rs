@@ -330,6 +330,33 @@ async fn a_paused_host_commits_nothing_and_a_task_fires_once() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 201);
+    // So is a dashboard form (its sign-in and CSRF token are in the
+    // database, so the space's host takes them as its own).
+    let browser = crate::ui::no_redirects();
+    let cookie = crate::ui::sign_in(&hosts[via], &browser, &hosts[via].owner_token).await;
+    let (st, page) = crate::ui::get(&hosts[via], &browser, "/ui/spaces/tasks-0", &cookie).await;
+    assert_eq!(st, 200);
+    let csrf = crate::ui::csrf_of(&page);
+    let (st, to) = crate::ui::post_form(
+        &hosts[via],
+        &browser,
+        "/ui/spaces/tasks-0/mutes",
+        &cookie,
+        &[
+            ("csrf", csrf.as_str()),
+            ("caller_id", "test:99"),
+            ("for", ""),
+            ("reason", ""),
+        ],
+    )
+    .await;
+    assert_eq!(st, 303, "the form was answered by the space's host: {to}");
+    assert_eq!(
+        hosts[via].count(
+            "SELECT COUNT(*) FROM mutes WHERE space_id = 'tasks-0' AND caller_id = 'test:99'"
+        ),
+        1
+    );
     // The daily scan ran once for the deployment (both schedulers ticked).
     let scans = hosts[0]
         .wait_count("SELECT COUNT(*) FROM runs WHERE kind = 'review'", 1, 30)

@@ -266,8 +266,18 @@ async fn shadow_control_a_live_host_posts_the_send_to_the_webhook() {
         .await;
     assert_eq!(st, 202, "{v}");
     assert!(v["outbox_id"].is_i64(), "{v}");
+    // Waits for this send itself: under the full suite a post meant for an
+    // earlier test's receiver (its port since reused by this one) can land
+    // here first.
+    let posted = || {
+        hook.hits
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|h| h.contains("hello people"))
+    };
     for _ in 0..200 {
-        if hook.count() > 0 {
+        if posted() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

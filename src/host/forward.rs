@@ -1,9 +1,11 @@
-//! One of many hosts (issue 28): a request that needs a space's actor while
-//! another host holds the space's lease is handed to that host.
+//! One of many hosts (issue 28): a request (API or dashboard) that needs a
+//! space's actor while another host holds the space's lease is handed to
+//! that host.
 //!
 //! The request is answered here first; only when the answer is the refusal
-//! "another host runs this space" ([`ApiError::Elsewhere`], which a route
-//! meets before it writes anything) is the same request (method, path,
+//! "another host runs this space" (an answer carrying
+//! [`crate::cluster::RUNNER_HEADER`]: `ApiError::Elsewhere`,
+//! `UiError::Elsewhere`, met before anything is written) is the same request (method, path,
 //! query, headers, body) sent once to the holder's advertised URL, and the
 //! holder's answer is the answer. Forwarding, not taking the lease: the
 //! holder may be in the middle of a turn, and moving a space for one API
@@ -24,15 +26,14 @@ use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
+use crate::api::ApiError;
 use crate::app::App;
+use crate::cluster::RUNNER_HEADER as RUNNER;
 use crate::storage::leases;
 
 /// Set on a forwarded request (its value: the forwarding host's id), so
 /// the holder answers it itself.
-pub(super) const FORWARDED: &str = "x-mercury-forwarded";
-/// Set by [`ApiError::Elsewhere`]'s answer: the host that holds the space.
-pub(super) const RUNNER: &str = "x-mercury-runner";
+pub const FORWARDED: &str = "x-mercury-forwarded";
 
 /// How long a forwarded request may take (a control action may call the model).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(330);
@@ -51,7 +52,7 @@ fn client() -> Option<&'static reqwest::Client> {
         .as_ref()
 }
 
-pub(super) async fn to_runner(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+pub async fn to_runner(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(seat) = app.rt.cluster.clone() else {
         return next.run(req).await;
     };
