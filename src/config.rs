@@ -2135,6 +2135,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_needs_postgres_and_sane_lease_and_poll_times() {
+        let e = from_value(Value::Null, &env(&[("MERCURY_CLUSTER_ENABLED", "true")])).unwrap_err();
+        assert!(
+            e.to_string().contains("cluster.enabled") && e.to_string().contains("postgres"),
+            "{e}"
+        );
+        let pg = [
+            ("MERCURY_CLUSTER_ENABLED", "true"),
+            ("MERCURY_STORAGE_BACKEND", "postgres"),
+            ("MERCURY_STORAGE_URL", "postgres://m@db:5432/m"),
+        ];
+        let s = from_value(Value::Null, &env(&pg)).unwrap();
+        assert_eq!((s.cluster.lease_secs, s.cluster.poll_ms), (15, 500));
+        for (var, bad, key) in [
+            ("MERCURY_CLUSTER_LEASE_SECS", "1", "cluster.lease_secs"),
+            ("MERCURY_CLUSTER_POLL_MS", "10", "cluster.poll_ms"),
+        ] {
+            let mut vars = pg.to_vec();
+            vars.push((var, bad));
+            let e = from_value(Value::Null, &env(&vars)).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
+    }
+
+    #[test]
     fn http_listener_limits_are_typed_and_validated() {
         let s = from_value(
             Value::Null,

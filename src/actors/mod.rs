@@ -211,8 +211,8 @@ impl SpaceDirectory {
         for _ in 0..2 {
             let actor = match self.actor(space).await {
                 Ok(a) => a,
-                // Its runner finds the message on its next look
-                // (`cluster.poll_ms`): the row is stored, nothing is lost.
+                // Its runner was told (`NOTIFY`), and finds the message at
+                // its next look anyway: the row is stored, nothing is lost.
                 Err(ActorError::Spawn(SpawnError::LeasedElsewhere { .. })) => return Ok(()),
                 Err(e) => return Err(e),
             };

@@ -221,9 +221,6 @@ pub async fn init_with(
     Ok(token_path)
 }
 
-/// Where this deployment's store is: the data dir's `state.db`, or the
-/// PostgreSQL database `storage.url` names (its password from
-/// `storage.password_file` when set, so it is in no URL or process list).
 /// The machine's hostname (a cluster host's default name).
 fn machine_name() -> String {
     std::fs::read_to_string("/etc/hostname")
@@ -237,6 +234,9 @@ fn machine_name() -> String {
         .unwrap_or_else(|| "host".into())
 }
 
+/// Where this deployment's store is: the data dir's `state.db`, or the
+/// PostgreSQL database `storage.url` names (its password from
+/// `storage.password_file` when set, so it is in no URL or process list).
 pub fn store_location(
     settings: &Settings,
     paths: &DataPaths,

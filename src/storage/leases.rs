@@ -48,7 +48,7 @@ pub struct HostRow {
     pub named: Vec<String>,
 }
 
-/// One lease row (a space's or a named one).
+/// One named lease row (the review scan, an adapter).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRow {
     pub name: String,
@@ -304,17 +304,6 @@ pub fn notify_wake(conn: &Conn, space: &str) -> StoreResult<()> {
     Ok(())
 }
 
-/// Who holds `space` unexpired, if anyone, and where its API listens.
-pub fn holder(conn: &Conn, space: &str, now: i64) -> StoreResult<Option<(String, String)>> {
-    conn.query_opt(
-        "SELECT l.host_id, COALESCE(h.api_url, '') FROM space_leases l
-         LEFT JOIN cluster_hosts h ON h.host_id = l.host_id
-         WHERE l.space_id = ?1 AND l.expires_at > ?2",
-        params![space, now],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-}
-
 /// Where the running host `host` serves its API (none once it stopped).
 pub fn host_url(conn: &Conn, host: &str) -> StoreResult<Option<String>> {
     conn.query_opt(
@@ -370,22 +359,6 @@ pub fn named_leases(conn: &Conn) -> StoreResult<Vec<LeaseRow>> {
     )
 }
 
-/// The space leases, by space.
-pub fn space_leases(conn: &Conn) -> StoreResult<Vec<LeaseRow>> {
-    conn.query_all(
-        "SELECT space_id, host_id, epoch, expires_at FROM space_leases ORDER BY space_id",
-        params![],
-        |r| {
-            Ok(LeaseRow {
-                name: r.get(0)?,
-                host_id: r.get(1)?,
-                epoch: r.get(2)?,
-                expires_at: r.get(3)?,
-            })
-        },
-    )
-}
-
 /// Records the host a run runs on (a cluster's runs say where they ran).
 pub fn set_run_host(conn: &Conn, run: &str, host: &str) -> StoreResult<()> {
     conn.execute(
@@ -393,15 +366,4 @@ pub fn set_run_host(conn: &Conn, run: &str, host: &str) -> StoreResult<()> {
         params![run, host],
     )?;
     Ok(())
-}
-
-/// Whether `host` holds `space` now (for a test or a status line).
-pub fn holds(conn: &Conn, space: &str, host: &str, now: i64) -> StoreResult<bool> {
-    Ok(conn
-        .query_opt(
-            "SELECT 1 FROM space_leases WHERE space_id = ?1 AND host_id = ?2 AND expires_at > ?3",
-            params![space, host, now],
-            |r| r.get::<_, i64>(0),
-        )?
-        .is_some())
 }
