@@ -506,8 +506,31 @@ pub struct SandboxConfig {
     pub cpus: f64,
     pub pids: i64,
     pub tmp_mb: i64,
-    /// Seconds between orphan sweeps.
+    /// Seconds between orphan sweeps (and engine health checks).
     pub sweep_interval_secs: u64,
+    /// The Docker engines sandboxes start on (docs/scale-out.md).
+    pub docker: DockerEnginesConfig,
+}
+
+/// `sandbox.docker`: where the docker backend's containers run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerEnginesConfig {
+    /// `unix:///path/docker.sock` (this machine: the workspace is bound) or
+    /// `tcp://host:port` (elsewhere: the workspace is copied in and back,
+    /// the API carried over an exec stream). Empty: the local engine
+    /// (`DOCKER_HOST` or `/var/run/docker.sock`).
+    pub hosts: Vec<String>,
+    /// Client certificates for the `tcp://` engines (all three, or none).
+    pub tls: DockerTlsConfig,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerTlsConfig {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -724,6 +747,7 @@ impl Default for SandboxConfig {
             pids: 256,
             tmp_mb: 64,
             sweep_interval_secs: 300,
+            docker: DockerEnginesConfig::default(),
         }
     }
 }
@@ -969,7 +993,13 @@ sandbox:                        # where shell and mrctl tool calls run
   cpus: 1.0                     # CPUs per container (fractions allowed)
   pids: 256                     # count: processes per container
   tmp_mb: 64                    # MB of /tmp per container
-  sweep_interval_secs: 300      # seconds between orphan container sweeps (this instance's label only)
+  sweep_interval_secs: 300      # seconds between orphan container sweeps (this instance's label only) and engine health checks
+  docker:                       # the Docker engines containers run on (docs/scale-out.md)
+    hosts: []                   # unix:///path/docker.sock (this machine: bound) | tcp://host:port (elsewhere: workspace synced); empty: the local engine
+    tls:                        # client certificates for the tcp:// engines: all three paths, or none
+      ca: ""                    # path of the CA certificate (PEM)
+      cert: ""                  # path of this host's certificate (PEM)
+      key: ""                   # path of this host's key (PEM)
 turn:                           # one agent turn
   max_steps: 8                  # count: model calls per turn
   timeout_secs: 300             # seconds a whole turn may take
@@ -1554,6 +1584,30 @@ impl Settings {
             return Err(key_err(
                 "sandbox.workspace_mb",
                 "must be between 1 and 1048576 (MB)",
+            ));
+        }
+        for host in &self.sandbox.docker.hosts {
+            let ok = match (host.strip_prefix("unix://"), host.strip_prefix("tcp://")) {
+                (Some(path), _) => path.starts_with('/'),
+                (_, Some(addr)) => !addr.is_empty() && !addr.contains('/'),
+                _ => false,
+            };
+            if !ok {
+                return Err(key_err(
+                    "sandbox.docker.hosts",
+                    format!("{host:?} is neither unix:///path/to/docker.sock nor tcp://host:port"),
+                ));
+            }
+        }
+        let tls = &self.sandbox.docker.tls;
+        let given = [&tls.ca, &tls.cert, &tls.key]
+            .iter()
+            .filter(|p| !p.trim().is_empty())
+            .count();
+        if given != 0 && given != 3 {
+            return Err(key_err(
+                "sandbox.docker.tls",
+                "give ca, cert and key together, or none",
             ));
         }
         if !(self.sandbox.cpus > 0.0 && self.sandbox.cpus <= 64.0) {

@@ -35,7 +35,9 @@ use crate::extensions::{
 use crate::ids::{RunId, SpaceId};
 use crate::model::{ChatMessage, ModelRequest, ModelResponse, Purpose, Role};
 use crate::runtime::Runtime;
-use crate::sandbox::{RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec};
+use crate::sandbox::{
+    ApiEndpoint, RunKind, SandboxError, SandboxLimits, SandboxSession, SandboxSpec, WorkspaceMount,
+};
 use crate::storage::{runs, tokens};
 use crate::workspace::layer::{LayerBudget, LayerError, TurnLayer};
 
@@ -880,9 +882,17 @@ async fn run_one_tool(
     let workdir = ensure_layer(rt, req, slot).await?;
     match plan {
         tools::ToolPlan::File(op) => {
+            let writes = op.writes();
             let output = tokio::task::spawn_blocking(move || tools::run_file_op(&workdir, op, cap))
                 .await
                 .map_err(|e| TurnError::Sandbox(SandboxError::Engine(format!("file tool: {e}"))))?;
+            // A sandbox working on a copy of the layer takes the change in
+            // before its next command.
+            if writes {
+                if let Some(session) = slot.session.lock().await.as_deref() {
+                    session.host_changed();
+                }
+            }
             // File tools say "error: …" when they refuse: exit code 1.
             let exit_code = Some(if output.starts_with("error:") { 1 } else { 0 });
             Ok(ToolResult {
@@ -1190,8 +1200,8 @@ async fn start_sandbox(
         space_id: req.space_id.to_string(),
         run_id: req.run_id.to_string(),
         kind: req.kind,
-        workspace: workdir.to_path_buf(),
-        api_socket: Some(rt.paths.socket.clone()),
+        workspace: WorkspaceMount::HostPath(workdir.to_path_buf()),
+        api: Some(ApiEndpoint::UnixSocket(rt.paths.socket.clone())),
         // The whole environment of the sandbox: nothing else from the host.
         env: vec![
             ("MERCURY_TOKEN".into(), secret),
@@ -1217,6 +1227,9 @@ async fn start_sandbox(
             nano_cpus: (s.cpus * 1e9) as i64,
             pids: s.pids,
             tmp_bytes: s.tmp_mb << 20,
+            workspace_bytes: i64::try_from(s.workspace_mb << 20).unwrap_or(i64::MAX),
+            workspace_entries: rt.settings.workspace.max_entries,
+            workspace_depth: rt.settings.workspace.max_depth,
         },
     };
     let started = std::time::Instant::now();

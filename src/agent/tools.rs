@@ -85,6 +85,13 @@ pub(crate) enum FileOp {
     List { path: String },
 }
 
+impl FileOp {
+    /// Whether it changes the workspace.
+    pub(crate) fn writes(&self) -> bool {
+        matches!(self, FileOp::Write { .. })
+    }
+}
+
 /// Turns a tool call into what to run.
 pub(crate) fn plan(
     call: &ToolCall,

@@ -199,6 +199,23 @@ pub struct SandboxStatus {
     pub isolated: bool,
     /// Why tool calls are refused, when no backend is usable.
     pub unavailable: Option<String>,
+    /// The container engines sandboxes start on (docker; empty otherwise):
+    /// `sandbox.docker.hosts`, or the local one.
+    pub engines: Vec<SandboxEngine>,
+}
+
+/// One container engine as this host sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxEngine {
+    /// As configured (`unix:///…`, `tcp://host:port`), or `local`.
+    pub endpoint: String,
+    /// On another machine: workspaces are copied in and back, not bound.
+    pub remote: bool,
+    /// It answered its last ping or start.
+    pub healthy: bool,
+    /// This host's sandboxes running on it now.
+    pub running: usize,
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -307,6 +324,19 @@ async fn status(
             backend: app.rt.sandbox.name(),
             isolated: app.rt.sandbox.isolation() != crate::sandbox::Isolation::None,
             unavailable: app.rt.sandbox.unavailable_reason(),
+            engines: app
+                .rt
+                .sandbox
+                .engines()
+                .into_iter()
+                .map(|e| SandboxEngine {
+                    endpoint: e.endpoint,
+                    remote: e.remote,
+                    healthy: e.healthy,
+                    running: e.running,
+                    last_error: e.last_error,
+                })
+                .collect(),
         },
         adapters,
         cluster: cluster_status(&app).await?,

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::runtime::Runtime;
-use crate::sandbox::docker::{sweep_orphans, DockerBackend};
+use crate::sandbox::docker::{sweep_orphans, DockerBackend, EngineTls};
 use crate::sandbox::image::{agent_image_tag, build_agent_image, ensure_agent_image};
 use crate::sandbox::SandboxBackend;
 use crate::workspace::DataPaths;
@@ -65,23 +65,44 @@ pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
 /// plus the image from `sandbox.image`, or the locally built agent image
 /// (built when absent). `mercury bench sandbox` uses it directly.
 pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend> {
-    let probe = DockerBackend::connect(String::new()).await?;
+    let probe = connect_engines(settings, String::new()).await?;
     let image = if settings.sandbox.image.is_empty() {
         let tag = agent_image(settings)?;
-        // A shadow never builds an image (`shadow up` refuses a missing one
-        // first): building would load the live box while it serves.
-        if settings.shadow {
-            if !crate::sandbox::image::image_exists(probe.docker(), &tag).await? {
-                anyhow::bail!("shadow mode never builds the agent image {tag}; build it with `mercury image build`");
+        // Every engine gets the same content-addressed image, built from
+        // this host's files (no registry is assumed reachable).
+        for (endpoint, docker) in probe.clients() {
+            // A shadow never builds an image (`shadow up` refuses a missing
+            // one first): building would load the live box while it serves.
+            if settings.shadow {
+                if !crate::sandbox::image::image_exists(docker, &tag).await? {
+                    anyhow::bail!("shadow mode never builds the agent image {tag} (engine {endpoint}); build it with `mercury image build`");
+                }
+            } else {
+                ensure_agent_image(docker, &tag, &mrctl_path()?)
+                    .await
+                    .with_context(|| format!("the agent image on engine {endpoint}"))?;
             }
-            tag
-        } else {
-            ensure_agent_image(probe.docker(), &tag, &mrctl_path()?).await?
         }
+        tag
     } else {
         settings.sandbox.image.clone()
     };
-    Ok(DockerBackend::with_client(probe.docker().clone(), image))
+    Ok(probe.with_image(image))
+}
+
+/// The engines of `sandbox.docker.hosts`, or the local one when the list is
+/// empty, each connected and negotiated.
+pub async fn connect_engines(settings: &Settings, image: String) -> anyhow::Result<DockerBackend> {
+    let d = &settings.sandbox.docker;
+    if d.hosts.is_empty() {
+        return Ok(DockerBackend::connect(image).await?);
+    }
+    let tls = (!d.tls.ca.trim().is_empty()).then(|| EngineTls {
+        ca: d.tls.ca.clone().into(),
+        cert: d.tls.cert.clone().into(),
+        key: d.tls.key.clone().into(),
+    });
+    Ok(DockerBackend::connect_hosts(&d.hosts, tls.as_ref(), image).await?)
 }
 
 /// `mercury image build`: builds the image and prints its tag.
@@ -102,7 +123,7 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
     if rt.sandbox.name() != "docker" {
         return;
     }
-    let backend = match DockerBackend::connect(String::new()).await {
+    let backend = match connect_engines(&rt.settings, String::new()).await {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "orphan sweep cannot reach the engine");
@@ -111,16 +132,21 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
     };
     let every = Duration::from_secs(rt.settings.sandbox.sweep_interval_secs);
     loop {
-        match sweep_orphans(backend.docker(), &rt.instance_id, || rt.live_run_ids()).await {
-            Ok(removed) if !removed.is_empty() => {
-                tracing::warn!(
-                    count = removed.len(),
-                    "removed orphan containers of this instance"
-                );
+        for (endpoint, docker) in backend.clients() {
+            match sweep_orphans(docker, &rt.instance_id, || rt.live_run_ids()).await {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::warn!(
+                        count = removed.len(),
+                        engine = endpoint,
+                        "removed orphan containers of this instance"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, engine = endpoint, "orphan sweep failed"),
             }
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "orphan sweep failed"),
         }
+        // The serving backend's own health marks, which placement reads.
+        rt.sandbox.check_health().await;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}

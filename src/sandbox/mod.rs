@@ -14,11 +14,13 @@
 //! This module is self-contained: it refers to nothing outside `crate::sandbox`.
 
 pub mod docker;
+pub mod frames;
 pub mod image;
 pub mod process;
 mod relay;
 mod root_drop;
 pub mod runtime_image;
+mod sync;
 
 pub use relay::sweep_relays;
 pub use root_drop::NOBODY;
@@ -38,6 +40,20 @@ pub const LABEL_KIND: &str = "mercury.kind";
 pub const CONTAINER_WORKDIR: &str = "/work";
 /// Where the host API socket appears inside a docker or bubblewrap session.
 pub const CONTAINER_API_SOCKET: &str = "/run/mercury/api.sock";
+
+/// An engine sessions start on, as `/api/status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct EngineView {
+    /// As configured (`unix:///var/run/docker.sock`, `tcp://10.0.0.7:2376`),
+    /// or `local`.
+    pub endpoint: String,
+    /// On another machine: its workspaces are synced, not bound.
+    pub remote: bool,
+    pub healthy: bool,
+    /// Sessions running on it now.
+    pub running: usize,
+    pub last_error: Option<String>,
+}
 
 /// What keeps a session's commands from the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +99,12 @@ pub struct SandboxLimits {
     pub nano_cpus: i64,
     pub pids: i64,
     pub tmp_bytes: i64,
+    /// The most a synced workspace may hold (its tmpfs's size, and the
+    /// bound on what is copied back).
+    pub workspace_bytes: i64,
+    /// Entries and depth a synced workspace may hold, as the layer allows.
+    pub workspace_entries: u64,
+    pub workspace_depth: usize,
 }
 
 impl Default for SandboxLimits {
@@ -92,6 +114,9 @@ impl Default for SandboxLimits {
             nano_cpus: 1_000_000_000,
             pids: 256,
             tmp_bytes: 64 << 20,
+            workspace_bytes: 1 << 30,
+            workspace_entries: 100_000,
+            workspace_depth: 64,
         }
     }
 }
@@ -104,12 +129,11 @@ pub struct SandboxSpec {
     pub space_id: String,
     pub run_id: String,
     pub kind: RunKind,
-    /// Host directory the session works in (bind-mounted at `/work` by docker):
-    /// the live workspace, or a throwaway copy the caller made.
-    pub workspace: PathBuf,
-    /// Host path of the API's Unix socket; docker mounts it at
-    /// [`CONTAINER_API_SOCKET`].
-    pub api_socket: Option<PathBuf>,
+    /// The host directory the session works in (the turn's layer, or a
+    /// throwaway copy the caller made) and how it reaches the session.
+    pub workspace: WorkspaceMount,
+    /// The host API the session's `mrctl` reaches at [`CONTAINER_API_SOCKET`].
+    pub api: Option<ApiEndpoint>,
     /// The session's whole environment (run token, space id, socket path).
     /// Nothing from the host's own environment is added by a backend.
     pub env: Vec<(String, String)>,
@@ -117,6 +141,47 @@ pub struct SandboxSpec {
     /// Host directories bound read-only at the given absolute path inside
     /// (the enabled extensions' skills, under `/run/mercury/skills/`).
     pub ro_binds: Vec<(PathBuf, String)>,
+}
+
+/// How a session's working directory is made of a host directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkspaceMount {
+    /// Bound in place, so every write lands in the host directory at once.
+    /// A backend whose engine runs on another machine cannot bind a host
+    /// path: it syncs the directory instead, as for [`WorkspaceMount::Synced`].
+    HostPath(PathBuf),
+    /// Copied into the session when it starts and back into the host
+    /// directory after every command (bounded, never following a link the
+    /// session made; `sync`), so the caller's merge sees the same tree a bind
+    /// would have left. The session's copy is a sized tmpfs of its own.
+    Synced(PathBuf),
+}
+
+impl WorkspaceMount {
+    /// The host directory, however it reaches the session.
+    pub fn host_dir(&self) -> &std::path::Path {
+        match self {
+            WorkspaceMount::HostPath(p) | WorkspaceMount::Synced(p) => p,
+        }
+    }
+}
+
+/// How a session's commands reach the host's API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiEndpoint {
+    /// The API's Unix socket on this host. A local backend binds (a relay
+    /// of) it at [`CONTAINER_API_SOCKET`]; a backend on another machine,
+    /// whose sandbox has no network, carries each connection over an exec
+    /// stream into the container (`mrctl bridge`), to the same path inside.
+    UnixSocket(PathBuf),
+}
+
+impl ApiEndpoint {
+    pub fn socket(&self) -> &std::path::Path {
+        match self {
+            ApiEndpoint::UnixSocket(p) => p,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -204,6 +269,15 @@ pub trait SandboxBackend: Send + Sync {
         Ok(())
     }
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError>;
+    /// The engines sessions start on and what is known of each (none for
+    /// a backend without engines).
+    fn engines(&self) -> Vec<EngineView> {
+        Vec::new()
+    }
+    /// Checks every engine now and returns what was found.
+    async fn check_health(&self) -> Vec<EngineView> {
+        self.engines()
+    }
     /// Why no tool can run at all (the [`Unavailable`] backend).
     fn unavailable_reason(&self) -> Option<String> {
         None
@@ -249,6 +323,10 @@ pub trait SandboxSession: Send + Sync {
             "this sandbox backend cannot run an extension's stdio server (use the bubblewrap backend)".into(),
         ))
     }
+    /// The host directory was written outside the session (a file tool):
+    /// a session that works on a copy of it takes the change in before its
+    /// next command.
+    fn host_changed(&self) {}
     /// A fact read from inside the session that proves where it ran
     /// (docker: the hostname, which equals the short container id).
     async fn proof(&self) -> Result<String, SandboxError>;

@@ -117,8 +117,8 @@ impl ProcessBackend {
                 space_id: "probe".into(),
                 run_id: "probe".into(),
                 kind: super::RunKind::Live,
-                workspace: dir.path().to_path_buf(),
-                api_socket: None,
+                workspace: super::WorkspaceMount::HostPath(dir.path().to_path_buf()),
+                api: None,
                 ro_binds: Vec::new(),
                 env: Vec::new(),
                 limits: super::SandboxLimits::default(),
@@ -193,8 +193,12 @@ impl ProcessBackend {
                 push(&[os("--ro-bind"), mrctl.as_os_str(), inside.as_ref()]);
             }
         }
-        if let Some(socket) = &spec.api_socket {
-            push(&[os("--bind"), socket.as_os_str(), os(CONTAINER_API_SOCKET)]);
+        if let Some(api) = &spec.api {
+            push(&[
+                os("--bind"),
+                api.socket().as_os_str(),
+                os(CONTAINER_API_SOCKET),
+            ]);
         }
         for (host, inside) in &spec.ro_binds {
             push(&[os("--ro-bind"), host.as_os_str(), inside.as_ref()]);
@@ -259,11 +263,12 @@ impl SandboxBackend for ProcessBackend {
     }
 
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
-        let workspace =
-            std::fs::canonicalize(&spec.workspace).map_err(|source| SandboxError::Io {
-                path: spec.workspace.display().to_string(),
-                source,
-            })?;
+        // This host's processes: a synced workspace is the same directory.
+        let host_dir = spec.workspace.host_dir();
+        let workspace = std::fs::canonicalize(host_dir).map_err(|source| SandboxError::Io {
+            path: host_dir.display().to_string(),
+            source,
+        })?;
         if !workspace.is_dir() {
             return Err(SandboxError::Io {
                 path: workspace.display().to_string(),
@@ -277,14 +282,17 @@ impl SandboxBackend for ProcessBackend {
             ProcessMode::Bubblewrap(bwrap) => {
                 // A relay of the socket, never the host's own: a bind's
                 // path shows in the session's mountinfo.
-                let relay = match &spec.api_socket {
-                    Some(socket) => {
-                        Some(super::relay::SocketRelay::start(socket, &spec.instance_id)?)
-                    }
+                let relay = match &spec.api {
+                    Some(api) => Some(super::relay::SocketRelay::start(
+                        api.socket(),
+                        &spec.instance_id,
+                    )?),
                     None => None,
                 };
                 let mut shaped = spec.clone();
-                shaped.api_socket = relay.as_ref().map(|r| r.path().to_owned());
+                shaped.api = relay
+                    .as_ref()
+                    .map(|r| super::ApiEndpoint::UnixSocket(r.path().to_owned()));
                 let mut prefix = vec![bwrap.clone().into_os_string()];
                 prefix.extend(self.bwrap_prefix(&shaped, &workspace));
                 (
@@ -862,8 +870,8 @@ mod tests {
             space_id: "space".into(),
             run_id: "run".into(),
             kind: RunKind::Live,
-            workspace: workspace.to_path_buf(),
-            api_socket: None,
+            workspace: super::super::WorkspaceMount::HostPath(workspace.to_path_buf()),
+            api: None,
             ro_binds: Vec::new(),
             env: env
                 .iter()

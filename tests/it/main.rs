@@ -32,6 +32,7 @@ mod ops;
 mod pairing;
 mod pg;
 mod redaction;
+mod remote_engine;
 mod retention;
 mod review;
 mod review_drafts;

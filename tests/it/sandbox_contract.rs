@@ -8,6 +8,7 @@ use std::time::Duration;
 use mercury::config::Settings;
 use mercury::sandbox::{
     ExecRequest, Isolation, RunKind, SandboxBackend, SandboxError, SandboxLimits, SandboxSpec,
+    WorkspaceMount,
 };
 use mercury::workspace::DataPaths;
 
@@ -21,6 +22,12 @@ fn req(script: &str) -> ExecRequest {
 }
 
 async fn contract(backend: Arc<dyn SandboxBackend>) {
+    contract_on(backend, false).await;
+}
+
+/// `synced`: the workspace is copied in and back rather than bound (as on
+/// an engine elsewhere); the contract is the same.
+async fn contract_on(backend: Arc<dyn SandboxBackend>, synced: bool) {
     let name = backend.name();
     assert!(backend.isolation().isolates(), "{name} must isolate");
     let dir = tempfile::tempdir().expect("dir");
@@ -34,8 +41,12 @@ async fn contract(backend: Arc<dyn SandboxBackend>) {
         space_id: "contract".into(),
         run_id: format!("run-{}", uuid::Uuid::new_v4().simple()),
         kind: RunKind::Live,
-        workspace: ws.clone(),
-        api_socket: None,
+        workspace: if synced {
+            WorkspaceMount::Synced(ws.clone())
+        } else {
+            WorkspaceMount::HostPath(ws.clone())
+        },
+        api: None,
         ro_binds: Vec::new(),
         env: vec![("MERCURY_SPACE".into(), "contract".into())],
         limits: SandboxLimits {
@@ -133,8 +144,7 @@ async fn contract(backend: Arc<dyn SandboxBackend>) {
     assert!(session.exec(req("true")).await.is_err(), "{name}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_docker_backend_keeps_the_sandbox_contract() {
+async fn docker_backend() -> Arc<dyn SandboxBackend> {
     let dir = tempfile::tempdir().expect("dir");
     let backend = mercury::host::containers::docker_backend(
         &Settings::default(),
@@ -143,7 +153,17 @@ async fn the_docker_backend_keeps_the_sandbox_contract() {
     .await
     .expect("a Docker engine must answer (deploy/setup.sh starts one)");
     assert_eq!(backend.isolation(), Isolation::Container);
-    contract(backend).await;
+    backend
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_backend_keeps_the_sandbox_contract() {
+    contract(docker_backend().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_backend_keeps_the_sandbox_contract_with_a_synced_workspace() {
+    contract_on(docker_backend().await, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,11 +56,18 @@ fn run_error(host: &TestHost, run: &Value) -> String {
     .unwrap_or_default()
 }
 
-async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox: &'static str) {
+/// Also run on a sandbox whose workspace is synced, not bound (`config`
+/// names a `tcp://` engine: `remote_engine`), so the copy back goes through
+/// the same bounds and the same all-or-nothing merge.
+pub(crate) async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(
+    sandbox: &'static str,
+    mut config: Vec<(&'static str, Yaml)>,
+) {
+    config.push(("sandbox.workspace_mb", Yaml::from(20)));
     let host = TestHost::start(HostOptions {
         model: hostile_rules(),
         sandbox,
-        config: vec![("sandbox.workspace_mb", Yaml::from(20))],
+        config,
         ..Default::default()
     })
     .await;
@@ -135,12 +142,12 @@ async fn hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was(sandbox
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bubblewrap_hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was() {
-    hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was("process").await;
+    hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was("process", vec![]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was() {
-    hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was("docker").await;
+    hostile_trees_fail_their_turn_and_leave_the_workspace_as_it_was("docker", vec![]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

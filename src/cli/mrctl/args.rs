@@ -76,6 +76,15 @@ pub enum CompletionShell {
 pub enum Command {
     /// Show who the token belongs to, the space, the role and its permissions.
     Whoami,
+    /// Inside a sandbox on an engine elsewhere: listen at PATH and carry
+    /// each connection over stdin/stdout to the host (started by the host,
+    /// never by hand).
+    #[command(hide = true)]
+    Bridge {
+        /// The socket to listen on inside the sandbox.
+        #[arg(long, value_name = "PATH")]
+        listen: PathBuf,
+    },
     /// List, create, rename and delete spaces.
     #[command(subcommand)]
     Spaces(SpacesCmd),

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use crate::client::{request_with_headers, ClientError, Connection};
 
 mod args;
+mod bridge;
 mod files;
 mod guide;
 mod plan;
@@ -437,6 +438,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Bridge { listen } = &cli.command {
+        return ExitCode::from(runtime.block_on(bridge::serve(listen)));
+    }
     let env = |k: &str| std::env::var(k).ok();
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();

@@ -128,7 +128,7 @@ pub(super) fn plan(cli: &Cli) -> Result<RequestPlan, UsageError> {
     let p = match &cli.command {
         Command::Whoami => RequestPlan::get("/api/whoami"),
         Command::Ui(UiCmd::Login) => RequestPlan::post("/ui/login-links"),
-        Command::Completions { .. } | Command::Man { .. } => {
+        Command::Completions { .. } | Command::Man { .. } | Command::Bridge { .. } => {
             return Err(UsageError("this command makes no request".into()))
         }
         Command::Spaces(cmd) => match cmd {

@@ -642,7 +642,7 @@ pub(super) fn render(cmd: &Command, v: &Value) -> (String, Option<String>) {
             })
             .collect(),
         Command::Review(ReviewCmd::RunNow) => render_review_run(v),
-        Command::Completions { .. } | Command::Man { .. } => String::new(),
+        Command::Completions { .. } | Command::Man { .. } | Command::Bridge { .. } => String::new(),
         Command::Review(ReviewCmd::Reports) => items(v, "reports")
             .iter()
             .map(|r| row(&[cell(field(r, "name")), cell(field(r, "kind"))]))

@@ -13,6 +13,7 @@ use std::path::Path;
 use bollard::Docker;
 use sha2::{Digest, Sha256};
 
+use super::engines::{client_for, Engine, EngineTls};
 use super::DockerBackend;
 use crate::sandbox::SandboxError;
 
@@ -29,6 +30,15 @@ pub fn instance_id_for(data_dir: &Path) -> io::Result<String> {
     let digest = Sha256::digest(canonical.as_os_str().as_bytes());
     let hex = base16ct::lower::encode_string(&digest);
     Ok(hex.get(..16).unwrap_or(&hex).to_string())
+}
+
+/// The client once it has agreed an API version with its engine.
+async fn negotiated(docker: Docker, where_: &str) -> Result<Docker, SandboxError> {
+    docker.negotiate_version().await.map_err(|e| {
+        SandboxError::NoEngine(format!(
+            "{where_} does not answer (is the daemon running, and may this user use its socket?): {e}"
+        ))
+    })
 }
 
 impl DockerBackend {
@@ -58,17 +68,43 @@ impl DockerBackend {
     }
 
     async fn negotiate(docker: Docker, image: String, where_: &str) -> Result<Self, SandboxError> {
-        let docker = docker.negotiate_version().await.map_err(|e| {
-            SandboxError::NoEngine(format!(
-                "{where_} does not answer (is the daemon running, and may this user use its socket?): {e}"
-            ))
-        })?;
-        Ok(Self { docker, image })
+        Ok(Self::with_client(negotiated(docker, where_).await?, image))
     }
 
-    /// Checks the engine still answers.
+    /// The engines of `sandbox.docker.hosts`, each negotiated. An engine
+    /// that does not answer now is left out (said in the log) as long as
+    /// one answers: a host serves on the engines it has; all down is an
+    /// error.
+    pub async fn connect_hosts(
+        hosts: &[String],
+        tls: Option<&EngineTls>,
+        image: String,
+    ) -> Result<Self, SandboxError> {
+        let mut engines = Vec::new();
+        let mut down = Vec::new();
+        for endpoint in hosts {
+            let (client, remote) = client_for(endpoint, tls)?;
+            match negotiated(client, endpoint).await {
+                Ok(docker) => engines.push(Engine::new(docker, endpoint.clone(), remote)),
+                Err(e) => {
+                    tracing::error!(engine = %endpoint, error = %e, "a sandbox engine does not answer; it is left out until the host restarts");
+                    down.push(e.to_string());
+                }
+            }
+        }
+        if engines.is_empty() {
+            return Err(SandboxError::NoEngine(if down.is_empty() {
+                "sandbox.docker.hosts is empty".into()
+            } else {
+                down.join("; ")
+            }));
+        }
+        Ok(Self::with_engines(engines, image))
+    }
+
+    /// Checks the first engine still answers.
     pub async fn ping(&self) -> Result<(), SandboxError> {
-        self.docker.ping().await.map(|_| ()).map_err(|e| {
+        self.docker().ping().await.map(|_| ()).map_err(|e| {
             SandboxError::NoEngine(format!("the Docker engine stopped answering: {e}"))
         })
     }

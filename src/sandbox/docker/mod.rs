@@ -7,28 +7,37 @@
 //! ties containers to one data dir.
 //!
 //! Must never: mount anything but the workspace (and the API socket when
-//! given, and the read-only directories the spec or a spawn request names),
-//! give the container a network, add a host environment variable to
+//! given, and the read-only directories the spec or a spawn request names;
+//! on an engine elsewhere, only its own tmpfs volumes), bind a host path
+//! into a container on an engine that is not this host's, give the
+//! container a network, add a host environment variable to
 //! the container, touch a container without this instance's
 //! `mercury.instance` label, or sweep when the instance id is empty.
 //!
 //! Layout: this file holds [`DockerBackend`] (start: validate the spec,
-//! create, start) and the removal of a container; `connect` reaches and
-//! negotiates the engine and derives the instance id; `shape` builds the
+//! place it on an engine, create, start) and the removal of a container;
+//! `connect` reaches and negotiates the engines and derives the instance id;
+//! `engines` the engine list, placement and health; `synced` the workspace
+//! copied to and from an engine elsewhere; `bridge` the API carried over an
+//! exec stream there; `shape` builds the
 //! create body (pure); `user` picks the container user and hands a root
 //! host's workspace to `nobody`; `session` is the exec session; `sweep` the
 //! orphan sweep; `spawn` a long-lived process's own container beside the
 //! run's (an extension's stdio server); `tests` the tests against a real
 //! engine.
 
+mod bridge;
 mod connect;
+mod engines;
 mod session;
 mod shape;
 mod spawn;
 mod sweep;
+mod synced;
 mod user;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
@@ -39,47 +48,89 @@ use bollard::query_parameters::{
 use bollard::Docker;
 
 pub use connect::instance_id_for;
+pub use engines::EngineTls;
 pub use session::DockerSession;
 pub use sweep::sweep_orphans;
 pub use user::NOBODY;
 
+use engines::Engine;
+
 use crate::sandbox::relay::SocketRelay;
 use crate::sandbox::{
-    Isolation, SandboxBackend, SandboxError, SandboxSession, SandboxSpec, LABEL_INSTANCE, LABEL_RUN,
+    EngineView, Isolation, SandboxBackend, SandboxError, SandboxSession, SandboxSpec,
+    WorkspaceMount, LABEL_INSTANCE, LABEL_RUN,
 };
 
-/// Starts one container per run from the agent image.
+/// Starts one container per run from the agent image, on the least busy
+/// healthy engine of its list (`engines`).
 #[derive(Clone, Debug)]
 pub struct DockerBackend {
-    docker: Docker,
+    /// Never empty.
+    engines: Arc<Vec<Arc<Engine>>>,
     image: String,
 }
 
 impl DockerBackend {
-    /// Wraps an already connected client (shared with the sweep, or tests).
+    /// Wraps an already connected client of this host's engine (shared
+    /// with the sweep, or tests).
     pub fn with_client(docker: Docker, image: String) -> Self {
-        Self { docker, image }
+        Self::with_engines(vec![Engine::new(docker, "local".into(), false)], image)
     }
 
+    /// Engines already connected and negotiated, in their configured order.
+    pub(super) fn with_engines(engines: Vec<Engine>, image: String) -> Self {
+        Self {
+            engines: Arc::new(engines.into_iter().map(Arc::new).collect()),
+            image,
+        }
+    }
+
+    /// The first engine's client: the image, sweep and doctor of a single
+    /// engine host.
     pub fn docker(&self) -> &Docker {
-        &self.docker
+        &self.engines[0].docker
+    }
+
+    /// Every engine's client, in the configured order.
+    pub fn clients(&self) -> impl Iterator<Item = (&str, &Docker)> {
+        self.engines.iter().map(|e| (e.endpoint(), &e.docker))
+    }
+
+    pub fn engines(&self) -> Vec<EngineView> {
+        self.engines.iter().map(|e| e.view()).collect()
+    }
+
+    /// Pings every engine, recording which answer (placement skips the
+    /// others until they answer again).
+    pub async fn check_engines(&self) -> Vec<EngineView> {
+        for e in self.engines.iter() {
+            if let Err(err) = e.check().await {
+                tracing::warn!(engine = e.endpoint(), error = %err, "a sandbox engine is down");
+            }
+        }
+        self.engines()
     }
 
     pub fn image(&self) -> &str {
         &self.image
     }
 
+    /// The same engines, starting `image`.
+    pub fn with_image(self, image: String) -> Self {
+        Self { image, ..self }
+    }
+
     /// Creates the container; a same-named container left by an earlier
     /// attempt at this very run (crash, restart) is replaced, anything else
     /// with that name is an error.
     async fn create(
-        &self,
+        docker: &Docker,
         name: &str,
         spec: &SandboxSpec,
         body: ContainerCreateBody,
     ) -> Result<String, SandboxError> {
         let options = || Some(CreateContainerOptionsBuilder::default().name(name).build());
-        match self.docker.create_container(options(), body.clone()).await {
+        match docker.create_container(options(), body.clone()).await {
             Ok(created) => return Ok(created.id),
             Err(BollardError::DockerResponseServerError {
                 status_code: 409, ..
@@ -90,13 +141,9 @@ impl DockerBackend {
                 )))
             }
         }
-        let existing = self
-            .docker
-            .inspect_container(name, None)
-            .await
-            .map_err(|e| {
-                SandboxError::Engine(format!("inspecting conflicting container {name}: {e}"))
-            })?;
+        let existing = docker.inspect_container(name, None).await.map_err(|e| {
+            SandboxError::Engine(format!("inspecting conflicting container {name}: {e}"))
+        })?;
         let labels = existing.config.and_then(|c| c.labels).unwrap_or_default();
         let ours = labels.get(LABEL_INSTANCE) == Some(&spec.instance_id)
             && labels.get(LABEL_RUN) == Some(&spec.run_id);
@@ -109,8 +156,8 @@ impl DockerBackend {
             container = name,
             "replacing a leftover container of the same run"
         );
-        remove_container(&self.docker, name).await?;
-        self.docker
+        remove_container(docker, name).await?;
+        docker
             .create_container(options(), body)
             .await
             .map(|created| created.id)
@@ -130,6 +177,14 @@ impl SandboxBackend for DockerBackend {
 
     fn isolation(&self) -> Isolation {
         Isolation::Container
+    }
+
+    fn engines(&self) -> Vec<EngineView> {
+        DockerBackend::engines(self)
+    }
+
+    async fn check_health(&self) -> Vec<EngineView> {
+        self.check_engines().await
     }
 
     async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
@@ -153,10 +208,39 @@ impl SandboxBackend for DockerBackend {
                 spec.run_id
             )));
         }
-        let workspace = canonical(&spec.workspace)?;
-        if let Some(socket) = &spec.api_socket {
-            std::fs::metadata(socket).map_err(|source| SandboxError::Io {
-                path: socket.display().to_string(),
+        let placed = engines::place(&self.engines)
+            .ok_or_else(|| SandboxError::NoEngine("no Docker engine is configured".into()))?;
+        let engine = Arc::clone(&placed.0);
+        let synced = engine.remote() || matches!(spec.workspace, WorkspaceMount::Synced(_));
+        let started = if synced {
+            self.start_synced(&engine.docker, &spec).await
+        } else {
+            self.start_bound(&engine.docker, &spec).await
+        };
+        match started {
+            Ok(session) => Ok(Box::new(session.placed(placed))),
+            Err(e) => {
+                if matches!(e, SandboxError::NoEngine(_)) {
+                    engine.mark(Err(&e.to_string()));
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl DockerBackend {
+    /// A container on this host's engine: the workspace and a relay of the
+    /// API socket bound in.
+    async fn start_bound(
+        &self,
+        docker: &Docker,
+        spec: &SandboxSpec,
+    ) -> Result<DockerSession, SandboxError> {
+        let workspace = canonical(spec.workspace.host_dir())?;
+        if let Some(api) = &spec.api {
+            std::fs::metadata(api.socket()).map_err(|source| SandboxError::Io {
+                path: api.socket().display().to_string(),
                 source,
             })?;
         }
@@ -164,33 +248,97 @@ impl SandboxBackend for DockerBackend {
         let name = shape::container_name(&spec.instance_id, &spec.run_id);
         // The container binds a relay of the socket, never the host's own:
         // a bind's path shows in the container's mountinfo.
-        let relay = match &spec.api_socket {
-            Some(socket) => Some(SocketRelay::start(socket, &spec.instance_id)?),
+        let relay = match &spec.api {
+            Some(api) => Some(SocketRelay::start(api.socket(), &spec.instance_id)?),
             None => None,
         };
-        let mut shaped = spec.clone();
-        shaped.api_socket = relay.as_ref().map(|r| r.path().to_owned());
-        let body = shape::create_body(&self.image, &shaped, &workspace, user);
-        let id = self.create(&name, &spec, body.clone()).await?;
+        let reach = shape::Reach::Bound {
+            workspace: &workspace,
+            api_socket: relay.as_ref().map(SocketRelay::path),
+        };
+        let body = shape::create_body(&self.image, spec, reach, user);
+        let id = Self::create(docker, &name, spec, body.clone()).await?;
+        Self::run(docker, &id, &name).await?;
+        tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
+        Ok(DockerSession::new(
+            docker.clone(),
+            id,
+            relay,
+            session::SiblingShape { name, body },
+        ))
+    }
 
-        if let Err(e) = self
-            .docker
-            .start_container(&id, None::<StartContainerOptions>)
+    /// A container on an engine elsewhere: nothing of this host bound; the
+    /// workspace copied in now and back after every command, the skills
+    /// copied in, the API carried over an exec stream.
+    async fn start_synced(
+        &self,
+        docker: &Docker,
+        spec: &SandboxSpec,
+    ) -> Result<DockerSession, SandboxError> {
+        let local = canonical(spec.workspace.host_dir())?;
+        let name = shape::container_name(&spec.instance_id, &spec.run_id);
+        let user = format!("{NOBODY}:{NOBODY}");
+        let body = shape::create_body(&self.image, spec, shape::Reach::Synced, user);
+        let id = Self::create(docker, &name, spec, body.clone()).await?;
+        let limits = &spec.limits;
+        let work = synced::SyncedWork {
+            local,
+            bounds: crate::sandbox::sync::SyncBounds {
+                bytes: u64::try_from(limits.workspace_bytes).unwrap_or(0),
+                entries: limits.workspace_entries,
+                depth: limits.workspace_depth,
+            },
+            stale: std::sync::atomic::AtomicBool::new(true),
+        };
+        let ready = async {
+            Self::run(docker, &id, &name).await?;
+            work.push(docker, &id).await?;
+            for (host, inside) in &spec.ro_binds {
+                let rel = Path::new(inside)
+                    .strip_prefix(shape::SYNCED_RUN_DIR)
+                    .map_err(|_| {
+                        SandboxError::Engine(format!(
+                            "{inside} is not under {}: a synced sandbox keeps skills there",
+                            shape::SYNCED_RUN_DIR
+                        ))
+                    })?;
+                // Owned by root inside: the run's user reads, never writes.
+                synced::upload(docker, &id, host, (0, 0), rel, shape::SYNCED_RUN_DIR).await?;
+            }
+            Ok::<_, SandboxError>(())
+        };
+        if let Err(e) = ready.await {
+            let _ = remove_container(docker, &id).await;
+            return Err(e);
+        }
+        tracing::debug!(container = %id, run = %spec.run_id, "synced sandbox container started");
+        let session = DockerSession::new(
+            docker.clone(),
+            id,
+            None,
+            session::SiblingShape { name, body },
+        )
+        .synced(work);
+        match &spec.api {
+            Some(api) => session.bridge_api(api.socket()).await,
+            None => Ok(session),
+        }
+    }
+
+    /// Starts a created container; one that cannot start is removed.
+    async fn run(docker: &Docker, id: &str, name: &str) -> Result<(), SandboxError> {
+        if let Err(e) = docker
+            .start_container(id, None::<StartContainerOptions>)
             .await
         {
             // Never leave a created-but-dead container behind.
-            let _ = remove_container(&self.docker, &id).await;
+            let _ = remove_container(docker, id).await;
             return Err(SandboxError::Engine(format!(
                 "starting container {name} ({id}): {e}"
             )));
         }
-        tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
-        Ok(Box::new(DockerSession::new(
-            self.docker.clone(),
-            id,
-            relay,
-            session::SiblingShape { name, body },
-        )))
+        Ok(())
     }
 }
 

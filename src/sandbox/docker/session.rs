@@ -51,6 +51,13 @@ pub struct DockerSession {
     pub(super) sibling: SiblingShape,
     /// Containers of spawned processes still to remove at `close`.
     pub(super) spawned: std::sync::Mutex<Vec<String>>,
+    /// The workspace copied in and back (an engine elsewhere); `None` when
+    /// it is bound.
+    synced: Option<super::synced::SyncedWork>,
+    /// The API carried over an exec stream (an engine elsewhere).
+    pub(super) bridge: Option<super::bridge::ApiBridge>,
+    /// Counts this sandbox against its engine until the session is gone.
+    _placed: Option<super::engines::Placed>,
 }
 
 /// The run container's name and create body: a spawned process's container
@@ -77,7 +84,24 @@ impl DockerSession {
             _relay: relay,
             sibling,
             spawned: std::sync::Mutex::new(Vec::new()),
+            synced: None,
+            bridge: None,
+            _placed: None,
         }
+    }
+
+    pub(super) fn placed(mut self, placed: super::engines::Placed) -> Self {
+        self._placed = Some(placed);
+        self
+    }
+
+    pub(super) fn synced(mut self, work: super::synced::SyncedWork) -> Self {
+        self.synced = Some(work);
+        self
+    }
+
+    pub(super) fn container(&self) -> &str {
+        &self.id
     }
 }
 
@@ -99,8 +123,20 @@ impl SandboxSession for DockerSession {
             )));
         }
         let timeout = req.timeout;
+        // A synced workspace the host changed since (a file tool) goes in
+        // again first; what the command changed comes back before its
+        // output is returned, so the turn's next step sees it.
+        if let Some(work) = self.synced.as_ref().filter(|w| w.is_stale()) {
+            work.push(&self.docker, &self.id).await?;
+        }
         match tokio::time::timeout(timeout, self.exec_inner(req)).await {
-            Ok(result) => result,
+            Ok(Ok(out)) => {
+                if let Some(work) = &self.synced {
+                    work.pull(&self.docker, &self.id).await?;
+                }
+                Ok(out)
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => {
                 // The container is this run's alone and the caller fails the
                 // run on a timeout, so killing it is the surest way to stop
@@ -132,10 +168,22 @@ impl SandboxSession for DockerSession {
         Ok(out.stdout.trim().to_string())
     }
 
+    fn host_changed(&self) {
+        if let Some(work) = &self.synced {
+            work.mark_stale();
+        }
+    }
+
     async fn spawn(
         &self,
         req: crate::sandbox::SpawnRequest,
     ) -> Result<crate::sandbox::SpawnedProcess, SandboxError> {
+        if self.synced.is_some() {
+            // A sibling container would get a workspace volume of its own.
+            return Err(SandboxError::Unavailable(
+                "an extension's stdio server needs an engine on this host (sandbox.docker.hosts: a unix:// engine); this sandbox runs on an engine elsewhere".into(),
+            ));
+        }
         if self.closed.load(Ordering::SeqCst) {
             return Err(SandboxError::Gone(format!(
                 "container {} is closed",

@@ -3,30 +3,57 @@
 //! is checked by unit tests without an engine.
 //!
 //! Must never: mount anything but the workspace (and the API socket when
-//! given), give the container a network or a writable root, keep a
+//! given; a synced container: its two tmpfs volumes and nothing of the
+//! host), give the container a network or a writable root, keep a
 //! capability, or put into the environment anything but the spec's own
 //! variables (no host variable ever).
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig,
+};
 
 use crate::sandbox::{
     SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR, LABEL_INSTANCE, LABEL_KIND, LABEL_RUN,
-    LABEL_SPACE,
+    LABEL_SPACE, NOBODY,
 };
 
 /// Container command: it only keeps the container alive; tools run via exec.
 pub(super) const KEEPALIVE_CMD: [&str; 2] = ["/bin/sleep", "infinity"];
 
+/// How the run's working directory and API reach its container.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Reach<'a> {
+    /// On this host's engine: the workspace (canonical) bound at
+    /// [`CONTAINER_WORKDIR`], the API socket relay bound at its path.
+    Bound {
+        workspace: &'a Path,
+        api_socket: Option<&'a Path>,
+    },
+    /// On an engine elsewhere: [`CONTAINER_WORKDIR`] a sized tmpfs volume of
+    /// the container's own, filled and emptied through the archive API; the
+    /// skills and the bridged API socket in a small volume at
+    /// [`SYNCED_RUN_DIR`]. Nothing of this host is bound.
+    Synced,
+}
+
+/// Where a synced container keeps its API socket and skills (a volume: the
+/// archive API cannot write a tmpfs mount, and the root is read-only).
+pub(super) const SYNCED_RUN_DIR: &str = "/run/mercury";
+
+/// A synced container's run directory: the socket and the skills' files.
+const SYNCED_RUN_BYTES: i64 = 64 << 20;
+
 /// The create body of one run's container from `image`, running as `user`
-/// (see `user::container_user`) with `workspace` (canonical) at
-/// [`CONTAINER_WORKDIR`].
+/// (see `user::container_user`), its workspace and API reaching it as
+/// `reach` says.
 pub(super) fn create_body(
     image: &str,
     spec: &SandboxSpec,
-    workspace: &Path,
+    reach: Reach<'_>,
     user: String,
 ) -> ContainerCreateBody {
     let labels = HashMap::from([
@@ -37,17 +64,44 @@ pub(super) fn create_body(
     ]);
     // `mounts` rather than `binds`: a bind string breaks on ':' in a path,
     // and a missing source is an error here instead of a fresh directory.
-    let mut mounts = vec![bind_mount(workspace, CONTAINER_WORKDIR)];
-    if let Some(socket) = &spec.api_socket {
-        mounts.push(bind_mount(socket, CONTAINER_API_SOCKET));
-    }
-    for (host, inside) in &spec.ro_binds {
-        mounts.push(Mount {
-            read_only: Some(true),
-            ..bind_mount(host, inside)
-        });
-    }
     let limits = &spec.limits;
+    let mut mounts = Vec::new();
+    match reach {
+        Reach::Bound {
+            workspace,
+            api_socket,
+        } => {
+            mounts.push(bind_mount(workspace, CONTAINER_WORKDIR));
+            if let Some(socket) = api_socket {
+                mounts.push(bind_mount(socket, CONTAINER_API_SOCKET));
+            }
+            for (host, inside) in &spec.ro_binds {
+                mounts.push(Mount {
+                    read_only: Some(true),
+                    ..bind_mount(host, inside)
+                });
+            }
+        }
+        Reach::Synced => {
+            // Entries as the layer allows them, plus the root.
+            let inodes = limits.workspace_entries.saturating_add(16);
+            mounts.push(tmpfs_volume(
+                CONTAINER_WORKDIR,
+                &format!(
+                    "size={},nr_inodes={inodes},uid={NOBODY},gid={NOBODY},mode=0755,nosuid,nodev",
+                    limits.workspace_bytes
+                ),
+                &labels,
+            ));
+            mounts.push(tmpfs_volume(
+                SYNCED_RUN_DIR,
+                &format!(
+                    "size={SYNCED_RUN_BYTES},uid={NOBODY},gid={NOBODY},mode=0755,nosuid,nodev,noexec"
+                ),
+                &labels,
+            ));
+        }
+    }
     ContainerCreateBody {
         image: Some(image.to_string()),
         cmd: Some(
@@ -79,6 +133,30 @@ pub(super) fn create_body(
             // Kept until `close` so a failed run can still be inspected
             // and so removal is ours, not a race with the engine.
             auto_remove: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// An anonymous volume of the engine's `local` driver backed by a tmpfs:
+/// sized, removed with the container (`v=true`), and readable and writable
+/// through the archive API, which a plain tmpfs mount is not.
+fn tmpfs_volume(target: &str, options: &str, labels: &HashMap<String, String>) -> Mount {
+    Mount {
+        target: Some(target.to_string()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            labels: Some(labels.clone()),
+            driver_config: Some(MountVolumeOptionsDriverConfig {
+                name: Some("local".into()),
+                options: Some(HashMap::from([
+                    ("type".to_string(), "tmpfs".to_string()),
+                    ("device".to_string(), "tmpfs".to_string()),
+                    ("o".to_string(), options.to_string()),
+                ])),
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -118,7 +196,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::sandbox::{RunKind, SandboxLimits};
+    use crate::sandbox::{ApiEndpoint, RunKind, SandboxLimits, WorkspaceMount};
 
     const MIB: i64 = 1 << 20;
 
@@ -128,8 +206,8 @@ mod tests {
             space_id: "space-1".into(),
             run_id: "r-1".into(),
             kind: RunKind::Ask,
-            workspace: PathBuf::from("/data/spaces/space-1/live"),
-            api_socket,
+            workspace: WorkspaceMount::HostPath(PathBuf::from("/data/spaces/space-1/live")),
+            api: api_socket.map(ApiEndpoint::UnixSocket),
             ro_binds: Vec::new(),
             env: vec![
                 ("MERCURY_RUN_TOKEN".into(), "tok-123".into()),
@@ -140,15 +218,23 @@ mod tests {
                 nano_cpus: 500_000_000,
                 pids: 64,
                 tmp_bytes: 8 * MIB,
+                workspace_bytes: 100 * MIB,
+                workspace_entries: 1000,
+                workspace_depth: 8,
             },
         }
     }
 
     fn body(api_socket: Option<PathBuf>) -> ContainerCreateBody {
+        let spec = spec(api_socket);
+        let socket = spec.api.as_ref().map(ApiEndpoint::socket);
         create_body(
             "mercury-agent:test",
-            &spec(api_socket),
-            Path::new("/canonical/workspace"),
+            &spec,
+            Reach::Bound {
+                workspace: Path::new("/canonical/workspace"),
+                api_socket: socket,
+            },
             "1000:1000".into(),
         )
     }
@@ -295,6 +381,44 @@ mod tests {
             mounts(&body(None)),
             vec![("/work".into(), "/canonical/workspace".into(), false)]
         );
+    }
+
+    #[test]
+    fn a_synced_container_binds_nothing_of_the_host_and_its_work_is_a_sized_volume() {
+        let mut spec = spec(Some("/run/host/api.sock".into()));
+        spec.ro_binds = vec![("/srv/ext/skills".into(), "/run/mercury/skills/x".into())];
+        let body = create_body(
+            "mercury-agent:test",
+            &spec,
+            Reach::Synced,
+            "65534:65534".into(),
+        );
+        let wire = serde_json::to_string(&body).expect("json");
+        for host_path in ["/data/spaces", "/run/host", "/srv/ext"] {
+            assert!(!wire.contains(host_path), "{host_path} in {wire}");
+        }
+        let mounts = host(&body).mounts.clone().expect("mounts");
+        let targets: Vec<_> = mounts.iter().map(|m| m.target.clone().unwrap()).collect();
+        assert_eq!(targets, vec!["/work", "/run/mercury"]);
+        for m in &mounts {
+            assert_eq!(m.typ, Some(MountType::VOLUME));
+            assert_eq!(m.source, None, "anonymous: removed with the container");
+            let driver = m.volume_options.clone().unwrap().driver_config.unwrap();
+            let opts = driver.options.unwrap();
+            assert_eq!(opts["type"], "tmpfs");
+            assert!(opts["o"].contains("nosuid,nodev"), "{opts:?}");
+        }
+        let work = mounts[0]
+            .volume_options
+            .clone()
+            .unwrap()
+            .driver_config
+            .unwrap();
+        assert!(
+            work.options.unwrap()["o"].starts_with(&format!("size={},nr_inodes=1016,", 100 * MIB)),
+            "the workspace quota and entry limit"
+        );
+        assert_eq!(host(&body).network_mode.as_deref(), Some("none"));
     }
 
     #[test]

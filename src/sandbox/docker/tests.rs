@@ -25,8 +25,8 @@ use super::{remove_container, sweep_orphans, DockerBackend, NOBODY};
 use crate::sandbox::effective_ids;
 use crate::sandbox::image::{agent_image_tag, ensure_agent_image};
 use crate::sandbox::{
-    ExecRequest, RunKind, SandboxBackend, SandboxError, SandboxLimits, SandboxSession, SandboxSpec,
-    LABEL_INSTANCE, LABEL_KIND, LABEL_RUN, LABEL_SPACE,
+    ApiEndpoint, ExecRequest, RunKind, SandboxBackend, SandboxError, SandboxLimits, SandboxSession,
+    SandboxSpec, WorkspaceMount, LABEL_INSTANCE, LABEL_KIND, LABEL_RUN, LABEL_SPACE,
 };
 
 const MIB: i64 = 1 << 20;
@@ -92,8 +92,8 @@ impl Fixture {
             space_id: "space-1".into(),
             run_id: run.into(),
             kind: RunKind::Task,
-            workspace: self.workspace.path().to_path_buf(),
-            api_socket: None,
+            workspace: WorkspaceMount::HostPath(self.workspace.path().to_path_buf()),
+            api: None,
             ro_binds: Vec::new(),
             env: vec![
                 ("MERCURY_RUN_TOKEN".into(), "tok-123".into()),
@@ -104,6 +104,7 @@ impl Fixture {
                 nano_cpus: 500_000_000,
                 pids: 64,
                 tmp_bytes: 8 * MIB,
+                ..SandboxLimits::default()
             },
         }
     }
@@ -454,7 +455,7 @@ async fn inspect_shows_labels_limits_lockdown_user_and_exact_mounts() {
             let sock = sock_dir.path().join("api.sock");
             let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind socket");
             let mut spec = fx.spec("r-inspect");
-            spec.api_socket = Some(sock.clone());
+            spec.api = Some(ApiEndpoint::UnixSocket(sock.clone()));
             spec.kind = RunKind::Ask;
             let session = fx.backend.start(spec).await.expect("start");
             let info = fx
