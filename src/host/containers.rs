@@ -1,6 +1,7 @@
 //! Host-side wiring of the docker sandbox: which image turns run in (built
 //! locally, content-addressed, from `deploy/agent-image/`), connecting the
-//! backend at start-up, and the periodic orphan sweep.
+//! backend at start-up, and the periodic orphan sweep and health check
+//! (through the backend, on the engines it serves with).
 //!
 //! Must never: sweep without this instance's id, or pull an image (no
 //! registry is assumed reachable; the image is built from local files).
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::runtime::Runtime;
-use crate::sandbox::docker::{sweep_orphans, DockerBackend, EngineTls};
+use crate::sandbox::docker::{DockerBackend, EngineTls};
 use crate::sandbox::image::{agent_image_tag, build_agent_image, ensure_agent_image};
 use crate::sandbox::SandboxBackend;
 use crate::workspace::DataPaths;
@@ -65,7 +66,7 @@ pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
 /// plus the image from `sandbox.image`, or the locally built agent image
 /// (built when absent). `mercury bench sandbox` uses it directly.
 pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend> {
-    let probe = connect_engines(settings, String::new()).await?;
+    let probe = connect_engines(settings).await?;
     let image = if settings.sandbox.image.is_empty() {
         let tag = agent_image(settings)?;
         // Every engine gets the same content-addressed image, built from
@@ -91,9 +92,10 @@ pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend
 }
 
 /// The engines of `sandbox.docker.hosts`, or the local one when the list is
-/// empty, each connected and negotiated.
-pub async fn connect_engines(settings: &Settings, image: String) -> anyhow::Result<DockerBackend> {
+/// empty, each connected and negotiated (no image chosen yet).
+async fn connect_engines(settings: &Settings) -> anyhow::Result<DockerBackend> {
     let d = &settings.sandbox.docker;
+    let image = String::new();
     if d.hosts.is_empty() {
         return Ok(DockerBackend::connect(image).await?);
     }
@@ -118,34 +120,21 @@ pub async fn build_image_cli(mrctl: Option<PathBuf>) -> anyhow::Result<String> {
 }
 
 /// Removes this instance's leftover containers at start-up and then every
-/// `sandbox.sweep_interval_secs`, sparing the runs executing now.
+/// `sandbox.sweep_interval_secs` on each of the serving backend's engines,
+/// sparing the runs executing now, and checks the engines' health
+/// (placement skips one that stopped answering).
 pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
-    if rt.sandbox.name() != "docker" {
+    if rt.sandbox.engines().is_empty() {
         return;
     }
-    let backend = match connect_engines(&rt.settings, String::new()).await {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(error = %e, "orphan sweep cannot reach the engine");
-            return;
-        }
-    };
     let every = Duration::from_secs(rt.settings.sandbox.sweep_interval_secs);
+    let live = || rt.live_run_ids();
     loop {
-        for (endpoint, docker) in backend.clients() {
-            match sweep_orphans(docker, &rt.instance_id, || rt.live_run_ids()).await {
-                Ok(removed) if !removed.is_empty() => {
-                    tracing::warn!(
-                        count = removed.len(),
-                        engine = endpoint,
-                        "removed orphan containers of this instance"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(error = %e, engine = endpoint, "orphan sweep failed"),
-            }
+        match rt.sandbox.sweep_orphans(&rt.instance_id, &live).await {
+            Ok(0) => {}
+            Ok(count) => tracing::warn!(count, "removed orphan containers of this instance"),
+            Err(e) => tracing::error!(error = %e, "orphan sweep failed"),
         }
-        // The serving backend's own health marks, which placement reads.
         rt.sandbox.check_health().await;
         tokio::select! {
             _ = shutdown.cancelled() => return,

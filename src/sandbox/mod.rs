@@ -278,6 +278,18 @@ pub trait SandboxBackend: Send + Sync {
     async fn check_health(&self) -> Vec<EngineView> {
         self.engines()
     }
+    /// Removes the sessions of `instance_id` that a crash or restart left
+    /// behind on every engine (those whose run is not in `live_runs()`,
+    /// asked after each engine's listing), and returns how many. A backend
+    /// whose sessions die with the host has nothing to sweep.
+    async fn sweep_orphans(
+        &self,
+        instance_id: &str,
+        live_runs: &(dyn Fn() -> std::collections::HashSet<String> + Send + Sync),
+    ) -> Result<usize, SandboxError> {
+        let _ = (instance_id, live_runs);
+        Ok(0)
+    }
     /// Why no tool can run at all (the [`Unavailable`] backend).
     fn unavailable_reason(&self) -> Option<String> {
         None

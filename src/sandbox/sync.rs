@@ -300,6 +300,8 @@ pub(crate) fn apply(
 ) -> Result<Applied, SandboxError> {
     let wanted = check(archive, bounds)?;
     let mut done = Applied::default();
+    // One pair of buffers for every comparison of this apply.
+    let mut bufs = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     // Parents sort before their children, so every parent is a directory
     // of ours by the time a child is written.
     for (rel, item) in &wanted {
@@ -309,7 +311,7 @@ pub(crate) fn apply(
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(io_err(&path, e)),
         };
-        if same(archive, &path, have.as_ref(), item)? {
+        if same(archive, &path, have.as_ref(), item, &mut bufs)? {
             continue;
         }
         if let (Some(m), Wanted::Dir { mode }) = (&have, item) {
@@ -320,7 +322,7 @@ pub(crate) fn apply(
             }
         }
         if let Some(m) = &have {
-            remove(&path, m)?;
+            remove(&path, m.is_dir())?;
         }
         match item {
             Wanted::Dir { mode } => {
@@ -369,14 +371,12 @@ pub(crate) fn apply(
         if wanted.contains_key(rel) {
             continue;
         }
-        let meta = entry
-            .path()
-            .symlink_metadata()
-            .map_err(|e| io_err(entry.path(), e))?;
-        if meta.is_dir() {
+        // Not followed (follow_links is off): a link is a link here.
+        let is_dir = entry.file_type().is_dir();
+        if is_dir {
             walk.skip_current_dir();
         }
-        remove(entry.path(), &meta)?;
+        remove(entry.path(), is_dir)?;
         done.removed += 1;
     }
     Ok(done)
@@ -388,6 +388,7 @@ fn same(
     path: &Path,
     have: Option<&fs::Metadata>,
     item: &Wanted,
+    (a, b): &mut (Vec<u8>, Vec<u8>),
 ) -> Result<bool, SandboxError> {
     let Some(m) = have else { return Ok(false) };
     match item {
@@ -407,9 +408,8 @@ fn same(
                 .seek(SeekFrom::Start(*at))
                 .map_err(|e| io_err(path, e))?;
             let mut theirs = (&mut *archive).take(*size);
-            let (mut a, mut b) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
             loop {
-                let n = theirs.read(&mut a).map_err(|e| io_err(path, e))?;
+                let n = theirs.read(a).map_err(|e| io_err(path, e))?;
                 if n == 0 {
                     return Ok(true);
                 }
@@ -424,8 +424,8 @@ fn same(
 
 /// Removes one entry without following it: a directory with what it holds
 /// (`remove_dir_all` never follows a link inside), anything else by name.
-fn remove(path: &Path, meta: &fs::Metadata) -> Result<(), SandboxError> {
-    if meta.is_dir() {
+fn remove(path: &Path, is_dir: bool) -> Result<(), SandboxError> {
+    if is_dir {
         fs::remove_dir_all(path)
     } else {
         fs::remove_file(path)

@@ -187,6 +187,29 @@ impl SandboxBackend for DockerBackend {
         self.check_engines().await
     }
 
+    async fn sweep_orphans(
+        &self,
+        instance_id: &str,
+        live_runs: &(dyn Fn() -> std::collections::HashSet<String> + Send + Sync),
+    ) -> Result<usize, SandboxError> {
+        let mut removed = 0;
+        let mut failed = Vec::new();
+        for e in self.engines.iter() {
+            match sweep_orphans(&e.docker, instance_id, live_runs).await {
+                Ok(ids) => removed += ids.len(),
+                // One engine down does not keep the others unswept.
+                Err(err) => failed.push(format!("{}: {err}", e.endpoint())),
+            }
+        }
+        if failed.len() == self.engines.len() {
+            return Err(SandboxError::Engine(failed.join("; ")));
+        }
+        for f in &failed {
+            tracing::error!(error = %f, "orphan sweep failed on an engine");
+        }
+        Ok(removed)
+    }
+
     async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
         user::container_user(live).await.map(|_| ())
     }
@@ -245,7 +268,6 @@ impl DockerBackend {
             })?;
         }
         let user = user::container_user(&workspace).await?;
-        let name = shape::container_name(&spec.instance_id, &spec.run_id);
         // The container binds a relay of the socket, never the host's own:
         // a bind's path shows in the container's mountinfo.
         let relay = match &spec.api {
@@ -256,16 +278,25 @@ impl DockerBackend {
             workspace: &workspace,
             api_socket: relay.as_ref().map(SocketRelay::path),
         };
+        let (id, sibling) = self.create_shaped(docker, spec, reach, user).await?;
+        Self::run(docker, &id, &sibling.name).await?;
+        tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
+        Ok(DockerSession::new(docker.clone(), id, relay, sibling))
+    }
+
+    /// Creates the run's container shaped by `reach`; its id, and the shape
+    /// a spawned sibling copies.
+    async fn create_shaped(
+        &self,
+        docker: &Docker,
+        spec: &SandboxSpec,
+        reach: shape::Reach<'_>,
+        user: String,
+    ) -> Result<(String, session::SiblingShape), SandboxError> {
+        let name = shape::container_name(&spec.instance_id, &spec.run_id);
         let body = shape::create_body(&self.image, spec, reach, user);
         let id = Self::create(docker, &name, spec, body.clone()).await?;
-        Self::run(docker, &id, &name).await?;
-        tracing::debug!(container = %id, run = %spec.run_id, "sandbox container started");
-        Ok(DockerSession::new(
-            docker.clone(),
-            id,
-            relay,
-            session::SiblingShape { name, body },
-        ))
+        Ok((id, session::SiblingShape { name, body }))
     }
 
     /// A container on an engine elsewhere: nothing of this host bound; the
@@ -276,23 +307,13 @@ impl DockerBackend {
         docker: &Docker,
         spec: &SandboxSpec,
     ) -> Result<DockerSession, SandboxError> {
-        let local = canonical(spec.workspace.host_dir())?;
-        let name = shape::container_name(&spec.instance_id, &spec.run_id);
+        let work = synced::SyncedWork::new(canonical(spec.workspace.host_dir())?, &spec.limits);
         let user = format!("{NOBODY}:{NOBODY}");
-        let body = shape::create_body(&self.image, spec, shape::Reach::Synced, user);
-        let id = Self::create(docker, &name, spec, body.clone()).await?;
-        let limits = &spec.limits;
-        let work = synced::SyncedWork {
-            local,
-            bounds: crate::sandbox::sync::SyncBounds {
-                bytes: u64::try_from(limits.workspace_bytes).unwrap_or(0),
-                entries: limits.workspace_entries,
-                depth: limits.workspace_depth,
-            },
-            stale: std::sync::atomic::AtomicBool::new(true),
-        };
+        let (id, sibling) = self
+            .create_shaped(docker, spec, shape::Reach::Synced, user)
+            .await?;
         let ready = async {
-            Self::run(docker, &id, &name).await?;
+            Self::run(docker, &id, &sibling.name).await?;
             work.push(docker, &id).await?;
             for (host, inside) in &spec.ro_binds {
                 let rel = Path::new(inside)
@@ -313,13 +334,7 @@ impl DockerBackend {
             return Err(e);
         }
         tracing::debug!(container = %id, run = %spec.run_id, "synced sandbox container started");
-        let session = DockerSession::new(
-            docker.clone(),
-            id,
-            None,
-            session::SiblingShape { name, body },
-        )
-        .synced(work);
+        let session = DockerSession::new(docker.clone(), id, None, sibling).synced(work);
         match &spec.api {
             Some(api) => session.bridge_api(api.socket()).await,
             None => Ok(session),

@@ -116,41 +116,23 @@ impl SandboxSession for DockerSession {
     }
 
     async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        if req.argv.is_empty() {
-            return Err(SandboxError::Engine(format!(
-                "empty command for container {}",
-                self.id
-            )));
-        }
-        let timeout = req.timeout;
         // A synced workspace the host changed since (a file tool) goes in
         // again first; what the command changed comes back before its
         // output is returned, so the turn's next step sees it.
         if let Some(work) = self.synced.as_ref().filter(|w| w.is_stale()) {
             work.push(&self.docker, &self.id).await?;
         }
-        match tokio::time::timeout(timeout, self.exec_inner(req)).await {
-            Ok(Ok(out)) => {
-                if let Some(work) = &self.synced {
-                    work.pull(&self.docker, &self.id).await?;
-                }
-                Ok(out)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                // The container is this run's alone and the caller fails the
-                // run on a timeout, so killing it is the surest way to stop
-                // the command and everything it spawned.
-                tracing::warn!(container = %self.id, ?timeout, "exec timed out; killing the container");
-                self.kill().await;
-                Err(SandboxError::Timeout(timeout))
-            }
+        let out = self.exec_timed(req).await?;
+        if let Some(work) = &self.synced {
+            work.pull(&self.docker, &self.id).await?;
         }
+        Ok(out)
     }
 
     async fn proof(&self) -> Result<String, SandboxError> {
+        // `hostname` changes no file: nothing to copy back.
         let out = self
-            .exec(ExecRequest {
+            .exec_timed(ExecRequest {
                 argv: vec!["hostname".into()],
                 stdin: None,
                 timeout: PROOF_TIMEOUT,
@@ -206,6 +188,28 @@ impl SandboxSession for DockerSession {
 }
 
 impl DockerSession {
+    /// One command within its timeout, the workspace left as it is.
+    async fn exec_timed(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        if req.argv.is_empty() {
+            return Err(SandboxError::Engine(format!(
+                "empty command for container {}",
+                self.id
+            )));
+        }
+        let timeout = req.timeout;
+        match tokio::time::timeout(timeout, self.exec_inner(req)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The container is this run's alone and the caller fails the
+                // run on a timeout, so killing it is the surest way to stop
+                // the command and everything it spawned.
+                tracing::warn!(container = %self.id, ?timeout, "exec timed out; killing the container");
+                self.kill().await;
+                Err(SandboxError::Timeout(timeout))
+            }
+        }
+    }
+
     async fn exec_inner(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
         let id = &self.id;
         let config = CreateExecOptions {

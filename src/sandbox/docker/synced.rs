@@ -18,15 +18,16 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::sandbox::sync::{self, SyncBounds};
-use crate::sandbox::{SandboxError, CONTAINER_WORKDIR, NOBODY};
+use crate::sandbox::{SandboxError, SandboxLimits, CONTAINER_WORKDIR, NOBODY};
 
 /// The host side of one synced workspace.
 #[derive(Debug)]
 pub(super) struct SyncedWork {
-    pub(super) local: PathBuf,
-    pub(super) bounds: SyncBounds,
-    /// The host directory changed since the container's copy was made.
-    pub(super) stale: AtomicBool,
+    local: PathBuf,
+    bounds: SyncBounds,
+    /// The host directory changed since the container's copy was made
+    /// (true until the first copy in).
+    stale: AtomicBool,
 }
 
 fn engine(doing: &str, id: &str, e: impl std::fmt::Display) -> SandboxError {
@@ -80,6 +81,19 @@ pub(super) async fn upload(
 }
 
 impl SyncedWork {
+    /// `local` (canonical), within the bounds the session's limits give.
+    pub(super) fn new(local: PathBuf, limits: &SandboxLimits) -> Self {
+        Self {
+            local,
+            bounds: SyncBounds {
+                bytes: u64::try_from(limits.workspace_bytes).unwrap_or(0),
+                entries: limits.workspace_entries,
+                depth: limits.workspace_depth,
+            },
+            stale: AtomicBool::new(true),
+        }
+    }
+
     /// The first copy in: the whole host directory, owned by the container
     /// user.
     pub(super) async fn push(&self, docker: &Docker, id: &str) -> Result<(), SandboxError> {
