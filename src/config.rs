@@ -549,6 +549,13 @@ pub struct TurnConfig {
     /// answered with `failure_reply` and marked failed instead of run again
     /// (a message must never crash-loop the host).
     pub max_crash_retries: u32,
+    /// A live reply on a platform that edits sent messages (Telegram,
+    /// Discord, Slack) is shown while the model writes it: a first message,
+    /// edited as the text grows, ending in exactly the final reply.
+    pub stream: bool,
+    /// A turn that answers within this many milliseconds sends its reply
+    /// whole, with no preview before it.
+    pub stream_after_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -763,6 +770,8 @@ impl Default for TurnConfig {
             max_tokens: 2048,
             failure_reply: DEFAULT_FAILURE_REPLY.into(),
             max_crash_retries: 2,
+            stream: false,
+            stream_after_ms: 1000,
         }
     }
 }
@@ -1010,6 +1019,8 @@ turn:                           # one agent turn
   # What a chat participant reads when a turn fails (the reason goes to runs.error and the log).
   failure_reply: "Sorry, something went wrong and I could not answer this time. Please try again later."
   max_crash_retries: 2          # count: host crashes during one message's turn before it is failed, not run again
+  stream: false                 # true|false: show a reply while it is written, on platforms that edit messages (docs/adapters.md)
+  stream_after_ms: 1000         # milliseconds: a turn that answers sooner sends its reply whole, with no preview
 ingress:                        # inbound platform messages
   auto_space: true              # true|false: a new conversation gets its own space
   per_caller_per_minute: 20     # messages per minute per caller, then "slow down"

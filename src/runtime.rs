@@ -50,6 +50,8 @@ pub struct Runtime {
     pub steps_pruned_at: std::sync::atomic::AtomicI64,
     /// This host's leases when it is one of many (`cluster.enabled`).
     pub cluster: Option<Arc<crate::cluster::HostSeat>>,
+    /// The connected adapters that can show a reply while it is written.
+    pub editors: Arc<ReplyEditors>,
 }
 
 impl Runtime {
@@ -90,6 +92,59 @@ impl CrossReads {
             .and_then(|mut m| m.remove(run))
             .map(|s| s.into_iter().collect())
             .unwrap_or_default()
+    }
+}
+
+/// A platform's way of showing a live reply while it is written
+/// (`turn.stream`): an in-process adapter whose platform edits sent messages
+/// registers one while it is connected. It paces its own edits of a chat to
+/// the platform's limits, the final reply's edit included (the adapter
+/// delivers that one through the same editor).
+#[async_trait::async_trait]
+pub trait ReplyEditor: Send + Sync {
+    /// Sends `text` into `chat`, threaded under `answered`; the new
+    /// message's platform id. The error is a sentence with no secret in it.
+    async fn send(&self, chat: &str, answered: Option<&str>, text: &str) -> Result<String, String>;
+    /// Replaces the text of `message` in `chat`.
+    async fn edit(&self, chat: &str, message: &str, text: &str) -> Result<(), String>;
+    /// The longest text one message holds, in UTF-16 code units (what the
+    /// strictest platform counts).
+    fn max_units(&self) -> usize;
+}
+
+/// The reply editors of the adapters connected on this host, by platform.
+#[derive(Default)]
+pub struct ReplyEditors(Mutex<HashMap<String, Arc<dyn ReplyEditor>>>);
+
+impl ReplyEditors {
+    /// Registers `editor` for `platform` until the returned seat is dropped
+    /// (the adapter's loop holds it: an adapter that stopped edits nothing).
+    pub fn seat(self: &Arc<Self>, platform: &str, editor: Arc<dyn ReplyEditor>) -> EditorSeat {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(platform.to_owned(), editor);
+        }
+        EditorSeat {
+            editors: self.clone(),
+            platform: platform.to_owned(),
+        }
+    }
+
+    pub fn get(&self, platform: &str) -> Option<Arc<dyn ReplyEditor>> {
+        self.0.lock().ok().and_then(|m| m.get(platform).cloned())
+    }
+}
+
+/// A registered editor; dropping it unregisters it.
+pub struct EditorSeat {
+    editors: Arc<ReplyEditors>,
+    platform: String,
+}
+
+impl Drop for EditorSeat {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.editors.0.lock() {
+            m.remove(&self.platform);
+        }
     }
 }
 

@@ -158,6 +158,8 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         token_role: Some(args.role.clone()),
         preread: None,
         layer: agent::LayerPlan::Throwaway(view.layer),
+        // An ask answers its asker, never a platform.
+        stream: None,
     };
     let outcome = agent::run_turn(rt, req, CancellationToken::new()).await;
     let run_s = run_id.to_string();

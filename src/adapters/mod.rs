@@ -455,6 +455,37 @@ pub(crate) async fn typing_while_pending<F, Fut>(
     }
 }
 
+/// Spaces the edits of each chat at least an interval apart: a platform
+/// counts a chat's edits (a streamed preview's, then the final reply's)
+/// against one limit.
+#[derive(Debug, Default)]
+pub(crate) struct EditPace(std::sync::Mutex<std::collections::HashMap<String, Instant>>);
+
+impl EditPace {
+    /// Waits for `chat`'s turn; the next edit of it may come `interval` later.
+    pub(crate) async fn wait(&self, chat: &str, interval: Duration) {
+        let wait = match self.0.lock() {
+            Ok(mut next) => {
+                let now = Instant::now();
+                if next.len() > 1024 {
+                    next.retain(|_, at| *at > now);
+                }
+                let at = next
+                    .get(chat)
+                    .copied()
+                    .filter(|at| *at > now)
+                    .unwrap_or(now);
+                next.insert(chat.to_owned(), at + interval);
+                at - now
+            }
+            Err(_) => interval,
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
 /// How sending one outbox item went.
 #[derive(Debug)]
 pub(crate) enum Sent {
@@ -476,7 +507,8 @@ pub(crate) enum Sent {
 }
 
 /// Delivers `platform`'s outbox items, oldest first, through `send` (given
-/// each item and the platform id of the message it answers), and records
+/// each item and the platform messages it refers to: the one it answers,
+/// and the preview it replaces when the reply was streamed), and records
 /// what became of each: delivered, or a failed attempt (an item is given up
 /// after [`MAX_ATTEMPTS`]).
 pub(crate) async fn deliver_outbox<F, Fut>(
@@ -486,7 +518,7 @@ pub(crate) async fn deliver_outbox<F, Fut>(
     mut send: F,
 ) -> Result<(), StoreError>
 where
-    F: FnMut(OutboxItem, Option<String>) -> Fut,
+    F: FnMut(OutboxItem, outbox::DeliveryRefs) -> Fut,
     Fut: Future<Output = Sent>,
 {
     let store = &app.rt.store;
@@ -498,13 +530,11 @@ where
         let mut wait = Duration::from_millis(if items.is_empty() { 200 } else { 0 });
         for item in items {
             let id = item.id;
-            let answered = {
+            let refs = {
                 let item = item.clone();
-                store
-                    .read(move |c| outbox::answered_platform_id(c, &item))
-                    .await?
+                store.read(move |c| outbox::delivery_refs(c, &item)).await?
             };
-            match send(item, answered).await {
+            match send(item, refs).await {
                 Sent::Delivered => {
                     store
                         .write(move |tx| outbox::mark_delivered(tx, id))

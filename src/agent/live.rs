@@ -190,8 +190,18 @@ pub(crate) async fn run_and_commit(
         token_role: None,
         preread: Some(preread),
         layer: LayerPlan::MergeOnSuccess,
+        stream: None,
+    };
+    let preview = super::preview::ReplyPreview::start(rt, &message).await;
+    let req = TurnRequest {
+        stream: preview.as_ref().map(|p| super::StreamTo(p.sink())),
+        ..req
     };
     let outcome = super::run_turn(rt, req, cancel).await;
+    // Before the commit: its reply is delivered as the preview's last edit.
+    if let Some(preview) = preview {
+        preview.finish().await;
+    }
     if outcome.status == TurnStatus::Stopped && !stop_requested.load(Ordering::SeqCst) {
         // The actor died under the turn: leave the message pending for the
         // restarted actor and only close the run.

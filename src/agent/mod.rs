@@ -18,6 +18,7 @@
 
 pub(crate) mod compact;
 pub(crate) mod live;
+mod preview;
 pub(crate) mod prompt;
 pub(crate) mod tools;
 
@@ -92,6 +93,19 @@ pub(crate) struct TurnRequest {
     /// the turn reads it itself).
     pub preread: Option<TurnPreread>,
     pub layer: LayerPlan,
+    /// Shown the answer while each model call writes it (a live reply's
+    /// preview); `None`: the answer is taken whole.
+    pub stream: Option<StreamTo>,
+}
+
+/// Where a turn's model calls stream their text.
+#[derive(Clone)]
+pub(crate) struct StreamTo(pub crate::model::TextSink);
+
+impl std::fmt::Debug for StreamTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamTo(..)")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1008,6 +1022,7 @@ async fn call_model(
     let ctx = crate::spend::CallContext {
         space_budget: req.preread.as_ref().map(|p| p.space_budget.clone()),
         also: Some(record),
+        stream: req.stream.as_ref().map(|s| s.0.clone()),
     };
     let answer = match complete_with_chain(
         rt,

@@ -9,9 +9,10 @@
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
-use super::retry::{self, RetryPolicy};
+use super::retry::{self, BodyRead, RetryPolicy};
 use super::{
-    ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role, ToolCall, Usage,
+    ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role, TextSink,
+    ToolCall, Usage,
 };
 
 /// The Messages API version this encoder speaks.
@@ -67,19 +68,182 @@ impl ModelProvider for AnthropicProvider {
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = request_body(req)?;
         tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "anthropic call");
-        let text = retry::send_with_retry(&self.policy, &self.endpoint, || {
-            let builder = self
-                .client
-                .post(&self.endpoint)
-                .header("anthropic-version", ANTHROPIC_VERSION)
-                .json(&body);
-            match &self.api_key {
-                Some(key) => builder.header("x-api-key", key),
-                None => builder,
-            }
-        })
-        .await?;
+        let text =
+            retry::send_with_retry(&self.policy, &self.endpoint, || self.post(&body)).await?;
         parse_response(&text)
+    }
+
+    /// The same call with `stream: true`: `message_start` (input usage),
+    /// content blocks opened, grown by `text_delta`/`input_json_delta` and
+    /// closed, `message_delta` (output usage), `message_stop`.
+    async fn complete_streaming(
+        &self,
+        req: &ModelRequest,
+        sink: &TextSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut body = request_body(req)?;
+        body["stream"] = json!(true);
+        tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "anthropic streaming call");
+        let streamed = retry::send_with_retry_reading(
+            &self.policy,
+            &self.endpoint,
+            || self.post(&body),
+            |response| async move {
+                let mut acc = Streamed::default();
+                match retry::read_events(response, |e| acc.take(&e.data, sink)).await {
+                    BodyRead::Done(()) => BodyRead::Done(acc),
+                    BodyRead::Broken(why) => BodyRead::Broken(why),
+                    BodyRead::Refused(e) => BodyRead::Refused(e),
+                }
+            },
+        )
+        .await?;
+        streamed.into_response()
+    }
+}
+
+impl AnthropicProvider {
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let builder = self
+            .client
+            .post(&self.endpoint)
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .json(body);
+        match &self.api_key {
+            Some(key) => builder.header("x-api-key", key),
+            None => builder,
+        }
+    }
+}
+
+/// A streamed Messages answer as its events arrive.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// The content blocks by index, as `content_block_start` gave them, with
+    /// what their deltas added: a text block's text, a tool_use block's
+    /// input as JSON text.
+    blocks: std::collections::BTreeMap<u64, (Value, String)>,
+    /// The text blocks so far, in order (what the sink is shown).
+    text: String,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+impl Streamed {
+    /// Takes one event's data (its `type` names it, as the `event:` line
+    /// does); `Ok(true)` at `message_stop`. An `overloaded_error` event is
+    /// retried, another error is not.
+    fn take(&mut self, data: &str, sink: &TextSink) -> Result<bool, (bool, String)> {
+        let event: Value = serde_json::from_str(data).map_err(|e| {
+            (
+                false,
+                format!(
+                    "a messages stream event is not JSON ({e}): {}",
+                    retry::excerpt(data, 200)
+                ),
+            )
+        })?;
+        let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
+        match event.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                let usage = event.pointer("/message/usage");
+                let count = |f: &str| usage.and_then(|u| u.get(f)).and_then(Value::as_u64);
+                self.input_tokens = count("input_tokens").unwrap_or(0);
+                self.output_tokens = count("output_tokens").unwrap_or(0);
+            }
+            Some("content_block_start") => {
+                let block = event.get("content_block").cloned().unwrap_or(Value::Null);
+                if let Some(t) = block.get("text").and_then(Value::as_str) {
+                    self.text.push_str(t);
+                }
+                self.blocks.insert(index, (block, String::new()));
+            }
+            Some("content_block_delta") => {
+                let Some((_, grown)) = self.blocks.get_mut(&index) else {
+                    return Err((
+                        false,
+                        format!("a messages stream grew block {index}, which it never opened"),
+                    ));
+                };
+                let delta = event.get("delta");
+                match delta.and_then(|d| d.get("type")).and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        let piece = delta
+                            .and_then(|d| d.get("text"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("");
+                        grown.push_str(piece);
+                        if !piece.is_empty() {
+                            self.text.push_str(piece);
+                            sink(&self.text);
+                        }
+                    }
+                    Some("input_json_delta") => grown.push_str(
+                        delta
+                            .and_then(|d| d.get("partial_json"))
+                            .and_then(Value::as_str)
+                            .unwrap_or(""),
+                    ),
+                    // Thinking and signature deltas: blocks this host skips.
+                    _ => {}
+                }
+            }
+            Some("message_delta") => {
+                if let Some(n) = event
+                    .pointer("/usage/output_tokens")
+                    .and_then(Value::as_u64)
+                {
+                    self.output_tokens = n;
+                }
+            }
+            Some("message_stop") => return Ok(true),
+            Some("error") => {
+                let kind = event
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let why = format!(
+                    "the stream carried an error: {}",
+                    retry::error_message(data)
+                );
+                return Err((kind == "overloaded_error" || kind == "api_error", why));
+            }
+            // `ping`, `content_block_stop` and event types added later.
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// The answer as a whole Messages body would have given it, read by the
+    /// same decoder.
+    fn into_response(self) -> Result<ModelResponse, ModelError> {
+        let mut content = Vec::with_capacity(self.blocks.len());
+        for (index, (mut block, grown)) in self.blocks {
+            let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind == "text" {
+                let opened = block.get("text").and_then(Value::as_str).unwrap_or("");
+                block["text"] = json!(format!("{opened}{grown}"));
+            } else if kind == "tool_use" {
+                let input = grown;
+                let parsed = if input.trim().is_empty() {
+                    json!({})
+                } else {
+                    serde_json::from_str(&input).map_err(|e| {
+                        ModelError::Protocol(format!(
+                            "the tool_use block {index} streamed an input that is not JSON ({e}): {}",
+                            retry::excerpt(&input, 200)
+                        ))
+                    })?
+                };
+                block["input"] = parsed;
+            }
+            content.push(block);
+        }
+        let body = json!({
+            "content": content,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+        });
+        parse_response(&body.to_string())
     }
 }
 
@@ -621,5 +785,144 @@ mod tests {
         let out = parse_response(&thinking.to_string()).unwrap();
         assert_eq!(out.text, "hi");
         assert_eq!(out.usage, Usage::default());
+    }
+
+    /// A Messages event stream as the API sends it: named events, each
+    /// with its `type` in the data too, a ping among them.
+    fn streamed_answer() -> String {
+        let events = [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 25, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            ("ping", json!({"type": "ping"})),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me "}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "look."}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"path\": \"no"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "tes.txt\"}"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 1}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 17}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ];
+        events
+            .iter()
+            .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_grows_in_the_sink_and_decodes_like_a_whole_one() {
+        let server = MockServer::start().await;
+        let overloaded = "event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n";
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(ResponseTemplate::new(200).set_body_string(overloaded))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "text/event-stream")
+                    .set_body_string(streamed_answer()),
+            )
+            .with_priority(2)
+            .mount(&server)
+            .await;
+        let settings = ProviderSettings {
+            anthropic_base_url: server.uri(),
+            anthropic_api_key: Some(KEY.into()),
+            retry_base: Duration::from_millis(1),
+            ..ProviderSettings::default()
+        };
+        let provider = AnthropicProvider::new(&settings).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s2 = seen.clone();
+        let sink: TextSink =
+            std::sync::Arc::new(move |t: &str| s2.lock().unwrap().push(t.to_owned()));
+        let answer = provider
+            .complete_streaming(&request(vec![ChatMessage::text(Role::User, "hi")]), &sink)
+            .await
+            .unwrap();
+        assert_eq!(answer.text, "Let me look.");
+        assert_eq!(
+            answer.tool_calls,
+            vec![ToolCall {
+                id: "toolu_1".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "notes.txt"}),
+            }]
+        );
+        assert_eq!(
+            answer.usage,
+            Usage {
+                input_tokens: 25,
+                output_tokens: 17
+            }
+        );
+        assert_eq!(*seen.lock().unwrap(), vec!["Let me ", "Let me look."]);
+        // The overloaded stream was tried again; both asked for a stream.
+        let bodies = requests(&server).await;
+        assert_eq!(bodies.len(), 2);
+        assert!(bodies.iter().all(|b| b["stream"] == true));
+    }
+
+    #[tokio::test]
+    async fn a_stream_refusing_the_request_is_not_retried() {
+        let server = MockServer::start().await;
+        let refused = "event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"bad\"}}\n\n";
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(ResponseTemplate::new(200).set_body_string(refused))
+            .mount(&server)
+            .await;
+        let settings = ProviderSettings {
+            anthropic_base_url: server.uri(),
+            retry_base: Duration::from_millis(1),
+            ..ProviderSettings::default()
+        };
+        let provider = AnthropicProvider::new(&settings).unwrap();
+        let sink: TextSink = std::sync::Arc::new(|_: &str| {});
+        let err = provider
+            .complete_streaming(&request(vec![ChatMessage::text(Role::User, "hi")]), &sink)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ModelError::Protocol(ref m) if m.contains("invalid_request_error: bad")),
+            "{err:?}"
+        );
+        assert_eq!(hits(&server).await, 1);
     }
 }

@@ -16,6 +16,7 @@ pub mod gate;
 pub mod openai;
 mod retry;
 pub mod scripted;
+mod sse;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,11 +162,32 @@ pub enum ModelError {
     Config(String),
 }
 
+/// Where a streaming call shows its answer while it is written: told the
+/// whole text of the current attempt so far, each time it grows (an attempt
+/// the retry loop starts again begins again from nothing, so a holder that
+/// shows the latest text never shows a failed attempt's words beside the
+/// next one's).
+pub type TextSink = Arc<dyn Fn(&str) + Send + Sync>;
+
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
     /// `openai`, `anthropic` or `scripted`.
     fn name(&self) -> &'static str;
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError>;
+    /// [`Self::complete`], telling `sink` the answer's text as it arrives.
+    /// The response is the same as `complete`'s; a provider that cannot
+    /// stream answers whole and tells the sink once.
+    async fn complete_streaming(
+        &self,
+        req: &ModelRequest,
+        sink: &TextSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let response = self.complete(req).await?;
+        if !response.text.is_empty() {
+            sink(&response.text);
+        }
+        Ok(response)
+    }
 }
 
 /// Where the HTTP providers live and how hard they retry. Keys stay here, in

@@ -9,10 +9,10 @@
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
-use super::retry::{self, RetryPolicy};
+use super::retry::{self, BodyRead, RetryPolicy};
 use super::{
     ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role,
-    ToolCall, Usage,
+    TextSink, ToolCall, Usage,
 };
 
 /// Calls `POST {base_url}/chat/completions`.
@@ -63,15 +63,140 @@ impl ModelProvider for OpenAiProvider {
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = request_body(req)?;
         tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "openai call");
-        let text = retry::send_with_retry(&self.policy, &self.endpoint, || {
-            let builder = self.client.post(&self.endpoint).json(&body);
-            match &self.api_key {
-                Some(key) => builder.bearer_auth(key),
-                None => builder,
-            }
-        })
-        .await?;
+        let text =
+            retry::send_with_retry(&self.policy, &self.endpoint, || self.post(&body)).await?;
         parse_response(&text)
+    }
+
+    /// The same call with `stream: true`: the answer comes as server-sent
+    /// chunks (`choices[0].delta`), the usage in a last chunk
+    /// (`stream_options.include_usage`), then `data: [DONE]`.
+    async fn complete_streaming(
+        &self,
+        req: &ModelRequest,
+        sink: &TextSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut body = request_body(req)?;
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "openai streaming call");
+        let streamed = retry::send_with_retry_reading(
+            &self.policy,
+            &self.endpoint,
+            || self.post(&body),
+            |response| async move {
+                let mut acc = Streamed::default();
+                match retry::read_events(response, |e| acc.take(&e.data, sink)).await {
+                    BodyRead::Done(()) => BodyRead::Done(acc),
+                    BodyRead::Broken(why) => BodyRead::Broken(why),
+                    BodyRead::Refused(e) => BodyRead::Refused(e),
+                }
+            },
+        )
+        .await?;
+        streamed.into_response()
+    }
+}
+
+impl OpenAiProvider {
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let builder = self.client.post(&self.endpoint).json(body);
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+}
+
+/// A streamed answer as its chunks arrive: the text, each tool call's
+/// pieces by its `index`, and the usage of the last chunk.
+#[derive(Debug, Default)]
+struct Streamed {
+    text: String,
+    /// id, name, arguments text (the arguments arrive in pieces).
+    calls: std::collections::BTreeMap<u64, (String, String, String)>,
+    usage: Value,
+}
+
+impl Streamed {
+    /// Takes one event's data; `Ok(true)` at `[DONE]`. An error object in
+    /// the stream (a server that ran out of capacity mid-answer) is retried.
+    fn take(&mut self, data: &str, sink: &TextSink) -> Result<bool, (bool, String)> {
+        if data.trim() == "[DONE]" {
+            return Ok(true);
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| {
+            (
+                false,
+                format!(
+                    "a chat-completions stream chunk is not JSON ({e}): {}",
+                    retry::excerpt(data, 200)
+                ),
+            )
+        })?;
+        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
+            return Err((
+                true,
+                format!(
+                    "the stream carried an error: {}",
+                    retry::error_message(&json!({ "error": error }).to_string())
+                ),
+            ));
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = usage.clone();
+        }
+        let Some(delta) = chunk.pointer("/choices/0/delta") else {
+            return Ok(false);
+        };
+        if let Some(piece) = delta.get("content").and_then(Value::as_str) {
+            if !piece.is_empty() {
+                self.text.push_str(piece);
+                sink(&self.text);
+            }
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let (id, name, arguments) = self.calls.entry(index).or_default();
+            if let Some(given) = call.get("id").and_then(Value::as_str) {
+                if id.is_empty() {
+                    given.clone_into(id);
+                }
+            }
+            if let Some(piece) = call.pointer("/function/name").and_then(Value::as_str) {
+                name.push_str(piece);
+            }
+            match call.pointer("/function/arguments") {
+                Some(Value::String(piece)) => arguments.push_str(piece),
+                // Ollama sends the object whole.
+                Some(v @ Value::Object(_)) => *arguments = v.to_string(),
+                _ => {}
+            }
+        }
+        Ok(false)
+    }
+
+    /// The answer as a whole chat-completions body would have given it, read
+    /// by the same decoder (so a streamed answer is checked as strictly).
+    fn into_response(self) -> Result<ModelResponse, ModelError> {
+        let calls: Vec<Value> = self
+            .calls
+            .into_values()
+            .map(|(id, name, arguments)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        let message = if calls.is_empty() {
+            json!({"role": "assistant", "content": self.text})
+        } else {
+            json!({"role": "assistant", "content": self.text, "tool_calls": calls})
+        };
+        parse_response(&json!({"choices": [{"message": message}], "usage": self.usage}).to_string())
     }
 }
 
@@ -610,5 +735,126 @@ mod tests {
             matches!(&err, ModelError::Protocol(msg) if msg.contains("message 0")),
             "{err:?}"
         );
+    }
+
+    /// An event-stream body of chat-completions chunks, as the API sends it.
+    fn sse(chunks: &[Value]) -> String {
+        let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        body.push_str("data: [DONE]\n\n");
+        body
+    }
+
+    fn streamed_answer() -> String {
+        let delta = |d: Value| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": null}]});
+        sse(&[
+            delta(json!({"role": "assistant", "content": ""})),
+            delta(json!({"content": "Hel"})),
+            delta(json!({"content": "lo, "})),
+            delta(json!({"content": "world"})),
+            delta(
+                json!({"tool_calls": [{"index": 0, "id": "call_9", "type": "function", "function": {"name": "read_file", "arguments": ""}}]}),
+            ),
+            delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\":"}}]})),
+            delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"a.txt\"}"}}]})),
+            json!({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}),
+        ])
+    }
+
+    fn recorder() -> (TextSink, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let sink: TextSink =
+            std::sync::Arc::new(move |t: &str| s2.lock().unwrap().push(t.to_owned()));
+        (sink, seen)
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_grows_in_the_sink_and_decodes_like_a_whole_one() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "text/event-stream")
+                    .set_body_string(streamed_answer()),
+            )
+            .mount(&server)
+            .await;
+        let settings = ProviderSettings {
+            openai_base_url: format!("{}/v1", server.uri()),
+            openai_api_key: Some(KEY.into()),
+            ..ProviderSettings::default()
+        };
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let (sink, seen) = recorder();
+        let answer = provider
+            .complete_streaming(&request(vec![ChatMessage::text(Role::User, "hi")]), &sink)
+            .await
+            .unwrap();
+        assert_eq!(answer.text, "Hello, world");
+        assert_eq!(
+            answer.tool_calls,
+            vec![ToolCall {
+                id: "call_9".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "a.txt"}),
+            }]
+        );
+        assert_eq!(
+            answer.usage,
+            Usage {
+                input_tokens: 11,
+                output_tokens: 5
+            }
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec!["Hel", "Hello, ", "Hello, world"]
+        );
+        let body = &requests(&server).await[0];
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"]["include_usage"], true);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_breaks_off_or_carries_an_error_is_retried_from_the_start() {
+        let server = MockServer::start().await;
+        let cut = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lost words\"}}]}\n\n";
+        let error = "data: {\"error\":{\"type\":\"server_error\",\"message\":\"overloaded\"}}\n\n";
+        for body in [cut.to_string(), error.to_string()] {
+            Mock::given(method("POST"))
+                .and(path(ROUTE))
+                .respond_with(ResponseTemplate::new(200).set_body_string(body))
+                .up_to_n_times(1)
+                .with_priority(1)
+                .mount(&server)
+                .await;
+        }
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(ResponseTemplate::new(200).set_body_string(streamed_answer()))
+            .with_priority(2)
+            .mount(&server)
+            .await;
+        let settings = ProviderSettings {
+            openai_base_url: format!("{}/v1", server.uri()),
+            max_retries: 3,
+            retry_base: Duration::from_millis(1),
+            ..ProviderSettings::default()
+        };
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        let (sink, seen) = recorder();
+        let answer = provider
+            .complete_streaming(&request(vec![ChatMessage::text(Role::User, "hi")]), &sink)
+            .await
+            .unwrap();
+        assert_eq!(answer.text, "Hello, world");
+        assert_eq!(hits(&server).await, 3);
+        // The broken attempt's words were shown, then the next attempt's
+        // text started again from nothing.
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.first().map(String::as_str), Some("lost words"));
+        assert_eq!(seen.last().map(String::as_str), Some("Hello, world"));
+        assert!(seen.contains(&"Hel".to_string()));
     }
 }

@@ -218,6 +218,37 @@ pub(super) async fn send_with_retry(
     what: &str,
     build: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<String, ModelError> {
+    send_with_retry_reading(policy, what, build, |response| async move {
+        match response.text().await {
+            Ok(body) => BodyRead::Done(body),
+            Err(err) => BodyRead::Broken(format!("body unreadable: {}", describe_transport(&err))),
+        }
+    })
+    .await
+}
+
+/// What reading a successful answer's body came to.
+pub(super) enum BodyRead<T> {
+    Done(T),
+    /// The connection broke mid-body: as transient as a failed connect.
+    Broken(String),
+    /// The body says something that another attempt will not change.
+    Refused(ModelError),
+}
+
+/// [`send_with_retry`] with the successful answer's body read by `read` (a
+/// streaming call reads it piece by piece): a body that breaks off is
+/// retried like a failed connection, a body `read` refuses is not.
+pub(super) async fn send_with_retry_reading<T, Read, Fut>(
+    policy: &RetryPolicy,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+    read: Read,
+) -> Result<T, ModelError>
+where
+    Read: Fn(reqwest::Response) -> Fut,
+    Fut: std::future::Future<Output = BodyRead<T>>,
+{
     let mut attempt: u32 = 0;
     loop {
         let (last, retry_after) = match build().send().await {
@@ -228,27 +259,32 @@ pub(super) async fn send_with_retry(
                     policy.throttles.note();
                 }
                 let retry_after = retry_after_from_headers(response.headers(), SystemTime::now());
-                let body = response.text().await;
-                match body {
-                    Ok(body) if (200..300).contains(&status) => return Ok(body),
-                    Ok(body) if !is_retryable_status(status) => {
-                        return Err(ModelError::Http {
-                            status,
-                            message: format!("{what}: {}", error_message(&body)),
-                        });
+                if (200..300).contains(&status) {
+                    match read(response).await {
+                        BodyRead::Done(v) => return Ok(v),
+                        BodyRead::Refused(e) => return Err(e),
+                        BodyRead::Broken(why) => (format!("{what}: HTTP {status}, {why}"), None),
                     }
-                    Ok(body) => (
-                        format!("{what}: HTTP {status}: {}", error_message(&body)),
-                        retry_after,
-                    ),
-                    // The connection broke mid-body: as transient as a failed connect.
-                    Err(err) => (
-                        format!(
-                            "{what}: HTTP {status}, body unreadable: {}",
-                            describe_transport(&err)
+                } else {
+                    match response.text().await {
+                        Ok(body) if !is_retryable_status(status) => {
+                            return Err(ModelError::Http {
+                                status,
+                                message: format!("{what}: {}", error_message(&body)),
+                            });
+                        }
+                        Ok(body) => (
+                            format!("{what}: HTTP {status}: {}", error_message(&body)),
+                            retry_after,
                         ),
-                        None,
-                    ),
+                        Err(err) => (
+                            format!(
+                                "{what}: HTTP {status}, body unreadable: {}",
+                                describe_transport(&err)
+                            ),
+                            None,
+                        ),
+                    }
                 }
             }
         };
@@ -268,6 +304,53 @@ pub(super) async fn send_with_retry(
         );
         tokio::time::sleep(wait).await;
         attempt += 1;
+    }
+}
+
+/// Reads an event-stream body, handing each event to `take` as it comes:
+/// `take` answers `Ok(true)` once the stream's own end marker came. A body
+/// that breaks off is [`BodyRead::Broken`]; an event `take` refuses is
+/// [`BodyRead::Refused`] unless it said to retry (`Err((true, why))`).
+pub(super) async fn read_events(
+    mut response: reqwest::Response,
+    mut take: impl FnMut(super::sse::Event) -> Result<bool, (bool, String)>,
+) -> BodyRead<()> {
+    let mut decoder = super::sse::Decoder::default();
+    let mut handle = |events: Vec<super::sse::Event>| -> Option<BodyRead<()>> {
+        for event in events {
+            match take(event) {
+                Ok(true) => return Some(BodyRead::Done(())),
+                Ok(false) => {}
+                Err((true, why)) => return Some(BodyRead::Broken(why)),
+                Err((false, why)) => return Some(BodyRead::Refused(ModelError::Protocol(why))),
+            }
+        }
+        None
+    };
+    loop {
+        match response.chunk().await {
+            Ok(Some(bytes)) => {
+                let events = match decoder.push(&bytes) {
+                    Ok(e) => e,
+                    Err(why) => return BodyRead::Refused(ModelError::Protocol(why)),
+                };
+                if let Some(end) = handle(events) {
+                    return end;
+                }
+            }
+            Ok(None) => {
+                if let Some(end) = handle(decoder.finish().into_iter().collect()) {
+                    return end;
+                }
+                return BodyRead::Broken("the event stream ended before its last event".into());
+            }
+            Err(err) => {
+                return BodyRead::Broken(format!(
+                    "the event stream broke off: {}",
+                    describe_transport(&err)
+                ))
+            }
+        }
     }
 }
 

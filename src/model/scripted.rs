@@ -68,7 +68,8 @@
 //!
 //! Tool calls get the ids `call_1`, `call_2`, … from a counter kept per
 //! provider. With `latency_ms`, the answer is delayed by that many
-//! milliseconds (a tokio sleep). Usage is estimated so that cost accounting
+//! milliseconds (a tokio sleep); a streaming caller is given the reply word
+//! by word, spread evenly over that time. Usage is estimated so that cost accounting
 //! sees non-zero numbers: input tokens = ceil(characters of the rendered
 //! request / 4), output tokens = ceil((characters of the reply + characters
 //! of each call's arguments JSON) / 4).
@@ -579,6 +580,46 @@ impl ModelProvider for ScriptedProvider {
     }
 
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let (response, latency) = self.answer(req).await?;
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency).await;
+        }
+        Ok(response)
+    }
+
+    /// The reply arrives word by word, spread evenly over the rule's
+    /// `latency_ms` (all at once without one), as a model's stream would.
+    async fn complete_streaming(
+        &self,
+        req: &ModelRequest,
+        sink: &super::TextSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let (response, latency) = self.answer(req).await?;
+        let words: Vec<usize> = response
+            .text
+            .match_indices(' ')
+            .map(|(i, _)| i + 1)
+            .chain(std::iter::once(response.text.len()))
+            .collect();
+        let step = latency.map(|l| l / u32::try_from(words.len()).unwrap_or(u32::MAX));
+        for end in words {
+            if let Some(step) = step {
+                tokio::time::sleep(step).await;
+            }
+            if end > 0 {
+                sink(&response.text[..end]);
+            }
+        }
+        Ok(response)
+    }
+}
+
+impl ScriptedProvider {
+    /// The first matching rule's answer and its latency.
+    async fn answer(
+        &self,
+        req: &ModelRequest,
+    ) -> Result<(ModelResponse, Option<Duration>), ModelError> {
         let rendered: Vec<String> = req.messages.iter().map(render_message).collect();
         let whole = rendered.join("\n");
         let last = rendered.last().map_or("", String::as_str);
@@ -626,14 +667,12 @@ impl ModelProvider for ScriptedProvider {
                 input_tokens: estimate_tokens(whole.chars().count()),
                 output_tokens: estimate_tokens(output_chars),
             };
-            if let Some(latency) = rule.latency {
-                tokio::time::sleep(latency).await;
-            }
-            return Ok(ModelResponse {
+            let response = ModelResponse {
                 text,
                 tool_calls,
                 usage,
-            });
+            };
+            return Ok((response, rule.latency));
         }
         Err(ModelError::Script {
             path: self.path.clone(),
@@ -1103,6 +1142,34 @@ mod tests {
         assert_eq!(
             canonical_json(&v),
             r#"{"a":"q\"uote","b":[{"a":null,"z":1}],"c":1.5}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn a_streaming_caller_gets_the_reply_word_by_word_over_its_latency() {
+        let p = ScriptedProvider::parse(
+            "inline",
+            r#"{"rules": [{"reply": "one two three", "latency_ms": 30}]}"#,
+        )
+        .unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s2 = seen.clone();
+        let sink: crate::model::TextSink =
+            std::sync::Arc::new(move |t: &str| s2.lock().unwrap().push(t.to_owned()));
+        let req = ModelRequest {
+            model: "inline".into(),
+            purpose: Purpose::Turn,
+            messages: vec![ChatMessage::text(Role::User, "hi")],
+            tools: Vec::new(),
+            max_tokens: 10,
+        };
+        let started = std::time::Instant::now();
+        let answer = p.complete_streaming(&req, &sink).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        assert_eq!(answer.text, "one two three");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec!["one ", "one two ", "one two three"]
         );
     }
 }

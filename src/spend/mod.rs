@@ -161,6 +161,9 @@ pub struct CallContext {
     pub space_budget: Option<Option<SpaceBudget>>,
     /// Written with the settlement.
     pub also: Option<AlsoRecord>,
+    /// Shown the answer's text while it is written (a live turn's preview
+    /// on a platform that edits messages); `None`: answered whole.
+    pub stream: Option<crate::model::TextSink>,
 }
 
 /// A tool call's reserved cost, until [`Spend::end_tool`].
@@ -589,7 +592,10 @@ impl Spend {
             true => None,
             false => Some(self.reserve(charge, spec, worst, price.is_some()).await?),
         };
-        let answer = model.provider.complete(req).await;
+        let answer = match &ctx.stream {
+            Some(sink) => model.provider.complete_streaming(req, sink).await,
+            None => model.provider.complete(req).await,
+        };
         match answer {
             Ok(response) => {
                 let cost = price.map_or(0.0, |p| {

@@ -506,6 +506,20 @@ CREATE TABLE deployment_leases (
 );
 ALTER TABLE runs ADD COLUMN host_id TEXT;
 "#,
+    // 18: streamed replies (issue 30). The platform message that shows a
+    // reply while its turn runs, by the message it answers: written as soon
+    // as the platform gave its id, so the final reply (after a restart too)
+    // edits that message instead of sending a second one.
+    r#"
+CREATE TABLE reply_previews (
+  message_id INTEGER NOT NULL PRIMARY KEY,
+  platform TEXT NOT NULL,
+  external_id TEXT NOT NULL,
+  platform_message_id TEXT NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE INDEX reply_previews_created ON reply_previews (created_at);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

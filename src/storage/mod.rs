@@ -35,6 +35,7 @@ mod migrations;
 pub mod outbox;
 pub mod pairings;
 mod pg;
+pub mod previews;
 pub mod rehearsal;
 pub mod runs;
 pub mod seed;

@@ -148,19 +148,38 @@ pub fn undelivered_for(
     )
 }
 
-/// The platform's own id of the message a queued reply answers (the reply
-/// row's `reply_to`), so the adapter can thread its answer under it.
-pub fn answered_platform_id(conn: &Conn, item: &OutboxItem) -> StoreResult<Option<String>> {
+/// The platform messages an item's delivery refers to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryRefs {
+    /// The message the reply answers (a reply is threaded under it).
+    pub answered: Option<String>,
+    /// The preview that showed the reply while it was written, in the
+    /// item's own chat: the reply is delivered as its edit.
+    pub edit_of: Option<String>,
+}
+
+/// What `item` refers to on its platform (nothing for an item that is no
+/// reply: a send, a digest).
+pub fn delivery_refs(conn: &Conn, item: &OutboxItem) -> StoreResult<DeliveryRefs> {
     let Some(reply) = item.message_id else {
-        return Ok(None);
+        return Ok(DeliveryRefs::default());
     };
     Ok(conn
         .query_row(
-            "SELECT q.platform_message_id FROM messages r JOIN messages q ON q.id = r.reply_to WHERE r.id = ?1",
-            params![reply],
-            |r| r.get::<_, Option<String>>(0),)
+            "SELECT q.platform_message_id, p.platform_message_id FROM messages r \
+             JOIN messages q ON q.id = r.reply_to \
+             LEFT JOIN reply_previews p ON p.message_id = r.reply_to AND p.platform = ?2 AND p.external_id = ?3 \
+             WHERE r.id = ?1",
+            params![reply, item.platform, item.external_id],
+            |r| {
+                Ok(DeliveryRefs {
+                    answered: r.get(0)?,
+                    edit_of: r.get(1)?,
+                })
+            },
+        )
         .optional()?
-        .flatten())
+        .unwrap_or_default())
 }
 
 #[cfg(test)]

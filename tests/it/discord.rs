@@ -68,6 +68,8 @@ struct FakeState {
     route_reset_after: Mutex<Option<f64>>,
     sent: Mutex<u64>,
     gateway_url: Mutex<String>,
+    /// The content each sent message shows now (edits change it).
+    texts: Mutex<BTreeMap<String, String>>,
 }
 
 #[derive(Clone)]
@@ -171,6 +173,10 @@ async fn create_message(
         format!("{}", 800_000_000_000_000_000u64 + *n)
     };
     record(&st, route, body.clone(), StatusCode::OK);
+    st.texts.lock().unwrap().insert(
+        id.clone(),
+        body["content"].as_str().unwrap_or("").to_owned(),
+    );
     let mut sent = message(
         &id,
         &channel,
@@ -197,6 +203,36 @@ async fn create_message(
         res.headers_mut().insert(k, v.parse().unwrap());
     }
     res
+}
+
+/// `PATCH /channels/{id}/messages/{message}`: an edit of a sent message;
+/// 404 Unknown Message for one this fake never sent.
+async fn edit_message(
+    State(st): State<Arc<FakeState>>,
+    Path((channel, id)): Path<(String, String)>,
+    h: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let route = format!("PATCH /channels/{channel}/messages/{id}");
+    if !authorized(&h) {
+        record(&st, route, body, StatusCode::UNAUTHORIZED);
+        return unauthorized();
+    }
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    let known = st.texts.lock().unwrap().contains_key(&id);
+    if !known {
+        record(&st, route, body, StatusCode::NOT_FOUND);
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"message": "Unknown Message", "code": 10008})),
+        )
+            .into_response();
+    }
+    st.texts.lock().unwrap().insert(id.clone(), content.clone());
+    record(&st, route, body, StatusCode::OK);
+    let mut edited = message(&id, &channel, None, BOT_ID, &content);
+    edited["edited_timestamp"] = json!("2026-12-01T10:00:01.000000+00:00");
+    Json(edited).into_response()
 }
 
 /// `GET /channels/{id}/messages?after=&limit=`: newest first, from the
@@ -409,6 +445,10 @@ impl FakeDiscord {
                 post(create_message).get(list_messages),
             )
             .route("/api/v10/channels/{id}/typing", post(typing))
+            .route(
+                "/api/v10/channels/{id}/messages/{message}",
+                axum::routing::patch(edit_message),
+            )
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let rest_url = format!("http://{}/api/v10", listener.local_addr().unwrap());
@@ -509,6 +549,11 @@ impl FakeDiscord {
             }
         }
         out
+    }
+
+    /// The content message `id` shows now.
+    pub(crate) fn text_of(&self, id: &str) -> Option<String> {
+        self.state.texts.lock().unwrap().get(id).cloned()
     }
 
     pub(crate) async fn until(&self, secs: u64, what: &str, f: impl Fn(&FakeDiscord) -> bool) {
@@ -1024,5 +1069,72 @@ async fn discord_a_session_lost_while_down_is_backfilled_over_rest() {
         "{:?}",
         fake.replies()
     );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn discord_a_streamed_reply_is_edited_to_its_final_text_without_a_ping() {
+    let fake = FakeDiscord::start().await;
+    let reply: String = (1..=20)
+        .map(|i| format!("bit{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + " @everyone";
+    let host = TestHost::start_process(host_options(
+        &fake,
+        json!({"rules": [{"reply": reply, "latency_ms": 3000}]}),
+        vec![
+            ("turn.stream", serde_yaml_ng::Value::Bool(true)),
+            (
+                "turn.stream_after_ms",
+                serde_yaml_ng::Value::Number(200.into()),
+            ),
+        ],
+    ))
+    .await;
+    fake.until_identified(1).await;
+    fake.push(dm(1_100_000_000_000_000_001, 42, "a long one please"));
+    fake.until(60, "the reply edited to its whole text", |f| {
+        // Every call: an edit's route ends in the message's id.
+        f.calls("")
+            .iter()
+            .filter(|c| c.route.starts_with("PATCH ") && c.status == 200)
+            .any(|c| c.body["content"] == json!(reply))
+    })
+    .await;
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
+    let sent: Vec<Call> = fake
+        .calls("/messages")
+        .into_iter()
+        .filter(|c| c.route.starts_with("POST ") && c.status == 200)
+        .collect();
+    assert_eq!(sent.len(), 1, "one message, edited: {sent:?}");
+    assert_eq!(
+        sent[0].body["message_reference"]["message_id"],
+        json!("1100000000000000001")
+    );
+    let edits: Vec<Call> = fake
+        .calls("")
+        .into_iter()
+        .filter(|c| c.route.starts_with("PATCH "))
+        .collect();
+    assert!(edits.len() >= 2, "{edits:?}");
+    let preview = "800000000000000001";
+    for e in sent.iter().chain(&edits) {
+        assert_eq!(e.body["allowed_mentions"]["parse"], json!([]), "{e:?}");
+    }
+    for e in &edits {
+        assert!(e.route.ends_with(&format!("/messages/{preview}")), "{e:?}");
+    }
+    for pair in edits.windows(2) {
+        let gap = pair[1].at.duration_since(pair[0].at);
+        assert!(gap >= Duration::from_millis(900), "{gap:?}");
+    }
+    assert_eq!(fake.text_of(preview), Some(reply));
     host.stop().await;
 }

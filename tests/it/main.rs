@@ -53,6 +53,7 @@ mod snapshots;
 mod spend;
 mod storage_contract;
 mod storage_pg;
+mod streaming;
 mod telegram;
 mod telegram_callers;
 mod ui;

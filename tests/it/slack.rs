@@ -1,6 +1,7 @@
 //! The Slack adapter end to end: a real host (child process, real SQLite
 //! file) on a fake Slack that speaks the Web API's JSON (`auth.test`,
-//! `apps.connections.open`, `chat.postMessage`, 429 with `Retry-After`) and
+//! `apps.connections.open`, `chat.postMessage`, `chat.update`, 429 with
+//! `Retry-After`) and
 //! Socket Mode's envelopes and acks over a real WebSocket on loopback.
 
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,10 @@ struct Fake {
     throttle: Mutex<u32>,
     throttled: Mutex<u32>,
     arrived: Notify,
+    /// chat.update calls, with when they came.
+    updates: Mutex<Vec<(Instant, Value)>>,
+    /// The text each posted message shows now, by its `ts`.
+    texts: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 async fn web(
@@ -80,8 +85,29 @@ async fn web(
                     return r;
                 }
             }
-            st.posts.lock().unwrap().push(body.clone());
-            Json(json!({"ok": true, "channel": body["channel"], "ts": "1700000099.000001"}))
+            let ts = {
+                let mut posts = st.posts.lock().unwrap();
+                posts.push(body.clone());
+                format!("1700000099.{:06}", posts.len())
+            };
+            st.texts
+                .lock()
+                .unwrap()
+                .insert(ts.clone(), body["text"].as_str().unwrap_or("").to_owned());
+            Json(json!({"ok": true, "channel": body["channel"], "ts": ts})).into_response()
+        }
+        "chat.update" => {
+            let ts = body["ts"].as_str().unwrap_or("").to_owned();
+            let mut texts = st.texts.lock().unwrap();
+            if !texts.contains_key(&ts) {
+                return Json(json!({"ok": false, "error": "message_not_found"})).into_response();
+            }
+            texts.insert(ts.clone(), body["text"].as_str().unwrap_or("").to_owned());
+            st.updates
+                .lock()
+                .unwrap()
+                .push((Instant::now(), body.clone()));
+            Json(json!({"ok": true, "channel": body["channel"], "ts": ts, "text": body["text"]}))
                 .into_response()
         }
         _ => Json(json!({"ok": false, "error": "unknown_method"})).into_response(),
@@ -276,5 +302,63 @@ async fn slack_429_is_waited_out_and_the_dm_answered_once() {
         posts[0].get("thread_ts").is_none(),
         "a DM is answered inline"
     );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn slack_a_streamed_mention_reply_grows_in_its_thread_by_chat_update() {
+    let (url, st) = fake().await;
+    let reply: String = (1..=20)
+        .map(|i| format!("part{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + " <!channel>";
+    let mut opts = options(&url, "unused");
+    opts.model = json!({"rules": [{"reply": reply, "latency_ms": 3000}]});
+    opts.config.extend([
+        ("turn.stream", Yaml::Bool(true)),
+        ("turn.stream_after_ms", Yaml::Number(200.into())),
+    ]);
+    let host = TestHost::start_process(opts).await;
+    st.push(event(
+        "s1",
+        json!({"type": "app_mention", "channel": "C0CHAN0001",
+        "user": "U0PERSON01", "text": format!("<@{BOT_USER}> a long one"), "ts": "1700000020.000100"}),
+    ));
+    let last_text = || {
+        st.updates
+            .lock()
+            .unwrap()
+            .last()
+            .map(|(_, b)| b["text"].as_str().unwrap_or("").to_owned())
+    };
+    until(60, "the preview updated to the whole reply", || {
+        last_text().is_some_and(|t| t.starts_with("part1 ") && t.contains("part20"))
+    })
+    .await;
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
+    let posts = st.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1, "one message, edited: {posts:?}");
+    assert_eq!(posts[0]["thread_ts"], json!("1700000020.000100"));
+    let updates = st.updates.lock().unwrap().clone();
+    assert!(updates.len() >= 2, "{updates:?}");
+    for (_, u) in &updates {
+        assert_eq!(u["ts"], json!("1700000099.000001"));
+        assert_eq!(u["link_names"], json!(false));
+        let text = u["text"].as_str().unwrap();
+        assert!(!text.contains("<!channel>"), "a ping: {text}");
+    }
+    for pair in updates.windows(2) {
+        let gap = pair[1].0.duration_since(pair[0].0);
+        assert!(gap >= Duration::from_millis(1000), "{gap:?}");
+    }
+    let shown = st.texts.lock().unwrap()["1700000099.000001"].clone();
+    assert_eq!(Some(shown), last_text());
+    assert!(last_text().unwrap().ends_with("&lt;!channel&gt;"));
     host.stop().await;
 }

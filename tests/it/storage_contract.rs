@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 
 use mercury::storage::{
-    adapters, conversations, links, messages, outbox, pairings, runs, spaces, tasks, tokens,
-    Location, Store, StoreError,
+    adapters, conversations, links, messages, outbox, pairings, previews, runs, spaces, tasks,
+    tokens, Location, Store, StoreError,
 };
 use tempfile::TempDir;
 
@@ -1448,5 +1448,102 @@ async fn a_spaces_history_is_cut_from_a_message_on_and_ids_keep_rising() {
             .unwrap()
             .unwrap();
         assert!(next > ids[3], "{name}: ids are never reused");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_replys_preview_is_what_its_outbox_item_edits() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        let (asked, item, plain) = store
+            .write(move |tx| {
+                let asked = messages::insert(tx, &user_message("s1", conv, "p1", 1))?
+                    .ok_or(StoreError::Invalid("not stored".into()))?;
+                let reply = messages::insert(
+                    tx,
+                    &messages::NewMessage {
+                        space_id: "s1",
+                        conversation_id: Some(conv),
+                        role: "assistant",
+                        text: "the answer",
+                        reply_to: Some(asked),
+                        created_at: 2,
+                        ..Default::default()
+                    },
+                )?;
+                let item = outbox::enqueue(
+                    tx,
+                    "s1",
+                    Some(conv),
+                    "telegram",
+                    "chat-s1",
+                    reply,
+                    "the answer",
+                )?;
+                let plain =
+                    outbox::enqueue(tx, "s1", Some(conv), "telegram", "chat-s1", None, "a send")?;
+                Ok((asked, item, plain))
+            })
+            .await
+            .unwrap();
+        let refs = |id: i64| {
+            let store = store.clone();
+            async move {
+                store
+                    .read(move |c| {
+                        let item = outbox::after(c, id - 1, 1, None)?
+                            .pop()
+                            .ok_or(StoreError::Invalid("no item".into()))?;
+                        outbox::delivery_refs(c, &item)
+                    })
+                    .await
+                    .unwrap()
+            }
+        };
+        // Before a preview: threaded under the message, nothing to edit.
+        let before = refs(item).await;
+        assert_eq!(before.answered.as_deref(), Some("p1"), "{name}");
+        assert_eq!(before.edit_of, None, "{name}");
+        let preview = |id: &str, chat: &str| previews::Preview {
+            platform: "telegram".into(),
+            external_id: chat.into(),
+            platform_message_id: id.into(),
+        };
+        let (first, second, elsewhere) = (
+            preview("5001", "chat-s1"),
+            preview("5002", "chat-s1"),
+            preview("7001", "another-chat"),
+        );
+        store
+            .write(move |tx| {
+                previews::record(tx, asked, &first, 10)?;
+                // A retried turn keeps the first attempt's message.
+                previews::record(tx, asked, &second, 20)
+            })
+            .await
+            .unwrap();
+        assert_eq!(refs(item).await.edit_of.as_deref(), Some("5001"), "{name}");
+        assert_eq!(refs(plain).await, outbox::DeliveryRefs::default(), "{name}");
+        let got = store
+            .read(move |c| previews::of_message(c, asked))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.map(|p| p.platform_message_id).as_deref(),
+            Some("5001"),
+            "{name}"
+        );
+        // A preview of another chat is never edited by this item.
+        let pruned = store
+            .write(move |tx| {
+                let n = previews::prune(tx, 11)?;
+                previews::record(tx, asked, &elsewhere, 30)?;
+                Ok(n)
+            })
+            .await
+            .unwrap();
+        assert_eq!(pruned, 1, "{name}");
+        assert_eq!(refs(item).await.edit_of, None, "{name}");
     }
 }

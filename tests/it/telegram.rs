@@ -1,6 +1,7 @@
 //! The Telegram adapter end to end: a real host (child process, real SQLite
 //! file) polling a fake Bot API on a loopback port that speaks the Bot API's
 //! JSON (`getMe`, `getUpdates` with offset confirmation, `sendMessage`,
+//! `editMessageText` with its "not modified" and "not found" refusals,
 //! `sendChatAction`, `setWebhook`, `deleteWebhook`, 429 with
 //! `parameters.retry_after`).
 
@@ -46,6 +47,8 @@ pub(crate) struct FakeState {
     /// At most this many updates per getUpdates answer (0: no limit of its own).
     batch: Mutex<usize>,
     sent_ids: Mutex<i64>,
+    /// The text each sent message shows now (edits change it).
+    texts: Mutex<BTreeMap<i64, String>>,
 }
 
 #[derive(Clone)]
@@ -129,10 +132,38 @@ async fn answer(st: &Arc<FakeState>, name: &str, params: &Value) -> (StatusCode,
                 *n += 1;
                 5000 + *n
             };
+            st.texts
+                .lock()
+                .unwrap()
+                .insert(id, params["text"].as_str().unwrap_or("").to_owned());
             ok(json!({"message_id": id, "date": 1700000000,
                 "chat": {"id": params["chat_id"], "type": "private"},
                 "from": {"id": BOT_ID, "is_bot": true, "first_name": "Mercury", "username": BOT_NAME},
                 "text": params["text"]}))
+        }
+        "editMessageText" => {
+            let id = params["message_id"].as_i64().unwrap_or(0);
+            let text = params["text"].as_str().unwrap_or("").to_owned();
+            let mut texts = st.texts.lock().unwrap();
+            let refused = |d: &str| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"ok": false, "error_code": 400, "description": d})),
+                )
+            };
+            match texts.get(&id) {
+                None => refused("Bad Request: message to edit not found"),
+                Some(now) if *now == text => refused(
+                    "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+                ),
+                Some(_) => {
+                    texts.insert(id, text.clone());
+                    ok(json!({"message_id": id, "date": 1700000000, "edit_date": 1700000001,
+                        "chat": {"id": params["chat_id"], "type": "private"},
+                        "from": {"id": BOT_ID, "is_bot": true, "first_name": "Mercury", "username": BOT_NAME},
+                        "text": text}))
+                }
+            }
         }
         other => (
             StatusCode::NOT_FOUND,
@@ -195,6 +226,11 @@ impl FakeBotApi {
             }
         }
         out
+    }
+
+    /// The text message `id` shows now.
+    pub(crate) fn text_of(&self, id: i64) -> Option<String> {
+        self.state.texts.lock().unwrap().get(&id).cloned()
     }
 
     /// Waits until `f` holds, up to `secs`.

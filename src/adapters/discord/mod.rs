@@ -3,7 +3,8 @@
 //! resume after a dropped connection), stores each `MESSAGE_CREATE` through
 //! ingress, shows "typing…" while a turn runs, and delivers Discord's outbox
 //! items through [`rest`] (threaded under the message they answer, split at
-//! 2,000 characters, within the per-route and global rate limits).
+//! 2,000 characters, within the per-route and global rate limits; a
+//! streamed reply is a message edited as it grows, `turn.stream`).
 //!
 //! The gateway position (session id, sequence, resume URL) is stored in the
 //! same transaction as the message row of the dispatch it follows, and a
@@ -35,10 +36,10 @@ use twilight_gateway::{ConfigBuilder, Intents, Message, Session, Shard, ShardId}
 use self::convert::{BotSelf, Inbound, Payload, RawMessage, PLATFORM};
 use self::rest::{DiscordRest, RestError};
 use super::registry::{AdapterRun, Platform};
-use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
 use crate::app::App;
 use crate::config::{DiscordConfig, DmPolicy, Settings};
-use crate::storage::outbox::OutboxItem;
+use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
@@ -115,10 +116,93 @@ pub(crate) struct GatewayPosition {
 /// What every part of a running adapter shares.
 struct Ctx {
     app: Arc<App>,
-    rest: DiscordRest,
+    rest: Arc<DiscordRest>,
     me: BotSelf,
     identity: AdapterIdentity,
     cancel: CancellationToken,
+    editor: Arc<DiscordEditor>,
+}
+
+/// The least time between two edits of a message in one channel (Discord
+/// allows five edits in five seconds per channel; the route limits of
+/// [`rest`] hold the rest).
+const EDIT_EVERY: Duration = Duration::from_secs(1);
+
+/// Shows streamed replies (`POST` a message, then `PATCH` it), paced per
+/// channel; the final reply's edit goes through it too.
+struct DiscordEditor {
+    rest: Arc<DiscordRest>,
+    pace: EditPace,
+    cancel: CancellationToken,
+}
+
+/// Nobody is pinged by what the agent writes, not even the person answered.
+fn quiet(content: &str) -> serde_json::Value {
+    json!({"content": content, "allowed_mentions": {"parse": [], "replied_user": false}})
+}
+
+impl DiscordEditor {
+    /// Edits `message` in `channel`; `Ok(false)` when it is gone (deleted).
+    async fn edit_message(
+        &self,
+        channel: &str,
+        message: &str,
+        text: &str,
+    ) -> Result<bool, RestError> {
+        if !convert::is_snowflake(channel) || !convert::is_snowflake(message) {
+            return Err(RestError::Api {
+                status: 400,
+                message: format!("{channel:?}/{message:?} is not a Discord message"),
+            });
+        }
+        self.pace.wait(channel, EDIT_EVERY).await;
+        let path = format!("/channels/{channel}/messages/{message}");
+        match self
+            .rest
+            .call(Method::PATCH, &path, Some(&quiet(text)), &self.cancel)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(RestError::Api { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::ReplyEditor for DiscordEditor {
+    async fn send(&self, chat: &str, answered: Option<&str>, text: &str) -> Result<String, String> {
+        if !convert::is_snowflake(chat) {
+            return Err(format!("{chat:?} is not a Discord channel id"));
+        }
+        let mut body = quiet(text);
+        if let Some(m) = answered.filter(|m| convert::is_snowflake(m)) {
+            body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
+        }
+        let path = format!("/channels/{chat}/messages");
+        let sent = self
+            .rest
+            .call(Method::POST, &path, Some(&body), &self.cancel)
+            .await
+            .map_err(|e| format!("POST /channels/…/messages: {e}"))?;
+        sent["id"]
+            .as_str()
+            .filter(|id| convert::is_snowflake(id))
+            .map(str::to_owned)
+            .ok_or_else(|| "POST /channels/…/messages answered no message id".to_owned())
+    }
+
+    async fn edit(&self, chat: &str, message: &str, text: &str) -> Result<(), String> {
+        match self.edit_message(chat, message, text).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("PATCH /channels/…/messages/…: the message is gone".into()),
+            Err(e) => Err(format!("PATCH /channels/…/messages/…: {e}")),
+        }
+    }
+
+    fn max_units(&self) -> usize {
+        MAX_MESSAGE
+    }
 }
 
 impl Ctx {
@@ -136,8 +220,10 @@ pub(crate) async fn run(
     let cfg = app.rt.settings.adapters.discord.clone();
     let board = app.adapters.clone();
     board.set_mode(ADAPTER, "gateway");
-    let rest = DiscordRest::new(&cfg.api_base_url, &token)
-        .map_err(|e| DiscordError::Client(e.to_string()))?;
+    let rest = Arc::new(
+        DiscordRest::new(&cfg.api_base_url, &token)
+            .map_err(|e| DiscordError::Client(e.to_string()))?,
+    );
     let mut backoff = Backoff::default();
     let me = loop {
         match rest.current_user(&cancel).await {
@@ -154,12 +240,20 @@ pub(crate) async fn run(
         }
     };
     tracing::info!(bot = %me.username, "discord adapter has its bot user");
+    let editor = Arc::new(DiscordEditor {
+        rest: rest.clone(),
+        pace: EditPace::default(),
+        cancel: cancel.clone(),
+    });
+    // Streamed replies are shown while this adapter is connected here.
+    let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
     let ctx = Arc::new(Ctx {
         app,
         rest,
         me,
         identity: AdapterIdentity::bound_to(PLATFORM),
         cancel,
+        editor,
     });
     tokio::select! {
         r = gateway(&ctx, &token, &cfg) => r,
@@ -429,27 +523,45 @@ async fn typing(ctx: Arc<Ctx>, channel: String, message: i64) {
 
 /// Delivers Discord's outbox items, oldest first.
 async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), DiscordError> {
-    let send = |item, answered| deliver(ctx, item, answered);
+    let send = |item, refs| deliver(ctx, item, refs);
     Ok(super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, send).await?)
 }
 
 /// Sends one outbox item, in pieces if long, the first threaded under the
-/// message it answers (the rate limits are [`rest`]'s).
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
+/// message it answers (or, for a streamed reply, as the edit of its
+/// preview, sent anew if the preview was deleted); the rate limits are
+/// [`rest`]'s.
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
     if !convert::is_snowflake(&item.external_id) {
         return Sent::Refused(format!(
             "{:?} is not a Discord channel id",
             item.external_id
         ));
     }
-    let answered = answered.filter(|m| convert::is_snowflake(m));
+    let answered = refs.answered.filter(|m| convert::is_snowflake(m));
     let path = format!("/channels/{}/messages", item.external_id);
     for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
-        let mut body = json!({
-            "content": part,
-            // Nobody is pinged by what the agent writes, not even the person answered.
-            "allowed_mentions": {"parse": [], "replied_user": false},
-        });
+        if let (0, Some(preview)) = (i, refs.edit_of.as_deref()) {
+            match ctx
+                .editor
+                .edit_message(&item.external_id, preview, &part)
+                .await
+            {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(RestError::Cancelled) => return Sent::Stopping,
+                Err(RestError::Api { status, message }) => {
+                    return Sent::Refused(format!("{status} {message}"))
+                }
+                Err(RestError::Transport(error)) => {
+                    return Sent::Unreachable {
+                        call: "PATCH /channels/…/messages/…",
+                        error,
+                    }
+                }
+            }
+        }
+        let mut body = quiet(&part);
         // The answer still goes out if that message was deleted meanwhile.
         if let Some(m) = answered.as_ref().filter(|_| i == 0) {
             body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});

@@ -1,6 +1,8 @@
-//! Discord's REST API, the three calls the adapter makes (`GET /users/@me`,
-//! `POST /channels/{id}/messages`, `POST /channels/{id}/typing`), over our
-//! reqwest, within Discord's rate limits:
+//! Discord's REST API, the calls the adapter makes (`GET /users/@me`,
+//! `POST /channels/{id}/messages`, `PATCH /channels/{id}/messages/{id}` for
+//! a streamed reply, `GET /channels/{id}/messages` to backfill,
+//! `POST /channels/{id}/typing`), over our reqwest, within Discord's rate
+//! limits:
 //!
 //! - per route: each route (its path, channel id included: Discord's major
 //!   parameter) remembers `X-RateLimit-Remaining` and

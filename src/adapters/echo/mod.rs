@@ -112,10 +112,12 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), String> {
         .map_err(|e| e.without_url().to_string())?;
     kit.app.adapters.set_mode(NAME, "polling");
     let intake = poll(&kit, &http, &base, &token, &cancel);
-    let send = |item: crate::storage::outbox::OutboxItem, answered: Option<String>| {
+    let send = |item: crate::storage::outbox::OutboxItem,
+                refs: crate::storage::outbox::DeliveryRefs| {
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
         async move {
-            let body = json!({"chat": item.external_id, "text": item.text, "reply_to": answered});
+            let body =
+                json!({"chat": item.external_id, "text": item.text, "reply_to": refs.answered});
             match http
                 .post(format!("{base}/send"))
                 .bearer_auth(&token)

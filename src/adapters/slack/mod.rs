@@ -6,7 +6,8 @@
 //! `envelope_id` once its row is committed, and delivers Slack's outbox items
 //! with `chat.postMessage` (the bot token) in the thread of the message they
 //! answer, split at [`MAX_MESSAGE`] characters, waiting out a 429's
-//! `Retry-After`.
+//! `Retry-After`; a streamed reply (`turn.stream`) is a message grown with
+//! `chat.update`.
 //!
 //! Slack redelivers an envelope it has not seen acknowledged (also after a
 //! reconnect or a restart), and a mention arrives twice (`message` and
@@ -31,11 +32,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_websockets::Message as WsMessage;
 
 use super::registry::{AdapterRun, Platform};
-use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
 use crate::app::App;
 use crate::config::{DmPolicy, Settings};
 use crate::ingress::IngressMessage;
-use crate::storage::outbox::OutboxItem;
+use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::StoreError;
 
 /// The name on the board, of the platform and of the config section.
@@ -229,13 +230,139 @@ impl Web {
 
 struct Ctx {
     app: Arc<App>,
-    web: Web,
+    web: Arc<Web>,
     app_token: String,
-    bot_token: String,
     /// The bot's own user id (`auth.test`): mentions of it, and its own messages.
     bot_user: String,
     identity: AdapterIdentity,
     cancel: CancellationToken,
+    editor: Arc<SlackEditor>,
+}
+
+/// The least time between two `chat.update`s in one channel (a Tier 3
+/// method: about fifty a minute).
+const EDIT_EVERY: Duration = Duration::from_millis(1200);
+
+/// Errors of `chat.update` that mean the message can no longer be edited:
+/// the text is posted anew instead.
+const GONE: [&str; 3] = [
+    "message_not_found",
+    "cant_update_message",
+    "edit_window_closed",
+];
+
+/// Makes the Web API calls that deliver: posts (a 429 waited out, at most
+/// [`MAX_429`] times) and, for a streamed reply, edits paced per channel.
+struct SlackEditor {
+    web: Arc<Web>,
+    bot_token: String,
+    pace: EditPace,
+    cancel: CancellationToken,
+}
+
+impl SlackEditor {
+    /// `method` with `body`, a 429 waited out; `None` if the adapter is
+    /// stopping.
+    async fn call(&self, method: &str, body: &Value) -> Option<Result<Value, Failure>> {
+        let mut waits = 0;
+        loop {
+            let res = tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                r = self.web.call(method, &self.bot_token, body) => r,
+            };
+            match res {
+                Err(Failure::RetryAfter(d)) if waits < MAX_429 => {
+                    waits += 1;
+                    tracing::info!(secs = d.as_secs(), method, "slack asked to wait");
+                    if !super::pause(&self.cancel, d).await {
+                        return None;
+                    }
+                }
+                Err(Failure::RetryAfter(_)) => {
+                    return Some(Err(Failure::Transport("still rate limited".into())))
+                }
+                other => return Some(other),
+            }
+        }
+    }
+
+    /// Posts `text` into `channel`, in the thread of `answered` unless the
+    /// channel is a DM; the new message's `ts`.
+    async fn post(
+        &self,
+        channel: &str,
+        answered: Option<&str>,
+        text: &str,
+    ) -> Option<Result<String, Failure>> {
+        let mut body = json!({
+            "channel": channel,
+            "text": neutralise(text),
+            "link_names": false,
+            "unfurl_links": false,
+            "unfurl_media": false,
+        });
+        // A DM (`D…`) is answered inline, a channel in the message's thread.
+        if let Some(t) = answered
+            .and_then(|a| a.split_once('/').map(|(t, _)| t))
+            .filter(|_| !channel.starts_with('D'))
+        {
+            body["thread_ts"] = json!(t);
+        }
+        Some(
+            self.call("chat.postMessage", &body)
+                .await?
+                .map(|v| v["ts"].as_str().unwrap_or_default().to_owned()),
+        )
+    }
+
+    /// Replaces the text of message `ts`; `Ok(false)` when it can no longer
+    /// be edited.
+    async fn update(&self, channel: &str, ts: &str, text: &str) -> Option<Result<bool, Failure>> {
+        self.pace.wait(channel, EDIT_EVERY).await;
+        let body = json!({
+            "channel": channel,
+            "ts": ts,
+            "text": neutralise(text),
+            "link_names": false,
+        });
+        Some(match self.call("chat.update", &body).await? {
+            Ok(_) => Ok(true),
+            Err(Failure::Api(e)) if GONE.contains(&e.as_str()) => Ok(false),
+            Err(f) => Err(f),
+        })
+    }
+}
+
+fn said(f: Failure) -> String {
+    match f {
+        Failure::RetryAfter(d) => format!("asked to wait {} s", d.as_secs()),
+        Failure::Api(e) | Failure::Transport(e) => e,
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::ReplyEditor for SlackEditor {
+    async fn send(&self, chat: &str, answered: Option<&str>, text: &str) -> Result<String, String> {
+        match self.post(chat, answered, text).await {
+            Some(Ok(ts)) if !ts.is_empty() => Ok(ts),
+            Some(Ok(_)) => Err("chat.postMessage answered no ts".into()),
+            Some(Err(f)) => Err(format!("chat.postMessage: {}", said(f))),
+            None => Err("the adapter is stopping".into()),
+        }
+    }
+
+    async fn edit(&self, chat: &str, message: &str, text: &str) -> Result<(), String> {
+        match self.update(chat, message, text).await {
+            Some(Ok(true)) => Ok(()),
+            Some(Ok(false)) => Err("chat.update: the message can no longer be edited".into()),
+            Some(Err(f)) => Err(format!("chat.update: {}", said(f))),
+            None => Err("the adapter is stopping".into()),
+        }
+    }
+
+    fn max_units(&self) -> usize {
+        MAX_MESSAGE
+    }
 }
 
 async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
@@ -248,10 +375,10 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
         .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| SlackError::Client(e.without_url().to_string()))?;
-    let web = Web {
+    let web = Arc::new(Web {
         http,
         base: cfg.api_base_url.trim_end_matches('/').to_owned(),
-    };
+    });
     let (app_token, bot_token) = (kit.secret(0), kit.secret(1));
     let mut backoff = Backoff::default();
     let me = loop {
@@ -265,16 +392,24 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
             }
         }
     };
+    let editor = Arc::new(SlackEditor {
+        web: web.clone(),
+        bot_token,
+        pace: EditPace::default(),
+        cancel: cancel.clone(),
+    });
+    // Streamed replies are shown while this adapter is connected here.
+    let _seat = app.rt.editors.seat(ADAPTER, editor.clone());
     let ctx = Arc::new(Ctx {
         app,
         web,
         app_token,
-        bot_token,
         bot_user: me,
         identity: AdapterIdentity::bound_to(ADAPTER),
         cancel,
+        editor,
     });
-    let send = |item, answered| deliver(&ctx, item, answered);
+    let send = |item, refs| deliver(&ctx, item, refs);
     tokio::select! {
         r = socket_loop(&ctx) => r,
         r = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send) => Ok(r?),
@@ -451,51 +586,38 @@ async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
 }
 
 /// Sends one outbox item in pieces, all in the thread of the message it
-/// answers (a channel's; a DM's inline); a 429 is waited out and the same
-/// piece sent again.
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
-    // A DM (`D…`) is answered inline, a channel in the message's thread.
-    let thread = answered
-        .and_then(|a| a.split_once('/').map(|(t, _)| t.to_owned()))
-        .filter(|_| !item.external_id.starts_with('D'));
-    for part in split_reply(&item.text, MAX_MESSAGE) {
-        let mut body = json!({
-            "channel": item.external_id,
-            "text": neutralise(&part),
-            "link_names": false,
-            "unfurl_links": false,
-            "unfurl_media": false,
-        });
-        if let Some(t) = &thread {
-            body["thread_ts"] = json!(t);
+/// answers (a channel's; a DM's inline), the first as the edit of its
+/// preview when the reply was streamed (posted anew if that message can no
+/// longer be edited); a 429 is waited out and the same piece sent again.
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
+    let channel = item.external_id.as_str();
+    for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
+        if let (0, Some(preview)) = (i, refs.edit_of.as_deref()) {
+            match ctx.editor.update(channel, preview, &part).await {
+                None => return Sent::Stopping,
+                Some(Ok(true)) => continue,
+                Some(Ok(false)) => {}
+                Some(Err(Failure::Api(e))) => return Sent::Refused(e),
+                Some(Err(f)) => {
+                    return Sent::Unreachable {
+                        call: "chat.update",
+                        error: said(f),
+                    }
+                }
+            }
         }
-        let mut waits = 0;
-        loop {
-            let res = tokio::select! {
-                _ = ctx.cancel.cancelled() => return Sent::Stopping,
-                r = ctx.web.call("chat.postMessage", &ctx.bot_token, &body) => r,
-            };
-            match res {
-                Ok(_) => break,
-                Err(Failure::RetryAfter(d)) if waits < MAX_429 => {
-                    waits += 1;
-                    tracing::info!(secs = d.as_secs(), "slack asked to wait before sending");
-                    if !super::pause(&ctx.cancel, d).await {
-                        return Sent::Stopping;
-                    }
-                }
-                Err(Failure::RetryAfter(_)) => {
-                    return Sent::Unreachable {
-                        call: "chat.postMessage",
-                        error: "still rate limited".into(),
-                    }
-                }
-                Err(Failure::Api(e)) => return Sent::Refused(e),
-                Err(Failure::Transport(error)) => {
-                    return Sent::Unreachable {
-                        call: "chat.postMessage",
-                        error,
-                    }
+        match ctx
+            .editor
+            .post(channel, refs.answered.as_deref(), &part)
+            .await
+        {
+            None => return Sent::Stopping,
+            Some(Ok(_)) => {}
+            Some(Err(Failure::Api(e))) => return Sent::Refused(e),
+            Some(Err(f)) => {
+                return Sent::Unreachable {
+                    call: "chat.postMessage",
+                    error: said(f),
                 }
             }
         }

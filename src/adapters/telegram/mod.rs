@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use frankenstein::client_reqwest::Bot;
 use frankenstein::methods::{
-    DeleteWebhookParams, GetUpdatesParams, SendChatActionParams, SendMessageParams,
-    SetWebhookParams,
+    DeleteWebhookParams, EditMessageTextParams, GetUpdatesParams, SendChatActionParams,
+    SendMessageParams, SetWebhookParams,
 };
 use frankenstein::response::MethodResponse;
 use frankenstein::types::{AllowedUpdate, ChatAction, ReplyParameters};
@@ -35,11 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
 use super::registry::{AdapterRun, Platform};
-use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
 use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
 use crate::app::App;
 use crate::config::{DmPolicy, Settings, TelegramMode};
-use crate::storage::outbox::OutboxItem;
+use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::{adapters, StoreError};
 
 /// The name on the board and in `adapter_positions`.
@@ -132,6 +132,119 @@ struct Ctx {
     me: BotSelf,
     identity: AdapterIdentity,
     cancel: CancellationToken,
+    editor: Arc<TelegramEditor>,
+}
+
+/// The least time between two edits of a message in a private chat, and in
+/// a group (Telegram: about one message a second per chat, twenty a minute
+/// per group; an edit counts as a message).
+const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(1);
+const EDIT_EVERY_GROUP: Duration = Duration::from_secs(3);
+
+/// Shows streamed replies (`sendMessage`, then `editMessageText`), paced per
+/// chat; the final reply's edit goes through it too.
+struct TelegramEditor {
+    bot: Bot,
+    pace: EditPace,
+    cancel: CancellationToken,
+}
+
+/// How one edit went.
+enum Edited {
+    Done,
+    /// The message is gone or too old to edit: send the text anew.
+    Gone,
+    Failed(Failure),
+    Stopping,
+}
+
+impl TelegramEditor {
+    async fn edit_message(&self, chat: i64, message: i32, text: &str) -> Edited {
+        // Group chats have negative ids.
+        let every = if chat < 0 {
+            EDIT_EVERY_GROUP
+        } else {
+            EDIT_EVERY_PRIVATE
+        };
+        self.pace.wait(&chat.to_string(), every).await;
+        let params = EditMessageTextParams::builder()
+            .chat_id(chat)
+            .message_id(message)
+            .text(text)
+            .build();
+        loop {
+            let res = tokio::select! {
+                _ = self.cancel.cancelled() => return Edited::Stopping,
+                r = self.bot.edit_message_text(&params) => r,
+            };
+            match res.map_err(classify) {
+                Ok(_) => return Edited::Done,
+                // The same text again (a retried delivery): already shown.
+                Err(Failure::Api(e)) if e.contains("message is not modified") => {
+                    return Edited::Done
+                }
+                Err(Failure::Api(e))
+                    if e.contains("message to edit not found")
+                        || e.contains("message can't be edited") =>
+                {
+                    return Edited::Gone
+                }
+                Err(Failure::RetryAfter(secs)) => {
+                    let wait = Duration::from_secs(secs.clamp(1, RETRY_AFTER_CAP_SECS));
+                    if !super::pause(&self.cancel, wait).await {
+                        return Edited::Stopping;
+                    }
+                }
+                Err(f) => return Edited::Failed(f),
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::ReplyEditor for TelegramEditor {
+    async fn send(&self, chat: &str, answered: Option<&str>, text: &str) -> Result<String, String> {
+        let chat = chat
+            .parse::<i64>()
+            .map_err(|_| format!("{chat:?} is not a Telegram chat id"))?;
+        let reply = answered.and_then(|m| m.parse::<i32>().ok()).map(|m| {
+            ReplyParameters::builder()
+                .message_id(m)
+                .allow_sending_without_reply(true)
+                .build()
+        });
+        let params = SendMessageParams::builder()
+            .chat_id(chat)
+            .text(text)
+            .maybe_reply_parameters(reply)
+            .build();
+        match self.bot.send_message(&params).await.map_err(classify) {
+            Ok(sent) => Ok(sent.result.message_id.to_string()),
+            Err(Failure::RetryAfter(secs)) => Err(format!("sendMessage: wait {secs} s")),
+            Err(Failure::Api(e) | Failure::Transport(e)) => Err(format!("sendMessage: {e}")),
+        }
+    }
+
+    async fn edit(&self, chat: &str, message: &str, text: &str) -> Result<(), String> {
+        let (Ok(chat), Ok(message)) = (chat.parse::<i64>(), message.parse::<i32>()) else {
+            return Err(format!("{chat:?}/{message:?} is not a Telegram message"));
+        };
+        match self.edit_message(chat, message, text).await {
+            Edited::Done => Ok(()),
+            Edited::Gone => Err("editMessageText: the message is gone".into()),
+            Edited::Stopping => Err("the adapter is stopping".into()),
+            Edited::Failed(Failure::Api(e) | Failure::Transport(e)) => {
+                Err(format!("editMessageText: {e}"))
+            }
+            Edited::Failed(Failure::RetryAfter(secs)) => {
+                Err(format!("editMessageText: wait {secs} s"))
+            }
+        }
+    }
+
+    fn max_units(&self) -> usize {
+        MAX_MESSAGE
+    }
 }
 
 impl Ctx {
@@ -180,12 +293,20 @@ pub(crate) async fn run(
         username: r.result.username.unwrap_or_default(),
     };
     tracing::info!(bot = %me.username, mode = ?cfg.mode, "telegram adapter connected");
+    let editor = Arc::new(TelegramEditor {
+        bot: bot.clone(),
+        pace: EditPace::default(),
+        cancel: cancel.clone(),
+    });
+    // Streamed replies are shown while this adapter is connected here.
+    let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
     let ctx = Arc::new(Ctx {
         app,
         bot,
         me,
         identity: AdapterIdentity::bound_to(PLATFORM),
         cancel,
+        editor,
     });
     let intake = async {
         match cfg.mode {
@@ -401,18 +522,42 @@ async fn typing(ctx: Arc<Ctx>, chat: i64, message: i64) {
 
 /// Delivers Telegram's outbox items, oldest first.
 async fn deliver_loop(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
-    let send = |item, answered| deliver(ctx, item, answered);
+    let send = |item, refs| deliver(ctx, item, refs);
     Ok(super::deliver_outbox(&ctx.app, PLATFORM, &ctx.cancel, send).await?)
 }
 
 /// Sends one outbox item, in pieces if long, the first threaded under the
-/// message it answers; a 429 is waited out and the same piece sent again.
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
+/// message it answers (or, for a streamed reply, as the edit of its
+/// preview, which is sent anew if the preview is gone); a 429 is waited out
+/// and the same piece sent again.
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
     let Ok(chat) = item.external_id.parse::<i64>() else {
         return Sent::Refused(format!("{:?} is not a Telegram chat id", item.external_id));
     };
-    let answered = answered.and_then(|m| m.parse::<i32>().ok());
+    let answered = refs.answered.and_then(|m| m.parse::<i32>().ok());
+    let preview = refs.edit_of.and_then(|m| m.parse::<i32>().ok());
     for (i, part) in split_reply(&item.text, MAX_MESSAGE).into_iter().enumerate() {
+        if let (0, Some(preview)) = (i, preview) {
+            match ctx.editor.edit_message(chat, preview, &part).await {
+                Edited::Done => continue,
+                Edited::Gone => {}
+                Edited::Stopping => return Sent::Stopping,
+                Edited::Failed(Failure::Api(e)) => return Sent::Refused(e),
+                Edited::Failed(Failure::Transport(error)) => {
+                    return Sent::Unreachable {
+                        call: "editMessageText",
+                        error,
+                    }
+                }
+                // `edit_message` waits a 429 out itself.
+                Edited::Failed(Failure::RetryAfter(secs)) => {
+                    return Sent::Unreachable {
+                        call: "editMessageText",
+                        error: format!("asked to wait {secs} s"),
+                    }
+                }
+            }
+        }
         // The answer still goes out if that message was deleted meanwhile.
         let reply = answered.filter(|_| i == 0).map(|m| {
             ReplyParameters::builder()

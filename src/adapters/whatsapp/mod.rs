@@ -362,7 +362,8 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
             }
         }
     };
-    let send = |item, answered| deliver(&ctx, item, answered);
+    let send =
+        |item, refs: crate::storage::outbox::DeliveryRefs| deliver(&ctx, item, refs.answered);
     let deliver_loop = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send);
     tokio::select! {
         r = intake => r,
