@@ -90,10 +90,13 @@ async fn run_docker(runs: usize, image: &str) -> anyhow::Result<ExtFigures> {
         .tempdir()?;
     let workspace = tmp.path().join("work");
     std::fs::create_dir(&workspace)?;
-    let instance = crate::sandbox::docker::instance_id_for(tmp.path())?;
-    let backend = crate::host::containers::connect_docker(&crate::config::Settings::default())
-        .await
-        .context("mercury bench ext --backend docker needs a Docker engine")?;
+    let instance = crate::sandbox::instance_id_for(tmp.path())?;
+    let backend = crate::host::containers::docker_backend(
+        &crate::config::Settings::default(),
+        &crate::workspace::DataPaths::new(tmp.path()),
+    )
+    .await
+    .context("mercury bench ext --backend docker needs a Docker engine")?;
     let session = backend
         .start(SandboxSpec {
             instance_id: instance.clone(),
@@ -112,12 +115,9 @@ async fn run_docker(runs: usize, image: &str) -> anyhow::Result<ExtFigures> {
     let result = measure(session.as_ref(), &python, Some(image), runs).await;
     let closed = session.close().await;
     // Whatever happened above, leave none of this bench's containers behind.
-    let swept = crate::sandbox::docker::sweep_orphans(
-        backend.docker(),
-        &instance,
-        std::collections::HashSet::new,
-    )
-    .await;
+    let swept = backend
+        .sweep_orphans(&instance, &std::collections::HashSet::new)
+        .await;
     let mut figures = result?;
     closed?;
     swept.context("removing the bench's containers")?;

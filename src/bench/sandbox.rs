@@ -1,6 +1,6 @@
 //! `mercury bench sandbox`: how long a docker-backed turn waits for its
 //! sandbox, from "create the container" to "the first exec has answered"
-//! (`DockerBackend::start` + exec `true`, through bollard, with the run's
+//! (the docker backend's `start` + exec `true`, through bollard, with the run's
 //! full shape: labels, mounts, limits, lockdown), beside
 //! `docker run --rm <image> true` through the CLI (the baseline the issue
 //! names; target ≤ 0.6×) and `docker run --rm --network none <image> true`
@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::config::Settings;
-use crate::sandbox::docker::{instance_id_for, sweep_orphans, DockerBackend};
-use crate::sandbox::{ExecRequest, RunKind, SandboxBackend, SandboxLimits, SandboxSpec};
+use crate::sandbox::{
+    instance_id_for, ExecRequest, RunKind, SandboxBackend, SandboxLimits, SandboxSpec,
+};
+use crate::workspace::DataPaths;
 
 /// Timings of one bench, one entry per run.
 #[derive(Debug, Default)]
@@ -43,30 +45,31 @@ pub(crate) async fn run(runs: usize) -> anyhow::Result<SandboxFigures> {
     let workspace = tmp.path().join("work");
     std::fs::create_dir(&workspace).with_context(|| format!("creating {}", workspace.display()))?;
     let instance = instance_id_for(tmp.path())?;
-    let backend = crate::host::containers::connect_docker(&Settings::default())
+    let settings = Settings::default();
+    let backend = crate::host::containers::docker_backend(&settings, &DataPaths::new(tmp.path()))
         .await
         .context("mercury bench sandbox needs a Docker engine")?;
     let mut figures = SandboxFigures {
-        image: backend.image().to_string(),
+        image: crate::host::containers::agent_image(&settings)?,
         instance: instance.clone(),
         ..Default::default()
     };
-    let measured = measure(&backend, &instance, &workspace, runs, &mut figures).await;
+    let measured = measure(backend.as_ref(), &instance, &workspace, runs, &mut figures).await;
     // Whatever happened above, leave none of this bench's containers behind.
-    let swept = sweep_orphans(backend.docker(), &instance, HashSet::new).await;
+    let swept = backend.sweep_orphans(&instance, &HashSet::new).await;
     measured?;
     swept.context("removing the bench's containers")?;
     Ok(figures)
 }
 
 async fn measure(
-    backend: &DockerBackend,
+    backend: &dyn SandboxBackend,
     instance: &str,
     workspace: &std::path::Path,
     runs: usize,
     figures: &mut SandboxFigures,
 ) -> anyhow::Result<()> {
-    let image = backend.image().to_string();
+    let image = figures.image.clone();
     for i in 0..=runs {
         let ours = start_and_exec(backend, instance, workspace, i).await?;
         let cli = docker_run(&image, false).await?;
@@ -84,7 +87,7 @@ async fn measure(
 /// One run's sandbox, as a turn starts it: create + start, then exec `true`.
 /// Only that is timed; removing the container is not.
 async fn start_and_exec(
-    backend: &DockerBackend,
+    backend: &dyn SandboxBackend,
     instance: &str,
     workspace: &std::path::Path,
     i: usize,

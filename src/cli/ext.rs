@@ -63,14 +63,14 @@ async fn build_image(tag: &str, paths: &[PathBuf]) -> ExitCode {
         eprintln!("mercury ext image: refused: {e}");
         return ExitCode::from(2);
     }
-    let backend = match crate::sandbox::docker::DockerBackend::connect(String::new()).await {
-        Ok(b) => b,
+    let engines = match crate::sandbox::lifecycle::connect_local().await {
+        Ok(e) => e,
         Err(e) => {
             eprintln!("mercury ext image: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match crate::sandbox::runtime_image::build_runtime_image(backend.docker(), tag, paths).await {
+    match engines.build_runtime_image(tag, paths).await {
         Ok(n) => {
             println!("built {tag} ({n} entries)");
             ExitCode::SUCCESS

@@ -453,9 +453,9 @@ fn key_checks(s: &Settings, env: &BTreeMap<String, String>) -> Vec<Check> {
 async fn sandbox_checks(s: &Settings) -> Vec<Check> {
     let mut out = Vec::new();
     let choice = s.sandbox.backend;
-    let docker = crate::sandbox::docker::DockerBackend::connect(String::new()).await;
-    let docker_ok = docker.is_ok();
-    match &docker {
+    let engines = crate::sandbox::lifecycle::connect_local().await;
+    let docker_ok = engines.is_ok();
+    match &engines {
         Ok(_) => out.push(check(Level::Ok, "docker", "the engine answers")),
         Err(e) => out.push(check(
             if choice == SandboxChoice::Docker {
@@ -467,10 +467,10 @@ async fn sandbox_checks(s: &Settings) -> Vec<Check> {
             e.to_string(),
         )),
     }
-    if let Ok(d) = &docker {
+    if let Ok(engines) = &engines {
         let tag = crate::host::containers::agent_image(s).map_err(|e| format!("{e:#}"));
         match tag {
-            Ok(tag) => match crate::sandbox::image::image_exists(d.docker(), &tag).await {
+            Ok(tag) => match engines.image_present(&tag).await {
                 Ok(true) => out.push(check(Level::Ok, "image", format!("{tag} is present"))),
                 Ok(false) if s.sandbox.image.is_empty() => out.push(check(
                     Level::Warn,

@@ -163,7 +163,7 @@ pub async fn intake(
             return ExitCode::from(2);
         }
     };
-    let instance = match crate::sandbox::docker::instance_id_for(&paths.root) {
+    let instance = match crate::sandbox::instance_id_for(&paths.root) {
         Ok(id) => format!("intake:{id}"),
         Err(e) => {
             eprintln!("mercury review intake: the instance id: {e}");

@@ -1,10 +1,12 @@
-//! Host-side wiring of the docker sandbox: which image turns run in (built
-//! locally, content-addressed, from `deploy/agent-image/`), connecting the
-//! backend at start-up, and the periodic orphan sweep and health check
+//! Host-side wiring of the container sandbox: which image turns run in
+//! (built locally, content-addressed, from `deploy/agent-image/`), connecting
+//! the engines at start-up, and the periodic orphan sweep and health check
 //! (through the backend, on the engines it serves with).
 //!
-//! Must never: sweep without this instance's id, or pull an image (no
-//! registry is assumed reachable; the image is built from local files).
+//! Must never: sweep without this instance's id, pull an image (no registry
+//! is assumed reachable; the image is built from local files), or name the
+//! engine's API: it asks [`lifecycle::SandboxLifecycle`], so another kind of
+//! engine needs no change here.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::runtime::Runtime;
-use crate::sandbox::docker::{DockerBackend, EngineTls};
-use crate::sandbox::image::{agent_image_tag, build_agent_image, ensure_agent_image};
+use crate::sandbox::image::agent_image_tag;
+use crate::sandbox::lifecycle::{self, WhenAbsent};
 use crate::sandbox::SandboxBackend;
 use crate::workspace::DataPaths;
 
@@ -43,12 +45,30 @@ pub fn mrctl_path() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Connects the docker backend and makes sure its image exists.
+/// Connects the engines of `sandbox.docker` and makes sure the image turns
+/// run in exists on each: the backend `sandbox: docker` serves with.
 pub async fn docker_backend(
     settings: &Settings,
     _paths: &DataPaths,
 ) -> anyhow::Result<Arc<dyn SandboxBackend>> {
-    Ok(Arc::new(connect_docker(settings).await?))
+    let engines = lifecycle::connect(&settings.sandbox.docker).await?;
+    let image = if settings.sandbox.image.is_empty() {
+        let tag = agent_image(settings)?;
+        // A shadow never builds an image (`shadow up` refuses a missing
+        // one first): building would load the live box while it serves.
+        let when_absent = if settings.shadow {
+            WhenAbsent::Refuse
+        } else {
+            WhenAbsent::Build
+        };
+        engines
+            .ensure_agent_image(&tag, &mrctl_path()?, when_absent)
+            .await?;
+        tag
+    } else {
+        settings.sandbox.image.clone()
+    };
+    Ok(engines.serving(image))
 }
 
 /// The tag of the agent image this binary's turns run in (`sandbox.image`,
@@ -62,60 +82,16 @@ pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
         .with_context(|| format!("reading {} and the image's tools", mrctl.display()))
 }
 
-/// The concrete backend behind [`docker_backend`]: the engine connection
-/// plus the image from `sandbox.image`, or the locally built agent image
-/// (built when absent). `mercury bench sandbox` uses it directly.
-pub async fn connect_docker(settings: &Settings) -> anyhow::Result<DockerBackend> {
-    let probe = connect_engines(settings).await?;
-    let image = if settings.sandbox.image.is_empty() {
-        let tag = agent_image(settings)?;
-        // Every engine gets the same content-addressed image, built from
-        // this host's files (no registry is assumed reachable).
-        for (endpoint, docker) in probe.clients() {
-            // A shadow never builds an image (`shadow up` refuses a missing
-            // one first): building would load the live box while it serves.
-            if settings.shadow {
-                if !crate::sandbox::image::image_exists(docker, &tag).await? {
-                    anyhow::bail!("shadow mode never builds the agent image {tag} (engine {endpoint}); build it with `mercury image build`");
-                }
-            } else {
-                ensure_agent_image(docker, &tag, &mrctl_path()?)
-                    .await
-                    .with_context(|| format!("the agent image on engine {endpoint}"))?;
-            }
-        }
-        tag
-    } else {
-        settings.sandbox.image.clone()
-    };
-    Ok(probe.with_image(image))
-}
-
-/// The engines of `sandbox.docker.hosts`, or the local one when the list is
-/// empty, each connected and negotiated (no image chosen yet).
-async fn connect_engines(settings: &Settings) -> anyhow::Result<DockerBackend> {
-    let d = &settings.sandbox.docker;
-    let image = String::new();
-    if d.hosts.is_empty() {
-        return Ok(DockerBackend::connect(image).await?);
-    }
-    let tls = (!d.tls.ca.trim().is_empty()).then(|| EngineTls {
-        ca: d.tls.ca.clone().into(),
-        cert: d.tls.cert.clone().into(),
-        key: d.tls.key.clone().into(),
-    });
-    Ok(DockerBackend::connect_hosts(&d.hosts, tls.as_ref(), image).await?)
-}
-
-/// `mercury image build`: builds the image and prints its tag.
+/// `mercury image build`: builds the image on the local engine and prints
+/// its tag.
 pub async fn build_image_cli(mrctl: Option<PathBuf>) -> anyhow::Result<String> {
     let mrctl = match mrctl {
         Some(p) => p,
         None => mrctl_path()?,
     };
-    let backend = DockerBackend::connect(String::new()).await?;
+    let engines = lifecycle::connect_local().await?;
     let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)?;
-    build_agent_image(backend.docker(), &tag, &mrctl).await?;
+    engines.build_agent_image(&tag, &mrctl).await?;
     Ok(tag)
 }
 

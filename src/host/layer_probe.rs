@@ -15,12 +15,15 @@
 //! or a container behind, or build or pull an image.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{SandboxChoice, Settings};
-use crate::sandbox::docker::{instance_id_for, DockerBackend};
+use crate::sandbox::lifecycle::{self, SandboxLifecycle};
 use crate::sandbox::process::ProcessBackend;
-use crate::sandbox::{ExecRequest, RunKind, SandboxBackend, SandboxLimits, SandboxSpec};
+use crate::sandbox::{
+    instance_id_for, ExecRequest, RunKind, SandboxBackend, SandboxLimits, SandboxSpec,
+};
 use crate::workspace::layer::{LayerBudget, TurnLayer};
 use crate::workspace::DataPaths;
 
@@ -62,7 +65,8 @@ fn finding(what: &'static str, verdict: Verdict) -> Finding {
 
 /// Which backend a turn would use, as `mercury serve` picks it.
 enum Probe {
-    Docker(DockerBackend),
+    /// A container on the local engine.
+    Container(Arc<dyn SandboxLifecycle>),
     Bubblewrap(PathBuf),
     /// Neither answers: the layer alone is checked (tools are refused anyway).
     LayerOnly,
@@ -123,14 +127,12 @@ pub async fn check(paths: &DataPaths, settings: &Settings) -> Vec<Finding> {
 }
 
 async fn pick(settings: &Settings) -> Probe {
-    let docker = match settings.sandbox.backend {
+    let engines = match settings.sandbox.backend {
         SandboxChoice::Process => None,
-        SandboxChoice::Auto | SandboxChoice::Docker => {
-            DockerBackend::connect(String::new()).await.ok()
-        }
+        SandboxChoice::Auto | SandboxChoice::Docker => lifecycle::connect_local().await.ok(),
     };
-    if let Some(d) = docker {
-        return Probe::Docker(d);
+    if let Some(e) = engines {
+        return Probe::Container(e);
     }
     if settings.sandbox.backend == SandboxChoice::Docker {
         return Probe::LayerOnly;
@@ -190,14 +192,14 @@ async fn sandbox_view(
     token: &str,
 ) -> Option<Verdict> {
     let merged = layer.merged().to_path_buf();
-    let (backend, label): (Box<dyn SandboxBackend>, &str) = match probe {
+    let (backend, label): (Arc<dyn SandboxBackend>, &str) = match probe {
         Probe::LayerOnly => return None,
-        Probe::Docker(d) => {
+        Probe::Container(engines) => {
             let tag = match crate::host::containers::agent_image(settings) {
                 Ok(t) => t,
                 Err(e) => return Some(Verdict::Warn(format!("no image to check with: {e:#}"))),
             };
-            match crate::sandbox::image::image_exists(d.docker(), &tag).await {
+            match engines.image_present(&tag).await {
                 Ok(true) => {}
                 _ => {
                     return Some(Verdict::Warn(format!(
@@ -206,13 +208,10 @@ async fn sandbox_view(
                     )))
                 }
             }
-            (
-                Box::new(DockerBackend::with_client(d.docker().clone(), tag)),
-                "a container",
-            )
+            (engines.serving(tag), "a container")
         }
         Probe::Bubblewrap(bwrap) => (
-            Box::new(ProcessBackend::bubblewrap(bwrap.clone(), None)),
+            Arc::new(ProcessBackend::bubblewrap(bwrap.clone(), None)),
             "a bubblewrap session",
         ),
     };
@@ -261,7 +260,7 @@ async fn sandbox_view(
         Ok(o) if o.stdout.trim() == token && wrote.trim() == "seen" => Verdict::Ok(format!(
             "{label} reads and writes a turn's workspace through its bind"
         )),
-        Ok(o) if matches!(probe, Probe::Docker(_)) => Verdict::Fail(format!(
+        Ok(o) if matches!(probe, Probe::Container(_)) => Verdict::Fail(format!(
             "a container sees an empty workspace where a turn's layer is mounted (it said: \
              {:?}); {NAMESPACE_FIX}",
             first_line(&o.stdout, &o.stderr)

@@ -380,8 +380,7 @@ async fn build_runtime_with_env(
     cluster: Option<Arc<crate::cluster::HostSeat>>,
 ) -> anyhow::Result<Arc<Runtime>> {
     let sandbox = sandbox_backend(&settings, paths).await?;
-    let instance_id =
-        sandbox::docker::instance_id_for(&paths.root).context("deriving the instance id")?;
+    let instance_id = sandbox::instance_id_for(&paths.root).context("deriving the instance id")?;
     let providers = provider_settings(&settings, env);
     for key in [&providers.openai_api_key, &providers.anthropic_api_key]
         .into_iter()
@@ -681,7 +680,7 @@ pub async fn serve_with(
         Err(e) => tracing::error!(error = %e, "cannot clean the scratch directory"),
     }
     // And the API-socket relays of its sessions (src/sandbox/relay.rs).
-    if let Ok(id) = sandbox::docker::instance_id_for(&paths.root) {
+    if let Ok(id) = sandbox::instance_id_for(&paths.root) {
         match sandbox::sweep_relays(&id) {
             Ok(0) => {}
             Ok(n) => tracing::warn!(

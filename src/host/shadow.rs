@@ -7,17 +7,18 @@
 //! hand the child a live model key (its environment is built from nothing),
 //! build an agent image, or signal a process that is not the recorded shadow.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::now_ms;
 use crate::config::{self, SandboxChoice};
-use crate::sandbox::docker::DockerBackend;
+use crate::sandbox::lifecycle::{self, SandboxLifecycle};
 use crate::sandbox::SandboxError;
 use crate::shadow::credential;
 use crate::shadow::guard::{check_not_running, check_up, human_duration, UpFacts};
@@ -62,9 +63,9 @@ fn free_mem() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// The one connection to the Docker engine `up` asks both questions on;
-/// None when neither side runs docker.
-type Engine = Option<Result<DockerBackend, SandboxError>>;
+/// The one connection to the local engine `up` asks both questions on;
+/// None when neither side runs containers.
+type Engine = Option<Result<Arc<dyn SandboxLifecycle>, SandboxError>>;
 
 /// Containers of the live instance that are running or being created (a
 /// turn in progress). None when it cannot be told.
@@ -72,24 +73,15 @@ async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -
     if backend == SandboxChoice::Process {
         return Some(0);
     }
-    let id = crate::sandbox::docker::instance_id_for(live).ok()?;
-    let docker = match engine.as_ref()? {
-        Ok(d) => d,
+    let id = crate::sandbox::instance_id_for(live).ok()?;
+    let engines = match engine.as_ref()? {
+        Ok(e) => e,
         // `auto` without an engine runs bubblewrap: no container can exist.
         Err(_) if backend == SandboxChoice::Auto => return Some(0),
         Err(_) => return None,
     };
-    let filter = format!("{}={id}", crate::sandbox::LABEL_INSTANCE);
-    let filters = HashMap::from([
-        ("label", vec![filter.as_str()]),
-        ("status", vec!["running", "created", "restarting"]),
-    ]);
-    let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let list = docker.docker().list_containers(Some(options)).await.ok()?;
-    Some(list.len())
+    let running = engines.running_sandboxes(&id).await.ok()?;
+    Some(running.len())
 }
 
 /// The earliest due time of an active live task; `Some(None)` when none is
@@ -120,16 +112,14 @@ async fn shadow_image(settings: &config::Settings, engine: &Engine) -> Option<(S
     if settings.sandbox.backend == SandboxChoice::Process {
         return None;
     }
-    let docker = match engine.as_ref()? {
-        Ok(d) => d,
+    let engines = match engine.as_ref()? {
+        Ok(e) => e,
         Err(_) if settings.sandbox.backend == SandboxChoice::Auto => return None,
         Err(e) => return Some((format!("(the engine did not answer: {e})"), false)),
     };
     match crate::host::containers::agent_image(settings) {
         Ok(tag) => {
-            let present = crate::sandbox::image::image_exists(docker.docker(), &tag)
-                .await
-                .unwrap_or(false);
+            let present = engines.image_present(&tag).await.unwrap_or(false);
             Some((tag, present))
         }
         Err(e) => Some((format!("(its tag cannot be computed: {e:#})"), false)),
@@ -228,7 +218,7 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<Started> {
     {
         None
     } else {
-        Some(DockerBackend::connect(String::new()).await)
+        Some(lifecycle::connect_local().await)
     };
     let facts = UpFacts {
         now_ms: now_ms(),

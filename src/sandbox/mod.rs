@@ -6,22 +6,29 @@
 //! `process` (a child process under bubblewrap namespaces, or, only when
 //! configured explicitly, an unisolated child that says so at every start),
 //! and [`Unavailable`], which refuses every tool call with a sentence.
+//! Beside it, [`lifecycle::SandboxLifecycle`]: the engines around the
+//! sessions (images, an instance's running sandboxes), so no module outside
+//! this one names the engine (only `sandbox` knows it is Docker).
 //!
 //! Must never: pass a host credential into a session (the caller hands over
 //! exactly the environment the session gets), sweep a container that does not
 //! carry this instance's label, or leave a container behind after `close`.
 //!
-//! This module is self-contained: it refers to nothing outside `crate::sandbox`.
+//! This module is self-contained: it refers to nothing outside `crate::sandbox`
+//! but the engines' settings (`config::DockerEnginesConfig`), which
+//! [`lifecycle::connect`] reads.
 
 pub mod docker;
 pub mod frames;
 pub mod image;
+pub mod lifecycle;
 pub mod process;
 mod relay;
 mod root_drop;
 pub mod runtime_image;
 mod sync;
 
+pub use lifecycle::instance_id_for;
 pub use relay::sweep_relays;
 pub use root_drop::NOBODY;
 

@@ -47,7 +47,7 @@ async fn containers_of(host: &TestHost) -> usize {
         .negotiate_version()
         .await
         .unwrap();
-    let id = mercury::sandbox::docker::instance_id_for(&host.data).unwrap();
+    let id = mercury::sandbox::instance_id_for(&host.data).unwrap();
     let filters = HashMap::from([("label", vec![format!("mercury.instance={id}")])]);
     let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
         .all(true)

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::common::{prepare, HostOptions, TestHost};
-use mercury::sandbox::docker::instance_id_for;
+use mercury::sandbox::instance_id_for;
 
 const LABEL_INSTANCE: &str = "mercury.instance";
 

@@ -836,7 +836,7 @@ async fn extensions_time_over_stdio_under_docker_runs_in_its_own_image() {
         .negotiate_version()
         .await
         .unwrap();
-    let instance = mercury::sandbox::docker::instance_id_for(&host.data).unwrap();
+    let instance = mercury::sandbox::instance_id_for(&host.data).unwrap();
     let label = format!("mercury.instance={instance}");
     let filters = std::collections::HashMap::from([("label", vec![label.as_str()])]);
     let left = docker

@@ -1071,7 +1071,7 @@ async fn review_intake_releases_what_a_crashed_intake_reserved_and_runs_one_at_a
     .unwrap();
     let ours = format!(
         "intake:{}",
-        mercury::sandbox::docker::instance_id_for(&data).unwrap()
+        mercury::sandbox::instance_id_for(&data).unwrap()
     );
     for instance in [ours.clone(), "a-live-host".to_owned()] {
         store

@@ -352,7 +352,7 @@ fn doctor(cmd: &mut Command) -> (i32, String) {
 /// The image the docker probe needs, built as root if absent.
 async fn ensure_image(data: &Path) {
     let settings = mercury::host::settings_of(data).unwrap();
-    mercury::host::containers::connect_docker(&settings)
+    mercury::host::containers::docker_backend(&settings, &mercury::workspace::DataPaths::new(data))
         .await
         .expect("the agent image");
 }

@@ -564,9 +564,8 @@ async fn shadow_snapshot_copies_a_serving_host_without_tokens_secrets_or_admins(
     );
     // Its containers carry their own instance label: no sweep crosses.
     assert_ne!(
-        mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&host.data).unwrap())
-            .unwrap(),
-        mercury::sandbox::docker::instance_id_for(&dir).unwrap()
+        mercury::sandbox::instance_id_for(&std::fs::canonicalize(&host.data).unwrap()).unwrap(),
+        mercury::sandbox::instance_id_for(&dir).unwrap()
     );
     // The derived config: shadow on, its own port, admins exactly --admins.
     let s = mercury::config::load(&dir.join("mercury.yaml"), &Default::default()).unwrap();
@@ -768,8 +767,7 @@ async fn shadow_up_refuses_under_min_free_disk() {
 async fn shadow_up_refuses_while_a_live_container_runs_a_turn() {
     let f = up_fixture(vec![("sandbox.backend", Yaml::from("docker"))]).await;
     let instance =
-        mercury::sandbox::docker::instance_id_for(&std::fs::canonicalize(&f.live).unwrap())
-            .unwrap();
+        mercury::sandbox::instance_id_for(&std::fs::canonicalize(&f.live).unwrap()).unwrap();
     let tar = f.root.join("empty.tar");
     let st = Command::new("tar")
         .arg("cf")

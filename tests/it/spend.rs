@@ -577,7 +577,7 @@ async fn spend_an_owner_notice_left_unsent_by_a_stopped_host_is_sent_at_its_next
         &mercury::host::store_location(&settings, &paths).unwrap(),
     )
     .unwrap();
-    let ours = mercury::sandbox::docker::instance_id_for(&data).unwrap();
+    let ours = mercury::sandbox::instance_id_for(&data).unwrap();
     let now = mercury::clock::now_ms();
     for (instance, key, text) in [
         (

@@ -1,36 +1,16 @@
 //! Connecting to the engine: the local default or an explicit socket, the
-//! API version negotiation, the liveness ping, and the instance id that ties
-//! containers to one data dir.
+//! API version negotiation and the liveness ping.
 //!
 //! Must never: hand out a client that has not negotiated its API version
-//! (bollard speaks a newer API than many engines accept), or derive an
-//! instance id from anything but the data dir's canonical path.
+//! (bollard speaks a newer API than many engines accept).
 
-use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use bollard::Docker;
-use sha2::{Digest, Sha256};
 
 use super::engines::{client_for, Engine, EngineTls};
 use super::DockerBackend;
 use crate::sandbox::SandboxError;
-
-/// The instance id for a data dir: the first 16 hex of sha256 of its
-/// canonical path. Two hosts on one engine with different data dirs never
-/// sweep each other's containers; one data dir keeps its id across restarts.
-pub fn instance_id_for(data_dir: &Path) -> io::Result<String> {
-    let canonical = std::fs::canonicalize(data_dir).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("canonicalizing data dir {}: {e}", data_dir.display()),
-        )
-    })?;
-    let digest = Sha256::digest(canonical.as_os_str().as_bytes());
-    let hex = base16ct::lower::encode_string(&digest);
-    Ok(hex.get(..16).unwrap_or(&hex).to_string())
-}
 
 /// The client once it has agreed an API version with its engine.
 async fn negotiated(docker: Docker, where_: &str) -> Result<Docker, SandboxError> {
@@ -113,20 +93,6 @@ impl DockerBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn instance_id_is_16_hex_and_stable_for_one_dir() {
-        let dir = tempfile::tempdir().expect("dir");
-        let id = instance_id_for(dir.path()).expect("id");
-        assert_eq!(id.len(), 16);
-        assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
-        // The same dir through a different spelling is the same instance.
-        let dotted = dir.path().join(".");
-        assert_eq!(instance_id_for(&dotted).expect("id"), id);
-        let other = tempfile::tempdir().expect("other");
-        assert_ne!(instance_id_for(other.path()).expect("other id"), id);
-        assert!(instance_id_for(&dir.path().join("missing")).is_err());
-    }
 
     #[tokio::test]
     async fn connecting_to_a_missing_socket_is_no_engine() {

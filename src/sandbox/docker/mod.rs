@@ -3,8 +3,9 @@
 //!
 //! Owns: the container's shape (labels, name, mounts, limits, user, env), the
 //! exec protocol (stdin, capped demultiplexed output, timeout, exit code), the
-//! removal of a run's container, the orphan sweep, and the instance id that
-//! ties containers to one data dir.
+//! removal of a run's container, the orphan sweep, and its side of the
+//! sandbox lifecycle (images on each engine, an instance's running
+//! containers).
 //!
 //! Must never: mount anything but the workspace (and the API socket when
 //! given, and the read-only directories the spec or a spawn request names;
@@ -16,7 +17,8 @@
 //!
 //! Layout: this file holds [`DockerBackend`] (start: validate the spec,
 //! place it on an engine, create, start) and the removal of a container;
-//! `connect` reaches and negotiates the engines and derives the instance id;
+//! `connect` reaches and negotiates the engines; `lifecycle` implements
+//! [`crate::sandbox::lifecycle::SandboxLifecycle`];
 //! `engines` the engine list, placement and health; `synced` the workspace
 //! copied to and from an engine elsewhere; `bridge` the API carried over an
 //! exec stream there; `shape` builds the
@@ -29,6 +31,7 @@
 mod bridge;
 mod connect;
 mod engines;
+mod lifecycle;
 mod session;
 mod shape;
 mod spawn;
@@ -47,7 +50,6 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 
-pub use connect::instance_id_for;
 pub use engines::EngineTls;
 pub use session::DockerSession;
 pub use sweep::sweep_orphans;
