@@ -349,6 +349,9 @@ pub struct LogConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct AdaptersConfig {
+    /// The largest attachment (picture, voice note, file) fetched into a
+    /// workspace's `inbox/`, in MB; a larger one is refused with a sentence.
+    pub max_attachment_mb: u64,
     pub telegram: TelegramConfig,
     pub discord: DiscordConfig,
     /// The sections of the platforms not typed above, by platform name.
@@ -359,6 +362,7 @@ pub struct AdaptersConfig {
 impl Default for AdaptersConfig {
     fn default() -> Self {
         Self {
+            max_attachment_mb: 20,
             telegram: TelegramConfig::default(),
             discord: DiscordConfig::default(),
             more: platforms::all()
@@ -390,6 +394,9 @@ pub struct DiscordConfig {
     pub message_content: bool,
     /// This platform's `ingress.dm_policy`; `None`: that one.
     pub dm_policy: Option<DmPolicy>,
+    /// The origins (`https://host[:port]`) attachment URLs may point at; a
+    /// message's attachment elsewhere is refused, never fetched.
+    pub attachment_origins: Vec<String>,
 }
 
 /// Is `url` a gateway URL the gateway client can take as it is (it panics
@@ -411,6 +418,10 @@ impl Default for DiscordConfig {
             gateway_url: "wss://gateway.discord.gg".into(),
             message_content: true,
             dm_policy: None,
+            attachment_origins: vec![
+                "https://cdn.discordapp.com".into(),
+                "https://media.discordapp.net".into(),
+            ],
         }
     }
 }
@@ -459,6 +470,9 @@ impl Default for TelegramConfig {
 pub struct ModelsConfig {
     /// Absolute directories; a space's chain may name scripted files under them.
     pub scripted_roots: Vec<String>,
+    /// The model specs that take pictures as image parts (others get a
+    /// picture as a file in the workspace's `inbox/` and a line about it).
+    pub vision: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -1067,6 +1081,7 @@ models:                         # model files
   # A space's chain may name scripted:PATH only for files under <data dir>/models/
   # or these absolute directories (and only a global admin may set one).
   scripted_roots: []            # list of absolute directories
+  vision: []                    # list of model specs that take pictures as image parts (openai:gpt-4o, anthropic:…)
 metrics:                        # Prometheus /metrics (always on the API with an owner or global admin token)
   bind: ""                      # ADDR:PORT of a listener serving /metrics without a token; empty: none
 log:                            # the host's log on stderr
@@ -1093,6 +1108,7 @@ web:                            # the host's web_fetch tool (off per space until
 extensions:                     # installed extensions (docs/extensions.md)
   shadow_http: []               # on a shadow: <extension>.<server> http servers its turns may call
 adapters:                       # in-process chat adapters (docs/adapters.md)
+  max_attachment_mb: 20         # MB: largest picture, voice note or file fetched into a workspace's inbox/ (larger: refused with a sentence)
   # Telegram. The bot token is read from MERCURY_TELEGRAM_BOT_TOKEN only.
   telegram:
     enabled: false              # true|false
@@ -1108,6 +1124,7 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     gateway_url: "wss://gateway.discord.gg"       # URL (ws:// or wss://) of the gateway, no query
     message_content: true       # true|false: the privileged MESSAGE_CONTENT intent (unmentioned guild messages keep their text)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+    attachment_origins: ["https://cdn.discordapp.com", "https://media.discordapp.net"]  # where attachment URLs may point (others are refused)
   # WhatsApp (Cloud API). Secrets from MERCURY_WHATSAPP_ACCESS_TOKEN,
   # MERCURY_WHATSAPP_APP_SECRET and MERCURY_WHATSAPP_VERIFY_TOKEN only.
   whatsapp:

@@ -52,6 +52,8 @@ pub struct Runtime {
     pub cluster: Option<Arc<crate::cluster::HostSeat>>,
     /// The connected adapters that can show a reply while it is written.
     pub editors: Arc<ReplyEditors>,
+    /// The connected adapters that fetch what their messages carried.
+    pub sources: Arc<AttachmentSources>,
 }
 
 impl Runtime {
@@ -112,38 +114,68 @@ pub trait ReplyEditor: Send + Sync {
     fn max_units(&self) -> usize;
 }
 
-/// The reply editors of the adapters connected on this host, by platform.
-#[derive(Default)]
-pub struct ReplyEditors(Mutex<HashMap<String, Arc<dyn ReplyEditor>>>);
+/// How fetching an attachment failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// It holds more than the bytes allowed (read no further).
+    #[error("it is larger than {0} bytes")]
+    TooLarge(u64),
+    /// The platform did not give it (a sentence with no secret in it).
+    #[error("{0}")]
+    Failed(String),
+}
 
-impl ReplyEditors {
-    /// Registers `editor` for `platform` until the returned seat is dropped
-    /// (the adapter's loop holds it: an adapter that stopped edits nothing).
-    pub fn seat(self: &Arc<Self>, platform: &str, editor: Arc<dyn ReplyEditor>) -> EditorSeat {
+/// A platform's way of fetching what a message carried (`storage::attachments`):
+/// an in-process adapter registers one while it is connected, so a turn
+/// fetches through the platform's own client and credentials.
+#[async_trait::async_trait]
+pub trait AttachmentSource: Send + Sync {
+    /// The bytes `reference` names, reading no more than `max_bytes`.
+    async fn fetch(&self, reference: &str, max_bytes: u64) -> Result<Vec<u8>, FetchError>;
+}
+
+/// What the adapters connected on this host offer the turns, by platform
+/// (a reply editor, an attachment source).
+pub struct PlatformSeats<T: ?Sized>(Mutex<HashMap<String, Arc<T>>>);
+
+impl<T: ?Sized> Default for PlatformSeats<T> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<T: ?Sized + Send + Sync + 'static> PlatformSeats<T> {
+    /// Registers `it` for `platform` until the returned seat is dropped
+    /// (the adapter's loop holds it: an adapter that stopped serves nothing).
+    pub fn seat(self: &Arc<Self>, platform: &str, it: Arc<T>) -> Seat {
         if let Ok(mut m) = self.0.lock() {
-            m.insert(platform.to_owned(), editor);
+            m.insert(platform.to_owned(), it);
         }
-        EditorSeat {
-            editors: self.clone(),
-            platform: platform.to_owned(),
-        }
+        let (seats, platform) = (self.clone(), platform.to_owned());
+        Seat(Some(Box::new(move || {
+            if let Ok(mut m) = seats.0.lock() {
+                m.remove(&platform);
+            }
+        })))
     }
 
-    pub fn get(&self, platform: &str) -> Option<Arc<dyn ReplyEditor>> {
+    pub fn get(&self, platform: &str) -> Option<Arc<T>> {
         self.0.lock().ok().and_then(|m| m.get(platform).cloned())
     }
 }
 
-/// A registered editor; dropping it unregisters it.
-pub struct EditorSeat {
-    editors: Arc<ReplyEditors>,
-    platform: String,
-}
+/// The reply editors of the adapters connected on this host.
+pub type ReplyEditors = PlatformSeats<dyn ReplyEditor>;
+/// The attachment sources of the adapters connected on this host.
+pub type AttachmentSources = PlatformSeats<dyn AttachmentSource>;
 
-impl Drop for EditorSeat {
+/// A registration; dropping it unregisters.
+pub struct Seat(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Drop for Seat {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.editors.0.lock() {
-            m.remove(&self.platform);
+        if let Some(leave) = self.0.take() {
+            leave();
         }
     }
 }

@@ -160,6 +160,7 @@ async fn run_ask(args: &AskArgs) -> Result<AskOutcome, AskError> {
         layer: agent::LayerPlan::Throwaway(view.layer),
         // An ask answers its asker, never a platform.
         stream: None,
+        images: Vec::new(),
     };
     let outcome = agent::run_turn(rt, req, CancellationToken::new()).await;
     let run_s = run_id.to_string();

@@ -142,6 +142,29 @@ where
     }
 }
 
+/// The message's text with a marker per attachment (`[image]`, `[voice
+/// note]`, `[file]`…): what history, redaction and review see of it, never
+/// its bytes.
+pub(crate) fn with_markers(
+    text: &str,
+    carried: &[crate::storage::attachments::NewAttachment],
+) -> String {
+    let mut out = text.to_owned();
+    for a in carried {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(match a.kind.as_str() {
+            "image" => "[image]",
+            "voice" => "[voice note]",
+            "audio" => "[audio]",
+            "video" => "[video]",
+            _ => "[file]",
+        });
+    }
+    out
+}
+
 /// A display name or title ingress accepts: control characters dropped, at
 /// most 200 characters; `None` if nothing is left (a platform-controlled
 /// name is cleaned, never a reason to lose the message).
@@ -484,6 +507,44 @@ impl EditPace {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// GETs `url`, reading at most `max` bytes of its body (a longer one is
+/// refused as soon as it shows: by its `Content-Length`, or while it is
+/// read). Errors never carry the URL (a Bot API file URL holds the token).
+pub(crate) async fn download_capped(
+    http: &reqwest::Client,
+    url: &str,
+    auth: Option<&str>,
+    max: u64,
+) -> Result<Vec<u8>, crate::runtime::FetchError> {
+    use crate::runtime::FetchError;
+    let mut req = http.get(url);
+    if let Some(a) = auth {
+        req = req.header(reqwest::header::AUTHORIZATION, a);
+    }
+    let mut res = req
+        .send()
+        .await
+        .map_err(|e| FetchError::Failed(e.without_url().to_string()))?;
+    if !res.status().is_success() {
+        return Err(FetchError::Failed(format!("answered {}", res.status())));
+    }
+    if res.content_length().is_some_and(|n| n > max) {
+        return Err(FetchError::TooLarge(max));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = res
+        .chunk()
+        .await
+        .map_err(|e| FetchError::Failed(e.without_url().to_string()))?
+    {
+        if (body.len() + chunk.len()) as u64 > max {
+            return Err(FetchError::TooLarge(max));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// How sending one outbox item went.

@@ -166,18 +166,22 @@ pub(crate) async fn run_and_commit(
         return;
     }
     let workspace = rt.paths.workspace(space);
+    let received = super::attachments::take_in(rt, &message).await;
+    let mut user_text =
+        super::prompt::strip_trigger(&message.text, &trigger.patterns, trigger.case_sensitive)
+            .to_owned();
+    for line in &received.lines {
+        user_text.push('\n');
+        user_text.push_str(line);
+    }
     let req = TurnRequest {
         space_id: space.clone(),
         run_id: run_id.clone(),
         kind,
         caller_id: caller,
-        // The model reads the request, not the word that addressed it.
-        user_text: super::prompt::strip_trigger(
-            &message.text,
-            &trigger.patterns,
-            trigger.case_sensitive,
-        )
-        .to_owned(),
+        // The model reads the request, not the word that addressed it, and
+        // a line about each attachment.
+        user_text,
         workspace: workspace.clone(),
         prompt: PromptInputs {
             space_id: space.to_string(),
@@ -191,6 +195,7 @@ pub(crate) async fn run_and_commit(
         preread: Some(preread),
         layer: LayerPlan::MergeOnSuccess,
         stream: None,
+        images: received.images,
     };
     let preview = super::preview::ReplyPreview::start(rt, &message).await;
     let req = TurnRequest {

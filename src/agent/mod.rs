@@ -16,6 +16,7 @@
 //! failure, timeout or cancellation), merge a layer while its sandbox still
 //! runs, or put a host credential in the sandbox env.
 
+mod attachments;
 pub(crate) mod compact;
 pub(crate) mod live;
 mod preview;
@@ -96,6 +97,8 @@ pub(crate) struct TurnRequest {
     /// Shown the answer while each model call writes it (a live reply's
     /// preview); `None`: the answer is taken whole.
     pub stream: Option<StreamTo>,
+    /// The pictures that came with the message, for a model that takes them.
+    pub images: Vec<crate::model::ImagePart>,
 }
 
 /// Where a turn's model calls stream their text.
@@ -623,19 +626,13 @@ async fn turn_steps(
     fragments: &[String],
 ) -> Result<String, TurnError> {
     let mut messages = prompt::build(rt, &req.prompt, &req.user_text).await?;
+    if let Some(asked) = messages.last_mut() {
+        asked.images = req.images.clone();
+    }
     // Hooks' fragments join the system prompt, before the history.
     let at = usize::from(messages.first().is_some_and(|m| m.role == Role::System));
     for (i, f) in fragments.iter().enumerate() {
-        messages.insert(
-            at + i,
-            ChatMessage {
-                role: Role::System,
-                content: f.clone(),
-                tool_calls: Vec::new(),
-                tool_call_id: None,
-                tool_name: None,
-            },
-        );
+        messages.insert(at + i, ChatMessage::text(Role::System, f.clone()));
     }
     let steps = rt.settings.turn.max_steps;
     for _ in 0..steps {
@@ -644,11 +641,8 @@ async fn turn_steps(
             return Ok(response.text);
         }
         messages.push(ChatMessage {
-            role: Role::Assistant,
-            content: response.text.clone(),
             tool_calls: response.tool_calls.clone(),
-            tool_call_id: None,
-            tool_name: None,
+            ..ChatMessage::text(Role::Assistant, response.text.clone())
         });
         for call in &response.tool_calls {
             let started_at = now_ms();
@@ -1119,10 +1113,17 @@ pub(crate) async fn complete_with_chain(
                 continue;
             }
         };
+        let mut messages = messages.to_vec();
+        // A model that takes no pictures reads the line about the file.
+        if !rt.settings.models.vision.iter().any(|v| v == spec) {
+            for m in &mut messages {
+                m.images.clear();
+            }
+        }
         let request = ModelRequest {
             model: model.model.clone(),
             purpose,
-            messages: messages.to_vec(),
+            messages,
             tools: tools.to_vec(),
             max_tokens: rt.settings.turn.max_tokens,
         };

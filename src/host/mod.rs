@@ -433,6 +433,7 @@ async fn build_runtime_with_env(
         steps_pruned_at: std::sync::atomic::AtomicI64::new(0),
         cluster,
         editors: Arc::default(),
+        sources: Arc::default(),
     }))
 }
 

@@ -263,7 +263,19 @@ fn request_body(req: &ModelRequest) -> Result<Value, ModelError> {
                 system.push(&m.content);
                 continue;
             }
-            Role::User => ("user", text_block(&m.content).into_iter().collect()),
+            Role::User => {
+                // Pictures first, then the text about them (as the API's
+                // guide orders them).
+                let mut blocks: Vec<Value> = m
+                    .images
+                    .iter()
+                    .map(|i| {
+                        json!({"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": i.base64}})
+                    })
+                    .collect();
+                blocks.extend(text_block(&m.content));
+                ("user", blocks)
+            }
             Role::Assistant => {
                 let mut blocks: Vec<Value> = text_block(&m.content).into_iter().collect();
                 blocks.extend(m.tool_calls.iter().map(|c| {

@@ -91,6 +91,18 @@ pub struct ChatMessage {
     /// Only on tool messages: the name of the tool that produced `content`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
+    /// Only on user messages: pictures for a model that takes them
+    /// (`models.vision`); a chain's other models are sent the text alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImagePart>,
+}
+
+/// A picture as a model takes it: its type and its bytes in base64.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImagePart {
+    /// `image/jpeg`, `image/png`, `image/gif` or `image/webp`.
+    pub mime: String,
+    pub base64: String,
 }
 
 impl ChatMessage {
@@ -101,6 +113,7 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             tool_name: None,
+            images: Vec::new(),
         }
     }
 
@@ -111,6 +124,7 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: Some(call.id.clone()),
             tool_name: Some(call.name.clone()),
+            images: Vec::new(),
         }
     }
 }

@@ -234,6 +234,14 @@ fn request_body(req: &ModelRequest) -> Result<Value, ModelError> {
 
 fn encode_message(index: usize, m: &ChatMessage) -> Result<Value, ModelError> {
     Ok(match m.role {
+        Role::User if !m.images.is_empty() => {
+            // The text, then each picture as a data URL.
+            let mut parts = vec![json!({"type": "text", "text": m.content})];
+            parts.extend(m.images.iter().map(|i| {
+                json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}", i.mime, i.base64)}})
+            }));
+            json!({ "role": "user", "content": parts })
+        }
         Role::System | Role::User => json!({ "role": m.role.as_str(), "content": m.content }),
         Role::Assistant if m.tool_calls.is_empty() => {
             json!({ "role": "assistant", "content": m.content })

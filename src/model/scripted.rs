@@ -43,7 +43,9 @@
 //!   arguments are compact JSON with object keys sorted (as produced by
 //!   [`canonical_json`]), e.g. `tool_call(read_file): {"path":"a.txt"}`;
 //! - a tool message renders as `tool_result(<tool name>): <output>` (the
-//!   tool name is empty when the message carries none).
+//!   tool name is empty when the message carries none);
+//! - a user message with pictures (for a `models.vision` spec) is followed
+//!   by one line per picture, `image(<mime>)`, e.g. `image(image/png)`.
 //!
 //! Content is inserted verbatim, so a multi-line content spans several lines.
 //! The whole request renders as its messages' renderings joined with `\n`.
@@ -454,6 +456,9 @@ pub fn render_message(message: &ChatMessage) -> String {
                     call.name,
                     canonical_json(&call.arguments)
                 ));
+            }
+            for image in &message.images {
+                out.push_str(&format!("\nimage({})", image.mime));
             }
             out
         }

@@ -520,6 +520,26 @@ CREATE TABLE reply_previews (
 );
 CREATE INDEX reply_previews_created ON reply_previews (created_at);
 "#,
+    // 19: attachments (issue 30). A picture, voice note or file that came
+    // with a message, stored as the platform's reference in the message's
+    // own transaction; the space's actor fetches it at turn time into the
+    // workspace's inbox/ (`path`) or refuses it with a sentence (`error`).
+    r#"
+CREATE TABLE attachments (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  message_id INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  reference TEXT NOT NULL,
+  name TEXT,
+  mime TEXT,
+  size INTEGER,
+  status TEXT NOT NULL DEFAULT 'pending',
+  path TEXT,
+  error TEXT,
+  created_at INTEGER NOT NULL
+);
+CREATE INDEX attachments_message ON attachments (message_id);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

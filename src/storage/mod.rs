@@ -17,6 +17,7 @@
 //! create a row as a side effect of a read.
 
 pub mod adapters;
+pub mod attachments;
 pub mod baseline;
 pub mod chat_windows;
 mod conn;

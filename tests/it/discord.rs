@@ -70,6 +70,8 @@ struct FakeState {
     gateway_url: Mutex<String>,
     /// The content each sent message shows now (edits change it).
     texts: Mutex<BTreeMap<String, String>>,
+    /// Attachment downloads served, by path.
+    downloads: Mutex<Vec<String>>,
 }
 
 #[derive(Clone)]
@@ -233,6 +235,13 @@ async fn edit_message(
     let mut edited = message(&id, &channel, None, BOT_ID, &content);
     edited["edited_timestamp"] = json!("2026-12-01T10:00:01.000000+00:00");
     Json(edited).into_response()
+}
+
+/// `GET /attachments/{path}`: an attachment's bytes, as Discord's CDN
+/// serves them (a fixed text of 100 bytes).
+async fn attachment(State(st): State<Arc<FakeState>>, Path(path): Path<String>) -> Vec<u8> {
+    st.downloads.lock().unwrap().push(path);
+    vec![b'x'; 100]
 }
 
 /// `GET /channels/{id}/messages?after=&limit=`: newest first, from the
@@ -449,6 +458,7 @@ impl FakeDiscord {
                 "/api/v10/channels/{id}/messages/{message}",
                 axum::routing::patch(edit_message),
             )
+            .route("/attachments/{*path}", get(attachment))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let rest_url = format!("http://{}/api/v10", listener.local_addr().unwrap());
@@ -1136,5 +1146,54 @@ async fn discord_a_streamed_reply_is_edited_to_its_final_text_without_a_ping() {
         assert!(gap >= Duration::from_millis(900), "{gap:?}");
     }
     assert_eq!(fake.text_of(preview), Some(reply));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn discord_attachments_are_fetched_only_from_the_allowed_origins() {
+    let fake = FakeDiscord::start().await;
+    // The CDN is the fake's own origin; anything else is refused unfetched.
+    let origin = fake.rest_url.trim_end_matches("/api/v10").to_owned();
+    let host = TestHost::start_process(host_options(
+        &fake,
+        json!({"rules": [{"match": "saved as (inbox/\\S+)\\].*\\n.*not kept: (.*)\\]", "reply": "kept $1; $2"}]}),
+        vec![(
+            "adapters.discord.attachment_origins",
+            serde_yaml_ng::Value::Sequence(vec![serde_yaml_ng::Value::from(origin.clone())]),
+        )],
+    ))
+    .await;
+    fake.until_identified(1).await;
+    let mut m = dm(6001, 42, "two files");
+    m["attachments"] = json!([
+        {"id": "1", "filename": "notes.txt", "content_type": "text/plain; charset=utf-8", "size": 100,
+         "url": format!("{origin}/attachments/1/notes.txt")},
+        {"id": "2", "filename": "elsewhere.txt", "content_type": "text/plain", "size": 100,
+         "url": "http://127.0.0.2:9/attachments/2/elsewhere.txt"}
+    ]);
+    fake.push(m);
+    fake.until(60, "the reply", |f| f.replies().contains_key("6001"))
+        .await;
+    let said = fake.replies()["6001"][0].body["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        said.starts_with("kept inbox/")
+            && said.ends_with("-1.txt; it could not be fetched (its URL is not on an origin of adapters.discord.attachment_origins)"),
+        "{said}"
+    );
+    assert_eq!(
+        *fake.state.downloads.lock().unwrap(),
+        vec!["1/notes.txt".to_owned()]
+    );
+    let stored: String = host.read(|c| {
+        c.query_row(
+            "SELECT text FROM messages WHERE platform_message_id = '6001'",
+            &[],
+            |r| r.get(0),
+        )
+    });
+    assert_eq!(stored, "two files\n[file]\n[file]");
     host.stop().await;
 }

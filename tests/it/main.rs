@@ -12,6 +12,7 @@
 mod act_as_routes;
 mod api;
 mod ask;
+mod attachments;
 mod bench_sandbox;
 #[cfg(feature = "test-hooks")]
 mod chat_seam;

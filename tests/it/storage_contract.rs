@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 
 use mercury::storage::{
-    adapters, conversations, links, messages, outbox, pairings, previews, runs, spaces, tasks,
-    tokens, Location, Store, StoreError,
+    adapters, attachments, conversations, links, messages, outbox, pairings, previews, runs,
+    spaces, tasks, tokens, Location, Store, StoreError,
 };
 use tempfile::TempDir;
 
@@ -1545,5 +1545,78 @@ async fn a_streamed_replys_preview_is_what_its_outbox_item_edits() {
             .unwrap();
         assert_eq!(pruned, 1, "{name}");
         assert_eq!(refs(item).await.edit_of, None, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_attachments_are_stored_with_it_once_and_settle() {
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let conv = seed(&store, "s1").await;
+        let list = vec![
+            attachments::NewAttachment {
+                kind: "image".into(),
+                reference: "file-a".into(),
+                name: None,
+                mime: Some("image/jpeg".into()),
+                size: Some(1234),
+            },
+            attachments::NewAttachment {
+                kind: "file".into(),
+                reference: "file-b".into(),
+                name: Some("notes.txt".into()),
+                mime: None,
+                size: None,
+            },
+        ];
+        let again = list.clone();
+        let (id, stored, twice, stranger) = store
+            .write(move |tx| {
+                let id = messages::insert(tx, &user_message("s1", conv, "p1", 1))?
+                    .ok_or(StoreError::Invalid("not stored".into()))?;
+                // In the message's own transaction, as an adapter stores them.
+                let stored = attachments::attach(tx, "telegram", "chat-s1", "p1", &list)?;
+                let twice = attachments::attach(tx, "telegram", "chat-s1", "p1", &again)?;
+                let stranger = attachments::attach(tx, "telegram", "chat-s1", "p-none", &again)?;
+                Ok((id, stored, twice, stranger))
+            })
+            .await
+            .unwrap();
+        assert_eq!((stored, twice, stranger), (2, 0, 0), "{name}");
+        let got = store
+            .read(move |c| attachments::of_message(c, id))
+            .await
+            .unwrap();
+        let kinds: Vec<(&str, &str, Option<i64>)> = got
+            .iter()
+            .map(|a| (a.kind.as_str(), a.status.as_str(), a.size))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![("image", "pending", Some(1234)), ("file", "pending", None)],
+            "{name}"
+        );
+        let (a, b) = (got[0].id, got[1].id);
+        store
+            .write(move |tx| {
+                attachments::settle(tx, a, Some("inbox/1-1.jpg"), None)?;
+                attachments::settle(tx, b, None, Some("too large"))
+            })
+            .await
+            .unwrap();
+        let got = store
+            .read(move |c| attachments::of_message(c, id))
+            .await
+            .unwrap();
+        assert_eq!(
+            (got[0].status.as_str(), got[0].path.as_deref()),
+            ("kept", Some("inbox/1-1.jpg")),
+            "{name}"
+        );
+        assert_eq!(
+            (got[1].status.as_str(), got[1].error.as_deref()),
+            ("refused", Some("too large")),
+            "{name}"
+        );
     }
 }

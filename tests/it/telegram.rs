@@ -49,6 +49,8 @@ pub(crate) struct FakeState {
     sent_ids: Mutex<i64>,
     /// The text each sent message shows now (edits change it).
     texts: Mutex<BTreeMap<i64, String>>,
+    /// Files `getFile` knows, by file_id: their path and bytes.
+    files: Mutex<BTreeMap<String, (String, Vec<u8>)>>,
 }
 
 #[derive(Clone)]
@@ -91,6 +93,21 @@ async fn answer(st: &Arc<FakeState>, name: &str, params: &Value) -> (StatusCode,
             ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "Mercury", "username": BOT_NAME}))
         }
         "deleteWebhook" | "setWebhook" | "sendChatAction" => ok(json!(true)),
+        "getFile" => {
+            let id = params["file_id"].as_str().unwrap_or("");
+            match st.files.lock().unwrap().get(id) {
+                Some((path, bytes)) => {
+                    ok(json!({"file_id": id, "file_unique_id": format!("u-{id}"),
+                    "file_size": bytes.len(), "file_path": path}))
+                }
+                None => (
+                    StatusCode::BAD_REQUEST,
+                    Json(
+                        json!({"ok": false, "error_code": 400, "description": "Bad Request: invalid file_id"}),
+                    ),
+                ),
+            }
+        }
         "getUpdates" => {
             let offset = params["offset"].as_i64().unwrap_or(0);
             let timeout = params["timeout"].as_u64().unwrap_or(0).min(2);
@@ -174,11 +191,36 @@ async fn answer(st: &Arc<FakeState>, name: &str, params: &Value) -> (StatusCode,
     }
 }
 
+/// `GET /file/bot<token>/<file_path>`: a file's bytes, as the Bot API
+/// serves them once `getFile` gave the path.
+async fn file(
+    State(st): State<Arc<FakeState>>,
+    Path((bot, path)): Path<(String, String)>,
+) -> Result<Vec<u8>, StatusCode> {
+    st.calls.lock().unwrap().push(Call {
+        method: "file".into(),
+        params: json!({"path": path}),
+        at: Instant::now(),
+        status: 200,
+    });
+    if bot != format!("bot{TOKEN}") {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    st.files
+        .lock()
+        .unwrap()
+        .values()
+        .find(|(p, _)| *p == path)
+        .map(|(_, b)| b.clone())
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
 impl FakeBotApi {
     pub(crate) async fn start() -> FakeBotApi {
         let state = Arc::new(FakeState::default());
         let app = Router::new()
             .route("/{bot}/{method}", post(method))
+            .route("/file/{bot}/{*path}", axum::routing::get(file))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -226,6 +268,15 @@ impl FakeBotApi {
             }
         }
         out
+    }
+
+    /// A file `getFile` will find as `file_id`, served at `path`.
+    pub(crate) fn add_file(&self, file_id: &str, path: &str, bytes: Vec<u8>) {
+        self.state
+            .files
+            .lock()
+            .unwrap()
+            .insert(file_id.to_owned(), (path.to_owned(), bytes));
     }
 
     /// The text message `id` shows now.
@@ -312,23 +363,24 @@ async fn telegram_dm_and_group_mentions_get_threaded_replies() {
     edited["edited_message"] = edited["message"].take();
     edited.as_object_mut().unwrap().remove("message");
     fake.push(edited);
-    let mut sticker = dm(7, 11, 42, "");
-    sticker["message"].as_object_mut().unwrap().remove("text");
-    sticker["message"]["voice"] = json!({"file_id": "x", "file_unique_id": "y", "duration": 1});
-    fake.push(sticker);
+    // A voice note alone is a message (its text the marker `[voice note]`).
+    let mut voice = dm(7, 11, 42, "");
+    voice["message"].as_object_mut().unwrap().remove("text");
+    voice["message"]["voice"] = json!({"file_id": "x", "file_unique_id": "y", "duration": 1});
+    fake.push(voice);
     // A shape Mercury cannot read (a sticker without its required fields) is skipped, not a stall.
     let mut odd = dm(8, 12, 42, "");
     odd["message"].as_object_mut().unwrap().remove("text");
     odd["message"]["sticker"] = json!({"file_id": "x"});
     fake.push(odd);
 
-    fake.until(60, "four replies", |f| f.replies().len() == 4)
+    fake.until(60, "five replies", |f| f.replies().len() == 5)
         .await;
     let replies = fake.replies();
     assert_eq!(
         replies.keys().copied().collect::<Vec<_>>(),
-        vec![10, 21, 22, 23],
-        "the DM, the @mention, the /cmd@bot and the reply to the bot are answered; {replies:?}"
+        vec![10, 11, 21, 22, 23],
+        "the DM, the voice note, the @mention, the /cmd@bot and the reply to the bot are answered; {replies:?}"
     );
     assert_eq!(replies[&10][0]["chat_id"], json!(42));
     for id in [21, 22, 23] {
@@ -351,11 +403,11 @@ async fn telegram_dm_and_group_mentions_get_threaded_replies() {
     .await;
     assert_eq!(
         host.count("SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'telegram:%'"),
-        5
+        6
     );
     assert_eq!(
         host.count("SELECT COUNT(*) FROM messages WHERE sender_id = 'telegram:42'"),
-        1
+        2
     );
     assert_eq!(
         host.count(

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::adapters::clean_name;
 use crate::ingress::IngressMessage;
+use crate::storage::attachments::NewAttachment;
 
 pub(crate) const PLATFORM: &str = "discord";
 
@@ -79,6 +80,20 @@ pub(crate) struct RawMessage {
     webhook_id: Option<String>,
     #[serde(default)]
     member: Option<RawMember>,
+    #[serde(default)]
+    attachments: Vec<RawAttachment>,
+}
+
+/// An attachment object as Discord sends it.
+#[derive(Debug, Deserialize)]
+struct RawAttachment {
+    #[serde(default)]
+    filename: Option<String>,
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default)]
+    size: Option<i64>,
+    url: String,
 }
 
 /// Discord's message types a person writes: `DEFAULT` and `REPLY`.
@@ -87,11 +102,12 @@ const USER_MESSAGE_TYPES: [u8; 2] = [0, 19];
 /// What a `MESSAGE_CREATE` is to Mercury.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    Message(Box<IngressMessage>),
+    /// A message to store, with what it carried (fetched at turn time).
+    Message(Box<IngressMessage>, Vec<NewAttachment>),
     /// Not stored: the bot's own message, another bot's or a webhook's (two
     /// bots must not answer each other forever), a system message (a join,
-    /// a pin), or one without text (attachments only, or a guild message
-    /// read without the MESSAGE_CONTENT intent).
+    /// a pin), or one with neither text nor attachment (a guild message read
+    /// without the MESSAGE_CONTENT intent).
     Skip(&'static str),
 }
 
@@ -117,8 +133,31 @@ pub(crate) fn inbound(m: &RawMessage, bot: &BotSelf) -> Inbound {
     if !USER_MESSAGE_TYPES.contains(&m.kind) {
         return Inbound::Skip("a system message");
     }
-    if m.content.trim().is_empty() {
-        return Inbound::Skip("message without text");
+    let carried: Vec<NewAttachment> = m
+        .attachments
+        .iter()
+        .map(|a| {
+            let mime = a.content_type.as_deref().map(|t| {
+                // `image/png; charset=…` names its type first.
+                t.split(';').next().unwrap_or(t).trim().to_ascii_lowercase()
+            });
+            let kind = match mime.as_deref() {
+                Some(t) if t.starts_with("image/") => "image",
+                Some(t) if t.starts_with("audio/") => "audio",
+                Some(t) if t.starts_with("video/") => "video",
+                _ => "file",
+            };
+            NewAttachment {
+                kind: kind.into(),
+                reference: a.url.clone(),
+                name: a.filename.clone(),
+                mime,
+                size: a.size,
+            }
+        })
+        .collect();
+    if m.content.trim().is_empty() && carried.is_empty() {
+        return Inbound::Skip("message without text or attachment");
     }
     let forms = [format!("<@{}>", bot.id), format!("<@!{}>", bot.id)];
     let mentions_bot =
@@ -129,7 +168,7 @@ pub(crate) fn inbound(m: &RawMessage, bot: &BotSelf) -> Inbound {
         .and_then(|r| r.author.as_ref())
         .is_some_and(|a| a.id == bot.id);
     // The model reads `@botname`, not the bot's snowflake.
-    let mut text = m.content.clone();
+    let mut text = crate::adapters::with_markers(&m.content, &carried);
     for f in &forms {
         text = text.replace(f.as_str(), &format!("@{}", bot.username));
     }
@@ -139,19 +178,22 @@ pub(crate) fn inbound(m: &RawMessage, bot: &BotSelf) -> Inbound {
         .and_then(|mem| mem.nick.clone())
         .or_else(|| m.author.global_name.clone())
         .unwrap_or_else(|| m.author.username.clone());
-    Inbound::Message(Box::new(IngressMessage {
-        platform: PLATFORM.into(),
-        conversation: m.channel_id.clone(),
-        sender_id: m.author.id.clone(),
-        sender_name: clean_name(&name),
-        text,
-        message_id: m.id.clone(),
-        is_group: m.guild_id.is_some(),
-        mentions_bot,
-        reply_to_bot,
-        // MESSAGE_CREATE carries no channel name; a DM's would be a person's.
-        title: None,
-    }))
+    Inbound::Message(
+        Box::new(IngressMessage {
+            platform: PLATFORM.into(),
+            conversation: m.channel_id.clone(),
+            sender_id: m.author.id.clone(),
+            sender_name: clean_name(&name),
+            text,
+            message_id: m.id.clone(),
+            is_group: m.guild_id.is_some(),
+            mentions_bot,
+            reply_to_bot,
+            // MESSAGE_CREATE carries no channel name; a DM's would be a person's.
+            title: None,
+        }),
+        carried,
+    )
 }
 
 #[cfg(test)]
@@ -178,7 +220,7 @@ mod tests {
 
     #[test]
     fn dms_mentions_replies_and_skips() {
-        let Inbound::Message(dm) = inbound(&msg(base("hello")), &bot()) else {
+        let Inbound::Message(dm, _) = inbound(&msg(base("hello")), &bot()) else {
             panic!("a DM is a message")
         };
         assert!(!dm.is_group && !dm.mentions_bot);
@@ -193,7 +235,7 @@ mod tests {
         g["guild_id"] = json!("4400");
         g["mentions"] = json!([{"id": "900000000000000001", "username": "mercury", "bot": true}]);
         g["member"] = json!({"nick": "Ada in the guild"});
-        let Inbound::Message(m) = inbound(&msg(g), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&msg(g), &bot()) else {
             panic!("a mention is a message")
         };
         assert!(m.is_group && m.mentions_bot && !m.reply_to_bot);
@@ -205,14 +247,14 @@ mod tests {
         r["type"] = json!(19);
         r["referenced_message"] =
             json!({"id": "1000", "author": {"id": "900000000000000001", "username": "mercury"}});
-        let Inbound::Message(m) = inbound(&msg(r), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&msg(r), &bot()) else {
             panic!("a reply is a message")
         };
         assert!(m.reply_to_bot && !m.mentions_bot);
 
         let mut ambient = base("just chatting");
         ambient["guild_id"] = json!("4400");
-        let Inbound::Message(m) = inbound(&msg(ambient), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&msg(ambient), &bot()) else {
             panic!("ambient chatter is stored")
         };
         assert!(m.is_group && !m.mentions_bot && !m.reply_to_bot);
@@ -233,12 +275,29 @@ mod tests {
             (other_bot, "a bot's or a webhook's message"),
             (hook, "a bot's or a webhook's message"),
             (join, "a system message"),
-            (empty, "message without text"),
+            (empty, "message without text or attachment"),
             (odd, "a message whose ids are not snowflakes"),
         ] {
             let got = inbound(&msg(v), &bot());
             assert!(matches!(got, Inbound::Skip(w) if w == why), "{got:?}");
         }
+        // Attachments alone make a message, their markers its text.
+        let mut picture = base("");
+        picture["attachments"] = json!([{"id": "9", "filename": "cat.png", "size": 10,
+            "content_type": "image/png", "url": "https://cdn.discordapp.com/attachments/1/9/cat.png"}]);
+        let Inbound::Message(m, carried) = inbound(&msg(picture), &bot()) else {
+            panic!("a picture alone is a message")
+        };
+        assert_eq!(m.text, "[image]");
+        assert_eq!(
+            (
+                carried[0].kind.as_str(),
+                carried[0].mime.as_deref(),
+                carried[0].size
+            ),
+            ("image", Some("image/png"), Some(10))
+        );
+
         let mut pin = base("pinned a message");
         pin["type"] = json!(6);
         assert!(matches!(

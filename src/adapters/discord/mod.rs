@@ -128,6 +128,45 @@ struct Ctx {
 /// [`rest`] hold the rest).
 const EDIT_EVERY: Duration = Duration::from_secs(1);
 
+/// Fetches a message's attachments from their URLs, only on the origins
+/// `adapters.discord.attachment_origins` names (an attachment URL is the
+/// platform's, but a host never fetches from wherever a field points).
+struct DiscordFiles {
+    http: reqwest::Client,
+    origins: Vec<String>,
+}
+
+/// `scheme://host[:port]` of `url`, lower-cased, if it has one.
+fn origin_of(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?.to_ascii_lowercase();
+    Some(match u.port() {
+        Some(p) => format!("{}://{host}:{p}", u.scheme()),
+        None => format!("{}://{host}", u.scheme()),
+    })
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::AttachmentSource for DiscordFiles {
+    async fn fetch(
+        &self,
+        reference: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, crate::runtime::FetchError> {
+        let allowed = origin_of(reference).is_some_and(|o| {
+            self.origins
+                .iter()
+                .any(|a| origin_of(a).is_some_and(|a| a == o))
+        });
+        if !allowed {
+            return Err(crate::runtime::FetchError::Failed(
+                "its URL is not on an origin of adapters.discord.attachment_origins".into(),
+            ));
+        }
+        super::download_capped(&self.http, reference, None, max_bytes).await
+    }
+}
+
 /// Shows streamed replies (`POST` a message, then `PATCH` it), paced per
 /// channel; the final reply's edit goes through it too.
 struct DiscordEditor {
@@ -245,8 +284,18 @@ pub(crate) async fn run(
         pace: EditPace::default(),
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown while this adapter is connected here.
+    // Streamed replies are shown, and attachments fetched, while this
+    // adapter is connected here.
     let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
+    let files = DiscordFiles {
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| DiscordError::Client(e.without_url().to_string()))?,
+        origins: cfg.attachment_origins.clone(),
+    };
+    let _files = app.rt.sources.seat(PLATFORM, Arc::new(files));
     let ctx = Arc::new(Ctx {
         app,
         rest,
@@ -409,12 +458,12 @@ async fn take_message(
     is_group: Option<bool>,
 ) -> Result<(), DiscordError> {
     ctx.board().updated(ADAPTER);
-    let msg = match convert::inbound(&m, &ctx.me) {
-        Inbound::Message(mut msg) => {
+    let (msg, carried) = match convert::inbound(&m, &ctx.me) {
+        Inbound::Message(mut msg, carried) => {
             if let Some(g) = is_group {
                 msg.is_group = g;
             }
-            msg
+            (msg, carried)
         }
         Inbound::Skip(why) => {
             // Not stored, so the position need not move: a resume replays it
@@ -424,9 +473,14 @@ async fn take_message(
         }
     };
     let text = pos.and_then(|p| serde_json::to_string(&p).ok());
-    let advance = move |tx: &crate::storage::Tx<'_>| match &text {
-        Some(t) => adapters::set_position(tx, ADAPTER, t),
-        None => Ok(()),
+    // What the message carried is stored with it, fetched at turn time.
+    let (conversation, pid) = (msg.conversation.clone(), msg.message_id.clone());
+    let advance = move |tx: &crate::storage::Tx<'_>| {
+        if let Some(t) = &text {
+            adapters::set_position(tx, ADAPTER, t)?;
+        }
+        crate::storage::attachments::attach(tx, PLATFORM, &conversation, &pid, &carried)?;
+        Ok(())
     };
     let what = format!("discord message {}", m.id);
     let channel = m.channel_id.clone();
@@ -585,4 +639,31 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
         }
     }
     Sent::Delivered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_of;
+
+    #[test]
+    fn an_origin_is_scheme_host_and_port_whatever_the_path_or_case() {
+        assert_eq!(
+            origin_of("https://CDN.discordapp.com/attachments/1/2/a.png?ex=1").as_deref(),
+            Some("https://cdn.discordapp.com")
+        );
+        assert_eq!(
+            origin_of("http://127.0.0.1:8080/x").as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        // A look-alike is another origin; userinfo does not change the host.
+        assert_ne!(
+            origin_of("https://cdn.discordapp.com.evil.example/a"),
+            origin_of("https://cdn.discordapp.com/a")
+        );
+        assert_eq!(
+            origin_of("https://cdn.discordapp.com@evil.example/a").as_deref(),
+            Some("https://evil.example")
+        );
+        assert_eq!(origin_of("not a url"), None);
+    }
 }

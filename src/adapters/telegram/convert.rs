@@ -13,6 +13,7 @@ use frankenstein::updates::{Update, UpdateContent};
 
 use crate::adapters::clean_name;
 use crate::ingress::IngressMessage;
+use crate::storage::attachments::NewAttachment;
 
 pub(crate) const PLATFORM: &str = "telegram";
 
@@ -27,11 +28,11 @@ pub(crate) struct BotSelf {
 /// What an update is to Mercury.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    /// A message to store (and maybe answer).
-    Message(Box<IngressMessage>),
+    /// A message to store (and maybe answer), with what it carried.
+    Message(Box<IngressMessage>, Vec<NewAttachment>),
     /// Acknowledged and not stored: an edit (the first version stays as it
-    /// was received and answered), a message with neither text nor caption
-    /// (stickers, voice, service messages), a channel post, anything else.
+    /// was received and answered), a message with neither text, caption nor
+    /// attachment (stickers, service messages), a channel post, anything else.
     Skip(&'static str),
 }
 
@@ -54,9 +55,13 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
     if from.id == bot.id {
         return Inbound::Skip("the bot's own message");
     }
-    let Some(text) = m.text.as_deref().or(m.caption.as_deref()) else {
-        return Inbound::Skip("message without text or caption");
-    };
+    let carried = attachments(m);
+    let said = m.text.as_deref().or(m.caption.as_deref());
+    if said.is_none() && carried.is_empty() {
+        return Inbound::Skip("message without text, caption or attachment");
+    }
+    let text = crate::adapters::with_markers(said.unwrap_or(""), &carried);
+    let text = text.as_str();
     let is_group = !matches!(m.chat.type_field, ChatType::Private);
     let (sender_id, name) = sender(m, from);
     let reply_to_bot = m
@@ -64,23 +69,87 @@ fn message(m: &Message, bot: &BotSelf) -> Inbound {
         .as_deref()
         .and_then(|r| r.from.as_deref())
         .is_some_and(|u| u.id == bot.id);
-    Inbound::Message(Box::new(IngressMessage {
-        platform: PLATFORM.into(),
-        conversation: m.chat.id.to_string(),
-        sender_id,
-        sender_name: clean_name(&name),
-        text: text.to_owned(),
-        message_id: m.message_id.to_string(),
-        is_group,
-        mentions_bot: mentions(text, &bot.username),
-        reply_to_bot,
-        title: if is_group {
-            m.chat.title.as_deref().and_then(clean_name)
-        } else {
-            // A DM's "title" is the other person's name: not kept on the conversation.
-            None
-        },
-    }))
+    Inbound::Message(
+        Box::new(IngressMessage {
+            platform: PLATFORM.into(),
+            conversation: m.chat.id.to_string(),
+            sender_id,
+            sender_name: clean_name(&name),
+            text: text.to_owned(),
+            message_id: m.message_id.to_string(),
+            is_group,
+            mentions_bot: mentions(text, &bot.username),
+            reply_to_bot,
+            title: if is_group {
+                m.chat.title.as_deref().and_then(clean_name)
+            } else {
+                // A DM's "title" is the other person's name: not kept on the conversation.
+                None
+            },
+        }),
+        carried,
+    )
+}
+
+/// What a message carried, as references `getFile` fetches: the largest
+/// size of a photo, a voice note, an audio file, a video, a document.
+fn attachments(m: &Message) -> Vec<NewAttachment> {
+    let size = |s: Option<u64>| s.and_then(|s| i64::try_from(s).ok());
+    let mut out = Vec::new();
+    if let Some(photo) = m
+        .photo
+        .as_ref()
+        .and_then(|sizes| sizes.iter().max_by_key(|p| p.width * p.height))
+    {
+        out.push(NewAttachment {
+            kind: "image".into(),
+            reference: photo.file_id.clone(),
+            name: None,
+            mime: Some("image/jpeg".into()),
+            size: size(photo.file_size),
+        });
+    }
+    if let Some(v) = m.voice.as_deref() {
+        out.push(NewAttachment {
+            kind: "voice".into(),
+            reference: v.file_id.clone(),
+            name: None,
+            mime: v.mime_type.clone().or(Some("audio/ogg".into())),
+            size: size(v.file_size),
+        });
+    }
+    if let Some(a) = m.audio.as_deref() {
+        out.push(NewAttachment {
+            kind: "audio".into(),
+            reference: a.file_id.clone(),
+            name: a.file_name.clone(),
+            mime: a.mime_type.clone(),
+            size: size(a.file_size),
+        });
+    }
+    if let Some(v) = m.video.as_deref() {
+        out.push(NewAttachment {
+            kind: "video".into(),
+            reference: v.file_id.clone(),
+            name: v.file_name.clone(),
+            mime: v.mime_type.clone(),
+            size: size(v.file_size),
+        });
+    }
+    if let Some(d) = m.document.as_deref() {
+        let image = d
+            .mime_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with("image/"));
+        out.push(NewAttachment {
+            kind: if image { "image" } else { "file" }.into(),
+            reference: d.file_id.clone(),
+            name: d.file_name.clone(),
+            mime: d.mime_type.clone(),
+            size: size(d.file_size),
+        });
+    }
+    out
 }
 
 /// The caller a message counts as, and its display name. A message that
@@ -168,7 +237,7 @@ mod tests {
             json!({"id": 42, "type": "private", "first_name": "Ada"}),
             "hello",
         ));
-        let Inbound::Message(m) = inbound(&dm, &bot()) else {
+        let Inbound::Message(m, _) = inbound(&dm, &bot()) else {
             panic!("a DM is a message")
         };
         assert!(!m.is_group);
@@ -184,7 +253,7 @@ mod tests {
             json!({"id": -100123, "type": "supergroup", "title": "Team"}),
             "ping @mercury_test_bot",
         ));
-        let Inbound::Message(m) = inbound(&group, &bot()) else {
+        let Inbound::Message(m, _) = inbound(&group, &bot()) else {
             panic!("a group message is a message")
         };
         assert!(m.is_group && m.mentions_bot && !m.reply_to_bot);
@@ -194,7 +263,7 @@ mod tests {
         reply["message"]["reply_to_message"] = json!({"message_id": 6, "date": 1,
             "chat": {"id": -5, "type": "group"},
             "from": {"id": 999, "is_bot": true, "first_name": "Mercury"}, "text": "hi"});
-        let Inbound::Message(m) = inbound(&update(reply), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&update(reply), &bot()) else {
             panic!("a reply is a message")
         };
         assert!(m.reply_to_bot && !m.mentions_bot);
@@ -217,10 +286,34 @@ mod tests {
         let mut photo = msg(json!({"id": 42, "type": "private"}), "x");
         photo["message"].as_object_mut().unwrap().remove("text");
         photo["message"]["caption"] = json!("look at this");
-        let Inbound::Message(m) = inbound(&update(photo), &bot()) else {
+        photo["message"]["photo"] = json!([
+            {"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90, "file_size": 900},
+            {"file_id": "large", "file_unique_id": "l", "width": 800, "height": 600, "file_size": 80000}
+        ]);
+        let Inbound::Message(m, carried) = inbound(&update(photo), &bot()) else {
             panic!("a captioned photo is a message")
         };
-        assert_eq!(m.text, "look at this");
+        assert_eq!(m.text, "look at this\n[image]");
+        assert_eq!(carried.len(), 1);
+        assert_eq!(
+            (
+                carried[0].kind.as_str(),
+                carried[0].reference.as_str(),
+                carried[0].size
+            ),
+            ("image", "large", Some(80000))
+        );
+
+        // A voice note alone is a message too: its marker is its text.
+        let mut voice = msg(json!({"id": 42, "type": "private"}), "x");
+        voice["message"].as_object_mut().unwrap().remove("text");
+        voice["message"]["voice"] = json!({"file_id": "v1", "file_unique_id": "v", "duration": 3, "mime_type": "audio/ogg", "file_size": 5000});
+        let Inbound::Message(m, carried) = inbound(&update(voice), &bot()) else {
+            panic!("a voice note is a message")
+        };
+        assert_eq!(m.text, "[voice note]");
+        assert_eq!(carried[0].kind, "voice");
+        assert!(m.validate().is_ok());
     }
 
     #[test]
@@ -232,7 +325,7 @@ mod tests {
             json!({"id": 1087968824u64, "is_bot": true, "first_name": "Group"});
         anon["message"]["sender_chat"] = chat.clone();
         anon["message"]["author_signature"] = json!("Boss");
-        let Inbound::Message(m) = inbound(&update(anon), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&update(anon), &bot()) else {
             panic!("an anonymous admin's post is a message")
         };
         assert_eq!(m.sender_id, "-100555");
@@ -244,7 +337,7 @@ mod tests {
             json!({"id": 136817688u64, "is_bot": true, "first_name": "Channel"});
         as_channel["message"]["sender_chat"] =
             json!({"id": -100777, "type": "channel", "title": "My channel"});
-        let Inbound::Message(m) = inbound(&update(as_channel), &bot()) else {
+        let Inbound::Message(m, _) = inbound(&update(as_channel), &bot()) else {
             panic!("a post as a channel is a message")
         };
         assert_eq!(

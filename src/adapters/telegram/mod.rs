@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use frankenstein::client_reqwest::Bot;
 use frankenstein::methods::{
-    DeleteWebhookParams, EditMessageTextParams, GetUpdatesParams, SendChatActionParams,
-    SendMessageParams, SetWebhookParams,
+    DeleteWebhookParams, EditMessageTextParams, GetFileParams, GetUpdatesParams,
+    SendChatActionParams, SendMessageParams, SetWebhookParams,
 };
 use frankenstein::response::MethodResponse;
 use frankenstein::types::{AllowedUpdate, ChatAction, ReplyParameters};
@@ -140,6 +140,64 @@ struct Ctx {
 /// per group; an edit counts as a message).
 const EDIT_EVERY_PRIVATE: Duration = Duration::from_secs(1);
 const EDIT_EVERY_GROUP: Duration = Duration::from_secs(3);
+
+/// Fetches what a message carried: `getFile` for the file's path, then its
+/// bytes from the Bot API's file route.
+struct TelegramFiles {
+    bot: Bot,
+    http: reqwest::Client,
+    /// `{api_base_url}/file/bot{token}`: a secret, never in an error.
+    file_base: String,
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::AttachmentSource for TelegramFiles {
+    async fn fetch(
+        &self,
+        reference: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, crate::runtime::FetchError> {
+        use crate::runtime::FetchError;
+        let params = GetFileParams::builder().file_id(reference).build();
+        let file = match self.bot.get_file(&params).await.map_err(classify) {
+            Ok(f) => f.result,
+            Err(Failure::Api(e) | Failure::Transport(e)) => {
+                return Err(FetchError::Failed(format!("getFile: {e}")))
+            }
+            Err(Failure::RetryAfter(secs)) => {
+                return Err(FetchError::Failed(format!("getFile: wait {secs} s")))
+            }
+        };
+        if file.file_size.is_some_and(|n| n > max_bytes) {
+            return Err(FetchError::TooLarge(max_bytes));
+        }
+        // Telegram's own relative path (`photos/file_1.jpg`): anything else
+        // is not followed.
+        let path = file
+            .file_path
+            .filter(|p| {
+                !p.is_empty()
+                    && !p.starts_with('/')
+                    && !p
+                        .split('/')
+                        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '.' | '-'))
+            })
+            .ok_or_else(|| FetchError::Failed("getFile gave no usable file_path".into()))?;
+        super::download_capped(
+            &self.http,
+            &format!("{}/{path}", self.file_base),
+            None,
+            max_bytes,
+        )
+        .await
+        .map_err(|e| match e {
+            FetchError::Failed(why) => FetchError::Failed(format!("the file route: {why}")),
+            other => other,
+        })
+    }
+}
 
 /// Shows streamed replies (`sendMessage`, then `editMessageText`), paced per
 /// chat; the final reply's edit goes through it too.
@@ -282,8 +340,13 @@ pub(crate) async fn run(
     let base = cfg.api_base_url.trim_end_matches('/');
     let bot = Bot::builder()
         .api_url(format!("{base}/bot{token}"))
-        .client(client)
+        .client(client.clone())
         .build();
+    let files = Arc::new(TelegramFiles {
+        bot: bot.clone(),
+        http: client,
+        file_base: format!("{base}/file/bot{token}"),
+    });
     let Some(r) = until_ok(&board, &cancel, "getMe", || bot.get_me()).await else {
         return Ok(());
     };
@@ -298,8 +361,10 @@ pub(crate) async fn run(
         pace: EditPace::default(),
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown while this adapter is connected here.
+    // Streamed replies are shown, and attachments fetched, while this
+    // adapter is connected here.
     let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
+    let _files = app.rt.sources.seat(PLATFORM, files);
     let ctx = Arc::new(Ctx {
         app,
         bot,
@@ -485,13 +550,20 @@ async fn take(ctx: &Arc<Ctx>, update: Update) -> Result<(), TelegramError> {
     let next = i64::from(update.update_id) + 1;
     let advance = move |tx: &crate::storage::Tx<'_>| adapters::advance_offset(tx, ADAPTER, next);
     ctx.board().updated(ADAPTER);
-    let m = match convert::inbound(&update, &ctx.me) {
-        Inbound::Message(m) => m,
+    let (m, carried) = match convert::inbound(&update, &ctx.me) {
+        Inbound::Message(m, carried) => (m, carried),
         Inbound::Skip(why) => {
             tracing::debug!(update = update.update_id, why, "telegram update skipped");
             ctx.app.rt.store.write(advance).await?;
             return Ok(());
         }
+    };
+    // What the message carried is stored with it, fetched at turn time.
+    let (conversation, pid) = (m.conversation.clone(), m.message_id.clone());
+    let advance = move |tx: &crate::storage::Tx<'_>| {
+        advance(tx)?;
+        crate::storage::attachments::attach(tx, PLATFORM, &conversation, &pid, &carried)?;
+        Ok(())
     };
     let chat = m.conversation.parse::<i64>().ok();
     let what = format!("telegram update {}", update.update_id);
