@@ -473,6 +473,12 @@ pub struct ModelsConfig {
     /// The model specs that take pictures as image parts (others get a
     /// picture as a file in the workspace's `inbox/` and a line about it).
     pub vision: Vec<String>,
+    /// `openai:MODEL` of an OpenAI-compatible `/audio/transcriptions` at
+    /// `providers.openai_base_url` that voice notes and audio files are
+    /// transcribed with; empty: they are kept as files only.
+    pub transcription: String,
+    /// Charged to the space's budget for each transcription.
+    pub transcription_cost: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -1082,6 +1088,8 @@ models:                         # model files
   # or these absolute directories (and only a global admin may set one).
   scripted_roots: []            # list of absolute directories
   vision: []                    # list of model specs that take pictures as image parts (openai:gpt-4o, anthropic:…)
+  transcription: ""             # openai:MODEL transcribing voice notes (POST to providers.openai_base_url + /audio/transcriptions); empty: kept as files only
+  transcription_cost: 0.0       # amount: charged per transcription to the space's budget
 metrics:                        # Prometheus /metrics (always on the API with an owner or global admin token)
   bind: ""                      # ADDR:PORT of a listener serving /metrics without a token; empty: none
 log:                            # the host's log on stderr
@@ -1675,6 +1683,22 @@ impl Settings {
             return Err(key_err(
                 "models.scripted_roots",
                 format!("{r:?} is not an absolute path"),
+            ));
+        }
+        let t = &self.models.transcription;
+        if !t.is_empty()
+            && t.strip_prefix("openai:")
+                .is_none_or(|m| m.trim().is_empty())
+        {
+            return Err(key_err(
+                "models.transcription",
+                format!("{t:?} is not openai:MODEL (an OpenAI-compatible /audio/transcriptions)"),
+            ));
+        }
+        if !self.models.transcription_cost.is_finite() || self.models.transcription_cost < 0.0 {
+            return Err(key_err(
+                "models.transcription_cost",
+                "must be a number of at least 0",
             ));
         }
         if !self.metrics.bind.is_empty() && self.metrics.bind.parse::<SocketAddr>().is_err() {

@@ -328,6 +328,12 @@ impl ModelRegistry {
 
     /// The rule `PUT /api/model` applies to a scripted spec, the same one
     /// [`Self::get`] applies at use.
+    /// Where the HTTP providers live, with their keys (for a call that is
+    /// no chat completion: a transcription).
+    pub fn provider_settings(&self) -> &ProviderSettings {
+        &self.settings
+    }
+
     pub fn scripted_policy(&self) -> &ScriptedPolicy {
         &self.scripted
     }

@@ -4,7 +4,8 @@
 //! under a name the host makes (`inbox/<message>-<n>.<ext>`), through the
 //! files module's safe, quota-checked write; or refused with a sentence.
 //! The turn's prompt gets one line per attachment (where it is, or why it
-//! is not), and a picture goes to a model that takes images as an image
+//! is not), a voice note its transcript when `models.transcription` names
+//! a model, and a picture goes to a model that takes images as an image
 //! part.
 //!
 //! Must never: build a path from anything a sender or platform chose (the
@@ -88,8 +89,17 @@ pub(crate) async fn take_in(rt: &Arc<Runtime>, message: &Message) -> Received {
         let what = describe(a);
         match kept {
             Ok((path, bytes)) => {
-                out.lines
-                    .push(format!("[The user sent {what}; it is saved as {path}]"));
+                let heard = match &a.transcript {
+                    Some(t) => Some(t.clone()),
+                    None => transcribe(rt, message, a, &path, &bytes).await,
+                };
+                out.lines.push(match heard {
+                    Some(text) => format!(
+                        "[The user sent {what}; it is saved as {path}; it says: \"{}\"]",
+                        one_line(&text)
+                    ),
+                    None => format!("[The user sent {what}; it is saved as {path}]"),
+                });
                 if let Some(mime) = image_mime(a).filter(|_| bytes.len() <= IMAGE_PART_MAX) {
                     use base64::Engine;
                     out.images.push(ImagePart {
@@ -106,6 +116,86 @@ pub(crate) async fn take_in(rt: &Arc<Runtime>, message: &Message) -> Received {
         }
     }
     out
+}
+
+/// What a kept voice note or audio file says, when `models.transcription`
+/// names a model: charged to the space's budget (`models.transcription_cost`,
+/// through the spend seam's caps) and kept with the attachment, so a retried
+/// turn does not pay again. `None` when none is configured, or it failed
+/// (logged: the file is still there).
+async fn transcribe(
+    rt: &Arc<Runtime>,
+    message: &Message,
+    a: &Attachment,
+    path: &str,
+    bytes: &[u8],
+) -> Option<String> {
+    let model = rt.settings.models.transcription.strip_prefix("openai:")?;
+    if !matches!(a.kind.as_str(), "voice" | "audio") {
+        return None;
+    }
+    let charge = crate::spend::Charge {
+        space: Some(message.space_id.clone()),
+        purpose: crate::spend::SpendPurpose::Turn,
+    };
+    let reservation = match rt
+        .spend
+        .reserve_tool(
+            &charge,
+            "transcription",
+            rt.settings.models.transcription_cost,
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(space = %message.space_id, reason = %e, "a voice note was not transcribed");
+            return None;
+        }
+    };
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let mime = a.mime.as_deref().unwrap_or("application/octet-stream");
+    let heard = crate::model::transcribe::transcribe(
+        rt.models.provider_settings(),
+        model,
+        bytes,
+        mime,
+        name,
+    )
+    .await;
+    if let Err(e) = rt.spend.end_tool(reservation, heard.is_ok()).await {
+        tracing::warn!(error = %e, "cannot end a transcription's reservation");
+    }
+    match heard {
+        Ok(text) => {
+            let (id, kept) = (a.id, text.clone());
+            if let Err(e) = rt
+                .store
+                .write(move |tx| attachments::set_transcript(tx, id, &kept))
+                .await
+            {
+                tracing::warn!(error = %e, "cannot keep a voice note's transcript");
+            }
+            Some(text)
+        }
+        Err(e) => {
+            let e = crate::redaction::secrets::scrub_error(&e.to_string());
+            tracing::warn!(space = %message.space_id, error = %e, "a voice note could not be transcribed");
+            None
+        }
+    }
+}
+
+/// `text` on one line, at most 4,000 characters: a transcript is the
+/// sender's words, so it cannot close the line it is quoted in.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .filter(|c| *c != '"' && *c != ']')
+        .take(4000)
+        .collect::<String>()
+        .trim()
+        .to_owned()
 }
 
 /// Fetches one attachment and writes it into the live workspace's inbox;
@@ -242,6 +332,7 @@ mod tests {
             status: "pending".into(),
             path: None,
             error: None,
+            transcript: None,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod openai;
 mod retry;
 pub mod scripted;
 mod sse;
+pub mod transcribe;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -41,9 +41,12 @@ pub struct Attachment {
     pub path: Option<String>,
     /// Why it was refused.
     pub error: Option<String>,
+    /// What a voice note or audio file says, once transcribed.
+    pub transcript: Option<String>,
 }
 
-const COLS: &str = "id, message_id, kind, reference, name, mime, size, status, path, error";
+const COLS: &str =
+    "id, message_id, kind, reference, name, mime, size, status, path, error, transcript";
 
 fn from_row(r: &Row<'_>) -> StoreResult<Attachment> {
     Ok(Attachment {
@@ -57,6 +60,7 @@ fn from_row(r: &Row<'_>) -> StoreResult<Attachment> {
         status: r.get(7)?,
         path: r.get(8)?,
         error: r.get(9)?,
+        transcript: r.get(10)?,
     })
 }
 
@@ -113,6 +117,15 @@ pub fn settle(conn: &Conn, id: i64, path: Option<&str>, error: Option<&str>) -> 
     conn.execute(
         "UPDATE attachments SET status = ?2, path = ?3, error = ?4 WHERE id = ?1",
         params![id, status, path, error],
+    )?;
+    Ok(())
+}
+
+/// Keeps what a kept voice note or audio file says.
+pub fn set_transcript(conn: &Conn, id: i64, text: &str) -> StoreResult<()> {
+    conn.execute(
+        "UPDATE attachments SET transcript = ?2 WHERE id = ?1",
+        params![id, text],
     )?;
     Ok(())
 }

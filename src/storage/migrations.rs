@@ -523,7 +523,8 @@ CREATE INDEX reply_previews_created ON reply_previews (created_at);
     // 19: attachments (issue 30). A picture, voice note or file that came
     // with a message, stored as the platform's reference in the message's
     // own transaction; the space's actor fetches it at turn time into the
-    // workspace's inbox/ (`path`) or refuses it with a sentence (`error`).
+    // workspace's inbox/ (`path`) or refuses it with a sentence (`error`);
+    // a voice note's text, once transcribed, is kept (`transcript`).
     r#"
 CREATE TABLE attachments (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -536,6 +537,7 @@ CREATE TABLE attachments (
   status TEXT NOT NULL DEFAULT 'pending',
   path TEXT,
   error TEXT,
+  transcript TEXT,
   created_at INTEGER NOT NULL
 );
 CREATE INDEX attachments_message ON attachments (message_id);

@@ -261,3 +261,92 @@ async fn telegram_a_model_without_vision_reads_where_the_file_is_and_an_oversize
     assert!(files[0].ends_with("-1.pdf"), "{files:?}");
     host.stop().await;
 }
+
+/// An OpenAI-compatible `/audio/transcriptions` that checks its form and
+/// keeps every body it got.
+async fn transcriber() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let app = Router::new().route(
+        "/v1/audio/transcriptions",
+        post({
+            let seen = seen.clone();
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let form = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|t| t.starts_with("multipart/form-data; boundary="));
+                    let keyed = headers.get("authorization").and_then(|v| v.to_str().ok())
+                        == Some("Bearer sk-test-voice");
+                    seen.lock().unwrap().push(body.to_vec());
+                    if form && keyed {
+                        (
+                            axum::http::StatusCode::OK,
+                            Json(json!({"text": "buy milk tomorrow"})),
+                        )
+                    } else {
+                        (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            Json(json!({"error": {"message": "not a keyed form"}})),
+                        )
+                    }
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn telegram_a_voice_note_is_kept_and_transcribed_for_the_turn() {
+    let fake = FakeBotApi::start().await;
+    let (url, seen) = transcriber().await;
+    let voice = b"OggS a fake voice note".to_vec();
+    fake.add_file("voice-ok", "voice/file_3.oga", voice.clone());
+    let mut opts = host_options(
+        &fake,
+        json!({"rules": [{"match": "it says: \"([^\"]*)\"\\]", "reply": "heard: $1"}]}),
+        vec![
+            ("models.transcription", Yaml::from("openai:whisper-1")),
+            ("providers.openai_base_url", Yaml::from(url)),
+            ("providers.max_retries", Yaml::from(0)),
+        ],
+    );
+    opts.env
+        .push(("MERCURY_OPENAI_API_KEY", "sk-test-voice".to_string()));
+    let host = TestHost::start_process(opts).await;
+    fake.push(carrying(
+        1,
+        101,
+        None,
+        (
+            "voice",
+            json!({"file_id": "voice-ok", "file_unique_id": "v", "duration": 2, "mime_type": "audio/ogg", "file_size": voice.len()}),
+        ),
+    ));
+    fake.until(60, "the reply", |f| f.replies().contains_key(&101))
+        .await;
+    assert_eq!(fake.replies()[&101][0]["text"], "heard: buy milk tomorrow");
+    // The form carried the model's name and the note's bytes, named by the host.
+    let bodies = seen.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 1);
+    let body = String::from_utf8_lossy(&bodies[0]);
+    assert!(
+        body.contains("name=\"model\"\r\n\r\nwhisper-1\r\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Content-Type: audio/ogg\r\n\r\nOggS a fake voice note\r\n"),
+        "{body}"
+    );
+    assert!(body.contains("filename=\"1-1.ogg\""), "{body}");
+    let transcript: Option<String> =
+        host.read(|c| c.query_row("SELECT transcript FROM attachments", &[], |r| r.get(0)));
+    assert_eq!(transcript.as_deref(), Some("buy milk tomorrow"));
+    assert_eq!(inbox_files(&host), vec!["1-1.ogg".to_owned()]);
+    host.stop().await;
+}
