@@ -22,7 +22,7 @@ use crate::runtime::Runtime;
 use crate::sandbox::RunKind;
 use crate::storage::messages::{self, Message, NewMessage};
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{conversations, runs, task_runs, tasks, Conn, StoreResult, Tx};
+use crate::storage::{conversations, outbox, runs, task_runs, tasks, Conn, StoreResult, Tx};
 
 /// The model chain of a space: its own (`space_config.model`) or the default.
 pub(crate) fn model_chain(conn: &Conn, rt: &Runtime, space: &str) -> StoreResult<Vec<String>> {
@@ -159,6 +159,7 @@ pub(crate) async fn run_and_commit(
             cost: 0.0,
             steps: Vec::new(),
             discarded: Default::default(),
+            files_out: Vec::new(),
         };
         if let Err(e) = commit(rt, &message, &run_id, outcome).await {
             tracing::error!(space = %space, message = message.id, error = %e, "cannot fail a crash-looping message");
@@ -307,7 +308,7 @@ async fn commit(
                     ..Default::default()
                 },
             )?;
-            deliver(tx, &outbound, &message, reply_id, reply)?;
+            deliver(tx, &outbound, &message, reply_id, reply, &outcome.files_out)?;
             Ok(())
         })
         .await
@@ -323,6 +324,7 @@ fn deliver(
     message: &Message,
     reply_id: Option<i64>,
     text: &str,
+    files: &[String],
 ) -> StoreResult<()> {
     let conversation = match (message.conversation_id, message.task_run_id) {
         (Some(c), _) => conversations::get(tx, c)?,
@@ -344,7 +346,7 @@ fn deliver(
         (None, None) => None,
     };
     if let Some(c) = conversation.filter(|c| c.platform != "console") {
-        outbound.enqueue(
+        let queued = outbound.enqueue(
             tx,
             &crate::runtime::OutboundSend {
                 space: &message.space_id,
@@ -356,6 +358,10 @@ fn deliver(
                 source: "reply",
             },
         )?;
+        // The files the turn wrote under outbox/ go with the reply.
+        if let Some(id) = queued {
+            outbox::attach_files(tx, id, files)?;
+        }
     }
     Ok(())
 }

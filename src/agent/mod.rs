@@ -144,6 +144,28 @@ pub(crate) struct TurnOutcome {
     /// writes to its copy, which never reach the workspace); empty for a
     /// turn that merges.
     pub discarded: Discarded,
+    /// The files a merged turn wrote under `outbox/`, sent with its reply.
+    pub files_out: Vec<String>,
+}
+
+/// At most this many files a turn wrote under `outbox/` go with its reply.
+pub(crate) const FILES_OUT_MAX: usize = 10;
+
+/// The files `changes` wrote directly under `outbox/`, in path order.
+fn files_out(changes: &[crate::workspace::layer::LayerChange]) -> Vec<String> {
+    let mut out: Vec<String> = changes
+        .iter()
+        .filter(|c| c.kind == crate::workspace::layer::ChangeKind::Written)
+        .filter(|c| {
+            c.path
+                .strip_prefix("outbox/")
+                .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+        })
+        .map(|c| c.path.clone())
+        .collect();
+    out.sort();
+    out.truncate(FILES_OUT_MAX);
+    out
 }
 
 /// What a throwaway copy held when it was thrown away.
@@ -255,10 +277,23 @@ pub(crate) async fn run_turn(
     };
     let layer = slot.layer.lock().ok().and_then(|mut l| l.take());
     let mut discarded = Discarded::default();
+    let mut sent_files = Vec::new();
     let result = match (layer, result) {
         (Some(layer), Some(Ok(text))) if merge => {
-            match tokio::task::spawn_blocking(move || layer.commit()).await {
-                Ok(Ok(())) => Some(Ok(text)),
+            let committed = tokio::task::spawn_blocking(move || {
+                // Read before the merge: the upper layer is what this turn wrote.
+                let written = layer
+                    .changes(DISCARDED_MAX)
+                    .map(|(c, _)| files_out(&c))
+                    .unwrap_or_default();
+                layer.commit().map(|()| written)
+            })
+            .await;
+            match committed {
+                Ok(Ok(written)) => {
+                    sent_files = written;
+                    Some(Ok(text))
+                }
                 Ok(Err(e)) => Some(Err(TurnError::Layer(e))),
                 Err(e) => Some(Err(TurnError::Layer(LayerError::Commit(e.to_string())))),
             }
@@ -364,6 +399,7 @@ pub(crate) async fn run_turn(
         cost: acc.cost,
         steps,
         discarded,
+        files_out: sent_files,
     }
 }
 

@@ -12,6 +12,7 @@
 //! This module is self-contained: it refers to nothing outside `crate::model`.
 
 pub mod anthropic;
+pub mod form;
 pub mod gate;
 pub mod openai;
 mod retry;

@@ -28,17 +28,18 @@ pub async fn transcribe(
         "{}/audio/transcriptions",
         settings.openai_base_url.trim_end_matches('/')
     );
-    let boundary = format!("mercury-{:016x}", rand::random::<u64>());
-    let body = form(&boundary, model, audio, mime, file_name);
+    // The file name is the host's own (`inbox/…`'s last part), never a sender's.
+    let (content_type, body) = super::form::Form::new()
+        .text("model", model)
+        .text("response_format", "json")
+        .file("file", file_name, mime, audio)
+        .finish();
     let policy = RetryPolicy::from_settings(settings);
     let key = settings.openai_api_key.clone().filter(|k| !k.is_empty());
     let text = retry::send_with_retry(&policy, &endpoint, || {
         let req = client
             .post(&endpoint)
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                format!("multipart/form-data; boundary={boundary}"),
-            )
+            .header(reqwest::header::CONTENT_TYPE, &content_type)
             .body(body.clone());
         match &key {
             Some(k) => req.bearer_auth(k),
@@ -62,27 +63,6 @@ pub async fn transcribe(
                 retry::excerpt(&text, 200)
             ))
         })
-}
-
-/// The form: `model`, `response_format=json`, and the file. The file name
-/// is the host's own (`inbox/…`'s last part), never a sender's.
-fn form(boundary: &str, model: &str, audio: &[u8], mime: &str, file_name: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(audio.len() + 512);
-    for (name, value) in [("model", model), ("response_format", "json")] {
-        out.extend_from_slice(
-            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
-                .as_bytes(),
-        );
-    }
-    out.extend_from_slice(
-        format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\nContent-Type: {mime}\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    out.extend_from_slice(audio);
-    out.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    out
 }
 
 #[cfg(test)]

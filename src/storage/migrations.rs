@@ -524,7 +524,9 @@ CREATE INDEX reply_previews_created ON reply_previews (created_at);
     // with a message, stored as the platform's reference in the message's
     // own transaction; the space's actor fetches it at turn time into the
     // workspace's inbox/ (`path`) or refuses it with a sentence (`error`);
-    // a voice note's text, once transcribed, is kept (`transcript`).
+    // a voice note's text, once transcribed, is kept (`transcript`). The
+    // files a turn wrote under outbox/ are sent with its reply (`outbox_files`,
+    // workspace paths, deleted with their outbox item).
     r#"
 CREATE TABLE attachments (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -541,6 +543,12 @@ CREATE TABLE attachments (
   created_at INTEGER NOT NULL
 );
 CREATE INDEX attachments_message ON attachments (message_id);
+CREATE TABLE outbox_files (
+  outbox_id INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  PRIMARY KEY (outbox_id, seq)
+);
 "#,
 ];
 

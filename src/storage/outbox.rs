@@ -92,6 +92,11 @@ pub fn ack(conn: &Conn, up_to: i64, platform: Option<&str>, now: i64) -> StoreRe
 /// Deletes the items delivered before `before` (never an undelivered one);
 /// how many it deleted.
 pub fn prune_delivered(conn: &Conn, before: i64) -> StoreResult<u64> {
+    conn.execute(
+        "DELETE FROM outbox_files WHERE outbox_id IN \
+         (SELECT id FROM outbox WHERE delivered_at IS NOT NULL AND delivered_at < ?1)",
+        params![before],
+    )?;
     let n = conn.execute(
         "DELETE FROM outbox WHERE delivered_at IS NOT NULL AND delivered_at < ?1",
         params![before],
@@ -156,15 +161,36 @@ pub struct DeliveryRefs {
     /// The preview that showed the reply while it was written, in the
     /// item's own chat: the reply is delivered as its edit.
     pub edit_of: Option<String>,
+    /// Files of the space's workspace (`outbox/…`) sent with the reply.
+    pub files: Vec<String>,
+}
+
+/// Sends `files` (workspace paths) with outbox item `id`.
+pub fn attach_files(conn: &Conn, id: i64, files: &[String]) -> StoreResult<()> {
+    for (seq, path) in files.iter().enumerate() {
+        conn.execute(
+            "INSERT INTO outbox_files (outbox_id, seq, path) VALUES (?1, ?2, ?3)",
+            params![id, seq as i64, path],
+        )?;
+    }
+    Ok(())
 }
 
 /// What `item` refers to on its platform (nothing for an item that is no
 /// reply: a send, a digest).
 pub fn delivery_refs(conn: &Conn, item: &OutboxItem) -> StoreResult<DeliveryRefs> {
+    let files = conn.query_all(
+        "SELECT path FROM outbox_files WHERE outbox_id = ?1 ORDER BY seq",
+        params![item.id],
+        |r| r.get(0),
+    )?;
     let Some(reply) = item.message_id else {
-        return Ok(DeliveryRefs::default());
+        return Ok(DeliveryRefs {
+            files,
+            ..Default::default()
+        });
     };
-    Ok(conn
+    let refs: DeliveryRefs = conn
         .query_row(
             "SELECT q.platform_message_id, p.platform_message_id FROM messages r \
              JOIN messages q ON q.id = r.reply_to \
@@ -175,11 +201,13 @@ pub fn delivery_refs(conn: &Conn, item: &OutboxItem) -> StoreResult<DeliveryRefs
                 Ok(DeliveryRefs {
                     answered: r.get(0)?,
                     edit_of: r.get(1)?,
+                    files: Vec::new(),
                 })
             },
         )
         .optional()?
-        .unwrap_or_default())
+        .unwrap_or_default();
+    Ok(DeliveryRefs { files, ..refs })
 }
 
 #[cfg(test)]

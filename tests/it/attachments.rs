@@ -350,3 +350,46 @@ async fn telegram_a_voice_note_is_kept_and_transcribed_for_the_turn() {
     assert_eq!(inbox_files(&host), vec!["1-1.ogg".to_owned()]);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn telegram_a_file_the_turn_writes_under_outbox_goes_with_its_reply() {
+    let fake = FakeBotApi::start().await;
+    let host = TestHost::start_process(host_options(
+        &fake,
+        json!({"rules": [
+            {"match": "tool_result\\(write_file\\)", "reply": "here it is"},
+            {"match": "send me the report", "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "outbox/report.txt", "content": "quarterly numbers"}},
+                {"name": "write_file", "arguments": {"path": "notes.txt", "content": "kept, not sent"}}
+            ]}
+        ]}),
+        vec![],
+    ))
+    .await;
+    fake.push(crate::telegram::dm(1, 101, 501, "send me the report"));
+    fake.until(60, "the reply and its file", |f| {
+        f.replies().contains_key(&101) && !f.calls("sendDocument").is_empty()
+    })
+    .await;
+    assert_eq!(fake.replies()[&101][0]["text"], "here it is");
+    let uploads = fake.calls("sendDocument");
+    assert_eq!(uploads.len(), 1, "only the file under outbox/: {uploads:?}");
+    let form = uploads[0].params["multipart"].as_str().unwrap();
+    assert!(form.contains("name=\"chat_id\"\r\n\r\n501\r\n"), "{form}");
+    assert!(
+        form.contains("name=\"document\"; filename=\"report.txt\"")
+            && form.contains("\r\n\r\nquarterly numbers\r\n"),
+        "{form}"
+    );
+    // The reply's text went first, then its file.
+    let sent = fake.calls("sendMessage");
+    assert!(sent[0].at <= uploads[0].at);
+    assert!(fake.calls("sendPhoto").is_empty());
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
+    host.stop().await;
+}

@@ -133,7 +133,14 @@ struct Ctx {
     identity: AdapterIdentity,
     cancel: CancellationToken,
     editor: Arc<TelegramEditor>,
+    http: reqwest::Client,
+    /// `{api_base_url}/bot{token}`: a secret, never in an error.
+    method_base: String,
 }
+
+/// The largest file the Bot API takes as an upload, and as a photo.
+const UPLOAD_MAX: usize = 50 << 20;
+const PHOTO_MAX: usize = 10 << 20;
 
 /// The least time between two edits of a message in a private chat, and in
 /// a group (Telegram: about one message a second per chat, twenty a minute
@@ -344,9 +351,10 @@ pub(crate) async fn run(
         .build();
     let files = Arc::new(TelegramFiles {
         bot: bot.clone(),
-        http: client,
+        http: client.clone(),
         file_base: format!("{base}/file/bot{token}"),
     });
+    let method_base = format!("{base}/bot{token}");
     let Some(r) = until_ok(&board, &cancel, "getMe", || bot.get_me()).await else {
         return Ok(());
     };
@@ -372,6 +380,8 @@ pub(crate) async fn run(
         identity: AdapterIdentity::bound_to(PLATFORM),
         cancel,
         editor,
+        http: client,
+        method_base,
     });
     let intake = async {
         match cfg.mode {
@@ -666,5 +676,100 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
             }
         }
     }
+    for path in &refs.files {
+        match send_file(ctx, chat, &item.space_id, path).await {
+            Ok(()) => {}
+            Err(Failure::Api(e)) => return Sent::Refused(e),
+            Err(Failure::Transport(error)) => {
+                return Sent::Unreachable {
+                    call: "sendDocument",
+                    error,
+                }
+            }
+            Err(Failure::RetryAfter(secs)) => {
+                return Sent::Unreachable {
+                    call: "sendDocument",
+                    error: format!("asked to wait {secs} s"),
+                }
+            }
+        }
+    }
     Sent::Delivered
+}
+
+/// Uploads one file of the space's workspace (`outbox/…`, read through the
+/// safe-path function) into `chat`: a picture of at most 10 MB with
+/// `sendPhoto`, anything else with `sendDocument`. A file gone meanwhile
+/// is skipped with a warning (the reply itself went out).
+async fn send_file(ctx: &Arc<Ctx>, chat: i64, space: &str, rel: &str) -> Result<(), Failure> {
+    let Ok(space) = crate::ids::SpaceId::parse(space) else {
+        return Err(Failure::Api(format!("{space:?} is not a space id")));
+    };
+    let live = ctx.app.rt.paths.workspace(&space);
+    let at = rel.to_owned();
+    let read = tokio::task::spawn_blocking(move || {
+        crate::workspace::safe::WorkspaceRoot::open(&live)
+            .and_then(|root| root.read_capped(&at, UPLOAD_MAX))
+    })
+    .await
+    .map_err(|e| Failure::Transport(e.to_string()))?;
+    let bytes = match read {
+        Ok(Some((bytes, false))) => bytes,
+        Ok(Some((_, true))) => {
+            return Err(Failure::Api(format!(
+                "{rel} is larger than the Bot API's 50 MB upload"
+            )))
+        }
+        Ok(None) | Err(_) => {
+            tracing::warn!(file = %rel, "a file of the reply is gone from the workspace; not sent");
+            return Ok(());
+        }
+    };
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    let lower = name.to_ascii_lowercase();
+    let photo = bytes.len() <= PHOTO_MAX
+        && [".jpg", ".jpeg", ".png", ".webp"]
+            .iter()
+            .any(|e| lower.ends_with(e));
+    let (method, field) = if photo {
+        ("sendPhoto", "photo")
+    } else {
+        ("sendDocument", "document")
+    };
+    let (content_type, body) = crate::model::form::Form::new()
+        .text("chat_id", &chat.to_string())
+        .file(field, name, "application/octet-stream", &bytes)
+        .finish();
+    loop {
+        let sent = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Err(Failure::Transport("stopping".into())),
+            r = ctx
+                .http
+                .post(format!("{}/{method}", ctx.method_base))
+                .header(reqwest::header::CONTENT_TYPE, &content_type)
+                .body(body.clone())
+                .send() => r,
+        };
+        let res = sent.map_err(|e| Failure::Transport(e.without_url().to_string()))?;
+        let answer: serde_json::Value = res
+            .json()
+            .await
+            .map_err(|e| Failure::Transport(e.without_url().to_string()))?;
+        if answer["ok"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        let code = answer["error_code"].as_i64().unwrap_or(0);
+        if code == 429 {
+            let secs = answer["parameters"]["retry_after"].as_u64().unwrap_or(1);
+            if !ctx
+                .pause(Duration::from_secs(secs.clamp(1, RETRY_AFTER_CAP_SECS)))
+                .await
+            {
+                return Err(Failure::Transport("stopping".into()));
+            }
+            continue;
+        }
+        let description = answer["description"].as_str().unwrap_or("").to_owned();
+        return Err(Failure::Api(format!("{method}: {code} {description}")));
+    }
 }
