@@ -19,7 +19,6 @@ use crate::model::ImagePart;
 use crate::runtime::{FetchError, Runtime};
 use crate::storage::attachments::{self, Attachment};
 use crate::storage::messages::Message;
-use crate::storage::{conversations, StoreResult};
 use crate::workspace::files::{self, FilesError};
 
 /// The largest picture given to a model as an image part (the strictest
@@ -35,29 +34,16 @@ pub(crate) struct Received {
     pub images: Vec<ImagePart>,
 }
 
-/// Fetches and keeps `message`'s pending attachments (one already settled
-/// by an earlier attempt of the turn is not fetched again) and says what
-/// became of each.
-pub(crate) async fn take_in(rt: &Arc<Runtime>, message: &Message) -> Received {
-    let (id, conversation) = (message.id, message.conversation_id);
-    let read = rt
-        .store
-        .read(move |c| -> StoreResult<_> {
-            let list = attachments::of_message(c, id)?;
-            let platform = match (list.is_empty(), conversation) {
-                (false, Some(conv)) => conversations::get(c, conv)?.map(|c| c.platform),
-                _ => None,
-            };
-            Ok((list, platform))
-        })
-        .await;
-    let (list, platform) = match read {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(message = id, error = %e, "cannot read a message's attachments");
-            return Received::default();
-        }
-    };
+/// Fetches and keeps `message`'s pending attachments (`list`, read with
+/// the run's opening transaction, with the platform of its conversation;
+/// one already settled by an earlier attempt of the turn is not fetched
+/// again) and says what became of each.
+pub(crate) async fn take_in(
+    rt: &Arc<Runtime>,
+    message: &Message,
+    (list, platform): (Vec<Attachment>, Option<String>),
+) -> Received {
+    let id = message.id;
     let mut out = Received::default();
     for (n, a) in list.iter().enumerate() {
         let kept = match a.status.as_str() {
@@ -68,6 +54,15 @@ pub(crate) async fn take_in(rt: &Arc<Runtime>, message: &Message) -> Received {
                 None => Err("it was not kept".to_owned()),
             },
             "refused" => Err(a.error.clone().unwrap_or_default()),
+            // The platform's adapter runs on another host (one of many):
+            // left pending, so an attempt there can still fetch it.
+            _ if platform
+                .as_deref()
+                .and_then(|p| rt.sources.get(p))
+                .is_none() =>
+            {
+                Err("its platform's adapter is not connected on this host".to_owned())
+            }
             _ => {
                 let kept = keep(rt, message, n + 1, a, platform.as_deref()).await;
                 let (aid, path, error) = match &kept {

@@ -121,17 +121,24 @@ pub(crate) async fn run_and_commit(
                     )),
                     role,
                 };
+                // What the message carried, and the platform that fetches it.
+                let carried = crate::storage::attachments::of_message(tx, mid)?;
+                let platform = match (carried.is_empty(), conversation) {
+                    (false, Some(c)) => conversations::get(tx, c)?.map(|c| c.platform),
+                    _ => None,
+                };
                 Ok((
                     model_chain(tx, &rt2, &space_s)?,
                     links_act,
                     rule,
                     crashed,
                     preread,
+                    (carried, platform),
                 ))
             })
             .await
     };
-    let (chain, links_paragraph, trigger, crashed, preread) = match prep {
+    let (chain, links_paragraph, trigger, crashed, preread, carried) = match prep {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(space = %space, error = %e, "cannot start a run");
@@ -167,7 +174,7 @@ pub(crate) async fn run_and_commit(
         return;
     }
     let workspace = rt.paths.workspace(space);
-    let received = super::attachments::take_in(rt, &message).await;
+    let received = super::attachments::take_in(rt, &message, carried).await;
     let mut user_text =
         super::prompt::strip_trigger(&message.text, &trigger.patterns, trigger.case_sensitive)
             .to_owned();

@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
-use super::retry::{self, BodyRead, RetryPolicy};
+use super::retry::{self, RetryPolicy, StreamedAnswer};
 use super::{
     ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role, TextSink,
     ToolCall, Usage,
@@ -84,20 +84,9 @@ impl ModelProvider for AnthropicProvider {
         let mut body = request_body(req)?;
         body["stream"] = json!(true);
         tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "anthropic streaming call");
-        let streamed = retry::send_with_retry_reading(
-            &self.policy,
-            &self.endpoint,
-            || self.post(&body),
-            |response| async move {
-                let mut acc = Streamed::default();
-                match retry::read_events(response, |e| acc.take(&e.data, sink)).await {
-                    BodyRead::Done(()) => BodyRead::Done(acc),
-                    BodyRead::Broken(why) => BodyRead::Broken(why),
-                    BodyRead::Refused(e) => BodyRead::Refused(e),
-                }
-            },
-        )
-        .await?;
+        let streamed: Streamed =
+            retry::stream_with_retry(&self.policy, &self.endpoint, || self.post(&body), sink)
+                .await?;
         streamed.into_response()
     }
 }
@@ -129,7 +118,7 @@ struct Streamed {
     output_tokens: u64,
 }
 
-impl Streamed {
+impl StreamedAnswer for Streamed {
     /// Takes one event's data (its `type` names it, as the `event:` line
     /// does); `Ok(true)` at `message_stop`. An `overloaded_error` event is
     /// retried, another error is not.
@@ -213,7 +202,9 @@ impl Streamed {
         }
         Ok(false)
     }
+}
 
+impl Streamed {
     /// The answer as a whole Messages body would have given it, read by the
     /// same decoder.
     fn into_response(self) -> Result<ModelResponse, ModelError> {

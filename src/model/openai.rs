@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
-use super::retry::{self, BodyRead, RetryPolicy};
+use super::retry::{self, RetryPolicy, StreamedAnswer};
 use super::{
     ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ProviderSettings, Role,
     TextSink, ToolCall, Usage,
@@ -80,20 +80,9 @@ impl ModelProvider for OpenAiProvider {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
         tracing::debug!(endpoint = %self.endpoint, model = %req.model, purpose = req.purpose.as_str(), "openai streaming call");
-        let streamed = retry::send_with_retry_reading(
-            &self.policy,
-            &self.endpoint,
-            || self.post(&body),
-            |response| async move {
-                let mut acc = Streamed::default();
-                match retry::read_events(response, |e| acc.take(&e.data, sink)).await {
-                    BodyRead::Done(()) => BodyRead::Done(acc),
-                    BodyRead::Broken(why) => BodyRead::Broken(why),
-                    BodyRead::Refused(e) => BodyRead::Refused(e),
-                }
-            },
-        )
-        .await?;
+        let streamed: Streamed =
+            retry::stream_with_retry(&self.policy, &self.endpoint, || self.post(&body), sink)
+                .await?;
         streamed.into_response()
     }
 }
@@ -118,7 +107,7 @@ struct Streamed {
     usage: Value,
 }
 
-impl Streamed {
+impl StreamedAnswer for Streamed {
     /// Takes one event's data; `Ok(true)` at `[DONE]`. An error object in
     /// the stream (a server that ran out of capacity mid-answer) is retried.
     fn take(&mut self, data: &str, sink: &TextSink) -> Result<bool, (bool, String)> {
@@ -180,7 +169,9 @@ impl Streamed {
         }
         Ok(false)
     }
+}
 
+impl Streamed {
     /// The answer as a whole chat-completions body would have given it, read
     /// by the same decoder (so a streamed answer is checked as strictly).
     fn into_response(self) -> Result<ModelResponse, ModelError> {

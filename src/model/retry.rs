@@ -307,6 +307,33 @@ where
     }
 }
 
+/// A streamed answer being put together from its events' data.
+pub(super) trait StreamedAnswer: Default + Send {
+    /// Takes one event's data, telling `sink` the text so far when it grew;
+    /// `Ok(true)` at the stream's end marker; `Err((retry, why))` to stop.
+    fn take(&mut self, data: &str, sink: &super::TextSink) -> Result<bool, (bool, String)>;
+}
+
+/// A streaming call: the request `build` makes, retried per `policy`; each
+/// attempt's event stream read into a fresh `A` (so a retried attempt's
+/// text starts again from nothing).
+pub(super) async fn stream_with_retry<A: StreamedAnswer>(
+    policy: &RetryPolicy,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+    sink: &super::TextSink,
+) -> Result<A, ModelError> {
+    send_with_retry_reading(policy, what, build, |response| async move {
+        let mut acc = A::default();
+        match read_events(response, |e| acc.take(&e.data, sink)).await {
+            BodyRead::Done(()) => BodyRead::Done(acc),
+            BodyRead::Broken(why) => BodyRead::Broken(why),
+            BodyRead::Refused(e) => BodyRead::Refused(e),
+        }
+    })
+    .await
+}
+
 /// Reads an event-stream body, handing each event to `take` as it comes:
 /// `take` answers `Ok(true)` once the stream's own end marker came. A body
 /// that breaks off is [`BodyRead::Broken`]; an event `take` refuses is
