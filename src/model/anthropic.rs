@@ -645,6 +645,25 @@ mod tests {
         assert!(body.get("tools").is_none(), "{body}");
     }
 
+    #[test]
+    fn a_picture_is_an_image_block_before_the_text_it_came_with() {
+        let asked = ChatMessage {
+            images: vec![crate::model::ImagePart {
+                mime: "image/png".into(),
+                base64: "aGVsbG8=".into(),
+            }],
+            ..ChatMessage::text(Role::User, "what is this?")
+        };
+        let body = request_body(&request(vec![asked])).unwrap();
+        assert_eq!(
+            body["messages"][0]["content"],
+            json!([
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="}},
+                {"type": "text", "text": "what is this?"}
+            ])
+        );
+    }
+
     #[tokio::test]
     async fn wrong_key_is_an_http_error_with_the_server_message() {
         let (server, mut settings) = start(vec![]).await;
