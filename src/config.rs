@@ -1147,6 +1147,7 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     enabled: false              # true|false
     api_base_url: "https://slack.com/api"  # URL of the Web API (a test's fake)
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+    file_origins: ["https://files.slack.com"]  # where a message's files may be downloaded from, with the bot token
 
 storage:                        # where the state lives (docs/storage.md)
   backend: {storage_backend}               # sqlite (<data dir>/state.db) | postgres

@@ -509,6 +509,16 @@ impl EditPace {
     }
 }
 
+/// `scheme://host[:port]` of `url`, lower-cased, if it has one.
+pub(crate) fn origin_of(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?.to_ascii_lowercase();
+    Some(match u.port() {
+        Some(p) => format!("{}://{host}:{p}", u.scheme()),
+        None => format!("{}://{host}", u.scheme()),
+    })
+}
+
 /// GETs `url`, reading at most `max` bytes of its body (a longer one is
 /// refused as soon as it shows: by its `Content-Length`, or while it is
 /// read). Errors never carry the URL (a Bot API file URL holds the token).

@@ -40,6 +40,25 @@ struct Fake {
     updates: Mutex<Vec<(Instant, Value)>>,
     /// The text each posted message shows now, by its `ts`.
     texts: Mutex<std::collections::BTreeMap<String, String>>,
+    /// File downloads: the path and whether the bot token came with it.
+    downloads: Mutex<Vec<(String, bool)>>,
+}
+
+/// `GET /files/...`: a file's bytes, as `url_private_download` serves them
+/// to a request carrying the bot token.
+async fn file(
+    State(st): State<Arc<Fake>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let keyed = headers.get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {BOT_TOKEN}"));
+    st.downloads.lock().unwrap().push((path, keyed));
+    if keyed {
+        "the plan: ship it".into_response()
+    } else {
+        StatusCode::FORBIDDEN.into_response()
+    }
 }
 
 async fn web(
@@ -170,6 +189,7 @@ async fn fake() -> (String, Arc<Fake>) {
     });
     let app = Router::new()
         .route("/api/{method}", post(web))
+        .route("/files/{*path}", axum::routing::get(file))
         .with_state(st.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
@@ -360,5 +380,44 @@ async fn slack_a_streamed_mention_reply_grows_in_its_thread_by_chat_update() {
     let shown = st.texts.lock().unwrap()["1700000099.000001"].clone();
     assert_eq!(Some(shown), last_text());
     assert!(last_text().unwrap().ends_with("&lt;!channel&gt;"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn slack_a_shared_file_is_fetched_with_the_bot_token_only_from_its_origins() {
+    let (url, st) = fake().await;
+    let origin = url.trim_end_matches("/api").to_owned();
+    let mut opts = options(&url, "unused");
+    opts.model = json!({"rules": [{"match": "saved as (inbox/\\S+)\\].*\\n.*not kept: (.*)\\]", "reply": "kept $1; $2"}]});
+    opts.config.push((
+        "adapters.slack.file_origins",
+        Yaml::Sequence(vec![Yaml::from(origin.clone())]),
+    ));
+    let host = TestHost::start_process(opts).await;
+    st.push(event(
+        "f1",
+        json!({"type": "message", "subtype": "file_share", "channel": "D0DIRECT02", "channel_type": "im",
+        "user": "U0PERSON04", "text": "two files", "ts": "1700000030.000100",
+        "files": [
+            {"id": "F1", "name": "plan.txt", "mimetype": "text/plain", "size": 17,
+             "url_private_download": format!("{origin}/files/T0TEAM-F1/download/plan.txt")},
+            {"id": "F2", "name": "elsewhere.txt", "mimetype": "text/plain", "size": 5,
+             "url_private_download": "http://127.0.0.2:9/files/F2/elsewhere.txt"}
+        ]}),
+    ));
+    until(60, "the reply", || !st.posts.lock().unwrap().is_empty()).await;
+    let said = st.posts.lock().unwrap()[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        said.starts_with("kept inbox/")
+            && said.ends_with("-1.txt; it could not be fetched (its URL is not on an origin of adapters.slack.file_origins)"),
+        "{said}"
+    );
+    assert_eq!(
+        *st.downloads.lock().unwrap(),
+        vec![("T0TEAM-F1/download/plan.txt".to_owned(), true)]
+    );
     host.stop().await;
 }

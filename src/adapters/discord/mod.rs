@@ -136,16 +136,6 @@ struct DiscordFiles {
     origins: Vec<String>,
 }
 
-/// `scheme://host[:port]` of `url`, lower-cased, if it has one.
-fn origin_of(url: &str) -> Option<String> {
-    let u = reqwest::Url::parse(url).ok()?;
-    let host = u.host_str()?.to_ascii_lowercase();
-    Some(match u.port() {
-        Some(p) => format!("{}://{host}:{p}", u.scheme()),
-        None => format!("{}://{host}", u.scheme()),
-    })
-}
-
 #[async_trait::async_trait]
 impl crate::runtime::AttachmentSource for DiscordFiles {
     async fn fetch(
@@ -153,10 +143,10 @@ impl crate::runtime::AttachmentSource for DiscordFiles {
         reference: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, crate::runtime::FetchError> {
-        let allowed = origin_of(reference).is_some_and(|o| {
+        let allowed = super::origin_of(reference).is_some_and(|o| {
             self.origins
                 .iter()
-                .any(|a| origin_of(a).is_some_and(|a| a == o))
+                .any(|a| super::origin_of(a).is_some_and(|a| a == o))
         });
         if !allowed {
             return Err(crate::runtime::FetchError::Failed(
@@ -643,7 +633,7 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
 
 #[cfg(test)]
 mod tests {
-    use super::origin_of;
+    use crate::adapters::origin_of;
 
     #[test]
     fn an_origin_is_scheme_host_and_port_whatever_the_path_or_case() {

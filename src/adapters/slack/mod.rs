@@ -36,6 +36,7 @@ use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Edit
 use crate::app::App;
 use crate::config::{DmPolicy, Settings};
 use crate::ingress::IngressMessage;
+use crate::storage::attachments::NewAttachment;
 use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::StoreError;
 
@@ -59,6 +60,9 @@ pub(crate) struct SlackConfig {
     /// The Web API's base URL (a test's fake).
     pub api_base_url: String,
     pub dm_policy: Option<DmPolicy>,
+    /// The origins a message's files may be downloaded from (with the bot
+    /// token); a file elsewhere is refused, never fetched.
+    pub file_origins: Vec<String>,
 }
 
 impl Default for SlackConfig {
@@ -67,6 +71,7 @@ impl Default for SlackConfig {
             enabled: false,
             api_base_url: "https://slack.com/api".into(),
             dm_policy: None,
+            file_origins: vec!["https://files.slack.com".into()],
         }
     }
 }
@@ -398,8 +403,21 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
         pace: EditPace::default(),
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown while this adapter is connected here.
+    // Streamed replies are shown, and files fetched, while this adapter is
+    // connected here.
     let _seat = app.rt.editors.seat(ADAPTER, editor.clone());
+    let files = SlackFiles {
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            // The token goes with the request: never to a redirect's host.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| SlackError::Client(e.without_url().to_string()))?,
+        auth: format!("Bearer {}", kit.secret(1)),
+        origins: cfg.file_origins.clone(),
+    };
+    let _files = app.rt.sources.seat(ADAPTER, Arc::new(files));
     let ctx = Arc::new(Ctx {
         app,
         web,
@@ -538,6 +556,48 @@ struct Event {
     #[serde(default)]
     channel: String,
     channel_type: Option<String>,
+    /// A `file_share` message's files.
+    #[serde(default)]
+    files: Vec<SlackFile>,
+}
+
+/// A file object of a `file_share` message, the parts Mercury reads.
+#[derive(Debug, Deserialize)]
+struct SlackFile {
+    name: Option<String>,
+    mimetype: Option<String>,
+    size: Option<i64>,
+    url_private_download: Option<String>,
+    url_private: Option<String>,
+}
+
+/// Downloads a message's files with the bot token, only from
+/// `adapters.slack.file_origins` (the token must never go anywhere else).
+struct SlackFiles {
+    http: reqwest::Client,
+    auth: String,
+    origins: Vec<String>,
+}
+
+#[async_trait::async_trait]
+impl crate::runtime::AttachmentSource for SlackFiles {
+    async fn fetch(
+        &self,
+        reference: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, crate::runtime::FetchError> {
+        let allowed = super::origin_of(reference).is_some_and(|o| {
+            self.origins
+                .iter()
+                .any(|a| super::origin_of(a).is_some_and(|a| a == o))
+        });
+        if !allowed {
+            return Err(crate::runtime::FetchError::Failed(
+                "its URL is not on an origin of adapters.slack.file_origins".into(),
+            ));
+        }
+        super::download_capped(&self.http, reference, Some(&self.auth), max_bytes).await
+    }
 }
 
 /// Stores the message of one `events_api` envelope (or skips it).
@@ -556,10 +616,36 @@ async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
     let Some(user) = ev.user.clone().filter(|u| !u.is_empty()) else {
         return Ok(());
     };
-    if ev.subtype.is_some() || ev.bot_id.is_some() || user == ctx.bot_user {
+    // A message with files (`file_share`) is a person's message too.
+    let shared = ev.subtype.as_deref() == Some("file_share");
+    if (ev.subtype.is_some() && !shared) || ev.bot_id.is_some() || user == ctx.bot_user {
         return Ok(());
     }
-    if ev.text.trim().is_empty() || ev.ts.is_empty() || ev.channel.is_empty() {
+    let carried: Vec<NewAttachment> = ev
+        .files
+        .iter()
+        .filter_map(|f| {
+            let url = f.url_private_download.clone().or(f.url_private.clone())?;
+            let mime = f.mimetype.clone();
+            let kind = match mime.as_deref() {
+                Some(t) if t.starts_with("image/") => "image",
+                Some(t) if t.starts_with("audio/") => "audio",
+                Some(t) if t.starts_with("video/") => "video",
+                _ => "file",
+            };
+            Some(NewAttachment {
+                kind: kind.into(),
+                reference: url,
+                name: f.name.clone(),
+                mime,
+                size: f.size,
+            })
+        })
+        .collect();
+    if (ev.text.trim().is_empty() && carried.is_empty())
+        || ev.ts.is_empty()
+        || ev.channel.is_empty()
+    {
         return Ok(());
     }
     ctx.app.adapters.updated(ADAPTER);
@@ -573,7 +659,7 @@ async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
         conversation: ev.channel.clone(),
         sender_id: user,
         sender_name: None,
-        text: ev.text.clone(),
+        text: super::with_markers(&ev.text, &carried),
         message_id: format!("{thread}/{}", ev.ts),
         is_group,
         mentions_bot,
@@ -581,7 +667,12 @@ async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
         title: None,
     };
     let what = format!("slack message {}", ev.ts);
-    super::store_message(&ctx.app, ctx.identity, m, &what, |_| Ok(())).await?;
+    // What the message carried is stored with it, fetched at turn time.
+    let (conversation, pid) = (m.conversation.clone(), m.message_id.clone());
+    let attach = move |tx: &crate::storage::Tx<'_>| {
+        crate::storage::attachments::attach(tx, ADAPTER, &conversation, &pid, &carried).map(|_| ())
+    };
+    super::store_message(&ctx.app, ctx.identity, m, &what, attach).await?;
     Ok(())
 }
 
