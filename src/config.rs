@@ -1142,6 +1142,7 @@ adapters:                       # in-process chat adapters (docs/adapters.md)
     window_template: ""         # name of an approved template sent outside the 24-hour window; "" sends nothing
     window_template_language: en_US  # the template's language code
     dm_policy: null             # pairing | allowlist | open; null: ingress.dm_policy
+    media_origins: ["https://lookaside.fbsbx.com"]  # where a media object's download URL may point (fetched with the access token)
   # Slack (Socket Mode). Tokens from MERCURY_SLACK_APP_TOKEN (xapp-) and MERCURY_SLACK_BOT_TOKEN (xoxb-) only.
   slack:
     enabled: false              # true|false

@@ -26,6 +26,10 @@ const PHONE_ID: &str = "106540352242922";
 
 #[derive(Default)]
 struct Graph {
+    /// The fake's own origin: media URLs point back at it.
+    origin: Mutex<String>,
+    /// Media downloads served: the path, and whether the token came with it.
+    downloads: Mutex<Vec<(String, bool)>>,
     sent: Mutex<Vec<Value>>,
     /// Sends still to be answered with Meta's throughput error (130429).
     throttle: Mutex<u32>,
@@ -76,12 +80,57 @@ async fn messages(
     )
 }
 
+fn keyed(headers: &HeaderMap) -> bool {
+    headers.get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {ACCESS_TOKEN}"))
+}
+
+/// `GET /{media-id}`: the media's short-lived URL, as the Graph API gives it.
+async fn media_lookup(
+    State(g): State<Arc<Graph>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> (StatusCode, Json<Value>) {
+    if !keyed(&headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": {"code": 190}})),
+        );
+    }
+    let origin = g.origin.lock().unwrap().clone();
+    (
+        StatusCode::OK,
+        Json(
+            json!({"messaging_product": "whatsapp", "id": id, "mime_type": "image/jpeg",
+            "sha256": "00", "file_size": 21, "url": format!("{origin}/media/{id}?ext=1")}),
+        ),
+    )
+}
+
+/// The media URL: the bytes, to a request with the token.
+async fn media(
+    State(g): State<Arc<Graph>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> (StatusCode, Vec<u8>) {
+    let ok = keyed(&headers);
+    g.downloads.lock().unwrap().push((id, ok));
+    if ok {
+        (StatusCode::OK, b"a jpeg from whatsapp!".to_vec())
+    } else {
+        (StatusCode::UNAUTHORIZED, Vec::new())
+    }
+}
+
 async fn graph() -> (String, Arc<Graph>) {
     let g = Arc::new(Graph::default());
     let app = Router::new()
         .route("/v21.0/{phone}/messages", post(messages))
+        .route("/v21.0/{id}", axum::routing::get(media_lookup))
+        .route("/media/{id}", axum::routing::get(media))
         .with_state(g.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    *g.origin.lock().unwrap() = format!("http://{}", listener.local_addr().unwrap());
     let url = format!("http://{}/v21.0", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, g)
@@ -402,5 +451,41 @@ async fn whatsapp_reply_outside_the_24_hour_window_sends_only_the_template() {
     assert_eq!(post_signed(&host, &fresh).await, 200);
     until(60, "the text reply", || g.sent.lock().unwrap().len() >= 2).await;
     assert_eq!(g.sent.lock().unwrap()[1]["type"], json!("text"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn whatsapp_a_picture_is_fetched_through_its_media_id_with_the_token() {
+    let (url, g) = graph().await;
+    let origin = g.origin.lock().unwrap().clone();
+    let mut opts = options(&url, "");
+    opts.model = json!({"rules": [{"match": "saved as (inbox/\\S+)\\]", "reply": "kept $1"}]});
+    opts.config.push((
+        "adapters.whatsapp.media_origins",
+        Yaml::Sequence(vec![Yaml::from(origin)]),
+    ));
+    let host = TestHost::start_process(opts).await;
+    until_subscribed(&host).await;
+    let note = json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
+    "field": "messages",
+    "value": {
+        "messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE_ID},
+        "contacts": [{"profile": {"name": "Sheena Nelson"}, "wa_id": "16315551181"}],
+        "messages": [{"from": "16315551181", "id": "wamid.IMG1", "timestamp": now_secs().to_string(),
+            "type": "image", "image": {"caption": "look", "mime_type": "image/jpeg", "sha256": "00", "id": "987654321"}}]
+    }}]}]});
+    assert_eq!(post_signed(&host, &note).await, 200);
+    until(60, "the reply", || !g.sent.lock().unwrap().is_empty()).await;
+    let sent = g.sent.lock().unwrap()[0].clone();
+    let said = sent["text"]["body"].as_str().unwrap();
+    assert!(
+        said.starts_with("kept inbox/") && said.ends_with("-1.jpg"),
+        "{sent}"
+    );
+    assert_eq!(
+        *g.downloads.lock().unwrap(),
+        vec![("987654321".to_owned(), true)]
+    );
     host.stop().await;
 }

@@ -38,6 +38,7 @@ use crate::app::App;
 use crate::clock::now_ms;
 use crate::config::{DmPolicy, Settings};
 use crate::ingress::IngressMessage;
+use crate::storage::attachments::NewAttachment;
 use crate::storage::chat_windows;
 use crate::storage::outbox::OutboxItem;
 use crate::storage::StoreError;
@@ -68,6 +69,9 @@ pub(crate) struct WhatsAppConfig {
     pub window_template: String,
     pub window_template_language: String,
     pub dm_policy: Option<DmPolicy>,
+    /// The origins a media object's download URL may point at (fetched with
+    /// the access token); a URL elsewhere is refused, never fetched.
+    pub media_origins: Vec<String>,
 }
 
 impl Default for WhatsAppConfig {
@@ -79,6 +83,7 @@ impl Default for WhatsAppConfig {
             window_template: String::new(),
             window_template_language: "en_US".into(),
             dm_policy: None,
+            media_origins: vec!["https://lookaside.fbsbx.com".into()],
         }
     }
 }
@@ -251,6 +256,7 @@ struct WaMessage {
     image: Option<Captioned>,
     video: Option<Captioned>,
     document: Option<Captioned>,
+    audio: Option<Captioned>,
     button: Option<ButtonReply>,
     context: Option<serde_json::Value>,
 }
@@ -260,9 +266,17 @@ struct Body {
     body: String,
 }
 
+/// A media object of a message: its id (fetched through the Graph API at
+/// turn time), type, caption and a document's file name.
 #[derive(Debug, Deserialize)]
 struct Captioned {
     caption: Option<String>,
+    id: Option<String>,
+    mime_type: Option<String>,
+    filename: Option<String>,
+    /// An audio message recorded in the chat (a voice note).
+    #[serde(default)]
+    voice: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -302,6 +316,36 @@ impl WaMessage {
         .filter(|t| !t.trim().is_empty())
     }
 
+    /// The media the message carried, by the ids the Graph API resolves.
+    fn attachments(&self) -> Vec<NewAttachment> {
+        let media = match self.kind.as_str() {
+            "image" => self.image.as_ref().map(|m| ("image", m)),
+            "video" => self.video.as_ref().map(|m| ("video", m)),
+            "document" => self.document.as_ref().map(|m| ("file", m)),
+            "audio" => self
+                .audio
+                .as_ref()
+                .map(|m| (if m.voice { "voice" } else { "audio" }, m)),
+            _ => None,
+        };
+        media
+            .and_then(|(kind, m)| {
+                Some(NewAttachment {
+                    kind: kind.into(),
+                    reference: m.id.clone()?,
+                    name: m.filename.clone(),
+                    // `audio/ogg; codecs=opus` names its type first.
+                    mime: m
+                        .mime_type
+                        .as_deref()
+                        .map(|t| t.split(';').next().unwrap_or(t).trim().to_owned()),
+                    size: None,
+                })
+            })
+            .into_iter()
+            .collect()
+    }
+
     /// When it was sent (ms), never later than now: the window's start.
     fn sent_at(&self, now: i64) -> i64 {
         self.timestamp
@@ -325,6 +369,9 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
     let board = app.adapters.clone();
     board.set_mode(ADAPTER, "webhook");
     let graph = Graph::new(&cfg, kit.secret(0)).map_err(WhatsAppError::Client)?;
+    // Media are fetched while this adapter is connected here.
+    let media = graph::GraphMedia::new(&cfg, kit.secret(0)).map_err(WhatsAppError::Client)?;
+    let _media = app.rt.sources.seat(ADAPTER, Arc::new(media));
     let ctx = Arc::new(Ctx {
         app,
         graph,
@@ -433,10 +480,18 @@ async fn message(ctx: &Arc<Ctx>, m: &WaMessage, contacts: &[Contact]) -> Result<
     // The person wrote: the window opens whether or not the message has text.
     let window = move |tx: &crate::storage::Tx<'_>| chat_windows::touch(tx, ADAPTER, &from, at);
     ctx.app.adapters.updated(ADAPTER);
-    let Some(text) = m.text() else {
+    let carried = m.attachments();
+    if m.text().is_none() && carried.is_empty() {
         tracing::debug!(kind = %m.kind, "whatsapp message without text; not stored");
         ctx.app.rt.store.write(window).await?;
         return Ok(());
+    }
+    let text = super::with_markers(m.text().unwrap_or(""), &carried);
+    // What the message carried is stored with it, fetched at turn time.
+    let (conversation, pid) = (m.from.clone(), m.id.clone());
+    let window = move |tx: &crate::storage::Tx<'_>| {
+        window(tx)?;
+        crate::storage::attachments::attach(tx, ADAPTER, &conversation, &pid, &carried).map(|_| ())
     };
     let name = contacts
         .iter()
@@ -449,7 +504,7 @@ async fn message(ctx: &Arc<Ctx>, m: &WaMessage, contacts: &[Contact]) -> Result<
         conversation: m.from.clone(),
         sender_id: m.from.clone(),
         sender_name: name,
-        text: text.to_owned(),
+        text,
         message_id: m.id.clone(),
         is_group: false,
         mentions_bot: false,
