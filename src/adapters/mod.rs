@@ -519,6 +519,44 @@ pub(crate) fn origin_of(url: &str) -> Option<String> {
     })
 }
 
+/// [`download_capped`] of a URL a platform's payload gave, only when its
+/// origin is one of `origins` (the `setting` that lists them is named in
+/// the refusal): a field never decides where the host fetches from, nor
+/// where a token goes.
+pub(crate) async fn download_from(
+    http: &reqwest::Client,
+    url: &str,
+    origins: &[String],
+    setting: &str,
+    auth: Option<&str>,
+    max: u64,
+) -> Result<Vec<u8>, crate::runtime::FetchError> {
+    let allowed = origin_of(url)
+        .is_some_and(|o| origins.iter().any(|a| origin_of(a).is_some_and(|a| a == o)));
+    if !allowed {
+        return Err(crate::runtime::FetchError::Failed(format!(
+            "its URL is not on an origin of {setting}"
+        )));
+    }
+    download_capped(http, url, auth, max).await
+}
+
+/// An attachment's kind from its declared type (`image/png; …` → `image`).
+pub(crate) fn kind_of(mime: Option<&str>) -> &'static str {
+    match mime {
+        Some(t) if t.starts_with("image/") => "image",
+        Some(t) if t.starts_with("audio/") => "audio",
+        Some(t) if t.starts_with("video/") => "video",
+        _ => "file",
+    }
+}
+
+/// A declared type without its parameters, lower-cased (`audio/ogg;
+/// codecs=opus` → `audio/ogg`).
+pub(crate) fn bare_mime(t: &str) -> String {
+    t.split(';').next().unwrap_or(t).trim().to_ascii_lowercase()
+}
+
 /// GETs `url`, reading at most `max` bytes of its body (a longer one is
 /// refused as soon as it shows: by its `Content-Length`, or while it is
 /// read). Errors never carry the URL (a Bot API file URL holds the token).

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use crate::model::ImagePart;
-use crate::runtime::{FetchError, Runtime};
+use crate::runtime::{AttachmentSource, FetchError, Runtime};
 use crate::storage::attachments::{self, Attachment};
 use crate::storage::messages::Message;
 use crate::workspace::files::{self, FilesError};
@@ -44,6 +44,7 @@ pub(crate) async fn take_in(
     (list, platform): (Vec<Attachment>, Option<String>),
 ) -> Received {
     let id = message.id;
+    let source = platform.as_deref().and_then(|p| rt.sources.get(p));
     let mut out = Received::default();
     for (n, a) in list.iter().enumerate() {
         let kept = match a.status.as_str() {
@@ -54,17 +55,17 @@ pub(crate) async fn take_in(
                 None => Err("it was not kept".to_owned()),
             },
             "refused" => Err(a.error.clone().unwrap_or_default()),
-            // The platform's adapter runs on another host (one of many):
-            // left pending, so an attempt there can still fetch it.
-            _ if platform
-                .as_deref()
-                .and_then(|p| rt.sources.get(p))
-                .is_none() =>
-            {
-                Err("its platform's adapter is not connected on this host".to_owned())
-            }
             _ => {
-                let kept = keep(rt, message, n + 1, a, platform.as_deref()).await;
+                // The platform's adapter runs on another host (one of many):
+                // left pending, so an attempt there can still fetch it.
+                let Some(source) = source.as_deref() else {
+                    out.lines.push(format!(
+                        "[The user sent {}, which was not fetched: its platform's adapter is not connected on this host]",
+                        describe(a)
+                    ));
+                    continue;
+                };
+                let kept = keep(rt, message, n + 1, a, source).await;
                 let (aid, path, error) = match &kept {
                     Ok((path, _)) => (a.id, Some(path.clone()), None),
                     Err(why) => (a.id, None, Some(why.clone())),
@@ -200,7 +201,7 @@ async fn keep(
     message: &Message,
     n: usize,
     a: &Attachment,
-    platform: Option<&str>,
+    source: &dyn AttachmentSource,
 ) -> Result<(String, Vec<u8>), String> {
     let max_mb = rt.settings.adapters.max_attachment_mb;
     let max = max_mb << 20;
@@ -210,9 +211,6 @@ async fn keep(
     {
         return Err(too_large());
     }
-    let source = platform
-        .and_then(|p| rt.sources.get(p))
-        .ok_or_else(|| "its platform's adapter is not connected on this host".to_owned())?;
     let bytes = match source.fetch(&a.reference, max).await {
         Ok(b) => b,
         Err(FetchError::TooLarge(_)) => return Err(too_large()),

@@ -137,18 +137,9 @@ pub(crate) fn inbound(m: &RawMessage, bot: &BotSelf) -> Inbound {
         .attachments
         .iter()
         .map(|a| {
-            let mime = a.content_type.as_deref().map(|t| {
-                // `image/png; charset=…` names its type first.
-                t.split(';').next().unwrap_or(t).trim().to_ascii_lowercase()
-            });
-            let kind = match mime.as_deref() {
-                Some(t) if t.starts_with("image/") => "image",
-                Some(t) if t.starts_with("audio/") => "audio",
-                Some(t) if t.starts_with("video/") => "video",
-                _ => "file",
-            };
+            let mime = a.content_type.as_deref().map(crate::adapters::bare_mime);
             NewAttachment {
-                kind: kind.into(),
+                kind: crate::adapters::kind_of(mime.as_deref()).into(),
                 reference: a.url.clone(),
                 name: a.filename.clone(),
                 mime,

@@ -143,17 +143,15 @@ impl crate::runtime::AttachmentSource for DiscordFiles {
         reference: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, crate::runtime::FetchError> {
-        let allowed = super::origin_of(reference).is_some_and(|o| {
-            self.origins
-                .iter()
-                .any(|a| super::origin_of(a).is_some_and(|a| a == o))
-        });
-        if !allowed {
-            return Err(crate::runtime::FetchError::Failed(
-                "its URL is not on an origin of adapters.discord.attachment_origins".into(),
-            ));
-        }
-        super::download_capped(&self.http, reference, None, max_bytes).await
+        crate::adapters::download_from(
+            &self.http,
+            reference,
+            &self.origins,
+            "adapters.discord.attachment_origins",
+            None,
+            max_bytes,
+        )
+        .await
     }
 }
 

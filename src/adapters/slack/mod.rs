@@ -586,17 +586,15 @@ impl crate::runtime::AttachmentSource for SlackFiles {
         reference: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, crate::runtime::FetchError> {
-        let allowed = super::origin_of(reference).is_some_and(|o| {
-            self.origins
-                .iter()
-                .any(|a| super::origin_of(a).is_some_and(|a| a == o))
-        });
-        if !allowed {
-            return Err(crate::runtime::FetchError::Failed(
-                "its URL is not on an origin of adapters.slack.file_origins".into(),
-            ));
-        }
-        super::download_capped(&self.http, reference, Some(&self.auth), max_bytes).await
+        crate::adapters::download_from(
+            &self.http,
+            reference,
+            &self.origins,
+            "adapters.slack.file_origins",
+            Some(&self.auth),
+            max_bytes,
+        )
+        .await
     }
 }
 
@@ -626,15 +624,9 @@ async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
         .iter()
         .filter_map(|f| {
             let url = f.url_private_download.clone().or(f.url_private.clone())?;
-            let mime = f.mimetype.clone();
-            let kind = match mime.as_deref() {
-                Some(t) if t.starts_with("image/") => "image",
-                Some(t) if t.starts_with("audio/") => "audio",
-                Some(t) if t.starts_with("video/") => "video",
-                _ => "file",
-            };
+            let mime = f.mimetype.as_deref().map(super::bare_mime);
             Some(NewAttachment {
-                kind: kind.into(),
+                kind: super::kind_of(mime.as_deref()).into(),
                 reference: url,
                 name: f.name.clone(),
                 mime,

@@ -137,12 +137,13 @@ fn attachments(m: &Message) -> Vec<NewAttachment> {
         });
     }
     if let Some(d) = m.document.as_deref() {
-        let image = d
-            .mime_type
-            .as_deref()
-            .is_some_and(|t| t.starts_with("image/"));
+        // A picture sent uncompressed is still a picture; anything else a file.
+        let kind = match crate::adapters::kind_of(d.mime_type.as_deref()) {
+            "image" => "image",
+            _ => "file",
+        };
         out.push(NewAttachment {
-            kind: if image { "image" } else { "file" }.into(),
+            kind: kind.into(),
             reference: d.file_id.clone(),
             name: d.file_name.clone(),
             mime: d.mime_type.clone(),

@@ -216,16 +216,14 @@ impl crate::runtime::AttachmentSource for GraphMedia {
         let url = found["url"]
             .as_str()
             .ok_or_else(|| FetchError::Failed("the media lookup gave no url".into()))?;
-        let allowed = crate::adapters::origin_of(url).is_some_and(|o| {
-            self.origins
-                .iter()
-                .any(|a| crate::adapters::origin_of(a).is_some_and(|a| a == o))
-        });
-        if !allowed {
-            return Err(FetchError::Failed(
-                "its URL is not on an origin of adapters.whatsapp.media_origins".into(),
-            ));
-        }
-        crate::adapters::download_capped(&self.http, url, Some(&self.auth), max_bytes).await
+        crate::adapters::download_from(
+            &self.http,
+            url,
+            &self.origins,
+            "adapters.whatsapp.media_origins",
+            Some(&self.auth),
+            max_bytes,
+        )
+        .await
     }
 }

@@ -334,11 +334,7 @@ impl WaMessage {
                     kind: kind.into(),
                     reference: m.id.clone()?,
                     name: m.filename.clone(),
-                    // `audio/ogg; codecs=opus` names its type first.
-                    mime: m
-                        .mime_type
-                        .as_deref()
-                        .map(|t| t.split(';').next().unwrap_or(t).trim().to_owned()),
+                    mime: m.mime_type.as_deref().map(super::bare_mime),
                     size: None,
                 })
             })
