@@ -26,6 +26,11 @@ pub struct SpaceForgotten {
     pub runs: usize,
     /// Replies queued to their direct conversations.
     pub outbox: usize,
+    /// The rows of what their deleted messages carried (pictures, voice
+    /// notes, files).
+    pub attachments: usize,
+    /// Those files deleted from the workspace's `inbox/`.
+    pub inbox_files: usize,
     /// Their direct conversations here, for [`forget_instance`].
     #[serde(skip)]
     pub direct_conversations: Vec<i64>,
@@ -70,6 +75,33 @@ pub fn spaces_of(conn: &Conn, sender: &str) -> StoreResult<Vec<String>> {
 const DIRECT: &str = "SELECT c.id FROM conversations c WHERE c.kind = 'dm' AND c.platform = ?3
     AND EXISTS (SELECT 1 FROM messages x WHERE x.conversation_id = c.id AND x.sender_id = ?2 AND x.space_id = ?1)";
 
+/// Their messages in this space, and every message of their direct
+/// conversations, as a subquery over `?1`, `?2`, `?3`.
+fn mine() -> String {
+    format!(
+        "SELECT id FROM messages WHERE space_id = ?1 AND (sender_id = ?2 OR conversation_id IN ({DIRECT}))"
+    )
+}
+
+/// The workspace files (`inbox/…`) kept of what the messages
+/// [`forget_in_space`] deletes carried: removed from the workspace before
+/// the rows go, so forgetting again still finds any left.
+pub fn kept_files(
+    conn: &Conn,
+    space: &str,
+    sender: &str,
+    platform: &str,
+) -> StoreResult<Vec<String>> {
+    conn.query_all(
+        &format!(
+            "SELECT path FROM attachments WHERE path IS NOT NULL AND message_id IN ({}) ORDER BY id",
+            mine()
+        ),
+        params![space, sender, platform],
+        |r| r.get(0),
+    )
+}
+
 /// Deletes what `space` holds of `sender` (platform `platform`), in one
 /// transaction of the space's writer, a statement per table.
 pub fn forget_in_space(
@@ -80,10 +112,7 @@ pub fn forget_in_space(
 ) -> StoreResult<SpaceForgotten> {
     let args = params![space, sender, platform];
     let direct: Vec<i64> = tx.query_all(&format!("{DIRECT} ORDER BY c.id"), args, |r| r.get(0))?;
-    // Their messages in this space, and every message of their direct conversations.
-    let mine = format!(
-        "SELECT id FROM messages WHERE space_id = ?1 AND (sender_id = ?2 OR conversation_id IN ({DIRECT}))"
-    );
+    let mine = mine();
     let ids: Vec<i64> = tx.query_all(&format!("{mine} ORDER BY id"), args, |r| r.get(0))?;
     // The runs they started or that answered one of those messages.
     let runs = format!(
@@ -95,6 +124,17 @@ pub fn forget_in_space(
         args,
     )?;
     let run_count = tx.execute(&format!("DELETE FROM runs WHERE id IN ({runs})"), args)?;
+    let attachments = tx.execute(
+        &format!("DELETE FROM attachments WHERE message_id IN ({mine})"),
+        args,
+    )?;
+    tx.execute(
+        &format!(
+            "DELETE FROM outbox_files WHERE outbox_id IN
+               (SELECT id FROM outbox WHERE space_id = ?1 AND conversation_id IN ({DIRECT}))"
+        ),
+        args,
+    )?;
     let outbox = tx.execute(
         &format!("DELETE FROM outbox WHERE space_id = ?1 AND conversation_id IN ({DIRECT})"),
         args,
@@ -114,6 +154,8 @@ pub fn forget_in_space(
         memberships,
         runs: run_count,
         outbox,
+        attachments,
+        inbox_files: 0,
         direct_conversations: direct,
     })
 }

@@ -5,7 +5,8 @@
 //! `models.vision` model as an image part (asserted on the request a fake
 //! OpenAI-compatible endpoint received); another model reads a line saying
 //! where the file is; one past `adapters.max_attachment_mb` is refused with
-//! a sentence and nothing of it is kept.
+//! a sentence and nothing of it is kept; forgetting the sender deletes
+//! what their messages carried.
 
 use std::sync::{Arc, Mutex};
 
@@ -259,6 +260,23 @@ async fn telegram_a_model_without_vision_reads_where_the_file_is_and_an_oversize
     let files = inbox_files(&host);
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(files[0].ends_with("-1.pdf"), "{files:?}");
+
+    // Forgetting the sender takes what their messages carried too: the
+    // rows, and the file kept of them.
+    let (st, v) = host
+        .call(
+            reqwest::Method::POST,
+            "/api/senders/forget",
+            Some(&host.owner_token),
+            None,
+            Some(json!({"sender": "telegram:501"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["spaces"][0]["attachments"], 3, "{v}");
+    assert_eq!(v["spaces"][0]["inbox_files"], 1, "{v}");
+    assert!(rows(&host).is_empty());
+    assert!(inbox_files(&host).is_empty(), "{:?}", inbox_files(&host));
     host.stop().await;
 }
 

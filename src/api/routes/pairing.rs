@@ -301,13 +301,14 @@ pub(crate) async fn forget_sender(
         let sid = ids::SpaceId::parse(&space).map_err(|e| {
             ApiError::internal(format!("a stored space id is invalid: {space:?}: {e}"))
         })?;
+        let inbox_files = forget_kept_files(&app, &sid, &sender, &platform).await?;
         let (who, platform) = (sender.clone(), platform.clone());
-        spaces.push(
-            apply(&app, &sid, move |tx| {
-                forget::forget_in_space(tx, &space, &who, &platform)
-            })
-            .await?,
-        );
+        let mut forgotten = apply(&app, &sid, move |tx| {
+            forget::forget_in_space(tx, &space, &who, &platform)
+        })
+        .await?;
+        forgotten.inbox_files = inbox_files;
+        spaces.push(forgotten);
     }
     let direct: Vec<i64> = spaces
         .iter()
@@ -342,6 +343,44 @@ pub(crate) async fn forget_sender(
         instance,
         reports,
     }))
+}
+
+/// Deletes from `space`'s workspace the files kept of what the person's
+/// messages carried (through the space's actor, between turns); a file
+/// already gone counts as deleted. The number deleted.
+async fn forget_kept_files(
+    app: &Arc<App>,
+    space: &ids::SpaceId,
+    sender: &str,
+    platform: &str,
+) -> ApiResult<usize> {
+    let (s, who, p) = (space.to_string(), sender.to_owned(), platform.to_owned());
+    let paths = app
+        .rt
+        .store
+        .read(move |conn| forget::kept_files(conn, &s, &who, &p))
+        .await?;
+    if paths.is_empty() {
+        return Ok(0);
+    }
+    let wait = std::time::Duration::from_secs(60);
+    let deleted = app
+        .spaces
+        .workspace_write(space, wait, move |live| {
+            let mut n = 0;
+            for rel in &paths {
+                match crate::workspace::files::delete(live, rel, None) {
+                    Ok(_) => n += 1,
+                    Err(crate::workspace::files::FilesError::Path(
+                        crate::workspace::safe::SafePathError::NotFound(_),
+                    )) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(n)
+        })
+        .await??;
+    Ok(deleted)
 }
 
 #[cfg(test)]

@@ -745,8 +745,9 @@ pub enum SendersCmd {
     /// Delete one person's messages, memberships and pairing rows everywhere
     ///
     /// A deletion request: their messages and direct conversations,
-    /// memberships, roles, mutes, runs and pairing rows, in every space. A
-    /// deny decision about them stays. Names the review reports that cite
+    /// memberships, roles, mutes, runs, what their messages carried (with
+    /// the files kept in inbox/) and pairing rows, in every space. A deny
+    /// decision about them stays. Names the review reports that cite
     /// what was deleted.
     Forget {
         /// The platform sender, e.g. telegram:42.

@@ -1229,12 +1229,14 @@ fn forgotten(v: &Value) -> String {
     }
     for s in spaces {
         out.push_str(&format!(
-            "space {}: {} messages, {} memberships, {} runs, {} queued replies deleted\n",
+            "space {}: {} messages, {} memberships, {} runs, {} queued replies, {} attachments ({} inbox files) deleted\n",
             cell(field(s, "space_id")),
             count(s, "messages"),
             count(s, "memberships"),
             count(s, "runs"),
             count(s, "outbox"),
+            count(s, "attachments"),
+            count(s, "inbox_files"),
         ));
     }
     let i = field(v, "instance");
