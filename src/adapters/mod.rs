@@ -22,7 +22,7 @@ pub(crate) mod slack;
 pub(crate) mod telegram;
 pub(crate) mod whatsapp;
 
-pub(crate) use registry::{AdapterKit, ChatAdapter};
+pub(crate) use registry::{AdapterKit, ChatAdapter, TurnTools};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -203,18 +203,24 @@ impl AdapterSecrets {
             if !adapter.enabled(settings) {
                 continue;
             }
+            let needed = adapter.secrets_needed(settings);
             let mut values = Vec::new();
             for &var in adapter.secret_vars() {
-                let value = env
-                    .get(var)
-                    .map(|t| t.trim())
-                    .filter(|t| !t.is_empty())
-                    .ok_or(AdapterError::MissingSecret {
-                        adapter: adapter.name(),
-                        env: var,
-                    })?;
-                // Never in a stored, served or logged error from here on.
-                crate::redaction::secrets::register(value);
+                let value = env.get(var).map(|t| t.trim()).filter(|t| !t.is_empty());
+                let value = match value {
+                    Some(v) => v,
+                    None if !needed.contains(&var) => "",
+                    None => {
+                        return Err(AdapterError::MissingSecret {
+                            adapter: adapter.name(),
+                            env: var,
+                        })
+                    }
+                };
+                if !value.is_empty() {
+                    // Never in a stored, served or logged error from here on.
+                    crate::redaction::secrets::register(value);
+                }
                 values.push(value.to_owned());
             }
             by_adapter.push((adapter, values));
@@ -318,9 +324,18 @@ impl AdapterChild {
     /// The child whose every (re)start runs `adapter.run(kit, cancel)` anew.
     pub(crate) fn running(adapter: &'static dyn ChatAdapter, kit: AdapterKit) -> Self {
         let board = kit.app.adapters.clone();
-        let run: AdapterLoop = Arc::new(move |cancel| match kit.app.rt.cluster.clone() {
-            None => adapter.run(kit.clone(), cancel),
-            Some(seat) => Box::pin(under_lease(seat, adapter, kit.clone(), cancel)),
+        let run: AdapterLoop = Arc::new(move |cancel| {
+            let kit = kit.clone();
+            Box::pin(async move {
+                // Turns on this host stream and fetch through these, on a
+                // standby host too.
+                let tools = adapter.turn_tools(&kit, cancel.clone())?;
+                let _seats = tools.seat(&kit.app, adapter.name());
+                match kit.app.rt.cluster.clone() {
+                    None => adapter.run(kit, cancel).await,
+                    Some(seat) => under_lease(seat, adapter, kit, cancel).await,
+                }
+            })
         });
         Self {
             name: adapter.name(),
@@ -593,6 +608,77 @@ pub(crate) async fn download_capped(
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// A file the agent wrote under `outbox/` during a turn, read back for
+/// its reply.
+#[derive(Debug)]
+pub(crate) struct ReplyFile {
+    /// The file's own name (the path's last part).
+    pub name: String,
+    pub bytes: Vec<u8>,
+    /// Its type from its extension: the platforms want one, and the host
+    /// never sniffs content an agent wrote.
+    pub mime: &'static str,
+}
+
+impl ReplyFile {
+    /// A JPEG, PNG or WebP picture, which the platforms show inline.
+    pub(crate) fn is_picture(&self) -> bool {
+        self.mime.starts_with("image/")
+    }
+}
+
+/// Reads `rel` (an `outbox/…` path the host recorded) from `space`'s
+/// workspace through the safe-path function, at most `max` bytes: a file
+/// gone meanwhile is `Ok(None)` (the reply itself still goes out, and a
+/// warning says so); a larger one is refused with a sentence that names
+/// the platform's `limit`.
+pub(crate) async fn reply_file(
+    app: &App,
+    space: &str,
+    rel: &str,
+    max: usize,
+    limit: &str,
+) -> Result<Option<ReplyFile>, String> {
+    let Ok(id) = crate::ids::SpaceId::parse(space) else {
+        return Err(format!("{space:?} is not a space id"));
+    };
+    let live = app.rt.paths.workspace(&id);
+    let at = rel.to_owned();
+    let read = tokio::task::spawn_blocking(move || {
+        crate::workspace::safe::WorkspaceRoot::open(&live)
+            .and_then(|root| root.read_capped(&at, max))
+    })
+    .await
+    .map_err(|e| format!("reading {rel}: {e}"))?;
+    let bytes = match read {
+        Ok(Some((bytes, false))) => bytes,
+        Ok(Some((_, true))) => return Err(format!("{rel} is larger than {limit}")),
+        Ok(None) | Err(_) => {
+            tracing::warn!(file = %rel, "a file of the reply is gone from the workspace; not sent");
+            return Ok(None);
+        }
+    };
+    let name = rel.rsplit('/').next().unwrap_or(rel).to_owned();
+    let mime = mime_of(&name);
+    Ok(Some(ReplyFile { name, bytes, mime }))
+}
+
+/// A file's type from its extension, for the few kinds a chat shows as
+/// more than a download.
+fn mime_of(name: &str) -> &'static str {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("png") => "image/png",
+        Some("webp") => "image/webp",
+        Some("pdf") => "application/pdf",
+        Some("txt" | "md" | "log") => "text/plain",
+        Some("csv") => "text/csv",
+        Some("json") => "application/json",
+        _ => "application/octet-stream",
+    }
 }
 
 /// How sending one outbox item went.

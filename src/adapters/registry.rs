@@ -37,6 +37,10 @@ pub(crate) type AdapterRun = Pin<Box<dyn Future<Output = Result<(), String>> + S
 pub(crate) struct AdapterKit {
     pub app: Arc<App>,
     secrets: Arc<Vec<String>>,
+    /// The per-chat edit pacing this host keeps for the platform, shared by
+    /// its [`TurnTools`]' editor (a streamed preview's edits) and its
+    /// delivery (the final edit), so both count against one limit.
+    pub pace: Arc<super::EditPace>,
 }
 
 // Holds secrets: a derived Debug would print them.
@@ -53,6 +57,7 @@ impl AdapterKit {
         Self {
             app,
             secrets: Arc::new(secrets),
+            pace: Arc::default(),
         }
     }
 
@@ -69,6 +74,40 @@ pub(crate) trait ChatAdapter: Platform {
     /// The loop: from connecting to the platform until `cancel` (`Ok`) or a
     /// failure (the supervisor restarts it).
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun;
+
+    /// What a turn on this host needs of the platform, built on every host
+    /// whether or not it holds the adapter's one upstream connection (with
+    /// several hosts, a space's turn runs where its lease is): the editor
+    /// that shows a streamed reply, the source that fetches attachments.
+    /// Plain HTTP clients with the adapter's secrets, no connection held.
+    fn turn_tools(
+        &self,
+        _kit: &AdapterKit,
+        _cancel: CancellationToken,
+    ) -> Result<TurnTools, String> {
+        Ok(TurnTools::default())
+    }
+}
+
+/// A platform's tools for turns ([`ChatAdapter::turn_tools`]).
+#[derive(Default)]
+pub(crate) struct TurnTools {
+    pub editor: Option<Arc<dyn crate::runtime::ReplyEditor>>,
+    pub source: Option<Arc<dyn crate::runtime::AttachmentSource>>,
+}
+
+impl TurnTools {
+    /// Offers them to this host's turns until the returned seats drop.
+    pub(crate) fn seat(self, app: &App, platform: &str) -> Vec<crate::runtime::Seat> {
+        let mut seats = Vec::new();
+        if let Some(e) = self.editor {
+            seats.push(app.rt.editors.seat(platform, e));
+        }
+        if let Some(s) = self.source {
+            seats.push(app.rt.sources.seat(platform, s));
+        }
+        seats
+    }
 }
 
 /// Writes the list and, for each line, the [`Registered`] entry the layers

@@ -11,7 +11,8 @@
 //! Must never: build a path from anything a sender or platform chose (the
 //! file's name is shown, never used), write past the workspace quota or the
 //! size limit (checked before the first byte is kept), or fetch for a
-//! message whose platform's adapter is not connected here.
+//! message whose platform has no source on this host (its adapter is not
+//! running).
 
 use std::sync::Arc;
 
@@ -56,11 +57,11 @@ pub(crate) async fn take_in(
             },
             "refused" => Err(a.error.clone().unwrap_or_default()),
             _ => {
-                // The platform's adapter runs on another host (one of many):
-                // left pending, so an attempt there can still fetch it.
+                // The platform is not configured here (every host with its
+                // adapter has a source, lease or not): left pending.
                 let Some(source) = source.as_deref() else {
                     out.lines.push(format!(
-                        "[The user sent {}, which was not fetched: its platform's adapter is not connected on this host]",
+                        "[The user sent {}, which was not fetched: its platform's adapter is not running on this host]",
                         describe(a)
                     ));
                     continue;

@@ -1,12 +1,14 @@
 //! Calls from chat platforms to a webhook-mode adapter:
-//! `POST /api/adapters/telegram/webhook` and `GET|POST
-//! /api/adapters/whatsapp/webhook`. Not behind the bearer-token step: the
-//! platform proves itself with a secret. Telegram sends back the one the
-//! adapter gave it (`X-Telegram-Bot-Api-Secret-Token`), checked before the
-//! body is read; WhatsApp signs the body (`X-Hub-Signature-256`, HMAC-SHA256
-//! under the app secret): a call without the header is refused before the
-//! body is read, and the signature is checked on the raw bytes before they
-//! are parsed. Bodies are read up to `http.unauthenticated_body_bytes`.
+//! `POST /api/adapters/telegram/webhook`, `GET|POST
+//! /api/adapters/whatsapp/webhook` and `POST /api/adapters/slack/events`.
+//! Not behind the bearer-token step: the platform proves itself with a
+//! secret. Telegram sends back the one the adapter gave it
+//! (`X-Telegram-Bot-Api-Secret-Token`), checked before the body is read;
+//! WhatsApp signs the body (`X-Hub-Signature-256`, HMAC-SHA256 under the app
+//! secret) and Slack signs its timestamp and the body (`X-Slack-Signature`
+//! under the signing secret): a call without the header is refused before
+//! the body is read, and the signature is checked on the raw bytes before
+//! they are parsed. Bodies are read up to `http.unauthenticated_body_bytes`.
 //!
 //! Must never: read (or wait for) a byte of the body of a call that lacks
 //! the secret, parse a body whose signature is wrong, read more than the
@@ -35,6 +37,7 @@ pub(super) fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(telegram))
         .routes(routes!(whatsapp_verify, whatsapp))
+        .routes(routes!(slack))
 }
 
 /// Equal secrets, compared through their digests so the time taken does not
@@ -180,6 +183,86 @@ async fn take_whatsapp(app: &Arc<App>, request: Request) -> ApiResult<Json<Value
         Ok(Ok(())) => Ok(Json(json!({}))),
         _ => Err(ApiError::Unavailable(
             "the notification was not stored; send it again".into(),
+        )),
+    }
+}
+
+/// A Slack Events API request (`adapters.slack.mode: events`): the
+/// `url_verification` handshake, or an event, signed by Slack.
+#[utoipa::path(post, path = "/api/adapters/slack/events", operation_id = "slackEvents", summary = "Slack Events API (checked with its signature and timestamp)", tag = "adapters",
+    params(
+        ("x-slack-signature" = String, Header,
+            description = "v0=<hex HMAC-SHA256 of v0:<timestamp>:<raw body> under the signing secret>; checked before the body is parsed"),
+        ("x-slack-request-timestamp" = String, Header,
+            description = "Unix seconds; refused when more than five minutes from now"),
+    ),
+    request_body(content = Object, description = "An Events API body (url_verification or event_callback)"),
+    responses(
+        (status = 200, description = "The event is stored, or the handshake's challenge", body = Object),
+        (status = 400, description = "Signed, but not JSON", body = super::error::ErrorBody),
+        (status = 401, description = "Missing or wrong signature, or a stale timestamp", body = super::error::ErrorBody),
+        (status = 413, description = "Body over http.unauthenticated_body_bytes", body = super::error::ErrorBody),
+        (status = 404, description = "The Slack adapter is not running in events mode", body = super::error::ErrorBody),
+        (status = 503, description = "Not stored; Slack retries", body = super::error::ErrorBody),
+    ))]
+async fn slack(State(app): State<Arc<App>>, request: Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match take_slack(&app, request).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => closing(e),
+    }
+}
+
+async fn take_slack(app: &Arc<App>, request: Request) -> ApiResult<Json<Value>> {
+    use crate::adapters::slack::{events, ADAPTER};
+    let Some(inbox) = app.adapters.webhook(ADAPTER) else {
+        return Err(ApiError::not_found(
+            "the slack adapter is not running in events mode",
+        ));
+    };
+    let unsigned = || {
+        ApiError::Unauthorized(
+            "missing or wrong X-Slack-Signature, or X-Slack-Request-Timestamp more than five minutes from now"
+                .into(),
+        )
+    };
+    let headers = request.headers();
+    let header = |name: &str| headers.get(name).map(|v| v.as_bytes().to_vec());
+    let (signature, timestamp) = (
+        header(events::SIGNATURE_HEADER),
+        header(events::TIMESTAMP_HEADER),
+    );
+    let (Some(signature), Some(timestamp)) = (signature, timestamp) else {
+        return Err(unsigned());
+    };
+    let limit = app.rt.settings.http.unauthenticated_limit();
+    let body = read_limited(request, limit).await?;
+    let now = crate::clock::now_ms() / 1000;
+    // The raw bytes, before any parsing: a forged body is never read as JSON.
+    if !events::signature_ok(&inbox.secret, &timestamp, &signature, &body, now) {
+        return Err(unsigned());
+    }
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::bad_request("the body is not a JSON event"))?;
+    if body["type"].as_str() == Some("url_verification") {
+        let challenge = body["challenge"].as_str().unwrap_or_default();
+        if challenge.is_empty() || challenge.len() > 256 {
+            return Err(ApiError::bad_request(
+                "url_verification carries no challenge Slack sends",
+            ));
+        }
+        return Ok(Json(json!({ "challenge": challenge })));
+    }
+    let (done, stored) = oneshot::channel();
+    inbox
+        .calls
+        .send(WebhookCall { body, done })
+        .await
+        .map_err(|_| ApiError::Unavailable("the slack adapter is restarting".into()))?;
+    match stored.await {
+        Ok(Ok(())) => Ok(Json(json!({}))),
+        _ => Err(ApiError::Unavailable(
+            "the event was not stored; send it again".into(),
         )),
     }
 }

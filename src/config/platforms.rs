@@ -22,9 +22,14 @@ pub trait Platform: Sync + 'static {
     /// outbox items' platform, its board and `adapter_positions` key, its
     /// config section `adapters.<name>`.
     fn name(&self) -> &'static str;
-    /// The environment variables its secrets are read from, all required
-    /// when it is enabled; read from the environment only, never the file.
+    /// The environment variables its secrets are read from, in a fixed
+    /// order; read from the environment only, never the file.
     fn secret_vars(&self) -> &'static [&'static str];
+    /// Those of [`Self::secret_vars`] that `settings` need (a platform
+    /// with modes needs some in one mode only); the others may be unset.
+    fn secrets_needed(&self, _settings: &Settings) -> Vec<&'static str> {
+        self.secret_vars().to_vec()
+    }
     /// Whether `settings` ask for it.
     fn enabled(&self, settings: &Settings) -> bool;
     /// Its own `adapters.<name>.dm_policy`; `None`: `ingress.dm_policy`.

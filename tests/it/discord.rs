@@ -144,9 +144,22 @@ async fn create_message(
     State(st): State<Arc<FakeState>>,
     Path(channel): Path<String>,
     h: HeaderMap,
-    Json(body): Json<Value>,
+    raw: axum::body::Bytes,
 ) -> Response {
     let route = format!("POST /channels/{channel}/messages");
+    // A message with a file is a form: kept whole, as text, to assert on.
+    let multipart = h
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let body = if multipart {
+        json!({"multipart": String::from_utf8_lossy(&raw)})
+    } else {
+        match serde_json::from_slice::<Value>(&raw) {
+            Ok(v) => v,
+            Err(_) => return StatusCode::BAD_REQUEST.into_response(),
+        }
+    };
     if !authorized(&h) {
         record(&st, route, body, StatusCode::UNAUTHORIZED);
         return unauthorized();
@@ -1195,5 +1208,58 @@ async fn discord_attachments_are_fetched_only_from_the_allowed_origins() {
         )
     });
     assert_eq!(stored, "two files\n[file]\n[file]");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn discord_a_file_the_turn_writes_under_outbox_follows_its_reply_as_an_upload() {
+    let fake = FakeDiscord::start().await;
+    let host = TestHost::start_process(host_options(
+        &fake,
+        json!({"rules": [
+            {"match": "tool_result\\(write_file\\)", "reply": "here it is"},
+            {"match": "send me the chart", "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "outbox/chart.png", "content": "pretend pixels"}},
+                {"name": "write_file", "arguments": {"path": "notes.txt", "content": "kept, not sent"}}
+            ]}
+        ]}),
+        vec![],
+    ))
+    .await;
+    fake.until_identified(1).await;
+    fake.push(dm(6101, 42, "send me the chart"));
+    let forms = |f: &FakeDiscord| -> Vec<Call> {
+        f.calls("/messages")
+            .into_iter()
+            .filter(|c| c.status == 200 && c.body["multipart"].is_string())
+            .collect()
+    };
+    fake.until(60, "the reply and its file", |f| {
+        f.replies().contains_key("6101") && !forms(f).is_empty()
+    })
+    .await;
+    assert_eq!(fake.replies()["6101"][0].body["content"], "here it is");
+    let uploads = forms(&fake);
+    assert_eq!(uploads.len(), 1, "only the file under outbox/: {uploads:?}");
+    let form = uploads[0].body["multipart"].as_str().unwrap();
+    assert!(
+        form.contains("name=\"files[0]\"; filename=\"chart.png\"\r\nContent-Type: image/png\r\n\r\npretend pixels\r\n"),
+        "{form}"
+    );
+    // Its payload names the file and allows no mention.
+    let payload = form
+        .split("name=\"payload_json\"\r\n\r\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\r\n").next())
+        .unwrap();
+    let payload: Value = serde_json::from_str(payload).unwrap();
+    assert_eq!(payload["attachments"][0]["filename"], "chart.png");
+    assert_eq!(payload["allowed_mentions"]["parse"], json!([]));
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
     host.stop().await;
 }

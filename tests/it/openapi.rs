@@ -130,6 +130,7 @@ async fn openapi_document_lists_every_route_of_the_router() {
         ("POST", "/api/adapters/telegram/webhook"),
         ("GET", "/api/adapters/whatsapp/webhook"),
         ("POST", "/api/adapters/whatsapp/webhook"),
+        ("POST", "/api/adapters/slack/events"),
     ]
     .into_iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))
@@ -180,7 +181,8 @@ async fn openapi_document_lists_every_route_of_the_router() {
                 [
                     "x-telegram-bot-api-secret-token",
                     "x-hub-signature-256",
-                    "hub.verify_token"
+                    "hub.verify_token",
+                    "x-slack-signature"
                 ]
                 .iter()
                 .any(|n| names.contains(n)),

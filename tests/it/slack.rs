@@ -42,6 +42,26 @@ struct Fake {
     texts: Mutex<std::collections::BTreeMap<String, String>>,
     /// File downloads: the path and whether the bot token came with it.
     downloads: Mutex<Vec<(String, bool)>>,
+    /// The fake's own origin: upload URLs point back at it.
+    origin: Mutex<String>,
+    /// files.getUploadURLExternal's arguments, files.completeUploadExternal's.
+    upload_urls: Mutex<Vec<Value>>,
+    completed: Mutex<Vec<Value>>,
+    /// Bytes posted to an upload URL: its file id, whether a token came
+    /// with them, the bytes.
+    uploaded: Mutex<Vec<(String, bool, Vec<u8>)>>,
+}
+
+/// `POST /upload/{id}`: a file's bytes, sent to the URL Slack gave.
+async fn upload(
+    State(st): State<Arc<Fake>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let keyed = headers.contains_key("authorization");
+    st.uploaded.lock().unwrap().push((id, keyed, body.to_vec()));
+    format!("OK - {}", body.len()).into_response()
 }
 
 /// `GET /files/...`: a file's bytes, as `url_private_download` serves them
@@ -72,7 +92,25 @@ async fn web(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    let body: Value = if form {
+        // The files.* methods take forms: read as an object of strings.
+        let url = reqwest::Url::parse(&format!(
+            "http://form.invalid/?{}",
+            String::from_utf8_lossy(&body)
+        ))
+        .unwrap();
+        Value::Object(
+            url.query_pairs()
+                .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+                .collect(),
+        )
+    } else {
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    };
     let want = if method == "apps.connections.open" {
         APP_TOKEN
     } else {
@@ -128,6 +166,16 @@ async fn web(
                 .push((Instant::now(), body.clone()));
             Json(json!({"ok": true, "channel": body["channel"], "ts": ts, "text": body["text"]}))
                 .into_response()
+        }
+        "files.getUploadURLExternal" if form => {
+            let id = format!("F0UP{:04}", st.upload_urls.lock().unwrap().len() + 1);
+            st.upload_urls.lock().unwrap().push(body.clone());
+            let url = format!("{}/upload/{id}", st.origin.lock().unwrap());
+            Json(json!({"ok": true, "upload_url": url, "file_id": id})).into_response()
+        }
+        "files.completeUploadExternal" if form => {
+            st.completed.lock().unwrap().push(body.clone());
+            Json(json!({"ok": true, "files": [{"id": "F0UP0001"}]})).into_response()
         }
         _ => Json(json!({"ok": false, "error": "unknown_method"})).into_response(),
     }
@@ -190,8 +238,10 @@ async fn fake() -> (String, Arc<Fake>) {
     let app = Router::new()
         .route("/api/{method}", post(web))
         .route("/files/{*path}", axum::routing::get(file))
+        .route("/upload/{id}", post(upload))
         .with_state(st.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    *st.origin.lock().unwrap() = format!("http://{}", listener.local_addr().unwrap());
     let url = format!("http://{}/api", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, st)
@@ -419,5 +469,158 @@ async fn slack_a_shared_file_is_fetched_with_the_bot_token_only_from_its_origins
         *st.downloads.lock().unwrap(),
         vec![("T0TEAM-F1/download/plan.txt".to_owned(), true)]
     );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn slack_a_file_the_turn_writes_under_outbox_is_shared_in_the_reply_thread() {
+    let (url, st) = fake().await;
+    let mut opts = options(&url, "");
+    opts.model = json!({"rules": [
+        {"match": "tool_result\\(write_file\\)", "reply": "attached"},
+        {"match": "the summary", "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "outbox/summary.md", "content": "# all good"}}
+        ]}
+    ]});
+    let host = TestHost::start_process(opts).await;
+    st.push(event(
+        "f1",
+        json!({"type": "app_mention", "channel": "C0CHAN0001", "user": "U0PERSON01",
+        "text": format!("<@{BOT_USER}> the summary please"), "ts": "1700000005.000500"}),
+    ));
+    until(60, "the file shared", || {
+        !st.completed.lock().unwrap().is_empty()
+    })
+    .await;
+    let posts = st.posts.lock().unwrap().clone();
+    assert_eq!(posts[0]["text"], "attached");
+    // The URL is asked for the file's name and size, with the bot token (the fake checks it).
+    let asked = st.upload_urls.lock().unwrap().clone();
+    assert_eq!(
+        asked,
+        vec![json!({"filename": "summary.md", "length": "10"})]
+    );
+    // The bytes go to that URL without a token.
+    let uploaded = st.uploaded.lock().unwrap().clone();
+    assert_eq!(
+        uploaded,
+        vec![("F0UP0001".to_owned(), false, b"# all good".to_vec())]
+    );
+    // Completed into the channel, in the mention's thread, like the text.
+    let done = st.completed.lock().unwrap()[0].clone();
+    assert_eq!(done["channel_id"], "C0CHAN0001");
+    assert_eq!(done["thread_ts"], "1700000005.000500");
+    assert_eq!(posts[0]["thread_ts"], "1700000005.000500");
+    let files: Value = serde_json::from_str(done["files"].as_str().unwrap()).unwrap();
+    assert_eq!(files, json!([{"id": "F0UP0001", "title": "summary.md"}]));
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
+    host.stop().await;
+}
+
+const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+/// Slack's `X-Slack-Signature` of `body` sent at `ts`.
+fn slack_sign(ts: &str, body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SIGNING_SECRET.as_bytes()).unwrap();
+    mac.update(format!("v0:{ts}:").as_bytes());
+    mac.update(body);
+    format!(
+        "v0={}",
+        base16ct::lower::encode_string(&mac.finalize().into_bytes())
+    )
+}
+
+/// POSTs `body` to the host's Events API route, signed as at `ts` (or
+/// with `signature`); the status and the answer.
+async fn post_event(
+    host: &TestHost,
+    body: &[u8],
+    ts: &str,
+    signature: Option<&str>,
+) -> (u16, String) {
+    let sig = signature.map_or_else(|| slack_sign(ts, body), str::to_owned);
+    let r = host
+        .http
+        .post(format!("{}/api/adapters/slack/events", host.url))
+        .header("content-type", "application/json")
+        .header("x-slack-request-timestamp", ts)
+        .header("x-slack-signature", sig)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn slack_events_api_requests_are_checked_by_signature_and_age_before_parsing() {
+    let (url, st) = fake().await;
+    let mut opts = options(&url, "hi from events");
+    opts.config
+        .push(("adapters.slack.mode", Yaml::String("events".into())));
+    // No app token: the Events API needs the signing secret instead.
+    opts.env = vec![
+        ("MERCURY_SLACK_BOT_TOKEN", BOT_TOKEN.to_string()),
+        ("MERCURY_SLACK_SIGNING_SECRET", SIGNING_SECRET.to_string()),
+    ];
+    let host = TestHost::start_process(opts).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let handshake = br#"{"token":"x","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
+    // Until the adapter registers, the route is 404; then the handshake echoes.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        let (status, body) = post_event(&host, handshake, &now, None).await;
+        if status == 200 {
+            break body;
+        }
+        assert_eq!(status, 404, "{body}");
+        assert!(Instant::now() < deadline, "the events route never opened");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(
+        answer["challenge"],
+        "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+    );
+    let dm = json!({"token": "x", "team_id": "T0TEAM", "api_app_id": "A0TEST",
+        "type": "event_callback", "event_id": "Ev0DM1", "event_time": 1700000000,
+        "event": {"type": "message", "channel": "D0DIRECT01", "channel_type": "im",
+            "user": "U0PERSON01", "text": "hello over http", "ts": "1700000010.000100"}});
+    let body = serde_json::to_vec(&dm).unwrap();
+    // A wrong signature is refused, and a body that is not even JSON is
+    // refused the same way: the signature is checked before parsing.
+    let forged = slack_sign(&now, b"something else");
+    assert_eq!(post_event(&host, &body, &now, Some(&forged)).await.0, 401);
+    assert_eq!(
+        post_event(&host, b"{not json", &now, Some(&forged)).await.0,
+        401
+    );
+    // Rightly signed, but six minutes old: a replay.
+    let old = (now.parse::<u64>().unwrap() - 360).to_string();
+    assert_eq!(post_event(&host, &body, &old, None).await.0, 401);
+    let rows = "SELECT COUNT(*) FROM messages WHERE sender_id LIKE 'slack:%'";
+    assert_eq!(host.count(rows), 0, "nothing refused was stored");
+    // The signed event is stored (the 200 comes after the commit) and
+    // answered; Slack's retry of it is kept once.
+    assert_eq!(post_event(&host, &body, &now, None).await.0, 200);
+    assert_eq!(host.count(rows), 1);
+    assert_eq!(post_event(&host, &body, &now, None).await.0, 200);
+    until(60, "the reply", || !st.posts.lock().unwrap().is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let posts = st.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0]["channel"], "D0DIRECT01");
+    assert_eq!(posts[0]["text"], "hi from events");
+    assert_eq!(host.count(rows), 1);
     host.stop().await;
 }

@@ -34,6 +34,33 @@ struct Graph {
     /// Sends still to be answered with Meta's throughput error (130429).
     throttle: Mutex<u32>,
     throttled: Mutex<u32>,
+    /// Media uploads (`POST /{phone}/media`): the form, as text.
+    uploads: Mutex<Vec<String>>,
+}
+
+/// `POST /{phone}/media`: a reply's file, as a form; its media id.
+async fn upload(
+    State(g): State<Arc<Graph>>,
+    Path(phone): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> (StatusCode, Json<Value>) {
+    let form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    if !keyed(&headers) || phone != PHONE_ID || !form {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": "bad upload", "code": 100}})),
+        );
+    }
+    let n = {
+        let mut u = g.uploads.lock().unwrap();
+        u.push(String::from_utf8_lossy(&body).into_owned());
+        u.len()
+    };
+    (StatusCode::OK, Json(json!({"id": format!("55500{n}")})))
 }
 
 async fn messages(
@@ -126,6 +153,7 @@ async fn graph() -> (String, Arc<Graph>) {
     let g = Arc::new(Graph::default());
     let app = Router::new()
         .route("/v21.0/{phone}/messages", post(messages))
+        .route("/v21.0/{phone}/media", post(upload))
         .route("/v21.0/{id}", axum::routing::get(media_lookup))
         .route("/media/{id}", axum::routing::get(media))
         .with_state(g.clone());
@@ -487,5 +515,59 @@ async fn whatsapp_a_picture_is_fetched_through_its_media_id_with_the_token() {
         *g.downloads.lock().unwrap(),
         vec![("987654321".to_owned(), true)]
     );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn whatsapp_a_file_the_turn_writes_under_outbox_is_uploaded_then_sent_by_its_id() {
+    let (url, g) = graph().await;
+    let mut opts = options(&url, "");
+    opts.model = json!({"rules": [
+        {"match": "tool_result\\(write_file\\)", "reply": "here they are"},
+        {"match": "send the files", "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "outbox/plan.txt", "content": "step one"}},
+            {"name": "write_file", "arguments": {"path": "outbox/photo.png", "content": "pretend pixels"}}
+        ]}
+    ]});
+    let host = TestHost::start_process(opts).await;
+    until_subscribed(&host).await;
+    let m = text_message("wamid.FILES1", "16315551181", "send the files", now_secs());
+    assert_eq!(post_signed(&host, &m).await, 200);
+    until(60, "the reply and both files", || {
+        g.sent.lock().unwrap().len() >= 3
+    })
+    .await;
+    let sent = g.sent.lock().unwrap().clone();
+    assert_eq!(sent[0]["text"]["body"], "here they are", "{sent:?}");
+    let uploads = g.uploads.lock().unwrap().clone();
+    assert_eq!(uploads.len(), 2, "{uploads:?}");
+    // In path order: outbox/photo.png, then outbox/plan.txt.
+    assert!(
+        uploads[1].contains("name=\"messaging_product\"\r\n\r\nwhatsapp\r\n")
+            && uploads[1]
+                .contains("filename=\"plan.txt\"\r\nContent-Type: text/plain\r\n\r\nstep one\r\n"),
+        "{}",
+        uploads[1]
+    );
+    assert!(
+        uploads[0].contains("name=\"type\"\r\n\r\nimage/png\r\n"),
+        "{}",
+        uploads[0]
+    );
+    // Each is sent by the id its upload answered: a picture as one, a document by name.
+    assert_eq!(sent[1]["type"], "image", "{sent:?}");
+    assert_eq!(sent[1]["image"], json!({"id": "555001"}));
+    assert_eq!(sent[2]["type"], "document", "{sent:?}");
+    assert_eq!(
+        sent[2]["document"],
+        json!({"id": "555002", "filename": "plan.txt"})
+    );
+    assert!(sent[1..].iter().all(|v| v["to"] == "16315551181"));
+    host.wait_count(
+        "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+        1,
+        30,
+    )
+    .await;
     host.stop().await;
 }

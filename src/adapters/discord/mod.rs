@@ -79,14 +79,42 @@ impl Platform for Discord {
 impl ChatAdapter for Discord {
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
         Box::pin(async move {
-            run(kit.app.clone(), kit.secret(0), cancel)
+            run(kit.app.clone(), kit.secret(0), kit.pace.clone(), cancel)
                 .await
                 .map_err(|e| e.to_string())
+        })
+    }
+
+    fn turn_tools(
+        &self,
+        kit: &AdapterKit,
+        cancel: CancellationToken,
+    ) -> Result<super::TurnTools, String> {
+        let cfg = &kit.app.rt.settings.adapters.discord;
+        let rest =
+            DiscordRest::new(&cfg.api_base_url, &kit.secret(0)).map_err(|e| e.to_string())?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| e.without_url().to_string())?;
+        Ok(super::TurnTools {
+            editor: Some(Arc::new(DiscordEditor {
+                rest: Arc::new(rest),
+                pace: kit.pace.clone(),
+                cancel,
+            })),
+            source: Some(Arc::new(DiscordFiles {
+                http,
+                origins: cfg.attachment_origins.clone(),
+            })),
         })
     }
 }
 /// Discord's longest message, in characters.
 pub(crate) const MAX_MESSAGE: usize = 2000;
+/// The largest file a bot uploads to a server without boosts.
+const UPLOAD_MAX: usize = 10 << 20;
 /// Discord shows "typing…" for 10 s: renewed every 8.
 const TYPING_RENEW: Duration = Duration::from_secs(8);
 /// The pause after Discord closed the session for good (a bad token,
@@ -159,7 +187,7 @@ impl crate::runtime::AttachmentSource for DiscordFiles {
 /// channel; the final reply's edit goes through it too.
 struct DiscordEditor {
     rest: Arc<DiscordRest>,
-    pace: EditPace,
+    pace: Arc<EditPace>,
     cancel: CancellationToken,
 }
 
@@ -242,6 +270,7 @@ impl Ctx {
 pub(crate) async fn run(
     app: Arc<App>,
     token: String,
+    pace: Arc<EditPace>,
     cancel: CancellationToken,
 ) -> Result<(), DiscordError> {
     let cfg = app.rt.settings.adapters.discord.clone();
@@ -267,23 +296,13 @@ pub(crate) async fn run(
         }
     };
     tracing::info!(bot = %me.username, "discord adapter has its bot user");
+    // The final edit of a streamed reply counts against the same pacing
+    // as its preview's edits.
     let editor = Arc::new(DiscordEditor {
         rest: rest.clone(),
-        pace: EditPace::default(),
+        pace,
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown, and attachments fetched, while this
-    // adapter is connected here.
-    let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
-    let files = DiscordFiles {
-        http: reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120))
-            .build()
-            .map_err(|e| DiscordError::Client(e.without_url().to_string()))?,
-        origins: cfg.attachment_origins.clone(),
-    };
-    let _files = app.rt.sources.seat(PLATFORM, Arc::new(files));
     let ctx = Arc::new(Ctx {
         app,
         rest,
@@ -621,6 +640,47 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
             Err(RestError::Transport(error)) => {
                 return Sent::Unreachable {
                     call: "POST /channels/…/messages",
+                    error,
+                }
+            }
+        }
+    }
+    for rel in &refs.files {
+        let file = match super::reply_file(
+            &ctx.app,
+            &item.space_id,
+            rel,
+            UPLOAD_MAX,
+            "Discord's 10 MB upload",
+        )
+        .await
+        {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(e) => return Sent::Refused(e),
+        };
+        // The file alone, in a message of its own after the text; it pings no one.
+        let payload = json!({
+            "allowed_mentions": {"parse": []},
+            "attachments": [{"id": 0, "filename": file.name}],
+        });
+        let (content_type, body) = crate::model::form::Form::new()
+            .text("payload_json", &payload.to_string())
+            .file("files[0]", &file.name, file.mime, &file.bytes)
+            .finish();
+        match ctx
+            .rest
+            .call_form(Method::POST, &path, &content_type, &body, &ctx.cancel)
+            .await
+        {
+            Ok(_) => {}
+            Err(RestError::Cancelled) => return Sent::Stopping,
+            Err(RestError::Api { status, message }) => {
+                return Sent::Refused(format!("{status} {message}"))
+            }
+            Err(RestError::Transport(error)) => {
+                return Sent::Unreachable {
+                    call: "POST /channels/…/messages (a file)",
                     error,
                 }
             }

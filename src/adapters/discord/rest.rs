@@ -160,6 +160,31 @@ impl DiscordRest {
         body: Option<&Value>,
         cancel: &CancellationToken,
     ) -> Result<Value, RestError> {
+        let payload = body.map_or(Payload::Empty, Payload::Json);
+        self.send(method, path, payload, cancel).await
+    }
+
+    /// [`Self::call`] with a `multipart/form-data` body (`content_type`
+    /// with its boundary): a message carrying a file.
+    pub(crate) async fn call_form(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+        cancel: &CancellationToken,
+    ) -> Result<Value, RestError> {
+        let payload = Payload::Form { content_type, body };
+        self.send(method, path, payload, cancel).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        payload: Payload<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Value, RestError> {
         // The query is no part of the route: every page of a listing shares one bucket.
         let route = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let mut throttled = 0;
@@ -176,8 +201,14 @@ impl DiscordRest {
                 .http
                 .request(method.clone(), format!("{}{path}", self.base))
                 .header(reqwest::header::AUTHORIZATION, &self.auth);
-            if let Some(b) = body {
-                req = req.json(b);
+            match payload {
+                Payload::Empty => {}
+                Payload::Json(b) => req = req.json(b),
+                Payload::Form { content_type, body } => {
+                    req = req
+                        .header(reqwest::header::CONTENT_TYPE, content_type)
+                        .body(body.to_vec());
+                }
             }
             let sent = tokio::select! {
                 _ = cancel.cancelled() => return Err(RestError::Cancelled),
@@ -278,6 +309,17 @@ impl DiscordRest {
             username: u.username,
         })
     }
+}
+
+/// A call's body.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Empty,
+    Json(&'a Value),
+    Form {
+        content_type: &'a str,
+        body: &'a [u8],
+    },
 }
 
 #[cfg(test)]

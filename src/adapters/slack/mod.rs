@@ -6,8 +6,9 @@
 //! `envelope_id` once its row is committed, and delivers Slack's outbox items
 //! with `chat.postMessage` (the bot token) in the thread of the message they
 //! answer, split at [`MAX_MESSAGE`] characters, waiting out a 429's
-//! `Retry-After`; a streamed reply (`turn.stream`) is a message grown with
-//! `chat.update`.
+//! `Retry-After`, a reply's files after it ([`web`]); a streamed reply
+//! (`turn.stream`) is a message grown with `chat.update`. With
+//! `mode: events` the same events arrive over HTTP instead ([`events`]).
 //!
 //! Slack redelivers an envelope it has not seen acknowledged (also after a
 //! reconnect or a restart), and a mention arrives twice (`message` and
@@ -21,6 +22,9 @@
 //! row is committed, or act as anything but its platform-bound
 //! [`AdapterIdentity`].
 
+pub(crate) mod events;
+mod web;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,8 +35,9 @@ use serde_yaml_ng::Value as Yaml;
 use tokio_util::sync::CancellationToken;
 use tokio_websockets::Message as WsMessage;
 
+use self::web::{said, Args, Failure, SlackEditor, Web};
 use super::registry::{AdapterRun, Platform};
-use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
+use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, Sent};
 use crate::app::App;
 use crate::config::{DmPolicy, Settings};
 use crate::ingress::IngressMessage;
@@ -48,6 +53,9 @@ pub(crate) const MAX_MESSAGE: usize = 4000;
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(600);
 /// 429s of one piece before it counts as an attempt.
 const MAX_429: u32 = 5;
+/// The largest file Mercury uploads (Slack takes far more; a reply's file
+/// is read into memory whole).
+const UPLOAD_MAX: usize = 50 << 20;
 
 /// Slack on the adapters' registry.
 pub(crate) struct Slack;
@@ -57,6 +65,10 @@ pub(crate) struct Slack;
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct SlackConfig {
     pub enabled: bool,
+    /// How events arrive: `socket` (Socket Mode, no public URL) or
+    /// `events` (the Events API posting to this host's
+    /// `/api/adapters/slack/events`, checked with the signing secret).
+    pub mode: SlackMode,
     /// The Web API's base URL (a test's fake).
     pub api_base_url: String,
     pub dm_policy: Option<DmPolicy>,
@@ -69,11 +81,20 @@ impl Default for SlackConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            mode: SlackMode::Socket,
             api_base_url: "https://slack.com/api".into(),
             dm_policy: None,
             file_origins: vec!["https://files.slack.com".into()],
         }
     }
+}
+
+/// `adapters.slack.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SlackMode {
+    Socket,
+    Events,
 }
 
 fn config(settings: &Settings) -> SlackConfig {
@@ -89,10 +110,22 @@ impl Platform for Slack {
         ADAPTER
     }
 
-    /// The app-level token (`xapp-…`, `connections:write`) and the bot
-    /// token (`xoxb-…`), in that order.
+    /// The app-level token (`xapp-…`, `connections:write`; Socket Mode),
+    /// the bot token (`xoxb-…`) and the signing secret (the Events API),
+    /// in that order.
     fn secret_vars(&self) -> &'static [&'static str] {
-        &["MERCURY_SLACK_APP_TOKEN", "MERCURY_SLACK_BOT_TOKEN"]
+        &[
+            "MERCURY_SLACK_APP_TOKEN",
+            "MERCURY_SLACK_BOT_TOKEN",
+            "MERCURY_SLACK_SIGNING_SECRET",
+        ]
+    }
+
+    fn secrets_needed(&self, settings: &Settings) -> Vec<&'static str> {
+        match config(settings).mode {
+            SlackMode::Socket => vec!["MERCURY_SLACK_APP_TOKEN", "MERCURY_SLACK_BOT_TOKEN"],
+            SlackMode::Events => vec!["MERCURY_SLACK_BOT_TOKEN", "MERCURY_SLACK_SIGNING_SECRET"],
+        }
     }
 
     fn enabled(&self, settings: &Settings) -> bool {
@@ -137,6 +170,48 @@ impl ChatAdapter for Slack {
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
         Box::pin(async move { run(kit, cancel).await.map_err(|e| e.to_string()) })
     }
+
+    fn turn_tools(
+        &self,
+        kit: &AdapterKit,
+        cancel: CancellationToken,
+    ) -> Result<super::TurnTools, String> {
+        let cfg = config(&kit.app.rt.settings);
+        let editor = SlackEditor {
+            web: Arc::new(web_for(&cfg).map_err(|e| e.to_string())?),
+            bot_token: kit.secret(1),
+            pace: kit.pace.clone(),
+            cancel,
+        };
+        let files = SlackFiles {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(Duration::from_secs(120))
+                // The token goes with the request: never to a redirect's host.
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| e.without_url().to_string())?,
+            auth: format!("Bearer {}", kit.secret(1)),
+            origins: cfg.file_origins,
+        };
+        Ok(super::TurnTools {
+            editor: Some(Arc::new(editor)),
+            source: Some(Arc::new(files)),
+        })
+    }
+}
+
+/// The Web API client of `cfg`.
+fn web_for(cfg: &SlackConfig) -> Result<Web, SlackError> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| SlackError::Client(e.without_url().to_string()))?;
+    Ok(Web {
+        http,
+        base: cfg.api_base_url.trim_end_matches('/').to_owned(),
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,66 +248,6 @@ pub(crate) fn neutralise(text: &str) -> String {
     out
 }
 
-/// How a Web API call failed.
-#[derive(Debug)]
-enum Failure {
-    /// 429: wait this long, then make the same call again.
-    RetryAfter(Duration),
-    /// `ok: false` with Slack's error (`channel_not_found`, `not_in_channel`…).
-    Api(String),
-    /// No answer, a 5xx, an unreadable body.
-    Transport(String),
-}
-
-struct Web {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Web {
-    async fn call(&self, method: &str, token: &str, body: &Value) -> Result<Value, Failure> {
-        let r = self
-            .http
-            .post(format!("{}/{method}", self.base))
-            .bearer_auth(token)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| Failure::Transport(e.without_url().to_string()))?;
-        if r.status().as_u16() == 429 {
-            let secs = r
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(1);
-            return Err(Failure::RetryAfter(
-                Duration::from_secs(secs.max(1)).min(RETRY_AFTER_CAP),
-            ));
-        }
-        if !r.status().is_success() {
-            return Err(Failure::Transport(format!("{method}: HTTP {}", r.status())));
-        }
-        let v: Value = r.json().await.map_err(|e| {
-            Failure::Transport(format!(
-                "{method}: an answer Mercury cannot read: {}",
-                e.without_url()
-            ))
-        })?;
-        if v["ok"].as_bool() == Some(true) {
-            Ok(v)
-        } else {
-            let error: String = v["error"]
-                .as_str()
-                .unwrap_or("unknown")
-                .chars()
-                .take(100)
-                .collect();
-            Err(Failure::Api(format!("{method}: {error}")))
-        }
-    }
-}
-
 struct Ctx {
     app: Arc<App>,
     web: Arc<Web>,
@@ -244,150 +259,25 @@ struct Ctx {
     editor: Arc<SlackEditor>,
 }
 
-/// The least time between two `chat.update`s in one channel (a Tier 3
-/// method: about fifty a minute).
-const EDIT_EVERY: Duration = Duration::from_millis(1200);
-
-/// Errors of `chat.update` that mean the message can no longer be edited:
-/// the text is posted anew instead.
-const GONE: [&str; 3] = [
-    "message_not_found",
-    "cant_update_message",
-    "edit_window_closed",
-];
-
-/// Makes the Web API calls that deliver: posts (a 429 waited out, at most
-/// [`MAX_429`] times) and, for a streamed reply, edits paced per channel.
-struct SlackEditor {
-    web: Arc<Web>,
-    bot_token: String,
-    pace: EditPace,
-    cancel: CancellationToken,
-}
-
-impl SlackEditor {
-    /// `method` with `body`, a 429 waited out; `None` if the adapter is
-    /// stopping.
-    async fn call(&self, method: &str, body: &Value) -> Option<Result<Value, Failure>> {
-        let mut waits = 0;
-        loop {
-            let res = tokio::select! {
-                _ = self.cancel.cancelled() => return None,
-                r = self.web.call(method, &self.bot_token, body) => r,
-            };
-            match res {
-                Err(Failure::RetryAfter(d)) if waits < MAX_429 => {
-                    waits += 1;
-                    tracing::info!(secs = d.as_secs(), method, "slack asked to wait");
-                    if !super::pause(&self.cancel, d).await {
-                        return None;
-                    }
-                }
-                Err(Failure::RetryAfter(_)) => {
-                    return Some(Err(Failure::Transport("still rate limited".into())))
-                }
-                other => return Some(other),
-            }
-        }
-    }
-
-    /// Posts `text` into `channel`, in the thread of `answered` unless the
-    /// channel is a DM; the new message's `ts`.
-    async fn post(
-        &self,
-        channel: &str,
-        answered: Option<&str>,
-        text: &str,
-    ) -> Option<Result<String, Failure>> {
-        let mut body = json!({
-            "channel": channel,
-            "text": neutralise(text),
-            "link_names": false,
-            "unfurl_links": false,
-            "unfurl_media": false,
-        });
-        // A DM (`D…`) is answered inline, a channel in the message's thread.
-        if let Some(t) = answered
-            .and_then(|a| a.split_once('/').map(|(t, _)| t))
-            .filter(|_| !channel.starts_with('D'))
-        {
-            body["thread_ts"] = json!(t);
-        }
-        Some(
-            self.call("chat.postMessage", &body)
-                .await?
-                .map(|v| v["ts"].as_str().unwrap_or_default().to_owned()),
-        )
-    }
-
-    /// Replaces the text of message `ts`; `Ok(false)` when it can no longer
-    /// be edited.
-    async fn update(&self, channel: &str, ts: &str, text: &str) -> Option<Result<bool, Failure>> {
-        self.pace.wait(channel, EDIT_EVERY).await;
-        let body = json!({
-            "channel": channel,
-            "ts": ts,
-            "text": neutralise(text),
-            "link_names": false,
-        });
-        Some(match self.call("chat.update", &body).await? {
-            Ok(_) => Ok(true),
-            Err(Failure::Api(e)) if GONE.contains(&e.as_str()) => Ok(false),
-            Err(f) => Err(f),
-        })
-    }
-}
-
-fn said(f: Failure) -> String {
-    match f {
-        Failure::RetryAfter(d) => format!("asked to wait {} s", d.as_secs()),
-        Failure::Api(e) | Failure::Transport(e) => e,
-    }
-}
-
-#[async_trait::async_trait]
-impl crate::runtime::ReplyEditor for SlackEditor {
-    async fn send(&self, chat: &str, answered: Option<&str>, text: &str) -> Result<String, String> {
-        match self.post(chat, answered, text).await {
-            Some(Ok(ts)) if !ts.is_empty() => Ok(ts),
-            Some(Ok(_)) => Err("chat.postMessage answered no ts".into()),
-            Some(Err(f)) => Err(format!("chat.postMessage: {}", said(f))),
-            None => Err("the adapter is stopping".into()),
-        }
-    }
-
-    async fn edit(&self, chat: &str, message: &str, text: &str) -> Result<(), String> {
-        match self.update(chat, message, text).await {
-            Some(Ok(true)) => Ok(()),
-            Some(Ok(false)) => Err("chat.update: the message can no longer be edited".into()),
-            Some(Err(f)) => Err(format!("chat.update: {}", said(f))),
-            None => Err("the adapter is stopping".into()),
-        }
-    }
-
-    fn max_units(&self) -> usize {
-        MAX_MESSAGE
-    }
-}
-
 async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
     let app = kit.app.clone();
     let cfg = config(&app.rt.settings);
     let board = app.adapters.clone();
-    board.set_mode(ADAPTER, "socket");
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(|e| SlackError::Client(e.without_url().to_string()))?;
-    let web = Arc::new(Web {
-        http,
-        base: cfg.api_base_url.trim_end_matches('/').to_owned(),
-    });
+    board.set_mode(
+        ADAPTER,
+        match cfg.mode {
+            SlackMode::Socket => "socket",
+            SlackMode::Events => "events",
+        },
+    );
+    let web = Arc::new(web_for(&cfg)?);
     let (app_token, bot_token) = (kit.secret(0), kit.secret(1));
     let mut backoff = Backoff::default();
     let me = loop {
-        match web.call("auth.test", &bot_token, &json!({})).await {
+        match web
+            .call("auth.test", &bot_token, Args::Json(&json!({})))
+            .await
+        {
             Ok(v) => break v["user_id"].as_str().unwrap_or_default().to_owned(),
             Err(f) => {
                 let wait = wait_for(&app, &f, &mut backoff);
@@ -397,27 +287,14 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
             }
         }
     };
+    // The final edit of a streamed reply counts against the same pacing
+    // as its preview's edits.
     let editor = Arc::new(SlackEditor {
         web: web.clone(),
         bot_token,
-        pace: EditPace::default(),
+        pace: kit.pace.clone(),
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown, and files fetched, while this adapter is
-    // connected here.
-    let _seat = app.rt.editors.seat(ADAPTER, editor.clone());
-    let files = SlackFiles {
-        http: reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120))
-            // The token goes with the request: never to a redirect's host.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| SlackError::Client(e.without_url().to_string()))?,
-        auth: format!("Bearer {}", kit.secret(1)),
-        origins: cfg.file_origins.clone(),
-    };
-    let _files = app.rt.sources.seat(ADAPTER, Arc::new(files));
     let ctx = Arc::new(Ctx {
         app,
         web,
@@ -427,9 +304,15 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
         cancel,
         editor,
     });
+    let intake = async {
+        match cfg.mode {
+            SlackMode::Socket => socket_loop(&ctx).await,
+            SlackMode::Events => events::intake(&ctx, kit.secret(2)).await,
+        }
+    };
     let send = |item, refs| deliver(&ctx, item, refs);
     tokio::select! {
-        r = socket_loop(&ctx) => r,
+        r = intake => r,
         r = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send) => Ok(r?),
     }
 }
@@ -452,7 +335,11 @@ async fn socket_loop(ctx: &Arc<Ctx>) -> Result<(), SlackError> {
     loop {
         let url = match ctx
             .web
-            .call("apps.connections.open", &ctx.app_token, &json!({}))
+            .call(
+                "apps.connections.open",
+                &ctx.app_token,
+                Args::Json(&json!({})),
+            )
             .await
         {
             Ok(v) => v["url"].as_str().unwrap_or_default().to_owned(),
@@ -524,7 +411,9 @@ async fn socket_loop(ctx: &Arc<Ctx>) -> Result<(), SlackError> {
                 }
                 _ => {
                     // Stored first, acknowledged after: Slack redelivers what it has not seen acked.
-                    take(ctx, &envelope).await?;
+                    if envelope["type"].as_str() == Some("events_api") {
+                        take(ctx, &envelope["payload"]).await?;
+                    }
                     if let Some(id) = envelope["envelope_id"].as_str() {
                         let ack = json!({"envelope_id": id}).to_string();
                         if ws.send(WsMessage::text(ack)).await.is_err() {
@@ -598,12 +487,13 @@ impl crate::runtime::AttachmentSource for SlackFiles {
     }
 }
 
-/// Stores the message of one `events_api` envelope (or skips it).
-async fn take(ctx: &Arc<Ctx>, envelope: &Value) -> Result<(), SlackError> {
-    if envelope["type"].as_str() != Some("events_api") {
+/// Stores the message of one `event_callback` (a Socket Mode envelope's
+/// payload, or an Events API request's body), or skips it.
+async fn take(ctx: &Arc<Ctx>, payload: &Value) -> Result<(), SlackError> {
+    if payload["type"].as_str() != Some("event_callback") {
         return Ok(());
     }
-    let Ok(ev) = serde_json::from_value::<Event>(envelope["payload"]["event"].clone()) else {
+    let Ok(ev) = serde_json::from_value::<Event>(payload["event"].clone()) else {
         tracing::warn!("a slack event Mercury cannot read; skipped");
         return Ok(());
     };
@@ -700,6 +590,36 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
             Some(Err(f)) => {
                 return Sent::Unreachable {
                     call: "chat.postMessage",
+                    error: said(f),
+                }
+            }
+        }
+    }
+    for rel in &refs.files {
+        let file = match super::reply_file(
+            &ctx.app,
+            &item.space_id,
+            rel,
+            UPLOAD_MAX,
+            "Mercury's 50 MB upload to Slack",
+        )
+        .await
+        {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(e) => return Sent::Refused(e),
+        };
+        match ctx
+            .editor
+            .upload(channel, refs.answered.as_deref(), &file)
+            .await
+        {
+            None => return Sent::Stopping,
+            Some(Ok(())) => {}
+            Some(Err(Failure::Api(e))) => return Sent::Refused(e),
+            Some(Err(f)) => {
+                return Sent::Unreachable {
+                    call: "files.completeUploadExternal",
                     error: said(f),
                 }
             }

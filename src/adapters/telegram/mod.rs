@@ -38,7 +38,7 @@ use super::registry::{AdapterRun, Platform};
 use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
 use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
 use crate::app::App;
-use crate::config::{DmPolicy, Settings, TelegramMode};
+use crate::config::{DmPolicy, Settings, TelegramConfig, TelegramMode};
 use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::{adapters, StoreError};
 
@@ -79,11 +79,50 @@ impl Platform for Telegram {
 impl ChatAdapter for Telegram {
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
         Box::pin(async move {
-            run(kit.app.clone(), kit.secret(0), cancel)
+            run(kit.app.clone(), kit.secret(0), kit.pace.clone(), cancel)
                 .await
                 .map_err(|e| e.to_string())
         })
     }
+
+    fn turn_tools(
+        &self,
+        kit: &AdapterKit,
+        cancel: CancellationToken,
+    ) -> Result<super::TurnTools, String> {
+        let cfg = &kit.app.rt.settings.adapters.telegram;
+        let token = kit.secret(0);
+        let (bot, http) = bot_for(cfg, &token).map_err(|e| e.to_string())?;
+        let base = cfg.api_base_url.trim_end_matches('/');
+        Ok(super::TurnTools {
+            editor: Some(Arc::new(TelegramEditor {
+                bot: bot.clone(),
+                pace: kit.pace.clone(),
+                cancel,
+            })),
+            source: Some(Arc::new(TelegramFiles {
+                bot,
+                http,
+                file_base: format!("{base}/file/bot{token}"),
+            })),
+        })
+    }
+}
+
+/// The Bot API client for `token`, and the HTTP client under it.
+fn bot_for(cfg: &TelegramConfig, token: &str) -> Result<(Bot, reqwest::Client), TelegramError> {
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        // A long poll waits poll_timeout_secs for an answer.
+        .timeout(Duration::from_secs(u64::from(cfg.poll_timeout_secs) + 15))
+        .build()
+        .map_err(|e| TelegramError::Client(e.without_url().to_string()))?;
+    let base = cfg.api_base_url.trim_end_matches('/');
+    let bot = Bot::builder()
+        .api_url(format!("{base}/bot{token}"))
+        .client(client.clone())
+        .build();
+    Ok((bot, client))
 }
 /// Telegram's longest message, in UTF-16 code units.
 pub(crate) const MAX_MESSAGE: usize = 4096;
@@ -210,7 +249,7 @@ impl crate::runtime::AttachmentSource for TelegramFiles {
 /// chat; the final reply's edit goes through it too.
 struct TelegramEditor {
     bot: Bot,
-    pace: EditPace,
+    pace: Arc<EditPace>,
     cancel: CancellationToken,
 }
 
@@ -327,6 +366,7 @@ impl Ctx {
 pub(crate) async fn run(
     app: Arc<App>,
     token: String,
+    pace: Arc<EditPace>,
     cancel: CancellationToken,
 ) -> Result<(), TelegramError> {
     let cfg = app.rt.settings.adapters.telegram.clone();
@@ -338,22 +378,8 @@ pub(crate) async fn run(
             TelegramMode::Webhook => "webhook",
         },
     );
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        // A long poll waits poll_timeout_secs for an answer.
-        .timeout(Duration::from_secs(u64::from(cfg.poll_timeout_secs) + 15))
-        .build()
-        .map_err(|e| TelegramError::Client(e.without_url().to_string()))?;
+    let (bot, client) = bot_for(&cfg, &token)?;
     let base = cfg.api_base_url.trim_end_matches('/');
-    let bot = Bot::builder()
-        .api_url(format!("{base}/bot{token}"))
-        .client(client.clone())
-        .build();
-    let files = Arc::new(TelegramFiles {
-        bot: bot.clone(),
-        http: client.clone(),
-        file_base: format!("{base}/file/bot{token}"),
-    });
     let method_base = format!("{base}/bot{token}");
     let Some(r) = until_ok(&board, &cancel, "getMe", || bot.get_me()).await else {
         return Ok(());
@@ -364,15 +390,13 @@ pub(crate) async fn run(
         username: r.result.username.unwrap_or_default(),
     };
     tracing::info!(bot = %me.username, mode = ?cfg.mode, "telegram adapter connected");
+    // The final edit of a streamed reply counts against the same pacing
+    // as its preview's edits.
     let editor = Arc::new(TelegramEditor {
         bot: bot.clone(),
-        pace: EditPace::default(),
+        pace,
         cancel: cancel.clone(),
     });
-    // Streamed replies are shown, and attachments fetched, while this
-    // adapter is connected here.
-    let _seat = app.rt.editors.seat(PLATFORM, editor.clone());
-    let _files = app.rt.sources.seat(PLATFORM, files);
     let ctx = Arc::new(Ctx {
         app,
         bot,
@@ -702,43 +726,26 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
 /// `sendPhoto`, anything else with `sendDocument`. A file gone meanwhile
 /// is skipped with a warning (the reply itself went out).
 async fn send_file(ctx: &Arc<Ctx>, chat: i64, space: &str, rel: &str) -> Result<(), Failure> {
-    let Ok(space) = crate::ids::SpaceId::parse(space) else {
-        return Err(Failure::Api(format!("{space:?} is not a space id")));
-    };
-    let live = ctx.app.rt.paths.workspace(&space);
-    let at = rel.to_owned();
-    let read = tokio::task::spawn_blocking(move || {
-        crate::workspace::safe::WorkspaceRoot::open(&live)
-            .and_then(|root| root.read_capped(&at, UPLOAD_MAX))
-    })
+    let file = super::reply_file(
+        &ctx.app,
+        space,
+        rel,
+        UPLOAD_MAX,
+        "the Bot API's 50 MB upload",
+    )
     .await
-    .map_err(|e| Failure::Transport(e.to_string()))?;
-    let bytes = match read {
-        Ok(Some((bytes, false))) => bytes,
-        Ok(Some((_, true))) => {
-            return Err(Failure::Api(format!(
-                "{rel} is larger than the Bot API's 50 MB upload"
-            )))
-        }
-        Ok(None) | Err(_) => {
-            tracing::warn!(file = %rel, "a file of the reply is gone from the workspace; not sent");
-            return Ok(());
-        }
+    .map_err(Failure::Api)?;
+    let Some(file) = file else {
+        return Ok(());
     };
-    let name = rel.rsplit('/').next().unwrap_or(rel);
-    let lower = name.to_ascii_lowercase();
-    let photo = bytes.len() <= PHOTO_MAX
-        && [".jpg", ".jpeg", ".png", ".webp"]
-            .iter()
-            .any(|e| lower.ends_with(e));
-    let (method, field) = if photo {
+    let (method, field) = if file.is_picture() && file.bytes.len() <= PHOTO_MAX {
         ("sendPhoto", "photo")
     } else {
         ("sendDocument", "document")
     };
     let (content_type, body) = crate::model::form::Form::new()
         .text("chat_id", &chat.to_string())
-        .file(field, name, "application/octet-stream", &bytes)
+        .file(field, &file.name, file.mime, &file.bytes)
         .finish();
     loop {
         let sent = tokio::select! {

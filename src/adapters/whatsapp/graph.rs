@@ -1,7 +1,9 @@
-//! The Graph API's `POST /{phone_number_id}/messages`, the one call the
-//! WhatsApp adapter makes: a text (quoting the message it answers) or a
-//! template, with Meta's rate limits waited out and its error codes sorted
-//! into what the outbox does next.
+//! The Graph API calls the WhatsApp adapter makes: `POST
+//! /{phone_number_id}/messages` (a text quoting the message it answers, a
+//! template, or a picture or document by its media id), `POST
+//! /{phone_number_id}/media` (a reply's file, uploaded first), and the
+//! media lookup of an attachment; Meta's rate limits waited out and its
+//! error codes sorted into what the outbox does next.
 //!
 //! Must never: put the access token in an error (it travels in the
 //! `Authorization` header only, and errors are built without the URL), or
@@ -28,6 +30,8 @@ const RATE_LIMITED: &[i64] = &[4, 80007, 130429, 131048, 131056];
 const WINDOW_CLOSED: i64 = 131047;
 /// The access token is invalid or expired.
 const TOKEN_REFUSED: i64 = 190;
+/// The largest picture WhatsApp shows as one; a larger one goes as a document.
+const IMAGE_MAX: usize = 5 << 20;
 
 /// How a send failed.
 #[derive(Debug)]
@@ -45,7 +49,18 @@ pub(crate) enum GraphFailure {
 pub(crate) struct Graph {
     http: reqwest::Client,
     url: String,
+    media_url: String,
     token: String,
+}
+
+/// A call's body.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Json(&'a Value),
+    Form {
+        content_type: &'a str,
+        body: &'a [u8],
+    },
 }
 
 impl Graph {
@@ -59,6 +74,7 @@ impl Graph {
         Ok(Self {
             http,
             url: format!("{base}/{}/messages", cfg.phone_number_id),
+            media_url: format!("{base}/{}/media", cfg.phone_number_id),
             token,
         })
     }
@@ -103,16 +119,79 @@ impl Graph {
         self.send(&body, cancel).await
     }
 
+    /// `file` (a reply's) uploaded, then sent to `to` by its media id: a
+    /// JPEG or PNG of at most 5 MB as a picture, anything else as a
+    /// document with its name.
+    pub(crate) async fn send_file(
+        &self,
+        to: &str,
+        file: &crate::adapters::ReplyFile,
+        cancel: &CancellationToken,
+    ) -> Result<(), GraphFailure> {
+        let (content_type, body) = crate::model::form::Form::new()
+            .text("messaging_product", "whatsapp")
+            .text("type", file.mime)
+            .file("file", &file.name, file.mime, &file.bytes)
+            .finish();
+        let form = Payload::Form {
+            content_type: &content_type,
+            body: &body,
+        };
+        let uploaded = self.post(&self.media_url, form, cancel).await?;
+        let Some(id) = uploaded["id"].as_str() else {
+            return Err(GraphFailure::Unreachable(
+                "the media upload answered no id".into(),
+            ));
+        };
+        let picture =
+            matches!(file.mime, "image/jpeg" | "image/png") && file.bytes.len() <= IMAGE_MAX;
+        let mut message = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+        });
+        if picture {
+            message["type"] = json!("image");
+            message["image"] = json!({ "id": id });
+        } else {
+            message["type"] = json!("document");
+            message["document"] = json!({ "id": id, "filename": file.name });
+        }
+        self.send(&message, cancel).await
+    }
+
     async fn send(&self, body: &Value, cancel: &CancellationToken) -> Result<(), GraphFailure> {
+        self.post(&self.url, Payload::Json(body), cancel)
+            .await
+            .map(|_| ())
+    }
+
+    /// POSTs to `url` until it is taken (its answer), refused, or rate
+    /// limited [`MAX_WAITS`] times.
+    async fn post(
+        &self,
+        url: &str,
+        payload: Payload<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Value, GraphFailure> {
         let mut backoff = Backoff::default();
         for _ in 0..MAX_WAITS {
+            let req = self.http.post(url).bearer_auth(&self.token);
+            let req = match payload {
+                Payload::Json(body) => req.json(body),
+                Payload::Form { content_type, body } => req
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .body(body.to_vec()),
+            };
             let res = tokio::select! {
                 _ = cancel.cancelled() => return Err(GraphFailure::Stopping),
-                r = self.http.post(&self.url).bearer_auth(&self.token).json(body).send() => r,
+                r = req.send() => r,
             };
             let wait = match res {
                 Err(e) => return Err(GraphFailure::Unreachable(e.without_url().to_string())),
-                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) if r.status().is_success() => {
+                    return Ok(r.json().await.unwrap_or(Value::Null));
+                }
                 Ok(r) => {
                     let status = r.status().as_u16();
                     let retry_after = r

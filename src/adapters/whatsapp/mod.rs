@@ -40,13 +40,16 @@ use crate::config::{DmPolicy, Settings};
 use crate::ingress::IngressMessage;
 use crate::storage::attachments::NewAttachment;
 use crate::storage::chat_windows;
-use crate::storage::outbox::OutboxItem;
+use crate::storage::outbox::{DeliveryRefs, OutboxItem};
 use crate::storage::StoreError;
 
 /// The name on the board, of the platform and of the config section.
 pub(crate) const ADAPTER: &str = "whatsapp";
 /// The longest text body the Cloud API takes, in characters.
 pub(crate) const MAX_MESSAGE: usize = 4096;
+/// The largest reply file Mercury uploads (the Cloud API takes documents
+/// up to 100 MB; a reply's file is read into memory whole).
+const UPLOAD_MAX: usize = 50 << 20;
 /// The customer-service window: replies are free within it.
 pub(crate) const WINDOW_MS: i64 = 24 * 3600 * 1000;
 /// The header Meta signs every POST with.
@@ -164,6 +167,20 @@ impl Platform for WhatsApp {
 impl ChatAdapter for WhatsApp {
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun {
         Box::pin(async move { run(kit, cancel).await.map_err(|e| e.to_string()) })
+    }
+
+    /// Media only: WhatsApp cannot edit a sent message, so a reply is
+    /// never streamed.
+    fn turn_tools(
+        &self,
+        kit: &AdapterKit,
+        _cancel: CancellationToken,
+    ) -> Result<super::TurnTools, String> {
+        let media = graph::GraphMedia::new(&config(&kit.app.rt.settings), kit.secret(0))?;
+        Ok(super::TurnTools {
+            editor: None,
+            source: Some(Arc::new(media)),
+        })
     }
 }
 
@@ -365,9 +382,6 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
     let board = app.adapters.clone();
     board.set_mode(ADAPTER, "webhook");
     let graph = Graph::new(&cfg, kit.secret(0)).map_err(WhatsAppError::Client)?;
-    // Media are fetched while this adapter is connected here.
-    let media = graph::GraphMedia::new(&cfg, kit.secret(0)).map_err(WhatsAppError::Client)?;
-    let _media = app.rt.sources.seat(ADAPTER, Arc::new(media));
     let ctx = Arc::new(Ctx {
         app,
         graph,
@@ -405,8 +419,7 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
             }
         }
     };
-    let send =
-        |item, refs: crate::storage::outbox::DeliveryRefs| deliver(&ctx, item, refs.answered);
+    let send = |item, refs| deliver(&ctx, item, refs);
     let deliver_loop = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send);
     tokio::select! {
         r = intake => r,
@@ -514,7 +527,8 @@ async fn message(ctx: &Arc<Ctx>, m: &WaMessage, contacts: &[Contact]) -> Result<
 /// Sends one outbox item: in pieces if long (the first one quoting the
 /// message it answers), within the window; outside it, the template or
 /// nothing.
-async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> Sent {
+async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
+    let answered = refs.answered;
     let to = item.external_id.clone();
     if to.is_empty() || !to.chars().all(|c| c.is_ascii_digit()) {
         return Sent::Refused(format!("{to:?} is not a WhatsApp id"));
@@ -550,6 +564,38 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, answered: Option<String>) -> 
             Err(GraphFailure::Unreachable(error)) => {
                 return Sent::Unreachable {
                     call: "messages",
+                    error,
+                }
+            }
+        }
+    }
+    for rel in &refs.files {
+        let file = match super::reply_file(
+            &ctx.app,
+            &item.space_id,
+            rel,
+            UPLOAD_MAX,
+            "Mercury's 50 MB upload to WhatsApp",
+        )
+        .await
+        {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(e) => return Sent::Refused(e),
+        };
+        match ctx.graph.send_file(&to, &file, &ctx.cancel).await {
+            Ok(()) => {}
+            Err(GraphFailure::Stopping) => return Sent::Stopping,
+            // The text went within the window; the file alone is given up.
+            Err(GraphFailure::WindowClosed) => {
+                return Sent::GivenUp(format!(
+                    "WhatsApp's 24-hour window closed before {rel} could be sent"
+                ))
+            }
+            Err(GraphFailure::Refused(e)) => return Sent::Refused(e),
+            Err(GraphFailure::Unreachable(error)) => {
+                return Sent::Unreachable {
+                    call: "media",
                     error,
                 }
             }
