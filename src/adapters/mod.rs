@@ -22,7 +22,7 @@ pub(crate) mod slack;
 pub(crate) mod telegram;
 pub(crate) mod whatsapp;
 
-pub(crate) use registry::{AdapterKit, ChatAdapter, TurnTools};
+pub(crate) use registry::{AdapterKit, AdapterRun, ChatAdapter, TurnTools};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -331,9 +331,18 @@ impl AdapterChild {
                 // standby host too.
                 let tools = adapter.turn_tools(&kit, cancel.clone())?;
                 let _seats = tools.seat(&kit.app, adapter.name());
-                match kit.app.rt.cluster.clone() {
-                    None => adapter.run(kit, cancel).await,
-                    Some(seat) => under_lease(seat, adapter, kit, cancel).await,
+                let intake = adapter.intake(&kit, cancel.clone());
+                let run: AdapterRun = match kit.app.rt.cluster.clone() {
+                    None => adapter.run(kit, cancel),
+                    Some(seat) => Box::pin(under_lease(seat, adapter, kit, cancel)),
+                };
+                match intake {
+                    None => run.await,
+                    // Either half ending (a failure, or the stop) ends both.
+                    Some(intake) => tokio::select! {
+                        r = run => r,
+                        r = intake => r,
+                    },
                 }
             })
         });

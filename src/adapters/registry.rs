@@ -75,6 +75,15 @@ pub(crate) trait ChatAdapter: Platform {
     /// failure (the supervisor restarts it).
     fn run(&self, kit: AdapterKit, cancel: CancellationToken) -> AdapterRun;
 
+    /// The part that takes the platform's calls to this host's own API
+    /// (webhooks), run on every host of a deployment whatever holds the
+    /// adapter's lease, beside [`Self::run`] (which then delivers, and
+    /// holds any upstream connection): a platform may post to any host.
+    /// `None`: the adapter takes its messages inside `run`.
+    fn intake(&self, _kit: &AdapterKit, _cancel: CancellationToken) -> Option<AdapterRun> {
+        None
+    }
+
     /// What a turn on this host needs of the platform, built on every host
     /// whether or not it holds the adapter's one upstream connection (with
     /// several hosts, a space's turn runs where its lease is): the editor

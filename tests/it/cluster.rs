@@ -423,3 +423,74 @@ async fn a_message_stored_on_another_host_wakes_the_spaces_host_at_once() {
     );
     assert_answered_once(&hosts[0], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_posted_to_the_host_without_the_adapters_lease_is_stored_and_answered_once() {
+    let (graph_url, graph) = crate::whatsapp::graph().await;
+    let whatsapp = crate::whatsapp::options(&graph_url, "");
+    let mut opts = cluster_opts(json!({"rules": [{"reply": "answered"}]}));
+    opts.config.extend(whatsapp.config);
+    opts.env = whatsapp.env;
+    let hosts = TestHost::start_cluster(2, opts).await;
+    // One host delivers (it holds the adapter's lease); the other only takes webhooks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let holder = loop {
+        let r = rows(
+            &hosts[0],
+            "SELECT host_id FROM deployment_leases WHERE name = 'adapter:whatsapp'",
+        );
+        if let Some(r) = r.first() {
+            break r[0].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no host took the adapter"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let standby = if holder == host_id(&hosts[0], "h1") {
+        1
+    } else {
+        0
+    };
+    let note = crate::whatsapp::text_message(
+        "wamid.CLUSTER1",
+        "16315551181",
+        "hello from anywhere",
+        crate::whatsapp::now_secs(),
+    );
+    // Meta posts to whichever host its URL reaches: the standby one here.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = crate::whatsapp::post_signed(&hosts[standby], &note).await;
+        if st == 200 {
+            break;
+        }
+        assert_eq!(
+            st, 404,
+            "the webhook is refused only until it is registered"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby host never took the webhook"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A redelivery to the lease holder is the same message, kept once.
+    assert_eq!(
+        crate::whatsapp::post_signed(&hosts[1 - standby], &note).await,
+        200
+    );
+    hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL",
+            1,
+            30,
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = graph.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["text"]["body"], "answered");
+    assert_answered_once(&hosts[0], 1);
+}

@@ -25,12 +25,12 @@ const VERIFY_TOKEN: &str = "verify-me-please";
 const PHONE_ID: &str = "106540352242922";
 
 #[derive(Default)]
-struct Graph {
+pub(crate) struct Graph {
     /// The fake's own origin: media URLs point back at it.
     origin: Mutex<String>,
     /// Media downloads served: the path, and whether the token came with it.
     downloads: Mutex<Vec<(String, bool)>>,
-    sent: Mutex<Vec<Value>>,
+    pub(crate) sent: Mutex<Vec<Value>>,
     /// Sends still to be answered with Meta's throughput error (130429).
     throttle: Mutex<u32>,
     throttled: Mutex<u32>,
@@ -149,7 +149,7 @@ async fn media(
     }
 }
 
-async fn graph() -> (String, Arc<Graph>) {
+pub(crate) async fn graph() -> (String, Arc<Graph>) {
     let g = Arc::new(Graph::default());
     let app = Router::new()
         .route("/v21.0/{phone}/messages", post(messages))
@@ -164,7 +164,7 @@ async fn graph() -> (String, Arc<Graph>) {
     (url, g)
 }
 
-fn options(graph_url: &str, template: &str) -> HostOptions {
+pub(crate) fn options(graph_url: &str, template: &str) -> HostOptions {
     HostOptions {
         model: json!({"rules": [{"reply": "hello from mercury"}]}),
         config: vec![
@@ -193,7 +193,7 @@ fn options(graph_url: &str, template: &str) -> HostOptions {
 }
 
 /// A notification of one text message, as the Cloud API sends it.
-fn text_message(wamid: &str, from: &str, text: &str, sent_at_secs: u64) -> Value {
+pub(crate) fn text_message(wamid: &str, from: &str, text: &str, sent_at_secs: u64) -> Value {
     json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
     "field": "messages",
     "value": {
@@ -205,14 +205,14 @@ fn text_message(wamid: &str, from: &str, text: &str, sent_at_secs: u64) -> Value
     }}]}]})
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
 }
 
-fn sign(body: &[u8]) -> String {
+pub(crate) fn sign(body: &[u8]) -> String {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(APP_SECRET.as_bytes()).unwrap();
     mac.update(body);
     format!(
@@ -222,7 +222,7 @@ fn sign(body: &[u8]) -> String {
 }
 
 /// POSTs `body` (raw bytes) to the webhook with `signature`: the status.
-async fn post_raw(host: &TestHost, body: &[u8], signature: Option<&str>) -> u16 {
+pub(crate) async fn post_raw(host: &TestHost, body: &[u8], signature: Option<&str>) -> u16 {
     let mut req = host
         .http
         .post(format!("{}/api/adapters/whatsapp/webhook", host.url))
@@ -234,7 +234,7 @@ async fn post_raw(host: &TestHost, body: &[u8], signature: Option<&str>) -> u16 
     req.send().await.unwrap().status().as_u16()
 }
 
-async fn post_signed(host: &TestHost, v: &Value) -> u16 {
+pub(crate) async fn post_signed(host: &TestHost, v: &Value) -> u16 {
     let body = serde_json::to_vec(v).unwrap();
     post_raw(host, &body, Some(&sign(&body))).await
 }

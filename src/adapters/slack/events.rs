@@ -67,8 +67,8 @@ pub(crate) fn signature_ok(
 }
 
 /// Takes the events `crate::api` passes on (signed, parsed) until the
-/// adapter stops; a store that fails answers the request 503 (Slack
-/// retries) and restarts the adapter.
+/// adapter stops, on every host of a deployment; a store that fails
+/// answers the request 503 (Slack retries) and restarts the adapter.
 pub(super) async fn intake(ctx: &Arc<Ctx>, signing_secret: String) -> Result<(), SlackError> {
     let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
     ctx.app.adapters.register_webhook(
@@ -79,7 +79,6 @@ pub(super) async fn intake(ctx: &Arc<Ctx>, signing_secret: String) -> Result<(),
             calls,
         },
     );
-    ctx.app.adapters.connected(ADAPTER);
     let result = async {
         loop {
             let call = tokio::select! {

@@ -171,6 +171,16 @@ impl ChatAdapter for Slack {
         Box::pin(async move { run(kit, cancel).await.map_err(|e| e.to_string()) })
     }
 
+    fn intake(&self, kit: &AdapterKit, cancel: CancellationToken) -> Option<AdapterRun> {
+        if config(&kit.app.rt.settings).mode != SlackMode::Events {
+            return None;
+        }
+        let kit = kit.clone();
+        Some(Box::pin(async move {
+            intake(kit, cancel).await.map_err(|e| e.to_string())
+        }))
+    }
+
     fn turn_tools(
         &self,
         kit: &AdapterKit,
@@ -259,17 +269,14 @@ struct Ctx {
     editor: Arc<SlackEditor>,
 }
 
-async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
+/// The Web API client and the bot's own user (`auth.test`, asked until it
+/// answers); `None` if the adapter stopped first.
+async fn connect(
+    kit: &AdapterKit,
+    cancel: CancellationToken,
+) -> Result<Option<Arc<Ctx>>, SlackError> {
     let app = kit.app.clone();
     let cfg = config(&app.rt.settings);
-    let board = app.adapters.clone();
-    board.set_mode(
-        ADAPTER,
-        match cfg.mode {
-            SlackMode::Socket => "socket",
-            SlackMode::Events => "events",
-        },
-    );
     let web = Arc::new(web_for(&cfg)?);
     let (app_token, bot_token) = (kit.secret(0), kit.secret(1));
     let mut backoff = Backoff::default();
@@ -282,7 +289,7 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
             Err(f) => {
                 let wait = wait_for(&app, &f, &mut backoff);
                 if !super::pause(&cancel, wait).await {
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }
@@ -295,7 +302,7 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
         pace: kit.pace.clone(),
         cancel: cancel.clone(),
     });
-    let ctx = Arc::new(Ctx {
+    Ok(Some(Arc::new(Ctx {
         app,
         web,
         app_token,
@@ -303,18 +310,43 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackErro
         identity: AdapterIdentity::bound_to(ADAPTER),
         cancel,
         editor,
-    });
-    let intake = async {
-        match cfg.mode {
-            SlackMode::Socket => socket_loop(&ctx).await,
-            SlackMode::Events => events::intake(&ctx, kit.secret(2)).await,
-        }
+    })))
+}
+
+/// Delivery, and in Socket Mode the socket: one host of a deployment at a
+/// time.
+async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
+    let mode = config(&kit.app.rt.settings).mode;
+    kit.app.adapters.set_mode(
+        ADAPTER,
+        match mode {
+            SlackMode::Socket => "socket",
+            SlackMode::Events => "events",
+        },
+    );
+    let Some(ctx) = connect(&kit, cancel).await? else {
+        return Ok(());
     };
     let send = |item, refs| deliver(&ctx, item, refs);
-    tokio::select! {
-        r = intake => r,
-        r = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send) => Ok(r?),
+    let delivery = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send);
+    match mode {
+        SlackMode::Socket => tokio::select! {
+            r = socket_loop(&ctx) => r,
+            r = delivery => Ok(r?),
+        },
+        SlackMode::Events => {
+            ctx.app.adapters.connected(ADAPTER);
+            Ok(delivery.await?)
+        }
     }
+}
+
+/// The Events API's intake, on every host (`mode: events`).
+async fn intake(kit: AdapterKit, cancel: CancellationToken) -> Result<(), SlackError> {
+    let Some(ctx) = connect(&kit, cancel).await? else {
+        return Ok(());
+    };
+    events::intake(&ctx, kit.secret(2)).await
 }
 
 fn wait_for(app: &App, f: &Failure, backoff: &mut Backoff) -> Duration {

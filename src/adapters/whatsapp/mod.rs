@@ -169,6 +169,13 @@ impl ChatAdapter for WhatsApp {
         Box::pin(async move { run(kit, cancel).await.map_err(|e| e.to_string()) })
     }
 
+    fn intake(&self, kit: &AdapterKit, cancel: CancellationToken) -> Option<AdapterRun> {
+        let kit = kit.clone();
+        Some(Box::pin(async move {
+            intake(kit, cancel).await.map_err(|e| e.to_string())
+        }))
+    }
+
     /// Media only: WhatsApp cannot edit a sent message, so a reply is
     /// never streamed.
     fn turn_tools(
@@ -376,19 +383,35 @@ struct Ctx {
     cancel: CancellationToken,
 }
 
-async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppError> {
-    let app = kit.app.clone();
-    let cfg = config(&app.rt.settings);
-    let board = app.adapters.clone();
-    board.set_mode(ADAPTER, "webhook");
+/// The context both halves share, built from the kit.
+fn context(kit: &AdapterKit, cancel: CancellationToken) -> Result<Arc<Ctx>, WhatsAppError> {
+    let cfg = config(&kit.app.rt.settings);
     let graph = Graph::new(&cfg, kit.secret(0)).map_err(WhatsAppError::Client)?;
-    let ctx = Arc::new(Ctx {
-        app,
+    Ok(Arc::new(Ctx {
+        app: kit.app.clone(),
         graph,
         cfg,
         identity: AdapterIdentity::bound_to(ADAPTER),
         cancel,
-    });
+    }))
+}
+
+/// Delivery: the outbox, one host of a deployment at a time.
+async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppError> {
+    let ctx = context(&kit, cancel)?;
+    let board = ctx.app.adapters.clone();
+    board.set_mode(ADAPTER, "webhook");
+    board.connected(ADAPTER);
+    let send = |item, refs| deliver(&ctx, item, refs);
+    Ok(super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send).await?)
+}
+
+/// Intake: the notifications `crate::api` passes on (signed, parsed),
+/// on every host, until the adapter stops; a store that fails answers
+/// Meta 503 (it redelivers) and restarts the adapter.
+async fn intake(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppError> {
+    let ctx = context(&kit, cancel)?;
+    let board = ctx.app.adapters.clone();
     let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
     board.register_webhook(
         ADAPTER,
@@ -398,8 +421,7 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
             calls,
         },
     );
-    board.connected(ADAPTER);
-    let intake = async {
+    let taken = async {
         loop {
             let call = tokio::select! {
                 _ = ctx.cancel.cancelled() => return Ok(()),
@@ -418,13 +440,10 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
                 }
             }
         }
-    };
-    let send = |item, refs| deliver(&ctx, item, refs);
-    let deliver_loop = super::deliver_outbox(&ctx.app, ADAPTER, &ctx.cancel, send);
-    tokio::select! {
-        r = intake => r,
-        r = deliver_loop => Ok(r?),
     }
+    .await;
+    board.remove_webhook(ADAPTER);
+    taken
 }
 
 /// Stores every message of one (signed) notification and records its
