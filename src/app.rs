@@ -83,10 +83,14 @@ impl App {
     }
 }
 
-/// Per-caller turn limits, one keyed limiter per quota (spaces may override it).
+/// Per-caller turn limits, one keyed limiter per quota (spaces may override
+/// it). One host counts in memory; the hosts of a deployment count in the
+/// store (`storage::caller_windows`), in the message row's transaction, so
+/// a caller meets one limit whichever host their messages reach.
 pub struct CallerLimits {
     default_per_minute: u32,
     limiters: Mutex<HashMap<u32, Arc<DefaultKeyedRateLimiter<String>>>>,
+    in_store: bool,
 }
 
 impl CallerLimits {
@@ -94,7 +98,32 @@ impl CallerLimits {
         Self {
             default_per_minute,
             limiters: Mutex::new(HashMap::new()),
+            in_store: false,
         }
+    }
+
+    /// Limits the hosts of one deployment share, counted in the store.
+    pub fn shared(default_per_minute: u32) -> Self {
+        Self {
+            in_store: true,
+            ..Self::new(default_per_minute)
+        }
+    }
+
+    /// Counts one turn of `caller` in `space` and says whether it is within
+    /// the quota, in `tx` (the message row's) when the limits are shared.
+    pub fn allow_in(
+        &self,
+        tx: &crate::storage::Tx<'_>,
+        space: &str,
+        caller: &str,
+        per_minute: Option<u32>,
+    ) -> crate::storage::StoreResult<bool> {
+        if !self.in_store {
+            return Ok(self.allow(space, caller, per_minute));
+        }
+        let q = per_minute.unwrap_or(self.default_per_minute);
+        crate::storage::caller_windows::take(tx, space, caller, q, crate::clock::now_ms())
     }
 
     /// True if the caller may start another turn in the space now.

@@ -111,6 +111,10 @@ pub struct StorageConfig {
     /// hosts of one deployment point it at one shared directory (issue 28,
     /// docs/scale-out.md).
     pub workspaces_dir: String,
+    /// Where the review's reports, digests and ledger live; empty:
+    /// `<data dir>/reviews`. Many hosts point it at one shared directory,
+    /// so every host serves the reports the scan wrote on one of them.
+    pub reviews_dir: String,
 }
 
 /// Many hosts on one PostgreSQL database (docs/scale-out.md).
@@ -1155,6 +1159,7 @@ storage:                        # where the state lives (docs/storage.md)
   url: {storage_url}                       # postgres://USER@HOST:5432/DB?sslmode=require (only with postgres)
   password_file: {storage_password_file}             # a file holding the PostgreSQL password (not in the URL)
   workspaces_dir: ""            # path; empty: <data dir>/spaces (many hosts: one shared directory)
+  reviews_dir: ""               # path; empty: <data dir>/reviews (many hosts: one shared directory)
 
 cluster:                        # many hosts on one PostgreSQL database (docs/scale-out.md)
   enabled: false                # true|false: spaces are leased to one host at a time

@@ -54,6 +54,13 @@ impl DataPaths {
         self
     }
 
+    /// The same data dir with the review's reports elsewhere
+    /// (`storage.reviews_dir`: one directory many hosts share).
+    pub fn with_reviews(mut self, dir: &Path) -> Self {
+        self.reviews = dir.to_owned();
+        self
+    }
+
     pub fn workspace(&self, space: &SpaceId) -> PathBuf {
         self.spaces.join(space.as_str())
     }

@@ -594,6 +594,11 @@ pub async fn serve_with(
         "" => DataPaths::new(&data_dir),
         dir => DataPaths::new(&data_dir).with_workspaces(Path::new(dir)),
     };
+    let paths = match settings.storage.reviews_dir.trim() {
+        "" => paths,
+        dir => paths.with_reviews(Path::new(dir)),
+    };
+
     // On PostgreSQL the data dir holds the config and the workspaces, and
     // the rows are on the server.
     if settings.storage.backend == config::StorageBackend::Sqlite && !paths.db.exists() {
@@ -628,6 +633,12 @@ pub async fn serve_with(
     }
     for loose in data_dir::loose_modes(&paths) {
         say(true, &format!("warning: {loose}"));
+    }
+    if settings.cluster.enabled && settings.storage.reviews_dir.trim().is_empty() {
+        say(
+            true,
+            "warning: cluster.enabled without storage.reviews_dir: the review's reports stay on the host whose scan wrote them (docs/scale-out.md)",
+        );
     }
     if settings.shadow {
         eprintln!(
@@ -768,7 +779,11 @@ pub async fn serve_with(
     let (supervisor, sup_handle, spaces, review) = start_actors(&rt).await?;
     deliver_spend_notices(&rt, &spaces);
     let app = Arc::new(App {
-        limits: Arc::new(CallerLimits::new(rt.settings.ingress.per_caller_per_minute)),
+        // Several hosts count a caller's turns together, in the store.
+        limits: Arc::new(match rt.cluster {
+            Some(_) => CallerLimits::shared(rt.settings.ingress.per_caller_per_minute),
+            None => CallerLimits::new(rt.settings.ingress.per_caller_per_minute),
+        }),
         spaces,
         rt: rt.clone(),
         shutdown: shutdown.clone(),

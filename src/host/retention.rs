@@ -2,7 +2,8 @@
 //! what a busy deployment would otherwise keep forever: link audit rows
 //! older than `links.audit_keep_days` and delivered (or acknowledged)
 //! outbox items older than `outbox.keep_days`, and reply previews' ids
-//! (`storage::previews`) as old. Run traces have their own
+//! (`storage::previews`) as old, and the per-caller limit windows that
+//! ended (`storage::caller_windows`). Run traces have their own
 //! (`runs.keep_days`, with a turn's commit). What is kept, and why, is in
 //! docs/operations.md ("What is kept, and for how long").
 //!
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::runtime::Runtime;
-use crate::storage::{links, outbox, previews, StoreResult, Tx};
+use crate::storage::{caller_windows, links, outbox, previews, StoreResult, Tx};
 
 const EVERY: Duration = Duration::from_secs(3600);
 const DAY_MS: i64 = 86_400_000;
@@ -27,6 +28,8 @@ pub struct Swept {
     pub audit_rows: u64,
     pub outbox_items: u64,
     pub reply_previews: u64,
+    /// Per-caller limit windows that ended (several hosts only).
+    pub caller_windows: u64,
 }
 
 /// One sweep at `now`, in `tx`.
@@ -36,6 +39,7 @@ pub fn sweep(tx: &Tx<'_>, settings: &crate::config::Settings, now: i64) -> Store
         audit_rows: links::prune_audit(tx, days(settings.links.audit_keep_days))?,
         outbox_items: outbox::prune_delivered(tx, days(settings.outbox.keep_days))?,
         reply_previews: previews::prune(tx, days(settings.outbox.keep_days))?,
+        caller_windows: caller_windows::prune(tx, now)?,
     })
 }
 
@@ -54,6 +58,7 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
                 audit_rows = s.audit_rows,
                 outbox_items = s.outbox_items,
                 reply_previews = s.reply_previews,
+                caller_windows = s.caller_windows,
                 "retention sweep deleted old rows"
             ),
             Ok(_) => {}

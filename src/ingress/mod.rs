@@ -389,7 +389,7 @@ pub fn ingest_tx(
     }
     let per_minute = spaces::kv_get(tx, KvTable::Config, &space, "rate_limit.per_minute")?
         .and_then(|v| v.parse().ok());
-    if !limits.allow(&space, &sender, per_minute) {
+    if !limits.allow_in(tx, &space, &sender, per_minute)? {
         let id = messages::insert(
             tx,
             &NewMessage {

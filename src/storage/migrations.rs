@@ -550,6 +550,18 @@ CREATE TABLE outbox_files (
   PRIMARY KEY (outbox_id, seq)
 );
 "#,
+    // 20: per-caller turn limits shared by the hosts of a deployment
+    // (issue 28): a fixed one-minute window per space and caller, counted
+    // in the message row's transaction.
+    r#"
+CREATE TABLE caller_windows (
+  space_id TEXT NOT NULL,
+  caller_id TEXT NOT NULL,
+  window_start INTEGER NOT NULL,
+  used INTEGER NOT NULL,
+  PRIMARY KEY (space_id, caller_id)
+);
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

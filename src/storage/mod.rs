@@ -19,6 +19,7 @@
 pub mod adapters;
 pub mod attachments;
 pub mod baseline;
+pub mod caller_windows;
 pub mod chat_windows;
 mod conn;
 pub mod conversations;

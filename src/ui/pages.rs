@@ -751,15 +751,22 @@ pub(super) async fn chat(
     }
     let space = access.space.to_string();
     let caller = viewer.caller().to_owned();
-    if !app.limits.allow(&space, &caller, None) {
-        return Err(UiError::Unavailable(crate::ingress::SLOW_DOWN_REPLY.into()));
-    }
-    let sp = space.clone();
-    let message_id = app
+    let (sp, limits) = (space.clone(), app.limits.clone());
+    // The limit is counted with the message's row (in the store when
+    // several hosts share it).
+    let stored = app
         .rt
         .store
-        .write(move |tx| crate::ingress::chat_tx(tx, &sp, &caller, &caller, &text))
+        .write(move |tx| {
+            if !limits.allow_in(tx, &sp, &caller, None)? {
+                return Ok(None);
+            }
+            crate::ingress::chat_tx(tx, &sp, &caller, &caller, &text).map(Some)
+        })
         .await?;
+    let Some(message_id) = stored else {
+        return Err(UiError::Unavailable(crate::ingress::SLOW_DOWN_REPLY.into()));
+    };
     let done = app.rt.waiters.register(message_id);
     app.spaces
         .wake(&access.space)

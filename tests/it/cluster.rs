@@ -494,3 +494,91 @@ async fn a_webhook_posted_to_the_host_without_the_adapters_lease_is_stored_and_a
     assert_eq!(sent[0]["text"]["body"], "answered");
     assert_answered_once(&hosts[0], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callers_limit_is_one_for_the_deployment_whichever_host_their_messages_reach() {
+    let mut opts = cluster_opts(json!({"rules": [{"reply": "answered"}]}));
+    opts.config
+        .retain(|(k, _)| *k != "ingress.per_caller_per_minute");
+    opts.config
+        .push(("ingress.per_caller_per_minute", Yaml::Number(3.into())));
+    let hosts = TestHost::start_cluster(2, opts).await;
+    let token = hosts[0].adapter_token("bridge", "test").await;
+    // The window is a clock minute: start well inside one.
+    let into = now_ms() % 60_000;
+    if into > 50_000 {
+        tokio::time::sleep(Duration::from_millis((60_100 - into) as u64)).await;
+    }
+    let mut statuses = Vec::new();
+    // Four turns of one caller within a minute, alternating hosts: a
+    // limit per host (3 each) would take all four.
+    for n in 0..4 {
+        let (st, v) = hosts[n % 2]
+            .ingest(
+                &token,
+                "c-limit",
+                "test:sam",
+                &format!("turn {n}"),
+                &format!("lim-{n}"),
+                false,
+            )
+            .await;
+        assert!(st == 202 || st == 200, "ingress {st}: {v}");
+        statuses.push(v["status"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "rate_limited").count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[3], "rate_limited", "{statuses:?}");
+    // The window is one row for the pair, counted across both hosts.
+    assert_eq!(
+        rows(
+            &hosts[1],
+            "SELECT used FROM caller_windows WHERE caller_id = 'test:sam'"
+        ),
+        vec![vec!["4".to_string()]]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_review_report_written_on_one_host_is_served_by_every_host() {
+    let hosts = TestHost::start_cluster(
+        2,
+        cluster_opts(json!({"rules": [
+            {"purpose": "judge", "reply": "{\"findings\": []}"},
+            {"reply": "answered"}
+        ]})),
+    )
+    .await;
+    let token = hosts[0].adapter_token("bridge", "test").await;
+    post(&hosts[0], &token, 1, 1).await;
+    hosts[0]
+        .wait_count(
+            "SELECT COUNT(*) FROM messages WHERE role = 'assistant'",
+            1,
+            20,
+        )
+        .await;
+    let (st, summary) = hosts[0]
+        .owner(Method::POST, "/api/review/run", None, None)
+        .await;
+    assert_eq!(st, 200, "{summary}");
+    let listed = |h: usize| {
+        let h = &hosts[h];
+        async move {
+            let (st, v) = h
+                .owner(Method::GET, "/api/review/reports", None, None)
+                .await;
+            assert_eq!(st, 200, "{v}");
+            v
+        }
+    };
+    let (here, there) = (listed(0).await, listed(1).await);
+    assert!(
+        here["reports"].as_array().is_some_and(|r| !r.is_empty()),
+        "{here}"
+    );
+    assert_eq!(here, there, "the other host serves the same reports");
+}

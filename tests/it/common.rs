@@ -313,6 +313,10 @@ impl TestHost {
             .set(
                 "storage.workspaces_dir",
                 Yaml::String(shared.path().join("spaces").display().to_string()),
+            )
+            .set(
+                "storage.reviews_dir",
+                Yaml::String(shared.path().join("reviews").display().to_string()),
             );
         for (k, v) in &opts.config {
             builder = builder.set(k, v.clone());

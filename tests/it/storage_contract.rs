@@ -1620,3 +1620,55 @@ async fn a_messages_attachments_are_stored_with_it_once_and_settle() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_window_counts_to_its_quota_rolls_back_with_its_write_and_restarts_each_minute() {
+    use mercury::storage::caller_windows;
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let minute = 1_700_000_040_000i64;
+        let take = |at: i64| {
+            let store = store.clone();
+            async move {
+                store
+                    .write(move |tx| caller_windows::take(tx, "s1", "test:sam", 2, at))
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(take(minute).await, "{name}");
+        assert!(take(minute + 1_000).await, "{name}");
+        assert!(
+            !take(minute + 2_000).await,
+            "{name}: the third in a minute of 2"
+        );
+        // A write that fails after taking takes nothing.
+        let failed = store
+            .write(move |tx| {
+                caller_windows::take(tx, "s2", "test:sam", 1, minute)?;
+                Err::<(), _>(StoreError::Invalid("the message was refused".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert!(
+            take_in(&store, "s2", minute).await,
+            "{name}: the rolled-back one left nothing"
+        );
+        // The next minute starts again; the sweep deletes windows that ended.
+        let next =
+            minute - minute.rem_euclid(caller_windows::WINDOW_MS) + caller_windows::WINDOW_MS;
+        assert!(take(next).await, "{name}");
+        let pruned = store
+            .write(move |tx| caller_windows::prune(tx, next + 2 * caller_windows::WINDOW_MS))
+            .await
+            .unwrap();
+        assert_eq!(pruned, 2, "{name}");
+    }
+}
+
+async fn take_in(store: &Store, space: &'static str, at: i64) -> bool {
+    store
+        .write(move |tx| mercury::storage::caller_windows::take(tx, space, "test:sam", 1, at))
+        .await
+        .unwrap()
+}

@@ -144,18 +144,23 @@ pub(crate) async fn chat(
             "conversation must be 1-128 characters",
         ));
     }
-    if !app.limits.allow(&space, &auth.caller.caller_id, None) {
-        return Err(ApiError::SlowDown(
-            ingress::SLOW_DOWN_REPLY.into(),
-        ));
-    }
     let caller = auth.caller.caller_id.clone();
-    let sp = space.clone();
-    let message_id = app
+    let (sp, limits) = (space.clone(), app.limits.clone());
+    // The limit is counted with the message's row (in the store when
+    // several hosts share it).
+    let stored = app
         .rt
         .store
-        .write(move |tx| ingress::chat_tx(tx, &sp, &caller, &conversation, &text))
+        .write(move |tx| {
+            if !limits.allow_in(tx, &sp, &caller, None)? {
+                return Ok(None);
+            }
+            ingress::chat_tx(tx, &sp, &caller, &conversation, &text).map(Some)
+        })
         .await?;
+    let Some(message_id) = stored else {
+        return Err(ApiError::SlowDown(ingress::SLOW_DOWN_REPLY.into()));
+    };
     let done = app.rt.waiters.register(message_id);
     app.spaces.wake(&sid).await?;
     let wait = Duration::from_secs(app.rt.settings.turn.timeout_secs + 30);
