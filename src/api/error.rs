@@ -307,6 +307,9 @@ impl From<StoreError> for ApiError {
             StoreError::Fenced(_) => ApiError::unavailable(
                 "the space moved to another host of this deployment; nothing was written, try again",
             ),
+            e if e.is_contended() => ApiError::unavailable(
+                "the database gave this write up for another host's (a deadlock or a conflict); nothing was written, send it again",
+            ),
             other => ApiError::internal(other),
         }
     }

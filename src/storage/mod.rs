@@ -124,6 +124,22 @@ pub enum StoreError {
     NotCommitted(String),
 }
 
+impl StoreError {
+    /// The database gave this write up for another one: PostgreSQL chose
+    /// it as a deadlock's victim (`40P01`) or could not serialize it
+    /// (`40001`), which hosts writing one database at once can cause.
+    /// Nothing of it was written, and the same write sent again can pass.
+    pub fn is_contended(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        match self {
+            StoreError::Postgres(e) => e.code().is_some_and(|c| {
+                *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+            }),
+            _ => false,
+        }
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A write a space's one writer (its actor) runs in its mailbox order, with

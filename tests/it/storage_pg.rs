@@ -500,3 +500,51 @@ async fn a_postgres_deployment_asks_reviews_and_rehearses_on_a_sqlite_shadow_wit
     );
     drop((dir, db));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_victims_write_is_refused_whole_and_answered_send_it_again() {
+    use mercury::storage::inspect::execute_script;
+    let db = PgDatabase::create();
+    // Two hosts' stores on one database.
+    let a = Store::open_at(&db.location()).unwrap();
+    let b = Store::open_at(&db.location()).unwrap();
+    a.write(|tx| {
+        execute_script(
+            tx,
+            "CREATE TABLE duel (id BIGINT PRIMARY KEY, v BIGINT NOT NULL); INSERT INTO duel VALUES (1, 0), (2, 0)",
+        )
+    })
+    .await
+    .unwrap();
+    // Each takes one row, waits, then wants the other's: one must give way.
+    let crossing = |store: Store, first: i64, second: i64| async move {
+        store
+            .write(move |tx| {
+                execute_script(tx, &format!("UPDATE duel SET v = v + 1 WHERE id = {first}"))?;
+                std::thread::sleep(Duration::from_millis(400));
+                execute_script(
+                    tx,
+                    &format!("UPDATE duel SET v = v + 10 WHERE id = {second}"),
+                )
+            })
+            .await
+    };
+    let (ra, rb) = tokio::join!(crossing(a.clone(), 1, 2), crossing(b.clone(), 2, 1));
+    let mut lost: Vec<_> = [ra, rb].into_iter().filter_map(Result::err).collect();
+    assert_eq!(lost.len(), 1, "exactly one write gave way: {lost:?}");
+    let victim = lost.remove(0);
+    assert!(victim.is_contended(), "{victim}");
+    // Nothing of the victim's write is left: the winner's 1 and 10 only.
+    let total: Vec<Vec<String>> = a
+        .read(|c| mercury::storage::inspect::query_text(c, "SELECT SUM(v) FROM duel"))
+        .await
+        .unwrap();
+    assert_eq!(total, vec![vec!["11".to_string()]]);
+    // An API caller is told to send it again (503), not a server fault.
+    let answer: mercury::api::ApiError = victim.into();
+    assert_eq!(answer.status().as_u16(), 503);
+    assert!(
+        matches!(&answer, mercury::api::ApiError::Unavailable(m) if m.contains("send it again")),
+        "{answer:?}"
+    );
+}
