@@ -453,10 +453,29 @@ fn key_checks(s: &Settings, env: &BTreeMap<String, String>) -> Vec<Check> {
 async fn sandbox_checks(s: &Settings) -> Vec<Check> {
     let mut out = Vec::new();
     let choice = s.sandbox.backend;
-    let engines = crate::sandbox::lifecycle::connect_local().await;
+    // The engines this data dir's host starts sandboxes on: the configured
+    // list (sandbox.docker.hosts), or the local one.
+    let engines = crate::sandbox::lifecycle::connect(&s.sandbox.docker).await;
     let docker_ok = engines.is_ok();
+    let configured = &s.sandbox.docker.hosts;
     match &engines {
-        Ok(_) => out.push(check(Level::Ok, "docker", "the engine answers")),
+        Ok(_) if configured.is_empty() => {
+            out.push(check(Level::Ok, "docker", "the engine answers"));
+        }
+        Ok(up) => {
+            let up = up.endpoints();
+            for host in configured {
+                out.push(if up.contains(host) {
+                    check(Level::Ok, "docker", format!("{host} answers"))
+                } else {
+                    check(
+                        Level::Fail,
+                        "docker",
+                        format!("{host} does not answer: the host would leave it out"),
+                    )
+                });
+            }
+        }
         Err(e) => out.push(check(
             if choice == SandboxChoice::Docker {
                 Level::Fail

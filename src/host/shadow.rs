@@ -213,12 +213,17 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<Started> {
         .parse()
         .map_err(|_| ShadowError::Invalid(format!("bind {:?} is not ADDR:PORT", settings.bind)))?;
     let port_free = std::net::TcpListener::bind(bind).is_ok();
-    let engine: Engine = if live_backend == SandboxChoice::Process
-        && settings.sandbox.backend == SandboxChoice::Process
-    {
+    // Each on its own engines (sandbox.docker.hosts, or the local one):
+    // the live bot's running containers, the shadow's image.
+    let engine: Engine = if settings.sandbox.backend == SandboxChoice::Process {
         None
     } else {
-        Some(lifecycle::connect_local().await)
+        Some(lifecycle::connect(&settings.sandbox.docker).await)
+    };
+    let live_engine: Engine = match (&live_settings, live_backend) {
+        (_, SandboxChoice::Process) => None,
+        (Some(live), _) => Some(lifecycle::connect(&live.sandbox.docker).await),
+        (None, _) => Some(lifecycle::connect_local().await),
     };
     let facts = UpFacts {
         now_ms: now_ms(),
@@ -227,7 +232,7 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<Started> {
         min_free_mem_bytes: opts.min_free_mem,
         free_disk_bytes: crate::workspace::data_dir::free_bytes(&opts.root),
         min_free_disk_bytes: opts.min_free_disk,
-        live_containers_running: live_containers(&live, live_backend, &engine).await,
+        live_containers_running: live_containers(&live, live_backend, &live_engine).await,
         live_next_due_ms: live_next_due(&live).await,
         window_ms: opts.window_ms,
         image: shadow_image(&settings, &engine).await,

@@ -83,6 +83,9 @@ pub trait SandboxLifecycle: Send + Sync {
     async fn running_sandboxes(&self, instance_id: &str) -> Result<Vec<String>, SandboxError>;
     /// The backend that starts sessions from `image` on these engines.
     fn serving(&self, image: String) -> Arc<dyn SandboxBackend>;
+    /// The engines that answered when these were connected, as configured
+    /// (`unix:///…`, `tcp://…`; empty for the local engine by default).
+    fn endpoints(&self) -> Vec<String>;
 }
 
 /// Connects the engines of `engines` (`sandbox.docker.hosts`, with the TLS

@@ -1125,3 +1125,36 @@ async fn ops_onboard_asks_on_a_terminal_hides_secrets_tests_the_key_and_writes_t
         assert!(!other.exists());
     }
 }
+
+#[tokio::test]
+async fn ops_doctor_checks_every_configured_engine_and_names_one_that_does_not_answer() {
+    use serde_yaml_ng::Value as Yaml;
+    let (_dir, data, _) = prepare(&HostOptions {
+        config: vec![(
+            "sandbox.docker.hosts",
+            Yaml::Sequence(vec![
+                Yaml::from("unix:///var/run/docker.sock"),
+                // Nothing listens on the discard port.
+                Yaml::from("tcp://127.0.0.1:9"),
+            ]),
+        )],
+        ..HostOptions::default()
+    })
+    .await;
+    let out = mercury_cli()
+        .args(["doctor", "--data-dir"])
+        .arg(&data)
+        .env_remove("MERCURY_SANDBOX_BACKEND")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("ok   docker: unix:///var/run/docker.sock answers"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FAIL docker: tcp://127.0.0.1:9 does not answer"),
+        "{text}"
+    );
+}

@@ -19,6 +19,10 @@ use crate::sandbox::{SandboxBackend, SandboxError, LABEL_INSTANCE};
 
 #[async_trait]
 impl SandboxLifecycle for DockerBackend {
+    fn endpoints(&self) -> Vec<String> {
+        self.clients().map(|(e, _)| e.to_owned()).collect()
+    }
+
     async fn ensure_agent_image(
         &self,
         tag: &str,
