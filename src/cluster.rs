@@ -43,13 +43,19 @@ impl HostSeat {
         store: Store,
         name: &str,
         api_url: &str,
+        instance_id: &str,
         lease: Duration,
     ) -> StoreResult<HostSeat> {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let host_id = format!("{name}-{}", &suffix[..8]);
-        let (h, n, u) = (host_id.clone(), name.to_owned(), api_url.to_owned());
+        let (h, n, u, i) = (
+            host_id.clone(),
+            name.to_owned(),
+            api_url.to_owned(),
+            instance_id.to_owned(),
+        );
         store
-            .write(move |tx| leases::join_host(tx, &h, &n, &u, now_ms()))
+            .write(move |tx| leases::join_host(tx, &h, &n, &u, &i, now_ms()))
             .await?;
         Ok(HostSeat {
             host_id,
@@ -58,6 +64,18 @@ impl HostSeat {
             store,
             held: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The instance ids of hosts that are gone, not this host's: their
+    /// sandboxes left on a shared engine are nobody's (a host silent for
+    /// twice the lease counts as gone).
+    pub async fn dead_instances(&self, own: &str) -> StoreResult<Vec<String>> {
+        let stale = self.lease_ms().saturating_mul(2);
+        let own = own.to_owned();
+        self.store
+            .read(move |c| leases::dead_instances(c, now_ms(), stale))
+            .await
+            .map(|ids| ids.into_iter().filter(|i| *i != own).collect())
     }
 
     fn lease_ms(&self) -> i64 {

@@ -95,6 +95,30 @@ pub async fn build_image_cli(mrctl: Option<PathBuf>) -> anyhow::Result<String> {
     Ok(tag)
 }
 
+/// One of several hosts: removes what hosts that are gone left on the
+/// engines (none of it runs for anyone; their spaces run elsewhere now).
+async fn sweep_dead_hosts(rt: &Runtime, seat: &crate::cluster::HostSeat) {
+    let dead = match seat.dead_instances(&rt.instance_id).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read which hosts are gone");
+            return;
+        }
+    };
+    let nothing_runs = || std::collections::HashSet::new();
+    for instance in dead {
+        match rt.sandbox.sweep_orphans(&instance, &nothing_runs).await {
+            Ok(0) => {}
+            Ok(count) => {
+                tracing::warn!(count, instance = %instance, "removed the containers a host that is gone left behind");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, instance = %instance, "sweeping a gone host's containers failed");
+            }
+        }
+    }
+}
+
 /// Removes this instance's leftover containers at start-up and then every
 /// `sandbox.sweep_interval_secs` on each of the serving backend's engines,
 /// sparing the runs executing now, and checks the engines' health
@@ -110,6 +134,9 @@ pub async fn sweep_loop(rt: Arc<Runtime>, shutdown: CancellationToken) {
             Ok(0) => {}
             Ok(count) => tracing::warn!(count, "removed orphan containers of this instance"),
             Err(e) => tracing::error!(error = %e, "orphan sweep failed"),
+        }
+        if let Some(seat) = &rt.cluster {
+            sweep_dead_hosts(&rt, seat).await;
         }
         rt.sandbox.check_health().await;
         tokio::select! {

@@ -222,6 +222,26 @@ pub async fn init_with(
 }
 
 /// The machine's hostname (a cluster host's default name).
+/// The name this host goes by among several (`cluster.host_name`, else
+/// the machine's).
+fn cluster_host_name(settings: &Settings) -> String {
+    match settings.cluster.host_name.trim() {
+        "" => machine_name(),
+        n => n.to_owned(),
+    }
+}
+
+/// The label this host's sandboxes carry (`mercury.instance`): its data
+/// dir's, and with several hosts its machine's name too (two machines may
+/// use one data dir path and share an engine).
+pub(crate) fn instance_id(paths: &DataPaths, settings: &Settings) -> std::io::Result<String> {
+    if settings.cluster.enabled {
+        sandbox::instance_id_for_host(&paths.root, &cluster_host_name(settings))
+    } else {
+        sandbox::instance_id_for(&paths.root)
+    }
+}
+
 fn machine_name() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()
@@ -380,7 +400,7 @@ async fn build_runtime_with_env(
     cluster: Option<Arc<crate::cluster::HostSeat>>,
 ) -> anyhow::Result<Arc<Runtime>> {
     let sandbox = sandbox_backend(&settings, paths).await?;
-    let instance_id = sandbox::instance_id_for(&paths.root).context("deriving the instance id")?;
+    let instance_id = instance_id(paths, &settings).context("deriving the instance id")?;
     let providers = provider_settings(&settings, env);
     for key in [&providers.openai_api_key, &providers.anthropic_api_key]
         .into_iter()
@@ -692,7 +712,7 @@ pub async fn serve_with(
         Err(e) => tracing::error!(error = %e, "cannot clean the scratch directory"),
     }
     // And the API-socket relays of its sessions (src/sandbox/relay.rs).
-    if let Ok(id) = sandbox::instance_id_for(&paths.root) {
+    if let Ok(id) = instance_id(&paths, &settings) {
         match sandbox::sweep_relays(&id) {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
@@ -717,14 +737,13 @@ pub async fn serve_with(
             ),
             url => url.to_owned(),
         };
-        let name = match settings.cluster.host_name.trim() {
-            "" => machine_name(),
-            n => n.to_owned(),
-        };
+        let name = cluster_host_name(&settings);
+        let instance = instance_id(&paths, &settings).context("deriving the instance id")?;
         let seat = crate::cluster::HostSeat::join(
             store.clone(),
             &name,
             &advertise,
+            &instance,
             Duration::from_secs(settings.cluster.lease_secs),
         )
         .await

@@ -69,11 +69,19 @@ type Engine = Option<Result<Arc<dyn SandboxLifecycle>, SandboxError>>;
 
 /// Containers of the live instance that are running or being created (a
 /// turn in progress). None when it cannot be told.
-async fn live_containers(live: &Path, backend: SandboxChoice, engine: &Engine) -> Option<usize> {
+async fn live_containers(
+    live: &Path,
+    settings: Option<&config::Settings>,
+    backend: SandboxChoice,
+    engine: &Engine,
+) -> Option<usize> {
     if backend == SandboxChoice::Process {
         return Some(0);
     }
-    let id = crate::sandbox::instance_id_for(live).ok()?;
+    let id = match settings {
+        Some(s) => crate::host::instance_id(&DataPaths::new(live), s).ok()?,
+        None => crate::sandbox::instance_id_for(live).ok()?,
+    };
     let engines = match engine.as_ref()? {
         Ok(e) => e,
         // `auto` without an engine runs bubblewrap: no container can exist.
@@ -232,7 +240,13 @@ pub async fn up(opts: &UpOptions) -> ShadowResult<Started> {
         min_free_mem_bytes: opts.min_free_mem,
         free_disk_bytes: crate::workspace::data_dir::free_bytes(&opts.root),
         min_free_disk_bytes: opts.min_free_disk,
-        live_containers_running: live_containers(&live, live_backend, &live_engine).await,
+        live_containers_running: live_containers(
+            &live,
+            live_settings.as_ref(),
+            live_backend,
+            &live_engine,
+        )
+        .await,
         live_next_due_ms: live_next_due(&live).await,
         window_ms: opts.window_ms,
         image: shadow_image(&settings, &engine).await,

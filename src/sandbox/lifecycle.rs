@@ -128,9 +128,32 @@ pub fn instance_id_for(data_dir: &Path) -> io::Result<String> {
     Ok(hex.get(..16).unwrap_or(&hex).to_string())
 }
 
+/// The instance id of one host of several (`cluster.enabled`): the data
+/// dir's path and the machine's name (`cluster.host_name`), since two
+/// machines of a deployment may well use the same data dir path and share
+/// an engine, and each must sweep only its own sandboxes. Stable across the
+/// host's restarts, like [`instance_id_for`].
+pub fn instance_id_for_host(data_dir: &Path, host_name: &str) -> io::Result<String> {
+    let path = instance_id_for(data_dir)?;
+    let digest = Sha256::digest(format!("{path}\0{host_name}").as_bytes());
+    let hex = base16ct::lower::encode_string(&digest);
+    Ok(hex.get(..16).unwrap_or(&hex).to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_machines_with_one_data_dir_path_have_two_instance_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = instance_id_for_host(dir.path(), "mercury-a").unwrap();
+        let b = instance_id_for_host(dir.path(), "mercury-b").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, instance_id_for_host(dir.path(), "mercury-a").unwrap());
+        assert_ne!(a, instance_id_for(dir.path()).unwrap());
+        assert!(a.len() == 16 && a.bytes().all(|c| c.is_ascii_hexdigit()));
+    }
 
     #[test]
     fn instance_id_is_16_hex_and_stable_for_one_dir() {

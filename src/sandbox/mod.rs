@@ -28,7 +28,7 @@ mod root_drop;
 pub mod runtime_image;
 mod sync;
 
-pub use lifecycle::instance_id_for;
+pub use lifecycle::{instance_id_for, instance_id_for_host};
 pub use relay::sweep_relays;
 pub use root_drop::NOBODY;
 

@@ -66,16 +66,40 @@ fn locked(conn: &Conn, sql: &str, lock: &str) -> String {
     }
 }
 
-/// Records this host joining (or rejoining under the same id).
-pub fn join_host(conn: &Conn, host: &str, name: &str, api_url: &str, now: i64) -> StoreResult<()> {
+/// Records this host joining (or rejoining under the same id), with the
+/// instance id its sandboxes are labelled with.
+pub fn join_host(
+    conn: &Conn,
+    host: &str,
+    name: &str,
+    api_url: &str,
+    instance_id: &str,
+    now: i64,
+) -> StoreResult<()> {
     conn.execute(
-        "INSERT INTO cluster_hosts (host_id, name, api_url, started_at, heartbeat_at)
-         VALUES (?1, ?2, ?3, ?4, ?4)
+        "INSERT INTO cluster_hosts (host_id, name, api_url, started_at, heartbeat_at, instance_id)
+         VALUES (?1, ?2, ?3, ?4, ?4, ?5)
          ON CONFLICT (host_id) DO UPDATE SET name = excluded.name, api_url = excluded.api_url,
-           heartbeat_at = excluded.heartbeat_at, stopped_at = NULL",
-        params![host, name, api_url, now],
+           heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, instance_id = excluded.instance_id",
+        params![host, name, api_url, now, instance_id],
     )?;
     Ok(())
+}
+
+/// The sandbox instance ids of hosts that are gone (stopped, or silent for
+/// `stale_ms`) and that no living host carries (a restarted host keeps its
+/// instance id): what is left of them on an engine is nobody's.
+pub fn dead_instances(conn: &Conn, now: i64, stale_ms: i64) -> StoreResult<Vec<String>> {
+    conn.query_all(
+        "SELECT DISTINCT d.instance_id FROM cluster_hosts d
+         WHERE d.instance_id IS NOT NULL
+           AND (d.stopped_at IS NOT NULL OR d.heartbeat_at < ?1)
+           AND NOT EXISTS (SELECT 1 FROM cluster_hosts l
+             WHERE l.instance_id = d.instance_id AND l.stopped_at IS NULL AND l.heartbeat_at >= ?1)
+         ORDER BY 1",
+        params![now - stale_ms],
+        |r| r.get(0),
+    )
 }
 
 /// Renews every lease `host` still holds (space and named) and its

@@ -562,6 +562,11 @@ CREATE TABLE caller_windows (
   PRIMARY KEY (space_id, caller_id)
 );
 "#,
+    // 21: the label a host's sandboxes carry (issue 28), so a surviving
+    // host can remove a dead one's containers from an engine they share.
+    r#"
+ALTER TABLE cluster_hosts ADD COLUMN instance_id TEXT;
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does

@@ -1007,3 +1007,76 @@ async fn sandbox_auto_without_engine_or_bubblewrap_refuses_tools_and_says_so() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surviving_host_removes_what_a_host_that_is_gone_left_on_a_shared_engine() {
+    let docker = engine().await;
+    let hosts = TestHost::start_cluster(
+        1,
+        docker_host(
+            json!({"rules": [{"reply": "ok"}]}),
+            vec![
+                ("ingress.dm_policy", Yaml::String("open".into())),
+                ("sandbox.sweep_interval_secs", Yaml::from(1)),
+            ],
+        ),
+    )
+    .await;
+    // The host built the agent image at start; a gone host's container of it.
+    let images = docker
+        .list_images(None::<bollard::query_parameters::ListImagesOptions>)
+        .await
+        .expect("images");
+    let image = images
+        .iter()
+        .flat_map(|i| i.repo_tags.iter())
+        .find(|t| t.starts_with("mercury-agent:"))
+        .expect("the agent image")
+        .clone();
+    let label = |instance: &str| {
+        HashMap::from([
+            ("mercury.instance".to_string(), instance.to_string()),
+            ("mercury.space".to_string(), "alpha".to_string()),
+            ("mercury.run".to_string(), "r-of-a-gone-host".to_string()),
+            ("mercury.kind".to_string(), "live".to_string()),
+        ])
+    };
+    let (gone, living) = ("9e0e9e0e9e0e9e0e", "a11fea11fea11fea");
+    let mut leftovers = Leftovers {
+        instance: None,
+        extra: Vec::new(),
+    };
+    let of_gone = bare_container(&docker, &image, label(gone)).await;
+    let of_living = bare_container(&docker, &image, label(living)).await;
+    leftovers.extra.extend([of_gone.clone(), of_living.clone()]);
+    // Two other hosts on record: one stopped, one beating now.
+    let now = mercury::clock::now_ms();
+    hosts[0].write(move |tx| {
+        mercury::storage::leases::join_host(
+            tx,
+            "h-gone-1",
+            "h-gone",
+            "http://10.0.0.9:1",
+            gone,
+            now - 3_600_000,
+        )?;
+        mercury::storage::leases::leave(tx, "h-gone-1", now - 3_500_000)?;
+        mercury::storage::leases::join_host(
+            tx,
+            "h-live-1",
+            "h-live",
+            "http://10.0.0.8:1",
+            living,
+            now + 600_000,
+        )
+    });
+    until("the gone host's container removed", 60, async || {
+        (!exists(&docker, &of_gone).await).then_some(())
+    })
+    .await;
+    let info = docker
+        .inspect_container(&of_living, None)
+        .await
+        .expect("the living host's container is spared");
+    assert_eq!(info.state.and_then(|s| s.running), Some(true));
+}
