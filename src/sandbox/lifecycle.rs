@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::DockerEnginesConfig;
 use crate::sandbox::docker::{DockerBackend, EngineTls};
-use crate::sandbox::{SandboxBackend, SandboxError};
+use crate::sandbox::{SandboxBackend, SandboxError, WarmSpec};
 
 /// What [`SandboxLifecycle::ensure_agent_image`] does with an engine that
 /// lacks the image.
@@ -83,6 +83,16 @@ pub trait SandboxLifecycle: Send + Sync {
     async fn running_sandboxes(&self, instance_id: &str) -> Result<Vec<String>, SandboxError>;
     /// The backend that starts sessions from `image` on these engines.
     fn serving(&self, image: String) -> Arc<dyn SandboxBackend>;
+    /// [`SandboxLifecycle::serving`] with a pool of sandboxes started ahead
+    /// (`sandbox.warm`). An engine kind without a pool serves cold.
+    fn serving_warm(
+        &self,
+        image: String,
+        warm: WarmSpec,
+    ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+        let _ = warm;
+        Ok(self.serving(image))
+    }
 }
 
 /// Connects the engines of `engines` (`sandbox.docker.hosts`, with the TLS
