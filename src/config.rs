@@ -502,6 +502,10 @@ pub struct Price {
     pub output: f64,
 }
 
+/// The most containers `sandbox.warm` may keep ready: each holds an
+/// engine's container (a shim process, a cgroup) for as long as it waits.
+pub const MAX_WARM: usize = 16;
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxChoice {
@@ -532,6 +536,10 @@ pub struct SandboxConfig {
     pub tmp_mb: i64,
     /// Seconds between orphan sweeps (and engine health checks).
     pub sweep_interval_secs: u64,
+    /// Containers kept created, started and paused ahead of the turns that
+    /// claim them, each used for one turn and destroyed (docs/sandbox.md,
+    /// "Warm sandboxes"); 0 (the default) starts every sandbox cold.
+    pub warm: usize,
     /// The Docker engines sandboxes start on (docs/scale-out.md).
     pub docker: DockerEnginesConfig,
 }
@@ -778,6 +786,7 @@ impl Default for SandboxConfig {
             pids: 256,
             tmp_mb: 64,
             sweep_interval_secs: 300,
+            warm: 0,
             docker: DockerEnginesConfig::default(),
         }
     }
@@ -1027,6 +1036,7 @@ sandbox:                        # where shell and mrctl tool calls run
   pids: 256                     # count: processes per container
   tmp_mb: 64                    # MB of /tmp per container
   sweep_interval_secs: 300      # seconds between orphan container sweeps (this instance's label only) and engine health checks
+  warm: 0                       # count, 0-16: docker containers started and paused ahead, one per turn, never reused; 0: off
   docker:                       # the Docker engines containers run on (docs/scale-out.md)
     hosts: []                   # unix:///path/docker.sock (this machine: bound) | tcp://host:port (elsewhere: workspace synced); empty: the local engine
     tls:                        # client certificates for the tcp:// engines: all three paths, or none
@@ -1653,6 +1663,15 @@ impl Settings {
                 "give ca, cert and key together, or none",
             ));
         }
+        if self.sandbox.warm > MAX_WARM {
+            return Err(key_err(
+                "sandbox.warm",
+                format!(
+                    "must be between 0 (off) and {MAX_WARM} containers kept ready, got {}",
+                    self.sandbox.warm
+                ),
+            ));
+        }
         if !(self.sandbox.cpus > 0.0 && self.sandbox.cpus <= 64.0) {
             return Err(key_err("sandbox.cpus", "must be between 0 and 64"));
         }
@@ -2245,6 +2264,22 @@ mod tests {
         assert!(e.to_string().contains("review.colour"), "{e}");
         let e = from_value(Value::Null, &env(&[("MERCURY_REVIEW_DAILY_AT", "25:00")])).unwrap_err();
         assert!(e.to_string().contains("review.daily_at"), "{e}");
+    }
+
+    #[test]
+    fn the_warm_pool_is_off_by_default_and_bounded_with_a_sentence() {
+        assert_eq!(Settings::default().sandbox.warm, 0);
+        let s = from_value(Value::Null, &env(&[("MERCURY_SANDBOX_WARM", "4")])).unwrap();
+        assert_eq!(s.sandbox.warm, 4);
+        let e = from_value(Value::Null, &env(&[("MERCURY_SANDBOX_WARM", "17")])).unwrap_err();
+        assert!(
+            e.to_string().contains("sandbox.warm")
+                && e.to_string().contains("between 0 (off) and 16")
+                && e.to_string().contains("got 17"),
+            "{e}"
+        );
+        let e = from_value(Value::Null, &env(&[("MERCURY_SANDBOX_WARM", "-1")])).unwrap_err();
+        assert!(e.to_string().contains("sandbox.warm"), "{e}");
     }
 
     #[test]

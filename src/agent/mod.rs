@@ -1212,6 +1212,21 @@ pub(crate) async fn complete_with_chain(
     )))
 }
 
+/// A turn's sandbox limits from `sandbox.*` and `workspace.*`: also what a
+/// warm pool's containers are made with, so a turn's spec fits them.
+pub fn sandbox_limits(settings: &crate::config::Settings) -> SandboxLimits {
+    let s = &settings.sandbox;
+    SandboxLimits {
+        memory_bytes: s.memory_mb << 20,
+        nano_cpus: (s.cpus * 1e9) as i64,
+        pids: s.pids,
+        tmp_bytes: s.tmp_mb << 20,
+        workspace_bytes: i64::try_from(s.workspace_mb << 20).unwrap_or(i64::MAX),
+        workspace_entries: settings.workspace.max_entries,
+        workspace_depth: settings.workspace.max_depth,
+    }
+}
+
 async fn start_sandbox(
     rt: &Arc<Runtime>,
     req: &TurnRequest,
@@ -1246,7 +1261,6 @@ async fn start_sandbox(
         })
         .await?;
     let socket_inside = rt.sandbox.socket_inside(&rt.paths.socket);
-    let s = &rt.settings.sandbox;
     let spec = SandboxSpec {
         instance_id: rt.instance_id.clone(),
         space_id: req.space_id.to_string(),
@@ -1274,15 +1288,7 @@ async fn start_sandbox(
             (sk.host_dir, inside)
         })
         .collect(),
-        limits: SandboxLimits {
-            memory_bytes: s.memory_mb << 20,
-            nano_cpus: (s.cpus * 1e9) as i64,
-            pids: s.pids,
-            tmp_bytes: s.tmp_mb << 20,
-            workspace_bytes: i64::try_from(s.workspace_mb << 20).unwrap_or(i64::MAX),
-            workspace_entries: rt.settings.workspace.max_entries,
-            workspace_depth: rt.settings.workspace.max_depth,
-        },
+        limits: sandbox_limits(&rt.settings),
     };
     let started = std::time::Instant::now();
     let session = rt.sandbox.start(spec).await?;

@@ -7,9 +7,15 @@
 //! (the same network setup as ours, so the ratio is not won by skipping the
 //! bridge alone).
 //!
-//! Runs are interleaved (ours, then each baseline) so background load hits
-//! all of them alike. Every container is closed after its run and the bench's
-//! own instance is swept at the end, also after a failure.
+//! Beside them, **claiming a pooled container** (`sandbox.warm`, started and
+//! paused ahead) until its first exec has answered: the claim mounts the
+//! run's workspace into the slot, unpauses, and execs `true` (target ≤ 0.25×
+//! of `docker run`). The pool refills before anything else is timed, so its
+//! background work never overlaps a measurement.
+//!
+//! Runs are interleaved (pooled, ours, then each baseline) so background
+//! load hits all of them alike. Every container is closed after its run and
+//! the bench's own instance is swept at the end, also after a failure.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -29,6 +35,8 @@ pub(crate) struct SandboxFigures {
     /// The bench's instance id (its containers carry it as `mercury.instance`).
     pub instance: String,
     pub bollard: Vec<Duration>,
+    /// Claiming a pooled container + exec `true`.
+    pub warm: Vec<Duration>,
     pub cli: Vec<Duration>,
     pub cli_no_network: Vec<Duration>,
 }
@@ -46,36 +54,79 @@ pub(crate) async fn run(runs: usize) -> anyhow::Result<SandboxFigures> {
     std::fs::create_dir(&workspace).with_context(|| format!("creating {}", workspace.display()))?;
     let instance = instance_id_for(tmp.path())?;
     let settings = Settings::default();
-    let backend = crate::host::containers::docker_backend(&settings, &DataPaths::new(tmp.path()))
+    let paths = DataPaths::new(tmp.path());
+    let backend = crate::host::containers::docker_backend(&settings, &paths)
         .await
         .context("mercury bench sandbox needs a Docker engine")?;
+    // The same engine and instance with one container kept ready.
+    let mut warm_settings = settings.clone();
+    warm_settings.sandbox.warm = 1;
+    let warm = crate::host::containers::docker_backend(&warm_settings, &paths).await?;
     let mut figures = SandboxFigures {
         image: crate::host::containers::agent_image(&settings)?,
         instance: instance.clone(),
         ..Default::default()
     };
-    let measured = measure(backend.as_ref(), &instance, &workspace, runs, &mut figures).await;
+    let limits = crate::host::containers::sandbox_limits(&settings);
+    let backends = Backends {
+        cold: backend.as_ref(),
+        warm: warm.as_ref(),
+    };
+    let measured = measure(backends, &instance, &limits, &workspace, runs, &mut figures).await;
     // Whatever happened above, leave none of this bench's containers behind.
+    warm.shutdown().await;
     let swept = backend.sweep_orphans(&instance, &HashSet::new).await;
     measured?;
     swept.context("removing the bench's containers")?;
     Ok(figures)
 }
 
+/// The backend that starts cold, and one with a warm pool of one.
+#[derive(Clone, Copy)]
+struct Backends<'a> {
+    cold: &'a dyn SandboxBackend,
+    warm: &'a dyn SandboxBackend,
+}
+
+/// Waits (untimed) until the pool holds a container again.
+async fn refilled(warm: &dyn SandboxBackend) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while warm.warm_idle() == 0 {
+        if Instant::now() > deadline {
+            bail!("the warm pool did not refill within 120 s (see the log)");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 async fn measure(
-    backend: &dyn SandboxBackend,
+    backends: Backends<'_>,
     instance: &str,
+    limits: &SandboxLimits,
     workspace: &std::path::Path,
     runs: usize,
     figures: &mut SandboxFigures,
 ) -> anyhow::Result<()> {
     let image = figures.image.clone();
     for i in 0..=runs {
-        let ours = start_and_exec(backend, instance, workspace, i).await?;
+        refilled(backends.warm).await?;
+        let warm = start_and_exec(
+            backends.warm,
+            instance,
+            limits,
+            workspace,
+            &format!("warm-{i}"),
+        )
+        .await?;
+        refilled(backends.warm).await?;
+        let ours =
+            start_and_exec(backends.cold, instance, limits, workspace, &i.to_string()).await?;
         let cli = docker_run(&image, false).await?;
         let cli_none = docker_run(&image, true).await?;
         // Run 0 warms the page cache and the engine; it is not counted.
         if i > 0 {
+            figures.warm.push(warm);
             figures.bollard.push(ours);
             figures.cli.push(cli);
             figures.cli_no_network.push(cli_none);
@@ -89,8 +140,9 @@ async fn measure(
 async fn start_and_exec(
     backend: &dyn SandboxBackend,
     instance: &str,
+    limits: &SandboxLimits,
     workspace: &std::path::Path,
-    i: usize,
+    i: &str,
 ) -> anyhow::Result<Duration> {
     let spec = SandboxSpec {
         instance_id: instance.to_string(),
@@ -101,7 +153,7 @@ async fn start_and_exec(
         api: None,
         ro_binds: Vec::new(),
         env: vec![("MERCURY_SPACE".into(), "bench".into())],
-        limits: SandboxLimits::default(),
+        limits: limits.clone(),
     };
     let t = Instant::now();
     let session = backend
@@ -177,6 +229,8 @@ pub(crate) fn report(f: &SandboxFigures) -> String {
     };
     let ours = median(&f.bollard).as_secs_f64();
     let ratio = |base: &[Duration]| ours / median(base).as_secs_f64().max(f64::MIN_POSITIVE);
+    let warm_ratio =
+        median(&f.warm).as_secs_f64() / median(&f.cli).as_secs_f64().max(f64::MIN_POSITIVE);
     let mut out = format!(
         "bench sandbox: create to first exec answered, {} runs each, image {}, instance {}\n",
         f.bollard.len(),
@@ -186,6 +240,10 @@ pub(crate) fn report(f: &SandboxFigures) -> String {
     out.push_str(&line(
         "bollard: start (create+start) + exec `true`",
         &f.bollard,
+    ));
+    out.push_str(&line(
+        "bollard: claim a pooled container + exec `true`",
+        &f.warm,
     ));
     out.push_str(&line("cli: docker run --rm IMAGE true", &f.cli));
     out.push_str(&line(
@@ -199,6 +257,9 @@ pub(crate) fn report(f: &SandboxFigures) -> String {
     out.push_str(&format!(
         "ratio bollard / docker run --network none: {:.2}x\n",
         ratio(&f.cli_no_network)
+    ));
+    out.push_str(&format!(
+        "ratio pooled claim / docker run: {warm_ratio:.2}x (target <= 0.25x)\n"
     ));
     out
 }
@@ -227,6 +288,7 @@ mod tests {
             image: "mercury-agent:x".into(),
             instance: "0123456789abcdef".into(),
             bollard: ms_list(&[100, 120, 110]),
+            warm: ms_list(&[40, 42, 41]),
             cli: ms_list(&[400, 440, 420]),
             cli_no_network: ms_list(&[200, 220, 210]),
         };
@@ -240,6 +302,11 @@ mod tests {
         );
         assert!(
             r.contains("ratio bollard / docker run --network none: 0.52x"),
+            "{r}"
+        );
+        assert!(r.contains("median    41.0 ms"), "{r}");
+        assert!(
+            r.contains("ratio pooled claim / docker run: 0.10x (target <= 0.25x)"),
             "{r}"
         );
     }

@@ -15,11 +15,14 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
+/// A turn's sandbox limits (and a warm pool's): tests and benches build
+/// specs that fit the pool with it.
+pub use crate::agent::sandbox_limits;
 use crate::config::Settings;
 use crate::runtime::Runtime;
 use crate::sandbox::image::agent_image_tag;
 use crate::sandbox::lifecycle::{self, WhenAbsent};
-use crate::sandbox::SandboxBackend;
+use crate::sandbox::{SandboxBackend, WarmSpec};
 use crate::workspace::DataPaths;
 
 /// The `mrctl` that goes into the image: `MERCURY_MRCTL`, else the one beside
@@ -49,7 +52,7 @@ pub fn mrctl_path() -> anyhow::Result<PathBuf> {
 /// run in exists on each: the backend `sandbox: docker` serves with.
 pub async fn docker_backend(
     settings: &Settings,
-    _paths: &DataPaths,
+    paths: &DataPaths,
 ) -> anyhow::Result<Arc<dyn SandboxBackend>> {
     let engines = lifecycle::connect(&settings.sandbox.docker).await?;
     let image = if settings.sandbox.image.is_empty() {
@@ -68,7 +71,22 @@ pub async fn docker_backend(
     } else {
         settings.sandbox.image.clone()
     };
-    Ok(engines.serving(image))
+    if settings.sandbox.warm == 0 {
+        return Ok(engines.serving(image));
+    }
+    let warm = WarmSpec {
+        slots: settings.sandbox.warm,
+        instance_id: crate::sandbox::instance_id_for(&paths.root)?,
+        limits: sandbox_limits(settings),
+    };
+    // A host that cannot mount the pool's directory still serves, cold.
+    match engines.serving_warm(image.clone(), warm) {
+        Ok(backend) => Ok(backend),
+        Err(e) => {
+            tracing::warn!(error = %e, "sandbox.warm is set but the pool cannot start; every sandbox starts cold");
+            Ok(engines.serving(image))
+        }
+    }
 }
 
 /// The tag of the agent image this binary's turns run in (`sandbox.image`,

@@ -721,6 +721,12 @@ pub async fn serve_with(
             ),
             Err(e) => tracing::error!(error = %e, "cannot sweep the socket relays"),
         }
+        // And its warm pool's directory (its containers go with the sweep).
+        match sandbox::sweep_warm_roots(&id) {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(pools = n, "removed the warm pool left by the last stop"),
+            Err(e) => tracing::error!(error = %e, "cannot sweep the warm pool's directory"),
+        }
     }
     // One of many hosts: what other hosts run now is theirs, so a dead
     // predecessor's runs are closed space by space when a lease is claimed
@@ -949,6 +955,8 @@ pub async fn serve_with(
     }
     background.close();
     let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
+    // The pool's idle containers (the next start's sweep removes any left).
+    let _ = tokio::time::timeout(Duration::from_secs(10), rt.sandbox.shutdown()).await;
     let _ = std::fs::remove_file(&paths.socket);
     Ok(())
 }

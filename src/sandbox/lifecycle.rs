@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::DockerEnginesConfig;
 use crate::sandbox::docker::{DockerBackend, EngineTls};
-use crate::sandbox::{SandboxBackend, SandboxError};
+use crate::sandbox::{SandboxBackend, SandboxError, WarmSpec};
 
 /// What [`SandboxLifecycle::ensure_agent_image`] does with an engine that
 /// lacks the image.
@@ -86,6 +86,16 @@ pub trait SandboxLifecycle: Send + Sync {
     /// The engines that answered when these were connected, as configured
     /// (`unix:///…`, `tcp://…`; empty for the local engine by default).
     fn endpoints(&self) -> Vec<String>;
+    /// [`SandboxLifecycle::serving`] with a pool of sandboxes started ahead
+    /// (`sandbox.warm`). An engine kind without a pool serves cold.
+    fn serving_warm(
+        &self,
+        image: String,
+        warm: WarmSpec,
+    ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+        let _ = warm;
+        Ok(self.serving(image))
+    }
 }
 
 /// Connects the engines of `engines` (`sandbox.docker.hosts`, with the TLS

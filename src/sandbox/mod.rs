@@ -28,6 +28,7 @@ mod root_drop;
 pub mod runtime_image;
 mod sync;
 
+pub use docker::sweep_warm_roots;
 pub use lifecycle::{instance_id_for, instance_id_for_host};
 pub use relay::sweep_relays;
 pub use root_drop::NOBODY;
@@ -99,7 +100,7 @@ impl RunKind {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxLimits {
     pub memory_bytes: i64,
     /// CPU quota in billionths of a CPU (Docker's `NanoCpus`).
@@ -148,6 +149,19 @@ pub struct SandboxSpec {
     /// Host directories bound read-only at the given absolute path inside
     /// (the enabled extensions' skills, under `/run/mercury/skills/`).
     pub ro_binds: Vec<(PathBuf, String)>,
+}
+
+/// A pool of sandboxes started ahead of the turns that will claim them
+/// (`sandbox.warm`): each serves exactly one run and is then destroyed.
+/// Only a spec of this instance with these limits claims one; any other
+/// spec starts cold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmSpec {
+    /// How many idle sandboxes to keep ready (at least 1).
+    pub slots: usize,
+    /// The `mercury.instance` label every pooled sandbox carries.
+    pub instance_id: String,
+    pub limits: SandboxLimits,
 }
 
 /// How a session's working directory is made of a host directory.
@@ -301,6 +315,14 @@ pub trait SandboxBackend: Send + Sync {
     fn unavailable_reason(&self) -> Option<String> {
         None
     }
+    /// Sandboxes started ahead and waiting to be claimed (`sandbox.warm`);
+    /// 0 for a backend without a pool.
+    fn warm_idle(&self) -> usize {
+        0
+    }
+    /// Stops refilling any pool and removes its idle sandboxes (the host
+    /// is stopping). Sessions already started are their runs' to close.
+    async fn shutdown(&self) {}
 }
 
 /// The backend of a host with no usable sandbox: `auto` found neither a

@@ -18,10 +18,12 @@ fn bench_sandbox_prints_medians_and_ratios_and_leaves_no_container() {
     assert!(stdout.contains("2 runs each"), "{stdout}");
     for line in [
         "bollard: start (create+start) + exec `true`",
+        "bollard: claim a pooled container + exec `true`",
         "cli: docker run --rm IMAGE true",
         "cli: docker run --rm --network none IMAGE true",
         "ratio bollard / docker run: ",
         "ratio bollard / docker run --network none: ",
+        "ratio pooled claim / docker run: ",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from {stdout}");
     }

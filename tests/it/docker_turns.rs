@@ -1080,3 +1080,137 @@ async fn a_surviving_host_removes_what_a_host_that_is_gone_left_on_a_shared_engi
         .expect("the living host's container is spared");
     assert_eq!(info.state.and_then(|s| s.running), Some(true));
 }
+
+/// The pooled (warm) containers of `instance`, by id.
+async fn pooled(docker: &Docker, instance: &str) -> Vec<String> {
+    let mut ids: Vec<String> = containers(docker, instance)
+        .await
+        .into_iter()
+        .filter(|c| {
+            c.labels
+                .as_ref()
+                .and_then(|l| l.get("mercury.kind"))
+                .is_some_and(|k| k == "warm")
+        })
+        .filter_map(|c| c.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The pool directories of `instance` under the system temp dir.
+fn pool_dirs(instance: &str) -> usize {
+    std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("mercury-warm-{instance}-"))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_host_runs_a_turn_in_a_pooled_container_and_a_killed_hosts_pool_is_swept() {
+    let docker = engine().await;
+    let mut leftovers = Leftovers::default();
+    let mut host = TestHost::start_process(docker_host(
+        json!({"rules": [
+            {"match_any": "(?s)tool_result\\(shell\\): (\\S+).*tool_result\\(mrctl\\): (.*)",
+             "reply": "space=$1\n$2"},
+            {"match": "^user: check$", "tool_calls": [
+                {"name": "shell", "arguments": {"command": "echo \"$$MERCURY_SPACE\""}},
+                {"name": "mrctl", "arguments": {"args": ["whoami"]}}
+            ]}
+        ]}),
+        vec![
+            ("sandbox.warm", Yaml::from(2)),
+            // Sweeps every second: the pool's containers must be spared.
+            ("sandbox.sweep_interval_secs", Yaml::from(1)),
+        ],
+    ))
+    .await;
+    let instance = instance_of(&host);
+    leftovers.instance = Some(instance.clone());
+    host.create_space("alpha").await;
+    let first = until("the pool to fill", 180, async || {
+        let ids = pooled(&docker, &instance).await;
+        (ids.len() == 2).then_some(ids)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        pooled(&docker, &instance).await,
+        first,
+        "the periodic sweep touched the pool"
+    );
+
+    // A turn claims one: its token and space come with each exec, its API
+    // socket through the slot.
+    let v = chat(&host, "alpha", "check").await;
+    assert_eq!(v["status"], "done", "{v}");
+    let reply = v["reply"].as_str().expect("reply");
+    for line in ["space=alpha", "token: run", "space: alpha"] {
+        assert!(reply.contains(line), "{line:?} missing from {reply:?}");
+    }
+    let used: String = host.read(|c| {
+        c.query_row(
+            "SELECT container_id FROM runs WHERE status = 'done'",
+            &[],
+            |r| r.get(0),
+        )
+    });
+    assert!(
+        first.contains(&used),
+        "the turn ran cold in {used}, not in {first:?}"
+    );
+    assert!(
+        !exists(&docker, &used).await,
+        "the claimed container outlived its turn"
+    );
+    let refilled = until("the pool to refill", 180, async || {
+        let ids = pooled(&docker, &instance).await;
+        (ids.len() == 2).then_some(ids)
+    })
+    .await;
+    assert!(
+        !refilled.contains(&used),
+        "a used container went back to the pool"
+    );
+
+    // Killed: its pool stays behind, labelled with this instance; the next
+    // start sweeps it (and its directory) and fills a new one.
+    host.kill();
+    for id in &refilled {
+        assert!(exists(&docker, id).await, "{id} went with the kill");
+    }
+    assert_eq!(pool_dirs(&instance), 1);
+    host.restart_process().await;
+    let second = until(
+        "the old pool to be swept and a new one filled",
+        180,
+        async || {
+            let mut gone = true;
+            for id in &refilled {
+                gone &= !exists(&docker, id).await;
+            }
+            let ids = pooled(&docker, &instance).await;
+            (gone && ids.len() == 2).then_some(ids)
+        },
+    )
+    .await;
+    assert!(second.iter().all(|id| !refilled.contains(id)));
+    assert_eq!(
+        pool_dirs(&instance),
+        1,
+        "the killed host's pool directory is left"
+    );
+
+    // A graceful stop removes the idle pool.
+    host.stop().await;
+    until("the pool to go with the host", 60, async || {
+        (containers(&docker, &instance).await.is_empty() && pool_dirs(&instance) == 0).then_some(())
+    })
+    .await;
+}

@@ -137,6 +137,12 @@ const LOOK_AROUND: &str = "cat /proc/self/mountinfo; env; hostname; pwd; \
     cat /proc/self/cgroup; echo looked";
 
 async fn the_data_dir_path_is_not_visible_inside_a_turn(sandbox: &'static str) {
+    let warm = sandbox == "docker-warm";
+    let mut config = vec![("turn.output_cap_bytes", serde_yaml_ng::Value::from(65536))];
+    if warm {
+        config.push(("sandbox.warm", serde_yaml_ng::Value::from(1)));
+    }
+    let sandbox = if warm { "docker" } else { sandbox };
     let host = TestHost::start(HostOptions {
         model: json!({"rules": [
             {"match": "^user: look$", "tool_calls": [{"name": "shell", "arguments": {"command": LOOK_AROUND}}]},
@@ -144,17 +150,38 @@ async fn the_data_dir_path_is_not_visible_inside_a_turn(sandbox: &'static str) {
             {"reply": "hi"}
         ]}),
         sandbox,
-        config: vec![("turn.output_cap_bytes", serde_yaml_ng::Value::from(65536))],
+        config,
         ..Default::default()
     })
     .await;
     host.create_space("alpha").await;
+    if warm {
+        let instance = mercury::sandbox::instance_id_for(&host.data).expect("instance");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let out = std::process::Command::new("docker")
+                .args(["ps", "-q", "--filter", "status=paused", "--filter"])
+                .arg(format!("label=mercury.instance={instance}"))
+                .output()
+                .expect("docker ps");
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool never filled"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
     let v = host.chat("alpha", "look").await;
     let seen = reply(&v);
     assert!(seen.contains("looked"), "{v}");
     // The mounts are there (so the check reads something real) ...
     assert!(seen.contains(" /work "), "{seen}");
     assert!(seen.contains("/run/mercury/api.sock"), "{seen}");
+    // A pooled container's slot is on the pool's tmpfs.
+    assert_eq!(seen.contains(" mercury-warm "), warm, "{seen}");
     // ... and none of them, nor anything else, names the host's paths.
     let tmp = host.dir.path().display().to_string();
     for secret in [host.data.display().to_string(), tmp] {
@@ -178,6 +205,13 @@ async fn the_data_dir_path_is_not_visible_inside_a_turn(sandbox: &'static str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_the_data_dir_path_is_not_visible_inside_a_turn() {
     the_data_dir_path_is_not_visible_inside_a_turn("docker").await;
+}
+
+/// The same through a pooled container (`sandbox.warm`): its slot mounts
+/// and what propagates onto them name no host path either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_warm_the_data_dir_path_is_not_visible_inside_a_pooled_turn() {
+    the_data_dir_path_is_not_visible_inside_a_turn("docker-warm").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,6 +104,26 @@ impl Drop for Placed {
     }
 }
 
+impl Placed {
+    /// Counts a sandbox against `engine` from now on: a pooled container
+    /// is placed when it is claimed, not while it waits.
+    pub(super) fn on(engine: &Arc<Engine>) -> Self {
+        engine.running.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(engine))
+    }
+}
+
+/// The engine the warm pool fills next: a healthy one on this machine (a
+/// pooled container gets the turn's layer by a mount, which an engine
+/// elsewhere cannot see), running the fewest now. `None` when there is none.
+pub(super) fn pool_engine(engines: &[Arc<Engine>]) -> Option<Arc<Engine>> {
+    engines
+        .iter()
+        .filter(|e| !e.remote && e.healthy.load(Ordering::SeqCst))
+        .min_by_key(|e| e.running.load(Ordering::SeqCst))
+        .cloned()
+}
+
 /// Picks the engine for the next sandbox: among the healthy ones, the one
 /// running the fewest now (the first listed on a tie); when none is marked
 /// healthy, the least busy of all (its start then says what is wrong).

@@ -15,7 +15,7 @@ use super::DockerBackend;
 use crate::sandbox::image::{build_agent_image, ensure_agent_image, image_exists};
 use crate::sandbox::lifecycle::{LifecycleError, SandboxLifecycle, WhenAbsent};
 use crate::sandbox::runtime_image::build_runtime_image;
-use crate::sandbox::{SandboxBackend, SandboxError, LABEL_INSTANCE};
+use crate::sandbox::{SandboxBackend, SandboxError, WarmSpec, LABEL_INSTANCE};
 
 #[async_trait]
 impl SandboxLifecycle for DockerBackend {
@@ -119,5 +119,13 @@ impl SandboxLifecycle for DockerBackend {
 
     fn serving(&self, image: String) -> Arc<dyn SandboxBackend> {
         Arc::new(self.clone().with_image(image))
+    }
+
+    fn serving_warm(
+        &self,
+        image: String,
+        warm: WarmSpec,
+    ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+        Ok(Arc::new(self.clone().with_image(image).warm(warm)?))
     }
 }

@@ -38,6 +38,7 @@ mod spawn;
 mod sweep;
 mod synced;
 mod user;
+mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,12 +55,13 @@ pub use engines::EngineTls;
 pub use session::DockerSession;
 pub use sweep::sweep_orphans;
 pub use user::NOBODY;
+pub use warm::sweep_warm_roots;
 
 use engines::Engine;
 
 use crate::sandbox::relay::SocketRelay;
 use crate::sandbox::{
-    EngineView, Isolation, SandboxBackend, SandboxError, SandboxSession, SandboxSpec,
+    EngineView, Isolation, SandboxBackend, SandboxError, SandboxSession, SandboxSpec, WarmSpec,
     WorkspaceMount, LABEL_INSTANCE, LABEL_RUN,
 };
 
@@ -70,6 +72,9 @@ pub struct DockerBackend {
     /// Never empty.
     engines: Arc<Vec<Arc<Engine>>>,
     image: String,
+    /// Containers started ahead for this image (`sandbox.warm`); `None`
+    /// when off.
+    pool: Option<Arc<warm::WarmPool>>,
 }
 
 impl DockerBackend {
@@ -84,6 +89,7 @@ impl DockerBackend {
         Self {
             engines: Arc::new(engines.into_iter().map(Arc::new).collect()),
             image,
+            pool: None,
         }
     }
 
@@ -117,9 +123,26 @@ impl DockerBackend {
         &self.image
     }
 
-    /// The same engines, starting `image`.
+    /// The same engines, starting `image` (cold: a pool is of one image).
     pub fn with_image(self, image: String) -> Self {
-        Self { image, ..self }
+        Self {
+            image,
+            pool: None,
+            ..self
+        }
+    }
+
+    /// The same backend, keeping `warm.slots` containers of its image
+    /// started (and paused) ahead on this machine's engines, each claimed by
+    /// one run of `warm.instance_id` with `warm.limits` and destroyed with
+    /// its session. Fails when the pool's tmpfs cannot be mounted (the host
+    /// may not mount: it needs the same rights as a turn's layer).
+    pub fn warm(self, warm: WarmSpec) -> Result<Self, SandboxError> {
+        let pool = warm::WarmPool::start(warm, self.image.clone(), Arc::clone(&self.engines))?;
+        Ok(Self {
+            pool: Some(pool),
+            ..self
+        })
     }
 
     /// Creates the container; a same-named container left by an earlier
@@ -194,10 +217,19 @@ impl SandboxBackend for DockerBackend {
         instance_id: &str,
         live_runs: &(dyn Fn() -> std::collections::HashSet<String> + Send + Sync),
     ) -> Result<usize, SandboxError> {
+        // This process's pooled containers are no orphans; a killed
+        // predecessor's are (their slots are not in this pool).
+        let spared = || {
+            let mut runs = live_runs();
+            if let Some(pool) = &self.pool {
+                runs.extend(pool.alive());
+            }
+            runs
+        };
         let mut removed = 0;
         let mut failed = Vec::new();
         for e in self.engines.iter() {
-            match sweep_orphans(&e.docker, instance_id, live_runs).await {
+            match sweep_orphans(&e.docker, instance_id, &spared).await {
                 Ok(ids) => removed += ids.len(),
                 // One engine down does not keep the others unswept.
                 Err(err) => failed.push(format!("{}: {err}", e.endpoint())),
@@ -214,6 +246,16 @@ impl SandboxBackend for DockerBackend {
 
     async fn prepare_workspace(&self, live: &Path) -> Result<(), SandboxError> {
         user::container_user(live).await.map(|_| ())
+    }
+
+    fn warm_idle(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.idle_count())
+    }
+
+    async fn shutdown(&self) {
+        if let Some(pool) = &self.pool {
+            pool.shutdown().await;
+        }
     }
 
     async fn start(&self, spec: SandboxSpec) -> Result<Box<dyn SandboxSession>, SandboxError> {
@@ -233,6 +275,13 @@ impl SandboxBackend for DockerBackend {
                 spec.run_id
             )));
         }
+        if let Some(pool) = self.pool.as_ref().filter(|p| p.fits(&spec)) {
+            if let Some(claimed) = pool.claim(&spec).await {
+                return claimed.map(|s| Box::new(s) as Box<dyn SandboxSession>);
+            }
+        }
+        // The refill waits while a run waits on the engine.
+        let _cold = self.pool.as_ref().map(warm::WarmPool::cold_start);
         let placed = engines::place(&self.engines)
             .ok_or_else(|| SandboxError::NoEngine("no Docker engine is configured".into()))?;
         let engine = Arc::clone(&placed.0);

@@ -58,6 +58,13 @@ pub struct DockerSession {
     pub(super) bridge: Option<super::bridge::ApiBridge>,
     /// Counts this sandbox against its engine until the session is gone.
     _placed: Option<super::engines::Placed>,
+    /// The run's environment, given to every exec: a pooled container was
+    /// created before its run, with no environment of its own. `None`
+    /// when the container was created with it.
+    exec_env: Option<Vec<String>>,
+    /// The pool slot a pooled container came from: its mounts of this
+    /// run's layer, socket and skills, undone after the container is gone.
+    slot: std::sync::Mutex<Option<super::warm::ClaimedSlot>>,
 }
 
 /// The run container's name and create body: a spawned process's container
@@ -87,7 +94,17 @@ impl DockerSession {
             synced: None,
             bridge: None,
             _placed: None,
+            exec_env: None,
+            slot: std::sync::Mutex::new(None),
         }
+    }
+
+    /// A pooled container claimed by one run: `env` is the run's, given to
+    /// each exec; `slot` is undone when the container is removed.
+    pub(super) fn claimed(mut self, slot: super::warm::ClaimedSlot, env: Vec<String>) -> Self {
+        self.exec_env = Some(env);
+        self.slot = std::sync::Mutex::new(Some(slot));
+        self
     }
 
     pub(super) fn placed(mut self, placed: super::engines::Placed) -> Self {
@@ -183,6 +200,8 @@ impl SandboxSession for DockerSession {
         }
         remove_container(&self.docker, &self.id).await?;
         self.closed.store(true, Ordering::SeqCst);
+        // Only now: the container that saw the layer is gone.
+        drop(self.take_slot());
         Ok(())
     }
 }
@@ -219,6 +238,7 @@ impl DockerSession {
             attach_stderr: Some(true),
             tty: Some(false),
             working_dir: Some(CONTAINER_WORKDIR.to_string()),
+            env: self.exec_env.clone(),
             ..Default::default()
         };
         let exec_id = self
@@ -389,11 +409,24 @@ impl DockerSession {
     }
 }
 
+impl DockerSession {
+    fn take_slot(&self) -> Option<super::warm::ClaimedSlot> {
+        // A poisoned lock still holds the right slot to undo.
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 impl Drop for DockerSession {
     fn drop(&mut self) {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
+        // The slot's mounts go now (lazily: the container may still hold
+        // them until its removal below).
+        drop(self.take_slot());
         // Best effort only: there may be no runtime left to run the removal.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let docker = self.docker.clone();

@@ -4,21 +4,22 @@
 //!
 //! Must never: mount anything but the workspace (and the API socket when
 //! given; a synced container: its two tmpfs volumes and nothing of the
-//! host), give the container a network or a writable root, keep a
-//! capability, or put into the environment anything but the spec's own
-//! variables (no host variable ever).
+//! host; a pooled one: its slot's two empty directories), give the
+//! container a network or a writable root, keep a capability, or put into
+//! the environment anything but the spec's own variables (no host variable
+//! ever; a pooled container none at all: a run's come with each exec).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions,
-    MountVolumeOptionsDriverConfig,
+    ContainerCreateBody, HostConfig, Mount, MountBindOptions, MountBindOptionsPropagationEnum,
+    MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
 };
 
 use crate::sandbox::{
-    SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR, LABEL_INSTANCE, LABEL_KIND, LABEL_RUN,
-    LABEL_SPACE, NOBODY,
+    SandboxLimits, SandboxSpec, CONTAINER_API_SOCKET, CONTAINER_WORKDIR, LABEL_INSTANCE,
+    LABEL_KIND, LABEL_RUN, LABEL_SPACE, NOBODY,
 };
 
 /// Container command: it only keeps the container alive; tools run via exec.
@@ -102,6 +103,66 @@ pub(super) fn create_body(
             ));
         }
     }
+    let env = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    locked_down(image, labels, env, user, mounts, limits)
+}
+
+/// Label value of [`LABEL_KIND`] on a pooled container: it belongs to no
+/// run, space or kind of run until a turn claims it, and then to that turn
+/// alone.
+pub(super) const KIND_WARM: &str = "warm";
+
+/// The create body of one pooled (warm) container, made before any turn
+/// claims it: the run's lockdown and limits, but no environment, no space
+/// and no run. Its two mounts are per-slot host directories, empty until
+/// the claim: `work` at [`CONTAINER_WORKDIR`] and `run` (read-only) at
+/// [`SYNCED_RUN_DIR`], both `rslave`, so what the host mounts on them at
+/// claim time (the turn's layer; the API socket's relay and the skills)
+/// appears inside, and nothing the container does goes back.
+pub(super) fn warm_body(
+    image: &str,
+    instance_id: &str,
+    slot: &str,
+    slot_dirs: (&Path, &Path),
+    limits: &SandboxLimits,
+    user: String,
+) -> ContainerCreateBody {
+    let labels = HashMap::from([
+        (LABEL_INSTANCE.to_string(), instance_id.to_string()),
+        // The sweep spares a container by its run label: the pool's slots
+        // are named so until their container is gone.
+        (LABEL_RUN.to_string(), slot.to_string()),
+        (LABEL_KIND.to_string(), KIND_WARM.to_string()),
+    ]);
+    let (work, run) = slot_dirs;
+    let slave = |m: Mount| Mount {
+        bind_options: Some(MountBindOptions {
+            propagation: Some(MountBindOptionsPropagationEnum::RSLAVE),
+            ..Default::default()
+        }),
+        ..m
+    };
+    let mounts = vec![
+        slave(bind_mount(work, CONTAINER_WORKDIR)),
+        slave(Mount {
+            read_only: Some(true),
+            ..bind_mount(run, SYNCED_RUN_DIR)
+        }),
+    ];
+    locked_down(image, labels, Vec::new(), user, mounts, limits)
+}
+
+/// What every container of a run shares, pooled or not: the keep-alive
+/// command, no network, a read-only root, no capability, no new
+/// privileges, the limits and a sized `/tmp`.
+fn locked_down(
+    image: &str,
+    labels: HashMap<String, String>,
+    env: Vec<String>,
+    user: String,
+    mounts: Vec<Mount>,
+    limits: &SandboxLimits,
+) -> ContainerCreateBody {
     ContainerCreateBody {
         image: Some(image.to_string()),
         cmd: Some(
@@ -111,7 +172,7 @@ pub(super) fn create_body(
                 .collect(),
         ),
         labels: Some(labels),
-        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        env: Some(env),
         user: Some(user),
         working_dir: Some(CONTAINER_WORKDIR.to_string()),
         tty: Some(false),
@@ -463,6 +524,51 @@ mod tests {
             Some(vec!["/bin/sleep".to_string(), "infinity".to_string()])
         );
         assert_eq!(body.tty, Some(false));
+    }
+
+    #[test]
+    fn a_pooled_container_has_the_same_lockdown_no_env_and_only_its_slots_two_slave_mounts() {
+        let spec = spec(None);
+        let warm = warm_body(
+            "mercury-agent:test",
+            &spec.instance_id,
+            "warm-abc",
+            (Path::new("/pool/1/work"), Path::new("/pool/1/run")),
+            &spec.limits,
+            "65534:65534".into(),
+        );
+        let cold = body(None);
+        assert_eq!(
+            warm.env,
+            Some(Vec::new()),
+            "a run's env comes with each exec"
+        );
+        assert_eq!(
+            warm.labels,
+            Some(HashMap::from([
+                (LABEL_INSTANCE.to_string(), "0123456789abcdef".to_string()),
+                (LABEL_RUN.to_string(), "warm-abc".to_string()),
+                (LABEL_KIND.to_string(), "warm".to_string()),
+            ]))
+        );
+        let (mut warm_host, mut cold_host) = (host(&warm).clone(), host(&cold).clone());
+        let mounts = warm_host.mounts.take().expect("mounts");
+        cold_host.mounts = None;
+        assert_eq!(
+            warm_host, cold_host,
+            "the lockdown and limits are the run's"
+        );
+        let wire = serde_json::to_value(&mounts).expect("json");
+        assert_eq!(
+            wire,
+            json!([
+                {"Target": "/work", "Source": "/pool/1/work", "Type": "bind", "ReadOnly": false,
+                 "BindOptions": {"Propagation": "rslave"}},
+                {"Target": "/run/mercury", "Source": "/pool/1/run", "Type": "bind", "ReadOnly": true,
+                 "BindOptions": {"Propagation": "rslave"}},
+            ])
+        );
+        assert_eq!((warm.cmd, warm.working_dir), (cold.cmd, cold.working_dir));
     }
 
     #[test]

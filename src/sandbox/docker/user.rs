@@ -33,3 +33,14 @@ pub(super) async fn container_user(workspace: &Path) -> Result<String, SandboxEr
         })??;
     Ok(format!("{NOBODY}:{NOBODY}"))
 }
+
+/// The `user` of a pooled container, created before any workspace is
+/// known: the same rule as [`container_user`] (the workspace is handed
+/// over at claim time, by `container_user` itself).
+pub(super) fn pool_user() -> String {
+    let (uid, gid) = crate::sandbox::effective_ids();
+    if uid != 0 {
+        return format!("{uid}:{gid}");
+    }
+    format!("{NOBODY}:{NOBODY}")
+}
