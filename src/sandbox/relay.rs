@@ -104,33 +104,43 @@ impl Drop for SocketRelay {
     }
 }
 
-/// `mercury-sock-<instance>-`: what every relay directory of an instance
-/// is named with, under the system temp dir.
-fn prefix_of(instance_id: &str) -> String {
+/// `mercury-<kind>-<instance>-`: how a host names what it keeps of one
+/// instance under the system temp dir (`sock`: the relays, `warm`: the
+/// warm pool's tmpfs), so a later start finds a killed host's by name.
+pub(crate) fn temp_prefix(kind: &str, instance_id: &str) -> String {
     let id: String = instance_id
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .take(16)
         .collect();
-    format!("mercury-sock-{id}-")
+    format!("mercury-{kind}-{id}-")
+}
+
+fn prefix_of(instance_id: &str) -> String {
+    temp_prefix("sock", instance_id)
+}
+
+/// The directories under the system temp dir whose names start with
+/// `prefix` (a killed host's, by [`temp_prefix`]).
+pub(crate) fn temp_dirs(prefix: &str) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(std::env::temp_dir())? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with(prefix) && entry.file_type()?.is_dir() {
+            out.push(entry.path());
+        }
+    }
+    Ok(out)
 }
 
 /// Unmounts and removes the relays a killed host of `instance_id` left.
 /// Returns how many there were.
 pub fn sweep_relays(instance_id: &str) -> std::io::Result<usize> {
-    let prefix = prefix_of(instance_id);
-    let mut swept = 0;
-    for entry in std::fs::read_dir(std::env::temp_dir())? {
-        let entry = entry?;
-        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        if entry.file_type()?.is_dir() {
-            cleanup(&entry.path(), true);
-            swept += 1;
-        }
+    let dirs = temp_dirs(&prefix_of(instance_id))?;
+    for dir in &dirs {
+        cleanup(dir, true);
     }
-    Ok(swept)
+    Ok(dirs.len())
 }
 
 fn cleanup(dir: &Path, mounted: bool) {

@@ -579,34 +579,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `mercury-warm-<instance>-`: the pool tmpfs of an instance, under the
-/// system temp dir.
 fn prefix_of(instance_id: &str) -> String {
-    let id: String = instance_id
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(16)
-        .collect();
-    format!("mercury-warm-{id}-")
+    crate::sandbox::relay::temp_prefix("warm", instance_id)
 }
 
 /// Unmounts and removes the pool tmpfs a killed host of `instance_id` left
 /// (its containers go with the orphan sweep, by their label). Returns how
 /// many there were.
 pub fn sweep_warm_roots(instance_id: &str) -> std::io::Result<usize> {
-    let prefix = prefix_of(instance_id);
-    let mut swept = 0;
-    for entry in std::fs::read_dir(std::env::temp_dir())? {
-        let entry = entry?;
-        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        if entry.file_type()?.is_dir() {
-            unmount_root(&entry.path());
-            swept += 1;
-        }
+    let roots = crate::sandbox::relay::temp_dirs(&prefix_of(instance_id))?;
+    for root in &roots {
+        unmount_root(root);
     }
-    Ok(swept)
+    Ok(roots.len())
 }
 
 fn c_path(p: &Path) -> Result<CString, WarmError> {
