@@ -438,14 +438,20 @@ pub fn ingest_tx(
     }
 }
 
-/// Stores a console message (`POST /api/chat`) as pending in `space`.
+/// Stores a console message (`POST /api/chat`, the dashboard's console) as
+/// pending in `space`, its caller's turn counted against their limit in
+/// the same transaction; `None` when over it (nothing stored).
 pub fn chat_tx(
     tx: &crate::storage::Tx<'_>,
+    limits: &CallerLimits,
     space: &str,
     caller: &str,
     conversation: &str,
     text: &str,
-) -> StoreResult<i64> {
+) -> StoreResult<Option<i64>> {
+    if !limits.allow_in(tx, space, caller, None)? {
+        return Ok(None);
+    }
     let external = format!("{space}/{conversation}");
     let conv = conversations::upsert(tx, "console", &external, "dm", None)?;
     match conv.space_id.as_deref() {
@@ -471,6 +477,7 @@ pub fn chat_tx(
             ..Default::default()
         },
     )?
+    .map(Some)
     .ok_or_else(|| StoreError::Conflict("message already stored".into()))
 }
 

@@ -752,17 +752,10 @@ pub(super) async fn chat(
     let space = access.space.to_string();
     let caller = viewer.caller().to_owned();
     let (sp, limits) = (space.clone(), app.limits.clone());
-    // The limit is counted with the message's row (in the store when
-    // several hosts share it).
     let stored = app
         .rt
         .store
-        .write(move |tx| {
-            if !limits.allow_in(tx, &sp, &caller, None)? {
-                return Ok(None);
-            }
-            crate::ingress::chat_tx(tx, &sp, &caller, &caller, &text).map(Some)
-        })
+        .write(move |tx| crate::ingress::chat_tx(tx, &limits, &sp, &caller, &caller, &text))
         .await?;
     let Some(message_id) = stored else {
         return Err(UiError::Unavailable(crate::ingress::SLOW_DOWN_REPLY.into()));

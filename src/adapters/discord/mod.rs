@@ -610,16 +610,7 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
             {
                 Ok(true) => continue,
                 Ok(false) => {}
-                Err(RestError::Cancelled) => return Sent::Stopping,
-                Err(RestError::Api { status, message }) => {
-                    return Sent::Refused(format!("{status} {message}"))
-                }
-                Err(RestError::Transport(error)) => {
-                    return Sent::Unreachable {
-                        call: "PATCH /channels/…/messages/…",
-                        error,
-                    }
-                }
+                Err(e) => return failed("PATCH /channels/…/messages/…", e),
             }
         }
         let mut body = quiet(&part);
@@ -627,22 +618,12 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
         if let Some(m) = answered.as_ref().filter(|_| i == 0) {
             body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
         }
-        match ctx
+        if let Err(e) = ctx
             .rest
             .call(Method::POST, &path, Some(&body), &ctx.cancel)
             .await
         {
-            Ok(_) => {}
-            Err(RestError::Cancelled) => return Sent::Stopping,
-            Err(RestError::Api { status, message }) => {
-                return Sent::Refused(format!("{status} {message}"))
-            }
-            Err(RestError::Transport(error)) => {
-                return Sent::Unreachable {
-                    call: "POST /channels/…/messages",
-                    error,
-                }
-            }
+            return failed("POST /channels/…/messages", e);
         }
     }
     for rel in &refs.files {
@@ -668,25 +649,24 @@ async fn deliver(ctx: &Arc<Ctx>, item: OutboxItem, refs: DeliveryRefs) -> Sent {
             .text("payload_json", &payload.to_string())
             .file("files[0]", &file.name, file.mime, &file.bytes)
             .finish();
-        match ctx
+        if let Err(e) = ctx
             .rest
             .call_form(Method::POST, &path, &content_type, &body, &ctx.cancel)
             .await
         {
-            Ok(_) => {}
-            Err(RestError::Cancelled) => return Sent::Stopping,
-            Err(RestError::Api { status, message }) => {
-                return Sent::Refused(format!("{status} {message}"))
-            }
-            Err(RestError::Transport(error)) => {
-                return Sent::Unreachable {
-                    call: "POST /channels/…/messages (a file)",
-                    error,
-                }
-            }
+            return failed("POST /channels/…/messages (a file)", e);
         }
     }
     Sent::Delivered
+}
+
+/// What the outbox records of a REST `call` that failed.
+fn failed(call: &'static str, e: RestError) -> Sent {
+    match e {
+        RestError::Cancelled => Sent::Stopping,
+        RestError::Api { status, message } => Sent::Refused(format!("{status} {message}")),
+        RestError::Transport(error) => Sent::Unreachable { call, error },
+    }
 }
 
 #[cfg(test)]

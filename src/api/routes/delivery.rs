@@ -146,17 +146,10 @@ pub(crate) async fn chat(
     }
     let caller = auth.caller.caller_id.clone();
     let (sp, limits) = (space.clone(), app.limits.clone());
-    // The limit is counted with the message's row (in the store when
-    // several hosts share it).
     let stored = app
         .rt
         .store
-        .write(move |tx| {
-            if !limits.allow_in(tx, &sp, &caller, None)? {
-                return Ok(None);
-            }
-            ingress::chat_tx(tx, &sp, &caller, &conversation, &text).map(Some)
-        })
+        .write(move |tx| ingress::chat_tx(tx, &limits, &sp, &caller, &conversation, &text))
         .await?;
     let Some(message_id) = stored else {
         return Err(ApiError::SlowDown(ingress::SLOW_DOWN_REPLY.into()));

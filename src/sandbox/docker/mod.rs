@@ -311,20 +311,7 @@ impl DockerBackend {
         docker: &Docker,
         spec: &SandboxSpec,
     ) -> Result<DockerSession, SandboxError> {
-        let workspace = canonical(spec.workspace.host_dir())?;
-        if let Some(api) = &spec.api {
-            std::fs::metadata(api.socket()).map_err(|source| SandboxError::Io {
-                path: api.socket().display().to_string(),
-                source,
-            })?;
-        }
-        let user = user::container_user(&workspace).await?;
-        // The container binds a relay of the socket, never the host's own:
-        // a bind's path shows in the container's mountinfo.
-        let relay = match &spec.api {
-            Some(api) => Some(SocketRelay::start(api.socket(), &spec.instance_id)?),
-            None => None,
-        };
+        let (workspace, user, relay) = bound_parts(spec).await?;
         let reach = shape::Reach::Bound {
             workspace: &workspace,
             api_socket: relay.as_ref().map(SocketRelay::path),
@@ -436,6 +423,28 @@ fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {
         path: path.display().to_string(),
         source,
     })
+}
+
+/// What a session with its workspace bound in needs before its container
+/// (cold or pooled): the workspace's canonical path, the user that owns
+/// it, and a relay of the API socket. The container binds the relay, never
+/// the host's own socket: a bind's path shows in the container's mountinfo.
+pub(super) async fn bound_parts(
+    spec: &SandboxSpec,
+) -> Result<(PathBuf, String, Option<SocketRelay>), SandboxError> {
+    let workspace = canonical(spec.workspace.host_dir())?;
+    if let Some(api) = &spec.api {
+        std::fs::metadata(api.socket()).map_err(|source| SandboxError::Io {
+            path: api.socket().display().to_string(),
+            source,
+        })?;
+    }
+    let user = user::container_user(&workspace).await?;
+    let relay = match &spec.api {
+        Some(api) => Some(SocketRelay::start(api.socket(), &spec.instance_id)?),
+        None => None,
+    };
+    Ok((workspace, user, relay))
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use tokio::sync::Notify;
 
 use super::engines::{pool_engine, Engine, Placed};
 use super::session::{DockerSession, SiblingShape};
-use super::{canonical, remove_container, shape, user};
+use super::{remove_container, shape, user};
 use crate::sandbox::relay::SocketRelay;
 use crate::sandbox::{SandboxError, SandboxSpec, WarmSpec, WorkspaceMount};
 
@@ -208,22 +208,7 @@ impl WarmPool {
         }
         // Everything that can fail for the spec's sake before a slot is
         // taken: such a failure leaves the pool as it was.
-        let prepared = async {
-            let workspace = canonical(spec.workspace.host_dir())?;
-            if let Some(api) = &spec.api {
-                std::fs::metadata(api.socket()).map_err(|source| SandboxError::Io {
-                    path: api.socket().display().to_string(),
-                    source,
-                })?;
-            }
-            let user = user::container_user(&workspace).await?;
-            let relay = match &spec.api {
-                Some(api) => Some(SocketRelay::start(api.socket(), &spec.instance_id)?),
-                None => None,
-            };
-            Ok::<_, SandboxError>((workspace, user, relay))
-        };
-        let (workspace, user, relay) = match prepared.await {
+        let (workspace, user, relay) = match super::bound_parts(spec).await {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
