@@ -115,6 +115,11 @@ pub struct StorageConfig {
     /// `<data dir>/reviews`. Many hosts point it at one shared directory,
     /// so every host serves the reports the scan wrote on one of them.
     pub reviews_dir: String,
+    /// One directory every host of a deployment mounts: `spaces/`,
+    /// `reviews/` and `models/` live under it (unless `workspaces_dir` or
+    /// `reviews_dir` say otherwise) and `global/` (the owner token) is
+    /// published there for every host; empty: none.
+    pub shared_dir: String,
 }
 
 /// Many hosts on one PostgreSQL database (docs/scale-out.md).
@@ -1170,6 +1175,7 @@ storage:                        # where the state lives (docs/storage.md)
   password_file: {storage_password_file}             # a file holding the PostgreSQL password (not in the URL)
   workspaces_dir: ""            # path; empty: <data dir>/spaces (many hosts: one shared directory)
   reviews_dir: ""               # path; empty: <data dir>/reviews (many hosts: one shared directory)
+  shared_dir: ""                # path; many hosts: spaces/, reviews/, models/ and global/ in one shared directory
 
 cluster:                        # many hosts on one PostgreSQL database (docs/scale-out.md)
   enabled: false                # true|false: spaces are leased to one host at a time
@@ -1510,6 +1516,21 @@ impl Settings {
                 ))
             }
             _ => {}
+        }
+        for (key, dir) in [
+            ("storage.workspaces_dir", &self.storage.workspaces_dir),
+            ("storage.reviews_dir", &self.storage.reviews_dir),
+            ("storage.shared_dir", &self.storage.shared_dir),
+        ] {
+            // A relative one would move with the working directory of
+            // whichever command reads it.
+            let dir = dir.trim();
+            if !dir.is_empty() && !Path::new(dir).is_absolute() {
+                return Err(key_err(
+                    key,
+                    "must be an absolute path (it is mounted on every host at the same place)",
+                ));
+            }
         }
         if self.cluster.enabled {
             if self.storage.backend != StorageBackend::Postgres {

@@ -32,6 +32,11 @@ pub struct DataPaths {
     pub global: PathBuf,
     pub socket: PathBuf,
     pub reviews: PathBuf,
+    /// The scripted models' rules files (`models/`).
+    pub models: PathBuf,
+    /// The deployment's shared directory (`storage.shared_dir`), when it
+    /// has one: where `global/` is published for every host.
+    pub shared: Option<PathBuf>,
 }
 
 impl DataPaths {
@@ -44,7 +49,43 @@ impl DataPaths {
             global: root.join("global"),
             socket: root.join("api.sock"),
             reviews: root.join("reviews"),
+            models: root.join("models"),
+            shared: None,
         }
+    }
+
+    /// The same data dir with what a deployment shares under `dir`
+    /// (`storage.shared_dir`): `spaces/`, `reviews/` and `models/` live
+    /// there, and `global/` is published there ([`Self::shared_global`]).
+    /// `with_workspaces` and `with_reviews` applied after it win.
+    pub fn with_shared(mut self, dir: &Path) -> Self {
+        self.spaces = dir.join("spaces");
+        self.reviews = dir.join("reviews");
+        self.models = dir.join("models");
+        self.shared = Some(dir.to_owned());
+        self
+    }
+
+    /// The data dir as `storage` places its parts: `shared_dir` first,
+    /// then `workspaces_dir` and `reviews_dir` where they are set.
+    pub fn of(root: &Path, storage: &crate::config::StorageConfig) -> Self {
+        let mut paths = Self::new(root);
+        if let Some(dir) = non_empty(&storage.shared_dir) {
+            paths = paths.with_shared(dir);
+        }
+        if let Some(dir) = non_empty(&storage.workspaces_dir) {
+            paths = paths.with_workspaces(dir);
+        }
+        if let Some(dir) = non_empty(&storage.reviews_dir) {
+            paths = paths.with_reviews(dir);
+        }
+        paths
+    }
+
+    /// `<shared_dir>/global`: the canonical copy of `global/` when the
+    /// deployment has a shared directory.
+    pub fn shared_global(&self) -> Option<PathBuf> {
+        self.shared.as_ref().map(|d| d.join("global"))
     }
 
     /// The same data dir with the workspaces elsewhere
@@ -72,6 +113,13 @@ impl DataPaths {
 
     pub fn owner_token(&self) -> PathBuf {
         self.global.join("owner.token")
+    }
+}
+
+fn non_empty(setting: &str) -> Option<&Path> {
+    match setting.trim() {
+        "" => None,
+        dir => Some(Path::new(dir)),
     }
 }
 

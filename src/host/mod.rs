@@ -610,14 +610,7 @@ pub async fn serve_with(
         )
     })?;
     let settings = options.settings;
-    let paths = match settings.storage.workspaces_dir.trim() {
-        "" => DataPaths::new(&data_dir),
-        dir => DataPaths::new(&data_dir).with_workspaces(Path::new(dir)),
-    };
-    let paths = match settings.storage.reviews_dir.trim() {
-        "" => paths,
-        dir => paths.with_reviews(Path::new(dir)),
-    };
+    let paths = DataPaths::of(&data_dir, &settings.storage);
 
     // On PostgreSQL the data dir holds the config and the workspaces, and
     // the rows are on the server.
@@ -651,13 +644,26 @@ pub async fn serve_with(
         // What a later snapshot carries into its shadow (docs/shadow.md).
         tracing::warn!(error = %e, "cannot record the settings of the environment for shadows");
     }
+    match data_dir::share_global(&paths)? {
+        data_dir::GlobalShare::Published => {
+            say(false, "global/owner.token: published to storage.shared_dir for the other hosts");
+        }
+        data_dir::GlobalShare::Adopted => {
+            say(false, "global/owner.token: the deployment's, from storage.shared_dir");
+        }
+        data_dir::GlobalShare::Missing => say(
+            true,
+            "warning: neither global/owner.token nor storage.shared_dir's holds the owner token: local commands need MERCURY_TOKEN",
+        ),
+        data_dir::GlobalShare::Unchanged => {}
+    }
     for loose in data_dir::loose_modes(&paths) {
         say(true, &format!("warning: {loose}"));
     }
-    if settings.cluster.enabled && settings.storage.reviews_dir.trim().is_empty() {
+    if settings.cluster.enabled && settings.storage.shared_dir.trim().is_empty() {
         say(
             true,
-            "warning: cluster.enabled without storage.reviews_dir: the review's reports stay on the host whose scan wrote them (docs/scale-out.md)",
+            "warning: cluster.enabled without storage.shared_dir: global/ and models/ (and reviews/ unless storage.reviews_dir names one) stay on this host (docs/scale-out.md)",
         );
     }
     if settings.shadow {

@@ -47,9 +47,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DataDirError + '_ {
     }
 }
 
-/// `<data_dir>/models/`: where a space's `scripted:` rules files live.
+/// `<data_dir>/models/` (or the shared directory's): where a space's
+/// `scripted:` rules files live.
 pub fn models_dir(paths: &DataPaths) -> PathBuf {
-    paths.root.join("models")
+    paths.models.clone()
 }
 
 /// `<data_dir>/lock`.
@@ -156,6 +157,103 @@ pub fn private_file(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// What [`share_global`] did with the owner token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalShare {
+    /// No shared directory, or nothing to do.
+    Unchanged,
+    /// This host's token was the first: published to the shared directory.
+    Published,
+    /// The shared directory's token replaced (or became) this host's copy.
+    Adopted,
+    /// Neither this host nor the shared directory has one.
+    Missing,
+}
+
+/// Keeps `global/owner.token` one for the deployment: the shared
+/// directory's copy is the deployment's, and this host's `global/` holds
+/// it for the commands run on this machine (`mrctl`, `mercury doctor`
+/// read the data dir). A host that has one while the shared directory has
+/// none publishes it (the first host of a deployment); two hosts racing
+/// to publish agree on the first file written.
+pub fn share_global(paths: &DataPaths) -> Result<GlobalShare, DataDirError> {
+    let Some(shared) = paths.shared_global() else {
+        return Ok(GlobalShare::Unchanged);
+    };
+    private_dir(&shared).map_err(io_err(&shared))?;
+    let shared_token = shared.join("owner.token");
+    let local_token = paths.owner_token();
+    let local = read_private(&local_token)?;
+    let mut published = false;
+    let deployment = match read_private(&shared_token)? {
+        Some(t) => t,
+        None => match &local {
+            None => return Ok(GlobalShare::Missing),
+            Some(mine) => match private_file(&shared_token) {
+                Ok(mut f) => {
+                    f.write_all(mine).map_err(io_err(&shared_token))?;
+                    f.sync_all().map_err(io_err(&shared_token))?;
+                    published = true;
+                    mine.clone()
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read_private(&shared_token)?
+                    .ok_or_else(|| {
+                        io_err(&shared_token)(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "another host published it and it is gone",
+                        ))
+                    })?,
+                Err(e) => return Err(io_err(&shared_token)(e)),
+            },
+        },
+    };
+    if local.as_ref() == Some(&deployment) {
+        return Ok(if published {
+            GlobalShare::Published
+        } else {
+            GlobalShare::Unchanged
+        });
+    }
+    // Written beside, then renamed: a reader never sees half a token.
+    private_dir(&paths.global).map_err(io_err(&paths.global))?;
+    let staged = paths.global.join(".owner.token.new");
+    match std::fs::remove_file(&staged) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&staged)(e)),
+    }
+    let mut f = private_file(&staged).map_err(io_err(&staged))?;
+    f.write_all(&deployment).map_err(io_err(&staged))?;
+    f.sync_all().map_err(io_err(&staged))?;
+    std::fs::rename(&staged, &local_token).map_err(io_err(&local_token))?;
+    Ok(GlobalShare::Adopted)
+}
+
+/// A regular file's bytes (`None` when there is none), never through a
+/// symlink, at most a few KiB (a token, not a dump).
+fn read_private(path: &Path) -> Result<Option<Vec<u8>>, DataDirError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    if !file.metadata().map_err(io_err(path))?.is_file() {
+        return Err(io_err(path)(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "is not a regular file",
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(4096)
+        .read_to_end(&mut bytes)
+        .map_err(io_err(path))?;
+    Ok(Some(bytes))
+}
+
 /// One path whose mode lets another local user in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LooseMode {
@@ -247,6 +345,42 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_owner_token_is_published_by_the_first_host_and_adopted_by_the_others() {
+        let shared = tempfile::tempdir().unwrap();
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = DataPaths::new(a.path()).with_shared(shared.path());
+        let second = DataPaths::new(b.path()).with_shared(shared.path());
+        assert_eq!(share_global(&first).unwrap(), GlobalShare::Missing);
+        private_dir(&first.global).unwrap();
+        private_file(&first.owner_token())
+            .unwrap()
+            .write_all(b"tok-1")
+            .unwrap();
+        assert_eq!(share_global(&first).unwrap(), GlobalShare::Published);
+        assert_eq!(share_global(&first).unwrap(), GlobalShare::Unchanged);
+        assert_eq!(share_global(&second).unwrap(), GlobalShare::Adopted);
+        assert_eq!(std::fs::read(second.owner_token()).unwrap(), b"tok-1");
+        let mode = std::fs::metadata(second.owner_token())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, FILE_MODE);
+        // The deployment's copy wins over a stale one of this host.
+        std::fs::write(second.owner_token(), b"stale").unwrap();
+        assert_eq!(share_global(&second).unwrap(), GlobalShare::Adopted);
+        assert_eq!(std::fs::read(second.owner_token()).unwrap(), b"tok-1");
+        // Never through a symlink planted in the shared directory.
+        let c = tempfile::tempdir().unwrap();
+        let planted = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(planted.path().join("global")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", planted.path().join("global/owner.token"))
+            .unwrap();
+        let third = DataPaths::new(c.path()).with_shared(planted.path());
+        assert!(share_global(&third).is_err());
+        assert!(!third.owner_token().exists());
+    }
 
     #[test]
     fn a_second_lock_names_the_holder_and_the_first_survives() {

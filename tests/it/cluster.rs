@@ -496,6 +496,73 @@ async fn a_webhook_posted_to_the_host_without_the_adapters_lease_is_stored_and_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_telegram_webhook_call_is_taken_by_either_host_with_the_secret_the_holder_set() {
+    let fake = crate::telegram::FakeBotApi::start().await;
+    let telegram = crate::telegram::host_options(
+        &fake,
+        json!({}),
+        vec![
+            ("adapters.telegram.mode", Yaml::String("webhook".into())),
+            (
+                "adapters.telegram.webhook_url",
+                Yaml::String("https://bot.example/api/adapters/telegram/webhook".into()),
+            ),
+        ],
+    );
+    let mut opts = cluster_opts(json!({"rules": [{"reply": "answered"}]}));
+    opts.config.extend(telegram.config);
+    opts.env = telegram.env;
+    let hosts = TestHost::start_cluster(2, opts).await;
+    fake.until(30, "setWebhook", |f| !f.calls("setWebhook").is_empty())
+        .await;
+    let secret = fake.calls("setWebhook").remove(0).params["secret_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = "/api/adapters/telegram/webhook";
+    let header = [("X-Telegram-Bot-Api-Secret-Token", secret.as_str())];
+    // Telegram posts to whichever host its URL reaches: each takes it with
+    // the one secret, and the same update through both is kept once.
+    for (i, h) in hosts.iter().enumerate() {
+        let update = crate::telegram::dm(1, 10, 42, "hello from anywhere");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (st, v) = h
+                .send(Method::POST, path, None, &header, Some(update.clone()))
+                .await;
+            if st == 200 {
+                break;
+            }
+            assert_eq!(st, 404, "host {i}: refused only until registered: {v}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "host {i} never took the webhook"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (st, _) = h
+            .send(
+                Method::POST,
+                path,
+                None,
+                &[("X-Telegram-Bot-Api-Secret-Token", "not-the-secret")],
+                Some(crate::telegram::dm(2, 11, 42, "forged")),
+            )
+            .await;
+        assert_eq!(st, 401, "host {i}");
+    }
+    fake.until(60, "the reply", |f| f.replies().contains_key(&10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.replies()[&10].len(), 1, "answered once");
+    assert_eq!(
+        hosts[0].count("SELECT COUNT(*) FROM messages WHERE sender_id = 'telegram:42'"),
+        1
+    );
+    assert_eq!(fake.calls("setWebhook").len(), 1, "only the holder sets it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_callers_limit_is_one_for_the_deployment_whichever_host_their_messages_reach() {
     let mut opts = cluster_opts(json!({"rules": [{"reply": "answered"}]}));
     opts.config
@@ -543,7 +610,7 @@ async fn a_callers_limit_is_one_for_the_deployment_whichever_host_their_messages
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_review_report_written_on_one_host_is_served_by_every_host() {
+async fn what_the_shared_dir_holds_reports_models_and_the_owner_token_serves_every_host() {
     let hosts = TestHost::start_cluster(
         2,
         cluster_opts(json!({"rules": [
@@ -581,4 +648,27 @@ async fn a_review_report_written_on_one_host_is_served_by_every_host() {
         "{here}"
     );
     assert_eq!(here, there, "the other host serves the same reports");
+
+    // models/ is the shared dir's: a rules file put there once may be a
+    // space's chain on any host, and whichever host runs its turn reads it.
+    let rules = hosts[0].shared_dir().join("models/shared-rules.json");
+    std::fs::write(
+        &rules,
+        r#"{"rules": [{"reply": "from the shared models"}]}"#,
+    )
+    .unwrap();
+    hosts[0].create_space("team").await;
+    let (st, v) = hosts[1]
+        .owner(
+            Method::PUT,
+            "/api/model",
+            Some("team"),
+            Some(json!({"chain": [format!("scripted:{}", rules.display())]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    for h in &hosts {
+        let v = h.chat("team", "hello").await;
+        assert_eq!(v["reply"], "from the shared models", "{v}");
+    }
 }

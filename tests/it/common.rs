@@ -53,7 +53,7 @@ pub(crate) struct TestHost {
     stderr_file: Option<PathBuf>,
     /// The test's own store on the host's database, opened on first use.
     store: std::sync::OnceLock<Store>,
-    /// A cluster's shared workspaces directory (kept by its first host).
+    /// A cluster's shared directory (`storage.shared_dir`, kept by its first host).
     shared: Option<TempDir>,
 }
 
@@ -247,6 +247,14 @@ impl TestHost {
     }
 
     /// What the captured child-process host wrote to stderr so far.
+    /// The cluster's `storage.shared_dir` (on its first host).
+    pub(crate) fn shared_dir(&self) -> &Path {
+        self.shared
+            .as_ref()
+            .expect("the first host of a cluster")
+            .path()
+    }
+
     pub(crate) fn stderr(&self) -> String {
         let file = self.stderr_file.as_ref().expect("a captured host");
         std::fs::read_to_string(file).unwrap_or_default()
@@ -260,8 +268,9 @@ impl TestHost {
         task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
         child: Option<Child>,
     ) -> TestHost {
+        // A cluster host that joins gets it when it starts (start_cluster).
         let owner_token = std::fs::read_to_string(data.join("global/owner.token"))
-            .unwrap()
+            .unwrap_or_default()
             .trim()
             .to_string();
         TestHost {
@@ -300,8 +309,9 @@ impl TestHost {
     /// `n` hosts of one deployment (issue 28): one PostgreSQL database,
     /// one shared workspaces directory, each host a child process with its
     /// own data dir and port. The first is initialised; the others join it
-    /// the way docs/scale-out.md says (its `mercury.yaml` and `global/`
-    /// copied, their own `bind` and `cluster.host_name`: `h1`, `h2`, …).
+    /// the way docs/scale-out.md says (its `mercury.yaml` copied, the owner
+    /// token taken from `storage.shared_dir`, their own `bind` and
+    /// `cluster.host_name`: `h1`, `h2`, …).
     pub(crate) async fn start_cluster(n: usize, opts: HostOptions) -> Vec<TestHost> {
         let db = PgDatabase::create();
         let shared = TempDir::new().expect("the shared workspaces dir");
@@ -311,12 +321,8 @@ impl TestHost {
             .postgres(&db.url())
             .set("cluster.enabled", Yaml::Bool(true))
             .set(
-                "storage.workspaces_dir",
-                Yaml::String(shared.path().join("spaces").display().to_string()),
-            )
-            .set(
-                "storage.reviews_dir",
-                Yaml::String(shared.path().join("reviews").display().to_string()),
+                "storage.shared_dir",
+                Yaml::String(shared.path().display().to_string()),
             );
         for (k, v) in &opts.config {
             builder = builder.set(k, v.clone());
@@ -326,20 +332,14 @@ impl TestHost {
         for _ in 1..n {
             let tmp = TempDir::new().expect("a host's dir");
             let data = tmp.path().join("data");
-            std::fs::create_dir_all(data.join("global")).expect("its data dir");
-            for d in [&data, &data.join("global")] {
-                std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-                    .expect("a private dir");
-            }
+            std::fs::create_dir_all(&data).expect("its data dir");
+            std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .expect("a private dir");
+            // The config alone: the owner token comes from the shared dir.
             std::fs::copy(first.join("mercury.yaml"), data.join("mercury.yaml")).expect("copy");
-            std::fs::copy(
-                first.join("global/owner.token"),
-                data.join("global/owner.token"),
-            )
-            .expect("copy the owner token");
             dirs.push((TestDir { tmp, pg: None }, data));
         }
-        let mut hosts = Vec::new();
+        let mut hosts: Vec<TestHost> = Vec::new();
         for (i, (dir, data)) in dirs.into_iter().enumerate() {
             let port = free_port();
             let mut env = opts.env.clone();
@@ -350,6 +350,14 @@ impl TestHost {
                 Self::finish(dir, data, port, CancellationToken::new(), None, Some(child));
             host.env = env;
             host.wait_ready().await;
+            if i > 0 {
+                // Its owner token is the deployment's, from the shared dir.
+                host.owner_token = std::fs::read_to_string(host.data.join("global/owner.token"))
+                    .expect("the joining host took global/owner.token from storage.shared_dir")
+                    .trim()
+                    .to_owned();
+                assert_eq!(host.owner_token, hosts[0].owner_token);
+            }
             hosts.push(host);
         }
         // Kept until the hosts are gone (the first host's dir holds the

@@ -6,6 +6,12 @@
 //! outbox items with `sendMessage` (threaded under the message they answer,
 //! split at 4,096 UTF-16 units, waiting out a 429's `retry_after`).
 //!
+//! In webhook mode the calls are taken on every host (`intake`), since a
+//! load balancer may send them to any; the lease holder only sets the
+//! webhook and delivers. The secret Telegram sends back is derived from the
+//! bot token, so every host of the deployment checks it without sharing a
+//! value of its own (rotating the token rotates it).
+//!
 //! The `getUpdates` offset is stored in the same transaction as the message
 //! row of the update it follows, and only the stored offset is ever sent: an
 //! update is acknowledged to Telegram only once its row is committed, and a
@@ -83,6 +89,19 @@ impl ChatAdapter for Telegram {
                 .await
                 .map_err(|e| e.to_string())
         })
+    }
+
+    /// Webhook mode: the calls, on every host.
+    fn intake(&self, kit: &AdapterKit, cancel: CancellationToken) -> Option<AdapterRun> {
+        if kit.app.rt.settings.adapters.telegram.mode != TelegramMode::Webhook {
+            return None;
+        }
+        let kit = kit.clone();
+        Some(Box::pin(async move {
+            intake(kit.app.clone(), kit.secret(0), kit.pace.clone(), cancel)
+                .await
+                .map_err(|e| e.to_string())
+        }))
     }
 
     fn turn_tools(
@@ -370,26 +389,108 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) -> Result<(), TelegramError> {
     let cfg = app.rt.settings.adapters.telegram.clone();
-    let board = app.adapters.clone();
-    board.set_mode(
+    app.adapters.set_mode(
         ADAPTER,
         match cfg.mode {
             TelegramMode::Polling => "polling",
             TelegramMode::Webhook => "webhook",
         },
     );
-    let (bot, client) = bot_for(&cfg, &token)?;
+    let Some(ctx) = connect(app, &token, pace, cancel).await? else {
+        return Ok(());
+    };
+    ctx.board().connected(ADAPTER);
+    tracing::info!(bot = %ctx.me.username, mode = ?cfg.mode, "telegram adapter connected");
+    let intake = async {
+        match cfg.mode {
+            TelegramMode::Polling => poll(&ctx).await,
+            TelegramMode::Webhook => set_webhook(&ctx, &cfg.webhook_url, &token).await,
+        }
+    };
+    tokio::select! {
+        r = intake => r,
+        r = deliver_loop(&ctx) => r,
+    }
+}
+
+/// Webhook mode, on every host: the calls `crate::api` passes on (their
+/// secret checked) are stored; a store that fails answers Telegram 503
+/// (it sends the update again) and restarts the adapter.
+async fn intake(
+    app: Arc<App>,
+    token: String,
+    pace: Arc<EditPace>,
+    cancel: CancellationToken,
+) -> Result<(), TelegramError> {
+    // `getMe` first: who the bot is decides which group messages are for it.
+    let Some(ctx) = connect(app, &token, pace, cancel).await? else {
+        return Ok(());
+    };
+    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
+    ctx.board().register_webhook(
+        ADAPTER,
+        WebhookInbox {
+            secret: webhook_secret(&token),
+            verify_token: None,
+            calls,
+        },
+    );
+    loop {
+        let call = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            c = inbox.recv() => c,
+        };
+        let Some(call) = call else { return Ok(()) };
+        // Telegram would resend a refused body forever: an unreadable one is acknowledged.
+        match take_raw(&ctx, call.body).await {
+            Ok(()) => {
+                let _ = call.done.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = call.done.send(Err(WebhookCallError::NotStored));
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The secret Telegram sends back on every webhook call: HMAC-SHA256 of a
+/// fixed label under the bot token, hex. Every host derives the same one;
+/// only a holder of the token (who could set any webhook anyway) can.
+pub(crate) fn webhook_secret(token: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let secret = match hmac::Hmac::<sha2::Sha256>::new_from_slice(token.as_bytes()) {
+        Ok(mut mac) => {
+            mac.update(b"mercury telegram webhook secret v1");
+            base16ct::lower::encode_string(&mac.finalize().into_bytes())
+        }
+        // HMAC takes a key of any length; kept total all the same.
+        Err(_) => base16ct::lower::encode_string(&rand::rng().random::<[u8; 32]>()),
+    };
+    crate::redaction::secrets::register(&secret);
+    secret
+}
+
+/// `getMe` until it answers, then what every loop of the adapter shares;
+/// `None` when the adapter stops first.
+async fn connect(
+    app: Arc<App>,
+    token: &str,
+    pace: Arc<EditPace>,
+    cancel: CancellationToken,
+) -> Result<Option<Arc<Ctx>>, TelegramError> {
+    let cfg = &app.rt.settings.adapters.telegram;
+    let board = app.adapters.clone();
+    let (bot, client) = bot_for(cfg, token)?;
     let base = cfg.api_base_url.trim_end_matches('/');
     let method_base = format!("{base}/bot{token}");
     let Some(r) = until_ok(&board, &cancel, "getMe", || bot.get_me()).await else {
-        return Ok(());
+        return Ok(None);
     };
-    board.connected(ADAPTER);
     let me = BotSelf {
         id: r.result.id,
         username: r.result.username.unwrap_or_default(),
     };
-    tracing::info!(bot = %me.username, mode = ?cfg.mode, "telegram adapter connected");
     // The final edit of a streamed reply counts against the same pacing
     // as its preview's edits.
     let editor = Arc::new(TelegramEditor {
@@ -407,16 +508,7 @@ pub(crate) async fn run(
         http: client,
         method_base,
     });
-    let intake = async {
-        match cfg.mode {
-            TelegramMode::Polling => poll(&ctx).await,
-            TelegramMode::Webhook => webhook(&ctx, &cfg.webhook_url).await,
-        }
-    };
-    tokio::select! {
-        r = intake => r,
-        r = deliver_loop(&ctx) => r,
-    }
+    Ok(Some(ctx))
 }
 
 /// Sends the call `f` makes until it succeeds: a 429 is waited out, any
@@ -510,14 +602,13 @@ async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
     }
 }
 
-/// Webhook mode: a fresh secret each start, given to Telegram with
-/// `setWebhook`; the route checks it on every call before anything is read.
-async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
-    let secret = base16ct::lower::encode_string(&rand::rng().random::<[u8; 32]>());
-    crate::redaction::secrets::register(&secret);
+/// Webhook mode, on the lease holder: gives Telegram the URL and the
+/// deployment's secret with `setWebhook`, then waits (the calls are taken by
+/// every host's `intake`).
+async fn set_webhook(ctx: &Arc<Ctx>, url: &str, token: &str) -> Result<(), TelegramError> {
     let params = SetWebhookParams::builder()
         .url(url.to_owned())
-        .secret_token(secret.clone())
+        .secret_token(webhook_secret(token))
         .allowed_updates(allowed_updates())
         .build();
     let set = || ctx.bot.set_webhook(&params);
@@ -528,32 +619,8 @@ async fn webhook(ctx: &Arc<Ctx>, url: &str) -> Result<(), TelegramError> {
         return Ok(());
     }
     ctx.board().connected(ADAPTER);
-    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
-    ctx.board().register_webhook(
-        ADAPTER,
-        WebhookInbox {
-            secret,
-            verify_token: None,
-            calls,
-        },
-    );
-    loop {
-        let call = tokio::select! {
-            _ = ctx.cancel.cancelled() => return Ok(()),
-            c = inbox.recv() => c,
-        };
-        let Some(call) = call else { return Ok(()) };
-        // Telegram would resend a refused body forever: an unreadable one is acknowledged.
-        match take_raw(ctx, call.body).await {
-            Ok(()) => {
-                let _ = call.done.send(Ok(()));
-            }
-            Err(e) => {
-                let _ = call.done.send(Err(WebhookCallError::NotStored));
-                return Err(e);
-            }
-        }
-    }
+    ctx.cancel.cancelled().await;
+    Ok(())
 }
 
 /// Reads one raw update; one Mercury cannot read is skipped (its offset
