@@ -202,6 +202,15 @@ pub struct SandboxStatus {
     /// The container engines sandboxes start on (docker; empty otherwise):
     /// `sandbox.docker.hosts`, or the local one.
     pub engines: Vec<SandboxEngine>,
+    /// The warm pool (`sandbox.warm`): how many it keeps, and how many
+    /// are started and waiting for a turn now (0 and 0 when off).
+    pub warm: WarmStatus,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WarmStatus {
+    pub slots: usize,
+    pub idle: usize,
 }
 
 /// One container engine as this host sees it.
@@ -337,6 +346,10 @@ async fn status(
                     last_error: e.last_error,
                 })
                 .collect(),
+            warm: WarmStatus {
+                slots: s.sandbox.warm,
+                idle: app.rt.sandbox.warm_idle(),
+            },
         },
         adapters,
         cluster: cluster_status(&app).await?,

@@ -43,6 +43,10 @@ pub enum ExtCommand {
         /// A host directory or file to copy at the same path (repeatable).
         #[arg(long = "path", required = true)]
         paths: Vec<PathBuf>,
+        /// Build on every engine this data dir's config names (each must
+        /// answer); without it, the local engine.
+        #[arg(long, env = "MERCURY_DATA_DIR")]
+        data_dir: Option<PathBuf>,
     },
 }
 
@@ -53,8 +57,8 @@ enum OnDataDir {
     Remove(String),
 }
 
-/// `mercury ext image`: needs an engine, not a data dir.
-async fn build_image(tag: &str, paths: &[PathBuf]) -> ExitCode {
+/// `mercury ext image`: needs an engine; a data dir only to name its engines.
+async fn build_image(tag: &str, paths: &[PathBuf], data_dir: Option<&Path>) -> ExitCode {
     if !crate::extensions::manifest::is_image_reference(tag) {
         eprintln!("mercury ext image: refused: {tag:?} is not a plain image reference (name[:tag], lowercase)");
         return ExitCode::from(2);
@@ -63,10 +67,10 @@ async fn build_image(tag: &str, paths: &[PathBuf]) -> ExitCode {
         eprintln!("mercury ext image: refused: {e}");
         return ExitCode::from(2);
     }
-    let engines = match crate::sandbox::lifecycle::connect_local().await {
+    let engines = match crate::host::containers::engines_of(data_dir).await {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("mercury ext image: {e}");
+            eprintln!("mercury ext image: {e:#}");
             return ExitCode::FAILURE;
         }
     };
@@ -92,7 +96,11 @@ async fn open(data_dir: &Path) -> Result<Store, String> {
 pub async fn run(command: ExtCommand) -> ExitCode {
     let (data_dir, action) = match command {
         // The one command that needs an engine, not a data dir.
-        ExtCommand::Image { tag, paths } => return build_image(&tag, &paths).await,
+        ExtCommand::Image {
+            tag,
+            paths,
+            data_dir,
+        } => return build_image(&tag, &paths, data_dir.as_deref()).await,
         ExtCommand::Add { path, data_dir } => (data_dir, OnDataDir::Add(path)),
         ExtCommand::List { data_dir } => (data_dir, OnDataDir::List),
         ExtCommand::Remove { name, data_dir } => (data_dir, OnDataDir::Remove(name)),

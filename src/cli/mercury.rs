@@ -143,11 +143,16 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum ImageCommand {
     /// Build the agent image (FROM scratch: the host's dash, coreutils, grep, sed, find,
-    /// hostname and mrctl; see docs/sandbox.md) through the Docker engine.
+    /// hostname and mrctl; see docs/sandbox.md) through the Docker engine, or on every
+    /// engine of a data dir's `sandbox.docker.hosts`.
     Build {
         /// The mrctl binary to put in the image (default: the one beside this binary).
         #[arg(long)]
         mrctl: Option<PathBuf>,
+        /// Build on every engine this data dir's config names (each must answer);
+        /// without it, the local engine.
+        #[arg(long, env = "MERCURY_DATA_DIR")]
+        data_dir: Option<PathBuf>,
     },
 }
 
@@ -644,8 +649,8 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         },
         Command::Image {
-            command: ImageCommand::Build { mrctl },
-        } => match crate::host::containers::build_image_cli(mrctl).await {
+            command: ImageCommand::Build { mrctl, data_dir },
+        } => match crate::host::containers::build_image_cli(mrctl, data_dir.as_deref()).await {
             Ok(tag) => {
                 println!("{tag}");
                 ExitCode::SUCCESS

@@ -8,7 +8,7 @@
 //! engine's API: it asks [`lifecycle::SandboxLifecycle`], so another kind of
 //! engine needs no change here.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,17 +100,37 @@ pub fn agent_image(settings: &Settings) -> anyhow::Result<String> {
         .with_context(|| format!("reading {} and the image's tools", mrctl.display()))
 }
 
-/// `mercury image build`: builds the image on the local engine and prints
+/// `mercury image build`: builds the image on the local engine, or on
+/// every engine `data_dir`'s config names (each must answer), and prints
 /// its tag.
-pub async fn build_image_cli(mrctl: Option<PathBuf>) -> anyhow::Result<String> {
+pub async fn build_image_cli(
+    mrctl: Option<PathBuf>,
+    data_dir: Option<&Path>,
+) -> anyhow::Result<String> {
     let mrctl = match mrctl {
         Some(p) => p,
         None => mrctl_path()?,
     };
-    let engines = lifecycle::connect_local().await?;
+    let engines = engines_of(data_dir).await?;
     let tag = agent_image_tag(env!("CARGO_PKG_VERSION"), &mrctl)?;
     engines.build_agent_image(&tag, &mrctl).await?;
     Ok(tag)
+}
+
+/// The engines of `data_dir`'s `sandbox.docker.hosts`, every one of them
+/// answering, or the local engine without a data dir: where the image
+/// commands build.
+pub async fn engines_of(
+    data_dir: Option<&Path>,
+) -> anyhow::Result<Arc<dyn lifecycle::SandboxLifecycle>> {
+    match data_dir {
+        None => Ok(lifecycle::connect_local().await?),
+        Some(dir) => {
+            let settings = crate::host::load_settings(&DataPaths::new(dir))
+                .with_context(|| format!("{} is not a data dir", dir.display()))?;
+            Ok(lifecycle::connect_every(&settings.sandbox.docker).await?)
+        }
+    }
 }
 
 /// One of several hosts: removes what hosts that are gone left on the

@@ -83,8 +83,9 @@ pub trait SandboxLifecycle: Send + Sync {
     async fn running_sandboxes(&self, instance_id: &str) -> Result<Vec<String>, SandboxError>;
     /// The backend that starts sessions from `image` on these engines.
     fn serving(&self, image: String) -> Arc<dyn SandboxBackend>;
-    /// The engines that answered when these were connected, as configured
-    /// (`unix:///…`, `tcp://…`; empty for the local engine by default).
+    /// The engines that have joined (answered and negotiated), as
+    /// configured (`unix:///…`, `tcp://…`; `local` for the local engine by
+    /// default).
     fn endpoints(&self) -> Vec<String>;
     /// [`SandboxLifecycle::serving`] with a pool of sandboxes started ahead
     /// (`sandbox.warm`). An engine kind without a pool serves cold.
@@ -107,14 +108,48 @@ pub async fn connect(
     if engines.hosts.is_empty() {
         return Ok(Arc::new(DockerBackend::connect(String::new()).await?));
     }
-    let tls = (!engines.tls.ca.trim().is_empty()).then(|| EngineTls {
+    Ok(Arc::new(
+        DockerBackend::connect_hosts(&engines.hosts, tls_of(engines).as_ref(), String::new())
+            .await?,
+    ))
+}
+
+/// Like [`connect`], but every engine of the list must answer now: what
+/// `mercury image build` and `mercury ext image` do to each engine would
+/// otherwise silently skip one.
+pub async fn connect_every(
+    engines: &DockerEnginesConfig,
+) -> Result<Arc<dyn SandboxLifecycle>, SandboxError> {
+    if engines.hosts.is_empty() {
+        return connect(engines).await;
+    }
+    let backend =
+        DockerBackend::connect_hosts(&engines.hosts, tls_of(engines).as_ref(), String::new())
+            .await?;
+    let down: Vec<String> = backend
+        .engines()
+        .into_iter()
+        .filter(|e| !e.healthy)
+        .map(|e| {
+            e.last_error
+                .unwrap_or_else(|| format!("{} does not answer", e.endpoint))
+        })
+        .collect();
+    if !down.is_empty() {
+        return Err(SandboxError::NoEngine(format!(
+            "every engine of sandbox.docker.hosts must answer: {}",
+            down.join("; ")
+        )));
+    }
+    Ok(Arc::new(backend))
+}
+
+fn tls_of(engines: &DockerEnginesConfig) -> Option<EngineTls> {
+    (!engines.tls.ca.trim().is_empty()).then(|| EngineTls {
         ca: engines.tls.ca.clone().into(),
         cert: engines.tls.cert.clone().into(),
         key: engines.tls.key.clone().into(),
-    });
-    Ok(Arc::new(
-        DockerBackend::connect_hosts(&engines.hosts, tls.as_ref(), String::new()).await?,
-    ))
+    })
 }
 
 /// The local engine alone (`DOCKER_HOST` or the default socket), whatever

@@ -1145,6 +1145,10 @@ async fn a_warm_host_runs_a_turn_in_a_pooled_container_and_a_killed_hosts_pool_i
         first,
         "the periodic sweep touched the pool"
     );
+    // /api/status shows the pool: its size and what waits now.
+    let (st, status) = host.owner(Method::GET, "/api/status", None, None).await;
+    assert_eq!(st, 200, "{status}");
+    assert_eq!(status["sandbox"]["warm"], json!({"slots": 2, "idle": 2}));
 
     // A turn claims one: its token and space come with each exec, its API
     // socket through the slot.

@@ -1127,7 +1127,8 @@ async fn ops_onboard_asks_on_a_terminal_hides_secrets_tests_the_key_and_writes_t
 }
 
 #[tokio::test]
-async fn ops_doctor_checks_every_configured_engine_and_names_one_that_does_not_answer() {
+async fn ops_doctor_and_the_image_commands_ask_every_configured_engine_and_name_one_that_does_not_answer(
+) {
     use serde_yaml_ng::Value as Yaml;
     let (_dir, data, _) = prepare(&HostOptions {
         config: vec![(
@@ -1157,4 +1158,24 @@ async fn ops_doctor_checks_every_configured_engine_and_names_one_that_does_not_a
         text.contains("FAIL docker: tcp://127.0.0.1:9 does not answer"),
         "{text}"
     );
+    // The image commands build on every engine the data dir names, so one
+    // that does not answer stops them (it would be left without the image).
+    for args in [
+        vec!["image", "build"],
+        vec!["ext", "image", "mercury-ext-probe:1", "--path", "/bin/sh"],
+    ] {
+        let out = mercury_cli()
+            .args(&args)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("every engine of sandbox.docker.hosts must answer")
+                && err.contains("tcp://127.0.0.1:9"),
+            "{args:?}: {err}"
+        );
+    }
 }

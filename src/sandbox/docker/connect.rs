@@ -51,10 +51,10 @@ impl DockerBackend {
         Ok(Self::with_client(negotiated(docker, where_).await?, image))
     }
 
-    /// The engines of `sandbox.docker.hosts`, each negotiated. An engine
-    /// that does not answer now is left out (said in the log) as long as
-    /// one answers: a host serves on the engines it has; all down is an
-    /// error.
+    /// The engines of `sandbox.docker.hosts`. One that does not answer now
+    /// is kept unjoined (said in the log) as long as one answers: a host
+    /// serves on the engines it has, and the health check joins the others
+    /// when they answer; all down is an error.
     pub async fn connect_hosts(
         hosts: &[String],
         tls: Option<&EngineTls>,
@@ -64,15 +64,21 @@ impl DockerBackend {
         let mut down = Vec::new();
         for endpoint in hosts {
             let (client, remote) = client_for(endpoint, tls)?;
-            match negotiated(client, endpoint).await {
+            match negotiated(client.clone(), endpoint).await {
                 Ok(docker) => engines.push(Engine::new(docker, endpoint.clone(), remote)),
                 Err(e) => {
-                    tracing::error!(engine = %endpoint, error = %e, "a sandbox engine does not answer; it is left out until the host restarts");
+                    tracing::error!(engine = %endpoint, error = %e, "a sandbox engine does not answer; it joins when it does (sandbox.sweep_interval_secs)");
+                    engines.push(Engine::unjoined(
+                        client,
+                        endpoint.clone(),
+                        remote,
+                        e.to_string(),
+                    ));
                     down.push(e.to_string());
                 }
             }
         }
-        if engines.is_empty() {
+        if engines.iter().all(|e| !e.joined()) {
             return Err(SandboxError::NoEngine(if down.is_empty() {
                 "sandbox.docker.hosts is empty".into()
             } else {

@@ -3,15 +3,18 @@
 //! engines elsewhere, over TLS when certificates are given), where the next
 //! sandbox goes (the healthy engine with the fewest running sandboxes), and
 //! each engine's health (a ping; a failed start or ping marks it down until
-//! a ping answers again).
+//! a ping answers again). An engine that did not answer when the host
+//! started is kept, not joined, and joins when it first answers (its API
+//! version negotiated then).
 //!
 //! Must never: place a sandbox on an engine marked down while a healthy one
-//! is there, or treat an engine reached over TCP as sharing this host's
-//! files (its workspaces are synced, never bind-mounted).
+//! is there, place one on an engine that has not negotiated its API version,
+//! or treat an engine reached over TCP as sharing this host's files (its
+//! workspaces are synced, never bind-mounted).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bollard::Docker;
 
@@ -28,7 +31,11 @@ pub struct EngineTls {
 /// One engine and what this host knows of it now.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    pub(super) docker: Docker,
+    /// Negotiated once `joined`; before that, the bare client to
+    /// negotiate with.
+    docker: RwLock<Docker>,
+    /// Its API version is agreed: sandboxes may go there.
+    joined: AtomicBool,
     /// As configured (`unix:///var/run/docker.sock`, `tcp://10.0.0.7:2376`).
     endpoint: String,
     /// On another machine: it cannot see this host's files or sockets.
@@ -39,15 +46,47 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// An engine whose client has negotiated its API version.
     pub(super) fn new(docker: Docker, endpoint: String, remote: bool) -> Self {
         Self {
-            docker,
+            docker: RwLock::new(docker),
+            joined: AtomicBool::new(true),
             endpoint,
             remote,
             running: AtomicUsize::new(0),
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(None),
         }
+    }
+
+    /// An engine that did not answer: kept with its bare client, down,
+    /// until [`Engine::check`] negotiates with it.
+    pub(super) fn unjoined(docker: Docker, endpoint: String, remote: bool, why: String) -> Self {
+        Self {
+            docker: RwLock::new(docker),
+            joined: AtomicBool::new(false),
+            endpoint,
+            remote,
+            running: AtomicUsize::new(0),
+            healthy: AtomicBool::new(false),
+            last_error: Mutex::new(Some(why)),
+        }
+    }
+
+    /// Its client (cheap: the connection pool is shared).
+    pub(super) fn client(&self) -> Docker {
+        match self.docker.read() {
+            Ok(d) => d.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn joined(&self) -> bool {
+        self.joined.load(Ordering::SeqCst)
+    }
+
+    fn usable(&self) -> bool {
+        self.joined() && self.healthy.load(Ordering::SeqCst)
     }
 
     pub(crate) fn endpoint(&self) -> &str {
@@ -78,12 +117,31 @@ impl Engine {
         }
     }
 
-    /// Pings the engine and records whether it answered.
-    pub(crate) async fn check(&self) -> Result<(), SandboxError> {
-        match self.docker.ping().await {
+    /// Pings the engine and records whether it answered. An engine not
+    /// joined yet negotiates instead: `Ok(Checked::Joined)` when it just
+    /// did, still marked down (the caller readies it, then marks it).
+    pub(crate) async fn check(&self) -> Result<Checked, SandboxError> {
+        if !self.joined() {
+            return match self.client().negotiate_version().await {
+                Ok(docker) => {
+                    match self.docker.write() {
+                        Ok(mut d) => *d = docker,
+                        Err(poisoned) => *poisoned.into_inner() = docker,
+                    }
+                    self.joined.store(true, Ordering::SeqCst);
+                    Ok(Checked::Joined)
+                }
+                Err(e) => {
+                    let why = format!("{} does not answer: {e}", self.endpoint);
+                    self.mark(Err(&why));
+                    Err(SandboxError::NoEngine(why))
+                }
+            };
+        }
+        match self.client().ping().await {
             Ok(_) => {
                 self.mark(Ok(()));
-                Ok(())
+                Ok(Checked::Answered)
             }
             Err(e) => {
                 let why = format!("{} does not answer: {e}", self.endpoint);
@@ -92,6 +150,15 @@ impl Engine {
             }
         }
     }
+}
+
+/// What [`Engine::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// A joined engine answered its ping.
+    Answered,
+    /// An engine left out at start-up answered and negotiated now.
+    Joined,
 }
 
 /// A sandbox counted against its engine until dropped.
@@ -119,21 +186,19 @@ impl Placed {
 pub(super) fn pool_engine(engines: &[Arc<Engine>]) -> Option<Arc<Engine>> {
     engines
         .iter()
-        .filter(|e| !e.remote && e.healthy.load(Ordering::SeqCst))
+        .filter(|e| !e.remote && e.usable())
         .min_by_key(|e| e.running.load(Ordering::SeqCst))
         .cloned()
 }
 
 /// Picks the engine for the next sandbox: among the healthy ones, the one
 /// running the fewest now (the first listed on a tie); when none is marked
-/// healthy, the least busy of all (its start then says what is wrong).
+/// healthy, the least busy of the joined ones (its start then says what is
+/// wrong). Never one that has not joined.
 pub(super) fn place(engines: &[Arc<Engine>]) -> Option<Placed> {
-    let healthy: Vec<&Arc<Engine>> = engines
-        .iter()
-        .filter(|e| e.healthy.load(Ordering::SeqCst))
-        .collect();
+    let healthy: Vec<&Arc<Engine>> = engines.iter().filter(|e| e.usable()).collect();
     let pool: Vec<&Arc<Engine>> = if healthy.is_empty() {
-        engines.iter().collect()
+        engines.iter().filter(|e| e.joined()).collect()
     } else {
         healthy
     };
@@ -224,6 +289,24 @@ mod tests {
         engines[1].mark(Err("down"));
         assert_eq!(place(&engines).unwrap().0.endpoint(), "c");
         assert!(place(&[]).is_none());
+    }
+
+    #[test]
+    fn an_engine_that_has_not_joined_is_never_placed_on() {
+        let (docker, remote) = client_for("tcp://later:2375", None).unwrap();
+        let later = Arc::new(Engine::unjoined(
+            docker,
+            "later".into(),
+            remote,
+            "does not answer".into(),
+        ));
+        assert!(place(std::slice::from_ref(&later)).is_none());
+        // Even marked healthy by mistake, it is not joined.
+        later.mark(Ok(()));
+        assert!(place(std::slice::from_ref(&later)).is_none());
+        let engines = vec![later, engine("a", 5, false)];
+        assert_eq!(place(&engines).unwrap().0.endpoint(), "a");
+        assert_eq!(engines[0].view().running, 0);
     }
 
     #[test]

@@ -30,11 +30,13 @@ impl SandboxLifecycle for DockerBackend {
         when_absent: WhenAbsent,
     ) -> Result<(), LifecycleError> {
         // Every engine gets the same content-addressed image, built from
-        // this host's files (no registry is assumed reachable).
+        // this host's files (no registry is assumed reachable); one that
+        // joins later gets it the same way.
+        self.remember_image(tag, (when_absent == WhenAbsent::Build).then_some(mrctl));
         for (endpoint, docker) in self.clients() {
             match when_absent {
                 WhenAbsent::Refuse => {
-                    if !image_exists(docker, tag).await? {
+                    if !image_exists(&docker, tag).await? {
                         return Err(LifecycleError::ShadowNeverBuilds {
                             tag: tag.to_owned(),
                             endpoint: endpoint.to_owned(),
@@ -42,7 +44,7 @@ impl SandboxLifecycle for DockerBackend {
                     }
                 }
                 WhenAbsent::Build => {
-                    ensure_agent_image(docker, tag, mrctl)
+                    ensure_agent_image(&docker, tag, mrctl)
                         .await
                         .map_err(|source| LifecycleError::AgentImage {
                             endpoint: endpoint.to_owned(),
@@ -56,7 +58,7 @@ impl SandboxLifecycle for DockerBackend {
 
     async fn build_agent_image(&self, tag: &str, mrctl: &Path) -> Result<(), SandboxError> {
         for (_, docker) in self.clients() {
-            build_agent_image(docker, tag, mrctl).await?;
+            build_agent_image(&docker, tag, mrctl).await?;
         }
         Ok(())
     }
@@ -68,14 +70,14 @@ impl SandboxLifecycle for DockerBackend {
     ) -> Result<usize, SandboxError> {
         let mut entries = 0;
         for (_, docker) in self.clients() {
-            entries = build_runtime_image(docker, tag, paths).await?;
+            entries = build_runtime_image(&docker, tag, paths).await?;
         }
         Ok(entries)
     }
 
     async fn image_present(&self, image: &str) -> Result<bool, SandboxError> {
         for (_, docker) in self.clients() {
-            if !image_exists(docker, image).await? {
+            if !image_exists(&docker, image).await? {
                 return Ok(false);
             }
         }

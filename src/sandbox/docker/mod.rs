@@ -41,7 +41,7 @@ mod user;
 mod warm;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
@@ -65,6 +65,15 @@ use crate::sandbox::{
     WorkspaceMount, LABEL_INSTANCE, LABEL_RUN,
 };
 
+/// The agent image as start-up made it ready (see
+/// [`DockerBackend::remember_image`]).
+#[derive(Clone, Debug)]
+struct ImageRecipe {
+    tag: String,
+    /// Built from this `mrctl` when absent; `None`: must be present.
+    mrctl: Option<PathBuf>,
+}
+
 /// Starts one container per run from the agent image, on the least busy
 /// healthy engine of its list (`engines`).
 #[derive(Clone, Debug)]
@@ -72,6 +81,9 @@ pub struct DockerBackend {
     /// Never empty.
     engines: Arc<Vec<Arc<Engine>>>,
     image: String,
+    /// How the agent image was made ready at start-up, so an engine that
+    /// joins later gets it the same way (shared by every clone).
+    recipe: Arc<Mutex<Option<ImageRecipe>>>,
     /// Containers started ahead for this image (`sandbox.warm`); `None`
     /// when off.
     pool: Option<Arc<warm::WarmPool>>,
@@ -89,19 +101,27 @@ impl DockerBackend {
         Self {
             engines: Arc::new(engines.into_iter().map(Arc::new).collect()),
             image,
+            recipe: Arc::new(Mutex::new(None)),
             pool: None,
         }
     }
 
-    /// The first engine's client: the image, sweep and doctor of a single
-    /// engine host.
-    pub fn docker(&self) -> &Docker {
-        &self.engines[0].docker
+    /// The first joined engine's client: the image, sweep and doctor of a
+    /// single engine host.
+    pub fn docker(&self) -> Docker {
+        self.engines
+            .iter()
+            .find(|e| e.joined())
+            .unwrap_or(&self.engines[0])
+            .client()
     }
 
-    /// Every engine's client, in the configured order.
-    pub fn clients(&self) -> impl Iterator<Item = (&str, &Docker)> {
-        self.engines.iter().map(|e| (e.endpoint(), &e.docker))
+    /// Every joined engine's client, in the configured order.
+    pub fn clients(&self) -> impl Iterator<Item = (&str, Docker)> {
+        self.engines
+            .iter()
+            .filter(|e| e.joined())
+            .map(|e| (e.endpoint(), e.client()))
     }
 
     pub fn engines(&self) -> Vec<EngineView> {
@@ -109,14 +129,71 @@ impl DockerBackend {
     }
 
     /// Pings every engine, recording which answer (placement skips the
-    /// others until they answer again).
+    /// others until they answer again). An engine left out at start-up
+    /// joins here once it answers, after the image is made ready on it.
     pub async fn check_engines(&self) -> Vec<EngineView> {
         for e in self.engines.iter() {
-            if let Err(err) = e.check().await {
-                tracing::warn!(engine = e.endpoint(), error = %err, "a sandbox engine is down");
+            match e.check().await {
+                Ok(engines::Checked::Answered) => {}
+                Ok(engines::Checked::Joined) => {
+                    match self.ready_joined(e).await {
+                        Ok(()) => {
+                            e.mark(Ok(()));
+                            tracing::warn!(engine = e.endpoint(), "a sandbox engine left out at start-up answers now and takes sandboxes");
+                        }
+                        Err(err) => {
+                            e.mark(Err(&err.to_string()));
+                            tracing::error!(engine = e.endpoint(), error = %err, "a sandbox engine answers but cannot serve");
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(engine = e.endpoint(), error = %err, "a sandbox engine is down");
+                }
             }
         }
         self.engines()
+    }
+
+    /// An engine that just joined gets what the others got at start-up:
+    /// the agent image, built from this host's files when start-up built
+    /// it, else it must already be there.
+    async fn ready_joined(&self, engine: &Engine) -> Result<(), SandboxError> {
+        let recipe = self.recipe.lock().ok().and_then(|r| r.clone());
+        let docker = engine.client();
+        let image = match &recipe {
+            Some(r) => r.tag.clone(),
+            None => self.image.clone(),
+        };
+        if image.is_empty() {
+            return Ok(());
+        }
+        if let Some(ImageRecipe {
+            mrctl: Some(mrctl), ..
+        }) = &recipe
+        {
+            crate::sandbox::image::ensure_agent_image(&docker, &image, mrctl).await?;
+            return Ok(());
+        }
+        if crate::sandbox::image::image_exists(&docker, &image).await? {
+            Ok(())
+        } else {
+            Err(SandboxError::Image(format!(
+                "{image} is not on {} (build it there with `mercury image build --data-dir`)",
+                engine.endpoint()
+            )))
+        }
+    }
+
+    /// Remembers how start-up made the agent image ready: `mrctl` to build
+    /// it from, or `None` when it must be present already.
+    pub(crate) fn remember_image(&self, tag: &str, mrctl: Option<&Path>) {
+        if let Ok(mut r) = self.recipe.lock() {
+            *r = Some(ImageRecipe {
+                tag: tag.to_owned(),
+                mrctl: mrctl.map(Path::to_path_buf),
+            });
+        }
     }
 
     pub fn image(&self) -> &str {
@@ -228,14 +305,17 @@ impl SandboxBackend for DockerBackend {
         };
         let mut removed = 0;
         let mut failed = Vec::new();
-        for e in self.engines.iter() {
-            match sweep_orphans(&e.docker, instance_id, &spared).await {
+        let mut tried = 0;
+        // One not joined yet is swept once it joins (its health check).
+        for e in self.engines.iter().filter(|e| e.joined()) {
+            tried += 1;
+            match sweep_orphans(&e.client(), instance_id, &spared).await {
                 Ok(ids) => removed += ids.len(),
                 // One engine down does not keep the others unswept.
                 Err(err) => failed.push(format!("{}: {err}", e.endpoint())),
             }
         }
-        if failed.len() == self.engines.len() {
+        if tried > 0 && failed.len() == tried {
             return Err(SandboxError::Engine(failed.join("; ")));
         }
         for f in &failed {
@@ -286,10 +366,11 @@ impl SandboxBackend for DockerBackend {
             .ok_or_else(|| SandboxError::NoEngine("no Docker engine is configured".into()))?;
         let engine = Arc::clone(&placed.0);
         let synced = engine.remote() || matches!(spec.workspace, WorkspaceMount::Synced(_));
+        let docker = engine.client();
         let started = if synced {
-            self.start_synced(&engine.docker, &spec).await
+            self.start_synced(&docker, &spec).await
         } else {
-            self.start_bound(&engine.docker, &spec).await
+            self.start_bound(&docker, &spec).await
         };
         match started {
             Ok(session) => Ok(Box::new(session.placed(placed))),

@@ -245,7 +245,7 @@ impl WarmPool {
             mounts: Vec::new(),
             alive: Arc::clone(&self.alive),
         };
-        let docker = slot.engine.docker.clone();
+        let docker = slot.engine.client();
         let mounted = claimed.mount_run(spec, workspace, relay.as_ref().map(SocketRelay::path));
         let unpaused = match mounted {
             Ok(()) => docker
@@ -283,7 +283,7 @@ impl WarmPool {
         // Before the container exists, so a sweep listing it spares it.
         lock(&self.alive).insert(name.clone());
         let dir = self.root.join(&name);
-        let made = self.make_container(&engine.docker, &name, &dir).await;
+        let made = self.make_container(&engine.client(), &name, &dir).await;
         let slot = match made {
             Ok(container) => WarmSlot {
                 name,
@@ -293,7 +293,7 @@ impl WarmPool {
             },
             Err((container, e)) => {
                 if let Some(id) = container {
-                    let _ = remove_container(&engine.docker, &id).await;
+                    let _ = remove_container(&engine.client(), &id).await;
                 }
                 remove_on_dev(&dir, dev_of(&self.root));
                 lock(&self.alive).remove(&name);
@@ -371,7 +371,7 @@ impl WarmPool {
     }
 
     async fn destroy(&self, slot: WarmSlot) {
-        if let Err(e) = remove_container(&slot.engine.docker, &slot.container).await {
+        if let Err(e) = remove_container(&slot.engine.client(), &slot.container).await {
             tracing::warn!(slot = %slot.name, error = %e, "removing a pooled sandbox failed; the sweep will");
         }
         remove_on_dev(&slot.dir, dev_of(&self.root));
@@ -406,7 +406,7 @@ impl Drop for WarmPool {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             for slot in idle {
                 runtime.spawn(async move {
-                    let _ = remove_container(&slot.engine.docker, &slot.container).await;
+                    let _ = remove_container(&slot.engine.client(), &slot.container).await;
                 });
             }
         }
