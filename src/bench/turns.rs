@@ -36,6 +36,7 @@ use crate::host;
 use crate::ids::SpaceId;
 use crate::ingress::{self, IngestResult, IngestStatus, IngressMessage};
 use crate::storage::baseline::ScratchDatabase;
+use crate::storage::tally::{self, Tallied};
 use crate::storage::{Location, Store};
 use crate::workspace::{ensure_workspace, DataPaths};
 
@@ -54,6 +55,8 @@ pub(crate) struct TurnsOptions {
     pub conversations: usize,
     /// A PostgreSQL server to measure beside SQLite.
     pub postgres: Option<PostgresServer>,
+    /// Tally each phase's statements (`storage::tally`).
+    pub statements: bool,
 }
 
 /// Where the PostgreSQL half runs: a server whose user may create databases.
@@ -105,6 +108,7 @@ impl Default for TurnsOptions {
             concurrency: 16,
             conversations: 100,
             postgres: None,
+            statements: false,
         }
     }
 }
@@ -117,6 +121,8 @@ pub(crate) struct IngestFigures {
     pub concurrency: usize,
     pub elapsed: Duration,
     pub baseline: Duration,
+    /// With `--statements`: what the ingest ran, the costliest first.
+    pub statements: Vec<Tallied>,
 }
 
 impl IngestFigures {
@@ -139,6 +145,8 @@ pub(crate) struct TurnFigures {
     pub mean: Duration,
     pub baseline_p50: Duration,
     pub baseline_p99: Duration,
+    /// With `--statements`: what the measured turns ran.
+    pub statements: Vec<Tallied>,
 }
 
 #[derive(Debug, Clone)]
@@ -270,8 +278,56 @@ impl fmt::Display for TurnsReport {
             i.per_second(),
             met(t.p50 <= Duration::from_millis(1)),
             ms(t.p50)
-        )
+        )?;
+        write_statements(f, "ingest", "message", i.messages, &i.statements)?;
+        write_statements(f, "turns", "turn", t.turns, &t.statements)
     }
+}
+
+/// A phase's statements (`--statements`): per unit of work, how many of
+/// each and their mean time, the costliest first.
+fn write_statements(
+    f: &mut fmt::Formatter<'_>,
+    phase: &str,
+    unit: &str,
+    units: usize,
+    statements: &[Tallied],
+) -> fmt::Result {
+    if statements.is_empty() {
+        return Ok(());
+    }
+    let per = |n: u64| n as f64 / units.max(1) as f64;
+    let count: u64 = statements.iter().map(|s| s.count).sum();
+    let total: Duration = statements.iter().map(|s| s.total).sum();
+    writeln!(f)?;
+    writeln!(
+        f,
+        "statements of {phase}: {:.1} per {unit}, {} per {unit} inside them (counted; counting adds its own cost)",
+        per(count),
+        ms(total / u32::try_from(units.max(1)).unwrap_or(u32::MAX))
+    )?;
+    writeln!(f, "   per {unit:<7} mean       share  statement")?;
+    for s in statements {
+        let mean = s.total / u32::try_from(s.count.max(1)).unwrap_or(u32::MAX);
+        let share = s.total.as_secs_f64() / total.as_secs_f64().max(1e-12) * 100.0;
+        let mut sql = s.sql.clone();
+        if sql.len() > 100 {
+            let cut = (0..=100)
+                .rev()
+                .find(|&i| sql.is_char_boundary(i))
+                .unwrap_or(0);
+            sql.truncate(cut);
+            sql.push('…');
+        }
+        writeln!(
+            f,
+            "   {:>11.2} {:>9} {:>6.1}%  {sql}",
+            per(s.count),
+            ms(mean),
+            share
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs both measurements in a temp dir (and, when asked, again on
@@ -432,6 +488,9 @@ async fn ingest_phase(
         let c = n % opts.conversations;
         lanes[i % opts.concurrency].push(message(format!("conv-{c}"), format!("user-{c}"), n));
     }
+    if opts.statements {
+        tally::start();
+    }
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for lane in lanes {
@@ -459,6 +518,11 @@ async fn ingest_phase(
         duplicates += r.context("an ingest task panicked")??;
     }
     let elapsed = start.elapsed();
+    let statements = if opts.statements {
+        tally::stop()
+    } else {
+        Vec::new()
+    };
     drop(store);
     let (baseline, _) = baseline(dir, "plain-ingest", opts.messages, server).await?;
     Ok(IngestFigures {
@@ -468,6 +532,7 @@ async fn ingest_phase(
         concurrency: opts.concurrency,
         elapsed,
         baseline,
+        statements,
     })
 }
 
@@ -501,6 +566,9 @@ async fn turn_phase(
     let total = WARMUP_TURNS + opts.turns;
     let mut samples = Vec::with_capacity(opts.turns);
     for n in 0..total {
+        if n == WARMUP_TURNS && opts.statements {
+            tally::start();
+        }
         let m = message("bench-dm".into(), "bench-user".into(), n);
         let (s, l, rt2) = (rt.settings.clone(), limits.clone(), rt.clone());
         // The waiter is registered inside the storing transaction, so a turn
@@ -533,6 +601,11 @@ async fn turn_phase(
             samples.push(stored.elapsed());
         }
     }
+    let statements = if opts.statements {
+        tally::stop()
+    } else {
+        Vec::new()
+    };
     let done: i64 = rt
         .store
         .read(|c| crate::storage::stats::runs_with_status(c, "done"))
@@ -554,5 +627,6 @@ async fn turn_phase(
         mean,
         baseline_p50: percentile(&base, 50.0),
         baseline_p99: percentile(&base, 99.0),
+        statements,
     })
 }

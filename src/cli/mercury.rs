@@ -186,6 +186,11 @@ enum BenchCommand {
         /// A file holding that server's password.
         #[arg(long)]
         password_file: Option<PathBuf>,
+        /// Also print each phase's statements: how many per message (or
+        /// turn) and the time in each (counting adds its own cost: the
+        /// phase's other figures are then not comparable with a plain run).
+        #[arg(long)]
+        statements: bool,
     },
     /// Container create to first exec answered (bollard) beside `docker run --rm IMAGE true`.
     Sandbox {
@@ -955,6 +960,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     storage,
                     postgres_url,
                     password_file,
+                    statements,
                 },
         } => {
             let postgres = match (storage.as_str(), postgres_url) {
@@ -974,6 +980,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                 concurrency: concurrency as usize,
                 conversations: conversations as usize,
                 postgres,
+                statements,
             };
             match crate::bench::turns::run(&opts).await {
                 Ok(report) => {

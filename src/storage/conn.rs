@@ -380,25 +380,25 @@ impl Conn {
     /// Runs one statement; the number of rows it changed.
     pub fn execute(&self, sql: &str, params: &[&dyn ToParam]) -> StoreResult<usize> {
         let bound = bind(params);
-        match &self.backend {
+        super::tally::timed(sql, || match &self.backend {
             Backend::Sqlite(c) => Ok(c
                 .prepare_cached(sql)?
                 .execute(rusqlite::params_from_iter(bound.iter()))?),
             Backend::Postgres(c) => c.execute(sql, &bound),
-        }
+        })
     }
 
     /// One transaction-control statement (`BEGIN`, `SAVEPOINT`, …), run by
     /// every write: SQLite keeps it prepared, so each write does not parse
     /// it again; PostgreSQL sends it as a simple query.
     pub(super) fn control(&self, sql: &str) -> StoreResult<()> {
-        match &self.backend {
+        super::tally::timed(sql, || match &self.backend {
             Backend::Sqlite(c) => {
                 c.prepare_cached(sql)?.execute([])?;
                 Ok(())
             }
             Backend::Postgres(c) => c.batch(sql),
-        }
+        })
     }
 
     /// Runs statements without parameters, one after the other (schema
@@ -424,7 +424,7 @@ impl Conn {
         F: FnMut(&Row<'_>) -> StoreResult<()>,
     {
         let bound = bind(params);
-        match &self.backend {
+        super::tally::timed(sql, || match &self.backend {
             Backend::Sqlite(c) => {
                 let mut stmt = c.prepare_cached(sql)?;
                 let mut rows = stmt.query(rusqlite::params_from_iter(bound.iter()))?;
@@ -439,7 +439,7 @@ impl Conn {
                 }
                 Ok(())
             }
-        }
+        })
     }
 
     /// The column names of a query's result, in order.
@@ -467,7 +467,7 @@ impl Query for Conn {
         F: FnOnce(&Row<'_>) -> StoreResult<T>,
     {
         let bound = bind(params);
-        match &self.backend {
+        super::tally::timed(sql, || match &self.backend {
             Backend::Sqlite(c) => {
                 let mut stmt = c.prepare_cached(sql)?;
                 let mut rows = stmt.query(rusqlite::params_from_iter(bound.iter()))?;
@@ -480,7 +480,7 @@ impl Query for Conn {
                 Some(r) => f(&Row::postgres(&r)).map(Some),
                 None => Ok(None),
             },
-        }
+        })
     }
 
     fn query_all<T, F>(&self, sql: &str, params: &[&dyn ToParam], mut f: F) -> StoreResult<Vec<T>>

@@ -48,6 +48,7 @@ pub mod spaces;
 pub mod spend;
 pub mod stats;
 pub mod status;
+pub mod tally;
 pub mod task_runs;
 pub mod tasks;
 pub mod tokens;

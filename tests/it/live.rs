@@ -1154,9 +1154,24 @@ async fn mercury_bench_turns_reports_both_figures_beside_their_baselines() {
         "4",
         "--conversations",
         "10",
+        "--statements",
     ]);
     let (code, out, err) = run(c).await;
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // --statements splits each phase by statement: the message row is
+    // written once per stored message, the run row opened once per turn.
+    let section = |name: &str| {
+        let start = out
+            .find(&format!("statements of {name}: "))
+            .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
+        out[start..].split("\n\n").next().unwrap_or_default().to_owned()
+    };
+    let ingest = section("ingest");
+    assert!(ingest.contains("INSERT INTO messages"), "{ingest}");
+    assert!(ingest.contains("COMMIT"), "{ingest}");
+    let turns = section("turns");
+    assert!(turns.contains("per turn"), "{turns}");
+    assert!(turns.contains("INSERT INTO runs"), "{turns}");
     // The figures themselves depend on the machine; their presence does not.
     for line in [
         "ingest  200 messages (20 replays) over 10 conversations, 4 at a time",
