@@ -119,6 +119,7 @@ pub(crate) async fn run_and_commit(
                     extensions: std::sync::Mutex::new(Some(
                         crate::extensions::TurnExtensions::read(tx, &space_s, &role)?,
                     )),
+                    web_fetch: super::web_fetch_set(tx, &space_s)?,
                     role,
                 };
                 // What the message carried, and the platform that fetches it.

@@ -69,6 +69,8 @@ pub(crate) struct TurnPreread {
     pub space_budget: Option<crate::storage::spend::SpaceBudget>,
     /// The enabled extensions, taken once by the turn.
     pub extensions: std::sync::Mutex<Option<crate::extensions::EnabledRead>>,
+    /// The space turned `web_fetch` on.
+    pub web_fetch: bool,
 }
 
 #[derive(Debug)]
@@ -467,16 +469,10 @@ async fn turn_loop(
     }
     let exts = load_extensions(rt, req, slot).await?;
     let mut fragments = Vec::new();
-    let skills = crate::extensions::skills_of(
-        &rt.store,
-        req.space_id.as_str(),
-        &rt.paths.root.join("extensions"),
-    )
-    .await
-    .unwrap_or_else(|e| {
-        tracing::warn!(space = %req.space_id, error = %e, "cannot read the space's skills; none are offered");
-        Vec::new()
-    });
+    // From the read the turn already made, not a read of its own.
+    let skills = exts
+        .as_ref()
+        .map_or_else(Vec::new, |e| e.skills(&rt.paths.root.join("extensions")));
     fragments.extend(crate::extensions::skills_prompt(&skills));
     if let Some(exts) = &exts {
         tool_specs.extend(exts.specs().cloned());
@@ -726,18 +722,24 @@ async fn turn_steps(
 
 /// Whether the space's admin turned `web_fetch` on (`web.fetch` = `on`).
 async fn web_fetch_on(rt: &Arc<Runtime>, req: &TurnRequest) -> Result<bool, TurnError> {
+    if let Some(p) = &req.preread {
+        return Ok(p.web_fetch);
+    }
     let space = req.space_id.to_string();
-    let v = rt
-        .store
-        .read(move |c| {
-            crate::storage::spaces::kv_get(
-                c,
-                crate::storage::spaces::KvTable::Config,
-                &space,
-                crate::extensions::web::CONFIG_KEY,
-            )
-        })
-        .await?;
+    Ok(rt.store.read(move |c| web_fetch_set(c, &space)).await?)
+}
+
+/// Whether `space` turned `web_fetch` on (`mrctl config set web_fetch on`).
+pub(crate) fn web_fetch_set(
+    c: &crate::storage::Conn,
+    space: &str,
+) -> crate::storage::StoreResult<bool> {
+    let v = crate::storage::spaces::kv_get(
+        c,
+        crate::storage::spaces::KvTable::Config,
+        space,
+        crate::extensions::web::CONFIG_KEY,
+    )?;
     Ok(v.as_deref() == Some("on"))
 }
 

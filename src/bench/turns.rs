@@ -297,6 +297,9 @@ fn write_statements(
         return Ok(());
     }
     let per = |n: u64| n as f64 / units.max(1) as f64;
+    let (handoffs, statements): (Vec<&Tallied>, Vec<&Tallied>) = statements
+        .iter()
+        .partition(|s| s.sql == tally::READ_HANDOFF || s.sql == tally::WRITE_HANDOFF);
     let count: u64 = statements.iter().map(|s| s.count).sum();
     let total: Duration = statements.iter().map(|s| s.total).sum();
     writeln!(f)?;
@@ -306,6 +309,16 @@ fn write_statements(
         per(count),
         ms(total / u32::try_from(units.max(1)).unwrap_or(u32::MAX))
     )?;
+    for h in &handoffs {
+        let mean = h.total / u32::try_from(h.count.max(1)).unwrap_or(u32::MAX);
+        writeln!(
+            f,
+            "   {:>11.2} {:>9}          {}",
+            per(h.count),
+            ms(mean),
+            h.sql
+        )?;
+    }
     writeln!(f, "   per {unit:<7} mean       share  statement")?;
     for s in statements {
         let mean = s.total / u32::try_from(s.count.max(1)).unwrap_or(u32::MAX);

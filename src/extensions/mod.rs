@@ -218,27 +218,30 @@ pub async fn skills_of(
     let enabled = store.read(move |c| rows::enabled_in(c, &space)).await?;
     let mut out = Vec::new();
     for row in enabled {
-        let Ok(m) = manifest::parse(&row.name, &row.manifest) else {
-            continue;
-        };
-        for sk in &m.skills {
-            let dir = extensions_dir.join(&m.name).join(&sk.path);
-            let plain = |p: &Path| {
-                std::fs::symlink_metadata(p).is_ok_and(|md| !md.file_type().is_symlink())
-            };
-            if !(plain(&dir) && dir.is_dir() && plain(&dir.join("SKILL.md"))) {
-                tracing::warn!(extension = %m.name, skill = %sk.name, "a skill's directory or SKILL.md is missing; it is not offered");
-                continue;
-            }
-            out.push(OfferedSkill {
-                extension: m.name.clone(),
-                name: sk.name.clone(),
-                description: sk.description.clone(),
-                host_dir: dir,
-            });
+        if let Ok(m) = manifest::parse(&row.name, &row.manifest) {
+            offer_skills(&m, extensions_dir, &mut out);
         }
     }
     Ok(out)
+}
+
+/// The skills of `m` whose `SKILL.md` is in its installed copy, added to `out`.
+fn offer_skills(m: &Manifest, extensions_dir: &Path, out: &mut Vec<OfferedSkill>) {
+    for sk in &m.skills {
+        let dir = extensions_dir.join(&m.name).join(&sk.path);
+        let plain =
+            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|md| !md.file_type().is_symlink());
+        if !(plain(&dir) && dir.is_dir() && plain(&dir.join("SKILL.md"))) {
+            tracing::warn!(extension = %m.name, skill = %sk.name, "a skill's directory or SKILL.md is missing; it is not offered");
+            continue;
+        }
+        out.push(OfferedSkill {
+            extension: m.name.clone(),
+            name: sk.name.clone(),
+            description: sk.description.clone(),
+            host_dir: dir,
+        });
+    }
 }
 
 /// The system-prompt section listing `skills` (empty: none).
@@ -376,6 +379,16 @@ impl TurnExtensions {
 
     pub fn is_empty(&self) -> bool {
         self.manifests.is_empty()
+    }
+
+    /// The skills of these extensions (what [`skills_of`] finds, from the
+    /// manifests the turn already read).
+    pub fn skills(&self, extensions_dir: &Path) -> Vec<OfferedSkill> {
+        let mut out = Vec::new();
+        for (m, _) in self.manifests.values() {
+            offer_skills(m, extensions_dir, &mut out);
+        }
+        out
     }
 
     /// Servers still to be asked for their tools.

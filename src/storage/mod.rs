@@ -533,6 +533,7 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Tx<'_>) -> StoreResult<T> + Send + 'static,
     {
+        let started = tally::on().then(std::time::Instant::now);
         let (tx, rx) = oneshot::channel();
         let job: WriteJob = Box::new(Write {
             f: Some(f),
@@ -544,7 +545,11 @@ impl Store {
             .send(job)
             .await
             .map_err(|_| StoreError::WriterGone)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        let out = rx.await.map_err(|_| StoreError::WriterGone)?;
+        if let Some(t) = started {
+            tally::record(tally::WRITE_HANDOFF, t.elapsed());
+        }
+        out
     }
 
     /// Queues a write without waiting for its commit. The writer runs jobs in
@@ -572,10 +577,15 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Conn) -> StoreResult<T> + Send + 'static,
     {
+        let started = tally::on().then(std::time::Instant::now);
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || pg::blocking_here(|| inner.with_reader(f)))
+        let out = tokio::task::spawn_blocking(move || pg::blocking_here(|| inner.with_reader(f)))
             .await
-            .map_err(|e| StoreError::Join(e.to_string()))?
+            .map_err(|e| StoreError::Join(e.to_string()))?;
+        if let Some(t) = started {
+            tally::record(tally::READ_HANDOFF, t.elapsed());
+        }
+        out
     }
 
     /// Synchronous read for code already off the runtime (CLI, benches).

@@ -42,6 +42,30 @@ pub fn stop() -> Vec<Tallied> {
     out
 }
 
+/// What a read hand-off (off the async runtime to a reader and back) and a
+/// write hand-off (to the writer thread, through its commit) are tallied
+/// as, beside the statements inside them.
+pub const READ_HANDOFF: &str = "(read hand-off: to a reader connection and back)";
+pub const WRITE_HANDOFF: &str = "(write hand-off: to the writer and through its commit)";
+
+/// Whether a tally is on (a hand-off measures itself only then).
+pub(super) fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Adds one hand-off of `label` that took `took`.
+pub(super) fn record(label: &'static str, took: Duration) {
+    let mut guard = TALLY.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(map) = guard.as_mut() {
+        let entry = map.entry(label.to_owned()).or_insert_with(|| Tallied {
+            sql: label.to_owned(),
+            ..Tallied::default()
+        });
+        entry.count += 1;
+        entry.total += took;
+    }
+}
+
 /// Runs `f` (the statement `sql`), counted when the tally is on.
 pub(super) fn timed<T>(sql: &str, f: impl FnOnce() -> T) -> T {
     if !ON.load(Ordering::Relaxed) {

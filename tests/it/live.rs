@@ -1164,7 +1164,11 @@ async fn mercury_bench_turns_reports_both_figures_beside_their_baselines() {
         let start = out
             .find(&format!("statements of {name}: "))
             .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
-        out[start..].split("\n\n").next().unwrap_or_default().to_owned()
+        out[start..]
+            .split("\n\n")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
     };
     let ingest = section("ingest");
     assert!(ingest.contains("INSERT INTO messages"), "{ingest}");
