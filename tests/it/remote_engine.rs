@@ -405,6 +405,15 @@ fn shell_rules() -> serde_json::Value {
     ]})
 }
 
+/// A turn in space `alpha` runs the command of [`shell_rules`] and answers
+/// with what it printed.
+async fn runs_a_command(host: &TestHost) {
+    let v = host.chat("alpha", "run").await;
+    assert_eq!(v["status"], "done", "{v}");
+    let reply = v["reply"].as_str().unwrap_or_default();
+    assert!(reply.contains("said from the engine"), "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_engine_serves_a_host_whose_client_certificate_its_ca_signed_and_no_other() {
     let certs = Certs::make();
@@ -444,15 +453,7 @@ async fn a_tls_engine_serves_a_host_whose_client_certificate_its_ca_signed_and_n
     })
     .await;
     host.create_space("alpha").await;
-    let v = host.chat("alpha", "run").await;
-    assert_eq!(v["status"], "done", "{v}");
-    assert!(
-        v["reply"]
-            .as_str()
-            .unwrap()
-            .contains("said from the engine"),
-        "{v}"
-    );
+    runs_a_command(&host).await;
     assert!(engine.handshakes.load(Ordering::SeqCst) > 0);
     assert!(
         engine.sent().contains("/containers/create"),
@@ -515,15 +516,7 @@ async fn an_engine_down_at_start_up_joins_when_it_answers_and_takes_sandboxes() 
         assert!(std::time::Instant::now() < deadline, "never joined: {e}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    let v = host.chat("alpha", "run").await;
-    assert_eq!(v["status"], "done", "{v}");
-    assert!(
-        v["reply"]
-            .as_str()
-            .unwrap()
-            .contains("said from the engine"),
-        "{v}"
-    );
+    runs_a_command(&host).await;
     assert!(
         late.sent().contains("/containers/create"),
         "the joined engine took the turn"
