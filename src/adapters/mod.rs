@@ -463,6 +463,57 @@ pub(crate) async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
     }
 }
 
+/// A platform's webhook intake, on every host: registers `adapter`'s inbox
+/// (the route checks `secret`, and `verify_token` where the platform has
+/// one, before it passes a call on), stores each call through `take` until
+/// `cancel` fires, and removes the inbox again. A call whose store fails is
+/// answered `NotStored` (the route says 503, the platform sends it again)
+/// and ends the intake with that error, so the adapter restarts.
+pub(crate) async fn take_webhook_calls<E, F, Fut>(
+    board: &AdapterBoard,
+    adapter: &str,
+    secret: String,
+    verify_token: Option<String>,
+    cancel: &CancellationToken,
+    mut take: F,
+) -> Result<(), E>
+where
+    F: FnMut(serde_json::Value) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    use crate::actors::adapter::{WebhookCall, WebhookCallError, WebhookInbox};
+    let (calls, mut inbox) = tokio::sync::mpsc::channel::<WebhookCall>(64);
+    board.register_webhook(
+        adapter,
+        WebhookInbox {
+            secret,
+            verify_token,
+            calls,
+        },
+    );
+    let taken = async {
+        loop {
+            let call = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                c = inbox.recv() => c,
+            };
+            let Some(call) = call else { return Ok(()) };
+            match take(call.body).await {
+                Ok(()) => {
+                    let _ = call.done.send(Ok(()));
+                }
+                Err(e) => {
+                    let _ = call.done.send(Err(WebhookCallError::NotStored));
+                    return Err(e);
+                }
+            }
+        }
+    }
+    .await;
+    board.remove_webhook(adapter);
+    taken
+}
+
 /// Shows "typing…" while the turn answering row `message` runs: `send`
 /// every `renew` (a platform shows it for a few seconds) until the message
 /// is no longer pending, the turn's time is up, or `cancel` fires. A failed

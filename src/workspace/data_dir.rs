@@ -216,16 +216,18 @@ pub fn share_global(paths: &DataPaths) -> Result<GlobalShare, DataDirError> {
     }
     // Written beside, then renamed: a reader never sees half a token.
     private_dir(&paths.global).map_err(io_err(&paths.global))?;
-    let staged = paths.global.join(".owner.token.new");
-    match std::fs::remove_file(&staged) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&staged)(e)),
-    }
-    let mut f = private_file(&staged).map_err(io_err(&staged))?;
-    f.write_all(&deployment).map_err(io_err(&staged))?;
-    f.sync_all().map_err(io_err(&staged))?;
-    std::fs::rename(&staged, &local_token).map_err(io_err(&local_token))?;
+    // A fresh temporary name (created 0600, never through a link), so no
+    // leftover of an earlier attempt is in the way.
+    let global = &paths.global;
+    let mut staged = tempfile::Builder::new()
+        .prefix(".owner.token.")
+        .tempfile_in(global)
+        .map_err(io_err(global))?;
+    staged.write_all(&deployment).map_err(io_err(global))?;
+    staged.as_file().sync_all().map_err(io_err(global))?;
+    staged
+        .persist(&local_token)
+        .map_err(|e| io_err(&local_token)(e.error))?;
     Ok(GlobalShare::Adopted)
 }
 

@@ -16,10 +16,8 @@
 use std::sync::Arc;
 
 use hmac::{KeyInit, Mac};
-use tokio::sync::mpsc;
 
 use super::{take, Ctx, SlackError, ADAPTER};
-use crate::actors::adapter::{WebhookCall, WebhookCallError, WebhookInbox};
 
 /// The header Slack signs every request with (`v0=<hex>`).
 pub(crate) const SIGNATURE_HEADER: &str = "x-slack-signature";
@@ -70,36 +68,9 @@ pub(crate) fn signature_ok(
 /// adapter stops, on every host of a deployment; a store that fails
 /// answers the request 503 (Slack retries) and restarts the adapter.
 pub(super) async fn intake(ctx: &Arc<Ctx>, signing_secret: String) -> Result<(), SlackError> {
-    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
-    ctx.app.adapters.register_webhook(
-        ADAPTER,
-        WebhookInbox {
-            secret: signing_secret,
-            verify_token: None,
-            calls,
-        },
-    );
-    let result = async {
-        loop {
-            let call = tokio::select! {
-                _ = ctx.cancel.cancelled() => return Ok(()),
-                c = inbox.recv() => c,
-            };
-            let Some(call) = call else { return Ok(()) };
-            match take(ctx, &call.body).await {
-                Ok(()) => {
-                    let _ = call.done.send(Ok(()));
-                }
-                Err(e) => {
-                    let _ = call.done.send(Err(WebhookCallError::NotStored));
-                    return Err(e);
-                }
-            }
-        }
-    }
-    .await;
-    ctx.app.adapters.remove_webhook(ADAPTER);
-    result
+    let take = |body: serde_json::Value| async move { take(ctx, &body).await };
+    let (board, cancel) = (&ctx.app.adapters, &ctx.cancel);
+    super::super::take_webhook_calls(board, ADAPTER, signing_secret, None, cancel, take).await
 }
 
 #[cfg(test)]

@@ -36,13 +36,12 @@ use frankenstein::types::{AllowedUpdate, ChatAction, ReplyParameters};
 use frankenstein::updates::Update;
 use frankenstein::AsyncTelegramApi;
 use rand::Rng;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::convert::{BotSelf, Inbound, PLATFORM};
 use super::registry::{AdapterRun, Platform};
 use super::{split_reply, AdapterIdentity, AdapterKit, Backoff, ChatAdapter, EditPace, Sent};
-use crate::actors::adapter::{AdapterBoard, WebhookCall, WebhookCallError, WebhookInbox};
+use crate::actors::adapter::AdapterBoard;
 use crate::app::App;
 use crate::config::{DmPolicy, Settings, TelegramConfig, TelegramMode};
 use crate::storage::outbox::{DeliveryRefs, OutboxItem};
@@ -426,32 +425,11 @@ async fn intake(
     let Some(ctx) = connect(app, &token, pace, cancel).await? else {
         return Ok(());
     };
-    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
-    ctx.board().register_webhook(
-        ADAPTER,
-        WebhookInbox {
-            secret: webhook_secret(&token),
-            verify_token: None,
-            calls,
-        },
-    );
-    loop {
-        let call = tokio::select! {
-            _ = ctx.cancel.cancelled() => return Ok(()),
-            c = inbox.recv() => c,
-        };
-        let Some(call) = call else { return Ok(()) };
-        // Telegram would resend a refused body forever: an unreadable one is acknowledged.
-        match take_raw(&ctx, call.body).await {
-            Ok(()) => {
-                let _ = call.done.send(Ok(()));
-            }
-            Err(e) => {
-                let _ = call.done.send(Err(WebhookCallError::NotStored));
-                return Err(e);
-            }
-        }
-    }
+    // Telegram would resend a refused body forever: an unreadable one is
+    // acknowledged (`take_raw` skips it).
+    let secret = webhook_secret(&token);
+    let take = |body| take_raw(&ctx, body);
+    super::take_webhook_calls(ctx.board(), ADAPTER, secret, None, &ctx.cancel, take).await
 }
 
 /// The secret Telegram sends back on every webhook call: HMAC-SHA256 of a

@@ -27,13 +27,11 @@ use std::sync::Arc;
 use hmac::{KeyInit, Mac};
 use serde::Deserialize;
 use serde_yaml_ng::Value as Yaml;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::graph::{Graph, GraphFailure};
 use super::registry::{AdapterRun, Platform};
 use super::{split_reply, AdapterIdentity, AdapterKit, ChatAdapter, Sent};
-use crate::actors::adapter::{WebhookCall, WebhookInbox};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::config::{DmPolicy, Settings};
@@ -411,39 +409,17 @@ async fn run(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppE
 /// Meta 503 (it redelivers) and restarts the adapter.
 async fn intake(kit: AdapterKit, cancel: CancellationToken) -> Result<(), WhatsAppError> {
     let ctx = context(&kit, cancel)?;
-    let board = ctx.app.adapters.clone();
-    let (calls, mut inbox) = mpsc::channel::<WebhookCall>(64);
-    board.register_webhook(
+    let (secret, verify) = (kit.secret(1), Some(kit.secret(2)));
+    let take = |body| take(&ctx, body);
+    super::take_webhook_calls(
+        &ctx.app.adapters,
         ADAPTER,
-        WebhookInbox {
-            secret: kit.secret(1),
-            verify_token: Some(kit.secret(2)),
-            calls,
-        },
-    );
-    let taken = async {
-        loop {
-            let call = tokio::select! {
-                _ = ctx.cancel.cancelled() => return Ok(()),
-                c = inbox.recv() => c,
-            };
-            let Some(call) = call else { return Ok(()) };
-            match take(&ctx, call.body).await {
-                Ok(()) => {
-                    let _ = call.done.send(Ok(()));
-                }
-                Err(e) => {
-                    let _ = call
-                        .done
-                        .send(Err(crate::actors::adapter::WebhookCallError::NotStored));
-                    return Err(e);
-                }
-            }
-        }
-    }
-    .await;
-    board.remove_webhook(ADAPTER);
-    taken
+        secret,
+        verify,
+        &ctx.cancel,
+        take,
+    )
+    .await
 }
 
 /// Stores every message of one (signed) notification and records its
