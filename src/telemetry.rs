@@ -117,6 +117,9 @@ pub struct Snapshot {
     /// start its steps down and the live calls it saw queued behind judge calls.
     pub judge_quota: u32,
     pub judge_adaptations: (u64, u64),
+    /// Since start: sleeps of judge calls for the live calls' reserve of a
+    /// provider's stated budget.
+    pub judge_reserve_waits: u64,
 }
 
 pub struct Metrics {
@@ -134,9 +137,10 @@ pub struct Metrics {
     judge_quota: Gauge,
     judge_quota_downs: Counter,
     live_queued: Counter,
+    judge_reserve_waits: Counter,
     /// What the gate had reported at the last scrape (the counters above
     /// advance by the difference, so they stay counters).
-    adaptations_seen: Mutex<(u64, u64)>,
+    adaptations_seen: Mutex<(u64, u64, u64)>,
     act_as: Family<LevelStatus, Counter>,
     ingress: Family<Decision, Counter>,
     queue_depth: Gauge,
@@ -171,7 +175,8 @@ impl Metrics {
             judge_quota: Gauge::default(),
             judge_quota_downs: Counter::default(),
             live_queued: Counter::default(),
-            adaptations_seen: Mutex::new((0, 0)),
+            judge_reserve_waits: Counter::default(),
+            adaptations_seen: Mutex::new((0, 0, 0)),
             act_as: Family::default(),
             ingress: Family::default(),
             queue_depth: Gauge::default(),
@@ -243,6 +248,11 @@ impl Metrics {
             "live_queued_behind_judge",
             "Live model calls that ran beside judge calls and took far longer than lone ones",
             m.live_queued.clone(),
+        );
+        registry.register(
+            "judge_reserve_waits",
+            "Judge calls held back because a provider's stated budget was down to the live calls' reserve",
+            m.judge_reserve_waits.clone(),
         );
         registry.register(
             "act_as_requests",
@@ -405,7 +415,10 @@ impl Metrics {
             let (downs, queued) = now.judge_adaptations;
             self.judge_quota_downs.inc_by(downs.saturating_sub(seen.0));
             self.live_queued.inc_by(queued.saturating_sub(seen.1));
-            *seen = (downs.max(seen.0), queued.max(seen.1));
+            let waits = now.judge_reserve_waits;
+            self.judge_reserve_waits
+                .inc_by(waits.saturating_sub(seen.2));
+            *seen = (downs.max(seen.0), queued.max(seen.1), waits.max(seen.2));
         }
         self.uptime.set(self.started.elapsed().as_secs_f64());
         let mut out = String::new();
@@ -464,10 +477,15 @@ mod tests {
         let snap = |quota, downs, queued| Snapshot {
             judge_quota: quota,
             judge_adaptations: (downs, queued),
+            judge_reserve_waits: downs * 10,
             ..Default::default()
         };
         m.encode(&snap(120, 2, 1));
         let out = m.encode(&snap(60, 3, 1));
+        assert!(
+            out.contains("mercury_judge_reserve_waits_total 30"),
+            "{out}"
+        );
         assert!(out.contains("mercury_judge_quota_per_minute 60"), "{out}");
         assert!(out.contains("mercury_judge_quota_downs_total 3"), "{out}");
         assert!(

@@ -64,6 +64,7 @@ async fn snapshot(app: &App) -> ApiResult<Snapshot> {
         running_turns: i64::try_from(app.rt.live_run_ids().len()).unwrap_or(i64::MAX),
         judge_quota: app.rt.model_gate.per_minute(),
         judge_adaptations: app.rt.model_gate.adaptations(),
+        judge_reserve_waits: app.rt.model_gate.reserve_waits(),
     })
 }
 

@@ -7,6 +7,8 @@
 //! The budget is two token buckets (requests, tokens) refilled continuously
 //! at a minute's budget per minute and holding at most one second of it, so
 //! a burst over the rate is refused within the second, not after a minute.
+//! Every answer states the budget as OpenAI does
+//! (`x-ratelimit-{limit,remaining}-{requests,tokens}`).
 //!
 //! Must never: listen anywhere but 127.0.0.1, or bill a refused request.
 
@@ -177,8 +179,9 @@ async fn complete(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) ->
                 b.level -= need.min(b.per_second);
             }
         }
-        wait
+        (wait, stated_headers(requests.as_ref(), tokens.as_ref()))
     };
+    let (wait, stated) = wait;
     if wait > 0.0 {
         if let Ok(mut c) = shared.counts.lock() {
             *c.refused.entry(model).or_default() += 1;
@@ -186,25 +189,59 @@ async fn complete(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) ->
         let error =
             json!({"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}});
         let ms = (wait * 1000.0).ceil().max(1.0);
-        return (
+        let mut response = (
             StatusCode::TOO_MANY_REQUESTS,
             [("retry-after-ms", format!("{ms}"))],
             Json(error),
         )
             .into_response();
+        with_headers(&mut response, stated);
+        return response;
     }
     tokio::time::sleep(fake.latency).await;
     if let Ok(mut c) = shared.counts.lock() {
         *c.served.entry(model.clone()).or_default() += 1;
     }
-    Json(json!({
+    let mut response = Json(json!({
         "id": "chatcmpl-bench",
         "object": "chat.completion",
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": fake.reply}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     }))
-    .into_response()
+    .into_response();
+    with_headers(&mut response, stated);
+    response
+}
+
+/// The budget as OpenAI states it on every answer: each limit a minute and
+/// what is left of it when the request was admitted (or refused).
+fn stated_headers(requests: Option<&Bucket>, tokens: Option<&Bucket>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (what, bucket) in [("requests", requests), ("tokens", tokens)] {
+        if let Some(b) = bucket {
+            out.push((
+                format!("x-ratelimit-limit-{what}"),
+                format!("{}", (b.per_second * 60.0).round()),
+            ));
+            out.push((
+                format!("x-ratelimit-remaining-{what}"),
+                format!("{}", b.level.max(0.0).floor()),
+            ));
+        }
+    }
+    out
+}
+
+fn with_headers(response: &mut Response, headers: Vec<(String, String)>) {
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::try_from(name),
+            axum::http::HeaderValue::try_from(value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -243,11 +280,15 @@ mod tests {
             }
         }
         assert_eq!(&statuses[..2], &[200, 200], "{statuses:?}");
+        let stated = call().await;
+        assert_eq!(stated.headers()["x-ratelimit-limit-requests"], "120");
+        assert_eq!(stated.headers()["x-ratelimit-remaining-requests"], "0");
+        statuses.push(stated.status().as_u16());
         assert!(statuses[2..].iter().all(|s| *s == 429), "{statuses:?}");
         assert!(waits.iter().all(|w| *w > 0.0 && *w <= 500.0), "{waits:?}");
         let counts = fake.counts();
         assert_eq!(counts.served["m"], 2);
-        assert_eq!(counts.refused["m"], 2);
+        assert_eq!(counts.refused["m"], 3);
         // After the wait it serves again.
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(call().await.status().as_u16(), 200);

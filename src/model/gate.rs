@@ -34,6 +34,12 @@
 //! one rate-limit answer (retried by the client after the provider's own
 //! `Retry-After`), after which the quota halves at once, and the slow last
 //! fifth makes such probes rare (a live call pays for each one it meets).
+//!
+//! Where a provider states its budget on its answers, the judge need not
+//! probe: a background call that passed the limiter also waits while what
+//! is left of any fresh stated budget is down to the live calls' reserve
+//! ([`LIVE_RESERVE`] of its rate), never longer than one call at the floor's
+//! pace, so live calls find the budget they need without a 429.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -66,20 +72,121 @@ pub enum Admission {
     Open,
 }
 
-/// Rate-limit answers (429, 529) the HTTP providers saw, shared by every
-/// client of one host and its model gate. Cloning shares the count.
+/// What the HTTP providers told this host about their rate limits: the
+/// rate-limit answers (429, 529) they gave, and the budget they stated in
+/// their answers' headers. Shared by every client of one host and its model
+/// gate; cloning shares it.
 #[derive(Debug, Clone, Default)]
-pub struct ThrottleSignal(Arc<AtomicU64>);
+pub struct ThrottleSignal(Arc<ProviderSignals>);
+
+#[derive(Debug, Default)]
+struct ProviderSignals {
+    throttles: AtomicU64,
+    /// The last stated budget per provider family (OpenAI-style headers,
+    /// Anthropic's): one key each per host.
+    stated: Mutex<[Option<StatedBudget>; 2]>,
+}
+
+/// Which header family a stated budget came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetFamily {
+    /// `x-ratelimit-{limit,remaining}-{requests,tokens}` (OpenAI and the
+    /// servers that copy its API).
+    OpenAi,
+    /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining}`.
+    Anthropic,
+}
+
+/// One limit as a provider stated it: its size a minute and what is left.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatedLimit {
+    pub per_minute: f64,
+    pub remaining: f64,
+}
+
+/// A provider's stated budget, as read off one answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatedBudget {
+    pub family: BudgetFamily,
+    pub requests: Option<StatedLimit>,
+    pub tokens: Option<StatedLimit>,
+    pub at: Instant,
+}
 
 impl ThrottleSignal {
     pub fn note(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.throttles.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.throttles.load(Ordering::Relaxed)
+    }
+
+    /// Keeps the newest stated budget of its family.
+    pub fn note_stated(&self, budget: StatedBudget) {
+        let slot = match budget.family {
+            BudgetFamily::OpenAi => 0,
+            BudgetFamily::Anthropic => 1,
+        };
+        let mut stated = self
+            .0
+            .stated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stated[slot].is_none_or(|old| old.at <= budget.at) {
+            stated[slot] = Some(budget);
+        }
+    }
+
+    /// How long a background call should wait so that live calls keep
+    /// their reserve of every fresh stated budget; `None` when it may go.
+    ///
+    /// Each limit refills at its size a minute; what is left now is the
+    /// stated remainder plus the refill since it was stated. A background
+    /// call needs one request (and the tokens reserve) above the reserve.
+    fn reserve_shortfall(&self, now: Instant) -> Option<Duration> {
+        let stated = *self
+            .0
+            .stated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut wait: Option<Duration> = None;
+        for budget in stated.into_iter().flatten() {
+            let age = now.saturating_duration_since(budget.at);
+            if age > STATED_FRESH {
+                continue;
+            }
+            let limits = [(budget.requests, 1.0), (budget.tokens, 0.0)];
+            for (limit, need) in limits {
+                let Some(limit) = limit else { continue };
+                let per_second = limit.per_minute / 60.0;
+                if !(per_second.is_finite() && per_second > 0.0) {
+                    continue;
+                }
+                let reserve = (per_second * LIVE_RESERVE.as_secs_f64()).max(1.0);
+                let left = (limit.remaining + per_second * age.as_secs_f64()).min(limit.per_minute);
+                let short = reserve + need - left;
+                if short > 0.0 {
+                    let this = Duration::from_secs_f64((short / per_second).min(60.0));
+                    wait = Some(wait.map_or(this, |w| w.max(this)));
+                }
+            }
+        }
+        wait
     }
 }
+
+/// The share of each stated budget kept for live calls, as the time it
+/// takes to refill: background calls wait while less than this much of a
+/// provider's stated rate is left, so a live call arriving then finds it.
+pub const LIVE_RESERVE: Duration = Duration::from_millis(250);
+
+/// A stated budget older than this is not trusted (no answer came since:
+/// nothing is being spent, or the provider stopped stating it).
+pub const STATED_FRESH: Duration = Duration::from_secs(2);
+
+/// Shortest and longest sleep between two looks at the stated budget.
+const RESERVE_TICK: (Duration, Duration) = (Duration::from_millis(2), STEP);
 
 /// The background quota and what moves it.
 struct AdaptiveQuota {
@@ -153,6 +260,8 @@ pub struct ModelGate {
     /// Steps down, and live calls seen queued (for the scan's log line).
     downs: AtomicU64,
     queued: AtomicU64,
+    /// Times a background call slept for the live calls' reserve.
+    reserve_waits: AtomicU64,
 }
 
 impl std::fmt::Debug for ModelGate {
@@ -237,6 +346,7 @@ impl ModelGate {
             lone_live_micros: AtomicU64::new(0),
             downs: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            reserve_waits: AtomicU64::new(0),
         }
     }
 
@@ -366,10 +476,26 @@ impl ModelGate {
                 }
             }
         }
+        self.keep_live_reserve().await;
         self.background_in_flight.fetch_add(1, Ordering::AcqRel);
         BackgroundPermit {
             _slot: slot,
             in_flight: Some(self.background_in_flight.clone()),
+        }
+    }
+
+    /// Waits while a provider's stated budget is down to the live calls'
+    /// reserve, but never longer than one call at the floor's pace takes,
+    /// so the floor still holds when live traffic uses the whole budget.
+    async fn keep_live_reserve(&self) {
+        let started = Instant::now();
+        let patience = Duration::from_secs(60) / self.floor_per_minute().max(1);
+        while let Some(short) = self.throttles.reserve_shortfall(Instant::now()) {
+            if started.elapsed() >= patience {
+                return;
+            }
+            self.reserve_waits.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(short.clamp(RESERVE_TICK.0, RESERVE_TICK.1)).await;
         }
     }
 
@@ -424,6 +550,11 @@ impl ModelGate {
             self.downs.load(Ordering::Relaxed),
             self.queued.load(Ordering::Relaxed),
         )
+    }
+
+    /// Since start: sleeps of background calls for the live reserve.
+    pub fn reserve_waits(&self) -> u64 {
+        self.reserve_waits.load(Ordering::Relaxed)
     }
 }
 
@@ -597,6 +728,84 @@ mod tests {
             started.elapsed() >= Duration::from_millis(190),
             "{:?}",
             started.elapsed()
+        );
+    }
+
+    fn stated(per_minute: f64, remaining: f64, age: Duration) -> StatedBudget {
+        StatedBudget {
+            family: BudgetFamily::OpenAi,
+            requests: Some(StatedLimit {
+                per_minute,
+                remaining,
+            }),
+            tokens: None,
+            at: Instant::now() - age,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_background_call_waits_while_a_stated_budget_is_down_to_the_live_reserve() {
+        let throttles = ThrottleSignal::default();
+        // A floor of one a minute: the patience (one call at the floor's
+        // pace) is a minute, longer than anything waited here.
+        let gate = ModelGate::new(1, 1).with_throttles(throttles.clone());
+        // 1,200 a minute is 20 a second: a reserve of 5, so a judge call
+        // needs 6 left; none is, so it waits about 300 ms of refill.
+        throttles.note_stated(stated(1200.0, 0.0, Duration::ZERO));
+        let started = Instant::now();
+        drop(gate.background().await);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        assert!(gate.reserve_waits() > 0);
+    }
+
+    #[tokio::test]
+    async fn a_stated_budget_with_room_or_gone_stale_holds_nothing_back() {
+        let throttles = ThrottleSignal::default();
+        throttles.note_stated(stated(1200.0, 6.0, Duration::ZERO));
+        assert_eq!(throttles.reserve_shortfall(Instant::now()), None);
+        // Down to the reserve: a wait of the refill for one more.
+        throttles.note_stated(stated(1200.0, 5.0, Duration::ZERO));
+        let short = throttles.reserve_shortfall(Instant::now()).unwrap();
+        assert!(short <= Duration::from_millis(50), "{short:?}");
+        // An older reading never replaces a newer one.
+        throttles.note_stated(stated(1200.0, 600.0, Duration::from_millis(500)));
+        assert!(throttles.reserve_shortfall(Instant::now()).is_some());
+        // Stale: no answer came for longer than STATED_FRESH.
+        throttles.note_stated(stated(1200.0, 0.0, Duration::ZERO));
+        let later = Instant::now() + STATED_FRESH + Duration::from_millis(1);
+        assert_eq!(throttles.reserve_shortfall(later), None);
+        // The tightest family decides.
+        throttles.note_stated(StatedBudget {
+            family: BudgetFamily::Anthropic,
+            requests: None,
+            tokens: Some(StatedLimit {
+                per_minute: 60_000.0,
+                remaining: 0.0,
+            }),
+            at: Instant::now(),
+        });
+        let both = throttles.reserve_shortfall(Instant::now()).unwrap();
+        // Tokens: a reserve of 250, 1,000 a second: 250 ms; requests: 300 ms.
+        assert!(both >= Duration::from_millis(280), "{both:?}");
+    }
+
+    #[tokio::test]
+    async fn the_live_reserve_never_holds_a_call_past_the_floors_pace() {
+        let throttles = ThrottleSignal::default();
+        // A floor of 600 a minute: at most 100 ms of waiting for the reserve.
+        let gate = ModelGate::new(1, 600).with_throttles(throttles.clone());
+        // One a minute left to refill: two seconds short.
+        throttles.note_stated(stated(60.0, 0.0, Duration::ZERO));
+        let started = Instant::now();
+        drop(gate.background().await);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(90) && waited < Duration::from_millis(1500),
+            "{waited:?}"
         );
     }
 

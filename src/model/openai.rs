@@ -636,6 +636,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_stated_rate_limit_budget_reaches_the_model_gate() {
+        let server = MockServer::start().await;
+        // 600 a minute (10 a second, a live reserve of 2.5), none left.
+        let answer = ResponseTemplate::new(200)
+            .set_body_json(json!({
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            }))
+            .insert_header("x-ratelimit-limit-requests", "600")
+            .insert_header("x-ratelimit-remaining-requests", "0");
+        Mock::given(method("POST"))
+            .and(path(ROUTE))
+            .respond_with(answer)
+            .mount(&server)
+            .await;
+        let settings = ProviderSettings {
+            openai_base_url: format!("{}/v1/", server.uri()),
+            openai_api_key: Some(KEY.into()),
+            ..ProviderSettings::default()
+        };
+        let gate =
+            crate::model::gate::ModelGate::new(1, 1).with_throttles(settings.throttles.clone());
+        let provider = OpenAiProvider::new(&settings).unwrap();
+        provider
+            .complete(&request(vec![ChatMessage::text(Role::User, "hi")]))
+            .await
+            .unwrap();
+        // The judge's call waits for 3.5 requests of refill: about 350 ms.
+        let started = std::time::Instant::now();
+        drop(gate.background().await);
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(gate.reserve_waits() > 0);
+    }
+
+    #[tokio::test]
     async fn retries_500_twice_then_succeeds() {
         let (server, settings) = start(vec![(500, None), (500, None)]).await;
         let provider = OpenAiProvider::new(&settings).unwrap();

@@ -7,10 +7,11 @@
 //! that will not change (a 4xx other than 429).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
+use super::gate::{BudgetFamily, StatedBudget, StatedLimit};
 use super::{ModelError, ProviderSettings};
 
 /// Statuses that mean "try again later": rate limits, overload (Anthropic's
@@ -85,6 +86,58 @@ pub(super) fn retry_after_from_headers(headers: &HeaderMap, now: SystemTime) -> 
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, now))
     })
+}
+
+/// The rate-limit budget a provider states in an answer's headers, when it
+/// states one: OpenAI's `x-ratelimit-{limit,remaining}-{requests,tokens}`
+/// or Anthropic's `anthropic-ratelimit-{requests,tokens}-{limit,remaining}`.
+/// Both document their limits as a minute's worth. A value that is not a
+/// finite non-negative number is ignored, as is a limit of zero.
+pub(super) fn stated_budget_from_headers(headers: &HeaderMap) -> Option<StatedBudget> {
+    let number = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    let limit = |limit: &str, remaining: &str| match (number(limit), number(remaining)) {
+        (Some(per_minute), Some(remaining)) if per_minute > 0.0 => Some(StatedLimit {
+            per_minute,
+            remaining: remaining.min(per_minute),
+        }),
+        _ => None,
+    };
+    let families = [
+        (
+            BudgetFamily::OpenAi,
+            limit(
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+            ),
+            limit("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens"),
+        ),
+        (
+            BudgetFamily::Anthropic,
+            limit(
+                "anthropic-ratelimit-requests-limit",
+                "anthropic-ratelimit-requests-remaining",
+            ),
+            limit(
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-tokens-remaining",
+            ),
+        ),
+    ];
+    families
+        .into_iter()
+        .find(|(_, requests, tokens)| requests.is_some() || tokens.is_some())
+        .map(|(family, requests, tokens)| StatedBudget {
+            family,
+            requests,
+            tokens,
+            at: Instant::now(),
+        })
 }
 
 /// Parses a `Retry-After` value: delay-seconds or an IMF-fixdate
@@ -258,6 +311,9 @@ where
                 if matches!(status, 429 | 529) {
                     policy.throttles.note();
                 }
+                if let Some(stated) = stated_budget_from_headers(response.headers()) {
+                    policy.throttles.note_stated(stated);
+                }
                 let retry_after = retry_after_from_headers(response.headers(), SystemTime::now());
                 if (200..300).contains(&status) {
                     match read(response).await {
@@ -386,6 +442,57 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_stated_budget_is_read_from_either_familys_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(stated_budget_from_headers(&h), None);
+        h.insert("x-ratelimit-limit-requests", "3600".parse().unwrap());
+        h.insert("x-ratelimit-remaining-requests", "59".parse().unwrap());
+        h.insert("x-ratelimit-limit-tokens", "NaN".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "10".parse().unwrap());
+        let openai = stated_budget_from_headers(&h).unwrap();
+        assert_eq!(openai.family, BudgetFamily::OpenAi);
+        assert_eq!(
+            openai.requests,
+            Some(StatedLimit {
+                per_minute: 3600.0,
+                remaining: 59.0
+            })
+        );
+        assert_eq!(
+            openai.tokens, None,
+            "a limit that is not a number is ignored"
+        );
+
+        let mut h = HeaderMap::new();
+        h.insert("anthropic-ratelimit-requests-limit", "0".parse().unwrap());
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            "0".parse().unwrap(),
+        );
+        assert_eq!(
+            stated_budget_from_headers(&h),
+            None,
+            "a limit of zero states nothing"
+        );
+        h.insert("anthropic-ratelimit-tokens-limit", "80000".parse().unwrap());
+        h.insert(
+            "anthropic-ratelimit-tokens-remaining",
+            "99999".parse().unwrap(),
+        );
+        let anthropic = stated_budget_from_headers(&h).unwrap();
+        assert_eq!(anthropic.family, BudgetFamily::Anthropic);
+        assert_eq!(anthropic.requests, None);
+        assert_eq!(
+            anthropic.tokens,
+            Some(StatedLimit {
+                per_minute: 80000.0,
+                remaining: 80000.0
+            }),
+            "what is left is never more than the limit"
+        );
+    }
 
     #[test]
     fn retry_after_is_capped() {

@@ -211,6 +211,7 @@ pub(crate) async fn run(
     }
     tracing::info!(run = %run_id, trigger = ?trigger, "review scan started");
     let adaptations_before = rt.model_gate.adaptations();
+    let reserve_waits_before = rt.model_gate.reserve_waits();
     let worker = match ScanThread::start(rt.model_gate.admission() == Admission::Gated) {
         Ok(w) => w,
         Err(e) => {
@@ -348,6 +349,7 @@ pub(crate) async fn run(
         judge_calls = summary.judge_calls,
         judge_quota_downs = downs - adaptations_before.0,
         live_calls_queued = queued - adaptations_before.1,
+        judge_reserve_waits = rt.model_gate.reserve_waits() - reserve_waits_before,
         judge_quota_per_minute = rt.model_gate.per_minute(),
         "review scan done"
     );
