@@ -148,7 +148,17 @@ pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBu
 /// never followed or opened (the prompt says it was ignored); the size is
 /// capped so a runaway `MEMORY.md` cannot blow the prompt.
 pub fn read_capped(workspace: &std::path::Path, name: &str, cap: usize) -> String {
-    let read = safe::WorkspaceRoot::open(workspace).and_then(|root| root.read_capped(name, cap));
+    let root = match safe::WorkspaceRoot::open(workspace) {
+        // A space whose workspace was never made (a space seeded straight
+        // into storage, as the benches do) has no prompt files: the same as
+        // a missing file, and not worth a warning on every turn.
+        Err(safe::SafePathError::NotFound(_)) => {
+            tracing::debug!(workspace = %workspace.display(), "no workspace: no prompt files");
+            return String::new();
+        }
+        root => root,
+    };
+    let read = root.and_then(|root| root.read_capped(name, cap));
     match read {
         Ok(Some((bytes, _))) => String::from_utf8_lossy(&bytes).into_owned(),
         Ok(None) => String::new(),
@@ -156,5 +166,28 @@ pub fn read_capped(workspace: &std::path::Path, name: &str, cap: usize) -> Strin
             tracing::warn!(workspace = %workspace.display(), error = %e, "a prompt file was not read");
             format!("({name} was not read: it is not a regular file of the workspace)")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_capped;
+
+    #[test]
+    fn a_missing_workspace_has_no_prompt_files_and_a_linked_one_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        assert_eq!(read_capped(&ws, "AGENTS.md", 100), "");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::write(ws.join("AGENTS.md"), "be brief").unwrap();
+        assert_eq!(read_capped(&ws, "AGENTS.md", 100), "be brief");
+        assert_eq!(read_capped(&ws, "MEMORY.md", 100), "");
+        // A workspace root that is a symbolic link is never followed, even
+        // to a real workspace: the prompt says so instead.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&ws, &link).unwrap();
+        let refused = read_capped(&link, "AGENTS.md", 100);
+        assert!(refused.contains("was not read"), "{refused}");
+        assert!(!refused.contains("be brief"), "{refused}");
     }
 }
