@@ -62,11 +62,21 @@ pub enum SpaceMsg {
     /// A workspace file write, run while no turn runs (queued behind a
     /// running turn). The job carries its own answer channel.
     Workspace(WorkspaceJob),
-    /// Periodic: stop the actor when it has been idle long enough.
+    /// Periodic (the supervisor's sweep, [`idle_tick`]): stop the actor
+    /// when it has been idle long enough.
     IdleCheck,
     /// Test hook: make the handler panic, to exercise supervision.
     #[cfg(feature = "test-hooks")]
     InjectPanic,
+}
+
+/// How often the supervisor asks every live space actor whether it has
+/// been idle for `spaces.idle_stop_secs`: a quarter of it, within bounds.
+/// One sweep for all actors rather than a timer task of each (about half a
+/// kilobyte of every live actor).
+pub fn idle_tick(idle_stop_secs: u64) -> Duration {
+    (Duration::from_secs(idle_stop_secs) / 4)
+        .clamp(Duration::from_millis(250), Duration::from_secs(30))
 }
 
 pub struct SpaceArgs {
@@ -107,9 +117,6 @@ impl Actor for SpaceActor {
         myself: ActorRef<SpaceMsg>,
         args: SpaceArgs,
     ) -> Result<SpaceState, ActorProcessingErr> {
-        let idle = Duration::from_secs(args.rt.settings.spaces.idle_stop_secs);
-        let tick = (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(30));
-        myself.send_interval(tick, || SpaceMsg::IdleCheck);
         // Pick up whatever was pending before this actor (re)started.
         let _ = myself.cast(SpaceMsg::Wake);
         Ok(SpaceState {
@@ -128,83 +135,96 @@ impl Actor for SpaceActor {
         msg: SpaceMsg,
         state: &mut SpaceState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            SpaceMsg::Wake => {
-                state.last_activity = Instant::now();
-                start_next_turn(&myself, state).await;
+        // Boxed per message: ractor keeps each actor's message loop future
+        // for the actor's whole life, and with this handler's future inline
+        // (every branch's awaits) it was some 4.5 KB of every idle space
+        // actor (heaptrack, 10,000 actors alive); boxed, the loop holds a
+        // pointer and the handler's state exists only while it runs.
+        Box::pin(handle_message(myself, msg, state)).await
+    }
+}
+
+async fn handle_message(
+    myself: ActorRef<SpaceMsg>,
+    msg: SpaceMsg,
+    state: &mut SpaceState,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        SpaceMsg::Wake => {
+            state.last_activity = Instant::now();
+            start_next_turn(&myself, state).await;
+        }
+        SpaceMsg::TurnEnded { message_id } => {
+            state.last_activity = Instant::now();
+            if state.running.as_ref().map(|r| r.message_id) == Some(message_id) {
+                state.running = None;
             }
-            SpaceMsg::TurnEnded { message_id } => {
-                state.last_activity = Instant::now();
-                if state.running.as_ref().map(|r| r.message_id) == Some(message_id) {
-                    state.running = None;
-                }
-                for job in std::mem::take(&mut state.waiting_files) {
-                    run_workspace_job(state, job).await;
-                }
-                for (dest, reply) in std::mem::take(&mut state.waiting_snapshots) {
-                    let _ = reply.send(snapshot(state, dest).await);
-                }
-                start_next_turn(&myself, state).await;
+            for job in std::mem::take(&mut state.waiting_files) {
+                run_workspace_job(state, job).await;
             }
-            SpaceMsg::Apply(write, reply) => {
-                state.last_activity = Instant::now();
-                // One of many hosts: the space's writes commit only while
-                // this host holds its lease.
-                let fence = state.rt.fence(state.space.as_str());
-                let res = state
-                    .rt
-                    .store
-                    .write(move |tx| {
-                        if let Some(f) = &fence {
-                            crate::storage::leases::hold(tx, f)?;
-                        }
-                        write(tx)
-                    })
-                    .await;
-                let _ = reply.send(res);
+            for (dest, reply) in std::mem::take(&mut state.waiting_snapshots) {
+                let _ = reply.send(snapshot(state, dest).await);
             }
-            SpaceMsg::Control(action, reply) => {
-                state.last_activity = Instant::now();
-                let res = control(state, action).await;
-                let _ = reply.send(res);
-            }
-            SpaceMsg::Snapshot(dest, reply) => {
-                state.last_activity = Instant::now();
-                if state.running.is_some() {
-                    state.waiting_snapshots.push((dest, reply));
-                } else {
-                    let _ = reply.send(snapshot(state, dest).await);
-                }
-            }
-            SpaceMsg::Workspace(job) => {
-                state.last_activity = Instant::now();
-                if state.running.is_some() {
-                    state.waiting_files.push(job);
-                } else {
-                    run_workspace_job(state, job).await;
-                }
-            }
-            SpaceMsg::IdleCheck => {
-                let idle = Duration::from_secs(state.rt.settings.spaces.idle_stop_secs);
-                if state.running.is_none() && state.last_activity.elapsed() >= idle {
-                    let space = state.space.to_string();
-                    let pending = state
-                        .rt
-                        .store
-                        .read(move |c| messages::pending(c, &space))
-                        .await;
-                    if matches!(pending, Ok(ref p) if p.is_empty()) {
-                        myself.stop(Some("idle".into()));
+            start_next_turn(&myself, state).await;
+        }
+        SpaceMsg::Apply(write, reply) => {
+            state.last_activity = Instant::now();
+            // One of many hosts: the space's writes commit only while
+            // this host holds its lease.
+            let fence = state.rt.fence(state.space.as_str());
+            let res = state
+                .rt
+                .store
+                .write(move |tx| {
+                    if let Some(f) = &fence {
+                        crate::storage::leases::hold(tx, f)?;
                     }
-                }
-            }
-            #[cfg(feature = "test-hooks")]
-            SpaceMsg::InjectPanic => {
-                panic!("test hook: injected panic in space {}", state.space);
+                    write(tx)
+                })
+                .await;
+            let _ = reply.send(res);
+        }
+        SpaceMsg::Control(action, reply) => {
+            state.last_activity = Instant::now();
+            let res = control(state, action).await;
+            let _ = reply.send(res);
+        }
+        SpaceMsg::Snapshot(dest, reply) => {
+            state.last_activity = Instant::now();
+            if state.running.is_some() {
+                state.waiting_snapshots.push((dest, reply));
+            } else {
+                let _ = reply.send(snapshot(state, dest).await);
             }
         }
-        Ok(())
+        SpaceMsg::Workspace(job) => {
+            state.last_activity = Instant::now();
+            if state.running.is_some() {
+                state.waiting_files.push(job);
+            } else {
+                run_workspace_job(state, job).await;
+            }
+        }
+        SpaceMsg::IdleCheck => {
+            let idle = Duration::from_secs(state.rt.settings.spaces.idle_stop_secs);
+            if state.running.is_none() && state.last_activity.elapsed() >= idle {
+                let space = state.space.to_string();
+                let pending = state
+                    .rt
+                    .store
+                    .read(move |c| messages::pending(c, &space))
+                    .await;
+                if matches!(pending, Ok(ref p) if p.is_empty()) {
+                    myself.stop(Some("idle".into()));
+                }
+            }
+        }
+        #[cfg(feature = "test-hooks")]
+        SpaceMsg::InjectPanic => {
+            panic!("test hook: injected panic in space {}", state.space);
+        }
     }
+    Ok(())
 }
 
 /// What an ask works on: a layer over the workspace laid while no turn

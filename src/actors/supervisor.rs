@@ -57,6 +57,9 @@ pub enum SupervisorMsg {
         Arc<dyn SupervisedChild>,
         RpcReplyPort<Result<(), SuperviseError>>,
     ),
+    /// Periodic: ask every live space actor to stop if it has idled long
+    /// enough ([`super::space::idle_tick`]).
+    IdleSweep,
 }
 
 /// Why [`SupervisorMsg::Supervise`] did not start its child.
@@ -386,6 +389,8 @@ impl Actor for RootSupervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         state.directory = Some(SpaceDirectory::new(myself.clone(), state.spaces.clone()));
+        let tick = super::space::idle_tick(state.rt.settings.spaces.idle_stop_secs);
+        myself.send_interval(tick, || SupervisorMsg::IdleSweep);
         Self::spawn_scheduler(&myself, state).await?;
         Self::spawn_judge_pool(&myself, state).await?;
         Self::spawn_review_scheduler(&myself, state).await
@@ -421,6 +426,17 @@ impl Actor for RootSupervisor {
                     .await
                     .map_err(|source| SuperviseError::Spawn { name, source });
                 let _ = reply.send(res);
+            }
+            SupervisorMsg::IdleSweep => {
+                let live: Vec<ActorRef<SpaceMsg>> = match state.spaces.lock() {
+                    Ok(m) => m.values().cloned().collect(),
+                    Err(_) => Vec::new(),
+                };
+                for actor in live {
+                    // An actor stopping right now has closed its mailbox:
+                    // nothing is lost by not reaching it.
+                    let _ = actor.cast(SpaceMsg::IdleCheck);
+                }
             }
         }
         Ok(())

@@ -1179,3 +1179,37 @@ async fn ops_doctor_and_the_image_commands_ask_every_configured_engine_and_name_
         );
     }
 }
+
+/// A space actor idle for `spaces.idle_stop_secs` stops (the supervisor's
+/// one sweep asks every live actor), and the space's next message starts
+/// it again: `mercury_active_spaces` follows.
+#[tokio::test]
+async fn ops_an_idle_space_actor_stops_and_its_next_message_starts_it_again() {
+    let h = TestHost::start(HostOptions {
+        config: vec![("spaces.idle_stop_secs", Yaml::Number(1.into()))],
+        ..Default::default()
+    })
+    .await;
+    let active = || async {
+        let (st, _, text) = get_text(&h, &h.url, "/metrics", Some(&h.owner_token)).await;
+        assert_eq!(st, 200, "{text}");
+        sample(&text, "mercury_active_spaces").unwrap_or(-1.0)
+    };
+    h.create_space("idler").await;
+    for round in 0..2 {
+        assert_eq!(h.chat("idler", "hello").await["reply"], "ok");
+        assert_eq!(active().await, 1.0, "round {round}: the actor runs");
+        let mut stopped = false;
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if active().await == 0.0 {
+                stopped = true;
+                break;
+            }
+        }
+        assert!(
+            stopped,
+            "round {round}: the actor stopped after about a second idle"
+        );
+    }
+}
