@@ -159,15 +159,18 @@ pub(crate) async fn run(opts: &ScaleOptions) -> anyhow::Result<ScaleReport> {
         let gate = Arc::new(tokio::sync::Semaphore::new(opts.concurrency.max(1)));
         let t = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
+        let mut lat = Vec::with_capacity(n);
         for i in 0..n {
-            let (client, chat, token, gate) = (
-                client.clone(),
-                chat.clone(),
-                host.owner_token.clone(),
-                gate.clone(),
-            );
+            // A request is made only once a slot is free, so the client
+            // holds `concurrency` requests, not the whole wave's: the RSS
+            // measured is the host's, not a queue of the bench's own.
+            let permit = gate.clone().acquire_owned().await?;
+            while let Some(r) = tasks.try_join_next() {
+                lat.push(r.context("a wave's request")??);
+            }
+            let (client, chat, token) = (client.clone(), chat.clone(), host.owner_token.clone());
             tasks.spawn(async move {
-                let _permit = gate.acquire_owned().await?;
+                let _permit = permit;
                 timed(
                     client
                         .post(&chat)
@@ -178,7 +181,6 @@ pub(crate) async fn run(opts: &ScaleOptions) -> anyhow::Result<ScaleReport> {
                 .await
             });
         }
-        let mut lat = Vec::with_capacity(n);
         while let Some(r) = tasks.join_next().await {
             lat.push(r.context("a wave's request")??);
         }
