@@ -117,7 +117,7 @@ pub struct Snapshot {
     /// start its steps down and the live calls it saw queued behind judge calls.
     pub judge_quota: u32,
     pub judge_adaptations: (u64, u64),
-    /// Since start: sleeps of judge calls for the live calls' reserve of a
+    /// Since start: judge calls held back for the live calls' reserve of a
     /// provider's stated budget.
     pub judge_reserve_waits: u64,
 }

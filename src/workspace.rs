@@ -148,20 +148,17 @@ pub fn ensure_workspace(paths: &DataPaths, space: &SpaceId) -> io::Result<PathBu
 /// never followed or opened (the prompt says it was ignored); the size is
 /// capped so a runaway `MEMORY.md` cannot blow the prompt.
 pub fn read_capped(workspace: &std::path::Path, name: &str, cap: usize) -> String {
-    let root = match safe::WorkspaceRoot::open(workspace) {
+    let read = safe::WorkspaceRoot::open(workspace).and_then(|root| root.read_capped(name, cap));
+    match read {
+        Ok(Some((bytes, _))) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(None) => String::new(),
         // A space whose workspace was never made (a space seeded straight
         // into storage, as the benches do) has no prompt files: the same as
         // a missing file, and not worth a warning on every turn.
         Err(safe::SafePathError::NotFound(_)) => {
             tracing::debug!(workspace = %workspace.display(), "no workspace: no prompt files");
-            return String::new();
+            String::new()
         }
-        root => root,
-    };
-    let read = root.and_then(|root| root.read_capped(name, cap));
-    match read {
-        Ok(Some((bytes, _))) => String::from_utf8_lossy(&bytes).into_owned(),
-        Ok(None) => String::new(),
         Err(e) => {
             tracing::warn!(workspace = %workspace.display(), error = %e, "a prompt file was not read");
             format!("({name} was not read: it is not a regular file of the workspace)")

@@ -210,6 +210,10 @@ struct SessionSlot {
     /// Set before the turn's run token is minted (with its sandbox); a turn
     /// that called no tool has no token and skips the revoking write.
     token_minted: AtomicBool,
+    /// The enabled extensions' skills, read-only in the sandbox at their
+    /// fixed paths: the same skills the prompt offers, from the turn's one
+    /// read of its extensions (set before any tool can start the sandbox).
+    skill_binds: std::sync::Mutex<Vec<(std::path::PathBuf, String)>>,
 }
 
 /// Whether this host still runs `space` (always, on a single host).
@@ -245,6 +249,7 @@ pub(crate) async fn run_turn(
         session: tokio::sync::Mutex::new(None),
         layer: std::sync::Mutex::new(layer),
         token_minted: AtomicBool::new(false),
+        skill_binds: std::sync::Mutex::new(Vec::new()),
     };
     let mut acc = Accounting::default();
     let started = std::time::Instant::now();
@@ -474,6 +479,15 @@ async fn turn_loop(
         .as_ref()
         .map_or_else(Vec::new, |e| e.skills(&rt.paths.root.join("extensions")));
     fragments.extend(crate::extensions::skills_prompt(&skills));
+    if let Ok(mut binds) = slot.skill_binds.lock() {
+        *binds = skills
+            .into_iter()
+            .map(|sk| {
+                let inside = sk.inside();
+                (sk.host_dir, inside)
+            })
+            .collect();
+    }
     if let Some(exts) = &exts {
         tool_specs.extend(exts.specs().cloned());
         let args = serde_json::json!({"space": req.space_id.as_str(), "message": req.user_text});
@@ -643,7 +657,12 @@ async fn ensure_session<'a>(
     let mut guard = slot.session.lock().await;
     if guard.is_none() {
         slot.token_minted.store(true, Ordering::SeqCst);
-        *guard = Some(start_sandbox(rt, req, &workdir).await?);
+        let skill_binds = slot
+            .skill_binds
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default();
+        *guard = Some(start_sandbox(rt, req, &workdir, skill_binds).await?);
     }
     Ok(guard)
 }
@@ -1233,6 +1252,7 @@ async fn start_sandbox(
     rt: &Arc<Runtime>,
     req: &TurnRequest,
     workdir: &std::path::Path,
+    skill_binds: Vec<(std::path::PathBuf, String)>,
 ) -> Result<Box<dyn SandboxSession>, TurnError> {
     let (caller, space, run_id) = (
         req.caller_id.clone(),
@@ -1277,19 +1297,7 @@ async fn start_sandbox(
             ("MERCURY_SOCKET".into(), socket_inside),
         ],
         // The enabled extensions' skills, read-only at a fixed path.
-        ro_binds: crate::extensions::skills_of(
-            &rt.store,
-            req.space_id.as_str(),
-            &rt.paths.root.join("extensions"),
-        )
-        .await
-        .map_err(|e| SandboxError::Engine(format!("the space's skills: {e}")))?
-        .into_iter()
-        .map(|sk| {
-            let inside = sk.inside();
-            (sk.host_dir, inside)
-        })
-        .collect(),
+        ro_binds: skill_binds,
         limits: sandbox_limits(&rt.settings),
     };
     let started = std::time::Instant::now();

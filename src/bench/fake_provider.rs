@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -154,7 +154,7 @@ async fn complete(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) ->
         })
         .unwrap_or(1);
     let completion = tokens_of(&fake.reply);
-    let wait = {
+    let (wait, stated) = {
         let Ok(mut guard) = shared.buckets.lock() else {
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         };
@@ -181,7 +181,6 @@ async fn complete(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) ->
         }
         (wait, stated_headers(requests.as_ref(), tokens.as_ref()))
     };
-    let (wait, stated) = wait;
     if wait > 0.0 {
         if let Ok(mut c) = shared.counts.lock() {
             *c.refused.entry(model).or_default() += 1;
@@ -189,59 +188,60 @@ async fn complete(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) ->
         let error =
             json!({"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}});
         let ms = (wait * 1000.0).ceil().max(1.0);
-        let mut response = (
+        return (
             StatusCode::TOO_MANY_REQUESTS,
+            stated,
             [("retry-after-ms", format!("{ms}"))],
             Json(error),
         )
             .into_response();
-        with_headers(&mut response, stated);
-        return response;
     }
     tokio::time::sleep(fake.latency).await;
     if let Ok(mut c) = shared.counts.lock() {
         *c.served.entry(model.clone()).or_default() += 1;
     }
-    let mut response = Json(json!({
+    (
+        stated,
+        Json(json!({
         "id": "chatcmpl-bench",
         "object": "chat.completion",
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": fake.reply}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    }))
-    .into_response();
-    with_headers(&mut response, stated);
-    response
+        })),
+    )
+        .into_response()
 }
 
 /// The budget as OpenAI states it on every answer: each limit a minute and
 /// what is left of it when the request was admitted (or refused).
-fn stated_headers(requests: Option<&Bucket>, tokens: Option<&Bucket>) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (what, bucket) in [("requests", requests), ("tokens", tokens)] {
+fn stated_headers(requests: Option<&Bucket>, tokens: Option<&Bucket>) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    let limits = [
+        (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            requests,
+        ),
+        (
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            tokens,
+        ),
+    ];
+    for (limit, remaining, bucket) in limits {
         if let Some(b) = bucket {
-            out.push((
-                format!("x-ratelimit-limit-{what}"),
-                format!("{}", (b.per_second * 60.0).round()),
-            ));
-            out.push((
-                format!("x-ratelimit-remaining-{what}"),
-                format!("{}", b.level.max(0.0).floor()),
-            ));
+            out.insert(
+                limit,
+                HeaderValue::from((b.per_second * 60.0).round() as u64),
+            );
+            out.insert(
+                remaining,
+                HeaderValue::from(b.level.max(0.0).floor() as u64),
+            );
         }
     }
     out
-}
-
-fn with_headers(response: &mut Response, headers: Vec<(String, String)>) {
-    for (name, value) in headers {
-        if let (Ok(name), Ok(value)) = (
-            axum::http::HeaderName::try_from(name),
-            axum::http::HeaderValue::try_from(value),
-        ) {
-            response.headers_mut().insert(name, value);
-        }
-    }
 }
 
 #[cfg(test)]

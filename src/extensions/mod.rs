@@ -206,25 +206,6 @@ impl OfferedSkill {
 /// The fixed root of the skills inside a sandbox.
 pub const SKILLS_INSIDE: &str = "/run/mercury/skills";
 
-/// The skills of the extensions `space` enabled whose `SKILL.md` is in
-/// the installed copy under `extensions_dir` (a skill whose directory or
-/// file is missing, or is a link, is logged and left out).
-pub async fn skills_of(
-    store: &Store,
-    space: &str,
-    extensions_dir: &Path,
-) -> Result<Vec<OfferedSkill>, ExtensionError> {
-    let space = space.to_owned();
-    let enabled = store.read(move |c| rows::enabled_in(c, &space)).await?;
-    let mut out = Vec::new();
-    for row in enabled {
-        if let Ok(m) = manifest::parse(&row.name, &row.manifest) {
-            offer_skills(&m, extensions_dir, &mut out);
-        }
-    }
-    Ok(out)
-}
-
 /// The skills of `m` whose `SKILL.md` is in its installed copy, added to `out`.
 fn offer_skills(m: &Manifest, extensions_dir: &Path, out: &mut Vec<OfferedSkill>) {
     for sk in &m.skills {
@@ -381,8 +362,9 @@ impl TurnExtensions {
         self.manifests.is_empty()
     }
 
-    /// The skills of these extensions (what [`skills_of`] finds, from the
-    /// manifests the turn already read).
+    /// The skills of these extensions whose `SKILL.md` is in the installed
+    /// copy under `extensions_dir` (a skill whose directory or file is
+    /// missing, or is a link, is logged and left out).
     pub fn skills(&self, extensions_dir: &Path) -> Vec<OfferedSkill> {
         let mut out = Vec::new();
         for (m, _) in self.manifests.values() {

@@ -260,7 +260,7 @@ pub struct ModelGate {
     /// Steps down, and live calls seen queued (for the scan's log line).
     downs: AtomicU64,
     queued: AtomicU64,
-    /// Times a background call slept for the live calls' reserve.
+    /// Background calls held back for the live calls' reserve.
     reserve_waits: AtomicU64,
 }
 
@@ -490,11 +490,15 @@ impl ModelGate {
     async fn keep_live_reserve(&self) {
         let started = Instant::now();
         let patience = Duration::from_secs(60) / self.floor_per_minute().max(1);
+        let mut held = false;
         while let Some(short) = self.throttles.reserve_shortfall(Instant::now()) {
             if started.elapsed() >= patience {
                 return;
             }
-            self.reserve_waits.fetch_add(1, Ordering::Relaxed);
+            if !held {
+                held = true;
+                self.reserve_waits.fetch_add(1, Ordering::Relaxed);
+            }
             tokio::time::sleep(short.clamp(RESERVE_TICK.0, RESERVE_TICK.1)).await;
         }
     }
@@ -552,7 +556,7 @@ impl ModelGate {
         )
     }
 
-    /// Since start: sleeps of background calls for the live reserve.
+    /// Since start: background calls held back for the live reserve.
     pub fn reserve_waits(&self) -> u64 {
         self.reserve_waits.load(Ordering::Relaxed)
     }

@@ -74,11 +74,7 @@ pub(super) fn wait_before_retry(
 /// Reads the server's wish from the headers: OpenAI's `retry-after-ms`
 /// (finer grained) when present, else the standard `Retry-After`.
 pub(super) fn retry_after_from_headers(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let millis = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    let millis = header_number(headers, "retry-after-ms")
         .map(|ms| Duration::from_secs_f64((ms / 1000.0).min(u32::MAX as f64)));
     millis.or_else(|| {
         headers
@@ -88,19 +84,23 @@ pub(super) fn retry_after_from_headers(headers: &HeaderMap, now: SystemTime) -> 
     })
 }
 
+/// A header's value as a finite, non-negative number; anything else is
+/// as if the header were absent.
+fn header_number(headers: &HeaderMap, name: &str) -> Option<f64> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|n| n.is_finite() && *n >= 0.0)
+}
+
 /// The rate-limit budget a provider states in an answer's headers, when it
 /// states one: OpenAI's `x-ratelimit-{limit,remaining}-{requests,tokens}`
 /// or Anthropic's `anthropic-ratelimit-{requests,tokens}-{limit,remaining}`.
 /// Both document their limits as a minute's worth. A value that is not a
 /// finite non-negative number is ignored, as is a limit of zero.
 pub(super) fn stated_budget_from_headers(headers: &HeaderMap) -> Option<StatedBudget> {
-    let number = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|n| n.is_finite() && *n >= 0.0)
-    };
+    let number = |name: &str| header_number(headers, name);
     let limit = |limit: &str, remaining: &str| match (number(limit), number(remaining)) {
         (Some(per_minute), Some(remaining)) if per_minute > 0.0 => Some(StatedLimit {
             per_minute,

@@ -596,9 +596,8 @@ impl Store {
             None => None,
         };
         let out = tokio::task::spawn_blocking(move || {
-            let out = pg::blocking_here(|| inner.with_reader(f));
-            drop(slot);
-            out
+            let _slot = slot;
+            pg::blocking_here(|| inner.with_reader(f))
         })
         .await
         .map_err(|e| StoreError::Join(e.to_string()))?;
