@@ -75,6 +75,21 @@ fn options(model: Value, extra: Vec<(&'static str, Yaml)>) -> HostOptions {
     }
 }
 
+/// A fixed-offset zone whose local time is now between 00:00 and 01:00, so
+/// a `review.daily_at` of 23:00 there is nearly a day away whenever the test
+/// runs (the default 04:00 UTC has passed for most of the day).
+fn zone_just_past_midnight() -> String {
+    use chrono::Timelike;
+    let hour = chrono::Utc::now().hour() as i32;
+    // Local = UTC + offset; tz's `Etc/GMT-k` is UTC+k (the sign is POSIX's).
+    let offset = if hour <= 12 { -hour } else { 24 - hour };
+    match offset {
+        0 => "Etc/GMT".into(),
+        k if k > 0 => format!("Etc/GMT-{k}"),
+        k => format!("Etc/GMT+{}", -k),
+    }
+}
+
 struct Seeded {
     /// The user message that got the planted wrong answer.
     capital_id: i64,
@@ -615,6 +630,10 @@ async fn review_digest_reaches_the_owners_linked_dm_and_is_kept_when_there_is_no
         vec![
             ("review.owner", Yaml::String("owner".into())),
             ("review.enabled", Yaml::Bool(true)),
+            // Today's scan is not due yet: a host started past it runs it
+            // at once, and the first assertion is "no digest before a scan".
+            ("review.timezone", Yaml::String(zone_just_past_midnight())),
+            ("review.daily_at", Yaml::String("23:00".into())),
         ],
     ))
     .await;
