@@ -18,6 +18,9 @@
 //!    in that write's own transaction and completed afterwards; for any
 //!    other `admin` route it is committed before the handler runs (and
 //!    completed afterwards); for a read it is written once, at the end.
+//!    What is written at the end lingers up to `storage::LINGER` to share a
+//!    commit with the rows and writes of the same moment; the audit listing
+//!    flushes it first, so nobody reads the audit without it.
 //!
 //! Steps 1, 3 and 4 read the store once: the holder context, the target's
 //! existence and admin set and the edges come from one statement
@@ -203,24 +206,15 @@ impl Drop for AuditGuard {
     }
 }
 
-/// Queues the row's completion on the writer, behind every write the
-/// handler made (the writer runs jobs in order), as a task of its own: the
-/// answer never waits for it, and `Drop` cannot await.
+/// Queues the row's completion as a lingering write: the answer never waits
+/// for it, `Drop` cannot await, and rows of the same moment share a commit
+/// (one per request was most of what an act-as read cost over a direct one).
+/// Every write the handler awaited is committed already; a write still in
+/// flight when the client went away finds the row closed and leaves it be.
 fn queue(store: &Store, slot: AuditSlot, outcome: Outcome) {
-    let store = store.clone();
-    let job = async move {
-        store
-            .write_detached("space-link audit row", move |tx| {
-                slot.write_outcome(tx, outcome)
-            })
-            .await;
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => {
-            h.spawn(job);
-        }
-        Err(_) => tracing::error!("an act-as audit row was lost: no runtime to queue it on"),
-    }
+    store.write_lingering("space-link audit row", move |tx| {
+        slot.write_outcome(tx, outcome)
+    });
 }
 
 pub(super) async fn act_as(
@@ -346,10 +340,9 @@ async fn act_as_checked(
             let row = audit;
             app.rt
                 .store
-                .write_detached("space-link audit row", move |tx| {
+                .write_lingering("space-link audit row", move |tx| {
                     link_store::audit(tx, &row).map(|_| ())
-                })
-                .await;
+                });
             return Err(e);
         }
     };

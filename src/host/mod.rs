@@ -961,6 +961,10 @@ pub async fn serve_with(
     }
     background.close();
     let _ = tokio::time::timeout(Duration::from_secs(5), background.wait()).await;
+    // Lingering writes (act-as audit rows) reach the disk before the process ends.
+    if let Err(e) = rt.store.flush_lingering().await {
+        tracing::error!(error = %e, "lingering writes were not written at shutdown");
+    }
     // The pool's idle containers (the next start's sweep removes any left).
     let _ = tokio::time::timeout(Duration::from_secs(10), rt.sandbox.shutdown()).await;
     let _ = std::fs::remove_file(&paths.socket);

@@ -159,7 +159,36 @@ trait PendingWrite: Send {
     fn run(&mut self, tx: &Tx<'_>) -> bool;
     /// Answers the caller; `failure` is set when the batch did not commit.
     fn finish(self: Box<Self>, failure: Option<&str>);
+    /// True for the lingering timer's wake-up, which writes nothing.
+    fn is_nudge(&self) -> bool {
+        false
+    }
 }
+
+/// The lingering timer's wake-up: the writer takes the lingering writes
+/// into its next batch whenever the queue runs dry, so this only makes
+/// sure a next batch comes.
+struct Nudge;
+
+impl PendingWrite for Nudge {
+    fn run(&mut self, _tx: &Tx<'_>) -> bool {
+        true
+    }
+
+    fn finish(self: Box<Self>, _failure: Option<&str>) {}
+
+    fn is_nudge(&self) -> bool {
+        true
+    }
+}
+
+/// How long a lingering write waits for company before the writer is
+/// woken for it alone: an act-as read's audit row reaches the disk within
+/// this, sharing a commit with the writes (and rows) of the same moment.
+pub const LINGER: Duration = Duration::from_millis(100);
+
+/// Writes queued with [`Store::write_lingering`], not yet handed to the writer.
+type Lingering = Arc<Mutex<Vec<WriteJob>>>;
 
 struct Write<T, F> {
     f: Option<F>,
@@ -288,6 +317,8 @@ struct StoreInner {
     /// allocator arena for each read in flight. PostgreSQL's pool bounds
     /// its own.
     read_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Writes that wait (at most [`LINGER`]) to share a commit.
+    lingering: Lingering,
 }
 
 enum Backend {
@@ -441,19 +472,64 @@ impl Store {
     fn start_shared(backend: Arc<Backend>, writer_conn: Option<Conn>) -> StoreResult<Store> {
         let (tx, mut rx) = mpsc::channel::<WriteJob>(1024);
         let for_writer = backend.clone();
+        let lingering: Lingering = Arc::default();
+        let for_lingering = lingering.clone();
         let batch = Arc::new(std::sync::atomic::AtomicUsize::new(MAX_BATCH));
         let batch_limit = batch.clone();
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
-                while let Some(first) = rx.blocking_recv() {
-                    let mut jobs = vec![first];
+                let mut closed = false;
+                // Lingering writes were left for a next batch (a full one
+                // came first): their timer may have fired already, so the
+                // writer must not sleep on an empty queue with them waiting.
+                let mut behind = false;
+                while !closed {
+                    let first = if behind {
+                        match rx.try_recv() {
+                            Ok(job) => Some(job),
+                            Err(mpsc::error::TryRecvError::Empty) => None,
+                            Err(mpsc::error::TryRecvError::Disconnected) => {
+                                closed = true;
+                                None
+                            }
+                        }
+                    } else {
+                        let job = rx.blocking_recv();
+                        // None: the last `Store` is gone, and what still
+                        // lingers is written before the thread ends.
+                        closed = job.is_none();
+                        job
+                    };
+                    let mut jobs: Vec<WriteJob> = first.into_iter().collect();
                     let most = batch_limit.load(std::sync::atomic::Ordering::Relaxed);
-                    while jobs.len() < most {
+                    let mut dry = closed;
+                    while !closed && jobs.len() < most {
                         match rx.try_recv() {
                             Ok(job) => jobs.push(job),
-                            Err(_) => break,
+                            Err(_) => {
+                                dry = true;
+                                break;
+                            }
                         }
+                    }
+                    // Lingering writes ride along once the queue is dry (a
+                    // full batch leaves them for the next).
+                    if let Ok(mut waiting) = for_lingering.lock() {
+                        if dry {
+                            let room = if closed {
+                                usize::MAX
+                            } else {
+                                most.saturating_sub(jobs.len()).max(1)
+                            };
+                            let take = waiting.len().min(room);
+                            jobs.extend(waiting.drain(..take));
+                        }
+                        behind = !waiting.is_empty();
+                    }
+                    jobs.retain(|j| !j.is_nudge());
+                    if jobs.is_empty() {
+                        continue;
                     }
                     match (&writer_conn, for_writer.as_ref()) {
                         (Some(conn), _) => {
@@ -485,6 +561,7 @@ impl Store {
                 writer: tx,
                 batch,
                 read_slots,
+                lingering,
             }),
         })
     }
@@ -579,6 +656,75 @@ impl Store {
         if self.inner.writer.send(job).await.is_err() {
             tracing::error!(what, "queued write lost: the database writer has stopped");
         }
+    }
+
+    /// Queues a write that may wait up to [`LINGER`] to share a commit with
+    /// other writes: it joins the writer's next batch once the queue is dry,
+    /// and wakes the writer itself if none comes. It has no order against
+    /// other writes (use it only for a write that reads nothing another
+    /// queued write makes: an act-as audit row), and nobody waits for it;
+    /// a failure is logged with `what`. [`Store::flush_lingering`] writes
+    /// them now; the writer writes them before it ends.
+    ///
+    /// Why: an act-as read's audit row in a commit of its own cost each
+    /// request a WAL append and every reader's page cache (issue 32); a
+    /// row per request is kept (D-008), a commit per request is not.
+    pub fn write_lingering<F>(&self, what: &'static str, f: F)
+    where
+        F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
+    {
+        let job: WriteJob = Box::new(Detached {
+            f: Some(f),
+            what,
+            error: None,
+        });
+        let waiting = match self.inner.lingering.lock() {
+            Ok(mut waiting) => {
+                waiting.push(job);
+                waiting.len()
+            }
+            Err(_) => {
+                tracing::error!(what, "queued write lost: the lingering queue is poisoned");
+                return;
+            }
+        };
+        let writer = self.inner.writer.clone();
+        if waiting >= MAX_BATCH {
+            // Enough to fill a batch: no reason to wait (a full channel
+            // means the writer is busy and will take them anyway).
+            let _ = writer.try_send(Box::new(Nudge));
+        } else if waiting == 1 {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        tokio::time::sleep(LINGER).await;
+                        let _ = writer.send(Box::new(Nudge)).await;
+                    });
+                }
+                Err(_) => {
+                    let _ = writer.try_send(Box::new(Nudge));
+                }
+            }
+        }
+    }
+
+    /// Hands every lingering write to the writer and waits until they are
+    /// committed (or failed, which is logged): a reader of what they write
+    /// (the audit listing, the host's shutdown) sees them all.
+    pub async fn flush_lingering(&self) -> StoreResult<()> {
+        let jobs = match self.inner.lingering.lock() {
+            Ok(mut waiting) => std::mem::take(&mut *waiting),
+            Err(_) => Vec::new(),
+        };
+        for job in jobs {
+            self.inner
+                .writer
+                .send(job)
+                .await
+                .map_err(|_| StoreError::WriterGone)?;
+        }
+        // The writer runs its queue in order: this answers after them.
+        self.write(|_| Ok(())).await
     }
 
     /// Runs `f` on a read connection off the async runtime.
@@ -749,6 +895,85 @@ mod tests {
         let most = most.load(Ordering::SeqCst);
         assert!(most <= READER_POOL, "{most} reads ran at once");
         assert!(most > 1, "reads still run side by side");
+    }
+
+    /// Inserts space `id` on the writer and notes when it ran.
+    fn noted_space(
+        id: String,
+        ran: Arc<Mutex<Vec<std::time::Instant>>>,
+    ) -> impl FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static {
+        move |tx| {
+            tx.execute(
+                "INSERT INTO spaces (id, name, created_at, updated_at) VALUES (?1, ?1, 0, 0)",
+                params![id],
+            )?;
+            ran.lock().unwrap().push(std::time::Instant::now());
+            Ok(())
+        }
+    }
+
+    async fn spaces_in(store: &Store) -> i64 {
+        store
+            .read(|c| c.query_row("SELECT COUNT(*) FROM spaces", params![], |r| r.get(0)))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lingering_writes_wait_for_company_and_a_flush_writes_them_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        // Five writes a millisecond apart: none runs before the last is
+        // queued (a write of its own would have run at once).
+        let mut last_queued = std::time::Instant::now();
+        for i in 0..5 {
+            store.write_lingering("test row", noted_space(format!("l{i}"), ran.clone()));
+            last_queued = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while spaces_in(&store).await < 5 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(spaces_in(&store).await, 5, "the timer writes them alone");
+        let times = ran.lock().unwrap().clone();
+        assert!(
+            times.iter().all(|t| *t >= last_queued),
+            "a lingering write ran before the others were queued"
+        );
+        // A write that comes takes the lingering ones into its batch.
+        store.write_lingering("test row", noted_space("l5".into(), ran.clone()));
+        store
+            .write(noted_space("w".into(), ran.clone()))
+            .await
+            .unwrap();
+        assert_eq!(spaces_in(&store).await, 7, "they rode with the write");
+        // A flush hands them over and waits for their commit.
+        for i in 6..9 {
+            store.write_lingering("test row", noted_space(format!("l{i}"), ran.clone()));
+        }
+        store.flush_lingering().await.unwrap();
+        assert_eq!(spaces_in(&store).await, 10);
+    }
+
+    /// With one write per transaction every wake-up fills a batch, so the
+    /// lingering writes are always left for a next one: the writer must take
+    /// them without a second wake-up (the timer fires once).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lingering_writes_left_behind_by_a_full_batch_are_still_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        store.one_write_per_transaction();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..3 {
+            store.write_lingering("test row", noted_space(format!("l{i}"), ran.clone()));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while spaces_in(&store).await < 3 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(spaces_in(&store).await, 3, "a lingering write was stranded");
     }
 
     #[test]

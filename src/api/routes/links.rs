@@ -557,6 +557,9 @@ pub(crate) async fn audit(
     let limit = super::AuditQuery { limit: q.limit }.limit()?;
     if q.all == Some(true) {
         auth.require_global_admin()?;
+        // Act-as rows linger to share a commit: what was asked before this
+        // listing is in it.
+        app.rt.store.flush_lingering().await?;
         let rows = app
             .rt
             .store
@@ -565,6 +568,7 @@ pub(crate) async fn audit(
         return Ok(Json(LinkAudit::All(AllAudit { all: true, audit: rows })));
     }
     let space = auth.require(Permission::LinksList)?.space.to_string();
+    app.rt.store.flush_lingering().await?;
     let rows = app
         .rt
         .store
