@@ -227,6 +227,19 @@ struct Detached<F> {
     error: Option<String>,
 }
 
+impl<F> Detached<F>
+where
+    F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
+{
+    fn job(what: &'static str, f: F) -> WriteJob {
+        Box::new(Detached {
+            f: Some(f),
+            what,
+            error: None,
+        })
+    }
+}
+
 impl<F> PendingWrite for Detached<F>
 where
     F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send,
@@ -643,16 +656,13 @@ impl Store {
     /// order, so a later `write` sees this one (and so does a read made after
     /// that write returned; a read alone may not yet); a failure is
     /// logged with `what`. Used where the caller must not wait on the disk
-    /// (the link audit row after an act-as response).
+    /// but order matters (a UI sign-in's last-seen time, a wake-up for
+    /// another host).
     pub async fn write_detached<F>(&self, what: &'static str, f: F)
     where
         F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
-        let job: WriteJob = Box::new(Detached {
-            f: Some(f),
-            what,
-            error: None,
-        });
+        let job = Detached::job(what, f);
         if self.inner.writer.send(job).await.is_err() {
             tracing::error!(what, "queued write lost: the database writer has stopped");
         }
@@ -673,11 +683,7 @@ impl Store {
     where
         F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
-        let job: WriteJob = Box::new(Detached {
-            f: Some(f),
-            what,
-            error: None,
-        });
+        let job = Detached::job(what, f);
         let waiting = match self.inner.lingering.lock() {
             Ok(mut waiting) => {
                 waiting.push(job);
