@@ -423,8 +423,19 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(10))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
     Ok(())
 }
+
+/// WAL pages the writer lets gather before it copies them into the main
+/// file (SQLite's default is 1,000). A checkpoint runs inside the commit that
+/// crosses the mark, so with the default one commit in a few hundred paid
+/// several milliseconds (a turn's p99 was 5–6 ms against a p50 under 1 ms),
+/// and the same hot index pages were copied again at every checkpoint; ten
+/// times the interval copies each of them once where it copied it ten times
+/// (`bench turns`: ingest about 20% faster, turn p99 1.3–2.9 ms). The price
+/// is a WAL file of up to about 40 MB that SQLite keeps at its largest size.
+const WAL_CHECKPOINT_PAGES: i64 = 10_000;
 
 impl Store {
     /// Opens (creating if needed) the SQLite database at `path`, applies
