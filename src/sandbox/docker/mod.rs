@@ -477,8 +477,11 @@ impl DockerBackend {
 }
 
 /// Force-removes a container and its anonymous volumes. Returns whether it
-/// existed; "no such container" and "removal already in progress" count as
-/// done so `close` stays idempotent.
+/// existed; "no such container" counts as done so `close` stays idempotent,
+/// and "removal already in progress" (another remover got there first: a
+/// spawned process's handle, dropped as the turn closes its servers) waits
+/// until the container is gone, so a closed session has left nothing behind
+/// when `close` returns.
 async fn remove_container(docker: &Docker, id: &str) -> Result<bool, SandboxError> {
     let options = RemoveContainerOptionsBuilder::default()
         .force(true)
@@ -492,10 +495,40 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<bool, SandboxErro
         Err(BollardError::DockerResponseServerError {
             status_code: 409,
             message,
-        }) if message.contains("already in progress") => Ok(true),
+        }) if message.contains("already in progress") => {
+            removal_done(docker, id).await?;
+            Ok(true)
+        }
         Err(e) => Err(SandboxError::Engine(format!(
             "removing container {id}: {e}"
         ))),
+    }
+}
+
+/// How long [`remove_container`] waits for another remover to finish.
+const REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until the engine no longer knows container `id`.
+async fn removal_done(docker: &Docker, id: &str) -> Result<(), SandboxError> {
+    let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+    loop {
+        match docker.inspect_container(id, None).await {
+            Err(BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            Err(e) => {
+                return Err(SandboxError::Engine(format!(
+                    "waiting for container {id} to be removed: {e}"
+                )))
+            }
+            Ok(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(SandboxError::Engine(format!(
+                    "container {id} was still being removed after {} s",
+                    REMOVAL_WAIT.as_secs()
+                )))
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
     }
 }
 

@@ -373,6 +373,42 @@ async fn a_container_killed_from_outside_makes_exec_gone() {
         .await;
 }
 
+/// Two removers of one container (a spawned server's handle dropped as the
+/// turn closes its servers, then the session's `close`): the second is told
+/// "removal already in progress", and must still return only once the
+/// container is gone, or a turn ends with its container still listed.
+#[tokio::test]
+async fn a_second_remover_returns_only_once_the_container_is_gone() {
+    Fixture::new()
+        .await
+        .run(|fx| async move {
+            let session = fx
+                .backend
+                .start(fx.spec("r-two-removers"))
+                .await
+                .expect("start");
+            session.exec(req(&["true"])).await.expect("alive");
+            let id = session.id().to_owned();
+            let first = {
+                let (docker, id) = (fx.docker.clone(), id.clone());
+                tokio::spawn(async move { remove_container(&docker, &id).await })
+            };
+            // Let the first request reach the engine before the second.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            remove_container(&fx.docker, &id)
+                .await
+                .expect("second remove");
+            let still = fx.docker.inspect_container(&id, None).await;
+            assert!(
+                still.is_err(),
+                "the container was still there when the second remover returned: {:?}",
+                still.map(|c| c.state)
+            );
+            first.await.expect("first remover").expect("first remove");
+        })
+        .await;
+}
+
 #[tokio::test]
 async fn a_command_killed_by_a_signal_in_a_live_container_is_an_exit_code() {
     Fixture::new()
