@@ -29,7 +29,7 @@ pub fn note_kv_write(
     after: Option<&str>,
 ) -> StoreResult<()> {
     let Some(link) = via else {
-        return store::supersede_changes(conn, space, kind, key);
+        return store::supersede_changes(conn, space, kind, key).map(|_| ());
     };
     let before = spaces::kv_entry(conn, table_of(kind), space, key)?;
     store::record_change(
@@ -56,7 +56,7 @@ pub fn note_role_write(
     after: Option<&str>,
 ) -> StoreResult<()> {
     let Some(link) = via else {
-        return store::supersede_changes(conn, space, ChangeKind::Role, caller);
+        return store::supersede_changes(conn, space, ChangeKind::Role, caller).map(|_| ());
     };
     let before = spaces::role_row(conn, space, caller)?;
     store::record_change(

@@ -623,15 +623,23 @@ pub fn record_change(conn: &Conn, c: &NewChange<'_>) -> StoreResult<()> {
 }
 
 /// A direct write (no link) changed `key`: every open link change on it is
-/// superseded, so no revoke puts the link's earlier value over it.
-pub fn supersede_changes(conn: &Conn, space: &str, kind: ChangeKind, key: &str) -> StoreResult<()> {
-    conn.execute(
-        "UPDATE link_changes SET superseded = 1
-         WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND settled_at IS NULL",
-        params![space, kind.as_str(), key],
-    )?;
-    Ok(())
+/// superseded, so no revoke puts the link's earlier value over it. Only the
+/// rows not superseded yet are written (through their own partial index):
+/// rewriting every open change on the key made each direct write of a key
+/// that a link keeps writing slower than the last (`bench links`' direct
+/// `PUT /api/prefs` went from 0.25 to 0.84 ms over 8,000 requests). How
+/// many it marked.
+pub fn supersede_changes(
+    conn: &Conn,
+    space: &str,
+    kind: ChangeKind,
+    key: &str,
+) -> StoreResult<usize> {
+    conn.execute(SUPERSEDE_SQL, params![space, kind.as_str(), key])
 }
+
+pub(crate) const SUPERSEDE_SQL: &str = "UPDATE link_changes SET superseded = 1
+     WHERE space_id = ?1 AND kind = ?2 AND key = ?3 AND settled_at IS NULL AND superseded = 0";
 
 /// The link's changes not yet settled by a revoke or downgrade, oldest first.
 pub fn open_changes(conn: &Conn, link: i64) -> StoreResult<Vec<LinkChange>> {

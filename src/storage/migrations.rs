@@ -567,6 +567,13 @@ CREATE TABLE caller_windows (
     r#"
 ALTER TABLE cluster_hosts ADD COLUMN instance_id TEXT;
 "#,
+    // 22: a direct write supersedes only the open link changes on its key
+    // not superseded yet; this index finds just those, so the write does
+    // not read every change a link ever made on the key.
+    r#"
+CREATE INDEX link_changes_key_live ON link_changes (space_id, kind, key)
+  WHERE settled_at IS NULL AND superseded = 0;
+"#,
 ];
 
 /// PostgreSQL's text of migrations whose SQLite text uses functions it does
@@ -784,6 +791,7 @@ mod tests {
             format!("SELECT * {}", outbox::UNDELIVERED_TAIL),
             tokens::REVOKE_RUN_SQL.to_string(),
             crate::storage::runs::CRASHED_ATTEMPTS_SQL.to_string(),
+            crate::storage::links::SUPERSEDE_SQL.to_string(),
         ];
         for sql in queries {
             let n = sql.matches('?').count();

@@ -1267,6 +1267,47 @@ async fn a_runs_trace_reads_back_in_step_order_for_the_review() {
 
 /// The act-as step's one read (issue 32 item 4): the holder context, the
 /// target and the active edges in one statement, alike on every backend.
+/// A direct write marks each open link change on its key superseded once:
+/// a second direct write finds none left to mark (it used to rewrite every
+/// one of them again, so each direct write of a key a link keeps writing
+/// was slower than the last), and a later link change is marked by the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_write_supersedes_each_link_change_on_its_key_once() {
+    use links::{ChangeKind, NewChange};
+    for (name, keep) in backends() {
+        let store = open(&keep);
+        let marked = store
+            .write(|tx| {
+                let change = |after| NewChange {
+                    link: 1,
+                    space: "alpha",
+                    kind: ChangeKind::Preference,
+                    key: "tone",
+                    before: None,
+                    before_by: None,
+                    before_link: None,
+                    after: Some(after),
+                };
+                let direct =
+                    |key| links::supersede_changes(tx, "alpha", ChangeKind::Preference, key);
+                links::record_change(tx, &change("warm"))?;
+                links::record_change(tx, &change("cold"))?;
+                let first = direct("tone")?;
+                let again = direct("tone")?;
+                links::record_change(tx, &change("mild"))?;
+                let later = direct("tone")?;
+                let other_key = direct("style")?;
+                Ok((first, again, later, other_key))
+            })
+            .await
+            .unwrap();
+        assert_eq!(marked, (2, 0, 1, 0), "{name}");
+        let open = store.read(|c| links::open_changes(c, 1)).await.unwrap();
+        assert_eq!(open.len(), 3, "{name}");
+        assert!(open.iter().all(|c| c.superseded), "{name}: {open:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_act_as_view_reads_roles_overrides_and_edges_in_one_statement() {
     use links::{ActAsView, EdgeRow, RoleNames};
