@@ -1018,8 +1018,15 @@ async fn shadow_rehearsal_end_to_end_on_real_processes() {
         .map(|s| live.workspace_hashes(s))
         .collect();
 
-    // up: with the live key in the operator's environment, on purpose.
-    let (code, out, err) = shadow_cli(&root, &["up"], &[("MERCURY_OPENAI_API_KEY", LIVE_KEY)]);
+    // up: with the live key in the operator's environment, on purpose. On a
+    // port of its own: the snapshot's (the live port + 1) may be any other
+    // test's at that moment.
+    let port = crate::common::free_port().to_string();
+    let (code, out, err) = shadow_cli(
+        &root,
+        &["up", "--port", &port],
+        &[("MERCURY_OPENAI_API_KEY", LIVE_KEY)],
+    );
     assert_eq!(code, Some(0), "{out}{err}");
     let running: Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();

@@ -466,7 +466,10 @@ async fn a_postgres_deployment_asks_reviews_and_rehearses_on_a_sqlite_shadow_wit
     }
 
     // The shadow runs on its copy, and its diff shows the rehearsal.
-    let (code, out, err) = crate::shadow::shadow_cli(&root, &["up"], &[]);
+    // On a port of its own: the snapshot's (the live port + 1) may be any
+    // other test's at that moment (it was, once, in a full run).
+    let port = crate::common::free_port().to_string();
+    let (code, out, err) = crate::shadow::shadow_cli(&root, &["up", "--port", &port], &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     let running: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("running.json")).unwrap()).unwrap();
