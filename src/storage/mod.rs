@@ -159,36 +159,28 @@ trait PendingWrite: Send {
     fn run(&mut self, tx: &Tx<'_>) -> bool;
     /// Answers the caller; `failure` is set when the batch did not commit.
     fn finish(self: Box<Self>, failure: Option<&str>);
-    /// True for the lingering timer's wake-up, which writes nothing.
-    fn is_nudge(&self) -> bool {
-        false
-    }
 }
 
-/// The lingering timer's wake-up: the writer takes the lingering writes
-/// into its next batch whenever the queue runs dry, so this only makes
-/// sure a next batch comes.
-struct Nudge;
-
-impl PendingWrite for Nudge {
-    fn run(&mut self, _tx: &Tx<'_>) -> bool {
-        true
-    }
-
-    fn finish(self: Box<Self>, _failure: Option<&str>) {}
-
-    fn is_nudge(&self) -> bool {
-        true
-    }
-}
-
-/// How long a lingering write waits for company before the writer is
-/// woken for it alone: an act-as read's audit row reaches the disk within
-/// this, sharing a commit with the writes (and rows) of the same moment.
+/// How long a lingering write waits for company before it is handed to the
+/// writer's queue: an act-as read's audit row reaches the disk within this,
+/// sharing a commit with the writes (and rows) of the same moment.
 pub const LINGER: Duration = Duration::from_millis(100);
 
 /// Writes queued with [`Store::write_lingering`], not yet handed to the writer.
 type Lingering = Arc<Mutex<Vec<WriteJob>>>;
+
+/// Hands every lingering write to the writer's queue (in the order they
+/// came; the writer runs its queue in order).
+async fn hand_over(lingering: &Lingering, writer: &mpsc::Sender<WriteJob>) -> StoreResult<()> {
+    let jobs = match lingering.lock() {
+        Ok(mut waiting) => std::mem::take(&mut *waiting),
+        Err(_) => Vec::new(),
+    };
+    for job in jobs {
+        writer.send(job).await.map_err(|_| StoreError::WriterGone)?;
+    }
+    Ok(())
+}
 
 struct Write<T, F> {
     f: Option<F>,
@@ -503,57 +495,22 @@ impl Store {
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
-                let mut closed = false;
-                // Lingering writes were left for a next batch (a full one
-                // came first): their timer may have fired already, so the
-                // writer must not sleep on an empty queue with them waiting.
-                let mut behind = false;
-                while !closed {
-                    let first = if behind {
-                        match rx.try_recv() {
-                            Ok(job) => Some(job),
-                            Err(mpsc::error::TryRecvError::Empty) => None,
-                            Err(mpsc::error::TryRecvError::Disconnected) => {
-                                closed = true;
-                                None
-                            }
-                        }
-                    } else {
-                        let job = rx.blocking_recv();
-                        // None: the last `Store` is gone, and what still
-                        // lingers is written before the thread ends.
-                        closed = job.is_none();
-                        job
-                    };
-                    let mut jobs: Vec<WriteJob> = first.into_iter().collect();
+                while let Some(first) = rx.blocking_recv() {
+                    let mut jobs = vec![first];
                     let most = batch_limit.load(std::sync::atomic::Ordering::Relaxed);
-                    let mut dry = closed;
-                    while !closed && jobs.len() < most {
+                    while jobs.len() < most {
                         match rx.try_recv() {
                             Ok(job) => jobs.push(job),
-                            Err(_) => {
-                                dry = true;
-                                break;
-                            }
+                            Err(_) => break,
                         }
                     }
-                    // Lingering writes ride along once the queue is dry (a
-                    // full batch leaves them for the next).
-                    if let Ok(mut waiting) = for_lingering.lock() {
-                        if dry {
-                            let room = if closed {
-                                usize::MAX
-                            } else {
-                                most.saturating_sub(jobs.len()).max(1)
-                            };
-                            let take = waiting.len().min(room);
+                    // Lingering writes ride along where the batch has room
+                    // (their timer hands the rest over).
+                    if jobs.len() < most {
+                        if let Ok(mut waiting) = for_lingering.lock() {
+                            let take = waiting.len().min(most - jobs.len());
                             jobs.extend(waiting.drain(..take));
                         }
-                        behind = !waiting.is_empty();
-                    }
-                    jobs.retain(|j| !j.is_nudge());
-                    if jobs.is_empty() {
-                        continue;
                     }
                     match (&writer_conn, for_writer.as_ref()) {
                         (Some(conn), _) => {
@@ -680,12 +637,12 @@ impl Store {
     }
 
     /// Queues a write that may wait up to [`LINGER`] to share a commit with
-    /// other writes: it joins the writer's next batch once the queue is dry,
-    /// and wakes the writer itself if none comes. It has no order against
-    /// other writes (use it only for a write that reads nothing another
-    /// queued write makes: an act-as audit row), and nobody waits for it;
-    /// a failure is logged with `what`. [`Store::flush_lingering`] writes
-    /// them now; the writer writes them before it ends.
+    /// other writes: it rides along with the writer's next batch if that has
+    /// room, and is handed to the writer's queue when [`LINGER`] has passed
+    /// (or as soon as a batch's worth waits). It has no order against other
+    /// writes (use it only for a write that reads nothing another queued
+    /// write makes: an act-as audit row), and nobody waits for it; a failure
+    /// is logged with `what`. [`Store::flush_lingering`] writes them now.
     ///
     /// Why: an act-as read's audit row in a commit of its own cost each
     /// request a WAL append and every reader's page cache (issue 32); a
@@ -695,6 +652,16 @@ impl Store {
         F: FnOnce(&Tx<'_>) -> StoreResult<()> + Send + 'static,
     {
         let job = Detached::job(what, f);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No timer can run: queued as an ordinary write.
+            if self.inner.writer.try_send(job).is_err() {
+                tracing::error!(
+                    what,
+                    "queued write lost: the database writer is full or gone"
+                );
+            }
+            return;
+        };
         let waiting = match self.inner.lingering.lock() {
             Ok(mut waiting) => {
                 waiting.push(job);
@@ -705,23 +672,17 @@ impl Store {
                 return;
             }
         };
-        let writer = self.inner.writer.clone();
-        if waiting >= MAX_BATCH {
-            // Enough to fill a batch: no reason to wait (a full channel
-            // means the writer is busy and will take them anyway).
-            let _ = writer.try_send(Box::new(Nudge));
-        } else if waiting == 1 {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(async move {
-                        tokio::time::sleep(LINGER).await;
-                        let _ = writer.send(Box::new(Nudge)).await;
-                    });
+        // The first of a group starts its timer; a full batch goes at once.
+        // The timer holds a sender, so the writer outlives what it carries.
+        if waiting == 1 || waiting == MAX_BATCH {
+            let (lingering, writer) = (self.inner.lingering.clone(), self.inner.writer.clone());
+            let delay = if waiting == 1 { LINGER } else { Duration::ZERO };
+            runtime.spawn(async move {
+                tokio::time::sleep(delay).await;
+                if hand_over(&lingering, &writer).await.is_err() {
+                    tracing::error!("lingering writes lost: the database writer has stopped");
                 }
-                Err(_) => {
-                    let _ = writer.try_send(Box::new(Nudge));
-                }
-            }
+            });
         }
     }
 
@@ -729,17 +690,7 @@ impl Store {
     /// committed (or failed, which is logged): a reader of what they write
     /// (the audit listing, the host's shutdown) sees them all.
     pub async fn flush_lingering(&self) -> StoreResult<()> {
-        let jobs = match self.inner.lingering.lock() {
-            Ok(mut waiting) => std::mem::take(&mut *waiting),
-            Err(_) => Vec::new(),
-        };
-        for job in jobs {
-            self.inner
-                .writer
-                .send(job)
-                .await
-                .map_err(|_| StoreError::WriterGone)?;
-        }
+        hand_over(&self.inner.lingering, &self.inner.writer).await?;
         // The writer runs its queue in order: this answers after them.
         self.write(|_| Ok(())).await
     }
@@ -974,9 +925,8 @@ mod tests {
         assert_eq!(spaces_in(&store).await, 10);
     }
 
-    /// With one write per transaction every wake-up fills a batch, so the
-    /// lingering writes are always left for a next one: the writer must take
-    /// them without a second wake-up (the timer fires once).
+    /// With one write per transaction no batch has room for a lingering
+    /// write to ride along: the timer's one hand-over must bring them all.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn lingering_writes_left_behind_by_a_full_batch_are_still_written() {
         let dir = tempfile::tempdir().unwrap();

@@ -555,24 +555,32 @@ pub(crate) async fn audit(
 ) -> ApiResult<Json<LinkAudit>> {
     let q = params(q)?;
     let limit = super::AuditQuery { limit: q.limit }.limit()?;
-    if q.all == Some(true) {
+    // None: every row (a global admin's `all=true`).
+    let space = if q.all == Some(true) {
         auth.require_global_admin()?;
-        // Act-as rows linger to share a commit: what was asked before this
-        // listing is in it.
-        app.rt.store.flush_lingering().await?;
-        let rows = app
-            .rt
-            .store
-            .read(move |c| links::audit_all(c, limit))
-            .await?;
-        return Ok(Json(LinkAudit::All(AllAudit { all: true, audit: rows })));
-    }
-    let space = auth.require(Permission::LinksList)?.space.to_string();
+        None
+    } else {
+        Some(auth.require(Permission::LinksList)?.space.to_string())
+    };
+    // Act-as rows linger to share a commit: what was asked before this
+    // listing is in it.
     app.rt.store.flush_lingering().await?;
-    let rows = app
-        .rt
-        .store
-        .read(move |c| links::audit_for(c, &space, limit))
-        .await?;
-    Ok(Json(LinkAudit::Space(LinkAuditList { audit: rows })))
+    Ok(Json(match space {
+        None => {
+            let rows = app
+                .rt
+                .store
+                .read(move |c| links::audit_all(c, limit))
+                .await?;
+            LinkAudit::All(AllAudit { all: true, audit: rows })
+        }
+        Some(space) => {
+            let rows = app
+                .rt
+                .store
+                .read(move |c| links::audit_for(c, &space, limit))
+                .await?;
+            LinkAudit::Space(LinkAuditList { audit: rows })
+        }
+    }))
 }

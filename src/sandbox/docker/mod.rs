@@ -508,27 +508,54 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<bool, SandboxErro
 /// How long [`remove_container`] waits for another remover to finish.
 const REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How often the engine is asked again while a container's state catches up.
+const ENGINE_POLL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Asks `settled` every [`ENGINE_POLL`] until it answers true or `budget`
+/// has passed; whether it did. The engine reports some changes before its
+/// container state shows them (an exec's end before the container's death,
+/// a removal another caller started before the container is gone).
+async fn settles_within<F, Fut>(
+    budget: std::time::Duration,
+    mut settled: F,
+) -> Result<bool, SandboxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, SandboxError>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    loop {
+        if settled().await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(ENGINE_POLL).await;
+    }
+}
+
 /// Waits until the engine no longer knows container `id`.
 async fn removal_done(docker: &Docker, id: &str) -> Result<(), SandboxError> {
-    let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
-    loop {
+    let gone = settles_within(REMOVAL_WAIT, || async {
         match docker.inspect_container(id, None).await {
+            Ok(_) => Ok(false),
             Err(BollardError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => return Ok(()),
-            Err(e) => {
-                return Err(SandboxError::Engine(format!(
-                    "waiting for container {id} to be removed: {e}"
-                )))
-            }
-            Ok(_) if tokio::time::Instant::now() >= deadline => {
-                return Err(SandboxError::Engine(format!(
-                    "container {id} was still being removed after {} s",
-                    REMOVAL_WAIT.as_secs()
-                )))
-            }
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }) => Ok(true),
+            Err(e) => Err(SandboxError::Engine(format!(
+                "waiting for container {id} to be removed: {e}"
+            ))),
         }
+    })
+    .await?;
+    if gone {
+        Ok(())
+    } else {
+        Err(SandboxError::Engine(format!(
+            "container {id} was still being removed after {} s",
+            REMOVAL_WAIT.as_secs()
+        )))
     }
 }
 

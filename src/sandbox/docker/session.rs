@@ -35,7 +35,6 @@ const EXIT_POLL: Duration = Duration::from_millis(10);
 /// container died too (see `DockerSession::stops_within`). Only such commands
 /// pay it; a container that did die usually shows it within milliseconds.
 const DEATH_SETTLE: Duration = Duration::from_secs(2);
-const DEATH_POLL: Duration = Duration::from_millis(25);
 
 /// One run's container. Dropping it without `close` asks the runtime to
 /// remove the container in the background; the orphan sweep at start-up is
@@ -373,16 +372,7 @@ impl DockerSession {
     /// the state of a container that was killed under it, so one look right
     /// after the exec would still see it running.
     async fn stops_within(&self, budget: Duration) -> Result<bool, SandboxError> {
-        let deadline = tokio::time::Instant::now() + budget;
-        loop {
-            if !self.is_running().await? {
-                return Ok(true);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep(DEATH_POLL).await;
-        }
+        super::settles_within(budget, || async { Ok(!self.is_running().await?) }).await
     }
 
     async fn is_running(&self) -> Result<bool, SandboxError> {
