@@ -284,24 +284,21 @@ async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {
     if state.running.is_some() {
         return;
     }
-    let space = state.space.to_string();
-    let next = match state
-        .rt
-        .store
-        .read(move |c| messages::pending(c, &space))
-        .await
-    {
-        Ok(p) => p.into_iter().next(),
+    // The look for the next message and the opening of its run are one
+    // write (`agent::live::open_next`).
+    let opened = match agent::live::open_next(&state.rt, &state.space).await {
+        Ok(Some(opened)) => opened,
+        Ok(None) => return,
         Err(e) => {
-            tracing::error!(space = %state.space, error = %e, "cannot read pending messages");
+            tracing::error!(space = %state.space, error = %e, "cannot start the next turn");
             return;
         }
     };
-    let Some(message) = next else { return };
+    let message_id = opened.message.id;
     let cancel = CancellationToken::new();
     let stop_requested = Arc::new(AtomicBool::new(false));
     state.running = Some(RunningTurn {
-        message_id: message.id,
+        message_id,
         cancel: cancel.clone(),
         stop_requested: stop_requested.clone(),
         _abandon_on_drop: cancel.clone().drop_guard(),
@@ -310,8 +307,7 @@ async fn start_next_turn(myself: &ActorRef<SpaceMsg>, state: &mut SpaceState) {
     let space = state.space.clone();
     let me = myself.clone();
     tokio::spawn(async move {
-        let message_id = message.id;
-        agent::live::run_and_commit(&rt, &space, message, cancel, stop_requested).await;
+        agent::live::run_opened(&rt, &space, opened, cancel, stop_requested).await;
         rt.waiters.notify(message_id);
         let _ = me.cast(SpaceMsg::TurnEnded { message_id });
     });

@@ -1,5 +1,6 @@
 //! A live or task turn from its pending message to its committed reply:
-//! the run row is started, the turn runs ([`super::run_turn`]), and its
+//! the next pending message is taken and its run opened in one write
+//! ([`open_next`]), the turn runs ([`super::run_turn`]), and its
 //! outcome is written in one transaction (the message settles, the reply and
 //! its outbox item appear, the run and the task firing close).
 //!
@@ -37,115 +38,149 @@ pub(crate) fn model_chain(conn: &Conn, rt: &Runtime, space: &str) -> StoreResult
 /// How often a commit deletes expired run traces, at most.
 const PRUNE_EVERY_MS: i64 = 3_600_000;
 
-/// Runs the turn that answers `message` and commits it.
-pub(crate) async fn run_and_commit(
+/// A turn whose run is open: its message and what the opening write read
+/// for it.
+pub(crate) struct OpenedTurn {
+    pub message: Message,
+    run_id: RunId,
+    kind: RunKind,
+    caller: String,
+    chain: Vec<String>,
+    links_paragraph: bool,
+    trigger: spaces::TriggerRule,
+    crashed: Vec<String>,
+    preread: super::TurnPreread,
+    carried: (Vec<crate::storage::attachments::Attachment>, Option<String>),
+}
+
+/// Takes the space's next pending message and opens its run, in one write:
+/// the run row, and everything the turn reads before its model call (the
+/// caller's role, the spend caps, the extensions, the prompt's rows). `None`
+/// when nothing is pending. One write instead of a look, a write and the
+/// prompt's read: each hand-off off the runtime is a large part of a turn's
+/// overhead (docs/benchmarks.md), and the writer's pages are warm.
+pub(crate) async fn open_next(
     rt: &Arc<Runtime>,
     space: &SpaceId,
-    message: Message,
+) -> StoreResult<Option<OpenedTurn>> {
+    let run_id = RunId::new();
+    let (rt2, space_s, run_s) = (rt.clone(), space.to_string(), run_id.to_string());
+    let fence = rt.fence(space.as_str());
+    let limit = rt.settings.turn.history_limit;
+    rt.store
+        .write(move |tx| {
+            let Some(message) = messages::next_pending(tx, &space_s)? else {
+                return Ok(None);
+            };
+            if let Some(f) = &fence {
+                crate::storage::leases::hold(tx, f)?;
+            }
+            let mid = message.id;
+            let kind = if message.task_run_id.is_some() {
+                RunKind::Task
+            } else {
+                RunKind::Live
+            };
+            let caller_s = message
+                .sender_id
+                .clone()
+                .unwrap_or_else(|| crate::ids::SYSTEM_CALLER.into());
+            // Counted before this attempt is: the attempts a crash cut
+            // short (each left its run `running`, marked at restart).
+            let crashed = runs::crashed_attempts(tx, mid)?;
+            runs::start(
+                tx,
+                &run_s,
+                &space_s,
+                kind.as_str(),
+                Some(&caller_s),
+                Some(mid),
+            )?;
+            if let Some(f) = &fence {
+                crate::storage::leases::set_run_host(tx, &run_s, &f.host)?;
+            }
+            if let Some(task_run) = message.task_run_id {
+                tasks::attach_run(tx, task_run, &run_s)?;
+            }
+            // A mapped platform sender acts as its operator (issue 11), when
+            // its message came through an origin mappings hold for (issue 23).
+            let acting = match crate::ids::platform_of(&caller_s) {
+                Some(_) if crate::storage::messages::identity_trusted(tx, mid)? => {
+                    crate::storage::identities::operator_for(tx, &caller_s)?
+                        .unwrap_or_else(|| caller_s.clone())
+                }
+                _ => caller_s.clone(),
+            };
+            let global = rt2.settings.is_global_admin(&acting);
+            let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
+            let links_paragraph = crate::perms::role_permissions(tx, &space_s, &role)?
+                .contains(&Permission::LinksAct);
+            // The same rule ingress applied to let the message in.
+            let trigger = spaces::trigger_rule(tx, &rt2.settings.trigger, &space_s)?;
+            // Read here, the turn need not read them again: the spend
+            // seam need not reserve when no cap covers the turn, and a
+            // space without extensions costs no further read.
+            // A global admin in a direct conversation reads why a turn
+            // failed; in a group the others would read it too.
+            let reason_to_caller = global
+                && match message.conversation_id {
+                    Some(c) => conversations::get(tx, c)?.is_some_and(|c| c.kind == "dm"),
+                    None => false,
+                };
+            let preread = super::TurnPreread {
+                reason_to_caller,
+                space_budget: crate::storage::spend::space_caps(tx, &space_s)?,
+                extensions: std::sync::Mutex::new(Some(crate::extensions::TurnExtensions::read(
+                    tx, &space_s, &role,
+                )?)),
+                web_fetch: super::web_fetch_set(tx, &space_s)?,
+                prompt_rows: std::sync::Mutex::new(Some(super::prompt::PromptRows::read(
+                    tx, &space_s, mid, limit,
+                )?)),
+                role,
+            };
+            // What the message carried, and the platform that fetches it.
+            let attached = crate::storage::attachments::of_message(tx, mid)?;
+            let platform = match (attached.is_empty(), message.conversation_id) {
+                (false, Some(c)) => conversations::get(tx, c)?.map(|c| c.platform),
+                _ => None,
+            };
+            Ok(Some(OpenedTurn {
+                chain: model_chain(tx, &rt2, &space_s)?,
+                message,
+                run_id,
+                kind,
+                caller: caller_s,
+                links_paragraph,
+                trigger,
+                crashed,
+                preread,
+                carried: (attached, platform),
+            }))
+        })
+        .await
+}
+
+/// Runs the turn [`open_next`] opened and commits it.
+pub(crate) async fn run_opened(
+    rt: &Arc<Runtime>,
+    space: &SpaceId,
+    opened: OpenedTurn,
     cancel: CancellationToken,
     stop_requested: Arc<AtomicBool>,
 ) {
-    let run_id = RunId::new();
-    let kind = if message.task_run_id.is_some() {
-        RunKind::Task
-    } else {
-        RunKind::Live
-    };
-    let caller = message
-        .sender_id
-        .clone()
-        .unwrap_or_else(|| crate::ids::SYSTEM_CALLER.into());
-    let prep = {
-        let (rt2, space_s, run_s, caller_s, mid) = (
-            rt.clone(),
-            space.to_string(),
-            run_id.to_string(),
-            caller.clone(),
-            message.id,
-        );
-        let task_run = message.task_run_id;
-        let conversation = message.conversation_id;
-        let fence = rt.fence(space.as_str());
-        rt.store
-            .write(move |tx| {
-                if let Some(f) = &fence {
-                    crate::storage::leases::hold(tx, f)?;
-                }
-                // Counted before this attempt is: the attempts a crash cut
-                // short (each left its run `running`, marked at restart).
-                let crashed = runs::crashed_attempts(tx, mid)?;
-                runs::start(
-                    tx,
-                    &run_s,
-                    &space_s,
-                    kind.as_str(),
-                    Some(&caller_s),
-                    Some(mid),
-                )?;
-                if let Some(f) = &fence {
-                    crate::storage::leases::set_run_host(tx, &run_s, &f.host)?;
-                }
-                if let Some(task_run) = task_run {
-                    tasks::attach_run(tx, task_run, &run_s)?;
-                }
-                // A mapped platform sender acts as its operator (issue 11), when
-                // its message came through an origin mappings hold for (issue 23).
-                let acting = match crate::ids::platform_of(&caller_s) {
-                    Some(_) if crate::storage::messages::identity_trusted(tx, mid)? => {
-                        crate::storage::identities::operator_for(tx, &caller_s)?
-                            .unwrap_or_else(|| caller_s.clone())
-                    }
-                    _ => caller_s.clone(),
-                };
-                let global = rt2.settings.is_global_admin(&acting);
-                let role = crate::perms::resolve_role(tx, &space_s, &acting, global)?;
-                let links_act = crate::perms::role_permissions(tx, &space_s, &role)?
-                    .contains(&Permission::LinksAct);
-                // The same rule ingress applied to let the message in.
-                let rule = spaces::trigger_rule(tx, &rt2.settings.trigger, &space_s)?;
-                // Read here, the turn need not read them again: the spend
-                // seam need not reserve when no cap covers the turn, and a
-                // space without extensions costs no further read.
-                // A global admin in a direct conversation reads why a turn
-                // failed; in a group the others would read it too.
-                let reason_to_caller = global
-                    && match conversation {
-                        Some(c) => conversations::get(tx, c)?.is_some_and(|c| c.kind == "dm"),
-                        None => false,
-                    };
-                let preread = super::TurnPreread {
-                    reason_to_caller,
-                    space_budget: crate::storage::spend::space_caps(tx, &space_s)?,
-                    extensions: std::sync::Mutex::new(Some(
-                        crate::extensions::TurnExtensions::read(tx, &space_s, &role)?,
-                    )),
-                    web_fetch: super::web_fetch_set(tx, &space_s)?,
-                    role,
-                };
-                // What the message carried, and the platform that fetches it.
-                let carried = crate::storage::attachments::of_message(tx, mid)?;
-                let platform = match (carried.is_empty(), conversation) {
-                    (false, Some(c)) => conversations::get(tx, c)?.map(|c| c.platform),
-                    _ => None,
-                };
-                Ok((
-                    model_chain(tx, &rt2, &space_s)?,
-                    links_act,
-                    rule,
-                    crashed,
-                    preread,
-                    (carried, platform),
-                ))
-            })
-            .await
-    };
-    let (chain, links_paragraph, trigger, crashed, preread, carried) = match prep {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(space = %space, error = %e, "cannot start a run");
-            return;
-        }
-    };
+    let OpenedTurn {
+        message,
+        run_id,
+        kind,
+        caller,
+        chain,
+        links_paragraph,
+        trigger,
+        crashed,
+        preread,
+        carried,
+    } = opened;
     let max_crashes = rt.settings.turn.max_crash_retries as usize;
     if crashed.len() >= max_crashes {
         // This message's turn took the host down every time it ran: answer

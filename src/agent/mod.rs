@@ -71,6 +71,8 @@ pub(crate) struct TurnPreread {
     pub extensions: std::sync::Mutex<Option<crate::extensions::EnabledRead>>,
     /// The space turned `web_fetch` on.
     pub web_fetch: bool,
+    /// The prompt's rows, taken once by the turn.
+    pub prompt_rows: std::sync::Mutex<Option<prompt::PromptRows>>,
 }
 
 #[derive(Debug)]
@@ -234,8 +236,8 @@ async fn still_holds(rt: &Runtime, space: &crate::ids::SpaceId) -> bool {
     }
 }
 
-/// Runs one turn. The run row is started here and left `running`; the caller
-/// closes it together with the reply, in one transaction.
+/// Runs one turn of a run its caller opened (and left `running`); the
+/// caller closes it together with the reply, in one transaction.
 pub(crate) async fn run_turn(
     rt: &Arc<Runtime>,
     mut req: TurnRequest,
@@ -676,7 +678,11 @@ async fn turn_steps(
     exts: Option<&TurnExtensions>,
     fragments: &[String],
 ) -> Result<String, TurnError> {
-    let mut messages = prompt::build(rt, &req.prompt, &req.user_text).await?;
+    let rows = req
+        .preread
+        .as_ref()
+        .and_then(|p| p.prompt_rows.lock().ok().and_then(|mut r| r.take()));
+    let mut messages = prompt::build(rt, &req.prompt, &req.user_text, rows).await?;
     if let Some(asked) = messages.last_mut() {
         asked.images = req.images.clone();
     }

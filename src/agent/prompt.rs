@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::model::{ChatMessage, Role};
 use crate::runtime::Runtime;
 use crate::storage::spaces::{self, KvTable};
-use crate::storage::{messages, StoreError};
+use crate::storage::{messages, Conn, StoreError, StoreResult};
 use crate::workspace::read_capped;
 
 const FILE_CAP: usize = 32 * 1024;
@@ -72,25 +72,56 @@ pub(crate) fn strip_trigger<'a>(
     text
 }
 
+/// What a prompt reads from the store. A live turn reads them in the write
+/// that opens its run (the writer's page cache is warm, and a read of their
+/// own would be one more hand-off per turn); other turns read them here.
+#[derive(Debug)]
+pub(crate) struct PromptRows {
+    prefs: Vec<spaces::KvEntry>,
+    summary: Option<String>,
+    history: Vec<messages::Message>,
+}
+
+impl PromptRows {
+    /// The space's preferences, its session summary and the bounded history
+    /// above its session boundary, of messages before `before`.
+    pub(crate) fn read(conn: &Conn, space: &str, before: i64, limit: u32) -> StoreResult<Self> {
+        let prefs = spaces::kv_list(conn, KvTable::Preferences, space)?;
+        let (boundary, summary) = spaces::session_boundary(conn, space)?;
+        let history = messages::history(conn, space, boundary, before, limit)?;
+        Ok(Self {
+            prefs,
+            summary,
+            history,
+        })
+    }
+}
+
+/// The prompt of a turn: `rows` when the turn read them already, else
+/// read now.
 pub(crate) async fn build(
     rt: &Arc<Runtime>,
     inputs: &PromptInputs,
     user_text: &str,
+    rows: Option<PromptRows>,
 ) -> Result<Vec<ChatMessage>, StoreError> {
     let agents = read_capped(&inputs.files_dir, "AGENTS.md", FILE_CAP);
     let memory = read_capped(&inputs.files_dir, "MEMORY.md", FILE_CAP);
-    let space = inputs.space_id.clone();
-    let before = inputs.history_before.unwrap_or(i64::MAX);
-    let limit = rt.settings.turn.history_limit;
-    let (prefs, summary, history) = rt
-        .store
-        .read(move |c| {
-            let prefs = spaces::kv_list(c, KvTable::Preferences, &space)?;
-            let (boundary, summary) = spaces::session_boundary(c, &space)?;
-            let history = messages::history(c, &space, boundary, before, limit)?;
-            Ok((prefs, summary, history))
-        })
-        .await?;
+    let PromptRows {
+        prefs,
+        summary,
+        history,
+    } = match rows {
+        Some(rows) => rows,
+        None => {
+            let space = inputs.space_id.clone();
+            let before = inputs.history_before.unwrap_or(i64::MAX);
+            let limit = rt.settings.turn.history_limit;
+            rt.store
+                .read(move |c| PromptRows::read(c, &space, before, limit))
+                .await?
+        }
+    };
     let mut system = platform_block(&inputs.space_id, &chrono::Utc::now().to_rfc3339());
     if inputs.links_paragraph {
         system.push_str("\n\n");

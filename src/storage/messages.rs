@@ -176,6 +176,15 @@ pub fn pending(conn: &Conn, space: &str) -> StoreResult<Vec<Message>> {
     )
 }
 
+/// The space's oldest pending message: the next one its actor answers.
+pub fn next_pending(conn: &Conn, space: &str) -> StoreResult<Option<Message>> {
+    conn.query_opt(
+        &format!("SELECT {COLS} {PENDING_TAIL} LIMIT 1"),
+        params![space],
+        from_row,
+    )
+}
+
 /// Spaces with pending messages (start-up recovery).
 /// Which of `ids` are no longer pending (their turn ended), at most 500
 /// asked at once.

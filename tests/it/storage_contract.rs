@@ -240,6 +240,22 @@ async fn writes_are_seen_in_the_order_they_were_queued() {
             .map(|m| m.id)
             .collect();
         assert_eq!(pending, ids, "{name}: the queue is in arrival order");
+        // The actor takes the oldest pending message, in the write that
+        // opens its run; once it settles, the next one.
+        let first = ids[0];
+        let (next, after_settle, elsewhere) = store
+            .write(move |tx| {
+                let next = messages::next_pending(tx, "s1")?.map(|m| m.id);
+                messages::settle(tx, first, "done", "run-1")?;
+                let after = messages::next_pending(tx, "s1")?.map(|m| m.id);
+                let elsewhere = messages::next_pending(tx, "detached")?;
+                Ok((next, after, elsewhere.is_none()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(next, Some(ids[0]), "{name}");
+        assert_eq!(after_settle, Some(ids[1]), "{name}");
+        assert!(elsewhere, "{name}: another space has nothing pending");
     }
 }
 
