@@ -4,7 +4,8 @@
 //! [`render`] is the terminal report.
 //!
 //! The baseline is what the snapshot wrote aside before the shadow first
-//! ran: `shadow/baseline.db` (the copied database) and
+//! ran: `shadow/baseline.db` (the copied tables the diff compares, and the
+//! spaces and members its redaction names) and
 //! `shadow/baseline-files.json` (every workspace file by hash).
 //!
 //! Every string of the report a person could be named in (row keys, values
@@ -734,15 +735,13 @@ pub fn write_baseline(dir: &Path, tap: BaselineTap) -> ShadowResult<PathBuf> {
     crate::workspace::data_dir::private_dir(&shadow_dir)
         .map_err(io_err(format!("creating {}", shadow_dir.display())))?;
     let db = dir.join(BASELINE_DB);
-    // The snapshot's database is a closed, compact file no host has opened
-    // yet: a plain file copy is its exact state (and may be a reflink).
+    // The snapshot's database is a closed file no host has opened yet: the
+    // tables the diff compares are taken from it as they are, into a file
+    // created private (it names members).
+    crate::workspace::data_dir::private_file(&db)
+        .map_err(io_err(format!("creating {}", db.display())))?;
     let live_copy = dir.join("state.db");
-    std::fs::copy(&live_copy, &db).map_err(io_err(format!("copying {}", live_copy.display())))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600))
-            .map_err(io_err(format!("setting the mode of {}", db.display())))?;
-    }
+    rehearsal::write_diff_baseline(&live_copy, &db).map_err(db_err("writing the diff baseline"))?;
     let BaselineTap { hashes, texts, .. } = tap;
     super::text_diff::write_baseline_text(dir, texts)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;

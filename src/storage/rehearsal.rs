@@ -5,9 +5,12 @@
 //! built with SQLite's `strftime`, exactly as the report has always shown
 //! them.
 //!
-//! Must never: write to either file.
+//! Must never: write to either file once the baseline is written (the
+//! baseline is written once, by the snapshot, from its own copy).
 
-use super::{params, Conn, Query, StoreResult};
+use std::path::Path;
+
+use super::{params, Conn, Query, StoreError, StoreResult};
 
 /// The tables the diff compares, in report order.
 pub const DIFF_TABLES: &[&str] = &[
@@ -18,6 +21,39 @@ pub const DIFF_TABLES: &[&str] = &[
     "mutes",
     "extension_state",
 ];
+
+/// What the diff reads of its baseline: the compared tables, and the
+/// spaces and members its redaction list names. Messages, runs and usage
+/// are compared through the snapshot's marks in the shadow's own database.
+const BASELINE_TABLES: &[&str] = &[
+    "space_config",
+    "space_preferences",
+    "tasks",
+    "space_roles",
+    "mutes",
+    "extension_state",
+    "spaces",
+    "members",
+];
+
+/// Writes into the empty file `dest` the tables of the database at `source`
+/// (a snapshot's closed copy) that the diff compares against. A copy of the
+/// whole database was a quarter of everything the snapshot wrote, for a few
+/// small tables (issue 32).
+pub fn write_diff_baseline(source: &Path, dest: &Path) -> StoreResult<()> {
+    let dest = dest
+        .to_str()
+        .ok_or_else(|| StoreError::Invalid(format!("{} is not a UTF-8 path", dest.display())))?;
+    let conn = super::open_plain(source)?;
+    conn.execute("ATTACH DATABASE ?1 AS baseline", rusqlite::params![dest])?;
+    for table in BASELINE_TABLES {
+        conn.execute_batch(&format!(
+            "CREATE TABLE baseline.{table} AS SELECT * FROM main.{table}"
+        ))?;
+    }
+    conn.execute_batch("DETACH DATABASE baseline")?;
+    Ok(())
+}
 
 /// One compared row: `((space, key), value, updated by)`.
 pub type DiffRow = ((String, String), String, String);

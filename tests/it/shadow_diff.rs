@@ -113,6 +113,31 @@ async fn rehearsed() -> (TestHost, tempfile::TempDir, PathBuf, PathBuf) {
     );
     assert_eq!(code, Some(0), "{out}{err}");
     let snap = std::fs::canonicalize(root.join("current")).unwrap();
+    // The baseline holds what the diff compares, the spaces and members
+    // its redaction names: not a second copy of the whole database.
+    let base = mercury::storage::open_read_only_conn(&snap.join("shadow/baseline.db")).unwrap();
+    let mut tables = mercury::storage::inspect::tables(&base).unwrap();
+    tables.sort();
+    assert_eq!(
+        tables,
+        [
+            "extension_state",
+            "members",
+            "mutes",
+            "space_config",
+            "space_preferences",
+            "space_roles",
+            "spaces",
+            "tasks"
+        ],
+        "the diff baseline's tables"
+    );
+    assert_eq!(
+        mercury::storage::inspect::row_count(&base, "spaces").unwrap(),
+        1,
+        "the live's one space"
+    );
+    drop(base);
     mercury::storage::inspect::execute_script_on_file(&snap.join("state.db"), &format!(
         "INSERT INTO space_roles (space_id, caller_id, role, granted_by, created_at, updated_at)
            VALUES ('alpha', '{WA}', 'member', '{WA}', 1, 1);
