@@ -22,19 +22,10 @@ pub const DIFF_TABLES: &[&str] = &[
     "extension_state",
 ];
 
-/// What the diff reads of its baseline: the compared tables, and the
-/// spaces and members its redaction list names. Messages, runs and usage
-/// are compared through the snapshot's marks in the shadow's own database.
-const BASELINE_TABLES: &[&str] = &[
-    "space_config",
-    "space_preferences",
-    "tasks",
-    "space_roles",
-    "mutes",
-    "extension_state",
-    "spaces",
-    "members",
-];
+/// What the diff reads of its baseline besides [`DIFF_TABLES`]: the spaces
+/// and members its redaction list names. Messages, runs and usage are
+/// compared through the snapshot's marks in the shadow's own database.
+const REDACTION_TABLES: &[&str] = &["spaces", "members"];
 
 /// Writes into the empty file `dest` the tables of the database at `source`
 /// (a snapshot's closed copy) that the diff compares against. A copy of the
@@ -46,7 +37,7 @@ pub fn write_diff_baseline(source: &Path, dest: &Path) -> StoreResult<()> {
         .ok_or_else(|| StoreError::Invalid(format!("{} is not a UTF-8 path", dest.display())))?;
     let conn = super::open_plain(source)?;
     conn.execute("ATTACH DATABASE ?1 AS baseline", rusqlite::params![dest])?;
-    for table in BASELINE_TABLES {
+    for table in DIFF_TABLES.iter().chain(REDACTION_TABLES) {
         conn.execute_batch(&format!(
             "CREATE TABLE baseline.{table} AS SELECT * FROM main.{table}"
         ))?;
