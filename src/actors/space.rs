@@ -209,12 +209,12 @@ async fn handle_message(
             let idle = Duration::from_secs(state.rt.settings.spaces.idle_stop_secs);
             if state.running.is_none() && state.last_activity.elapsed() >= idle {
                 let space = state.space.to_string();
-                let pending = state
+                let next = state
                     .rt
                     .store
-                    .read(move |c| messages::pending(c, &space))
+                    .read(move |c| messages::next_pending(c, &space))
                     .await;
-                if matches!(pending, Ok(ref p) if p.is_empty()) {
+                if matches!(next, Ok(None)) {
                     myself.stop(Some("idle".into()));
                 }
             }

@@ -37,11 +37,13 @@ pub fn write_diff_baseline(source: &Path, dest: &Path) -> StoreResult<()> {
         .ok_or_else(|| StoreError::Invalid(format!("{} is not a UTF-8 path", dest.display())))?;
     let conn = super::open_plain(source)?;
     conn.execute("ATTACH DATABASE ?1 AS baseline", rusqlite::params![dest])?;
-    for table in DIFF_TABLES.iter().chain(REDACTION_TABLES) {
-        conn.execute_batch(&format!(
-            "CREATE TABLE baseline.{table} AS SELECT * FROM main.{table}"
-        ))?;
-    }
+    // One transaction: one sync of the new file, not one per table.
+    let copies: String = DIFF_TABLES
+        .iter()
+        .chain(REDACTION_TABLES)
+        .map(|table| format!("CREATE TABLE baseline.{table} AS SELECT * FROM main.{table};\n"))
+        .collect();
+    conn.execute_batch(&format!("BEGIN;\n{copies}COMMIT;"))?;
     conn.execute_batch("DETACH DATABASE baseline")?;
     Ok(())
 }

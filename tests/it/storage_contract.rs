@@ -1281,8 +1281,6 @@ async fn a_runs_trace_reads_back_in_step_order_for_the_review() {
     }
 }
 
-/// The act-as step's one read (issue 32 item 4): the holder context, the
-/// target and the active edges in one statement, alike on every backend.
 /// A direct write marks each open link change on its key superseded once:
 /// a second direct write finds none left to mark (it used to rewrite every
 /// one of them again, so each direct write of a key a link keeps writing
@@ -1324,6 +1322,8 @@ async fn a_direct_write_supersedes_each_link_change_on_its_key_once() {
     }
 }
 
+/// The act-as step's one read (issue 32 item 4): the holder context, the
+/// target and the active edges in one statement, alike on every backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_act_as_view_reads_roles_overrides_and_edges_in_one_statement() {
     use links::{ActAsView, EdgeRow, RoleNames};
