@@ -283,6 +283,9 @@ enum BenchCommand {
         messages: Option<usize>,
         #[arg(long)]
         spaces: Option<usize>,
+        /// Snapshot / `cp -a` pairs, interleaved; the median pair is the figure.
+        #[arg(long, default_value_t = crate::bench::shadow::DEFAULT_PAIRS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=50))]
+        pairs: usize,
     },
     /// Live reply p99 while a review scan runs, against no scan, with the
     /// model gate's limiter and pool on and off; judge tokens per exchange,
@@ -883,6 +886,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
                     full,
                     messages,
                     spaces,
+                    pairs,
                 },
         } => {
             let base = if full {
@@ -893,6 +897,7 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             let opts = crate::bench::shadow::ShadowBenchOptions {
                 messages: messages.unwrap_or(base.messages),
                 spaces: spaces.unwrap_or(base.spaces).max(1),
+                pairs,
                 ..base
             };
             match crate::bench::shadow::run(&opts).await {
