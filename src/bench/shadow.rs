@@ -271,22 +271,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_figure_is_the_median_pair_by_ratio_not_by_time() {
-        let f = ShadowFigures {
+    fn figures(pairs: Vec<Pair>) -> ShadowFigures {
+        ShadowFigures {
             source_bytes: 1,
             snapshot_bytes: 1,
             cp_a_bytes: 1,
-            // Ratios 2.0, 0.5, 1.1, 1.5, 0.9: the median is 1.1, though
-            // neither its snapshot nor its cp -a is the median time.
-            pairs: vec![
-                pair(200, 100),
-                pair(100, 200),
-                pair(1100, 1000),
-                pair(30, 20),
-                pair(90, 100),
-            ],
-        };
+            pairs,
+        }
+    }
+
+    #[test]
+    fn the_figure_is_the_median_pair_by_ratio_not_by_time() {
+        // Ratios 2.0, 0.5, 1.1, 1.5, 0.9: the median is 1.1, though
+        // neither its snapshot nor its cp -a is the median time.
+        let f = figures(vec![
+            pair(200, 100),
+            pair(100, 200),
+            pair(1100, 1000),
+            pair(30, 20),
+            pair(90, 100),
+        ]);
         let m = f.median().map(|p| p.ratio());
         assert!(m.is_some_and(|r| (r - 1.1).abs() < 1e-9), "{m:?}");
         let out = report(&ShadowBenchOptions::default(), &f);
