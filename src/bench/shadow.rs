@@ -139,19 +139,19 @@ pub(crate) async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigur
     tokio::task::spawn_blocking(move || generate(&d, &o)).await??;
     let source_bytes = du(&data);
 
-    let mut pairs = Vec::with_capacity(opts.pairs.max(1));
+    let (snapshot_root, cp_target) = (tmp.path().join("shadow-root"), tmp.path().join("cp-a"));
+    let count = opts.pairs.max(1);
+    let mut pairs = Vec::with_capacity(count);
     let (mut snapshot_bytes, mut cp_a_bytes) = (0, 0);
-    for i in 0..opts.pairs.max(1) {
-        let (mut snapshot, mut cp_a) = (Duration::ZERO, Duration::ZERO);
-        for snapshot_side in [i % 2 == 1, i % 2 == 0] {
-            if snapshot_side {
-                let (took, bytes) = time_snapshot(&data, &tmp.path().join("shadow-root")).await?;
-                (snapshot, snapshot_bytes) = (took, bytes);
-            } else {
-                let (took, bytes) = time_cp_a(&data, &tmp.path().join("cp-a")).await?;
-                (cp_a, cp_a_bytes) = (took, bytes);
-            }
-        }
+    for i in 0..count {
+        let ((snapshot, s_bytes), (cp_a, c_bytes)) = if snapshot_first(i) {
+            let s = time_snapshot(&data, &snapshot_root).await?;
+            (s, time_cp_a(&data, &cp_target).await?)
+        } else {
+            let c = time_cp_a(&data, &cp_target).await?;
+            (time_snapshot(&data, &snapshot_root).await?, c)
+        };
+        (snapshot_bytes, cp_a_bytes) = (s_bytes, c_bytes);
         pairs.push(Pair { snapshot, cp_a });
     }
     Ok(ShadowFigures {
@@ -160,6 +160,12 @@ pub(crate) async fn run(opts: &ShadowBenchOptions) -> anyhow::Result<ShadowFigur
         cp_a_bytes,
         pairs,
     })
+}
+
+/// Whether pair `i` (from 0) runs the snapshot before `cp -a`: every other
+/// pair, so neither side always runs on what the other left behind.
+fn snapshot_first(i: usize) -> bool {
+    i % 2 == 1
 }
 
 /// Flushes every dirty page of the system and waits for it: before a side
@@ -231,7 +237,7 @@ pub(crate) fn report(opts: &ShadowBenchOptions, f: &ShadowFigures) -> String {
         f.pairs.len(),
     );
     for (i, p) in f.pairs.iter().enumerate() {
-        let first = if i % 2 == 1 {
+        let first = if snapshot_first(i) {
             "snapshot first"
         } else {
             "cp -a first"
@@ -301,17 +307,12 @@ mod tests {
 
     #[test]
     fn an_even_count_takes_the_lower_middle() {
-        let f = ShadowFigures {
-            source_bytes: 1,
-            snapshot_bytes: 1,
-            cp_a_bytes: 1,
-            pairs: vec![
-                pair(300, 100),
-                pair(100, 100),
-                pair(120, 100),
-                pair(200, 100),
-            ],
-        };
+        let f = figures(vec![
+            pair(300, 100),
+            pair(100, 100),
+            pair(120, 100),
+            pair(200, 100),
+        ]);
         let m = f.median().map(|p| p.ratio());
         assert!(m.is_some_and(|r| (r - 1.2).abs() < 1e-9), "{m:?}");
     }
