@@ -257,7 +257,7 @@ pub(crate) async fn run_opened(
         let run_s = run_id.to_string();
         let steps = outcome.steps;
         let fence = rt.fence(space.as_str());
-        let _ = rt
+        let closed = rt
             .store
             .write(move |tx| {
                 if let Some(f) = &fence {
@@ -273,6 +273,11 @@ pub(crate) async fn run_opened(
                 )
             })
             .await;
+        if let Err(e) = closed {
+            // The run stays `running` until a restart marks it; the
+            // message is still pending either way.
+            tracing::error!(space = %space, run_id = %run_id, error = %e, "cannot close the run its actor abandoned");
+        }
         return;
     }
     if let Err(e) = commit(rt, &message, &run_id, outcome).await {

@@ -416,9 +416,14 @@ async fn a_panicking_space_actor_is_restarted_and_its_queued_messages_are_answer
         "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = 'space actor stopped during the turn' AND trigger_message_id = {}",
         ids[0]
     ));
+    let runs = {
+        let sql = "SELECT trigger_message_id, status, COALESCE(error, ''), started_at, COALESCE(finished_at, 0) FROM runs ORDER BY started_at".to_owned();
+        h.read(move |c| mercury::storage::inspect::query_text(c, &sql))
+    };
     assert_eq!(
         abandoned, 1,
-        "the turn in flight died with its actor and was run again"
+        "the turn in flight died with its actor and was run again (m0 is {}; runs: {runs:?})",
+        ids[0]
     );
     assert_eq!(
         h.count("SELECT COUNT(*) FROM runs WHERE status = 'done'"),
