@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::manifest::Manifest;
+use super::tap::Baseline;
 use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config::{self, ReviewConfig};
 use crate::redaction::{kind_list, IdentifierGate, RedactionList, Redactor};
@@ -191,8 +191,7 @@ fn walk(dir: &WorkspaceRoot, prefix: &str, out: &mut BTreeMap<String, String>) -
                 let target = dir
                     .readlink(&e.name)
                     .map_err(io_err(format!("reading the link {rel}")))?;
-                let h = Sha256::digest(format!("symlink:{}", target.to_string_lossy()).as_bytes());
-                out.insert(rel, base16ct::lower::encode_string(&h));
+                out.insert(rel, super::tap::link_hash(&target));
             }
             EntryKind::Other => {}
         }
@@ -654,83 +653,12 @@ pub fn rebase(dir: &Path) -> ShadowResult<PathBuf> {
             }
         }
     }
-    write_baseline(
-        dir,
-        BaselineTap {
-            hashes,
-            texts,
-            ..Default::default()
-        },
-    )
-}
-
-/// What the snapshot learns of its workspaces while it copies them (issue
-/// 32: each file read once): every file's hash, by the rule of
-/// [`tree_hashes`], and the texts the diff keeps. A tap of the copy of one
-/// workspace at a time ([`BaselineTap::space`] first).
-#[derive(Default)]
-pub struct BaselineTap {
-    hashes: TreeHashes,
-    texts: super::text_diff::TextKeeper,
-    space: String,
-    /// The file being copied: its path, its hash so far, and its bytes so
-    /// far while it may still be a kept text.
-    file: Option<(String, Sha256, Option<Vec<u8>>)>,
-}
-
-impl BaselineTap {
-    /// The workspace the next files belong to (a directory of `spaces/`).
-    pub fn space(&mut self, name: &str) {
-        self.space = name.to_owned();
-        self.hashes.entry(self.space.clone()).or_default();
-    }
-}
-
-impl crate::workspace::walk::CopyTap for BaselineTap {
-    fn file(&mut self, rel: &str) {
-        let text = super::text_diff::is_diffed(rel).then(Vec::new);
-        self.file = Some((rel.to_owned(), Sha256::new(), text));
-    }
-
-    fn bytes(&mut self, chunk: &[u8]) {
-        if let Some((_, hash, text)) = &mut self.file {
-            hash.update(chunk);
-            if let Some(t) = text {
-                if (t.len() + chunk.len()) as u64 > super::text_diff::MAX_FILE_BYTES {
-                    // Too large to diff: listed by its hash only.
-                    *text = None;
-                } else {
-                    t.extend_from_slice(chunk);
-                }
-            }
-        }
-    }
-
-    fn file_done(&mut self) {
-        if let Some((rel, hash, text)) = self.file.take() {
-            if let Some(t) = text {
-                self.texts.offer(&self.space, &rel, t);
-            }
-            let hex = base16ct::lower::encode_string(&hash.finalize());
-            self.hashes
-                .entry(self.space.clone())
-                .or_default()
-                .insert(rel, hex);
-        }
-    }
-
-    fn symlink(&mut self, rel: &str, target: &std::ffi::OsStr) {
-        let h = Sha256::digest(format!("symlink:{}", target.to_string_lossy()).as_bytes());
-        self.hashes
-            .entry(self.space.clone())
-            .or_default()
-            .insert(rel.to_owned(), base16ct::lower::encode_string(&h));
-    }
+    write_baseline(dir, Baseline { hashes, texts })
 }
 
 /// Writes the baseline the diff compares against (called by the snapshot),
 /// with the hashes and texts its copy of the workspaces gathered.
-pub fn write_baseline(dir: &Path, tap: BaselineTap) -> ShadowResult<PathBuf> {
+pub fn write_baseline(dir: &Path, baseline: Baseline) -> ShadowResult<PathBuf> {
     let shadow_dir = dir.join("shadow");
     crate::workspace::data_dir::private_dir(&shadow_dir)
         .map_err(io_err(format!("creating {}", shadow_dir.display())))?;
@@ -742,7 +670,7 @@ pub fn write_baseline(dir: &Path, tap: BaselineTap) -> ShadowResult<PathBuf> {
         .map_err(io_err(format!("creating {}", db.display())))?;
     let live_copy = dir.join("state.db");
     rehearsal::write_diff_baseline(&live_copy, &db).map_err(db_err("writing the diff baseline"))?;
-    let BaselineTap { hashes, texts, .. } = tap;
+    let Baseline { hashes, texts } = baseline;
     super::text_diff::write_baseline_text(dir, texts)?;
     let json = serde_json::to_string(&hashes).map_err(|e| ShadowError::Invalid(e.to_string()))?;
     let p = dir.join(BASELINE_FILES);

@@ -14,6 +14,7 @@ pub mod guard;
 pub mod manifest;
 pub mod settings;
 pub mod snapshot;
+pub mod tap;
 pub mod text_diff;
 
 use std::path::{Path, PathBuf};

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use serde_yaml_ng::Value as Yaml;
 
-use super::diff::BaselineTap;
 use super::manifest::{Manifest, Marks, Running, CURRENT_LINK, MANIFEST_FILE};
+use super::tap::{Baseline, BaselineTap};
 use super::{db_err, io_err, ShadowError, ShadowResult};
 use crate::config;
 use crate::storage::{copy, snapshot, tokens, Location};
@@ -224,7 +224,7 @@ fn make(
     at: Place<'_>,
 ) -> ShadowResult<Manifest> {
     let shadow = DataPaths::new(at.dir);
-    let (marks, db_bytes, files_bytes, tap) = fill(
+    let (marks, db_bytes, files_bytes, baseline) = fill(
         opts,
         live,
         source,
@@ -262,7 +262,7 @@ fn make(
     write_config(&shadow.config, &all)?;
     // What the diff compares against, before the shadow ever runs: the
     // files' hashes and texts were taken while they were copied.
-    super::diff::write_baseline(at.dir, tap)?;
+    super::diff::write_baseline(at.dir, baseline)?;
     let manifest = Manifest {
         id: at.id.to_owned(),
         product_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -363,10 +363,10 @@ fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
 /// sizes and what the copy of `spaces/` gathered for the diff baseline.
 ///
 /// The database and the files are copied side by side, each on its own
-/// thread (issue 32): one is mostly SQLite's work, the other mostly the
-/// disk's and the hash's, and neither reads what the other writes. Both
-/// run to their end before an error of either is answered, so the caller's
-/// clean-up never races a copy still writing.
+/// thread (issue 32): one is mostly SQLite's work, the other the disk's
+/// (its hashing is a third thread's, [`BaselineTap`]), and neither reads
+/// what the other writes. Both run to their end before an error of either
+/// is answered, so the caller's clean-up never races a copy still writing.
 fn fill(
     opts: &SnapshotOptions,
     live: &DataPaths,
@@ -374,7 +374,7 @@ fn fill(
     shadow: &DataPaths,
     owner: &str,
     limits: WalkLimits,
-) -> ShadowResult<(Marks, u64, u64, BaselineTap)> {
+) -> ShadowResult<(Marks, u64, u64, Baseline)> {
     let (db, files) = std::thread::scope(|s| {
         let db = s.spawn(|| copy_database(opts, live, source, shadow, owner));
         let files = copy_files(opts, live, shadow, limits);
@@ -383,7 +383,7 @@ fn fill(
     let (marks, db_bytes, secret) = db.map_err(|_| {
         ShadowError::Invalid("the database copy stopped unexpectedly (a panic)".into())
     })??;
-    let (files_bytes, tap) = files?;
+    let (files_bytes, baseline) = files?;
     let token_path = shadow.owner_token();
     private_file(&token_path)
         .and_then(|mut f| f.write_all(secret.as_bytes()))
@@ -393,7 +393,7 @@ fn fill(
     private_file(&shadow.config)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(io_err(format!("writing {}", shadow.config.display())))?;
-    Ok((marks, db_bytes, files_bytes, tap))
+    Ok((marks, db_bytes, files_bytes, baseline))
 }
 
 /// The database into the shadow's `state.db`, every live token replaced by
@@ -481,11 +481,11 @@ fn copy_files(
     live: &DataPaths,
     shadow: &DataPaths,
     limits: WalkLimits,
-) -> ShadowResult<(u64, BaselineTap)> {
+) -> ShadowResult<(u64, Baseline)> {
     for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
         private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
     }
-    let mut tap = BaselineTap::default();
+    let mut tap = BaselineTap::start()?;
     let mut files_bytes = copy_dirs(
         &live.spaces,
         &shadow.spaces,
@@ -501,7 +501,7 @@ fn copy_files(
         files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits, None)?;
     }
     files_bytes += copy_global(&live.global, &shadow.global)?;
-    Ok((files_bytes, tap))
+    Ok((files_bytes, tap.finish()?))
 }
 
 fn set_mode(path: &Path) -> ShadowResult<()> {

@@ -87,7 +87,7 @@ impl TextKeeper {
         }
     }
 
-    fn into_texts(self) -> Texts {
+    pub(super) fn into_texts(self) -> Texts {
         let mut out = Texts::new();
         for ((space, path), text) in self.kept {
             out.entry(space).or_default().insert(path, text);

@@ -229,13 +229,24 @@ pub trait CopyTap {
     /// A regular file at `rel` (its path in the tree, `/`-separated, each
     /// name as lossy UTF-8) starts; its bytes follow in order.
     fn file(&mut self, rel: &str);
-    /// The next bytes of that file, as the copy writes them.
-    fn bytes(&mut self, chunk: &[u8]);
+    /// A buffer for the copy to read the file's next bytes into: one the
+    /// tap is done with (its length as it was), or a new one; the copy
+    /// sizes it.
+    fn buffer(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+    /// The next bytes of that file, `buf[..len]`, as the copy wrote them;
+    /// the buffer is the tap's from here (kept or handed out again by
+    /// [`CopyTap::buffer`]), so no byte is copied twice to reach it.
+    fn bytes(&mut self, buf: Vec<u8>, len: usize);
     /// That file is copied whole.
     fn file_done(&mut self);
     /// A symbolic link at `rel`, copied as a link to `target`.
     fn symlink(&mut self, rel: &str, target: &OsStr);
 }
+
+/// The most a tapped copy reads at once.
+const TAP_CHUNK: usize = 256 * 1024;
 
 /// Copies the whole tree of `src` into `dst` (an empty directory):
 /// directories, regular files (mode and owner kept, setuid and setgid
@@ -283,6 +294,9 @@ pub fn copy_tree_tapped(
     };
     let mut count = 0u64;
     let mut bytes = 0u64;
+    // The buffer read into and not yet handed to the tap (the end of a
+    // file reads nothing into it): the next file's first.
+    let mut buf = Vec::new();
     let top = RelPath::default();
     let first = listing(src, &top, &mut count)?;
     let mut stack = vec![Frame {
@@ -342,7 +356,7 @@ pub fn copy_tree_tapped(
                     .map_err(|err| WalkError::io("creating", &at, err))?;
                 bytes += match tap.as_deref_mut() {
                     None => io::copy(&mut &f, &mut t),
-                    Some(tap) => copy_through(&f, &mut t, &at, tap),
+                    Some(tap) => copy_through(&f, &mut t, &at, tap, &mut buf),
                 }
                 .map_err(|err| WalkError::io("copying", &at, err))?;
                 to.set_meta(Some(&t), &e);
@@ -363,27 +377,35 @@ pub fn copy_tree_tapped(
     Ok(bytes)
 }
 
-/// One file through a buffer: each chunk goes to the tap, then to the copy.
+/// One file through the tap's buffers: each chunk is read into one,
+/// written to the copy, and handed to the tap. `spare` is a buffer read
+/// into but not handed over (a file's end), kept for the next file.
 fn copy_through(
     from: &std::fs::File,
     to: &mut std::fs::File,
     at: &RelPath,
     tap: &mut dyn CopyTap,
+    spare: &mut Vec<u8>,
 ) -> io::Result<u64> {
     use std::io::{Read, Write};
     tap.file(&at.joined());
-    let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0u64;
     let mut reader = from;
     loop {
-        let n = match reader.read(&mut buf) {
+        if spare.is_empty() {
+            *spare = tap.buffer();
+            // A buffer new to the tap is zeroed once; a returned one keeps
+            // its length and is only ever read into.
+            spare.resize(TAP_CHUNK, 0);
+        }
+        let n = match reader.read(spare.as_mut_slice()) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        tap.bytes(&buf[..n]);
-        to.write_all(&buf[..n])?;
+        to.write_all(&spare[..n])?;
+        tap.bytes(std::mem::take(spare), n);
         total += n as u64;
     }
     tap.file_done();
