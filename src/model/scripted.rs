@@ -692,21 +692,22 @@ impl ScriptedProvider {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-    use std::sync::atomic::AtomicUsize;
-
     use serde_json::json;
 
     use super::*;
 
-    /// Writes `text` to a fresh file under the system temp dir.
-    fn script_file(text: &str) -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!("mercury-scripted-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("script-{}.json", N.fetch_add(1, Ordering::Relaxed)));
-        std::fs::write(&path, text).unwrap();
-        path
+    /// Writes `text` to a fresh file under the system temp dir, removed
+    /// when the returned path is dropped (they were left behind, a
+    /// directory per test process).
+    fn script_file(text: &str) -> tempfile::TempPath {
+        use std::io::Write;
+        let mut f = tempfile::Builder::new()
+            .prefix("mercury-scripted-")
+            .suffix(".json")
+            .tempfile()
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f.into_temp_path()
     }
 
     fn load(script: Value) -> ScriptedProvider {
