@@ -140,7 +140,7 @@ pub fn backup(data_dir: &Path, to: &Path, with_secrets: bool) -> Result<BackupRe
     ] {
         private_dir(&to_dir).map_err(io(format!("creating {}", to_dir.display())))?;
         if from.is_dir() {
-            copy_dirs(&from, &to_dir, false, "data", limits, None)?;
+            copy_dirs(&from, &to_dir, false, "data", limits)?;
         }
     }
     std::fs::copy(&live.config, &stage.config).map_err(io("copying mercury.yaml"))?;

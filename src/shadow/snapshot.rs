@@ -15,6 +15,8 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde_yaml_ng::Value as Yaml;
@@ -364,9 +366,11 @@ fn resolve_ahead(path: &Path) -> ShadowResult<PathBuf> {
 ///
 /// The database and the files are copied side by side, each on its own
 /// thread (issue 32): one is mostly SQLite's work, the other the disk's
-/// (its hashing is a third thread's, [`BaselineTap`]), and neither reads
-/// what the other writes. Both run to their end before an error of either
-/// is answered, so the caller's clean-up never races a copy still writing.
+/// (each copying thread's hashing is a thread of its own, [`BaselineTap`]),
+/// and neither reads what the other writes. The database's thread, done
+/// first, then takes workspaces of `spaces/` too ([`TopLevel`]). Both run
+/// to their end before an error of either is answered, so the caller's
+/// clean-up never races a copy still writing.
 fn fill(
     opts: &SnapshotOptions,
     live: &DataPaths,
@@ -375,15 +379,25 @@ fn fill(
     owner: &str,
     limits: WalkLimits,
 ) -> ShadowResult<(Marks, u64, u64, Baseline)> {
+    for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
+        private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
+    }
+    let spaces = TopLevel::open(&live.spaces, &shadow.spaces, opts.progress, "spaces")?;
     let (db, files) = std::thread::scope(|s| {
-        let db = s.spawn(|| copy_database(opts, live, source, shadow, owner));
-        let files = copy_files(opts, live, shadow, limits);
+        let db = s.spawn(|| {
+            let copied = copy_database(opts, live, source, shadow, owner)?;
+            // Its own work done, this thread takes workspaces too.
+            Ok::<_, ShadowError>((copied, copy_spaces(&spaces, limits)?))
+        });
+        let files = copy_files(live, shadow, &spaces, limits);
         (db.join(), files)
     });
-    let (marks, db_bytes, secret) = db.map_err(|_| {
+    let ((marks, db_bytes, secret), (helped_bytes, helped)) = db.map_err(|_| {
         ShadowError::Invalid("the database copy stopped unexpectedly (a panic)".into())
     })??;
-    let (files_bytes, baseline) = files?;
+    let (files_bytes, mut baseline) = files?;
+    baseline.absorb(helped);
+    let files_bytes = files_bytes + helped_bytes;
     let token_path = shadow.owner_token();
     private_file(&token_path)
         .and_then(|mut f| f.write_all(secret.as_bytes()))
@@ -477,31 +491,28 @@ fn copy_database(
 /// `spaces/` (hashed as it is copied), `models/` and what `global/` may
 /// carry: the bytes copied and the baseline's hashes and texts.
 fn copy_files(
-    opts: &SnapshotOptions,
     live: &DataPaths,
     shadow: &DataPaths,
+    spaces: &TopLevel,
     limits: WalkLimits,
 ) -> ShadowResult<(u64, Baseline)> {
-    for d in [&shadow.spaces, &shadow.global, &shadow.reviews] {
-        private_dir(d).map_err(io_err(format!("creating {}", d.display())))?;
-    }
-    let mut tap = BaselineTap::start()?;
-    let mut files_bytes = copy_dirs(
-        &live.spaces,
-        &shadow.spaces,
-        opts.progress,
-        "spaces",
-        limits,
-        Some(&mut tap),
-    )?;
+    let (mut files_bytes, baseline) = copy_spaces(spaces, limits)?;
     let live_models = crate::workspace::data_dir::models_dir(live);
     let shadow_models = crate::workspace::data_dir::models_dir(shadow);
     private_dir(&shadow_models).map_err(io_err(format!("creating {}", shadow_models.display())))?;
     if live_models.is_dir() {
-        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits, None)?;
+        files_bytes += copy_dirs(&live_models, &shadow_models, false, "models", limits)?;
     }
     files_bytes += copy_global(&live.global, &shadow.global)?;
-    Ok((files_bytes, tap.finish()?))
+    Ok((files_bytes, baseline))
+}
+
+/// This thread's share of the workspaces, through a tap of its own: the
+/// bytes and what its tap learned.
+fn copy_spaces(spaces: &TopLevel, limits: WalkLimits) -> ShadowResult<(u64, Baseline)> {
+    let mut tap = BaselineTap::start()?;
+    let bytes = spaces.take_all(limits, Some(&mut tap))?;
+    Ok((bytes, tap.finish()?))
 }
 
 fn set_mode(path: &Path) -> ShadowResult<()> {
@@ -511,69 +522,134 @@ fn set_mode(path: &Path) -> ShadowResult<()> {
 }
 
 /// Copies every entry of `from` into the empty `to` through the safe-path
-/// copy, one top-level entry at a time (for progress on large trees). With
-/// a `tap`, each top-level directory's files are hashed (and the diffed
-/// ones' texts kept) as they are copied, so no file is read twice.
-// Progress on stderr for large copies (issue 14).
-#[allow(clippy::print_stderr)]
+/// copy, one top-level entry at a time (for progress on large trees).
 pub(crate) fn copy_dirs(
     from: &Path,
     to: &Path,
     progress: bool,
     what: &str,
     limits: WalkLimits,
-    mut tap: Option<&mut BaselineTap>,
 ) -> ShadowResult<u64> {
-    let src = WorkspaceRoot::open(from)
-        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
-    let dst = WorkspaceRoot::open(to)
-        .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
-    let entries = src
-        .entries()
-        .map_err(io_err(format!("listing {}", from.display())))?;
-    let total = entries.len();
-    let mut bytes = 0;
-    let mut last = Instant::now();
-    for (i, e) in entries.iter().enumerate() {
+    TopLevel::open(from, to, progress, what)?.take_all(limits, None)
+}
+
+/// The top-level entries of a tree being copied, taken one at a time by
+/// whichever thread calls [`TopLevel::take_all`]: the snapshot's `spaces/`
+/// is copied by the file copy's thread and, once its own work is done, by
+/// the database copy's (issue 32: that thread finished in about half the
+/// files' time and its CPU then idled).
+struct TopLevel {
+    src: WorkspaceRoot,
+    dst: WorkspaceRoot,
+    to: PathBuf,
+    what: String,
+    entries: Vec<crate::workspace::safe::Entry>,
+    next: AtomicUsize,
+    /// Set by a thread whose entry failed: the others take no more.
+    failed: AtomicBool,
+    progress: Option<Mutex<(Instant, u64)>>,
+}
+
+impl TopLevel {
+    fn open(from: &Path, to: &Path, progress: bool, what: &str) -> ShadowResult<Self> {
+        let src = WorkspaceRoot::open(from)
+            .map_err(|e| ShadowError::Invalid(format!("{}: {e}", from.display())))?;
+        let dst = WorkspaceRoot::open(to)
+            .map_err(|e| ShadowError::Invalid(format!("{}: {e}", to.display())))?;
+        let entries = src
+            .entries()
+            .map_err(io_err(format!("listing {}", from.display())))?;
+        Ok(Self {
+            src,
+            dst,
+            to: to.to_path_buf(),
+            what: what.to_owned(),
+            entries,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            progress: progress.then(|| Mutex::new((Instant::now(), 0))),
+        })
+    }
+
+    /// Copies entries until none is left (or another thread's failed): the
+    /// bytes this thread copied. With a `tap`, each top-level directory's
+    /// files are hashed (and the diffed ones' texts kept) as they are
+    /// copied, so no file is read twice.
+    fn take_all(&self, limits: WalkLimits, mut tap: Option<&mut BaselineTap>) -> ShadowResult<u64> {
+        let mut bytes = 0;
+        while !self.failed.load(Ordering::Relaxed) {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(e) = self.entries.get(i) else {
+                break;
+            };
+            match self.copy_entry(e, limits, tap.as_deref_mut()) {
+                Ok(n) => {
+                    bytes += n;
+                    self.report(n);
+                }
+                Err(err) => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    fn copy_entry(
+        &self,
+        e: &crate::workspace::safe::Entry,
+        limits: WalkLimits,
+        tap: Option<&mut BaselineTap>,
+    ) -> ShadowResult<u64> {
+        let (what, name) = (&self.what, e.name.to_string_lossy());
         match e.kind {
             EntryKind::Dir => {
-                dst.mkdir(&e.name, 0o700).map_err(io_err(format!(
-                    "creating {what}/{}",
-                    e.name.to_string_lossy()
-                )))?;
-                let s = src.child_dir(&e.name).map_err(io_err(format!(
-                    "opening {what}/{}",
-                    e.name.to_string_lossy()
-                )))?;
-                let d = dst.child_dir(&e.name).map_err(io_err(format!(
-                    "opening the copy of {what}/{}",
-                    e.name.to_string_lossy()
-                )))?;
-                let copied = match tap.as_deref_mut() {
+                self.dst
+                    .mkdir(&e.name, 0o700)
+                    .map_err(io_err(format!("creating {what}/{name}")))?;
+                let s = self
+                    .src
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening {what}/{name}")))?;
+                let d = self
+                    .dst
+                    .child_dir(&e.name)
+                    .map_err(io_err(format!("opening the copy of {what}/{name}")))?;
+                let copied = match tap {
                     Some(tap) => {
-                        tap.space(&e.name.to_string_lossy());
+                        tap.space(&name);
                         s.copy_tree_into_tapped(&d, limits, tap)
                     }
                     None => s.copy_tree_into(&d, limits),
                 };
-                bytes += copied.map_err(|err| {
-                    io_err(format!("copying {what}/{}", e.name.to_string_lossy()))(err.into())
-                })?;
+                copied.map_err(|err| io_err(format!("copying {what}/{name}"))(err.into()))
             }
-            EntryKind::File => bytes += copy_file(&src, &e.name, to)?,
+            EntryKind::File => copy_file(&self.src, &e.name, &self.to),
             // A link at the top is a link to elsewhere: never followed, not needed.
-            EntryKind::Symlink | EntryKind::Other => {}
-        }
-        if progress && (last.elapsed().as_secs() >= 2 || i + 1 == total) {
-            eprintln!(
-                "mercury shadow snapshot: {what}: {}/{total} entries, {} MB",
-                i + 1,
-                bytes >> 20
-            );
-            last = Instant::now();
+            EntryKind::Symlink | EntryKind::Other => Ok(0),
         }
     }
-    Ok(bytes)
+
+    /// Progress on stderr for large copies (issue 14), every two seconds
+    /// and at the end, whichever thread copied the entry.
+    #[allow(clippy::print_stderr)]
+    fn report(&self, copied: u64) {
+        let Some(Ok(mut seen)) = self.progress.as_ref().map(Mutex::lock) else {
+            return;
+        };
+        seen.1 += copied;
+        let done = self.next.load(Ordering::Relaxed).min(self.entries.len());
+        let total = self.entries.len();
+        if seen.0.elapsed().as_secs() >= 2 || done == total {
+            eprintln!(
+                "mercury shadow snapshot: {}: {done}/{total} entries, {} MB",
+                self.what,
+                seen.1 >> 20
+            );
+            seen.0 = Instant::now();
+        }
+    }
 }
 
 fn copy_file(src: &WorkspaceRoot, name: &OsStr, to_dir: &Path) -> ShadowResult<u64> {

@@ -43,6 +43,15 @@ pub struct Baseline {
     pub texts: TextKeeper,
 }
 
+impl Baseline {
+    /// Takes in what another tap of the same copy gathered (other
+    /// workspaces, copied by another thread).
+    pub fn absorb(&mut self, other: Baseline) {
+        self.hashes.extend(other.hashes);
+        self.texts.absorb(other.texts);
+    }
+}
+
 /// Part of one file's bytes: the first piece names the file, the last
 /// closes it (one piece may be both).
 struct Piece {

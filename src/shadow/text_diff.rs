@@ -71,7 +71,11 @@ impl TextKeeper {
         let Ok(text) = String::from_utf8(bytes) else {
             return;
         };
-        let key = (space.to_owned(), path.to_owned());
+        self.keep((space.to_owned(), path.to_owned()), text);
+    }
+
+    /// A text already checked, under its (space, path), within the cap.
+    fn keep(&mut self, key: (String, String), text: String) {
         if self.cutoff.as_ref().is_some_and(|c| key >= *c) {
             return;
         }
@@ -84,6 +88,23 @@ impl TextKeeper {
             };
             self.total -= t.len() as u64;
             self.cutoff = Some(k);
+        }
+    }
+
+    /// Takes in `other`'s texts (of other workspaces of the same snapshot,
+    /// kept by another thread's copy) as if they had all been offered to
+    /// this keeper: what `other` left out for the cap is left out here too,
+    /// since everything before it in order already held more than the cap.
+    pub fn absorb(&mut self, other: TextKeeper) {
+        if let Some(cut) = other.cutoff {
+            if self.cutoff.as_ref().is_none_or(|c| cut < *c) {
+                let dropped = self.kept.split_off(&cut);
+                self.total -= dropped.values().map(|t| t.len() as u64).sum::<u64>();
+                self.cutoff = Some(cut);
+            }
+        }
+        for (key, text) in other.kept {
+            self.keep(key, text);
         }
     }
 
@@ -185,6 +206,51 @@ pub fn line_diff(before: &str, after: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Forty-one 200 KiB texts, one per space (the forty-first over the
+    /// 8 MiB cap), then a short one after them.
+    fn texts() -> Vec<(String, Vec<u8>)> {
+        (0..42)
+            .map(|i| {
+                let len = if i < 41 { 200 << 10 } else { 10 };
+                (format!("s{i:02}"), vec![b'a' + (i % 26) as u8; len])
+            })
+            .collect()
+    }
+
+    fn kept_keys(k: TextKeeper) -> Vec<String> {
+        k.into_texts().into_keys().collect()
+    }
+
+    #[test]
+    fn two_keepers_absorbed_keep_what_one_keeper_offered_everything_keeps() {
+        let mut one = TextKeeper::default();
+        // Offered out of order, as the copy meets the files.
+        for (space, t) in texts().into_iter().rev() {
+            one.offer(&space, "AGENTS.md", t);
+        }
+        let whole = kept_keys(one);
+        let expected: Vec<String> = (0..40).map(|i| format!("s{i:02}")).collect();
+        assert_eq!(
+            whole, expected,
+            "the first 40 fit; the short one after the cut is left out"
+        );
+        // Split two ways: interleaved (neither half over the cap), and the
+        // large ones apart from the short one, whose keeper alone would keep
+        // it: the other keeper's cut must reach it.
+        let splits: [fn(usize) -> bool; 2] = [|i| i % 2 == 0, |i| i < 41];
+        for first in splits {
+            for swap in [false, true] {
+                let (mut a, mut b) = (TextKeeper::default(), TextKeeper::default());
+                for (i, (space, t)) in texts().into_iter().enumerate() {
+                    let k = if first(i) != swap { &mut a } else { &mut b };
+                    k.offer(&space, "AGENTS.md", t);
+                }
+                a.absorb(b);
+                assert_eq!(kept_keys(a), whole, "swapped: {swap}");
+            }
+        }
+    }
 
     #[test]
     fn a_line_diff_names_where_each_change_starts() {
