@@ -168,9 +168,9 @@ fn snapshot_first(i: usize) -> bool {
     i % 2 == 1
 }
 
-/// Flushes every dirty page of the system and waits for it: before a side
-/// starts, so it does not pay for the writes of the one before, and when it
-/// ends, so it pays for its own.
+/// Flushes every dirty page of the system and waits for it (see
+/// [`durably`]: a side must not pay for the writes of the one before, and
+/// must pay for its own).
 async fn flush_all() -> anyhow::Result<()> {
     // SAFETY: sync(2) takes no argument and cannot fail.
     tokio::task::spawn_blocking(|| unsafe { libc::sync() })
@@ -178,23 +178,35 @@ async fn flush_all() -> anyhow::Result<()> {
         .context("sync")
 }
 
+/// The time `work` takes to a durable end: every dirty page flushed before
+/// the clock starts, and `work`'s own flushed before it stops.
+async fn durably<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(Duration, T)> {
+    flush_all().await?;
+    let t = Instant::now();
+    let out = work.await?;
+    flush_all().await?;
+    Ok((t.elapsed(), out))
+}
+
 /// `cp -a` of the data dir to `target`, durable; the time and the bytes
 /// written. The copy is removed afterwards (untimed).
 async fn time_cp_a(data: &Path, target: &Path) -> anyhow::Result<(Duration, u64)> {
-    flush_all().await?;
-    let t = Instant::now();
-    let st = tokio::process::Command::new("cp")
-        .arg("-a")
-        .arg(data)
-        .arg(target)
-        .status()
-        .await
-        .context("running cp -a")?;
-    if !st.success() {
-        bail!("cp -a failed: {st}");
-    }
-    flush_all().await?;
-    let took = t.elapsed();
+    let (took, ()) = durably(async {
+        let st = tokio::process::Command::new("cp")
+            .arg("-a")
+            .arg(data)
+            .arg(target)
+            .status()
+            .await
+            .context("running cp -a")?;
+        if !st.success() {
+            bail!("cp -a failed: {st}");
+        }
+        Ok(())
+    })
+    .await?;
     let bytes = du(target);
     std::fs::remove_dir_all(target)?;
     Ok((took, bytes))
@@ -212,11 +224,9 @@ async fn time_snapshot(data: &Path, root: &Path) -> anyhow::Result<(Duration, u6
         progress: false,
         live_store: None,
     };
-    flush_all().await?;
-    let t = Instant::now();
-    let out = tokio::task::spawn_blocking(move || take(&snap_opts)).await??;
-    flush_all().await?;
-    let took = t.elapsed();
+    let (took, out) =
+        durably(async { Ok(tokio::task::spawn_blocking(move || take(&snap_opts)).await??) })
+            .await?;
     let bytes = du(&out.dir);
     std::fs::remove_dir_all(root)?;
     Ok((took, bytes))

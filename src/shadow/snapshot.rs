@@ -397,7 +397,6 @@ fn fill(
     })??;
     let (files_bytes, mut baseline) = files?;
     baseline.absorb(helped);
-    let files_bytes = files_bytes + helped_bytes;
     let token_path = shadow.owner_token();
     private_file(&token_path)
         .and_then(|mut f| f.write_all(secret.as_bytes()))
@@ -407,7 +406,7 @@ fn fill(
     private_file(&shadow.config)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(io_err(format!("writing {}", shadow.config.display())))?;
-    Ok((marks, db_bytes, files_bytes, baseline))
+    Ok((marks, db_bytes, files_bytes + helped_bytes, baseline))
 }
 
 /// The database into the shadow's `state.db`, every live token replaced by
@@ -488,8 +487,9 @@ fn copy_database(
     Ok((marks, db_bytes, secret))
 }
 
-/// `spaces/` (hashed as it is copied), `models/` and what `global/` may
-/// carry: the bytes copied and the baseline's hashes and texts.
+/// This thread's share of `spaces/` (hashed as it is copied), `models/`
+/// and what `global/` may carry: the bytes copied and what this thread's
+/// tap learned.
 fn copy_files(
     live: &DataPaths,
     shadow: &DataPaths,

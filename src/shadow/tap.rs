@@ -5,9 +5,9 @@
 //! The hashing and the keeping run on a thread of their own, fed the copy's
 //! buffers through a bounded channel: on a file system that does not wait on
 //! a disk, SHA-256 of the workspaces took as long as the whole copy, and the
-//! copy's thread did both one after the other. The hash stays SHA-256: the
-//! baseline's hashes are the files API's (`shadow promote` sends one as
-//! `If-Match` to the live host).
+//! copy's thread did both one after the other. The hash is the files API's
+//! own ([`ContentHash`]): `shadow promote` sends a baseline hash as
+//! `If-Match` to the live host.
 //!
 //! The copy reads into the tap's buffers and hands them over, so no byte is
 //! copied to reach the hasher, and a file goes over in one piece when it
@@ -20,11 +20,10 @@
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-use sha2::{Digest, Sha256};
-
 use super::diff::TreeHashes;
 use super::text_diff::TextKeeper;
 use super::{ShadowError, ShadowResult};
+use crate::workspace::files::{hash_bytes, ContentHash};
 
 /// Pieces the copy may hand over before it waits for the hasher: enough to
 /// ride out a short stall of either side.
@@ -72,12 +71,12 @@ enum Job {
 /// baseline is [`BaselineTap::finish`]'s; dropping the tap without it (a
 /// copy that failed) lets the thread end with nothing kept.
 pub struct BaselineTap {
-    jobs: Option<SyncSender<Job>>,
+    jobs: SyncSender<Job>,
     /// Buffers the hasher is done with, read into again.
     spare: Receiver<Vec<u8>>,
     /// The piece being filled, of the file being copied.
     open: Option<Piece>,
-    worker: Option<JoinHandle<Baseline>>,
+    worker: JoinHandle<Baseline>,
 }
 
 impl BaselineTap {
@@ -89,10 +88,10 @@ impl BaselineTap {
             .spawn(move || hash_all(inbox, give_back))
             .map_err(super::io_err("starting the snapshot's hashing thread"))?;
         Ok(Self {
-            jobs: Some(jobs),
+            jobs,
             spare,
             open: None,
-            worker: Some(worker),
+            worker,
         })
     }
 
@@ -102,24 +101,19 @@ impl BaselineTap {
     }
 
     /// Waits for the hasher to take every chunk handed to it; its baseline.
-    pub fn finish(mut self) -> ShadowResult<Baseline> {
+    pub fn finish(self) -> ShadowResult<Baseline> {
+        let BaselineTap { jobs, worker, .. } = self;
         // Closing the channel is what ends the hasher's loop.
-        drop(self.jobs.take());
-        self.worker
-            .take()
-            .map(JoinHandle::join)
-            .unwrap_or_else(|| Ok(Baseline::default()))
-            .map_err(|_| {
-                ShadowError::Invalid("the snapshot's hashing stopped unexpectedly (a panic)".into())
-            })
+        drop(jobs);
+        worker.join().map_err(|_| {
+            ShadowError::Invalid("the snapshot's hashing stopped unexpectedly (a panic)".into())
+        })
     }
 
     fn send(&mut self, job: Job) {
         // A hasher that is gone panicked: `finish` says so, and the
         // snapshot fails there; the copy need not stop early for it.
-        if let Some(jobs) = &self.jobs {
-            let _ = jobs.send(job);
-        }
+        let _ = self.jobs.send(job);
     }
 }
 
@@ -169,8 +163,7 @@ impl crate::workspace::walk::CopyTap for BaselineTap {
 /// A link's entry in the baseline: the hash of its target text, marked so
 /// that no file's content can hash the same.
 pub(super) fn link_hash(target: &std::ffi::OsStr) -> String {
-    let h = Sha256::digest(format!("symlink:{}", target.to_string_lossy()).as_bytes());
-    base16ct::lower::encode_string(&h)
+    hash_bytes(format!("symlink:{}", target.to_string_lossy()).as_bytes())
 }
 
 /// The hasher thread: the jobs in the order the copy sent them.
@@ -179,7 +172,7 @@ fn hash_all(inbox: Receiver<Job>, give_back: mpsc::Sender<Vec<u8>>) -> Baseline 
     let mut space = String::new();
     // The file being hashed: its path, its hash so far, and its bytes so
     // far while it may still be a kept text.
-    let mut file: Option<(String, Sha256, Option<Vec<u8>>)> = None;
+    let mut file: Option<(String, ContentHash, Option<Vec<u8>>)> = None;
     for job in inbox {
         match job {
             Job::Space(name) => {
@@ -189,7 +182,7 @@ fn hash_all(inbox: Receiver<Job>, give_back: mpsc::Sender<Vec<u8>>) -> Baseline 
             Job::Piece(piece) => {
                 if let Some(rel) = piece.starts {
                     let text = super::text_diff::is_diffed(&rel).then(Vec::new);
-                    file = Some((rel, Sha256::new(), text));
+                    file = Some((rel, ContentHash::default(), text));
                 }
                 for (buf, len) in piece.chunks {
                     if let Some((_, hash, text)) = &mut file {
@@ -212,11 +205,10 @@ fn hash_all(inbox: Receiver<Job>, give_back: mpsc::Sender<Vec<u8>>) -> Baseline 
                         if let Some(t) = text {
                             out.texts.offer(&space, &rel, t);
                         }
-                        let hex = base16ct::lower::encode_string(&hash.finalize());
                         out.hashes
                             .entry(space.clone())
                             .or_default()
-                            .insert(rel, hex);
+                            .insert(rel, hash.finish());
                     }
                 }
             }
@@ -233,6 +225,8 @@ fn hash_all(inbox: Receiver<Job>, give_back: mpsc::Sender<Vec<u8>>) -> Baseline 
 
 #[cfg(test)]
 mod tests {
+    use sha2::{Digest, Sha256};
+
     use super::*;
     use crate::workspace::walk::CopyTap;
 

@@ -100,7 +100,24 @@ pub struct FileChange {
 
 /// The sha256 of some bytes, lower-case hex (the `hash` of the API).
 pub fn hash_bytes(bytes: &[u8]) -> String {
-    base16ct::lower::encode_string(&Sha256::digest(bytes))
+    let mut h = ContentHash::default();
+    h.update(bytes);
+    h.finish()
+}
+
+/// The API's `hash` of bytes met in pieces (a file read in chunks, a copy
+/// that hashes what it writes): [`hash_bytes`] of them all.
+#[derive(Default)]
+pub struct ContentHash(Sha256);
+
+impl ContentHash {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> String {
+        base16ct::lower::encode_string(&self.0.finalize())
+    }
 }
 
 /// A path to a file: relative, no `..`, not empty; `.` components dropped.
@@ -200,7 +217,7 @@ pub(crate) fn hash_file(root: &WorkspaceRoot, rel: &str) -> FilesResult<String> 
 }
 
 fn hash_stream(file: &mut std::fs::File, rel: &str) -> FilesResult<String> {
-    let mut hasher = Sha256::new();
+    let mut hasher = ContentHash::default();
     let mut buf = [0u8; 64 * 1024];
     loop {
         let n = file.read(&mut buf).map_err(|e| SafePathError::Io {
@@ -212,7 +229,7 @@ fn hash_stream(file: &mut std::fs::File, rel: &str) -> FilesResult<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(base16ct::lower::encode_string(&hasher.finalize()))
+    Ok(hasher.finish())
 }
 
 /// Reads one regular file whole, refusing it beyond `max` bytes.

@@ -296,7 +296,7 @@ pub fn copy_tree_tapped(
     let mut bytes = 0u64;
     // The buffer read into and not yet handed to the tap (the end of a
     // file reads nothing into it): the next file's first.
-    let mut buf = Vec::new();
+    let mut spare = Vec::new();
     let top = RelPath::default();
     let first = listing(src, &top, &mut count)?;
     let mut stack = vec![Frame {
@@ -356,7 +356,7 @@ pub fn copy_tree_tapped(
                     .map_err(|err| WalkError::io("creating", &at, err))?;
                 bytes += match tap.as_deref_mut() {
                     None => io::copy(&mut &f, &mut t),
-                    Some(tap) => copy_through(&f, &mut t, &at, tap, &mut buf),
+                    Some(tap) => copy_through(&f, &mut t, &at, tap, &mut spare),
                 }
                 .map_err(|err| WalkError::io("copying", &at, err))?;
                 to.set_meta(Some(&t), &e);
