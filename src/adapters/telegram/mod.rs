@@ -580,15 +580,23 @@ async fn poll(ctx: &Arc<Ctx>) -> Result<(), TelegramError> {
     }
 }
 
-/// Webhook mode, on the lease holder: gives Telegram the URL and the
-/// deployment's secret with `setWebhook`, then waits (the calls are taken by
-/// every host's `intake`).
+/// Webhook mode, on the lease holder: once this host's `intake` takes the
+/// calls, gives Telegram the URL and the deployment's secret with
+/// `setWebhook`, then waits (the calls are taken by every host's `intake`).
 async fn set_webhook(ctx: &Arc<Ctx>, url: &str, token: &str) -> Result<(), TelegramError> {
     let params = SetWebhookParams::builder()
         .url(url.to_owned())
         .secret_token(webhook_secret(token))
         .allowed_updates(allowed_updates())
         .build();
+    // Telegram sends as soon as it is told: this host takes the calls
+    // first (its intake registers them once its own `getMe` answered), so
+    // the first update is not refused with a 404.
+    while ctx.board().webhook(ADAPTER).is_none() {
+        if !ctx.pause(Duration::from_millis(20)).await {
+            return Ok(());
+        }
+    }
     let set = || ctx.bot.set_webhook(&params);
     if until_ok(ctx.board(), &ctx.cancel, "setWebhook", set)
         .await
