@@ -6,8 +6,12 @@
 
 use super::{params, Conn, Query, StoreResult, Tx};
 
-/// A reservation made before a model call.
+/// A reservation made before a model call. The statements that look for
+/// open reservations write it as the literal `state = 0`, the condition of
+/// the partial index `spend_ledger_open`: a plan never depends on a bound
+/// value (see `storage::cache_plans`), so only a literal lets SQLite use it.
 pub const RESERVED: i64 = 0;
+const _: () = assert!(RESERVED == 0, "spend_ledger_open indexes state = 0");
 /// The call answered: `amount` is its cost.
 pub const SETTLED: i64 = 1;
 /// The call failed or was never made (or its host crashed): counts for nothing.
@@ -52,16 +56,16 @@ pub fn release(tx: &Tx, id: i64) -> StoreResult<()> {
 /// The reservations `instance` left open (a crash mid-call): released at its start.
 pub fn release_left_by(tx: &Tx, instance: &str) -> StoreResult<usize> {
     tx.execute(
-        "UPDATE spend_ledger SET state = ?2, amount = 0 WHERE instance = ?1 AND state = ?3",
-        params![instance, RELEASED, RESERVED],
+        "UPDATE spend_ledger SET state = ?2, amount = 0 WHERE instance = ?1 AND state = 0",
+        params![instance, RELEASED],
     )
 }
 
 /// Reservations still open (for tests and `mercury status`).
 pub fn open_reservations(conn: &Conn) -> StoreResult<i64> {
     conn.query_row(
-        "SELECT COUNT(*) FROM spend_ledger WHERE state = ?1",
-        params![RESERVED],
+        "SELECT COUNT(*) FROM spend_ledger WHERE state = 0",
+        params![],
         |r| r.get(0),
     )
 }
