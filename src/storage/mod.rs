@@ -292,6 +292,33 @@ fn run_batch(conn: &Conn, mut jobs: Vec<WriteJob>) -> bool {
     reusable
 }
 
+/// How long the writer keeps looking for the next write before it sleeps.
+/// A turn's writes come one after the other with a little work between
+/// them (the prompt, the model call, the reply); a writer that slept after
+/// each had to be woken for the next, a thread wake-up each on top of the
+/// hand-off. Looking on for up to 150 µs catches most of them (`bench
+/// turns`' p50: 0.64, 0.58, 0.47 and 0.46 ms with no look, 50, 150 and 400
+/// µs). The price is CPU: up to 150 µs after each batch, and a thread that
+/// yields between looks, so anything else runnable on that CPU goes first.
+const WRITER_SPIN: Duration = Duration::from_micros(150);
+
+/// The writer's next job: looked for until [`WRITER_SPIN`] has passed,
+/// then waited for; `None` once every sender is gone.
+fn next_job(rx: &mut mpsc::Receiver<WriteJob>) -> Option<WriteJob> {
+    let until = std::time::Instant::now() + WRITER_SPIN;
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {}
+        }
+        if std::time::Instant::now() >= until {
+            return rx.blocking_recv();
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Answers every job of a batch that could not start.
 fn fail_batch(jobs: Vec<WriteJob>, why: &str) {
     tracing::error!(writes = jobs.len(), error = %why, "a write batch could not start");
@@ -522,7 +549,7 @@ impl Store {
         std::thread::Builder::new()
             .name("mercury-db-writer".into())
             .spawn(move || {
-                while let Some(first) = rx.blocking_recv() {
+                while let Some(first) = next_job(&mut rx) {
                     let mut jobs = vec![first];
                     let most = batch_limit.load(std::sync::atomic::Ordering::Relaxed);
                     while jobs.len() < most {
@@ -865,6 +892,34 @@ mod tests {
     fn names(conn: &Conn) -> Vec<String> {
         conn.query_all("SELECT name FROM t ORDER BY rowid", params![], |r| r.get(0))
             .unwrap()
+    }
+
+    #[test]
+    fn the_writer_takes_a_job_sent_while_it_looks_or_after_it_sleeps_and_ends_when_closed() {
+        let (tx, mut rx) = mpsc::channel::<WriteJob>(4);
+        let (first, _answer) = job(|_| Ok(()));
+        tx.try_send(first).unwrap();
+        assert!(next_job(&mut rx).is_some(), "a queued job is taken at once");
+        let late = std::thread::spawn({
+            let tx = tx.clone();
+            move || {
+                // Past the look: the writer is asleep in `blocking_recv`.
+                std::thread::sleep(WRITER_SPIN * 20);
+                let (late, answer) = job(|_| Ok(()));
+                tx.blocking_send(late).unwrap();
+                answer
+            }
+        });
+        assert!(
+            next_job(&mut rx).is_some(),
+            "a job sent after the look wakes it"
+        );
+        drop(late.join().unwrap());
+        drop(tx);
+        assert!(
+            next_job(&mut rx).is_none(),
+            "no sender left: the writer ends"
+        );
     }
 
     /// How often SQLite prepared `sql` again since its cached statement was made.
