@@ -449,9 +449,10 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 /// What every store connection, read-only ones included, sets up so that a
 /// cached statement is prepared once and a savepoint costs no file.
 ///
-/// The query planner stability guarantee: without it SQLite (3.45 and
-/// later) marks a statement with a `col = ?` term to be prepared again when
-/// that parameter is rebound to or from 0 or 1, and rusqlite's statement
+/// The query planner stability guarantee: without it the bundled SQLite
+/// (3.54) marks a statement with a `col = ?` term (under an `ORDER BY` or a
+/// join) to be prepared again when that parameter is rebound to or from 0
+/// or 1, and rusqlite's statement
 /// cache clears every binding when a statement goes back to the cache,
 /// which SQLite takes as such a rebind: so every cached statement with such a
 /// term was prepared again on each use (about seven per no-tool turn, found
