@@ -7,6 +7,7 @@
 //! an act-as read's audit write behind it is charged to the act-as block and
 //! not absorbed by the direct request that follows it.
 
+use std::fmt;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,6 +16,7 @@ use serde_json::json;
 
 use super::{percentile, timed};
 use crate::host::temp_host::TempHost;
+use crate::storage::tally::{self, Tallied};
 
 /// Requests per path before any is measured.
 const WARM: usize = 20;
@@ -27,6 +29,8 @@ pub(crate) struct LinksOptions {
     pub requests: usize,
     /// Messages seeded in the target (the `messages recent` page size is 50).
     pub messages: usize,
+    /// Tally each side's statements and hand-offs (`storage::tally`).
+    pub statements: bool,
 }
 
 impl Default for LinksOptions {
@@ -34,6 +38,7 @@ impl Default for LinksOptions {
         Self {
             requests: 400,
             messages: 200,
+            statements: false,
         }
     }
 }
@@ -42,6 +47,9 @@ pub(crate) struct RouteFigures {
     pub route: &'static str,
     pub direct: Vec<Duration>,
     pub act_as: Vec<Duration>,
+    /// With `--statements`: each side's statements over its measured blocks.
+    pub direct_statements: Vec<Tallied>,
+    pub act_as_statements: Vec<Tallied>,
 }
 
 impl RouteFigures {
@@ -57,6 +65,9 @@ impl RouteFigures {
 }
 
 pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>> {
+    if opts.requests == 0 {
+        anyhow::bail!("--requests must be at least 1");
+    }
     let host = TempHost::start(r#"{"rules":[{"reply":"ok"}]}"#, "process").await?;
     host.ok(
         &host.connection(None),
@@ -89,6 +100,8 @@ pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>
             route,
             direct: Vec::with_capacity(opts.requests),
             act_as: Vec::with_capacity(opts.requests),
+            direct_statements: Vec::new(),
+            act_as_statements: Vec::new(),
         };
         let url = format!("{}{path}", host.url);
         let method = reqwest::Method::from_bytes(method.as_str().as_bytes())?;
@@ -113,12 +126,27 @@ pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>
         }
         let block = opts.requests.div_ceil(BLOCKS.len());
         for act_as in BLOCKS {
+            if opts.statements {
+                tally::start();
+            }
             for _ in 0..block {
                 if act_as {
                     fig.act_as.push(timed(linked()).await?);
                 } else {
                     fig.direct.push(timed(direct()).await?);
                 }
+            }
+            if opts.statements {
+                // An act-as request's lingering audit row is counted in its
+                // own block, not in the next one: its timer hands it over
+                // within `LINGER`.
+                tokio::time::sleep(crate::storage::LINGER * 2).await;
+                let side = if act_as {
+                    &mut fig.act_as_statements
+                } else {
+                    &mut fig.direct_statements
+                };
+                add_up(side, tally::stop());
             }
         }
         fig.direct.sort();
@@ -189,6 +217,50 @@ pub(crate) fn print(figs: &[RouteFigures]) {
             ms(percentile(&f.act_as, 99.0)),
             f.ratio_p50()
         );
+    }
+    for f in figs {
+        for (side, requests, statements) in [
+            ("direct", f.direct.len(), &f.direct_statements),
+            ("act-as", f.act_as.len(), &f.act_as_statements),
+        ] {
+            print!(
+                "{}",
+                SideStatements {
+                    name: format!("{} {side}", f.route),
+                    requests,
+                    statements,
+                }
+            );
+        }
+    }
+}
+
+/// Adds one block's tally into a side's: the same statement's counts and
+/// times summed, the costliest first.
+fn add_up(side: &mut Vec<Tallied>, block: Vec<Tallied>) {
+    for t in block {
+        match side.iter_mut().find(|s| s.sql == t.sql) {
+            Some(s) => {
+                s.count += t.count;
+                s.total += t.total;
+            }
+            None => side.push(t),
+        }
+    }
+    side.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.sql.cmp(&b.sql)));
+}
+
+/// One side's statements per request, as `bench turns --statements` prints
+/// a phase's.
+struct SideStatements<'a> {
+    name: String,
+    requests: usize,
+    statements: &'a [Tallied],
+}
+
+impl fmt::Display for SideStatements<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        super::turns::write_statements(f, &self.name, "request", self.requests, self.statements)
     }
 }
 

@@ -286,7 +286,7 @@ impl fmt::Display for TurnsReport {
 
 /// A phase's statements (`--statements`): per unit of work, how many of
 /// each and their mean time, the costliest first.
-fn write_statements(
+pub(super) fn write_statements(
     f: &mut fmt::Formatter<'_>,
     phase: &str,
     unit: &str,

@@ -265,6 +265,10 @@ enum BenchCommand {
         /// Requests per route and side.
         #[arg(long, default_value_t = 400)]
         requests: usize,
+        /// Also print each route's statements and hand-offs per request, direct and act-as
+        /// (counting adds its own cost: the figures are then not comparable with a plain run)
+        #[arg(long)]
+        statements: bool,
     },
     /// `ask` start (workspace copy + container ready) on a 100 MB / 10,000-file workspace beside `cp -a`.
     Ask {
@@ -796,10 +800,15 @@ async fn run(cli: Cli, settings: Option<anyhow::Result<crate::config::Settings>>
             }
         }
         Command::Bench {
-            command: BenchCommand::Links { requests },
+            command:
+                BenchCommand::Links {
+                    requests,
+                    statements,
+                },
         } => {
             let opts = crate::bench::links::LinksOptions {
                 requests,
+                statements,
                 ..Default::default()
             };
             match crate::bench::links::run(&opts).await {

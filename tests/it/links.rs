@@ -951,3 +951,50 @@ async fn an_admin_write_commits_with_its_audit_row_and_each_request_has_one_row(
     );
     assert!(rows.iter().all(|r| r.3 == Some(link)));
 }
+
+#[tokio::test]
+async fn mercury_bench_links_prints_each_route_and_with_statements_each_sides_rows() {
+    let mut c = crate::api::mercury();
+    c.args(["bench", "links", "--requests", "8", "--statements"]);
+    let (code, out, err) = crate::api::run(c).await;
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for route in [
+        "GET /api/prefs",
+        "GET /api/messages/recent?limit=50",
+        "PUT /api/prefs",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(route) && l.contains("ratio p50"))
+            .unwrap_or_else(|| panic!("no figures for {route} in:\n{out}"));
+        assert!(line.contains("(target <= 1.10x)"), "{line}");
+    }
+    let section = |name: &str| {
+        let start = out
+            .find(&format!("statements of {name}: "))
+            .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
+        out[start..]
+            .split("\n\n")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // The act-as write takes its audit row and the change a revoke would
+    // restore into its own transaction; the direct write has neither.
+    let act_as = section("PUT /api/prefs act-as");
+    assert!(act_as.contains("per request"), "{act_as}");
+    assert!(act_as.contains("INSERT INTO space_link_audit"), "{act_as}");
+    assert!(act_as.contains("INSERT INTO link_changes"), "{act_as}");
+    let direct = section("PUT /api/prefs direct");
+    assert!(direct.contains("INSERT INTO space_preferences"), "{direct}");
+    assert!(!direct.contains("INSERT INTO space_link_audit"), "{direct}");
+    // An act-as read's audit row is written in its own block too.
+    let read = section("GET /api/prefs act-as");
+    assert!(read.contains("INSERT INTO space_link_audit"), "{read}");
+
+    let mut c = crate::api::mercury();
+    c.args(["bench", "links", "--requests", "0"]);
+    let (code, _, err) = crate::api::run(c).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--requests must be at least 1"), "{err}");
+}
