@@ -841,3 +841,16 @@ fn spawn_serve(data: &Path, env: &[(&'static str, String)], stderr: Option<&Path
     };
     c.spawn().expect("spawn mercury serve")
 }
+
+/// The block of a bench's output that `--statements` prints for `name`
+/// (`statements of {name}: …` up to the next blank line).
+pub(crate) fn statements_section(out: &str, name: &str) -> String {
+    let start = out
+        .find(&format!("statements of {name}: "))
+        .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
+    out[start..]
+        .split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -969,16 +969,7 @@ async fn mercury_bench_links_prints_each_route_and_with_statements_each_sides_ro
             .unwrap_or_else(|| panic!("no figures for {route} in:\n{out}"));
         assert!(line.contains("(target <= 1.10x)"), "{line}");
     }
-    let section = |name: &str| {
-        let start = out
-            .find(&format!("statements of {name}: "))
-            .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
-        out[start..]
-            .split("\n\n")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let section = |name: &str| crate::common::statements_section(&out, name);
     // The act-as write takes its audit row and the change a revoke would
     // restore into its own transaction; the direct write has neither.
     let act_as = section("PUT /api/prefs act-as");

@@ -1165,16 +1165,7 @@ async fn mercury_bench_turns_reports_both_figures_beside_their_baselines() {
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     // --statements splits each phase by statement: the message row is
     // written once per stored message, the run row opened once per turn.
-    let section = |name: &str| {
-        let start = out
-            .find(&format!("statements of {name}: "))
-            .unwrap_or_else(|| panic!("no {name} statements in:\n{out}"));
-        out[start..]
-            .split("\n\n")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let section = |name: &str| crate::common::statements_section(&out, name);
     let ingest = section("ingest");
     assert!(ingest.contains("INSERT INTO messages"), "{ingest}");
     assert!(ingest.contains("COMMIT"), "{ingest}");
