@@ -452,14 +452,13 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 /// The query planner stability guarantee: without it the bundled SQLite
 /// (3.54) marks a statement with a `col = ?` term (under an `ORDER BY` or a
 /// join) to be prepared again when that parameter is rebound to or from 0
-/// or 1, and rusqlite's statement
-/// cache clears every binding when a statement goes back to the cache,
-/// which SQLite takes as such a rebind: so every cached statement with such a
-/// term was prepared again on each use (about seven per no-tool turn, found
-/// with `sqlite3_stmt_status`). With the guarantee a plan never depends on a
-/// bound value, so a partial index is chosen only where the statement names
-/// its condition as a literal (`state = 0`, `status = 'pending'`); the store's
-/// statements do.
+/// or 1, and rusqlite's statement cache clears every binding when a
+/// statement goes back to the cache, which SQLite takes as such a rebind: so
+/// every cached statement with such a term was prepared again on each use
+/// (about seven per no-tool turn, found with `sqlite3_stmt_status`). With
+/// the guarantee a plan never depends on a bound value, so a partial index
+/// is chosen only where the statement names its condition as a literal
+/// (`state = 0`, `status = 'pending'`); the store's statements do.
 ///
 /// `temp_store = MEMORY`: each write runs in a savepoint, whose statement
 /// journal otherwise went to a new temporary file (created, written and
