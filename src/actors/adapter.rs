@@ -61,6 +61,8 @@ pub struct WebhookInbox {
 pub struct AdapterBoard {
     status: Arc<Mutex<BTreeMap<String, AdapterStatus>>>,
     webhooks: Arc<Mutex<BTreeMap<String, WebhookInbox>>>,
+    /// Told whenever an inbox is registered ([`AdapterBoard::webhook_registered`]).
+    registered: Arc<tokio::sync::Notify>,
 }
 
 impl AdapterBoard {
@@ -115,6 +117,21 @@ impl AdapterBoard {
         if let Ok(mut m) = self.webhooks.lock() {
             m.insert(adapter.to_owned(), inbox);
         }
+        self.registered.notify_waiters();
+    }
+
+    /// Returns once this host takes `adapter`'s webhook calls (its inbox is
+    /// registered): a platform told the URL sends at once, and a call
+    /// before the inbox would be refused.
+    pub async fn webhook_registered(&self, adapter: &str) {
+        loop {
+            // Listening before looking, so a registration in between is heard.
+            let told = self.registered.notified();
+            if self.webhook(adapter).is_some() {
+                return;
+            }
+            told.await;
+        }
     }
 
     pub fn remove_webhook(&self, adapter: &str) {
@@ -138,4 +155,39 @@ pub trait SupervisedChild: Send + Sync + 'static {
     /// The restart-budget key and the name in logs (`telegram adapter`).
     fn name(&self) -> String;
     async fn spawn(&self, supervisor: ActorCell) -> Result<ActorCell, ActorProcessingErr>;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wait_for_a_webhook_ends_when_its_inbox_is_registered_and_not_before() {
+        let board = AdapterBoard::default();
+        let waiting = tokio::spawn({
+            let board = board.clone();
+            async move { board.webhook_registered("telegram").await }
+        });
+        let (calls, _rx) = mpsc::channel(1);
+        let inbox = || WebhookInbox {
+            secret: "s".into(),
+            verify_token: None,
+            calls: calls.clone(),
+        };
+        // Another adapter's inbox is not this one's.
+        board.register_webhook("discord", inbox());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "ended before its inbox was there");
+        board.register_webhook("telegram", inbox());
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait hears the registration")
+            .unwrap();
+        // Once registered, a new wait ends at once.
+        tokio::time::timeout(Duration::from_secs(1), board.webhook_registered("telegram"))
+            .await
+            .unwrap();
+    }
 }

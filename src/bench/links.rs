@@ -146,7 +146,7 @@ pub(crate) async fn run(opts: &LinksOptions) -> anyhow::Result<Vec<RouteFigures>
                 } else {
                     &mut fig.direct_statements
                 };
-                add_up(side, tally::stop());
+                tally::add(side, tally::stop());
             }
         }
         fig.direct.sort();
@@ -233,21 +233,6 @@ pub(crate) fn print(figs: &[RouteFigures]) {
             );
         }
     }
-}
-
-/// Adds one block's tally into a side's: the same statement's counts and
-/// times summed, the costliest first.
-fn add_up(side: &mut Vec<Tallied>, block: Vec<Tallied>) {
-    for t in block {
-        match side.iter_mut().find(|s| s.sql == t.sql) {
-            Some(s) => {
-                s.count += t.count;
-                s.total += t.total;
-            }
-            None => side.push(t),
-        }
-    }
-    side.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.sql.cmp(&b.sql)));
 }
 
 /// One side's statements per request, as `bench turns --statements` prints

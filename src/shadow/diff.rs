@@ -167,6 +167,12 @@ pub fn tree_hashes(spaces_dir: &Path, only: Option<&str>) -> ShadowResult<TreeHa
     Ok(out)
 }
 
+/// A link's entry in [`tree_hashes`]: the hash of its target text, marked
+/// so that no file's content can hash the same.
+pub(super) fn link_hash(target: &std::ffi::OsStr) -> String {
+    crate::workspace::files::hash_bytes(format!("symlink:{}", target.to_string_lossy()).as_bytes())
+}
+
 fn walk(dir: &WorkspaceRoot, prefix: &str, out: &mut BTreeMap<String, String>) -> ShadowResult<()> {
     for e in dir.entries().map_err(io_err(format!("listing {prefix}")))? {
         let name = e.name.to_string_lossy().into_owned();
@@ -191,7 +197,7 @@ fn walk(dir: &WorkspaceRoot, prefix: &str, out: &mut BTreeMap<String, String>) -
                 let target = dir
                     .readlink(&e.name)
                     .map_err(io_err(format!("reading the link {rel}")))?;
-                out.insert(rel, super::tap::link_hash(&target));
+                out.insert(rel, link_hash(&target));
             }
             EntryKind::Other => {}
         }

@@ -547,7 +547,15 @@ struct TopLevel {
     next: AtomicUsize,
     /// Set by a thread whose entry failed: the others take no more.
     failed: AtomicBool,
-    progress: Option<Mutex<(Instant, u64)>>,
+    progress: Option<Mutex<Progress>>,
+}
+
+/// What the progress lines count: entries copied to their end (an entry
+/// taken by another thread still copying is not done), and their bytes.
+struct Progress {
+    last: Instant,
+    done: usize,
+    bytes: u64,
 }
 
 impl TopLevel {
@@ -567,7 +575,13 @@ impl TopLevel {
             entries,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
-            progress: progress.then(|| Mutex::new((Instant::now(), 0))),
+            progress: progress.then(|| {
+                Mutex::new(Progress {
+                    last: Instant::now(),
+                    done: 0,
+                    bytes: 0,
+                })
+            }),
         })
     }
 
@@ -638,16 +652,17 @@ impl TopLevel {
         let Some(Ok(mut seen)) = self.progress.as_ref().map(Mutex::lock) else {
             return;
         };
-        seen.1 += copied;
-        let done = self.next.load(Ordering::Relaxed).min(self.entries.len());
+        seen.done += 1;
+        seen.bytes += copied;
         let total = self.entries.len();
-        if seen.0.elapsed().as_secs() >= 2 || done == total {
+        if seen.last.elapsed().as_secs() >= 2 || seen.done == total {
             eprintln!(
-                "mercury shadow snapshot: {}: {done}/{total} entries, {} MB",
+                "mercury shadow snapshot: {}: {}/{total} entries, {} MB",
                 self.what,
-                seen.1 >> 20
+                seen.done,
+                seen.bytes >> 20
             );
-            seen.0 = Instant::now();
+            seen.last = Instant::now();
         }
     }
 }

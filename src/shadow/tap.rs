@@ -20,10 +20,10 @@
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-use super::diff::TreeHashes;
+use super::diff::{link_hash, TreeHashes};
 use super::text_diff::TextKeeper;
 use super::{ShadowError, ShadowResult};
-use crate::workspace::files::{hash_bytes, ContentHash};
+use crate::workspace::files::ContentHash;
 
 /// Pieces the copy may hand over before it waits for the hasher: enough to
 /// ride out a short stall of either side.
@@ -53,6 +53,7 @@ impl Baseline {
 
 /// Part of one file's bytes: the first piece names the file, the last
 /// closes it (one piece may be both).
+#[derive(Default)]
 struct Piece {
     starts: Option<String>,
     chunks: Vec<(Vec<u8>, usize)>,
@@ -121,8 +122,7 @@ impl crate::workspace::walk::CopyTap for BaselineTap {
     fn file(&mut self, rel: &str) {
         self.open = Some(Piece {
             starts: Some(rel.to_owned()),
-            chunks: Vec::new(),
-            ends: false,
+            ..Piece::default()
         });
     }
 
@@ -136,14 +136,7 @@ impl crate::workspace::walk::CopyTap for BaselineTap {
         };
         piece.chunks.push((buf, len));
         if piece.chunks.len() >= PIECE_CHUNKS {
-            let full = std::mem::replace(
-                piece,
-                Piece {
-                    starts: None,
-                    chunks: Vec::new(),
-                    ends: false,
-                },
-            );
+            let full = std::mem::take(piece);
             self.send(Job::Piece(full));
         }
     }
@@ -158,12 +151,6 @@ impl crate::workspace::walk::CopyTap for BaselineTap {
     fn symlink(&mut self, rel: &str, target: &std::ffi::OsStr) {
         self.send(Job::Link(rel.to_owned(), link_hash(target)));
     }
-}
-
-/// A link's entry in the baseline: the hash of its target text, marked so
-/// that no file's content can hash the same.
-pub(super) fn link_hash(target: &std::ffi::OsStr) -> String {
-    hash_bytes(format!("symlink:{}", target.to_string_lossy()).as_bytes())
 }
 
 /// The hasher thread: the jobs in the order the copy sent them.

@@ -826,20 +826,18 @@ pub fn open_read_only_conn(path: &Path) -> StoreResult<Conn> {
 
 /// A read-only connection.
 pub fn open_read_only(path: &Path) -> StoreResult<Connection> {
+    let open_err = |source| StoreError::Open {
+        path: path.display().to_string(),
+        source,
+    };
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_URI,
     )
-    .map_err(|source| StoreError::Open {
-        path: path.display().to_string(),
-        source,
-    })?;
-    cache_plans(&conn).map_err(|source| StoreError::Open {
-        path: path.display().to_string(),
-        source,
-    })?;
+    .map_err(open_err)?;
+    cache_plans(&conn).map_err(open_err)?;
     conn.busy_timeout(Duration::from_secs(10))?;
     Ok(conn)
 }

@@ -38,8 +38,28 @@ pub fn stop() -> Vec<Tallied> {
         .take()
         .unwrap_or_default();
     let mut out: Vec<Tallied> = taken.into_values().collect();
-    out.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.sql.cmp(&b.sql)));
+    costliest_first(&mut out);
     out
+}
+
+/// Adds what another [`stop`] returned into `into` (one statement's counts
+/// and times summed), the costliest first again: a bench that tallies a
+/// side over blocks apart.
+pub fn add(into: &mut Vec<Tallied>, more: Vec<Tallied>) {
+    for t in more {
+        match into.iter_mut().find(|s| s.sql == t.sql) {
+            Some(s) => {
+                s.count += t.count;
+                s.total += t.total;
+            }
+            None => into.push(t),
+        }
+    }
+    costliest_first(into);
+}
+
+fn costliest_first(list: &mut [Tallied]) {
+    list.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.sql.cmp(&b.sql)));
 }
 
 /// What a read hand-off (off the async runtime to a reader and back) and a

@@ -232,9 +232,7 @@ pub trait CopyTap {
     /// A buffer for the copy to read the file's next bytes into: one the
     /// tap is done with (its length as it was), or a new one; the copy
     /// sizes it.
-    fn buffer(&mut self) -> Vec<u8> {
-        Vec::new()
-    }
+    fn buffer(&mut self) -> Vec<u8>;
     /// The next bytes of that file, `buf[..len]`, as the copy wrote them;
     /// the buffer is the tap's from here (kept or handed out again by
     /// [`CopyTap::buffer`]), so no byte is copied twice to reach it.

@@ -592,10 +592,9 @@ async fn set_webhook(ctx: &Arc<Ctx>, url: &str, token: &str) -> Result<(), Teleg
     // Telegram sends as soon as it is told: this host takes the calls
     // first (its intake registers them once its own `getMe` answered), so
     // the first update is not refused with a 404.
-    while ctx.board().webhook(ADAPTER).is_none() {
-        if !ctx.pause(Duration::from_millis(20)).await {
-            return Ok(());
-        }
+    tokio::select! {
+        () = ctx.board().webhook_registered(ADAPTER) => {}
+        () = ctx.cancel.cancelled() => return Ok(()),
     }
     let set = || ctx.bot.set_webhook(&params);
     if until_ok(ctx.board(), &ctx.cancel, "setWebhook", set)
